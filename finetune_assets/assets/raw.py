@@ -1,0 +1,93 @@
+"""``raw_reviews[v]``: the validated reviews of one dataset version, with the rejected rows beside them."""
+
+
+import dagster as dg
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.data.sources import SourceSpec, read_source
+from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.partitions import dataset_versions
+from finetune_assets.resources.storage import StorageResource
+from finetune_assets.storage import hash_tree
+from finetune_assets.versions import read_version
+
+REVIEWS_FILE = "reviews.parquet"
+REJECTED_FILE = "rejected.parquet"
+
+
+class RawReviewsConfig(dg.Config):
+    """Overrides for the registered source of a version; empty fields keep the registered value."""
+
+    source: str | None = Field(None, description="file/folder/fsspec URL, hf:owner/name, or builtin:sample")
+    revision: str | None = Field(None, description="Hugging Face dataset revision")
+    text_column: str | None = None
+    label_column: str | None = None
+    encoding: str | None = Field(None, description="text encoding of CSV/TSV files, e.g. cp1256")
+    label_mapping: dict[str, str] | None = Field(
+        None, description="raw label -> Positive/Negative/Mixed (default maps 1/-1/0 and names)")
+    max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
+
+
+def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpec:
+    record = read_version(storage, version)
+    if config.source is None and record is None:
+        raise dg.Failure(
+            f"dataset version {version!r} has no registered source under {storage.root}; register it with "
+            f"`finetune-assets versions add {version} --source PATH` or set raw_reviews config `source`"
+        )
+    base = record.source if record is not None else SourceSpec(uri=config.source)
+    overrides = {k: getattr(config, k) for k in ("text_column", "label_column", "encoding", "revision")
+                 if getattr(config, k) is not None}
+    if config.source is not None:
+        overrides["uri"] = config.source
+    return SourceSpec(**{**base.__dict__, **overrides})
+
+
+@dg.asset(
+    partitions_def=dataset_versions,
+    group_name="reviews",
+    kinds={"parquet"},
+    owners=OWNERS,
+    code_version="1",
+)
+def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
+                storage: StorageResource) -> dg.MaterializeResult:
+    """Validated reviews (text, Positive/Negative/Mixed label) of one dataset version; bad rows quarantined."""
+    version = version_of(context)
+    store = storage.storage()
+    spec = resolve_source(config, store, version)
+    rules = ValidationRules(max_text_chars=config.max_text_chars,
+                            **({"label_mapping": config.label_mapping} if config.label_mapping else {}))
+    context.log.info(f"reading {spec.uri} for dataset version {version}")
+    raw = read_source(spec)
+    result = validate(raw, rules)
+    if result.accepted.num_rows + result.rejected.num_rows != raw.num_rows:  # the invariant we promise
+        raise RuntimeError("validation lost rows: accepted + rejected != input")
+    if result.accepted.num_rows == 0:
+        raise dg.Failure(f"{spec.uri}: no valid reviews ({raw.num_rows} rows, rejected: {result.reasons})")
+    with store.publish("raw_reviews", version) as staging:
+        pq.write_table(result.accepted, staging.local_dir / REVIEWS_FILE, compression="zstd")
+        pq.write_table(result.rejected, staging.local_dir / REJECTED_FILE, compression="zstd")
+        staging.data_version = hash_tree(staging.local_dir / REVIEWS_FILE)
+        staging.metadata = {"rows": result.accepted.num_rows, "rejected": result.rejected.num_rows}
+    n_in = raw.num_rows
+    labels = result.label_counts
+    return dg.MaterializeResult(
+        metadata={
+            "source": spec.uri,
+            "path": dg.MetadataValue.path(f"{staging.url}/{REVIEWS_FILE}"),
+            "rejected_path": dg.MetadataValue.path(f"{staging.url}/{REJECTED_FILE}"),
+            "rows_in": n_in,
+            "dagster/row_count": result.accepted.num_rows,
+            "rejected_rows": result.rejected.num_rows,
+            "rejected_share": round(result.rejected.num_rows / n_in, 4) if n_in else 0.0,
+            "rejected_by_reason": dg.MetadataValue.json(result.reasons),
+            "label_distribution": markdown_table(
+                ("label", "reviews", "share"),
+                [(k, v, f"{v / max(1, result.accepted.num_rows):.1%}") for k, v in labels.items()]),
+            "label_counts": dg.MetadataValue.json(labels),
+        },
+        data_version=dg.DataVersion(staging.data_version),
+    )

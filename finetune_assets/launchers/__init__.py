@@ -1,0 +1,5 @@
+"""Where training runs: the same torchrun command, as a local subprocess or as Kubernetes pods."""
+
+from finetune_assets.launchers.base import TrainingFailed, TrainingJob, TrainingLauncher
+
+__all__ = ["TrainingFailed", "TrainingJob", "TrainingLauncher"]

@@ -1,0 +1,1 @@
+"""Typed handles on everything outside the process: storage, MLflow, training launchers."""

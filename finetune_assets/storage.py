@@ -1,0 +1,225 @@
+"""Atomic, versioned publishing of asset outputs under one storage root (a local folder or any fsspec URL).
+
+Layout per asset and partition::
+
+    {root}/{asset}/{partition}/attempts/{attempt_id}/...   # written by one materialization
+    {root}/{asset}/{partition}/CURRENT                     # JSON pointer to the published attempt
+
+A materialization writes a fresh attempt directory and only then replaces ``CURRENT`` in one
+atomic step (``os.replace`` locally, a single-object PUT on object stores). Readers only follow
+``CURRENT``, so a killed write leaves the previous version (or nothing) visible, never a partial
+one, and two partitions never share a directory. Kept free of Dagster: pods and the CLI use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from finetune_assets.partitions import validate_version_key
+
+UNPARTITIONED = "_"
+POINTER = "CURRENT"
+ATTEMPTS = "attempts"
+# Abandoned attempts (killed runs) older than this are removed by the next successful publish;
+# younger ones may belong to a concurrent materialization of the same partition.
+ABANDONED_AFTER_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Published:
+    """What ``CURRENT`` points at."""
+
+    url: str
+    attempt: str
+    data_version: str
+    metadata: dict[str, Any]
+
+
+class Staging:
+    """A place to write one attempt; ``local_dir`` is always a local folder."""
+
+    def __init__(self, local_dir: Path, url: str, attempt: str):
+        self.local_dir = local_dir
+        self.url = url
+        self.attempt = attempt
+        self.data_version: str | None = None
+        self.metadata: dict[str, Any] = {}
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+class Storage:
+    """The storage root: resolves asset paths, publishes atomically, reads published versions."""
+
+    def __init__(self, root: str):
+        if "://" not in root:
+            root = str(Path(root).expanduser().resolve())
+        self.root = root.rstrip("/")
+        self.fs, self._fs_root = fsspec.core.url_to_fs(self.root)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def prefix(self, asset: str, partition: str | None = None) -> str:
+        part = UNPARTITIONED if partition is None else validate_version_key(partition)
+        if not asset.replace("_", "").isalnum():
+            raise ValueError(f"invalid asset name {asset!r}")
+        return join(self.root, asset, part)
+
+    def url(self, *parts: str) -> str:
+        for p in parts:
+            if ".." in p.split("/"):
+                raise ValueError(f"path {p!r} escapes the storage root")
+        return join(self.root, *parts)
+
+    # -- publishing -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def publish(self, asset: str, partition: str | None = None) -> Iterator[Staging]:
+        """Yield a staging area; publish it atomically only if the block succeeds.
+
+        Set ``staging.data_version`` (content hash) and optionally ``staging.metadata`` inside the block.
+        """
+        prefix = self.prefix(asset, partition)
+        attempt = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        url = join(prefix, ATTEMPTS, attempt)
+        if self.is_local:
+            local_dir = Path(url)
+            local_dir.mkdir(parents=True, exist_ok=False)
+            tmp = None
+        else:
+            tmp = tempfile.mkdtemp(prefix=f"{asset}-")
+            local_dir = Path(tmp)
+        staging = Staging(local_dir, url, attempt)
+        try:
+            yield staging
+            if staging.data_version is None:
+                raise RuntimeError("publish(): the writer did not set staging.data_version")
+            if not self.is_local:
+                self.fs.put(str(local_dir) + "/", url + "/", recursive=True)
+            previous = self.current(asset, partition)
+            self._write_pointer(prefix, {
+                "attempt": attempt,
+                "data_version": staging.data_version,
+                "metadata": staging.metadata,
+                "published_at": time.time(),
+            })
+        except BaseException:
+            self._remove(url)
+            raise
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._collect_garbage(prefix, keep=attempt, previous=previous.attempt if previous else None)
+
+    def _write_pointer(self, prefix: str, pointer: dict[str, Any]) -> None:
+        self.write_atomic(join(prefix, POINTER), json.dumps(pointer, indent=2, sort_keys=True).encode())
+
+    def write_atomic(self, url: str, body: bytes) -> None:
+        """Replace one small file in a single step: readers see the old or the new bytes, never a mix."""
+        if self.is_local:
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=str(Path(url).parent), prefix=f".{Path(url).name}.")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(body)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, url)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+        else:
+            self.fs.pipe(url, body)  # a single PUT: atomic on object stores
+
+    def read_json(self, url: str) -> Any | None:
+        try:
+            with self.fs.open(url, "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+
+    def _remove(self, url: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if self.fs.exists(url):
+                self.fs.rm(url, recursive=True)
+
+    def _collect_garbage(self, prefix: str, keep: str, previous: str | None) -> None:
+        attempts = join(prefix, ATTEMPTS)
+        now = time.time()
+        for entry in self.fs.ls(attempts, detail=True):
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            if name == keep:
+                continue
+            mtime = entry.get("mtime") or entry.get("LastModified")
+            age = now - mtime.timestamp() if hasattr(mtime, "timestamp") else now - float(mtime or 0)
+            if name == previous or age > ABANDONED_AFTER_S:
+                self._remove(join(attempts, name))
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def current(self, asset: str, partition: str | None = None) -> Published | None:
+        """The published version of an asset partition, or None if nothing was ever published."""
+        prefix = self.prefix(asset, partition)
+        pointer = self.read_json(join(prefix, POINTER))
+        if pointer is None:
+            return None
+        return Published(
+            url=join(prefix, ATTEMPTS, pointer["attempt"]),
+            attempt=pointer["attempt"],
+            data_version=pointer["data_version"],
+            metadata=pointer.get("metadata", {}),
+        )
+
+    def require(self, asset: str, partition: str | None = None) -> Published:
+        published = self.current(asset, partition)
+        if published is None:
+            where = f"{asset}[{partition}]" if partition else asset
+            raise FileNotFoundError(
+                f"{where} has not been materialized under {self.root}: materialize it first"
+            )
+        return published
+
+    @contextlib.contextmanager
+    def local_copy(self, url: str) -> Iterator[Path]:
+        """A local folder with the contents of ``url`` (the folder itself when storage is local)."""
+        if self.is_local:
+            yield Path(url)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            self.fs.get(url + "/", tmp + "/", recursive=True)
+            yield Path(tmp)
+
+
+def hash_tree(path: Path, exclude: tuple[str, ...] = ()) -> str:
+    """Content hash of a local file or folder (relative names + bytes), the asset's data version."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for p in files:
+        rel = p.name if p == path else p.relative_to(path).as_posix()
+        if rel in exclude:
+            continue
+        digest.update(rel.encode() + b"\x00")
+        with p.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]

@@ -1,0 +1,140 @@
+"""MDS splits streamed with ``StreamingDataset``; resumable mid-epoch without repeating or skipping samples.
+
+Lightning saves a stateful train loader in its checkpoints and restores it on a mid-epoch restart,
+but its fetcher pre-fetches one batch, so ``StreamingDataLoader.num_samples_yielded`` runs one batch
+ahead of what the model consumed. :class:`ResumableStreamingDataLoader` therefore counts samples the
+training loop actually took (``on_after_batch_transfer``) and also pins the dataset's epoch to
+Lightning's, so a restart at an epoch boundary sees the same shuffle as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from streaming import StreamingDataLoader, StreamingDataset
+from streaming.base.util import clean_stale_shared_memory
+
+from finetune_assets.training.collate import DynamicPaddingCollator
+from finetune_assets.training.config import DataConfig
+
+SPLITS = ("train", "validation", "test")
+
+
+class ResumableStreamingDataLoader(StreamingDataLoader):
+    """A ``StreamingDataLoader`` whose state counts consumed (not pre-fetched) samples."""
+
+    def __init__(self, *args: Any, epoch_fn: Callable[[], int], world_size: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._epoch_fn = epoch_fn
+        self._world_size = world_size
+        self._pending: dict[str, Any] | None = None
+        self.num_samples_consumed = 0  # this rank, this epoch (ranks get equal counts from streaming)
+
+    def __iter__(self) -> Iterator[Any]:
+        dataset: StreamingDataset = self.dataset  # type: ignore[assignment]
+        if self._pending is not None:
+            state, self._pending = self._pending, None
+        else:  # a fresh epoch: align the dataset's epoch (and so its shuffle) with Lightning's
+            state = dataset.state_dict(0, from_beginning=True)
+            state["epoch"] = self._epoch_fn()
+        dataset.load_state_dict(state)
+        self.num_samples_consumed = 0
+        yield from super().__iter__()
+
+    def mark_consumed(self, num_samples: int) -> None:
+        self.num_samples_consumed += num_samples
+
+    def state_dict(self) -> dict[str, Any]:
+        dataset: StreamingDataset = self.dataset  # type: ignore[assignment]
+        return dataset.state_dict(self.num_samples_consumed * self._world_size, from_beginning=False)
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        self._pending = dict(obj)  # applied when the next epoch iterator starts
+
+
+def split_locations(url: str, cache_dir: str | None, split: str) -> tuple[str | None, str]:
+    """(remote, local) for one split: a local folder is read in place, a remote gets its own cache."""
+    if url.startswith("file://"):
+        url = url[len("file://") :]
+    if "://" not in url:
+        if not Path(url, "index.json").exists():
+            raise FileNotFoundError(f"{split} split: no MDS dataset (index.json) at {url}")
+        return None, url
+    if not cache_dir:
+        raise ValueError(f"{split} split is remote ({url}): a local cache dir is required")
+    return url, os.path.join(cache_dir, split)
+
+
+class MdsDataModule(pl.LightningDataModule):
+    """Train / validation / test ``StreamingDataset``s with dynamic-padding batches."""
+
+    def __init__(self, config: DataConfig, pad_token_id: int = 0, pad_to: int | None = None):
+        super().__init__()
+        self.config = config
+        self.collate = DynamicPaddingCollator(pad_token_id, config.max_length, pad_to=pad_to)
+        self.datasets: dict[str, StreamingDataset] = {}
+        self._train_loader: ResumableStreamingDataLoader | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        # Segments left by a killed run make the next StreamingDataset fail ("Reused local directory").
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            clean_stale_shared_memory()
+        if self.trainer is not None:
+            self.trainer.strategy.barrier("clean_stale_shared_memory")
+        for split in SPLITS:
+            self.datasets[split] = self._dataset(split)
+
+    def _dataset(self, split: str) -> StreamingDataset:
+        c = self.config
+        remote, local = split_locations(getattr(c, f"{split}_url"), c.local_cache_dir, split)
+        train = split == "train"
+        return StreamingDataset(
+            remote=remote,
+            local=local,
+            batch_size=c.batch_size,  # per device: must equal the DataLoader's
+            shuffle=c.shuffle and train,
+            shuffle_seed=c.shuffle_seed,
+            num_canonical_nodes=c.num_canonical_nodes,
+            download_retry=c.download_retry,
+            predownload=c.predownload,
+        )
+
+    def _loader(self, split: str) -> StreamingDataLoader:
+        c = self.config
+        kwargs: dict[str, Any] = dict(
+            batch_size=c.batch_size,
+            collate_fn=self.collate,
+            num_workers=c.num_workers,
+            persistent_workers=c.num_workers > 0,
+            pin_memory=False,
+            drop_last=False,
+        )
+        if split != "train":
+            return StreamingDataLoader(self.datasets[split], **kwargs)
+        world = self.trainer.world_size if self.trainer is not None else 1
+        epoch_fn = (lambda: self.trainer.current_epoch) if self.trainer is not None else (lambda: 0)
+        self._train_loader = ResumableStreamingDataLoader(
+            self.datasets[split], epoch_fn=epoch_fn, world_size=world, **kwargs
+        )
+        return self._train_loader
+
+    def train_dataloader(self) -> StreamingDataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> StreamingDataLoader:
+        return self._loader("validation")
+
+    def test_dataloader(self) -> StreamingDataLoader:
+        return self._loader("test")
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Runs once per batch the training step is about to consume (after the pre-fetch).
+        if self.trainer is not None and self.trainer.training and self._train_loader is not None:
+            self._train_loader.mark_consumed(int(batch["labels"].shape[0]))
+        return batch

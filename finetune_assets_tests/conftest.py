@@ -1,0 +1,53 @@
+"""Shared fixtures: a tiny BERT built from a config, the real review files, a storage root, an instance."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data" / "arabic_reviews"
+if not SHARED_DATA.exists():  # CI clones main beside a copy of shared/; sessions run from /work/main
+    SHARED_DATA = Path("/work/shared/data/arabic_reviews")
+
+
+@pytest.fixture(scope="session")
+def arabic_reviews() -> Path:
+    """Folder with PROD.csv, ATT.csv, RES2.csv (real, messy, read-only)."""
+    if not SHARED_DATA.exists():
+        pytest.skip("shared/data/arabic_reviews is not available")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def _tiny_model_session(tmp_path_factory) -> Path:
+    from finetune_assets.data.models import build_tiny_bert
+
+    out = tmp_path_factory.mktemp("tiny-bert")
+    build_tiny_bert(out)
+    return out
+
+
+@pytest.fixture
+def tiny_model_dir(_tiny_model_session: Path, tmp_path: Path) -> Path:
+    """A 2-layer, 32-wide BertForSequenceClassification folder (real WordPiece vocab), copied per test."""
+    dst = tmp_path / "tiny-bert"
+    shutil.copytree(_tiny_model_session, dst)
+    return dst
+
+
+@pytest.fixture
+def storage_root(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def instance(tmp_path: Path):
+    import dagster as dg
+
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as inst:
+        yield inst
