@@ -2,4 +2,4 @@
 
 import dagster as dg
 
-jobs: list[dg.UnresolvedAssetJobDefinition] = []
+jobs: list = []

@@ -30,6 +30,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from finetune_assets.partitions import validate_version_key
 
+STORAGE_ROOT_ENV = "FINETUNE_ASSETS_ROOT"
+DEFAULT_ROOT = ".finetune_assets"
 UNPARTITIONED = "_"
 POINTER = "CURRENT"
 ATTEMPTS = "attempts"
@@ -57,6 +59,11 @@ class Staging:
         self.attempt = attempt
         self.data_version: str | None = None
         self.metadata: dict[str, Any] = {}
+
+
+def default_root() -> str:
+    """``$FINETUNE_ASSETS_ROOT``, else ``./.finetune_assets``: one rule for Dagster, the CLI and scripts."""
+    return os.environ.get(STORAGE_ROOT_ENV) or DEFAULT_ROOT
 
 
 def join(base: str, *parts: str) -> str:

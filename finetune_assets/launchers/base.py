@@ -26,8 +26,8 @@ class TrainingFailed(Exception):
     """The trainer exited non-zero; the message carries its last error lines."""
 
 
-def trainer_args(config_url: str) -> list[str]:
-    return ["-m", TRAINER_MODULE, "--config", config_url]
+def trainer_args(config_url: str, module: str = TRAINER_MODULE) -> list[str]:
+    return ["-m", module, "--config", config_url]
 
 
 def torchrun_command(
@@ -40,6 +40,7 @@ def torchrun_command(
     rdzv_endpoint: str | None = None,
     rdzv_id: str | None = None,
     python: str | None = None,
+    module: str = TRAINER_MODULE,
 ) -> list[str]:
     """``torchrun`` for one node. Single node uses ``--standalone``; multi-node uses c10d rendezvous."""
     cmd = [python or sys.executable, "-m", "torch.distributed.run"]
@@ -57,7 +58,7 @@ def torchrun_command(
         if node_rank is not None:
             cmd += ["--node-rank", node_rank]
     cmd += ["--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]
-    return cmd + trainer_args(config_url)
+    return cmd + trainer_args(config_url, module)
 
 
 class TrainingLauncher(dg.ConfigurableResource, ABC):

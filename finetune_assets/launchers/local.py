@@ -1,0 +1,131 @@
+"""Run torchrun as a subprocess on this machine, stream its log into Dagster, kill its process group on cancel."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import tempfile
+import threading
+from collections import deque
+from pathlib import Path
+
+import dagster as dg
+
+from finetune_assets.launchers.base import TrainingFailed, TrainingJob, TrainingLauncher, torchrun_command
+
+TAIL_LINES = 40
+
+
+def _error_from_files(error_dir: Path) -> str | None:
+    """The first worker error torchrun's ``@record`` wrote (message + traceback), if any."""
+    for path in sorted(error_dir.rglob("error.json")):
+        try:
+            message = json.loads(path.read_text()).get("message", {})
+        except (OSError, ValueError):
+            continue
+        if isinstance(message, dict):
+            text = message.get("message", "")
+            trace = message.get("extraInfo", {}).get("py_callstack", "")
+            lines = trace.strip().splitlines()[-15:] if trace else []
+            return "\n".join([text, *lines]).strip() or None
+        if message:
+            return str(message)
+    return None
+
+
+def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the whole group (torchrun + workers + loader workers), then SIGKILL what is left."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            # torchrun exited; its workers may still be alive in the group: one last SIGKILL.
+            os.killpg(pgid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+class LocalTorchrunLauncher(TrainingLauncher):
+    """``torchrun --standalone --nproc-per-node N`` on this machine (CPU with gloo, or local GPUs)."""
+
+    python: str | None = None  # interpreter for torchrun; default: the one running Dagster
+    cwd: str | None = None
+    omp_num_threads: int | None = None  # per worker; default: cores / nproc_per_node
+
+    def command(self, job: TrainingJob) -> list[str]:
+        return torchrun_command(
+            job.config_url,
+            nproc_per_node=self.nproc_per_node,
+            max_restarts=self.max_restarts,
+            python=self.python,
+        )
+
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingJob) -> None:
+        cmd = self.command(job)
+        with tempfile.TemporaryDirectory(prefix=f"{job.name[:40]}-") as tmp:
+            error_dir = Path(tmp)
+            env = {**os.environ, **job.env}
+            env["TORCHELASTIC_ERROR_FILE"] = str(error_dir / "error.json")
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            threads = self.omp_num_threads or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
+            env.setdefault("OMP_NUM_THREADS", str(threads))
+            context.log.info(f"launching {job.name}: {' '.join(cmd)}")
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,  # own process group: cancellation kills workers too
+                text=True,
+                bufsize=1,
+            )
+            tail: deque[str] = deque(maxlen=TAIL_LINES)
+            lines: queue.Queue[str] = queue.Queue()
+            try:
+                reader = threading.Thread(target=self._pump, args=(proc, lines), daemon=True)
+                reader.start()
+                while proc.poll() is None or reader.is_alive():
+                    self._drain(lines, context, tail, timeout=0.2)
+                    if proc.poll() is not None:
+                        reader.join(timeout=10)
+                self._drain(lines, context, tail, timeout=0)
+            except BaseException:  # Dagster termination (DagsterExecutionInterruptedError), Ctrl-C, ...
+                context.log.warning(f"{job.name}: interrupted, killing the torchrun process group")
+                kill_process_group(proc)
+                raise
+            if proc.returncode != 0:
+                detail = _error_from_files(error_dir) or "\n".join(tail)
+                raise TrainingFailed(f"training job {job.name} failed (torchrun exit code {proc.returncode}):\n{detail}")
+            context.log.info(f"{job.name}: training finished")
+
+    @staticmethod
+    def _pump(proc: subprocess.Popen, lines: queue.Queue[str]) -> None:
+        # Reads in a thread so the main thread stays responsive to Dagster's interrupt.
+        for line in proc.stdout or ():
+            if line.strip():
+                lines.put(line.rstrip())
+
+    @staticmethod
+    def _drain(lines: queue.Queue[str], context: dg.AssetExecutionContext, tail: deque[str], timeout: float) -> None:
+        try:
+            line = lines.get(timeout=timeout) if timeout else lines.get_nowait()
+            while True:
+                tail.append(line)
+                context.log.info(line)
+                line = lines.get_nowait()
+        except queue.Empty:
+            return

@@ -1,0 +1,187 @@
+"""The Lightning module: a ``BertForSequenceClassification`` plus loss, metrics, optimizers, throughput."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
+from transformers import BertForSequenceClassification, PreTrainedModel
+
+from finetune_assets.data.labels import ID2LABEL, LABEL2ID, LABELS
+from finetune_assets.training.config import OptimConfig
+
+NUM_CLASSES = len(LABELS)
+
+
+def load_classifier(model_dir: str) -> PreTrainedModel:
+    """The pretrained folder as a 3-class classifier with our label names (safetensors only)."""
+    return BertForSequenceClassification.from_pretrained(
+        model_dir,
+        num_labels=NUM_CLASSES,
+        id2label=ID2LABEL,
+        label2id=LABEL2ID,
+        use_safetensors=True,
+        local_files_only=True,
+        ignore_mismatched_sizes=True,  # a head trained for another label set is re-initialised
+    )
+
+
+def _eval_metrics(prefix: str) -> MetricCollection:
+    return MetricCollection(
+        {
+            "accuracy": MulticlassAccuracy(NUM_CLASSES, average="micro"),
+            "macro_f1": MulticlassF1Score(NUM_CLASSES, average="macro"),
+            "f1_per_class": MulticlassF1Score(NUM_CLASSES, average="none"),
+            "confusion_matrix": MulticlassConfusionMatrix(NUM_CLASSES),
+        },
+        prefix=prefix,
+    )
+
+
+class ReviewClassifier(pl.LightningModule):
+    """Owns loss, metrics and optimizers; the HF model is injected so tests and benchmarks can share it."""
+
+    def __init__(self, model: PreTrainedModel, optim: OptimConfig):
+        super().__init__()
+        self.model = model.train()  # from_pretrained returns eval mode; dropout must be on while training
+        self.optim = optim
+        self.val_metrics = _eval_metrics("val/")
+        self.test_metrics = _eval_metrics("test/")
+        # Global (all ranks) counters, restored from checkpoints so a resumed run reports run totals.
+        self.samples_seen = 0
+        self.tokens_seen = 0
+        self.train_seconds = 0.0
+        self._t_epoch: float | None = None
+        self._t_val: float | None = None
+        self._val_seconds = 0.0
+        self.test_results: dict[str, Any] = {}
+        self.start_step = 0
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> Any:
+        return self.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch.get("labels")
+        )
+
+    # -- training --------------------------------------------------------------------------
+
+    def on_train_start(self) -> None:
+        self.start_step = int(self.global_step)  # > 0 when resumed from a checkpoint
+
+    def on_train_epoch_start(self) -> None:
+        self._t_epoch = time.perf_counter()
+        self._val_seconds = 0.0
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self(batch)
+        counts = torch.tensor(
+            [batch["labels"].shape[0], int(batch["num_tokens"])], dtype=torch.float64, device=self.device
+        )
+        counts = self.trainer.strategy.reduce(counts, reduce_op="sum")  # tiny all-reduce: exact global totals
+        self.samples_seen += int(counts[0].item())
+        self.tokens_seen += int(counts[1].item())
+        bs = batch["labels"].shape[0]
+        self.log("train/loss", out.loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=False)
+        self.log("train/samples_seen", float(self.samples_seen), on_step=True, on_epoch=False, batch_size=bs)
+        if self._t_epoch is not None:
+            elapsed = self.train_seconds + time.perf_counter() - self._t_epoch - self._val_seconds
+            if elapsed > 0 and self.samples_seen:
+                self.log("throughput/samples_per_sec", self.samples_seen / elapsed, on_step=True, batch_size=bs)
+                self.log("throughput/tokens_per_sec", self.tokens_seen / elapsed, on_step=True, batch_size=bs)
+        return out.loss
+
+    def on_train_epoch_end(self) -> None:
+        if self._t_epoch is not None:
+            self.train_seconds += time.perf_counter() - self._t_epoch - self._val_seconds
+            self._t_epoch = None
+        self.log("epoch/samples_seen", float(self.samples_seen))
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def on_validation_start(self) -> None:
+        self._t_val = time.perf_counter()
+
+    def on_validation_end(self) -> None:
+        if self._t_val is not None and self._t_epoch is not None:  # validation inside a train epoch
+            self._val_seconds += time.perf_counter() - self._t_val
+        self._t_val = None
+
+    def _eval_step(self, batch: dict[str, torch.Tensor], metrics: MetricCollection, prefix: str) -> None:
+        out = self(batch)
+        preds = out.logits.argmax(dim=-1)
+        metrics.update(preds, batch["labels"])
+        self.log(f"{prefix}loss", out.loss, on_epoch=True, sync_dist=True, batch_size=batch["labels"].shape[0])
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.val_metrics, "val/")
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.test_metrics, "test/")
+
+    def _log_eval(self, metrics: MetricCollection) -> dict[str, Any]:
+        values = metrics.compute()  # torchmetrics syncs the states across ranks
+        prefix = metrics.prefix or ""
+        result = {
+            "accuracy": float(values[f"{prefix}accuracy"]),
+            "macro_f1": float(values[f"{prefix}macro_f1"]),
+            "f1_per_class": {LABELS[i]: float(v) for i, v in enumerate(values[f"{prefix}f1_per_class"])},
+            "confusion_matrix": values[f"{prefix}confusion_matrix"].long().tolist(),
+        }
+        self.log(f"{prefix}accuracy", result["accuracy"], sync_dist=False)
+        self.log(f"{prefix}macro_f1", result["macro_f1"], sync_dist=False)
+        for name, v in result["f1_per_class"].items():
+            self.log(f"{prefix}f1_{name}", v, sync_dist=False)
+        metrics.reset()
+        return result
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval(self.val_metrics)
+
+    def on_test_epoch_end(self) -> None:
+        self.test_results = self._log_eval(self.test_metrics)
+
+    # -- optimisation ----------------------------------------------------------------------
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        o = self.optim
+        if o.name == "adadelta":  # the seed's recipe
+            optimizer = torch.optim.Adadelta(self.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=o.gamma)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=o.lr
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(total * o.warmup_ratio)
+
+        def linear(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            return max(0.0, (total - step) / max(1, total - warmup))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- checkpoint state ------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        elapsed = self.train_seconds
+        if self._t_epoch is not None:
+            elapsed += time.perf_counter() - self._t_epoch - self._val_seconds
+        checkpoint["review_classifier"] = {
+            "samples_seen": self.samples_seen,
+            "tokens_seen": self.tokens_seen,
+            "train_seconds": elapsed,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("review_classifier", {})
+        self.samples_seen = int(state.get("samples_seen", 0))
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.train_seconds = float(state.get("train_seconds", 0.0))

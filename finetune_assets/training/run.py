@@ -1,0 +1,243 @@
+"""``train(config)``: the one function torchrun workers, the CLI and tests call (thin, like llm-foundry's)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.loggers import MLFlowLogger
+from transformers import AutoTokenizer
+
+from finetune_assets.training import files
+from finetune_assets.training.config import TrainerConfig
+from finetune_assets.training.datamodule import MdsDataModule
+from finetune_assets.training.module import ReviewClassifier, load_classifier
+
+log = logging.getLogger("finetune_assets.training")
+
+LAST = "last.ckpt"
+MLFLOW_RUN_FILE = "mlflow_run.json"  # beside the checkpoints: a resumed run keeps logging into the same MLflow run
+
+
+def _world() -> tuple[int, int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def safe_uri(uri: str | None) -> str | None:
+    """A tracking URI without credentials (``https://user:token@host`` -> ``https://host``)."""
+    if not uri or "@" not in uri:
+        return uri
+    parts = urlsplit(uri)
+    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+
+
+def tracking_uri(config: TrainerConfig) -> str:
+    uri = config.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    if files.is_local(config.output_dir):  # standalone CLI use: an embedded store beside the output
+        return f"sqlite:///{Path(files.local_path(config.output_dir)).resolve()}/mlflow.db"
+    raise ValueError("mlflow.tracking_uri is empty, MLFLOW_TRACKING_URI is unset and output_dir is remote")
+
+
+def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool) -> pl.Trainer:
+    _, world, local_world = _world()
+    strategy: Any = config.strategy
+    if world == 1 and strategy == "ddp":
+        strategy = "auto"  # one process: no process group needed
+    checkpoint = ModelCheckpoint(
+        dirpath=files.local_path(config.checkpoint_dir),
+        filename="step-{step}",
+        every_n_train_steps=config.checkpoint_every_n_steps,
+        save_top_k=0,
+        save_last=True,
+    )
+    callbacks: list[pl.Callback] = [checkpoint]
+    if logger:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    return pl.Trainer(
+        accelerator=config.accelerator,
+        devices=local_world,
+        num_nodes=max(1, world // local_world),
+        strategy=strategy,
+        precision=config.precision if config.precision != "32" else "32-true",
+        max_epochs=config.epochs,
+        max_steps=config.max_steps,
+        accumulate_grad_batches=config.accumulate_grad_batches,
+        gradient_clip_val=config.gradient_clip_val,
+        log_every_n_steps=config.log_every_n_steps,
+        check_val_every_n_epoch=1,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,  # StreamingDataset partitions samples across ranks itself
+        limit_train_batches=config.limit_train_batches,
+        limit_val_batches=config.limit_val_batches,
+        limit_test_batches=config.limit_test_batches,
+        logger=logger,
+        callbacks=callbacks,
+        plugins=[files.AtomicCheckpointIO()],
+        enable_progress_bar=False,
+        default_root_dir=files.local_path(config.checkpoint_dir),
+    )
+
+
+def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
+    if rank != 0:
+        return None
+    m = config.mlflow
+    run_file = files.local_path(config.checkpoint_dir) + "/" + MLFLOW_RUN_FILE
+    run_id = None
+    if files.exists(run_file) and files.exists(files.local_path(config.checkpoint_dir) + "/" + LAST):
+        run_id = files.read_json(run_file).get("run_id")
+    logger = MLFlowLogger(
+        experiment_name=m.experiment_name,
+        run_name=m.run_name,
+        tracking_uri=tracking_uri(config),
+        tags=dict(m.tags) or None,
+        artifact_location=m.artifact_location,
+        run_id=run_id,
+    )
+    files.write_json_atomic(run_file, {"run_id": logger.run_id, "experiment_id": logger.experiment_id})
+    logger.log_hyperparams(config.hparams())
+    return logger
+
+
+def _confusion_figure(matrix: list[list[int]], labels: list[str]) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 4))
+    ax.imshow(matrix, cmap="Blues")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    for i, row in enumerate(matrix):
+        for j, v in enumerate(row):
+            ax.text(j, i, str(v), ha="center", va="center")
+    fig.tight_layout()
+    return fig
+
+
+def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Confusion matrix, metrics file and the model (transformers flavor), registered as a new version."""
+    import mlflow
+    import transformers
+
+    from finetune_assets.data.labels import LABELS
+
+    client = logger.experiment
+    run_id = logger.run_id
+    fig = _confusion_figure(metrics["confusion_matrix"], list(LABELS))
+    client.log_figure(run_id, fig, "confusion_matrix.png")
+    client.log_dict(run_id, metrics, "metrics.json")
+    info: dict[str, Any] = {
+        "run_id": run_id,
+        "experiment_id": logger.experiment_id,
+        "tracking_uri": safe_uri(tracking_uri(config)),
+        "registered_model_name": None,
+        "registered_model_version": None,
+    }
+    uri = tracking_uri(config)
+    if uri.startswith(("http://", "https://")):
+        info["run_url"] = f"{safe_uri(uri).rstrip('/')}/#/experiments/{logger.experiment_id}/runs/{run_id}"
+    if not config.mlflow.log_model:
+        return info
+    mlflow.set_tracking_uri(uri)
+    pipe = transformers.pipeline("text-classification", model=str(model_dir), tokenizer=str(model_dir), device=-1)
+    with mlflow.start_run(run_id=run_id):
+        model_info = mlflow.transformers.log_model(
+            transformers_model=pipe,
+            name="model",
+            task="text-classification",
+            registered_model_name=config.mlflow.registered_model_name,
+            pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__.split('+')[0]}"],
+            input_example=["a fine product"],
+        )
+    version = getattr(model_info, "registered_model_version", None)
+    if config.mlflow.registered_model_name and version is not None:
+        for key, value in config.mlflow.tags.items():
+            client.set_model_version_tag(config.mlflow.registered_model_name, str(version), key, value)
+        info["registered_model_name"] = config.mlflow.registered_model_name
+        info["registered_model_version"] = int(version)
+    info["model_uri"] = model_info.model_uri
+    return info
+
+
+def _save_model(config: TrainerConfig, state: dict[str, torch.Tensor], tokenizer: Any) -> Path:
+    """Rank 0: the trained weights as an HF folder (safetensors) + tokenizer, in a local staging folder."""
+    model = load_classifier(config.model_dir)
+    weights = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or [k for k in missing if "position_ids" not in k]:
+        raise RuntimeError(f"trained weights do not match the model: missing={missing}, unexpected={unexpected}")
+    staging = Path(tempfile.mkdtemp(prefix="model-"))
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    return staging
+
+
+def train(config: TrainerConfig) -> dict[str, Any]:
+    """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json and logs to MLflow."""
+    rank, world, _ = _world()
+    t0 = time.time()
+    pl.seed_everything(config.seed, workers=True)
+    tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
+    module = ReviewClassifier(load_classifier(config.model_dir), config.optim)
+    datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0)
+    logger = _mlflow_logger(config, rank)
+    trainer = _trainer(config, logger if logger is not None else False)
+
+    last = files.local_path(config.checkpoint_dir) + "/" + LAST
+    resume = last if files.exists(last) else None
+    if resume and rank == 0:
+        log.warning("resuming from %s", resume)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+    # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
+    trainer.save_checkpoint(last)
+    trainer.test(module, datamodule=datamodule, verbose=False)
+
+    state = trainer.strategy.lightning_module_state_dict()  # a collective under FSDP: every rank calls it
+    test = module.test_results
+    seconds = max(module.train_seconds, 1e-9)
+    metrics: dict[str, Any] = {
+        **test,
+        "samples_seen": module.samples_seen,
+        "tokens_seen": module.tokens_seen,
+        "train_seconds": module.train_seconds,
+        "samples_per_sec": module.samples_seen / seconds,
+        "tokens_per_sec": module.tokens_seen / seconds,
+        "global_step": int(trainer.global_step),
+        "epochs": int(trainer.current_epoch),
+        "resumed_from": resume,
+        "resumed_at_step": module.start_step if resume else None,
+        "world_size": world,
+        "wall_seconds": time.time() - t0,
+    }
+    if rank != 0:
+        return metrics
+    staging = _save_model(config, state, tokenizer)
+    try:
+        if logger is not None:
+            logger.log_metrics(
+                {"final/samples_per_sec": metrics["samples_per_sec"], "final/tokens_per_sec": metrics["tokens_per_sec"],
+                 "final/samples_seen": float(metrics["samples_seen"])},
+                step=metrics["global_step"],
+            )
+            logger.finalize("success")
+            metrics["mlflow"] = _log_to_mlflow(config, logger, staging, metrics)
+        files.publish_dir(staging, config.output_dir.rstrip("/") + "/model")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    files.write_json_atomic(config.output_dir.rstrip("/") + "/metrics.json", metrics)
+    return metrics
