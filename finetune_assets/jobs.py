@@ -1,5 +1,53 @@
-"""Jobs over the asset graph (full retrain per dataset version, retrain the model only)."""
+"""Jobs over the asset graph: full retrain of one dataset version, and retraining the model only.
+
+Selections name assets by key (no asset imports), so this module never pulls a training stack in at
+import time and stays importable by the sensor. Asset checks of the selected assets run in the same
+run (an asset selection includes its checks), so the blocking data checks stop a bad version before
+it reaches training.
+"""
 
 import dagster as dg
 
-jobs: list = []
+RAW = "raw_reviews"
+TOKENIZED = "tokenized_reviews"
+SHARDS = "mds_shards"
+FINETUNED = "finetuned_model"
+PRETRAINED = "pretrained_model"
+
+# The per-version chain, in order; ``pretrained_model`` is unpartitioned and shared by every version.
+VERSION_CHAIN = (RAW, TOKENIZED, SHARDS, FINETUNED)
+
+retrain_job = dg.define_asset_job(
+    name="retrain_job",
+    selection=dg.AssetSelection.assets(*VERSION_CHAIN, PRETRAINED),
+    description=(
+        "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> mds_shards -> "
+        "finetuned_model, with their checks. pretrained_model is in the selection so a fresh deployment can "
+        "build the base model in the same run; the new-data sensor selects it only while it has never been "
+        "published (it is shared by all versions, rebuilding it per version would make every version stale)."
+    ),
+    tags={"finetune_assets/job": "retrain"},
+)
+
+finetune_only_job = dg.define_asset_job(
+    name="finetune_only_job",
+    selection=dg.AssetSelection.assets(FINETUNED),
+    description=(
+        "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with new "
+        "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base model that "
+        "shares the tokenizer. Launch it for one version or as a backfill over several."
+    ),
+    tags={"finetune_assets/job": "finetune_only"},
+)
+
+base_model_job = dg.define_asset_job(
+    name="base_model_job",
+    selection=dg.AssetSelection.assets(PRETRAINED),
+    description=(
+        "Rebuild pretrained_model (e.g. config source: a new base model). Every version's tokenized_reviews, "
+        "mds_shards and finetuned_model then show as stale; 'Materialize stale' rebuilds only those."
+    ),
+    tags={"finetune_assets/job": "base_model"},
+)
+
+jobs: list = [retrain_job, finetune_only_job, base_model_job]

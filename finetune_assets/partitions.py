@@ -21,7 +21,7 @@ class InvalidVersionKey(ValueError):
 
 def validate_version_key(key: str) -> str:
     """Return ``key`` unchanged if it is a safe dataset-version key, else raise with the rule."""
-    if not isinstance(key, str) or not _VERSION_KEY.match(key) or ".." in key:
+    if not isinstance(key, str) or not _VERSION_KEY.fullmatch(key) or ".." in key:
         raise InvalidVersionKey(
             f"invalid dataset version key {key!r}: use 1-63 characters from [A-Za-z0-9._-], "
             "starting and ending with a letter or digit, with no '..', spaces or slashes"

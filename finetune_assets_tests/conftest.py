@@ -49,5 +49,7 @@ def storage_root(tmp_path: Path) -> Path:
 def instance(tmp_path: Path):
     import dagster as dg
 
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as inst:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as inst:
         yield inst

@@ -35,7 +35,8 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from enum import Enum
+from typing import Any
 
 import dagster as dg
 import kubernetes
@@ -77,21 +78,43 @@ POD_ENV = {
 }
 
 
+class PullPolicy(str, Enum):
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+class TolerationOperator(str, Enum):
+    EQUAL = "Equal"
+    EXISTS = "Exists"
+
+
+class TaintEffect(str, Enum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class PropagationPolicy(str, Enum):
+    BACKGROUND = "Background"
+    FOREGROUND = "Foreground"
+
+
 class Toleration(dg.Config):
     """One pod toleration (e.g. for tainted GPU nodes: key ``nvidia.com/gpu``, operator ``Exists``)."""
 
     key: str | None = None
-    operator: Literal["Equal", "Exists"] = "Equal"
+    operator: TolerationOperator = TolerationOperator.EQUAL
     value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    effect: TaintEffect | None = None
     toleration_seconds: int | None = None
 
     def to_k8s(self) -> dict[str, Any]:
         out = {
             "key": self.key,
-            "operator": self.operator,
+            "operator": TolerationOperator(self.operator).value,
             "value": self.value,
-            "effect": self.effect,
+            "effect": TaintEffect(self.effect).value if self.effect else None,
             "tolerationSeconds": self.toleration_seconds,
         }
         return {k: v for k, v in out.items() if v is not None}
@@ -128,7 +151,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
 
     image: str = Field(description="Image with this package installed (see deploy/Dockerfile).")
     namespace: str = Field(default="default", description="Namespace of the Job, Service and pods.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     image_pull_secrets: list[str] = Field(default_factory=list)
     nnodes: int = Field(default=1, ge=1, description="Pods (torchrun nodes); each runs nproc_per_node workers.")
     gpus_per_node: int = Field(default=0, ge=0, description="nvidia.com/gpu per pod (usually = nproc_per_node).")
@@ -150,7 +173,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
     rdzv_port: int = Field(default=29400, ge=1, le=65535)
     timeout_s: int = Field(default=24 * 3600, ge=1, description="Wall-clock limit (also the Job's activeDeadlineSeconds).")
     ttl_seconds_after_finished: int = Field(default=3600, ge=0)
-    delete_propagation_policy: Literal["Background", "Foreground"] = "Background"
+    delete_propagation_policy: PropagationPolicy = PropagationPolicy.BACKGROUND
     run_as_user: int = Field(default=1000, ge=1)
     read_only_root_filesystem: bool = True
     python: str = Field(default="python", description="The interpreter inside the image.")
@@ -199,13 +222,8 @@ class K8sTorchrunLauncher(TrainingLauncher):
         _check_plain_env(self.env, "K8sTorchrunLauncher.env")
         _check_plain_env(job.env, "TrainingJob.env")
         merged = {**POD_ENV, **self.env, **job.env}
+        # JOB_COMPLETION_INDEX is added to every container by the Job controller (Indexed mode).
         env = [{"name": k, "value": str(v)} for k, v in merged.items()]
-        # Set by the Job controller too; explicit so that $(JOB_COMPLETION_INDEX) expands on every
-        # Kubernetes version (the downward-API annotation exists since 1.21).
-        env.append({
-            "name": "JOB_COMPLETION_INDEX",
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}},
-        })
         return env
 
     def _resources(self) -> dict[str, Any]:
@@ -280,7 +298,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
         manifest = construct_dagster_k8s_job(
             job_config=DagsterK8sJobConfig(
                 job_image=self.image,
-                image_pull_policy=self.image_pull_policy,
+                image_pull_policy=PullPolicy(self.image_pull_policy).value,
                 service_account_name=self.service_account_name,
                 env_secrets=list(self.env_secret_names),  # envFrom secretRef, by name only
             ),
@@ -377,20 +395,20 @@ class K8sTorchrunLauncher(TrainingLauncher):
             pod0 = by_index.get(0)
             if pod0 is not None and pod0.status and pod0.status.phase in ("Running", "Succeeded", "Failed"):
                 follower.start(pod0.metadata.name)
+            status = api.batch_api.read_namespaced_job(name, ns).status
+            conditions = {c.type: c for c in (status.conditions or []) if c.status == "True"} if status else {}
+            failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
+            if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":
+                self._fail(log, api, name, pods, f"timed out after {self.timeout_s}s (activeDeadlineSeconds)")
             failed = [p for p in pods if p.status and p.status.phase == "Failed"]
-            if failed:
+            if failed:  # fail fast: do not wait for the Job controller or for hung peers
                 self._fail(log, api, name, failed, "pod(s) failed")
+            if failed_cond is not None:
+                self._fail(log, api, name, pods, f"Job failed: {failed_cond.reason}: {failed_cond.message}")
             stuck = [(p, r) for p in pods if (r := _fatal_waiting_reason(p))]
             if stuck:
                 detail = "; ".join(f"{p.metadata.name}: {r}" for p, r in stuck)
                 raise TrainingFailed(f"training Job {ns}/{name} cannot start its pods: {detail}")
-            status = api.batch_api.read_namespaced_job(name, ns).status
-            conditions = {c.type: c for c in (status.conditions or []) if c.status == "True"} if status else {}
-            if "Failed" in conditions or "FailureTarget" in conditions:
-                cond = conditions.get("Failed") or conditions["FailureTarget"]
-                if cond.reason == "DeadlineExceeded":
-                    self._fail(log, api, name, pods, f"timed out after {self.timeout_s}s (activeDeadlineSeconds)")
-                self._fail(log, api, name, pods, f"Job failed: {cond.reason}: {cond.message}")
             if "Complete" in conditions or (status and (status.succeeded or 0) >= self.nnodes):
                 follower.start(pod0.metadata.name if pod0 is not None else None)
                 follower.wait(timeout=30)
@@ -413,7 +431,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
 
     def _cleanup(self, log, api, name: str, has_service: bool) -> None:
         ns = self.namespace
-        body = kubernetes.client.V1DeleteOptions(propagation_policy=self.delete_propagation_policy)
+        body = kubernetes.client.V1DeleteOptions(propagation_policy=PropagationPolicy(self.delete_propagation_policy).value)
         deletions = [("Job", lambda: api.batch_api.delete_namespaced_job(name, ns, body=body))]
         if has_service:
             deletions.append(("Service", lambda: api.core_api.delete_namespaced_service(name, ns)))

@@ -83,10 +83,8 @@ class MdsDataModule(pl.LightningDataModule):
         if self.datasets:
             return
         # Segments left by a killed run make the next StreamingDataset fail ("Reused local directory").
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            clean_stale_shared_memory()
-        if self.trainer is not None:
-            self.trainer.strategy.barrier("clean_stale_shared_memory")
+        # Called on every rank: local rank 0 cleans while the others wait in its barrier.
+        clean_stale_shared_memory()
         for split in SPLITS:
             self.datasets[split] = self._dataset(split)
 
