@@ -14,12 +14,20 @@ SHARDS = "mds_shards"
 FINETUNED = "finetuned_model"
 PRETRAINED = "pretrained_model"
 
+
+def _keys(*names: str) -> dg.AssetSelection:
+    """Selection by key strings; a key not (yet) defined selects nothing instead of failing the location.
+
+    ``finetune_assets_tests/test_sensors.py`` pins the resolved selections, so a typo cannot hide here.
+    """
+    return dg.AssetSelection.from_string(" or ".join(f'key:"{n}"' for n in names))
+
 # The per-version chain, in order; ``pretrained_model`` is unpartitioned and shared by every version.
 VERSION_CHAIN = (RAW, TOKENIZED, SHARDS, FINETUNED)
 
 retrain_job = dg.define_asset_job(
     name="retrain_job",
-    selection=dg.AssetSelection.assets(*VERSION_CHAIN, PRETRAINED),
+    selection=_keys(*VERSION_CHAIN, PRETRAINED),
     description=(
         "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> mds_shards -> "
         "finetuned_model, with their checks. pretrained_model is in the selection so a fresh deployment can "
@@ -31,7 +39,7 @@ retrain_job = dg.define_asset_job(
 
 finetune_only_job = dg.define_asset_job(
     name="finetune_only_job",
-    selection=dg.AssetSelection.assets(FINETUNED),
+    selection=_keys(FINETUNED),
     description=(
         "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with new "
         "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base model that "
@@ -42,7 +50,7 @@ finetune_only_job = dg.define_asset_job(
 
 base_model_job = dg.define_asset_job(
     name="base_model_job",
-    selection=dg.AssetSelection.assets(PRETRAINED),
+    selection=_keys(PRETRAINED),
     description=(
         "Rebuild pretrained_model (e.g. config source: a new base model). Every version's tokenized_reviews, "
         "mds_shards and finetuned_model then show as stale; 'Materialize stale' rebuilds only those."

@@ -38,6 +38,7 @@ ATTEMPTS = "attempts"
 # Abandoned attempts (killed runs) older than this are removed by the next successful publish;
 # younger ones may belong to a concurrent materialization of the same partition.
 ABANDONED_AFTER_S = 3600.0
+ATTEMPT_TIME = "%Y%m%dT%H%M%S"  # UTC start time, the first part of an attempt id
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class Storage:
         Set ``staging.data_version`` (content hash) and optionally ``staging.metadata`` inside the block.
         """
         prefix = self.prefix(asset, partition)
-        attempt = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        attempt = f"{time.strftime(ATTEMPT_TIME, time.gmtime())}-{uuid.uuid4().hex[:8]}"
         url = join(prefix, ATTEMPTS, attempt)
         if self.is_local:
             local_dir = Path(url)
@@ -133,7 +134,8 @@ class Storage:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        self._collect_garbage(prefix, keep=attempt, previous=previous.attempt if previous else None)
+        with contextlib.suppress(OSError):  # the new version is published; cleanup can wait for the next one
+            self._collect_garbage(prefix, keep=attempt, previous=previous.attempt if previous else None)
 
     def _write_pointer(self, prefix: str, pointer: dict[str, Any]) -> None:
         self.write_atomic(join(prefix, POINTER), json.dumps(pointer, indent=2, sort_keys=True).encode())
@@ -175,9 +177,7 @@ class Storage:
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             if name == keep:
                 continue
-            mtime = entry.get("mtime") or entry.get("LastModified")
-            age = now - mtime.timestamp() if hasattr(mtime, "timestamp") else now - float(mtime or 0)
-            if name == previous or age > ABANDONED_AFTER_S:
+            if name == previous or _age_s(name, entry, now) > ABANDONED_AFTER_S:
                 self._remove(join(attempts, name))
 
     # -- reading ----------------------------------------------------------------------------
@@ -213,6 +213,25 @@ class Storage:
         with tempfile.TemporaryDirectory() as tmp:
             self.fs.get(url + "/", tmp + "/", recursive=True)
             yield Path(tmp)
+
+
+def _age_s(attempt: str, entry: dict[str, Any], now: float) -> float:
+    """Seconds since an attempt started or last changed (the younger of both); 0 when unknown.
+
+    Object stores list "directories" without a modification time, so the start time encoded in the
+    attempt id is what makes an attempt old; unknown means young, so a concurrent writer of the
+    same partition never loses its attempt.
+    """
+    import calendar
+
+    ages = []
+    with contextlib.suppress(ValueError):
+        started = calendar.timegm(time.strptime(attempt.split("-", 1)[0], ATTEMPT_TIME))
+        ages.append(now - started)
+    mtime = entry.get("mtime") or entry.get("LastModified") or entry.get("created")
+    if mtime is not None:
+        ages.append(now - (mtime.timestamp() if hasattr(mtime, "timestamp") else float(mtime)))
+    return min(ages) if ages else 0.0
 
 
 def hash_tree(path: Path, exclude: tuple[str, ...] = ()) -> str:

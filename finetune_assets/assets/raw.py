@@ -88,6 +88,19 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
                 ("label", "reviews", "share"),
                 [(k, v, f"{v / max(1, result.accepted.num_rows):.1%}") for k, v in labels.items()]),
             "label_counts": dg.MetadataValue.json(labels),
+            **_pictures(context, labels),
         },
         data_version=dg.DataVersion(staging.data_version),
     )
+
+
+# -- pictures for the UI (finetune_assets.viz) ----------------------------------------------------
+def _pictures(context: dg.AssetExecutionContext, labels: dict[str, int]) -> dict[str, dg.MetadataValue]:
+    """The label distribution as a bar chart; a plotting failure never fails the materialization."""
+    from finetune_assets import viz
+
+    try:
+        return {"label_distribution": dg.MetadataValue.md(viz.label_distribution_md(labels))}
+    except Exception as err:  # noqa: BLE001 - a missing picture is not worth a failed run
+        context.log.warning(f"label distribution chart skipped: {err}")
+        return {}

@@ -85,6 +85,20 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
             "tokens_p95": stats["p95"],
             "tokens_max": stats["max"],
             "truncated_share": stats["truncated_share"],
+            **_pictures(context, table, max_length),
         },
         data_version=dg.DataVersion(staging.data_version),
     )
+
+
+# -- pictures for the UI (finetune_assets.viz) ----------------------------------------------------
+def _pictures(context: dg.AssetExecutionContext, table: pa.Table, max_length: int) -> dict[str, dg.MetadataValue]:
+    """The token-length histogram; a plotting failure never fails the materialization."""
+    from finetune_assets import viz
+
+    try:
+        lengths = table.column("full_length").to_numpy()
+        return {"token_lengths": dg.MetadataValue.md(viz.token_length_md(lengths, max_length))}
+    except Exception as err:  # noqa: BLE001 - a missing picture is not worth a failed run
+        context.log.warning(f"token length histogram skipped: {err}")
+        return {}

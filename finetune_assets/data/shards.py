@@ -64,14 +64,26 @@ def write_splits(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
 
 
 def read_back_count(split_dir: Path) -> int:
-    """Samples visible through ``streaming.StreamingDataset`` (the reader the trainer uses)."""
+    """Samples visible through ``streaming.StreamingDataset`` (the reader the trainer uses).
+
+    Read as the trainer does, with ``split_dir`` as the remote and a throwaway local cache: opening
+    compressed shards in place would decompress them beside the originals, into the published data.
+    """
+    import json
+    import tempfile
+
     from streaming import StreamingDataset
 
-    ds = StreamingDataset(local=str(split_dir), shuffle=False, batch_size=1)
-    n = ds.num_samples
-    if n:
-        first, last = ds[0], ds[n - 1]
-        for sample in (first, last):
-            if sample["input_ids"].ndim != 1 or "label" not in sample:
-                raise ValueError(f"{split_dir}: sample does not decode to input_ids + label")
+    index = json.loads((split_dir / "index.json").read_text())
+    if not index.get("shards"):  # an empty split (tiny versions): StreamingDataset refuses to open it
+        return 0
+    with tempfile.TemporaryDirectory(prefix="mds-readback-") as cache:
+        ds = StreamingDataset(remote=str(split_dir), local=cache, shuffle=False, batch_size=1)
+        n = ds.num_samples
+        if n:
+            first, last = ds[0], ds[n - 1]
+            for sample in (first, last):
+                if sample["input_ids"].ndim != 1 or "label" not in sample:
+                    raise ValueError(f"{split_dir}: sample does not decode to input_ids + label")
+        del ds
     return n

@@ -106,6 +106,8 @@ def _read_file(path: str, spec: SourceSpec) -> pa.Table:
         raise SourceError(f"{path}: cannot read as {fmt}: {err}{hint}") from err
     except UnicodeDecodeError as err:
         raise SourceError(f"{path}: cannot decode with encoding {spec.encoding!r}: {err}") from err
+    except LookupError as err:  # an encoding name Python does not know
+        raise SourceError(f"{path}: unknown encoding {spec.encoding!r}: {err}") from err
     text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
     label_col = _pick(table, spec.label_column, LABEL_COLUMNS, "label", path)
     raw = _to_raw(table, text_col, label_col, path)
@@ -125,17 +127,28 @@ def _read_delimited(data: bytes, fmt: str, encoding: str, bad_rows: list) -> pa.
         bad_rows.append((row.number, f"expected {row.expected_columns} columns, got {row.actual_columns}"))
         return "skip"  # kept in bad_rows and re-added as a malformed row: nothing is lost
 
+    read_options = pacsv.ReadOptions(encoding=encoding, block_size=64 << 20)
+    parse_options = pacsv.ParseOptions(
+        delimiter="\t" if fmt == "tsv" else ",",
+        newlines_in_values=True,
+        invalid_row_handler=on_invalid,
+    )
+    # Every column as text: labels such as 1 / 1.0 / "positive" are mapped later, explicitly, a review
+    # "4.50" stays "4.50", and bytes that do not decode fail here with an encoding error instead of
+    # turning into a binary column. The header is read first (a small probe) to name the columns.
+    probe = pacsv.open_csv(
+        io.BytesIO(data),
+        read_options=pacsv.ReadOptions(encoding=encoding, block_size=1 << 20),
+        parse_options=pacsv.ParseOptions(delimiter=parse_options.delimiter, newlines_in_values=True,
+                                         invalid_row_handler=lambda row: "skip"),
+    )
+    names = probe.schema.names
     return pacsv.read_csv(
         io.BytesIO(data),
-        read_options=pacsv.ReadOptions(encoding=encoding, block_size=64 << 20),
-        parse_options=pacsv.ParseOptions(
-            delimiter="\t" if fmt == "tsv" else ",",
-            newlines_in_values=True,
-            invalid_row_handler=on_invalid,
-        ),
-        # every column as text: labels such as 1 / 1.0 / "positive" are mapped later, explicitly
-        convert_options=pacsv.ConvertOptions(column_types=None, strings_can_be_null=True,
-                                             auto_dict_encode=False),
+        read_options=read_options,
+        parse_options=parse_options,
+        convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                             strings_can_be_null=True, auto_dict_encode=False),
     )
 
 
@@ -171,10 +184,20 @@ def _as_string(col: pa.ChunkedArray) -> pa.ChunkedArray:
                                        for v in col.to_pylist()], pa.string())])
 
 
+def _text_column(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Reviews must be text: a typed non-string column (numbers, lists ...) is flagged for quarantine."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return col.cast(pa.string())
+    if pa.types.is_null(col.type):
+        return pa.chunked_array([pa.nulls(len(col), pa.string())])
+    return pa.chunked_array([pa.array([None if v is None else f"\x00non-text:{col.type}"
+                                       for v in col.to_pylist()], pa.string())])
+
+
 def _to_raw(table: pa.Table, text_col: str, label_col: str, source: str) -> pa.Table:
     n = table.num_rows
     return pa.table({
-        "text": _as_string(table.column(text_col)),
+        "text": _text_column(table.column(text_col)),
         "label": _as_string(table.column(label_col)),
         "source_file": pa.array([source] * n, pa.string()),
         "source_row": pa.array(range(n), pa.int64()),

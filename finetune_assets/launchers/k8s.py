@@ -169,6 +169,10 @@ class K8sTorchrunLauncher(TrainingLauncher):
         description="Kubernetes Secrets whose keys become environment variables (envFrom): storage and MLflow credentials.",
     )
     service_account_name: str | None = Field(default=None, description="SA of the training pods (needs no RBAC).")
+    storage_pvc_name: str | None = Field(
+        default=None, description="A ReadWriteMany PVC to mount as the shared storage root (instead of s3://)."
+    )
+    storage_mount_path: str = Field(default="/data", description="Where storage_pvc_name is mounted in the pods.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the Job, Service and pods.")
     rdzv_port: int = Field(default=29400, ge=1, le=65535)
     timeout_s: int = Field(default=24 * 3600, ge=1, description="Wall-clock limit (also the Job's activeDeadlineSeconds).")
@@ -246,6 +250,9 @@ class K8sTorchrunLauncher(TrainingLauncher):
         volumes += [{"name": v, "emptyDir": {"sizeLimit": self.scratch_size}} for v in SCRATCH_MOUNTS]
         mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
         mounts += [{"name": v, "mountPath": p} for v, p in SCRATCH_MOUNTS.items()]
+        if self.storage_pvc_name:
+            volumes.append({"name": "storage", "persistentVolumeClaim": {"claimName": self.storage_pvc_name}})
+            mounts.append({"name": "storage", "mountPath": self.storage_mount_path})
         pod_spec: dict[str, Any] = {
             "restartPolicy": "Never",  # torchrun restarts workers; a dead node fails the Job
             "automountServiceAccountToken": False,  # the trainer never calls the Kubernetes API
@@ -379,10 +386,12 @@ class K8sTorchrunLauncher(TrainingLauncher):
             follower = _LogFollower(api, ns, self.log_tail_lines)
             self._supervise(log, api, name, follower)
         finally:
+            # Delete first: whatever interrupted us (failure, timeout, run termination) must not keep
+            # the pods alive. Deleting the pods also ends the follow stream of the log thread.
+            self._cleanup(log, api, name, service is not None)
             if follower is not None:
                 follower.stop()
-                follower.drain(log)
-            self._cleanup(log, api, name, service is not None)
+                follower.drain(log)  # pod 0's last lines before the failure or interruption
 
     def _supervise(self, log, api, name: str, follower: _LogFollower) -> None:
         ns = self.namespace
@@ -495,7 +504,6 @@ class _LogFollower:
         self._lines: queue.Queue[str] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._response = None
         self.pod: str | None = None
 
     def start(self, pod: str | None) -> None:
@@ -511,10 +519,12 @@ class _LogFollower:
             if self._stop.is_set():
                 return
             try:
-                self._response = self._api.core_api.read_namespaced_pod_log(
+                response = self._api.core_api.read_namespaced_pod_log(
                     self.pod, self._ns, container=CONTAINER_NAME, follow=True, _preload_content=False
                 )
-                for chunk in self._response.stream(4096):
+                for chunk in response.stream(4096):
+                    if self._stop.is_set():
+                        return
                     buf += chunk
                     *lines, buf = buf.split(b"\n")
                     for line in lines:
@@ -545,11 +555,7 @@ class _LogFollower:
             self._thread.join(timeout)
 
     def stop(self) -> None:
+        """Stop following; the daemon thread ends when the (deleted) pod's log stream closes."""
         self._stop.set()
-        if self._thread is not None and self._thread.is_alive():
+        if self._thread is not None:
             self._thread.join(2.0)
-        if self._thread is not None and self._thread.is_alive() and self._response is not None:
-            try:
-                self._response.close()
-            except Exception:
-                pass

@@ -36,26 +36,65 @@ def _error_from_files(error_dir: Path) -> str | None:
     return None
 
 
-def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the whole group (torchrun + workers + loader workers), then SIGKILL what is left."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, pgid) from /proc (Linux; torchrun workers run on Linux)."""
+    table: dict[int, tuple[int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        table[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def process_tree(pid: int) -> dict[int, int]:
+    """``pid`` and all its descendants, each with its process group.
+
+    torchrun starts every worker in a new session (its own process group), so killing torchrun's
+    group alone would orphan the workers; the tree is captured before anything is signalled.
+    """
+    table = _proc_table()
+    tree, frontier = {}, [pid]
+    while frontier:
+        p = frontier.pop()
+        if p in table:
+            tree[p] = table[p][1]
+        frontier += [c for c, (ppid, _) in table.items() if ppid == p and c not in tree]
+    return tree
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal every process group in the tree of ``pid`` (torchrun, its workers, their loader workers)."""
+    for pgid in sorted(set(process_tree(pid).values())):
         try:
             os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            # torchrun exited; its workers may still be alive in the group: one last SIGKILL.
-            os.killpg(pgid, signal.SIGKILL)
-            return
-        except subprocess.TimeoutExpired:
+        except (ProcessLookupError, PermissionError):
             continue
-        except ProcessLookupError:
-            return
+
+
+def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM torchrun (it stops its workers), then SIGKILL every process group of the tree that is left."""
+    tree = process_tree(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    current = _proc_table()
+    for pgid in sorted(set(tree.values())):
+        if any(pid in current and current[pid][1] == pgid for pid, g in tree.items() if g == pgid):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 class LocalTorchrunLauncher(TrainingLauncher):

@@ -9,7 +9,7 @@ it through an ordinary kubeconfig (``server: http://127.0.0.1:PORT``):
 - ``v1`` Pods: list (``labelSelector``, ``fieldSelector``) / get, and ``pods/{name}/log``
   (``container``, ``tailLines``, ``follow`` as a chunked stream, like the real API server)
 
-Every request is recorded in :attr:`KubeApiDouble.calls` as ``(verb, resource)`` so a test can
+Every request is recorded in :attr:`KubeApiDouble.calls` as ``(verb, resource, user agent)`` so a test can
 compare what the launcher really calls with what ``deploy/rbac.yaml`` grants.
 
 What it plays besides the API server:
@@ -24,8 +24,9 @@ What it plays besides the API server:
   environment a container would get (image ``PATH``, ``HOSTNAME=<job>-<i>``, ``envFrom`` Secrets,
   ``env`` including ``valueFrom.fieldRef``/``secretKeyRef``, and ``$(VAR)`` expansion of env values,
   command and args exactly like the kubelet: ``$$`` escapes, unknown references stay literal).
-  ``emptyDir`` mounts become per-pod folders: paths under a mount (``/tmp``, ``/cache``) in env
-  values and args are rewritten to the pod's folder; ``/dev/shm`` stays the host's. Phase
+  ``emptyDir`` mounts become per-pod folders: env values under a mount (``HOME=/tmp``,
+  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder; ``/dev/shm`` stays the host's, and
+  the host filesystem plays the shared storage (paths in args and config files are not rewritten). Phase
   Pending -> Running -> Succeeded/Failed from the exit code (signal N -> exit code 128+N).
   Users, capabilities, resources, node selectors and images are NOT enforced (schema tests cover
   the manifests; a real cluster covers the rest).
@@ -131,7 +132,7 @@ class KubeApiDouble:
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (resource, ns, name) -> obj
         self.pods: dict[tuple[str, str], _Pod] = {}  # (ns, name) -> pod
-        self.calls: list[tuple[str, str]] = []  # (verb, resource) as RBAC names them
+        self.calls: list[tuple[str, str, str]] = []  # (verb, resource as RBAC names it, User-Agent)
         self._server: ThreadingHTTPServer | None = None
         self._rv = 0
 
@@ -186,7 +187,8 @@ class KubeApiDouble:
 
     # -- REST -----------------------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any] | None):
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any] | None,
+               agent: str = ""):
         m = _CORE.match(path) or _BATCH.match(path)
         if not m:
             raise ApiError(404, "NotFound", f"the double does not serve {method} {path}")
@@ -195,7 +197,7 @@ class KubeApiDouble:
         if verb is None:
             raise ApiError(405, "MethodNotAllowed", f"{method} {path}")
         with self.lock:
-            self.calls.append((verb, f"{res}/{sub}" if sub else res))
+            self.calls.append((verb, f"{res}/{sub}" if sub else res, agent))
         if res == "pods" and sub == "log":
             return ("log", ns, name, query)
         if verb == "create":
@@ -393,8 +395,11 @@ class KubeApiDouble:
             else:
                 env[e["name"]] = expand(e.get("value", ""), env)
         argv = [expand(a, env) for a in [*c.get("command", []), *c.get("args", [])]]
-        fix = lambda v: self._dns(ns, self._remap(v, mounts))  # noqa: E731
-        return [fix(a) for a in argv], {k: fix(v) for k, v in env.items()}
+        # Env values under an emptyDir mount (HOME=/tmp, XDG_CACHE_HOME=/cache, ...) point into the
+        # pod's own folder; args and files are left alone: the host filesystem plays the shared
+        # storage (the RWX volume / object store of a real cluster).
+        env = {k: self._dns(ns, self._remap(v, mounts)) for k, v in env.items()}
+        return [self._dns(ns, a) for a in argv], env
 
     def _is_empty_dir(self, pod: _Pod, volume: str) -> bool:
         return any(v["name"] == volume and "emptyDir" in v for v in pod.obj["spec"].get("volumes", []))
@@ -537,7 +542,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         try:
-            result = self.api.handle(method, url.path, parse_qs(url.query), body)
+            result = self.api.handle(method, url.path, parse_qs(url.query), body, self.headers.get("User-Agent", ""))
             if result[0] == "log":
                 _, ns, name, query = result
                 self._logs(self.api.pod_for_logs(ns, name), query)
@@ -551,7 +556,7 @@ class _Handler(BaseHTTPRequestHandler):
     do_DELETE = lambda self: self._dispatch("DELETE")  # noqa: E731
 
     def _logs(self, pod: _Pod, query: dict[str, list[str]]) -> None:
-        follow = query.get("follow", ["false"])[0] == "true"
+        follow = query.get("follow", ["false"])[0].lower() == "true"
         tail = query.get("tailLines", [None])[0]
         if not follow:
             lines = pod.log_path.read_bytes().splitlines(keepends=True)

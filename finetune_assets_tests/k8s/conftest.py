@@ -25,6 +25,7 @@ from finetune_assets_tests.k8s.apiserver_double import KubeApiDouble
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = "finetune_assets_tests.k8s.standin"
+HARNESS_AGENT = "finetune-assets-tests"
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Cluster:
             cfg = kubernetes.client.Configuration()
             kubernetes.config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
             client = kubernetes.client.ApiClient(cfg)
+            client.user_agent = HARNESS_AGENT  # the double tells our own calls from the launcher's
             self._core, self._batch = kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client)
         return self._core, self._batch
 

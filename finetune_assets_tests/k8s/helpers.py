@@ -1,6 +1,5 @@
 """Run a launcher inside a real Dagster materialization and collect everything it logged."""
 
-from __future__ import annotations
 
 import re
 import time
@@ -30,9 +29,9 @@ def launch_in_dagster(
     @dg.asset(name="trained")
     def trained(context: dg.AssetExecutionContext, launcher: TrainingLauncher) -> None:
         launcher.launch(context, TrainingJob(
-            name=f"trained-{partition}-{context.run_id[:8]}",
+            name=f"trained-{partition}-{context.run.run_id[:8]}",
             config_url=config_url,
-            labels={"dagster/run-id": context.run_id, "dagster/asset": "trained", "dagster/partition": partition},
+            labels={"dagster/run-id": context.run.run_id, "dagster/asset": "trained", "dagster/partition": partition},
             env=env or {},
         ))
 

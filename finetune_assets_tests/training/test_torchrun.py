@@ -14,7 +14,7 @@ import dagster as dg
 import pytest
 
 from finetune_assets.launchers.base import TrainingFailed, TrainingJob, torchrun_command
-from finetune_assets.launchers.local import LocalTorchrunLauncher
+from finetune_assets.launchers.local import LocalTorchrunLauncher, kill_tree
 from finetune_assets_tests.training.fixtures import write_mds_splits
 
 pytestmark = pytest.mark.slow
@@ -58,6 +58,13 @@ def torchrun(config: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = torchrun_command(str(config), nproc_per_node=2, python=sys.executable)
     return subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, **popen)
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def run_ok(config: Path) -> dict:
@@ -125,9 +132,11 @@ def test_killed_run_resumes_without_repeating_or_skipping(world, full_run):
     deadline = time.monotonic() + 300
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole torchrun group, right after the first checkpoint
+    kill_tree(proc.pid, signal.SIGKILL)  # torchrun and every worker (own sessions), right after a checkpoint
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL and last.exists(), "the run ended before it could be killed"
+    time.sleep(1.0)
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(config) in _cmdline(p)]
     assert not (config.parent / "out" / "metrics.json").exists()
 
     resumed = run_ok(config)
@@ -149,3 +158,37 @@ def test_trainer_crash_fails_the_launcher_with_a_readable_error(tmp_path, tiny_m
     message = str(err.value)
     assert "crash-test" in message and "exit code" in message
     assert "no MDS dataset" in message and str(tmp_path / "missing") in message
+
+
+def test_cancellation_kills_torchrun_and_every_worker(world):
+    """Dagster terminates a run by interrupting the step; the launcher must leave no worker behind."""
+    root, model, shards = world
+    config = write_config(root, "cancel", model, shards, epochs=50)
+    launcher = LocalTorchrunLauncher(nproc_per_node=2, cwd=str(REPO))
+    context = dg.build_asset_context()
+    started = time.monotonic()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt  # what Dagster's termination raises in the step (as DagsterExecutionInterruptedError)
+
+    def training_started() -> bool:
+        return (config.parent / "ckpt" / "last.ckpt").exists()
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        def arm(_signum=None, _frame=None):
+            if training_started() or time.monotonic() - started > 240:
+                interrupt(None, None)
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+
+        signal.signal(signal.SIGALRM, arm)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            launcher.launch(context, TrainingJob(name="cancel-test", config_url=str(config)))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert training_started(), "training never reached its first checkpoint"
+    time.sleep(1.0)
+    leftovers = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(config) in _cmdline(p)]
+    assert not leftovers, f"processes still running after cancellation: {leftovers}"

@@ -1,0 +1,95 @@
+"""Quality on real data: the offline default model fine-tuned on shared/data/arabic_reviews vs the majority class.
+
+Uses the same pure functions as the assets (read_source -> validate -> tokenize_table -> write_splits)
+and the same ``train()`` as torchrun, in one CPU process. Run:
+
+    python benchmarks/quality_real_data.py [--epochs 1] [--max-train-batches N] [--out benchmarks/results/quality_real_data.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+from transformers import AutoTokenizer
+
+from finetune_assets.data.models import packaged_model_dir, save_pretrained_model, DEFAULT_MODEL
+from finetune_assets.data.shards import write_splits
+from finetune_assets.data.sources import SourceSpec, read_source
+from finetune_assets.data.tokenize import SplitRule, tokenize_table
+from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.training.config import TrainerConfig
+from finetune_assets.training.run import train
+
+REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
+if not REVIEWS.exists():
+    REVIEWS = Path("/work/shared/data/arabic_reviews")
+
+
+def majority_macro_f1(test_labels: list[int], train_labels: list[int]) -> dict[str, float]:
+    """Always predicting the training majority class: F1 is non-zero for that class only."""
+    majority = Counter(train_labels).most_common(1)[0][0]
+    tp = sum(1 for y in test_labels if y == majority)
+    precision = tp / len(test_labels)
+    f1 = 2 * precision / (precision + 1) if tp else 0.0
+    return {"majority_class": majority, "accuracy": precision, "macro_f1": f1 / 3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--optimizer", default="adamw")
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-train-batches", type=int, default=None)
+    parser.add_argument("--out", default="benchmarks/results/quality_real_data.json")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        summary = save_pretrained_model(DEFAULT_MODEL, None, root / "model")
+        raw = read_source(SourceSpec(uri=str(REVIEWS)))
+        validated = validate(raw, ValidationRules())
+        tokenizer = AutoTokenizer.from_pretrained(packaged_model_dir())
+        table = tokenize_table(validated.accepted, tokenizer, args.max_length, SplitRule())
+        write_splits(table, root / "shards")
+        split = table.column("split").cast(pa.string()).to_pylist()
+        labels = table.column("label").to_pylist()
+        counts = Counter(split)
+        baseline = majority_macro_f1([y for y, s in zip(labels, split) if s == "test"],
+                                     [y for y, s in zip(labels, split) if s == "train"])
+        config = TrainerConfig.from_dict({
+            "model_dir": str(root / "model"), "output_dir": str(root / "out"), "checkpoint_dir": str(root / "ckpt"),
+            "accelerator": "cpu", "epochs": args.epochs, "seed": 42, "log_every_n_steps": 50,
+            "checkpoint_every_n_steps": 1000, "limit_train_batches": args.max_train_batches,
+            "optim": {"name": args.optimizer, "lr": args.lr, "warmup_ratio": 0.06 if args.optimizer == "adamw" else 0.0},
+            "data": {"train_url": str(root / "shards/train"), "validation_url": str(root / "shards/validation"),
+                     "test_url": str(root / "shards/test"), "batch_size": args.batch_size, "num_workers": 1,
+                     "max_length": args.max_length},
+            "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
+                       "log_model": False},
+        })
+        metrics = train(config)
+    result = {
+        "model": summary.source, "parameters": summary.parameters,
+        "data": {"source": "shared/data/arabic_reviews", "accepted": validated.accepted.num_rows,
+                 "rejected": validated.rejected.num_rows, "splits": dict(counts)},
+        "recipe": {"optimizer": args.optimizer, "lr": args.lr, "epochs": args.epochs, "batch_size": args.batch_size,
+                   "max_length": args.max_length, "max_train_batches": args.max_train_batches},
+        "test": {k: metrics[k] for k in ("accuracy", "macro_f1", "f1_per_class", "confusion_matrix")},
+        "majority_baseline": baseline,
+        "beats_majority_macro_f1": metrics["macro_f1"] > baseline["macro_f1"],
+        "train": {k: metrics[k] for k in ("samples_seen", "samples_per_sec", "tokens_per_sec", "train_seconds")},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Training throughput: this project's dynamic padding vs the seed's pad-to-512, and loader vs step rate.
+
+Same model (the packaged all-MiniLM-L6-v2), same data (real reviews from shared/data/arabic_reviews,
+tokenized with its tokenizer, written as MDS with the ``mds_shards`` schema), same machine, same batch
+size, same optimizer (the seed's Adadelta). Only the collate differs. Run:
+
+    python benchmarks/train_throughput.py [--steps 20] [--padded-steps 4] [--out benchmarks/results/train_throughput.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
+from streaming.base.util import clean_stale_shared_memory
+from transformers import AutoTokenizer
+
+from finetune_assets.data.models import packaged_model_dir
+from finetune_assets.training.collate import DynamicPaddingCollator
+from finetune_assets.training.module import load_classifier
+
+REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
+if not REVIEWS.exists():
+    REVIEWS = Path("/work/shared/data/arabic_reviews")
+POLARITY = {"1": 0, "-1": 1, "0": 2}
+
+
+def write_shards(out: Path, tokenizer, n: int) -> dict[str, float]:
+    texts, labels = [], []
+    for name in ("PROD.csv", "ATT.csv", "RES2.csv"):
+        with open(REVIEWS / name, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                label = POLARITY.get((row.get("polarity") or "").strip())
+                if label is not None and (row.get("text") or "").strip():
+                    texts.append(row["text"].strip())
+                    labels.append(label)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(texts))[:n]
+    ids = tokenizer([texts[i] for i in order], truncation=True, max_length=512)["input_ids"]
+    with MDSWriter(out=str(out), columns={"input_ids": "ndarray:uint16", "label": "int8"}, compression="zstd") as w:
+        for seq, i in zip(ids, order):
+            w.write({"input_ids": np.asarray(seq, dtype=np.uint16), "label": labels[i]})
+    lengths = np.array([len(s) for s in ids])
+    return {"samples": int(n), "mean_tokens": float(lengths.mean()), "p95_tokens": float(np.percentile(lengths, 95)),
+            "max_tokens": int(lengths.max())}
+
+
+def loader(mds: Path, collate, batch_size: int, num_workers: int) -> StreamingDataLoader:
+    ds = StreamingDataset(local=str(mds), batch_size=batch_size, shuffle=True, shuffle_seed=1, num_canonical_nodes=1)
+    return StreamingDataLoader(ds, batch_size=batch_size, collate_fn=collate, num_workers=num_workers)
+
+
+def train_rate(mds: Path, collate, batch_size: int, steps: int, warmup: int = 2) -> dict[str, float]:
+    """Forward + backward + Adadelta step, timed after ``warmup`` steps; data loading included."""
+    torch.manual_seed(0)
+    model = load_classifier(str(packaged_model_dir())).train()
+    opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
+    samples = tokens = 0
+    t0 = None
+    it = iter(loader(mds, collate, batch_size, num_workers=0))
+    for step in range(warmup + steps):
+        if step == warmup:
+            t0 = time.perf_counter()
+            samples = tokens = 0
+        batch = next(it)
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        samples += int(batch["labels"].shape[0])
+        tokens += int(batch["num_tokens"])
+    seconds = time.perf_counter() - t0
+    return {"steps": steps, "seconds": seconds, "samples_per_sec": samples / seconds,
+            "tokens_per_sec": tokens / seconds, "steps_per_sec": steps / seconds}
+
+
+def loader_rate(mds: Path, collate, batch_size: int, num_workers: int, batches: int) -> dict[str, float]:
+    dl = loader(mds, collate, batch_size, num_workers)
+    it = iter(dl)
+    next(it)  # start-up (workers, shard open) is not throughput
+    t0 = time.perf_counter()
+    samples = 0
+    for _ in range(batches):
+        samples += int(next(it)["labels"].shape[0])
+    seconds = time.perf_counter() - t0
+    return {"num_workers": num_workers, "batches": batches, "samples_per_sec": samples / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20, help="timed steps with dynamic padding")
+    parser.add_argument("--padded-steps", type=int, default=4, help="timed steps padded to 512 (slow)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    args = parser.parse_args()
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    clean_stale_shared_memory()
+    tokenizer = AutoTokenizer.from_pretrained(packaged_model_dir())
+    with tempfile.TemporaryDirectory() as tmp:
+        mds = Path(tmp) / "train"
+        data = write_shards(mds, tokenizer, args.samples)
+        dynamic = DynamicPaddingCollator(tokenizer.pad_token_id)
+        padded = DynamicPaddingCollator(tokenizer.pad_token_id, pad_to=512)
+        dyn = train_rate(mds, dynamic, args.batch_size, args.steps)
+        pad = train_rate(mds, padded, args.batch_size, args.padded_steps, warmup=1)
+        loaders = [loader_rate(mds, dynamic, args.batch_size, w, 200) for w in (0, 2)]
+    best_loader = max(r["samples_per_sec"] for r in loaders)
+    result = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu",
+                    "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "model": "packaged all-MiniLM-L6-v2 (BertForSequenceClassification, 3 labels)",
+        "data": {"source": "shared/data/arabic_reviews (PROD, ATT, RES2)", **data},
+        "batch_size": args.batch_size,
+        "optimizer": "Adadelta lr 1.0 (seed)",
+        "dynamic_padding": dyn,
+        "pad_to_512_seed": pad,
+        "speedup_samples_per_sec": dyn["samples_per_sec"] / pad["samples_per_sec"],
+        "loader_alone": loaders,
+        "loader_vs_training_samples_rate": best_loader / dyn["samples_per_sec"],
+        "targets": {"speedup_min": 3.0, "loader_vs_training_min": 10.0},
+    }
+    result["targets_met"] = (result["speedup_samples_per_sec"] >= 3.0
+                             and result["loader_vs_training_samples_rate"] >= 10.0)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

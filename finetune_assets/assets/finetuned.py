@@ -1,0 +1,218 @@
+"""``finetuned_model[v]``: BERT fine-tuned on ``mds_shards[v]`` by torchrun (through a launcher), tracked in MLflow."""
+
+
+import hashlib
+import json
+import re
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+import dagster as dg
+import fsspec
+from pydantic import Field
+
+from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
+from finetune_assets.partitions import dataset_versions
+from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.resources.storage import StorageResource
+from finetune_assets.storage import Storage, hash_tree
+from finetune_assets.training.config import TrainerConfig
+
+
+class FinetuneConfig(dg.Config):
+    """Hyper-parameters a person may change in the launchpad; validated by ``TrainerConfig`` before launch."""
+
+    epochs: int = Field(2, description="passes over the training split")
+    batch_size: int = Field(8, description="per device (per torchrun worker)")
+    optimizer: str = Field("adadelta", description="adadelta (seed: lr 1.0 + StepLR gamma) or adamw (linear warmup/decay)")
+    lr: float = 1.0
+    gamma: float = Field(0.7, description="StepLR decay per epoch (adadelta)")
+    weight_decay: float = 0.0
+    warmup_ratio: float = Field(0.0, description="fraction of steps with linear warmup (adamw)")
+    precision: str = Field("32", description="32, bf16-mixed or 16-mixed (GPU)")
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    strategy: str = Field("ddp", description="ddp or fsdp")
+    accelerator: str = Field("auto", description="auto, cpu or gpu")
+    max_steps: int = Field(-1, description="-1: all epochs")
+    seed: int = 42
+    num_workers: int = Field(2, description="data loader workers per device")
+    shuffle: bool = True
+    max_length: int = 512
+    checkpoint_every_n_steps: int = 200
+    log_every_n_steps: int = 10
+    limit_train_batches: int | None = Field(None, description="cap batches per epoch (smoke runs)")
+    limit_val_batches: int | None = None
+    limit_test_batches: int | None = None
+    run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
+
+
+def trainer_settings(config: FinetuneConfig) -> dict[str, Any]:
+    """The trainer-relevant part of the Dagster config, in ``TrainerConfig``'s shape (no paths)."""
+    return {
+        "epochs": config.epochs,
+        "max_steps": config.max_steps,
+        "precision": config.precision,
+        "accumulate_grad_batches": config.accumulate_grad_batches,
+        "gradient_clip_val": config.gradient_clip_val,
+        "strategy": config.strategy,
+        "accelerator": config.accelerator,
+        "seed": config.seed,
+        "log_every_n_steps": config.log_every_n_steps,
+        "checkpoint_every_n_steps": config.checkpoint_every_n_steps,
+        "limit_train_batches": config.limit_train_batches,
+        "limit_val_batches": config.limit_val_batches,
+        "limit_test_batches": config.limit_test_batches,
+        "optim": {
+            "name": config.optimizer,
+            "lr": config.lr,
+            "gamma": config.gamma,
+            "weight_decay": config.weight_decay,
+            "warmup_ratio": config.warmup_ratio,
+        },
+        "data": {
+            "batch_size": config.batch_size,
+            "num_workers": config.num_workers,
+            "shuffle": config.shuffle,
+            "max_length": config.max_length,
+        },
+    }
+
+
+def code_version() -> str:
+    try:
+        return importlib_metadata.version("finetune_assets")
+    except importlib_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def job_name(version: str, run_id: str) -> str:
+    """DNS-1123 label: lowercase alphanumerics and '-', at most 63 characters."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", version.lower()).strip("-")[:40] or "v"
+    return f"finetune-{slug}-{run_id[:8]}".strip("-")
+
+
+def build_trainer_config(
+    config: FinetuneConfig,
+    store: Storage,
+    version: str,
+    mlflow: MlflowResource,
+    output_dir: str,
+    tags: dict[str, str],
+    run_name: str,
+) -> tuple[TrainerConfig, str]:
+    """The trainer file for one attempt, and the hash keying its checkpoints (same inputs -> same folder)."""
+    shards = store.require("mds_shards", version)
+    pretrained = store.require("pretrained_model")
+    settings = trainer_settings(config)
+    key = json.dumps(
+        {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version},
+        sort_keys=True,
+    )
+    config_hash = hashlib.sha256(key.encode()).hexdigest()[:16]
+    settings["data"].update(
+        train_url=f"{shards.url}/train",
+        validation_url=f"{shards.url}/validation",
+        test_url=f"{shards.url}/test",
+        local_cache_dir=None if store.is_local else f"/tmp/finetune_assets/mds-cache/{version}/{shards.data_version}",
+    )
+    trainer = TrainerConfig.from_dict(
+        {
+            **settings,
+            "model_dir": pretrained.url,
+            "output_dir": output_dir,
+            "checkpoint_dir": store.url("finetuned_model", version, "checkpoints", config_hash),
+            "mlflow": {
+                "tracking_uri": mlflow.resolve_tracking_uri(store),
+                "experiment_name": mlflow.experiment_name,
+                "artifact_location": mlflow.artifact_location(store),
+                "registered_model_name": mlflow.registered_model_name,
+                "run_name": config.run_name or run_name,
+                "tags": {**tags, "shard_data_version": shards.data_version,
+                         "pretrained_data_version": pretrained.data_version},
+            },
+        }
+    )
+    return trainer, config_hash
+
+
+@dg.asset(
+    partitions_def=dataset_versions,
+    deps=["mds_shards", "pretrained_model"],
+    group_name="models",
+    kinds={"pytorch", "mlflow"},
+    owners=OWNERS,
+    code_version="1",
+)
+def finetuned_model(
+    context: dg.AssetExecutionContext,
+    config: FinetuneConfig,
+    storage: StorageResource,
+    launcher: TrainingLauncher,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
+    """BERT review classifier fine-tuned by torchrun on the MDS shards; metrics and MLflow version attached."""
+    version = version_of(context)
+    store = storage.storage()
+    run_id = context.run.run_id
+    tags = {"dataset_version": version, "code_version": code_version(), "dagster_run_id": run_id}
+    with store.publish("finetuned_model", version) as staging:
+        # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
+        output_dir = str(staging.local_dir) if store.is_local else staging.url
+        trainer, config_hash = build_trainer_config(
+            config, store, version, mlflow, output_dir, tags, run_name=f"{version}-{run_id[:8]}"
+        )
+        config_url = f"{output_dir}/trainer_config.json"
+        with fsspec.open(config_url, "w") as f:  # inside the attempt: published (or discarded) with it
+            f.write(trainer.to_json())
+        context.log.info(f"trainer config {config_url}; checkpoints {trainer.checkpoint_dir}")
+        launcher.launch(
+            context,
+            TrainingJob(
+                name=job_name(version, run_id),
+                config_url=config_url,
+                labels={"dagster/run-id": run_id, "asset": "finetuned_model", "partition": version},
+            ),
+        )
+        with fsspec.open(f"{output_dir}/metrics.json", "r") as f:
+            metrics = json.load(f)
+        with store.local_copy(f"{output_dir}/model") as model_dir:
+            staging.data_version = hash_tree(model_dir)
+        staging.metadata = {"config_hash": config_hash, "mlflow": metrics.get("mlflow", {})}
+    return dg.MaterializeResult(metadata=_metadata(metrics, mlflow, staging.url, config_hash),
+                                data_version=dg.DataVersion(staging.data_version))
+
+
+def _metadata(metrics: dict[str, Any], mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:
+    info = metrics.get("mlflow") or {}
+    per_class = metrics.get("f1_per_class", {})
+    meta: dict[str, Any] = {
+        "accuracy": dg.MetadataValue.float(float(metrics["accuracy"])),
+        "macro_f1": dg.MetadataValue.float(float(metrics["macro_f1"])),
+        "f1_per_class": markdown_table(("class", "F1"), [(k, f"{v:.4f}") for k, v in per_class.items()]),
+        "confusion_matrix": dg.MetadataValue.json({"rows_true_cols_pred": metrics.get("confusion_matrix")}),
+        "model_path": dg.MetadataValue.path(f"{url}/model"),
+        "samples_seen": int(metrics["samples_seen"]),
+        "samples_per_sec": float(metrics["samples_per_sec"]),
+        "tokens_per_sec": float(metrics["tokens_per_sec"]),
+        "global_step": int(metrics["global_step"]),
+        "world_size": int(metrics["world_size"]),
+        "checkpoint_key": config_hash,
+    }
+    for name, value in per_class.items():
+        meta[f"f1_{name}"] = dg.MetadataValue.float(float(value))
+    if metrics.get("resumed_at_step") is not None:
+        meta["resumed_at_step"] = int(metrics["resumed_at_step"])
+    if info.get("run_id"):
+        meta["mlflow_run_id"] = info["run_id"]
+        link = info.get("run_url") or mlflow.run_url(str(info.get("experiment_id")), info["run_id"])
+        if link:
+            meta["mlflow_run"] = dg.MetadataValue.url(link)
+    if info.get("registered_model_version") is not None:
+        meta["registered_model"] = f"{info['registered_model_name']} v{info['registered_model_version']}"
+        meta["registered_model_version"] = int(info["registered_model_version"])
+        link = mlflow.model_version_url(info["registered_model_name"], info["registered_model_version"])
+        if link:
+            meta["registered_model_link"] = dg.MetadataValue.url(link)
+    return meta

@@ -1,0 +1,141 @@
+"""Pictures for materialization metadata: small PNGs inlined in Markdown, as people read them in the UI.
+
+Pure (no Dagster): each ``*_md`` returns a Markdown string with a base64 ``data:image/png`` image
+and the numbers as a table beneath it (so the values stay searchable and copyable); wrap it in
+``dg.MetadataValue.md``. Images are kept small (about 10-30 KB) so the event log stays light.
+matplotlib is imported lazily and used through its object API (no pyplot global state), which
+is safe in threads and never needs a display.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping, Sequence
+
+MAX_PNG_BYTES = 50_000
+_DPI = 80
+_COLOR = "#4F43DD"  # Dagster's accent, readable in light and dark themes
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": None})
+    data = buf.getvalue()
+    if len(data) > MAX_PNG_BYTES:  # never put a large blob into the event log
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=_DPI // 2, metadata={"Software": None})
+        data = buf.getvalue()
+    return data
+
+
+def image_md(png: bytes, alt: str) -> str:
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode('ascii')})"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# -- label distribution ------------------------------------------------------------------------
+
+def label_distribution_png(counts: Mapping[str, int]) -> bytes:
+    fig = _figure(4.0, 2.2)
+    ax = fig.add_subplot()
+    labels, values = list(counts), [int(v) for v in counts.values()]
+    bars = ax.barh(labels[::-1], values[::-1], color=_COLOR)
+    total = max(1, sum(values))
+    ax.bar_label(bars, labels=[f"{v} ({v / total:.0%})" for v in values[::-1]], padding=3, fontsize=8)
+    ax.set_xlim(0, max(values + [1]) * 1.35)
+    ax.set_xlabel("reviews")
+    ax.set_title("label distribution", fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    return _png(fig)
+
+
+def label_distribution_md(counts: Mapping[str, int]) -> str:
+    """Bar chart + table of reviews per label (``{"Positive": 120, ...}``)."""
+    total = max(1, sum(counts.values()))
+    table = _table(("label", "reviews", "share"), [(k, v, f"{v / total:.1%}") for k, v in counts.items()])
+    return image_md(label_distribution_png(counts), "label distribution") + "\n\n" + table
+
+
+# -- token lengths -----------------------------------------------------------------------------
+
+def token_length_png(lengths: Sequence[int], max_length: int | None = None, bins: int = 40) -> bytes:
+    import numpy as np
+
+    values = np.asarray(lengths, dtype=np.int64)
+    fig = _figure(4.5, 2.4)
+    ax = fig.add_subplot()
+    if len(values):
+        ax.hist(values, bins=min(bins, max(1, int(values.max() - values.min()) + 1)), color=_COLOR)
+    if max_length is not None:
+        ax.axvline(max_length, color="#D93F3F", linestyle="--", linewidth=1)
+        ax.annotate(f"max_length {max_length}", xy=(max_length, 1), xycoords=("data", "axes fraction"),
+                    xytext=(3, -10), textcoords="offset points", fontsize=7, color="#D93F3F")
+    ax.set_xlabel("tokens per review (before truncation)")
+    ax.set_ylabel("reviews")
+    ax.set_title("token lengths", fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    return _png(fig)
+
+
+def token_length_md(lengths: Sequence[int], max_length: int | None = None) -> str:
+    """Histogram of full token lengths, the truncation point marked, with percentiles beneath."""
+    import numpy as np
+
+    values = np.asarray(lengths, dtype=np.int64)
+    if len(values):
+        stats = [("reviews", len(values)), ("mean", f"{values.mean():.1f}"),
+                 *((f"p{q}", int(np.percentile(values, q))) for q in (50, 90, 95, 99)), ("max", int(values.max()))]
+        if max_length is not None:
+            stats.append((f"> max_length ({max_length})", f"{(values > max_length).mean():.1%}"))
+    else:
+        stats = [("reviews", 0)]
+    return image_md(token_length_png(values, max_length), "token length histogram") + "\n\n" + \
+        _table(("statistic", "value"), stats)
+
+
+# -- confusion matrix --------------------------------------------------------------------------
+
+def confusion_matrix_png(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> bytes:
+    import numpy as np
+
+    m = np.asarray(matrix, dtype=np.int64)
+    fig = _figure(3.4, 3.0)
+    ax = fig.add_subplot()
+    row_sums = m.sum(axis=1, keepdims=True)
+    share = np.divide(m, row_sums, out=np.zeros(m.shape, dtype=float), where=row_sums > 0)
+    ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=8,
+                    color="white" if share[i, j] > 0.5 else "black")
+    ax.set_title("confusion matrix (test split)", fontsize=9)
+    return _png(fig)
+
+
+def confusion_matrix_md(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> str:
+    """Heat map (colour = share of the true class) + the counts as a table (rows true, columns predicted)."""
+    if len(matrix) != len(labels) or any(len(row) != len(labels) for row in matrix):
+        raise ValueError(f"confusion matrix must be {len(labels)}x{len(labels)} for labels {list(labels)}")
+    rows = [(f"**{label}**", *row) for label, row in zip(labels, matrix)]
+    return image_md(confusion_matrix_png(matrix, labels), "confusion matrix") + "\n\n" + \
+        _table(("true \\ predicted", *labels), rows)

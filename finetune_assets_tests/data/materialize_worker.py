@@ -1,0 +1,110 @@
+"""Materialize data assets of one dataset version in a separate process (for kill / concurrency tests).
+
+    python -m finetune_assets_tests.data.materialize_worker ROOT VERSION SOURCE ASSETS [--hang-in tokens|shards]
+        [--marker PATH]
+
+``--hang-in`` makes the write stop half-way inside the asset's publish block (half of the token file,
+or a part of the MDS samples written), touch ``--marker`` and sleep: the test then SIGKILLs the process
+exactly while the attempt folder holds partial data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def _hang(marker: Path) -> None:
+    marker.write_text("partial data written")
+    while True:
+        time.sleep(1)
+
+
+def _hang_in_tokens(marker: Path) -> None:
+    """Write half of the Arrow IPC file (real bytes on disk), then hang."""
+    import pyarrow as pa
+
+    import finetune_assets.assets.tokenized as tokenized
+
+    real_new_file = pa.ipc.new_file
+
+    class HalfWriter:
+        def __init__(self, sink, schema, options=None):
+            self._w = real_new_file(sink, schema, options=options)
+            self._sink = sink
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write_table(self, table):
+            self._w.write_table(table.slice(0, table.num_rows // 2), max_chunksize=64)
+            _hang(marker)
+
+    tokenized.pa.ipc.new_file = HalfWriter  # only the asset module's view of pyarrow.ipc changes
+
+
+def _hang_in_shards(marker: Path) -> None:
+    """Let the MDS writer flush some shards of the first split, then hang."""
+    import streaming
+
+    real_write = streaming.MDSWriter.write
+    count = {"n": 0}
+
+    def write(self, sample):
+        count["n"] += 1
+        if count["n"] == 1500:
+            _hang(marker)
+        return real_write(self, sample)
+
+    streaming.MDSWriter.write = write
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("version")
+    parser.add_argument("source")
+    parser.add_argument("assets", help="comma-separated asset keys")
+    parser.add_argument("--hang-in", choices=["tokens", "shards"])
+    parser.add_argument("--marker", type=Path)
+    parser.add_argument("--max-length", type=int, default=128)
+    args = parser.parse_args()
+
+    import dagster as dg
+
+    from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.definitions import build_defs
+    from finetune_assets.storage import Storage
+    from finetune_assets.versions import register_version
+
+    if args.hang_in == "tokens":
+        _hang_in_tokens(args.marker)
+    elif args.hang_in == "shards":
+        _hang_in_shards(args.marker)
+
+    defs = build_defs(args.root)
+    instance = dg.DagsterInstance.ephemeral()
+    register_version(instance, Storage(args.root), args.version, SourceSpec(uri=args.source))
+    selection = args.assets.split(",")
+    ops = {}
+    if "tokenized_reviews" in selection:
+        ops["tokenized_reviews"] = {"config": {"max_length": args.max_length}}
+    if "mds_shards" in selection:  # small shards, so a kill finds some already flushed to disk
+        ops["mds_shards"] = {"config": {"size_limit": "32kb"}}
+    result = dg.materialize(
+        [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)],
+        selection=selection,
+        instance=instance,
+        partition_key=args.version,
+        resources=dict(defs.resources),
+        run_config={"ops": ops},
+    )
+    print("materialized" if result.success else "failed", flush=True)
+
+
+if __name__ == "__main__":
+    main()

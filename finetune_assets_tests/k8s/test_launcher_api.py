@@ -1,0 +1,181 @@
+"""The k8s launcher end to end against a Kubernetes API: Dagster run -> launcher -> API -> pods -> torchrun.
+
+Runs against the loopback API test double by default and against a real cluster when KUBECONFIG and
+FINETUNE_K8S_TEST_IMAGE are set (see conftest.py and deploy/README.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+import uuid
+
+import pytest
+from dagster._core.errors import DagsterExecutionInterruptedError
+
+from finetune_assets.launchers import TrainingJob
+from finetune_assets_tests.k8s.conftest import HARNESS_AGENT, Cluster, free_port
+from finetune_assets_tests.k8s.helpers import launch_in_dagster
+
+pytestmark = pytest.mark.k8s
+
+# Exactly the (verb, resource) pairs the launcher calls; deploy/rbac.yaml must grant these and no more.
+LAUNCHER_VERBS = {
+    ("create", "services"), ("delete", "services"),
+    ("create", "jobs"), ("get", "jobs"), ("delete", "jobs"),
+    ("list", "pods"), ("get", "pods/log"),
+}
+
+
+def _port(cluster: Cluster) -> int:
+    return free_port() if cluster.is_double else 29400
+
+
+def test_one_node_succeeds_streams_logs_and_cleans_up(cluster: Cluster, instance) -> None:
+    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance)
+    assert launched.success, launched.logs
+    assert re.search(r"\[\S+-0-\w+\] standin: node=0 rank=0 world=1", launched.logs)  # rank-0 pod log streamed
+    assert f"Deleted Job {cluster.namespace}/{launched.job_name}" in launched.logs
+    assert cluster.leftovers(launched.job_name) == {}
+
+
+def test_two_nodes_rendezvous_through_the_headless_service(cluster: Cluster, instance) -> None:
+    """2 pods x 1 process: torchrun c10d rendezvous on pod 0's DNS name, then a gloo all_reduce."""
+    launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=_port(cluster)), "standin:allreduce", instance)
+    assert launched.success, launched.logs
+    assert "standin: allreduce=3 world=2" in launched.logs  # (0+1) + (1+1) across both pods
+    assert "--node-rank $(JOB_COMPLETION_INDEX)" in launched.logs
+    assert f"Deleted Service {cluster.namespace}/{launched.job_name}" in launched.logs
+    assert cluster.leftovers(launched.job_name) == {}
+
+
+def test_a_failed_pod_fails_the_run_fast_with_its_log(cluster: Cluster, instance) -> None:
+    """Node 1 exits 3 while node 0 hangs: the run fails at once, with node 1's error, and cleans up."""
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=2, rdzv_port=_port(cluster), timeout_s=300), "standin:fail-node=1", instance
+    )
+    assert not launched.success
+    assert "boom on node 1" in launched.logs  # the failed pod's log tail reached the Dagster run
+    assert "pod(s) failed" in launched.logs and "exit code 1" in launched.logs  # torchrun: a worker failed
+    assert launched.seconds < 60, "must not wait for the hung peer or the timeout"
+    assert cluster.leftovers(launched.job_name) == {}
+
+
+def test_timeout_fails_and_cleans_up(cluster: Cluster, instance) -> None:
+    launched = launch_in_dagster(cluster.launcher(nnodes=1, timeout_s=8), "standin:sleep=600", instance)
+    assert not launched.success
+    assert "timed out after 8s" in launched.logs
+    assert cluster.leftovers(launched.job_name) == {}
+
+
+class _InterruptingLog:
+    """A context.log that raises the way Dagster interrupts a step, once the trainer is running."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def _log(self, msg: str) -> None:
+        self.lines.append(msg)
+        if "standin: sleeping" in msg:
+            raise DagsterExecutionInterruptedError("run terminated by the user")
+
+    info = debug = warning = error = _log
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.log = _InterruptingLog()
+        self.run_id = str(uuid.uuid4())
+
+
+def test_interruption_deletes_the_job(cluster: Cluster) -> None:
+    context = _Context()
+    with pytest.raises(DagsterExecutionInterruptedError):
+        cluster.launcher(nnodes=1).launch(context, TrainingJob(name="interrupted", config_url="standin:sleep=600"))
+    name = re.search(r"Launching training Job [^/]+/(\S+):", "\n".join(context.log.lines)).group(1)
+    assert any(line.startswith(f"Deleted Job {cluster.namespace}/{name}") for line in context.log.lines)
+    assert cluster.leftovers(name) == {}
+
+
+def test_killed_worker_is_restarted_by_torchrun(cluster: Cluster, instance) -> None:
+    """SIGKILL of node 1's worker: torchrun (--max-restarts 1) restarts the group and the run succeeds."""
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1),
+        "standin:selfkill-node=1,allreduce", instance,
+    )
+    assert launched.success, launched.logs
+    # pod 0's worker ran twice: torchrun on node 0 restarted its group when node 1 re-joined
+    assert len(re.findall(r"standin: node=0 rank=\d+ world=2", launched.logs)) == 2, launched.logs
+    assert "standin: allreduce=3 world=2" in launched.logs
+    assert cluster.leftovers(launched.job_name) == {}
+
+
+def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
+    """SIGKILL of node 1's torchrun agent (the pod's main process): the pod dies with 137, the run fails."""
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1, timeout_s=300),
+        "standin:killagent-node=1", instance,
+    )
+    assert not launched.success
+    assert "exit code 137" in launched.logs and "node 1" in launched.logs
+    assert launched.seconds < 60
+    assert cluster.leftovers(launched.job_name) == {}
+
+
+def test_secret_values_never_reach_the_dagster_logs(cluster: Cluster, instance, monkeypatch) -> None:
+    """Credentials go Secret -> envFrom -> pod; never through the manifest or the Dagster event log."""
+    value = f"pw-{uuid.uuid4().hex}"
+    secret = f"ft-test-creds-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", value)  # also in the launching process: must not leak
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", value)
+    cluster.create_secret(secret, {"MLFLOW_TRACKING_PASSWORD": value, "AWS_SECRET_ACCESS_KEY": value})
+    try:
+        launched = launch_in_dagster(
+            cluster.launcher(nnodes=1, env_secret_names=[secret]), "standin:env=MLFLOW_TRACKING_PASSWORD", instance,
+            env={"MLFLOW_TRACKING_URI": "http://mlflow:5000"},
+        )
+    finally:
+        cluster.delete_secret(secret)
+    assert launched.success, launched.logs
+    assert f"sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} set=True" in launched.logs  # delivered
+    assert "Rendered manifests" in launched.logs and f"name: {secret}" in launched.logs  # referenced by name
+    assert value not in launched.logs
+
+
+def test_a_missing_secret_fails_clearly(cluster: Cluster, instance) -> None:
+    launched = launch_in_dagster(cluster.launcher(nnodes=1, env_secret_names=["does-not-exist"], timeout_s=120),
+                                 "standin:ok", instance)
+    assert not launched.success
+    assert "CreateContainerConfigError" in launched.logs and "does-not-exist" in launched.logs
+    assert cluster.leftovers(launched.job_name) == {}
+
+
+def test_rbac_grants_exactly_what_the_launcher_called(double) -> None:
+    """Runs last in this module: the calls the launcher made in all the tests above (not the harness's)."""
+    called = {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT}
+    assert called == LAUNCHER_VERBS
+
+
+def test_node_loss_kills_the_whole_pod(cluster: Cluster, double, instance) -> None:
+    """The double's chaos hook: SIGKILL a whole pod process group (node lost) mid-run."""
+    import threading
+
+    def kill_node_1() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pods = [n for n in double.live_processes() if re.search(r"-1-\w{5}$", n)]
+            if pods:
+                time.sleep(3)
+                double.kill_pod(pods[0])
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=kill_node_1, daemon=True).start()
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=2, rdzv_port=free_port(), timeout_s=300), "standin:sleep=600", instance
+    )
+    assert not launched.success
+    assert "exit code 137" in launched.logs
+    assert launched.seconds < 60
+    assert cluster.leftovers(launched.job_name) == {}

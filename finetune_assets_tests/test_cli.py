@@ -1,0 +1,262 @@
+"""The ``finetune-assets`` CLI as a user runs it: versions add / list / status and predict."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from finetune_assets.cli import _normalize_model_uri, main
+from finetune_assets.data.labels import LABELS
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def dagster_home(tmp_path: Path, monkeypatch) -> Path:
+    home = tmp_path / "dagster_home"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
+def test_import_stays_light():
+    """`finetune-assets --help` must not pay for Dagster, torch, transformers or MLflow."""
+    code = ("import sys, finetune_assets.cli; "
+            "print(sorted(m for m in ('dagster', 'torch', 'transformers', 'mlflow', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# -- predict -----------------------------------------------------------------------------------
+
+def test_predict_texts_from_args(capsys, tiny_model_dir):
+    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "a fine product", "منتج سيء")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2
+    for line, text in zip(lines, ("a fine product", "منتج سيء")):
+        label, score, echoed = line.split("\t")
+        assert label in LABELS
+        assert 1 / len(LABELS) <= float(score) <= 1.0  # the argmax of a softmax
+        assert echoed == text
+
+
+def test_predict_json_scores_are_a_distribution(capsys, tiny_model_dir):
+    code, out, _ = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--json", "good")
+    assert code == 0
+    row = json.loads(out)
+    assert set(row["scores"]) == set(LABELS)
+    assert sum(row["scores"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert row["label"] == max(row["scores"], key=row["scores"].get)
+    assert row["score"] == row["scores"][row["label"]]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".txt", ".tsv"])
+def test_predict_file_in_batches_keeps_order(capsys, tmp_path, tiny_model_dir, suffix):
+    texts = [f"review number {i}" for i in range(7)]
+    path = tmp_path / f"reviews{suffix}"
+    if suffix == ".csv":
+        path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+    elif suffix == ".tsv":
+        path.write_text("text\tid\n" + "".join(f"{t}\t{i}\n" for i, t in enumerate(texts)))
+    elif suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    else:
+        path.write_text("\n".join(texts[:3]) + "\n\n" + "\n".join(texts[3:]) + "\n")  # blank lines skipped
+    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path),
+                             "--batch-size", "3", "--json")
+    assert code == 0, err
+    assert [json.loads(line)["text"] for line in out.splitlines()] == texts
+    assert "7/7" in err  # the progress bar on stderr reached the end
+
+
+def test_predict_batching_does_not_change_scores(capsys, tmp_path, tiny_model_dir):
+    """Padding to the longest text in a batch must not move a text's score."""
+    path = tmp_path / "in.txt"
+    path.write_text("short\na much longer review that needs many more word pieces than the first one\nok\n")
+    scores = []
+    for batch in ("1", "3"):
+        code, out, _ = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path),
+                               "--batch-size", batch, "--json", "--no-progress")
+        assert code == 0
+        scores.append([json.loads(line)["score"] for line in out.splitlines()])
+    assert scores[0] == pytest.approx(scores[1], abs=1e-5)
+
+
+def test_predict_reads_stdin(capsys, monkeypatch, tiny_model_dir):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("first\n\nsecond\n"))
+    code, out, _ = run_cli(capsys, "predict", "--model", str(tiny_model_dir))
+    assert code == 0
+    assert [line.split("\t")[2] for line in out.splitlines()] == ["first", "second"]
+
+
+def test_predict_by_version_uses_the_published_attempt(capsys, storage_root, tiny_model_dir):
+    from finetune_assets.storage import Storage
+
+    store = Storage(str(storage_root))
+    with store.publish("finetuned_model", "v1") as staging:
+        shutil.copytree(tiny_model_dir, staging.local_dir / "model")
+        staging.data_version = "test"
+    code, out, err = run_cli(capsys, "--root", str(storage_root), "predict", "--version", "v1", "a sentence")
+    assert code == 0, err
+    assert out.split("\t")[0] in LABELS
+
+
+def test_predict_unknown_version_says_so(capsys, storage_root):
+    code, out, err = run_cli(capsys, "--root", str(storage_root), "predict", "--version", "nope", "text")
+    assert code == 2 and out == ""
+    assert "no trained model for dataset version 'nope'" in err
+    assert "not registered" in err
+
+
+def test_predict_registered_but_untrained_version_says_how_to_train(capsys, storage_root):
+    from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.storage import Storage
+    from finetune_assets.versions import write_version
+
+    write_version(Storage(str(storage_root)), "v2", SourceSpec(uri="builtin:sample"))
+    code, _, err = run_cli(capsys, "--root", str(storage_root), "predict", "--version", "v2", "text")
+    assert code == 2
+    assert "has not been materialized" in err and "--partition v2" in err
+
+
+def test_predict_missing_or_wrong_model_folder(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "predict", "--model", str(tmp_path / "absent"), "x")
+    assert code == 2 and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(capsys, "predict", "--model", str(tmp_path / "empty"), "x")
+    assert code == 2 and "no config.json" in err
+
+
+def test_predict_needs_exactly_one_model(capsys, tiny_model_dir):
+    code, _, err = run_cli(capsys, "predict", "x")
+    assert code == 2 and "exactly one of" in err
+    code, _, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--version", "v1", "x")
+    assert code == 2 and "exactly one of" in err
+
+
+def test_predict_csv_without_text_column_names_the_columns(capsys, tmp_path, tiny_model_dir):
+    path = tmp_path / "in.csv"
+    path.write_text("review,stars\nnice,5\n")
+    code, _, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path))
+    assert code == 2 and "review, stars" in err and "--text-column" in err
+    code, out, _ = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path),
+                           "--text-column", "review", "--no-progress")
+    assert code == 0 and out.endswith("\tnice\n")
+
+
+def test_model_uri_aliases():
+    assert _normalize_model_uri("models:/review-classifier/champion") == "models:/review-classifier@champion"
+    assert _normalize_model_uri("models:/review-classifier/3") == "models:/review-classifier/3"
+    assert _normalize_model_uri("models:/review-classifier/latest") == "models:/review-classifier/latest"
+    assert _normalize_model_uri("models:/review-classifier@champion") == "models:/review-classifier@champion"
+    assert _normalize_model_uri("runs:/abc/model") == "runs:/abc/model"
+
+
+@pytest.mark.slow
+def test_predict_from_mlflow_registry(capsys, tmp_path, storage_root, tiny_model_dir, monkeypatch):
+    """A model registered in the embedded store under the storage root loads by version and by alias."""
+    import mlflow
+    import transformers
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{storage_root}/mlflow/mlflow.db"
+    (storage_root / "mlflow").mkdir()
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("cli-test", artifact_location=str(storage_root / "mlflow" / "artifacts"))
+    pipe = transformers.pipeline("text-classification", model=str(tiny_model_dir), tokenizer=str(tiny_model_dir))
+    with mlflow.start_run(experiment_id=exp):
+        mlflow.transformers.log_model(pipe, name="model", task="text-classification",
+                                      registered_model_name="review-classifier")
+    mlflow.MlflowClient().set_registered_model_alias("review-classifier", "champion", "1")
+    expected = None
+    for ref in ("models:/review-classifier/1", "models:/review-classifier/champion"):
+        code, out, err = run_cli(capsys, "--root", str(storage_root), "predict", "--model-uri", ref, "--json", "ok")
+        assert code == 0, err
+        row = json.loads(out)
+        assert row["label"] in LABELS
+        expected = expected or row["scores"]
+        assert row["scores"] == pytest.approx(expected)
+    code, _, err = run_cli(capsys, "--root", str(storage_root), "predict", "--model-uri",
+                           "models:/review-classifier@nope", "ok")
+    assert code == 2 and "cannot load" in err
+
+
+# -- versions ----------------------------------------------------------------------------------
+
+def test_versions_add_list(capsys, dagster_home, storage_root):
+    code, out, err = run_cli(capsys, "--root", str(storage_root), "versions", "add", "v1", "--source", "builtin:sample")
+    assert code == 0, err
+    assert "registered dataset version v1" in out
+    assert (storage_root / "versions" / "v1.json").is_file()
+    assert (dagster_home / "dagster.yaml").is_file()
+    code, out, _ = run_cli(capsys, "--root", str(storage_root), "versions", "list")
+    assert code == 0 and out.startswith("v1\tbuiltin:sample\t")
+    code, out, _ = run_cli(capsys, "--root", str(storage_root), "versions", "list", "--json")
+    assert json.loads(out)["source"] == "builtin:sample"
+
+
+def test_versions_add_rejects_bad_key(capsys, dagster_home, storage_root):
+    code, _, err = run_cli(capsys, "--root", str(storage_root), "versions", "add", "../x", "--source", "builtin:sample")
+    assert code == 2 and "invalid dataset version key" in err
+
+
+def test_versions_need_dagster_home(capsys, monkeypatch, storage_root):
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    code, _, err = run_cli(capsys, "--root", str(storage_root), "versions", "list")
+    assert code == 2 and "DAGSTER_HOME is not set" in err
+
+
+def _report(instance, asset: str, partition: str | None, data_version: str, inputs: dict[str, int] | None = None):
+    """A materialization event as a run would record it (data version + input event pointers)."""
+    import dagster as dg
+
+    tags = {"dagster/data_version": data_version}
+    for upstream, storage_id in (inputs or {}).items():
+        tags[f"dagster/input_event_pointer/{upstream}"] = str(storage_id)
+    instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=asset, partition=partition, tags=tags))
+    key = dg.AssetKey(asset)
+    flt = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
+    return instance.fetch_materializations(flt, limit=1).records[0].storage_id
+
+
+def test_versions_status_materialized_stale_missing(capsys, dagster_home, storage_root):
+    import dagster as dg
+
+    assert run_cli(capsys, "--root", str(storage_root), "versions", "add", "v1", "--source", "builtin:sample")[0] == 0
+    instance = dg.DagsterInstance.get()
+    raw = _report(instance, "raw_reviews", "v1", "aaa")
+    pre = _report(instance, "pretrained_model", None, "ppp")
+    _report(instance, "tokenized_reviews", "v1", "ttt", {"raw_reviews": raw, "pretrained_model": pre})
+
+    def status() -> dict[str, dict]:
+        code, out, err = run_cli(capsys, "versions", "status", "--json")
+        assert code == 0, err
+        return {r["asset"]: r for r in map(json.loads, out.splitlines())}
+
+    rows = status()
+    assert rows["raw_reviews"]["status"] == "materialized" and rows["raw_reviews"]["data_version"] == "aaa"
+    assert rows["tokenized_reviews"]["status"] == "materialized"
+    assert rows["pretrained_model"]["version"] == "-"
+    assert rows["mds_shards"]["status"] == rows["finetuned_model"]["status"] == "missing"
+
+    _report(instance, "raw_reviews", "v1", "aaa")  # re-materialized, same content: not stale
+    assert status()["tokenized_reviews"]["status"] == "materialized"
+    _report(instance, "raw_reviews", "v1", "bbb")  # new content upstream
+    row = status()["tokenized_reviews"]
+    assert row["status"] == "stale" and row["stale_because"] == ["raw_reviews"]
+
+    code, out, _ = run_cli(capsys, "versions", "status", "v1")
+    assert code == 0
+    assert "stale (raw_reviews changed)" in out and "missing" in out
+    code, _, err = run_cli(capsys, "versions", "status", "v9")
+    assert code == 2 and "not registered: v9" in err

@@ -1,0 +1,225 @@
+"""The new-data sensor against a real instance: versions of the Arabic reviews landing over several ticks."""
+
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from finetune_assets.data.sources import SourceSpec, read_source
+from finetune_assets.jobs import FINETUNED, PRETRAINED, VERSION_CHAIN
+from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.resources.landing import LandingZoneResource, fingerprint
+from finetune_assets.resources.storage import StorageResource
+from finetune_assets.sensors import LandingCursor, landing_zone_sensor
+from finetune_assets.storage import Storage
+from finetune_assets.versions import read_version
+
+
+class Daemon:
+    """What the sensor daemon does with a tick's result: apply partition requests, keep the cursor, dedupe run keys."""
+
+    def __init__(self, instance, landing: Path, storage_root: Path):
+        self.instance = instance
+        self.resources = {"landing": LandingZoneResource(url=str(landing)),
+                          "storage": StorageResource(root=str(storage_root))}
+        self.cursor: str | None = None
+        self.run_keys: set[str] = set()
+
+    def tick(self) -> tuple[list[str], list[dg.RunRequest], str | None]:
+        ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, resources=self.resources)
+        result = landing_zone_sensor(ctx)
+        assert isinstance(result, dg.SensorResult)
+        added = []
+        for req in result.dynamic_partitions_requests or []:
+            assert isinstance(req, dg.AddDynamicPartitionsRequest)
+            # A partition is never requested twice: the sensor checks the instance first.
+            assert not set(req.partition_keys) & set(self.instance.get_dynamic_partitions(DATASET_VERSIONS))
+            self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+            added += list(req.partition_keys)
+        self.cursor = result.cursor
+        fresh = [r for r in result.run_requests or [] if r.run_key not in self.run_keys]
+        self.run_keys |= {r.run_key for r in result.run_requests or []}
+        skip = result.skip_reason.skip_message if result.skip_reason else None
+        return added, fresh, skip
+
+
+def _publish_base(storage_root: Path) -> None:
+    with Storage(str(storage_root)).publish(PRETRAINED) as staging:
+        (staging.local_dir / "config.json").write_text("{}")
+        staging.data_version = "base-1"
+
+
+def _folder(landing: Path, name: str, files: list[Path], success: bool = True) -> Path:
+    d = landing / name
+    d.mkdir(parents=True)
+    for f in files:
+        shutil.copy(f, d / f.name)
+    if success:
+        (d / "_SUCCESS").write_text("")
+    return d
+
+
+@pytest.fixture
+def landing(tmp_path: Path) -> Path:
+    d = tmp_path / "landing"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def daemon(instance, landing, storage_root) -> Daemon:
+    _publish_base(storage_root)
+    return Daemon(instance, landing, storage_root)
+
+
+def test_three_versions_over_several_ticks(daemon, landing, storage_root, arabic_reviews, tmp_path):
+    prod, att, res2 = (arabic_reviews / f for f in ("PROD.csv", "ATT.csv", "RES2.csv"))
+
+    v1 = _folder(landing, "v1", [prod], success=False)  # still copying
+    added, runs, skip = daemon.tick()
+    assert (added, runs) == ([], [])
+    assert "v1: waiting for _SUCCESS" in skip
+
+    (v1 / "_SUCCESS").write_text("")
+    _folder(landing, "bad key", [prod])  # malformed: a space in the key
+    (landing / "notes.txt").write_text("not a dataset")  # unsupported file type
+    added, runs, _ = daemon.tick()
+    assert added == ["v1"] and [r.partition_key for r in runs] == ["v1"]
+    all_runs = list(runs)
+
+    _folder(landing, "v2", [prod, att])
+    # v3 = PROD + ATT + RES2 as one Parquet file, dropped as a plain file (no marker: it must settle first)
+    table = pa.concat_tables([read_source(SourceSpec(uri=str(f))).select(["text", "label"])
+                              for f in (prod, att, res2)])
+    pq.write_table(table, landing / "v3.parquet")
+    added, runs, skip = daemon.tick()
+    assert added == ["v2"] and [r.partition_key for r in runs] == ["v2"]
+    all_runs += runs
+    added, runs, skip = daemon.tick()  # v3 unchanged since the last tick: complete
+    assert added == ["v3"] and [r.partition_key for r in runs] == ["v3"]
+    all_runs += runs
+
+    for _ in range(3):  # repeated ticks: nothing new, the malformed drops are still named
+        added, runs, skip = daemon.tick()
+        assert (added, runs) == ([], [])
+        assert "bad key: invalid dataset version key" in skip
+        assert "notes.txt: unsupported file type" in skip
+
+    assert sorted(daemon.instance.get_dynamic_partitions(DATASET_VERSIONS)) == ["v1", "v2", "v3"]
+    assert len(daemon.run_keys) == 3
+    store = Storage(str(storage_root))
+    for key, uri in (("v1", v1), ("v2", landing / "v2"), ("v3", landing / "v3.parquet")):
+        record = read_version(store, key)
+        assert record is not None and record.source.uri == str(uri)
+        assert record.fingerprint == fingerprint(str(uri))
+        assert f"{key}:{record.fingerprint}" in daemon.run_keys  # run key carries the content hash
+    # every run goes through the full chain (the base model is already built, so it is not re-run)
+    assert all(r.asset_selection == [dg.AssetKey(a) for a in VERSION_CHAIN] for r in all_runs)
+
+
+def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(daemon, landing, arabic_reviews):
+    _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
+    _folder(landing, "v2", [arabic_reviews / "PROD.csv", arabic_reviews / "ATT.csv"])
+    added, runs, _ = daemon.tick()  # two versions at once
+    assert sorted(added) == ["v1", "v2"] and sorted(r.partition_key for r in runs) == ["v1", "v2"]
+    assert all(r.asset_selection == [dg.AssetKey(a) for a in VERSION_CHAIN] for r in runs)
+    assert all(r.tags["finetune_assets/dataset_version"] == r.partition_key for r in runs)
+
+    daemon.cursor = None  # restarted daemon that lost its cursor (or a sensor reset)
+    added, runs, _ = daemon.tick()
+    assert added == [] and runs == []  # partitions exist; re-requested runs carry run keys already seen
+    added, runs, _ = daemon.tick()
+    assert (added, runs) == ([], [])
+
+
+def test_incomplete_and_malformed_drops_produce_nothing_but_a_reason(daemon, landing, arabic_reviews):
+    _folder(landing, "v1", [arabic_reviews / "PROD.csv"], success=False)
+    _folder(landing, "empty", [])  # marker but no data files
+    _folder(landing, "-lead", [arabic_reviews / "PROD.csv"])
+    (landing / "v9.csv").write_bytes(b"")  # a file appears...
+    (landing / "_tmp.csv").write_text("ignored")  # in-progress uploads are ignored silently
+    (landing / "dup").mkdir()
+    (landing / "dup.csv").write_text("text,label\nok,1\n")
+    added, runs, skip = daemon.tick()
+    assert (added, runs) == ([], [])
+    assert "v1: waiting for _SUCCESS" in skip
+    assert "empty:" in skip and "holds no" in skip
+    assert "-lead: invalid dataset version key" in skip
+    assert "v9.csv: waiting one tick" in skip
+    assert "ambiguous" in skip and "_tmp" not in skip
+    (landing / "v9.csv").write_text("text,label\ngood,1\n")  # ...and keeps changing: not complete yet
+    added, runs, skip = daemon.tick()
+    assert (added, runs) == ([], []) and "v9.csv: waiting one tick" in skip
+    assert daemon.instance.get_dynamic_partitions(DATASET_VERSIONS) == []
+
+
+def test_a_malformed_drop_does_not_block_others(daemon, landing, arabic_reviews):
+    _folder(landing, "a b", [arabic_reviews / "PROD.csv"])
+    _folder(landing, "empty", [])
+    _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
+    added, runs, _ = daemon.tick()
+    assert added == ["v1"] and [r.partition_key for r in runs] == ["v1"]
+
+
+def test_changed_content_under_a_registered_key_is_refused(daemon, landing, arabic_reviews):
+    v1 = _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
+    assert daemon.tick()[0] == ["v1"]
+    shutil.copy(arabic_reviews / "ATT.csv", v1 / "ATT.csv")
+    added, runs, skip = daemon.tick()
+    assert (added, runs) == ([], [])
+    assert "content changed after version v1 was registered" in skip
+
+
+def test_deleted_version_relanded_with_new_content_runs_again(daemon, landing, arabic_reviews):
+    v1 = _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
+    _, first, _ = daemon.tick()
+    # The user deletes the partition and the drop, resets the sensor, and lands different data as v1.
+    daemon.instance.delete_dynamic_partition(DATASET_VERSIONS, "v1")
+    shutil.rmtree(v1)
+    daemon.cursor = None
+    _folder(landing, "v1", [arabic_reviews / "RES2.csv"])
+    added, runs, _ = daemon.tick()
+    assert added == ["v1"] and len(runs) == 1 and runs[0].run_key != first[0].run_key
+
+
+def test_missing_base_model_is_built_by_one_run_only(instance, landing, storage_root, arabic_reviews):
+    daemon = Daemon(instance, landing, storage_root)  # no pretrained_model published
+    _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
+    _folder(landing, "v2", [arabic_reviews / "ATT.csv"])
+    added, runs, _ = daemon.tick()
+    assert sorted(added) == ["v1", "v2"]
+    assert len(runs) == 1 and dg.AssetKey(PRETRAINED) in runs[0].asset_selection
+    added, runs, skip = daemon.tick()  # base still building: v2 waits, nothing duplicated
+    assert (added, runs) == ([], []) and "v2: registered; its run waits until pretrained_model" in skip
+    assert LandingCursor.parse(daemon.cursor).awaiting_base.keys() == {"v2"}
+    _publish_base(storage_root)
+    added, runs, _ = daemon.tick()
+    assert added == [] and [r.partition_key for r in runs] == ["v2"]
+    assert dg.AssetKey(PRETRAINED) not in runs[0].asset_selection
+    assert daemon.tick()[:2] == ([], [])
+
+
+def test_landing_folder_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("FINETUNE_ASSETS_LANDING", str(tmp_path / "drop"))
+    zone = LandingZoneResource()
+    assert zone.location() == str(tmp_path / "drop")
+    assert zone.list_entries() == [] and (tmp_path / "drop").is_dir()  # created for a new user
+
+
+def test_jobs_select_the_expected_assets(storage_root):
+    from finetune_assets.definitions import build_defs
+
+    repo = build_defs(str(storage_root)).get_repository_def()
+    assets = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    if FINETUNED not in assets:
+        pytest.fail("finetuned_model is not in definitions.py yet (retrain_job would not train)")
+    selected = {j: {k.to_user_string() for k in repo.get_job(j).asset_layer.executable_asset_keys}
+                for j in ("retrain_job", "finetune_only_job", "base_model_job")}
+    assert selected == {"retrain_job": {*VERSION_CHAIN, PRETRAINED}, "finetune_only_job": {FINETUNED},
+                        "base_model_job": {PRETRAINED}}
+    sensor = repo.get_sensor_def("landing_zone_sensor")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    assert {"landing", "storage"} <= set(repo.get_top_level_resources())

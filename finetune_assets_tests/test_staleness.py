@@ -1,0 +1,120 @@
+"""What Dagster marks stale after changing only the base model, or only a hyper-parameter default."""
+
+import json
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._core.loader import LoadingContextForTest
+
+from finetune_assets.assets.finetuned import FinetuneConfig, finetuned_model
+from finetune_assets.assets.pretrained import pretrained_model
+from finetune_assets.assets.raw import raw_reviews
+from finetune_assets.assets.shards import mds_shards
+from finetune_assets.assets.tokenized import tokenized_reviews
+from finetune_assets.data.sources import SourceSpec
+from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
+from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.resources.storage import StorageResource
+from finetune_assets.staleness import config_code_version
+from finetune_assets.storage import Storage
+from finetune_assets.versions import write_version
+
+CHAIN = ["raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model"]
+
+
+class CopyLauncher(TrainingLauncher):
+    """Stands in for torchrun: 'trains' by copying the base model and writing the metrics file."""
+
+    def launch(self, context, job: TrainingJob) -> None:
+        cfg = json.loads(Path(job.config_url).read_text())
+        out = Path(cfg["output_dir"])
+        shutil.copytree(cfg["model_dir"], out / "model")
+        (out / "metrics.json").write_text(json.dumps({
+            "accuracy": 0.5, "macro_f1": 0.4, "f1_per_class": {"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
+            "confusion_matrix": [[1, 0, 0], [0, 1, 0], [0, 0, 1]], "samples_seen": 3, "samples_per_sec": 1.0,
+            "tokens_per_sec": 1.0, "global_step": 1, "world_size": 1}))
+
+
+def _materialize(assets, instance, root, selection, partition=None, run_config=None):
+    result = dg.materialize(assets, selection=selection, partition_key=partition, instance=instance,
+                            run_config=run_config,
+                            resources={"storage": StorageResource(root=str(root)), "mlflow": MlflowResource(),
+                                       "launcher": CopyLauncher()})
+    assert result.success
+
+
+def _status(assets, instance) -> dict[str, StaleStatus]:
+    graph = AssetGraph.from_assets(assets)
+    resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
+    out = {"pretrained_model": resolver.get_status(dg.AssetKey("pretrained_model"))}
+    for key in CHAIN:
+        out[key] = resolver.get_status(dg.AssetKey(key), "v1")
+    return out
+
+
+def _base(source: Path, seed: int) -> dg.RunConfig:
+    return dg.RunConfig(ops={"pretrained_model": {"config": {"source": str(source), "seed": seed}}})
+
+
+@pytest.fixture
+def built(instance, storage_root, tiny_model_dir, arabic_reviews):
+    assets = [raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model]
+    write_version(Storage(str(storage_root)), "v1", SourceSpec(uri=str(arabic_reviews / "PROD.csv")))
+    instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
+    _materialize(assets, instance, storage_root, dg.AssetSelection.assets("pretrained_model"),
+                 run_config=_base(tiny_model_dir, 0))
+    _materialize(assets, instance, storage_root, dg.AssetSelection.assets(*CHAIN), partition="v1")
+    assert set(_status(assets, instance).values()) == {StaleStatus.FRESH}
+    return assets
+
+
+def test_new_base_model_marks_the_version_chain_stale_but_not_the_data(built, instance, storage_root, tmp_path):
+    from finetune_assets.data.models import build_tiny_bert
+
+    # Another base model (other weights, same tokenizer) -> a new pretrained_model data version.
+    other = build_tiny_bert(tmp_path / "other-base", seed=1)
+    _materialize(built, instance, storage_root, dg.AssetSelection.assets("pretrained_model"),
+                 run_config=_base(other, 0))
+    assert _status(built, instance) == {
+        "pretrained_model": StaleStatus.FRESH, "raw_reviews": StaleStatus.FRESH,
+        "tokenized_reviews": StaleStatus.STALE, "mds_shards": StaleStatus.STALE,
+        "finetuned_model": StaleStatus.STALE}
+    # Re-tokenizing gives identical tokens (same tokenizer) and the same data version, so mds_shards
+    # is fresh again without being rebuilt; only the model still needs the new base.
+    _materialize(built, instance, storage_root, dg.AssetSelection.assets("tokenized_reviews"), partition="v1")
+    status = _status(built, instance)
+    assert status["mds_shards"] == StaleStatus.FRESH and status["finetuned_model"] == StaleStatus.STALE
+    _materialize(built, instance, storage_root, dg.AssetSelection.assets("finetuned_model"), partition="v1")
+    assert set(_status(built, instance).values()) == {StaleStatus.FRESH}
+
+
+def test_rebuilding_an_identical_base_model_marks_nothing_stale(built, instance, storage_root, tiny_model_dir):
+    _materialize(built, instance, storage_root, dg.AssetSelection.assets("pretrained_model"),
+                 run_config=_base(tiny_model_dir, 0))
+    assert set(_status(built, instance).values()) == {StaleStatus.FRESH}
+
+
+def test_new_hyper_parameter_default_marks_only_the_model_stale(built, instance):
+    class NewDefaults(FinetuneConfig):
+        lr: float = 0.5
+
+    assert config_code_version(NewDefaults, "1") != config_code_version(FinetuneConfig, "1")
+    changed = finetuned_model.map_asset_specs(
+        lambda spec: spec.replace_attributes(code_version=config_code_version(NewDefaults, "1")))
+    assets = [a for a in built if a is not finetuned_model] + [changed]
+    assert _status(assets, instance) == {
+        "pretrained_model": StaleStatus.FRESH, "raw_reviews": StaleStatus.FRESH,
+        "tokenized_reviews": StaleStatus.FRESH, "mds_shards": StaleStatus.FRESH,
+        "finetuned_model": StaleStatus.STALE}
+
+
+@pytest.mark.xfail(strict=False, reason="finetuned.py still has a fixed code_version; see docs/retrain.md")
+def test_finetuned_code_version_follows_its_config_defaults():
+    version = finetuned_model.code_versions_by_key[dg.AssetKey("finetuned_model")]
+    assert version is not None and version.rsplit("-", 1)[-1] == config_code_version(
+        FinetuneConfig, "x", exclude=("run_name", "num_workers", "log_every_n_steps")).rsplit("-", 1)[-1]
