@@ -1,28 +1,42 @@
-"""The code location: collects assets, checks, sensors and resources into ``defs``."""
+"""The code location: collects assets, checks, sensors, jobs and resources into ``defs``."""
 
 from __future__ import annotations
 
 import dagster as dg
 
+from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.shards import mds_shards
 from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.checks import asset_checks
 from finetune_assets.jobs import jobs
+from finetune_assets.launchers import TrainingLauncher
+from finetune_assets.launchers.select import launcher_from_env
+from finetune_assets.resources.landing import LandingZoneResource
+from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 from finetune_assets.sensors import sensors
 from finetune_assets.storage import default_root
 
-def build_defs(storage_root: str | None = None) -> dg.Definitions:
-    """Definitions over one storage root (default: ``$FINETUNE_ASSETS_ROOT`` or ``./.finetune_assets``)."""
-    root = storage_root or default_root()
+
+def build_defs(storage_root: str | None = None, launcher: TrainingLauncher | None = None) -> dg.Definitions:
+    """Definitions over one storage root and one training launcher.
+
+    Defaults: ``$FINETUNE_ASSETS_ROOT`` (or ``./.finetune_assets``) and the launcher named by
+    ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or ``k8s``).
+    """
     return dg.Definitions(
-        assets=[raw_reviews, pretrained_model, tokenized_reviews, mds_shards],
+        assets=[raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model],
         asset_checks=asset_checks,
         jobs=jobs,
         sensors=sensors,
-        resources={"storage": StorageResource(root=root)},
+        resources={
+            "storage": StorageResource(root=storage_root or default_root()),
+            "launcher": launcher or launcher_from_env(),
+            "mlflow": MlflowResource(),
+            "landing": LandingZoneResource(),
+        },
     )
 
 

@@ -25,7 +25,7 @@ def _rows(path: Path) -> int:
 
 def materialize(storage_root: Path, instance, selection, partition: str | None = None, *,
                 tiny_model_dir: Path | None = None, raw_config: dict | None = None,
-                raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+                raise_on_error: bool = True, extra_ops: dict | None = None) -> dg.ExecuteInProcessResult:
     """Materialize ``selection`` from the real code location (``build_defs``) over ``storage_root``."""
     defs = build_defs(str(storage_root))
     assets = [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)]
@@ -36,6 +36,7 @@ def materialize(storage_root: Path, instance, selection, partition: str | None =
         ops["raw_reviews"] = {"config": raw_config}
     if "tokenized_reviews" in selection:
         ops["tokenized_reviews"] = {"config": {"max_length": 128}}
+    ops.update({k: v for k, v in (extra_ops or {}).items() if k in selection})
     return dg.materialize(
         assets,
         selection=list(selection),

@@ -383,7 +383,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
             k8s_api_retry_creation_mutation(
                 lambda: api.batch_api.create_namespaced_job(ns, manifest), max_retries=3, timeout=1.0
             )
-            follower = _LogFollower(api, ns, self.log_tail_lines)
+            follower = _LogFollower(api, ns)
             self._supervise(log, api, name, follower)
         finally:
             # Delete first: whatever interrupted us (failure, timeout, run termination) must not keep
@@ -497,10 +497,9 @@ class _LogFollower:
     Lines go through a queue so that only the launching thread touches the Dagster logger.
     """
 
-    def __init__(self, api, namespace: str, tail_lines: int):
+    def __init__(self, api, namespace: str):
         self._api = api
         self._ns = namespace
-        self._tail_lines = tail_lines
         self._lines: queue.Queue[str] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

@@ -44,6 +44,8 @@ class DataConfig:
     num_canonical_nodes: int = 1
     max_length: int = 512
     predownload: int | None = None
+    # Length bucketing: sort windows of this many batches by length before batching (1: off).
+    bucket_batches: int = 1
 
     def __post_init__(self) -> None:
         for name in ("train_url", "validation_url", "test_url"):
@@ -54,6 +56,7 @@ class DataConfig:
             raise ConfigError("data.local_cache_dir is required when a split URL is remote")
         _positive("data.batch_size", self.batch_size)
         _positive("data.num_canonical_nodes", self.num_canonical_nodes)
+        _positive("data.bucket_batches", self.bucket_batches)
         _non_negative("data.num_workers", self.num_workers)
         _non_negative("data.download_retry", self.download_retry)
         if not 2 <= self.max_length <= 8192:

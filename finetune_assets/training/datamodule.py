@@ -9,7 +9,10 @@ Lightning's, so a restart at an epoch boundary sees the same shuffle as an unint
 
 from __future__ import annotations
 
+import math
 import os
+import random
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from typing import Any
 import pytorch_lightning as pl
 from streaming import StreamingDataLoader, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
+from torch.utils.data import DataLoader
 
 from finetune_assets.training.collate import DynamicPaddingCollator
 from finetune_assets.training.config import DataConfig
@@ -24,15 +28,52 @@ from finetune_assets.training.config import DataConfig
 SPLITS = ("train", "validation", "test")
 
 
-class ResumableStreamingDataLoader(StreamingDataLoader):
-    """A ``StreamingDataLoader`` whose state counts consumed (not pre-fetched) samples."""
+def _as_list(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return samples
 
-    def __init__(self, *args: Any, epoch_fn: Callable[[], int], world_size: int, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+
+class ResumableStreamingDataLoader(StreamingDataLoader):
+    """A ``StreamingDataLoader`` that resumes at the exact batch the model last consumed, with optional bucketing.
+
+    The underlying loader reads *windows* of ``bucket_batches * batch_size`` samples. With bucketing
+    (``bucket_batches > 1``) a window is sorted by length, cut into batches (less padding) and the
+    batches are shuffled with a seed derived from the window's position, so they are reproducible.
+    The state names the window's first sample plus how many of its batches were consumed, so a
+    resume re-reads that window, rebuilds the same batches and skips the consumed ones: no sample
+    repeats or goes missing, with or without bucketing.
+    """
+
+    def __init__(
+        self,
+        dataset: StreamingDataset,
+        *,
+        batch_size: int,
+        collate_fn: Callable[[list[dict[str, Any]]], Any],
+        epoch_fn: Callable[[], int],
+        world_size: int,
+        bucket_batches: int = 1,
+        seed: int = 0,
+        **kwargs: Any,
+    ):
+        if bucket_batches < 1:
+            raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches}")
+        super().__init__(dataset, batch_size=batch_size * bucket_batches, collate_fn=_as_list, **kwargs)
+        self.per_device_batch = batch_size
+        self.bucket_batches = bucket_batches
+        self._collate_batch = collate_fn
         self._epoch_fn = epoch_fn
         self._world_size = world_size
+        self._seed = seed
         self._pending: dict[str, Any] | None = None
-        self.num_samples_consumed = 0  # this rank, this epoch (ranks get equal counts from streaming)
+        self._inflight: deque[tuple[int, int, int, int]] = deque()
+        self._epoch = 0
+        self._base = 0  # global sample_in_epoch where this iteration started
+        self._resume_point = (0, 0)  # (samples of this rank before the window, batches consumed in it)
+        self.num_samples_consumed = 0
+
+    def __len__(self) -> int:
+        # Batches per epoch (as without windows): Lightning ends an epoch after this many.
+        return math.ceil(len(self.dataset) / self.per_device_batch)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
         dataset: StreamingDataset = self.dataset  # type: ignore[assignment]
@@ -41,16 +82,44 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         else:  # a fresh epoch: align the dataset's epoch (and so its shuffle) with Lightning's
             state = dataset.state_dict(0, from_beginning=True)
             state["epoch"] = self._epoch_fn()
+        skip = int(state.pop("skip_batches", 0))
         dataset.load_state_dict(state)
+        self._epoch, self._base = int(state["epoch"]), int(state["sample_in_epoch"])
+        self._inflight.clear()
+        self._resume_point = (0, skip)
         self.num_samples_consumed = 0
-        yield from super().__iter__()
+        offset = 0
+        for w, window in enumerate(DataLoader.__iter__(self)):
+            batches = self._batches(window, self._base + offset * self._world_size)
+            for j, batch in enumerate(batches):
+                if w == 0 and j < skip:
+                    continue
+                self._inflight.append((offset, len(window), j, len(batches)))
+                yield self._collate_batch(batch)
+            offset += len(window)
+
+    def _batches(self, window: list[dict[str, Any]], start: int) -> list[list[dict[str, Any]]]:
+        b = self.per_device_batch
+        if self.bucket_batches == 1:
+            return [window[i : i + b] for i in range(0, len(window), b)]
+        ordered = sorted(window, key=lambda s: len(s["input_ids"]))
+        batches = [ordered[i : i + b] for i in range(0, len(ordered), b)]
+        random.Random(f"{self._seed}/{self._epoch}/{start}").shuffle(batches)
+        return batches
 
     def mark_consumed(self, num_samples: int) -> None:
+        """Called once per batch the training step takes, in order (after Lightning's pre-fetch)."""
+        offset, size, j, count = self._inflight.popleft()
+        self._resume_point = (offset + size, 0) if j + 1 == count else (offset, j + 1)
         self.num_samples_consumed += num_samples
 
     def state_dict(self) -> dict[str, Any]:
         dataset: StreamingDataset = self.dataset  # type: ignore[assignment]
-        return dataset.state_dict(self.num_samples_consumed * self._world_size, from_beginning=False)
+        offset, skip = self._resume_point
+        state = dataset.state_dict(self._base + offset * self._world_size, from_beginning=True)
+        state["epoch"] = self._epoch
+        state["skip_batches"] = skip
+        return state
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         self._pending = dict(obj)  # applied when the next epoch iterator starts
@@ -95,7 +164,8 @@ class MdsDataModule(pl.LightningDataModule):
         return StreamingDataset(
             remote=remote,
             local=local,
-            batch_size=c.batch_size,  # per device: must equal the DataLoader's
+            # per device, equal to what the DataLoader reads at once (a bucketing window for train)
+            batch_size=c.batch_size * (c.bucket_batches if train else 1),
             shuffle=c.shuffle and train,
             shuffle_seed=c.shuffle_seed,
             num_canonical_nodes=c.num_canonical_nodes,
@@ -118,7 +188,8 @@ class MdsDataModule(pl.LightningDataModule):
         world = self.trainer.world_size if self.trainer is not None else 1
         epoch_fn = (lambda: self.trainer.current_epoch) if self.trainer is not None else (lambda: 0)
         self._train_loader = ResumableStreamingDataLoader(
-            self.datasets[split], epoch_fn=epoch_fn, world_size=world, **kwargs
+            self.datasets[split], epoch_fn=epoch_fn, world_size=world, bucket_batches=c.bucket_batches,
+            seed=c.shuffle_seed, **kwargs
         )
         return self._train_loader
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from finetune_assets.data.sources import SourceSpec
 from finetune_assets.storage import ATTEMPTS, POINTER, Storage
 from finetune_assets_tests.data.conftest import count_csv_rows
 
@@ -36,6 +37,15 @@ def _run(root: Path, version: str, source: Path, assets) -> None:
     proc = _worker(root, version, source, assets)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0 and "materialized" in out, out[-4000:]
+
+
+def _run_here(root: Path, instance, version: str, source: Path, assets) -> None:
+    """In this process (cheaper than a worker), with the worker's config, so content hashes compare."""
+    from finetune_assets.versions import register_version
+    from finetune_assets_tests.test_assets_data import materialize
+
+    register_version(instance, Storage(str(root)), version, SourceSpec(uri=str(source)))
+    materialize(root, instance, list(assets), version, extra_ops={"mds_shards": {"config": {"size_limit": "32kb"}}})
 
 
 def _kill_when(proc: subprocess.Popen, marker: Path, timeout_s: float = 600) -> None:
@@ -68,17 +78,17 @@ def model_root(storage_root: Path, tiny_model_dir: Path, instance) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("hang_in, asset", [("tokens", "tokenized_reviews"), ("shards", "mds_shards")])
 @pytest.mark.parametrize("previous", [False, True], ids=["first_write", "over_previous"])
-def test_sigkill_mid_write_keeps_previous_complete_version(hang_in, asset, previous, model_root: Path,
+def test_sigkill_mid_write_keeps_previous_complete_version(hang_in, asset, previous, model_root: Path, instance,
                                                            arabic_reviews: Path, tmp_path: Path):
     store = Storage(str(model_root))
-    source = arabic_reviews / "PROD.csv"
+    source = arabic_reviews / "RES2.csv"
     before = None
     if previous:
-        _run(model_root, "v1", source, DATA_ASSETS)
+        _run_here(model_root, instance, "v1", source, DATA_ASSETS)
         before = store.require(asset, "v1")
     else:
         upstream = DATA_ASSETS[: DATA_ASSETS.index(asset)]
-        _run(model_root, "v1", source, upstream)
+        _run_here(model_root, instance, "v1", source, upstream)
 
     marker = tmp_path / "hung"
     proc = _worker(model_root, "v1", source, [asset], "--hang-in", hang_in, "--marker", str(marker))
@@ -96,7 +106,7 @@ def test_sigkill_mid_write_keeps_previous_complete_version(hang_in, asset, previ
         assert not (model_root / asset / "v1" / POINTER).exists()
 
     # the next materialization succeeds and publishes a complete version
-    _run(model_root, "v1", source, [asset])
+    _run_here(model_root, instance, "v1", source, [asset])
     after = store.require(asset, "v1")
     assert after.attempt not in {partial_attempt, before.attempt if before else None}
     if previous:  # same inputs, same content hash: the partial write did not leak into the new version
@@ -114,8 +124,8 @@ def test_sigkill_mid_write_keeps_previous_complete_version(hang_in, asset, previ
 
 @pytest.mark.slow
 def test_concurrent_materializations_of_two_partitions_never_share_files(model_root: Path, arabic_reviews: Path,
-                                                                          tmp_path: Path):
-    sources = {"v1": arabic_reviews / "PROD.csv", "v2": arabic_reviews / "RES2.csv"}
+                                                                          tmp_path: Path, instance):
+    sources = {"v1": arabic_reviews / "ATT.csv", "v2": arabic_reviews / "RES2.csv"}
     procs = {v: _worker(model_root, v, src, DATA_ASSETS) for v, src in sources.items()}
     for version, proc in procs.items():
         out, _ = proc.communicate(timeout=600)
@@ -142,6 +152,6 @@ def test_concurrent_materializations_of_two_partitions_never_share_files(model_r
     alone.mkdir()
     for name in ("pretrained_model",):
         os.symlink(model_root / name, alone / name)
-    _run(alone, "v2", sources["v2"], DATA_ASSETS)
+    _run_here(alone, instance, "v2", sources["v2"], DATA_ASSETS)
     for asset in DATA_ASSETS:
         assert Storage(str(alone)).require(asset, "v2").data_version == store.require(asset, "v2").data_version

@@ -25,7 +25,8 @@ What it plays besides the API server:
   ``env`` including ``valueFrom.fieldRef``/``secretKeyRef``, and ``$(VAR)`` expansion of env values,
   command and args exactly like the kubelet: ``$$`` escapes, unknown references stay literal).
   ``emptyDir`` mounts become per-pod folders: env values under a mount (``HOME=/tmp``,
-  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder; ``/dev/shm`` stays the host's, and
+  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder; ``/dev/shm`` is a private tmpfs per
+  pod (``unshare`` mount namespace, when the host allows it; see ``private_shm``), and
   the host filesystem plays the shared storage (paths in args and config files are not rewritten). Phase
   Pending -> Running -> Succeeded/Failed from the exit code (signal N -> exit code 128+N).
   Users, capabilities, resources, node selectors and images are NOT enforced (schema tests cover
@@ -135,6 +136,9 @@ class KubeApiDouble:
         self.calls: list[tuple[str, str, str]] = []  # (verb, resource as RBAC names it, User-Agent)
         self._server: ThreadingHTTPServer | None = None
         self._rv = 0
+        # Each pod gets its own /dev/shm (a tmpfs in a private mount namespace) when the host allows
+        # it, as on a real node; mosaicml-streaming keys its shared memory by name in /dev/shm.
+        self.private_shm = _private_shm_prefix() is not None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -395,6 +399,8 @@ class KubeApiDouble:
             else:
                 env[e["name"]] = expand(e.get("value", ""), env)
         argv = [expand(a, env) for a in [*c.get("command", []), *c.get("args", [])]]
+        if self.private_shm and any(m["mountPath"] == "/dev/shm" for m in c.get("volumeMounts", [])):
+            argv = [*_private_shm_prefix(), *argv]
         # Env values under an emptyDir mount (HOME=/tmp, XDG_CACHE_HOME=/cache, ...) point into the
         # pod's own folder; args and files are left alone: the host filesystem plays the shared
         # storage (the RWX volume / object store of a real cluster).
@@ -497,6 +503,25 @@ class KubeApiDouble:
         if pod.proc is None:
             raise ApiError(400, "BadRequest", f'container in pod "{name}" is waiting to start: ContainerCreating')
         return pod
+
+
+_SHM_PROBE: list[str] | None | bool = False
+
+
+def _private_shm_prefix() -> list[str] | None:
+    """``unshare`` + tmpfs on /dev/shm for a command, if this host permits it (root or user namespaces)."""
+    global _SHM_PROBE
+    if _SHM_PROBE is False:
+        _SHM_PROBE = None
+        if shutil.which("unshare"):
+            mount = 'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$0" "$@"'
+            for flags in (["--mount", "--propagation", "private"], ["--user", "--map-root-user", "--mount"]):
+                prefix = ["unshare", *flags, "sh", "-c", mount]
+                ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+                if ok:
+                    _SHM_PROBE = prefix
+                    break
+    return _SHM_PROBE  # type: ignore[return-value]
 
 
 def _parse_selector(text: str) -> list[tuple[str, str, str | None]]:

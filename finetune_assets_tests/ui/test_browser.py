@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LOCATION = "finetune_assets"
 VERSION = "sample"
 DATA_ASSETS = ("raw_reviews", "pretrained_model", "tokenized_reviews", "mds_shards")
 ALL_ASSETS = (*DATA_ASSETS, "finetuned_model")
@@ -203,6 +202,9 @@ def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, p
     from finetune_assets.definitions import build_defs
 
     served = dagster_dev.wait_ready()
+    groups = {n["assetKey"]["path"][-1]: n["groupName"] for n in dagster_dev.graphql(
+        "{ assetNodes { assetKey { path } groupName } }")["assetNodes"]}
+    location = dagster_dev.graphql(LOCATIONS_QUERY)["workspaceOrError"]["locationEntries"][0]["name"]
     defined = {k.to_user_string() for k in build_defs().resolve_all_asset_keys()}
     assert set(DATA_ASSETS) <= defined
     expected = [a for a in ALL_ASSETS if a in defined]  # finetuned_model joins once it is defined
@@ -210,8 +212,15 @@ def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, p
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
 
-    # 1. The global asset graph shows every asset.
+    # 1. The global asset graph shows every asset (groups start collapsed: open each one, as a user would).
     page.goto(f"{dagster_dev.url}/asset-groups")
+    for group in sorted({groups[name] for name in expected}):
+        members = [n for n in expected if groups[n] == group]
+        page.get_by_text(group, exact=True).last.wait_for(state="visible")
+        if not page.get_by_text(members[0], exact=True).first.is_visible():
+            page.get_by_text(group, exact=True).last.click()  # the group node in the graph
+            page.get_by_text(members[0], exact=True).first.wait_for(state="visible")
+    page.reload()  # the open groups are remembered; a reload fits the whole graph into view
     for name in expected:
         page.get_by_text(name, exact=True).first.wait_for(state="visible")
     shot(page, "01-asset-graph")
@@ -224,14 +233,20 @@ def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, p
 
     # 3. Materialize the reviews group for that partition from the UI.
     before = {r["runId"] for r in dagster_dev.runs()}
-    page.goto(f"{dagster_dev.url}/locations/{LOCATION}/asset-groups/{UI_GROUP}")
+    page.goto(f"{dagster_dev.url}/locations/{location}/asset-groups/{UI_GROUP}")
     for name in ("raw_reviews", "tokenized_reviews", "mds_shards"):
         page.get_by_text(name, exact=True).first.wait_for(state="visible")
     page.get_by_role("button", name="Materialize all").click()
     dialog = page.get_by_role("dialog")
-    dialog.wait_for(state="visible")
+    dialog.get_by_text("Launch runs to materialize 3 assets").wait_for(state="visible")
+    dialog.get_by_role("button", name="Custom", exact=True).click()
+    dialog.get_by_placeholder("Select a partition or create one").click()
+    page.keyboard.type(VERSION)
+    page.get_by_role("menuitem").filter(has_text=VERSION).first.click()
+    launch = dialog.get_by_role("button", name="Launch 1 run")
+    launch.wait_for(state="visible")
     shot(page, "03-launch-dialog")
-    dialog.get_by_role("button", name="Launch 1 run").click()
+    launch.click()
 
     deadline = time.monotonic() + 60
     new = []

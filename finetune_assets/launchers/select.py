@@ -1,0 +1,34 @@
+"""Which launcher the code location uses: one environment variable switches local <-> Kubernetes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from finetune_assets.launchers.base import TrainingLauncher
+
+LAUNCHER_ENV = "FINETUNE_ASSETS_LAUNCHER"
+
+
+def launcher_from_env(environ: dict[str, str] | None = None) -> TrainingLauncher:
+    """``local`` (default): torchrun subprocess. ``k8s``: Indexed-Job pods, configured from
+    ``FINETUNE_ASSETS_K8S_*`` variables (see deploy/README.md)."""
+    env = os.environ if environ is None else environ
+    kind = env.get(LAUNCHER_ENV, "local").strip().lower()
+    if kind == "local":
+        from finetune_assets.launchers.local import LocalTorchrunLauncher
+
+        return LocalTorchrunLauncher(nproc_per_node=int(env.get("FINETUNE_ASSETS_NPROC_PER_NODE", "1")))
+    if kind == "k8s":
+        from finetune_assets.launchers.k8s import K8sTorchrunLauncher
+
+        prefix = "FINETUNE_ASSETS_K8S_"
+        fields = set(K8sTorchrunLauncher.model_fields)
+        settings = {k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(prefix)}
+        unknown = sorted(set(settings) - fields)
+        if unknown:
+            raise ValueError(f"unknown {prefix}* settings: {unknown}; known: {sorted(fields)}")
+        # dicts and lists (node_selector, tolerations, env_secret_names ...) are given as JSON
+        parsed = {k: json.loads(v) if v.lstrip()[:1] in ("{", "[") else v for k, v in settings.items()}
+        return K8sTorchrunLauncher(**parsed)
+    raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")
