@@ -26,6 +26,7 @@ from transformers import AutoTokenizer
 
 from finetune_assets.data.models import packaged_model_dir
 from finetune_assets.training.collate import DynamicPaddingCollator
+from finetune_assets.training.datamodule import ResumableStreamingDataLoader
 from finetune_assets.training.module import load_classifier
 
 REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
@@ -54,19 +55,22 @@ def write_shards(out: Path, tokenizer, n: int) -> dict[str, float]:
             "max_tokens": int(lengths.max())}
 
 
-def loader(mds: Path, collate, batch_size: int, num_workers: int) -> StreamingDataLoader:
-    ds = StreamingDataset(local=str(mds), batch_size=batch_size, shuffle=True, shuffle_seed=1, num_canonical_nodes=1)
-    return StreamingDataLoader(ds, batch_size=batch_size, collate_fn=collate, num_workers=num_workers)
+def loader(mds: Path, collate, batch_size: int, num_workers: int, bucket: int = 1) -> StreamingDataLoader:
+    """The trainer's own train loader (windows, optional length bucketing)."""
+    ds = StreamingDataset(local=str(mds), batch_size=batch_size * bucket, shuffle=True, shuffle_seed=1,
+                          num_canonical_nodes=1)
+    return ResumableStreamingDataLoader(ds, batch_size=batch_size, collate_fn=collate, epoch_fn=lambda: 0,
+                                        world_size=1, bucket_batches=bucket, seed=1, num_workers=num_workers)
 
 
-def train_rate(mds: Path, collate, batch_size: int, steps: int, warmup: int = 2) -> dict[str, float]:
+def train_rate(mds: Path, collate, batch_size: int, steps: int, warmup: int = 2, bucket: int = 1) -> dict[str, float]:
     """Forward + backward + Adadelta step, timed after ``warmup`` steps; data loading included."""
     torch.manual_seed(0)
     model = load_classifier(str(packaged_model_dir())).train()
     opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
     samples = tokens = 0
     t0 = None
-    it = iter(loader(mds, collate, batch_size, num_workers=0))
+    it = iter(loader(mds, collate, batch_size, num_workers=0, bucket=bucket))
     for step in range(warmup + steps):
         if step == warmup:
             t0 = time.perf_counter()
@@ -83,22 +87,26 @@ def train_rate(mds: Path, collate, batch_size: int, steps: int, warmup: int = 2)
             "tokens_per_sec": tokens / seconds, "steps_per_sec": steps / seconds}
 
 
-def loader_rate(mds: Path, collate, batch_size: int, num_workers: int, batches: int) -> dict[str, float]:
-    dl = loader(mds, collate, batch_size, num_workers)
+def loader_rate(mds: Path, collate, batch_size: int, num_workers: int, batches: int, bucket: int = 1) -> dict[str, float]:
+    dl = loader(mds, collate, batch_size, num_workers, bucket)
     it = iter(dl)
     next(it)  # start-up (workers, shard open) is not throughput
     t0 = time.perf_counter()
     samples = 0
     for _ in range(batches):
-        samples += int(next(it)["labels"].shape[0])
+        batch = next(it, None)
+        if batch is None:
+            break
+        samples += int(batch["labels"].shape[0])
     seconds = time.perf_counter() - t0
     return {"num_workers": num_workers, "batches": batches, "samples_per_sec": samples / seconds}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20, help="timed steps with dynamic padding")
-    parser.add_argument("--padded-steps", type=int, default=4, help="timed steps padded to 512 (slow)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps with dynamic padding")
+    parser.add_argument("--padded-steps", type=int, default=3, help="timed steps padded to 512 (slow)")
+    parser.add_argument("--bucket-batches", type=int, default=16, help="length-bucketing window, in batches")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
@@ -112,9 +120,12 @@ def main() -> None:
         data = write_shards(mds, tokenizer, args.samples)
         dynamic = DynamicPaddingCollator(tokenizer.pad_token_id)
         padded = DynamicPaddingCollator(tokenizer.pad_token_id, pad_to=512)
-        dyn = train_rate(mds, dynamic, args.batch_size, args.steps)
         pad = train_rate(mds, padded, args.batch_size, args.padded_steps, warmup=1)
+        dyn = train_rate(mds, dynamic, args.batch_size, args.steps)
+        bucketed = train_rate(mds, dynamic, args.batch_size, args.steps, bucket=args.bucket_batches)
         loaders = [loader_rate(mds, dynamic, args.batch_size, w, 200) for w in (0, 2)]
+        loaders.append({**loader_rate(mds, dynamic, args.batch_size, 0, 200, bucket=args.bucket_batches),
+                        "bucket_batches": args.bucket_batches})
     best_loader = max(r["samples_per_sec"] for r in loaders)
     result = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu",
@@ -123,14 +134,19 @@ def main() -> None:
         "data": {"source": "shared/data/arabic_reviews (PROD, ATT, RES2)", **data},
         "batch_size": args.batch_size,
         "optimizer": "Adadelta lr 1.0 (seed)",
-        "dynamic_padding": dyn,
         "pad_to_512_seed": pad,
-        "speedup_samples_per_sec": dyn["samples_per_sec"] / pad["samples_per_sec"],
+        "dynamic_padding": dyn,
+        "dynamic_padding_with_length_bucketing": {**bucketed, "bucket_batches": args.bucket_batches},
+        "speedup_samples_per_sec": {
+            "dynamic_vs_pad512": dyn["samples_per_sec"] / pad["samples_per_sec"],
+            "bucketed_vs_pad512": bucketed["samples_per_sec"] / pad["samples_per_sec"],
+        },
         "loader_alone": loaders,
-        "loader_vs_training_samples_rate": best_loader / dyn["samples_per_sec"],
+        "loader_vs_training_samples_rate": best_loader / max(dyn["samples_per_sec"], bucketed["samples_per_sec"]),
+        "load_average_1min_at_end": os.getloadavg()[0],
         "targets": {"speedup_min": 3.0, "loader_vs_training_min": 10.0},
     }
-    result["targets_met"] = (result["speedup_samples_per_sec"] >= 3.0
+    result["targets_met"] = (max(result["speedup_samples_per_sec"].values()) >= 3.0
                              and result["loader_vs_training_samples_rate"] >= 10.0)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

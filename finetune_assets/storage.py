@@ -49,6 +49,7 @@ class Published:
     attempt: str
     data_version: str
     metadata: dict[str, Any]
+    previous: str | None = None  # the attempt this one replaced, kept until the next publish
 
 
 class Staging:
@@ -124,6 +125,7 @@ class Storage:
             previous = self.current(asset, partition)
             self._write_pointer(prefix, {
                 "attempt": attempt,
+                "previous": previous.attempt if previous else None,
                 "data_version": staging.data_version,
                 "metadata": staging.metadata,
                 "published_at": time.time(),
@@ -135,7 +137,11 @@ class Storage:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
         with contextlib.suppress(OSError):  # the new version is published; cleanup can wait for the next one
-            self._collect_garbage(prefix, keep=attempt, previous=previous.attempt if previous else None)
+            self._collect_garbage(
+                prefix,
+                keep={attempt, previous.attempt} if previous else {attempt},
+                retired=previous.previous if previous else None,
+            )
 
     def _write_pointer(self, prefix: str, pointer: dict[str, Any]) -> None:
         self.write_atomic(join(prefix, POINTER), json.dumps(pointer, indent=2, sort_keys=True).encode())
@@ -170,14 +176,16 @@ class Storage:
             if self.fs.exists(url):
                 self.fs.rm(url, recursive=True)
 
-    def _collect_garbage(self, prefix: str, keep: str, previous: str | None) -> None:
+    def _collect_garbage(self, prefix: str, keep: set[str], retired: str | None) -> None:
+        """Keep the new version and the one it replaced (a reader may still be streaming it);
+        remove the version before that, and attempts abandoned long ago by killed runs."""
         attempts = join(prefix, ATTEMPTS)
         now = time.time()
         for entry in self.fs.ls(attempts, detail=True):
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-            if name == keep:
+            if name in keep:
                 continue
-            if name == previous or _age_s(name, entry, now) > ABANDONED_AFTER_S:
+            if name == retired or _age_s(name, entry, now) > ABANDONED_AFTER_S:
                 self._remove(join(attempts, name))
 
     # -- reading ----------------------------------------------------------------------------
@@ -193,6 +201,7 @@ class Storage:
             attempt=pointer["attempt"],
             data_version=pointer["data_version"],
             metadata=pointer.get("metadata", {}),
+            previous=pointer.get("previous"),
         )
 
     def require(self, asset: str, partition: str | None = None) -> Published:

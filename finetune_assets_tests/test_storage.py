@@ -106,12 +106,16 @@ def test_publish_without_data_version_is_refused_and_cleaned_up(store: Storage):
     assert _attempts(store, "raw_reviews", "v1") == []
 
 
-def test_next_publish_collects_the_previous_attempt(store: Storage):
+def test_publish_keeps_the_replaced_version_and_collects_the_one_before(store: Storage):
+    """A reader still streaming the version just replaced keeps its files until the next publish."""
     first = _publish(store, "raw_reviews", "v1", "a")
     second = _publish(store, "raw_reviews", "v1", "b")
     assert first != second
-    assert _attempts(store, "raw_reviews", "v1") == [second]
-    assert _read_current(store, "raw_reviews", "v1") == "b"
+    assert _attempts(store, "raw_reviews", "v1") == sorted([first, second])
+    assert store.current("raw_reviews", "v1").previous == first
+    third = _publish(store, "raw_reviews", "v1", "c")
+    assert _attempts(store, "raw_reviews", "v1") == sorted([second, third])
+    assert _read_current(store, "raw_reviews", "v1") == "c"
 
 
 def test_young_foreign_attempt_survives_garbage_collection(store: Storage):
@@ -119,12 +123,13 @@ def test_young_foreign_attempt_survives_garbage_collection(store: Storage):
     _publish(store, "raw_reviews", "v1", "a")
     fresh = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-concurrent"
     _put(store, join(store.prefix("raw_reviews", "v1"), ATTEMPTS, fresh, "part.bin"), b"in progress")
+    first = _attempts(store, "raw_reviews", "v1")[0]
     latest = _publish(store, "raw_reviews", "v1", "b")
-    assert _attempts(store, "raw_reviews", "v1") == sorted([fresh, latest])
+    assert _attempts(store, "raw_reviews", "v1") == sorted([first, fresh, latest])
 
 
 def test_abandoned_old_attempt_is_collected(store: Storage):
-    _publish(store, "raw_reviews", "v1", "a")
+    first = _publish(store, "raw_reviews", "v1", "a")
     stale = "20000101T000000-killedrun"
     stale_file = join(store.prefix("raw_reviews", "v1"), ATTEMPTS, stale, "part.bin")
     _put(store, stale_file, b"left by a SIGKILLed run")
@@ -132,7 +137,7 @@ def test_abandoned_old_attempt_is_collected(store: Storage):
         old = time.time() - 10 * 3600
         os.utime(Path(stale_file).parent, (old, old))
     latest = _publish(store, "raw_reviews", "v1", "b")
-    assert _attempts(store, "raw_reviews", "v1") == [latest]
+    assert _attempts(store, "raw_reviews", "v1") == sorted([first, latest])
 
 
 def test_two_partitions_never_share_files(store: Storage):

@@ -40,6 +40,7 @@ class FinetuneConfig(dg.Config):
     num_workers: int = Field(2, description="data loader workers per device")
     shuffle: bool = True
     max_length: int = 512
+    bucket_batches: int = Field(1, description="length bucketing window in batches (1: off; e.g. 16 for less padding)")
     checkpoint_every_n_steps: int = 200
     log_every_n_steps: int = 10
     limit_train_batches: int | None = Field(None, description="cap batches per epoch (smoke runs)")
@@ -76,6 +77,7 @@ def trainer_settings(config: FinetuneConfig) -> dict[str, Any]:
             "num_workers": config.num_workers,
             "shuffle": config.shuffle,
             "max_length": config.max_length,
+            "bucket_batches": config.bucket_batches,
         },
     }
 

@@ -1,10 +1,10 @@
 """MDS splits streamed with ``StreamingDataset``; resumable mid-epoch without repeating or skipping samples.
 
 Lightning saves a stateful train loader in its checkpoints and restores it on a mid-epoch restart,
-but its fetcher pre-fetches one batch, so ``StreamingDataLoader.num_samples_yielded`` runs one batch
-ahead of what the model consumed. :class:`ResumableStreamingDataLoader` therefore counts samples the
-training loop actually took (``on_after_batch_transfer``) and also pins the dataset's epoch to
-Lightning's, so a restart at an epoch boundary sees the same shuffle as an uninterrupted run.
+but its fetcher pre-fetches a batch, so ``StreamingDataLoader.num_samples_yielded`` runs ahead of
+what the model consumed and a resume would skip samples. :class:`ResumableStreamingDataLoader`
+records the batches the training loop actually took (``on_after_batch_transfer``), and pins the
+dataset's epoch to Lightning's so a restart at an epoch boundary sees the uninterrupted shuffle.
 """
 
 from __future__ import annotations

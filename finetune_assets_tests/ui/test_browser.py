@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -186,6 +187,8 @@ def page():
             profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
             viewport={"width": 1600, "height": 1000})
         context.set_default_timeout(60_000)
+        # The first visit greets with a "Join the Dagster community" dialog; mark it as seen, as Skip would.
+        context.add_init_script("window.localStorage.setItem('communityNux', '\"1\"')")
         try:
             yield context.pages[0] if context.pages else context.new_page()
         finally:
@@ -199,6 +202,18 @@ def shot(page, name: str) -> Path:
 
 
 def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, page):
+    for old in artifacts_dir().glob("*.png"):  # screenshots of an earlier run would mislead
+        old.unlink()
+    try:
+        walk_through_the_ui(dagster_dev, page)
+    except BaseException:
+        shot(page, "FAILED-last-page")  # what the browser showed: the most useful artifact when CI fails
+        raise
+
+
+def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
+    from playwright.sync_api import expect
+
     from finetune_assets.definitions import build_defs
 
     served = dagster_dev.wait_ready()
@@ -223,6 +238,7 @@ def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, p
     page.reload()  # the open groups are remembered; a reload fits the whole graph into view
     for name in expected:
         page.get_by_text(name, exact=True).first.wait_for(state="visible")
+    expect(page.get_by_text(re.compile(r"^Loading"))).to_have_count(0, timeout=60_000)  # node statuses filled in
     shot(page, "01-asset-graph")
 
     # 2. A dataset-version partition of raw_reviews: registered, not yet materialized.
@@ -237,14 +253,20 @@ def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, p
     for name in ("raw_reviews", "tokenized_reviews", "mds_shards"):
         page.get_by_text(name, exact=True).first.wait_for(state="visible")
     page.get_by_role("button", name="Materialize all").click()
-    dialog = page.get_by_role("dialog")
-    dialog.get_by_text("Launch runs to materialize 3 assets").wait_for(state="visible")
-    dialog.get_by_role("button", name="Custom", exact=True).click()
-    dialog.get_by_placeholder("Select a partition or create one").click()
-    page.keyboard.type(VERSION)
-    page.get_by_role("menuitem").filter(has_text=VERSION).first.click()
-    launch = dialog.get_by_role("button", name="Launch 1 run")
-    launch.wait_for(state="visible")
+    # Blueprint renders the dialog in a portal: locate by text on the page, not inside role=dialog.
+    title = page.get_by_text("Launch runs to materialize 3 assets")
+    title.wait_for(state="visible")
+    page.get_by_role("button", name="Custom", exact=True).click()
+    launch = page.get_by_role("button", name="Launch 1 run")
+    try:  # the missing partition is usually preselected ...
+        launch.wait_for(state="visible", timeout=5_000)
+    except Exception:  # noqa: BLE001 - ... otherwise pick it, as a user would
+        page.get_by_text("Select a partition or create one").click()
+        page.keyboard.type(VERSION)
+        page.get_by_role("menuitem").filter(has_text=re.compile(rf"^\s*{re.escape(VERSION)}\s*$")).first.click()
+        title.click()  # close the partition picker
+        launch.wait_for(state="visible")
+    page.get_by_text("1 partition", exact=True).first.wait_for(state="visible")
     shot(page, "03-launch-dialog")
     launch.click()
 
@@ -270,9 +292,12 @@ def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, p
     # 5. ... and the partition's metadata, including the label distribution picture.
     page.goto(f"{dagster_dev.url}/assets/raw_reviews?view=partitions&partition={VERSION}")
     page.get_by_text("label_distribution", exact=True).first.wait_for(state="visible")
+    shot(page, "05-partition-metadata")
+    # Long Markdown (an inline picture) sits behind a link that opens it in a dialog.
+    row = page.locator("tr").filter(has=page.get_by_text("label_distribution", exact=True))
+    row.get_by_text("Show Markdown").click()
     chart = page.locator("img[src^='data:image/png;base64,']").first
     chart.wait_for(state="visible")
-    chart.scroll_into_view_if_needed()
-    assert chart.evaluate("img => img.naturalWidth") > 100
-    shot(page, "05-partition-metadata")
+    page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=chart.element_handle())
+    shot(page, "06-label-distribution-chart")
     assert not errors, f"page errors: {errors}"
