@@ -83,7 +83,8 @@ def main() -> None:
                    "max_length": args.max_length, "max_train_batches": args.max_train_batches},
         "test": {k: metrics[k] for k in ("accuracy", "macro_f1", "f1_per_class", "confusion_matrix")},
         "majority_baseline": baseline,
-        "beats_majority_macro_f1": metrics["macro_f1"] > baseline["macro_f1"],
+        # A margin, not float noise: a model that predicts only the majority class must not "beat" it.
+        "beats_majority_macro_f1": metrics["macro_f1"] > baseline["macro_f1"] + 0.01,
         "train": {k: metrics[k] for k in ("samples_seen", "samples_per_sec", "tokens_per_sec", "train_seconds")},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,11 @@
 
 Same model (the packaged all-MiniLM-L6-v2), same data (real reviews from shared/data/arabic_reviews,
 tokenized with its tokenizer, written as MDS with the ``mds_shards`` schema), same machine, same batch
-size, same optimizer (the seed's Adadelta). Only the collate differs. Run:
+size, same optimizer (the seed's Adadelta), the trainer's own train loader. Only the batching differs:
+pad every sequence to 512 (seed), pad each batch to its longest (default), or also bucket by length
+(``--bucket-batches`` windows). Run (about 5 minutes on 2 CPU cores):
 
-    python benchmarks/train_throughput.py [--steps 20] [--padded-steps 4] [--out benchmarks/results/train_throughput.json]
+    python benchmarks/train_throughput.py [--steps 10] [--padded-steps 3] [--bucket-batches 16]
 """
 
 from __future__ import annotations

@@ -63,6 +63,28 @@ def write_splits(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
     return results
 
 
+def open_streaming_dataset(attempts: int = 8, **kwargs):
+    """``StreamingDataset(**kwargs)``, retried when another process grabs the same shared-memory prefix.
+
+    streaming picks the first free prefix and then creates it; two processes opening datasets at the
+    same moment (two partitions' shard checks, two local trainings) can pick the same one, and the
+    loser fails with ``FileExistsError: '/000NNN_locals'``. Looking again finds the next free prefix.
+    """
+    import random
+    import time
+
+    from streaming import StreamingDataset
+
+    for attempt in range(attempts):
+        try:
+            return StreamingDataset(**kwargs)
+        except FileExistsError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def read_back_count(split_dir: Path) -> int:
     """Samples visible through ``streaming.StreamingDataset`` (the reader the trainer uses).
 
@@ -72,13 +94,11 @@ def read_back_count(split_dir: Path) -> int:
     import json
     import tempfile
 
-    from streaming import StreamingDataset
-
     index = json.loads((split_dir / "index.json").read_text())
     if not index.get("shards"):  # an empty split (tiny versions): StreamingDataset refuses to open it
         return 0
     with tempfile.TemporaryDirectory(prefix="mds-readback-") as cache:
-        ds = StreamingDataset(remote=str(split_dir), local=cache, shuffle=False, batch_size=1)
+        ds = open_streaming_dataset(remote=str(split_dir), local=cache, shuffle=False, batch_size=1)
         n = ds.num_samples
         if n:
             first, last = ds[0], ds[n - 1]
