@@ -20,6 +20,7 @@ Optimizer = Literal["adadelta", "adamw"]
 Precision = Literal["32", "32-true", "bf16-mixed", "16-mixed"]
 Strategy = Literal["ddp", "fsdp", "auto"]
 Accelerator = Literal["auto", "cpu", "gpu"]
+ClassWeights = Literal["none", "balanced"]
 
 
 class ConfigError(ValueError):
@@ -122,6 +123,9 @@ class TrainerConfig:
     strategy: Strategy = "ddp"
     accelerator: Accelerator = "auto"
     seed: int = 42
+    # "balanced": cross-entropy weights n / (classes * count) from the train split's label counts, so
+    # a rare class (Mixed, Negative on real reviews) is not ignored for the majority.
+    class_weights: ClassWeights = "none"
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 200
     # Test aids: cap the batches per epoch / per evaluation (None: all).

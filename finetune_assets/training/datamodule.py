@@ -125,6 +125,51 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         self._pending = dict(obj)  # applied when the next epoch iterator starts
 
 
+def label_counts(url: str, num_classes: int) -> list[int]:
+    """Samples per label in one MDS split (local folder or fsspec URL), reading only the shards' bytes.
+
+    For class weights: every rank computes the same counts without a ``StreamingDataset`` (no shared
+    memory, no cache folder, no process group needed). An empty split counts zero everywhere.
+    """
+    import json
+
+    import fsspec
+    import numpy as np
+    from streaming.base.compression import decompress
+    from streaming.base.format import reader_from_json
+
+    base = url.rstrip("/")
+    try:
+        with fsspec.open(f"{base}/index.json", "r") as f:
+            index = json.load(f)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"no MDS dataset (index.json) at {url}") from err
+    counts = [0] * num_classes
+    for obj in index.get("shards", []):
+        reader = reader_from_json(base, None, obj)
+        info = obj["zip_data"] or obj["raw_data"]
+        with fsspec.open(f"{base}/{info['basename']}", "rb") as f:
+            data = f.read()
+        if obj["zip_data"]:
+            data = decompress(obj["compression"], data)
+        n = int(np.frombuffer(data[:4], np.uint32)[0])
+        offsets = np.frombuffer(data[4 : 4 * (n + 2)], np.uint32)
+        for i in range(n):
+            label = int(reader.decode_sample(data[offsets[i] : offsets[i + 1]])["label"])
+            if not 0 <= label < num_classes:
+                raise ValueError(f"{url}: label {label} outside 0..{num_classes - 1}")
+            counts[label] += 1
+    return counts
+
+
+def balanced_class_weights(counts: list[int]) -> list[float]:
+    """``n / (classes * count)`` (scikit-learn's "balanced"); a class absent from train gets 1.0 (never a target)."""
+    total, k = sum(counts), len(counts)
+    if total == 0:
+        raise ValueError("class_weights='balanced' needs a non-empty train split")
+    return [total / (k * c) if c else 1.0 for c in counts]
+
+
 def split_locations(url: str, cache_dir: str | None, split: str) -> tuple[str | None, str]:
     """(remote, local) for one split: a local folder is read in place, a remote gets its own cache."""
     if url.startswith("file://"):

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+import torch.nn.functional as F
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 from transformers import BertForSequenceClassification, PreTrainedModel
@@ -45,10 +46,15 @@ def _eval_metrics(prefix: str) -> MetricCollection:
 class ReviewClassifier(pl.LightningModule):
     """Owns loss, metrics and optimizers; the HF model is injected so tests and benchmarks can share it."""
 
-    def __init__(self, model: PreTrainedModel, optim: OptimConfig):
+    def __init__(self, model: PreTrainedModel, optim: OptimConfig, class_weights: list[float] | None = None):
         super().__init__()
         self.model = model.train()  # from_pretrained returns eval mode; dropout must be on while training
         self.optim = optim
+        if class_weights is not None and len(class_weights) != NUM_CLASSES:
+            raise ValueError(f"class_weights needs {NUM_CLASSES} values, got {len(class_weights)}")
+        # Training loss only; evaluation losses stay plain cross-entropy so runs remain comparable.
+        weight = torch.tensor(class_weights, dtype=torch.float32) if class_weights is not None else None
+        self.register_buffer("class_weight", weight, persistent=False)
         self.val_metrics = _eval_metrics("val/")
         self.test_metrics = _eval_metrics("test/")
         # Global (all ranks) counters, restored from checkpoints so a resumed run reports run totals.
@@ -75,8 +81,14 @@ class ReviewClassifier(pl.LightningModule):
         self._t_epoch = time.perf_counter()
         self._val_seconds = 0.0
 
+    def train_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy, weighted per class when ``class_weights`` were given (mean over the batch's weights)."""
+        weight = self.class_weight.to(logits.dtype) if self.class_weight is not None else None
+        return F.cross_entropy(logits.view(-1, NUM_CLASSES), labels.view(-1), weight=weight)
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self(batch)
+        out = self({k: v for k, v in batch.items() if k != "labels"})
+        loss = self.train_loss(out.logits, batch["labels"])
         counts = torch.tensor(
             [batch["labels"].shape[0], int(batch["num_tokens"])], dtype=torch.float64, device=self.device
         )
@@ -84,14 +96,14 @@ class ReviewClassifier(pl.LightningModule):
         self.samples_seen += int(counts[0].item())
         self.tokens_seen += int(counts[1].item())
         bs = batch["labels"].shape[0]
-        self.log("train/loss", out.loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=False)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=False)
         self.log("train/samples_seen", float(self.samples_seen), on_step=True, on_epoch=False, batch_size=bs)
         if self._t_epoch is not None:
             elapsed = self.train_seconds + time.perf_counter() - self._t_epoch - self._val_seconds
             if elapsed > 0 and self.samples_seen:
                 self.log("throughput/samples_per_sec", self.samples_seen / elapsed, on_step=True, batch_size=bs)
                 self.log("throughput/tokens_per_sec", self.tokens_seen / elapsed, on_step=True, batch_size=bs)
-        return out.loss
+        return loss
 
     def on_train_epoch_end(self) -> None:
         if self._t_epoch is not None:

@@ -19,8 +19,8 @@ from transformers import AutoTokenizer
 
 from finetune_assets.training import files
 from finetune_assets.training.config import TrainerConfig
-from finetune_assets.training.datamodule import MdsDataModule
-from finetune_assets.training.module import ReviewClassifier, load_classifier
+from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights, label_counts
+from finetune_assets.training.module import NUM_CLASSES, ReviewClassifier, load_classifier
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -193,7 +193,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     t0 = time.time()
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
-    module = ReviewClassifier(load_classifier(config.model_dir), config.optim)
+    weights = None
+    if config.class_weights == "balanced":
+        counts = label_counts(config.data.train_url, NUM_CLASSES)
+        weights = balanced_class_weights(counts)
+        if rank == 0:
+            log.info("train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights])
+    module = ReviewClassifier(load_classifier(config.model_dir), config.optim, class_weights=weights)
     datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0)
     logger = _mlflow_logger(config, rank)
     trainer = _trainer(config, logger if logger is not None else False)

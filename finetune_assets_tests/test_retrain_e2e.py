@@ -1,0 +1,168 @@
+"""End to end: a drop in the landing folder -> sensor -> retrain run (real torchrun, real MLflow) -> quality gate.
+
+What the product promises (issue 5): new data turns into a model without a person in the loop, the
+first model becomes ``@champion``, and a worse model never takes the alias. Everything below is the
+real code location (``build_defs``) on a real Dagster instance; only the sensor daemon is played by
+the test (apply the tick's partition requests, launch its run requests in-process with the daemon's
+run-key tag) and the model is the tiny BERT, so the whole flow fits in a few minutes on two cores.
+"""
+
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.csv as pacsv
+import pytest
+
+from finetune_assets.data.sample import make_sample_reviews
+from finetune_assets.definitions import build_defs
+from finetune_assets.jobs import FINETUNED, PRETRAINED, VERSION_CHAIN
+from finetune_assets.launchers.local import LocalTorchrunLauncher
+from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.storage import Storage
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "review-classifier"
+GATE = dg.AssetCheckKey(dg.AssetKey(FINETUNED), "quality_gate")
+
+# Small but real training on the tiny BERT: AdamW with a high lr learns the built-in sample's
+# polarity words within a few epochs; short sequences and no loader workers keep it quick on CPU.
+TRAIN = {"epochs": 4, "batch_size": 16, "optimizer": "adamw", "lr": 5e-3, "max_length": 64, "num_workers": 0,
+         "accelerator": "cpu", "log_every_n_steps": 5, "checkpoint_every_n_steps": 1000}
+# The forced worse model: one optimizer step with a negligible lr leaves the pretrained_model's randomly
+# initialised classification head as it was. Same base, same dataset version, same test split as the
+# first model, so the only difference the gate can see is the training itself: an honest comparison.
+UNTRAINED = {**TRAIN, "lr": 1e-9, "max_steps": 1}
+
+
+def _run_config(finetune: dict, base: Path | None = None) -> dg.RunConfig:
+    ops = {FINETUNED: {"config": finetune}}
+    if base is not None:
+        ops[PRETRAINED] = {"config": {"source": str(base)}}
+    return dg.RunConfig(ops=ops)
+
+
+class Deployment:
+    """The code location on one instance, with the part of the sensor daemon the test plays."""
+
+    def __init__(self, instance: dg.DagsterInstance, storage_root: Path):
+        self.instance = instance
+        self.defs = build_defs(str(storage_root),
+                               launcher=LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO)))
+        self.repo = self.defs.get_repository_def()
+        self.cursor: str | None = None
+        self.tracking_uri = MlflowResource().resolve_tracking_uri(Storage(str(storage_root)))
+
+    def tick(self) -> dg.SensorResult:
+        sensor = self.repo.get_sensor_def("landing_zone_sensor")
+        # Direct invocation takes resources explicitly: the deployment's own (landing, storage).
+        ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, repository_def=self.repo,
+                                      resources=self.defs.resources)
+        result = sensor(ctx)
+        assert isinstance(result, dg.SensorResult)
+        for req in result.dynamic_partitions_requests or []:
+            assert isinstance(req, dg.AddDynamicPartitionsRequest)
+            self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        self.cursor = result.cursor
+        return result
+
+    def launch(self, request: dg.RunRequest, run_config: dg.RunConfig) -> dg.ExecuteInProcessResult:
+        """What the daemon does with a run request (run config is what a person sets on the sensor/job)."""
+        job = self.repo.get_job(request.job_name or "retrain_job")
+        return job.execute_in_process(
+            instance=self.instance, partition_key=request.partition_key, asset_selection=request.asset_selection,
+            run_config=run_config, tags={**request.tags, "dagster/run_key": request.run_key},
+            raise_on_error=False)
+
+    def run_job(self, name: str, partition: str, run_config: dg.RunConfig) -> dg.ExecuteInProcessResult:
+        return self.repo.get_job(name).execute_in_process(
+            instance=self.instance, partition_key=partition, run_config=run_config, raise_on_error=False)
+
+    def champion(self) -> str:
+        from mlflow import MlflowClient
+
+        return str(MlflowClient(self.tracking_uri).get_model_version_by_alias(MODEL, "champion").version)
+
+    def gate_history(self) -> list:
+        """Every recorded quality_gate execution, oldest first, as the instance's event log stores them."""
+        records = self.instance.event_log_storage.get_asset_check_execution_history(GATE, limit=20)
+        return sorted(records, key=lambda r: r.id)
+
+
+def _registered_version(result: dg.ExecuteInProcessResult) -> str:
+    mat = result.asset_materializations_for_node(FINETUNED)[-1]
+    return str(mat.metadata["registered_model_version"].value)
+
+
+@pytest.mark.slow
+def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage_root, tiny_model_dir, tmp_path,
+                                                               monkeypatch):
+    landing = tmp_path / "landing"
+    monkeypatch.setenv("FINETUNE_ASSETS_LANDING", str(landing))  # LandingZoneResource's default location
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the embedded SQLite store under the root
+    deploy = Deployment(instance, storage_root)
+
+    # -- v1 lands: the built-in sample reviews (English, polarity words a tiny model learns), as a folder
+    drop = landing / "v1"
+    drop.mkdir(parents=True)
+    pacsv.write_csv(make_sample_reviews(), drop / "reviews.csv")
+    (drop / "_SUCCESS").write_text("")
+
+    tick = deploy.tick()
+    assert instance.get_dynamic_partitions(DATASET_VERSIONS) == ["v1"]
+    (request,) = tick.run_requests
+    assert request.partition_key == "v1"
+    # Fresh deployment: this run also builds the shared base model.
+    assert set(request.asset_selection) == {dg.AssetKey(a) for a in (*VERSION_CHAIN, PRETRAINED)}
+
+    first = deploy.launch(request, _run_config(TRAIN, base=tiny_model_dir))
+    assert first.success
+    checks = {e.check_name: e for e in first.get_asset_check_evaluations()}
+    # raw + shard checks ran in the same run; the blocking ones passed (training started after them)
+    assert all(checks[n].passed for n in ("schema_and_labels", "rejected_share", "min_rows_per_class",
+                                          "splits_readable", "counts_match_tokenized", "no_empty_split"))
+    gate = checks["quality_gate"]
+    first_version = _registered_version(first)
+    meta = gate.metadata
+    assert gate.passed and "first model" in meta["decision"].value
+    assert meta["registered_model"].value == f"{MODEL} v{first_version}"
+    # The model really learned: far above always predicting the majority class on the frozen test split.
+    assert meta["challenger_macro_f1"].value > meta["majority_baseline_macro_f1"].value + 0.2
+    assert deploy.champion() == first_version
+
+    tick = deploy.tick()  # repeated tick: nothing new (the daemon would also drop the run key)
+    assert not tick.run_requests and not tick.dynamic_partitions_requests
+
+    # -- retrain without new data, forced worse: finetune_only_job on the same version
+    worse = deploy.run_job("finetune_only_job", "v1", _run_config(UNTRAINED))
+    assert not worse.success  # the blocking gate failed the run
+    worse_version = _registered_version(worse)  # the trainer registered it; only the alias is withheld
+    assert worse_version != first_version
+    (refused,) = [e for e in worse.get_asset_check_evaluations() if e.check_name == "quality_gate"]
+    assert not refused.passed and refused.severity == dg.AssetCheckSeverity.ERROR
+    meta = refused.metadata
+    assert meta["registered_model"].value == f"{MODEL} v{worse_version}"
+    assert meta["champion"].value == f"{MODEL} v{first_version}"
+    assert meta["test_data"].value == gate.metadata["test_data"].value  # the same test reviews
+    assert meta["champion_macro_f1"].value == pytest.approx(gate.metadata["challenger_macro_f1"].value)
+    assert meta["challenger_macro_f1"].value < meta["champion_macro_f1"].value
+    assert meta["delta_macro_f1"].value < 0 and "refused" in meta["decision"].value
+    assert deploy.champion() == first_version  # the alias did not move
+
+    # The instance's event log holds both decisions, in order, for v1, with the scores a person acts on.
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus as Status
+
+    history = deploy.gate_history()
+    assert [(r.status, r.partition, r.run_id) for r in history] == [
+        (Status.SUCCEEDED, "v1", first.run_id), (Status.FAILED, "v1", worse.run_id)]
+    stored = history[1].event.dagster_event.event_specific_data
+    assert isinstance(stored, dg.AssetCheckEvaluation) and stored.severity == dg.AssetCheckSeverity.ERROR
+    assert stored.metadata["champion_macro_f1"].value > stored.metadata["challenger_macro_f1"].value
+    assert stored.metadata["decision"].value == meta["decision"].value
+
+    # MLflow shows the decision on each version, not only the alias.
+    from mlflow import MlflowClient
+
+    client = MlflowClient(deploy.tracking_uri)
+    assert client.get_model_version(MODEL, worse_version).tags["gate.decision"].startswith("refused")
+    assert client.get_model_version(MODEL, first_version).tags["gate.decision"].startswith("promoted")
