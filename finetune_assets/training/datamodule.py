@@ -9,9 +9,13 @@ dataset's epoch to Lightning's so a restart at an epoch boundary sees the uninte
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import random
+import shutil
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +26,8 @@ from streaming import StreamingDataLoader, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 from torch.utils.data import DataLoader
 
+from finetune_assets.data.shards import open_streaming_dataset
+from finetune_assets.training import files
 from finetune_assets.training.collate import DynamicPaddingCollator
 from finetune_assets.training.config import DataConfig
 
@@ -131,19 +137,13 @@ def label_counts(url: str, num_classes: int) -> list[int]:
     For class weights: every rank computes the same counts without a ``StreamingDataset`` (no shared
     memory, no cache folder, no process group needed). An empty split counts zero everywhere.
     """
-    import json
-
     import fsspec
     import numpy as np
     from streaming.base.compression import decompress
     from streaming.base.format import reader_from_json
 
-    base = url.rstrip("/")
-    try:
-        with fsspec.open(f"{base}/index.json", "r") as f:
-            index = json.load(f)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"no MDS dataset (index.json) at {url}") from err
+    base = files.local_path(url).rstrip("/")
+    index = read_index(url, "train")
     counts = [0] * num_classes
     for obj in index.get("shards", []):
         reader = reader_from_json(base, None, obj)
@@ -170,28 +170,79 @@ def balanced_class_weights(counts: list[int]) -> list[float]:
     return [total / (k * c) if c else 1.0 for c in counts]
 
 
-def split_locations(url: str, cache_dir: str | None, split: str) -> tuple[str | None, str]:
-    """(remote, local) for one split: a local folder is read in place, a remote gets its own cache."""
-    if url.startswith("file://"):
-        url = url[len("file://") :]
-    if "://" not in url:
-        if not Path(url, "index.json").exists():
-            raise FileNotFoundError(f"{split} split: no MDS dataset (index.json) at {url}")
-        return None, url
-    if not cache_dir:
-        raise ValueError(f"{split} split is remote ({url}): a local cache dir is required")
+def read_index(url: str, split: str) -> dict[str, Any]:
+    """The split's MDS ``index.json`` (local path or fsspec URL); a clear error when there is none."""
+    import json
+
+    import fsspec
+
+    path = f"{files.local_path(url).rstrip('/')}/index.json"
+    try:
+        with fsspec.open(path, "r") as f:
+            return json.load(f)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{split} split: no MDS dataset (index.json) at {url}") from err
+    except ValueError as err:
+        raise ValueError(f"{split} split: {path} is not valid JSON: {err}") from err
+
+
+def num_samples(index: dict[str, Any]) -> int:
+    return sum(int(shard.get("samples", 0)) for shard in index.get("shards", []))
+
+
+def cache_root(config: DataConfig, run_key: str) -> tuple[str, bool]:
+    """(folder, owned) for the local copies of the splits.
+
+    ``config.local_cache_dir`` when set (kept: the caller owns it). Otherwise a folder under the temp
+    dir named by a hash of ``run_key`` (the checkpoint dir and the splits' indexes), so every local
+    rank of a node, and a restarted worker group, computes the same folder (streaming requires one
+    ``local`` per split per node), while another run or changed shards get another; owned: the
+    trainer removes it after a successful run.
+    """
+    if config.local_cache_dir:
+        return files.local_path(config.local_cache_dir), False
+    digest = hashlib.sha256(run_key.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), "finetune_assets", "mds-cache", digest), True
+
+
+def split_locations(url: str, cache_dir: str, split: str) -> tuple[str, str]:
+    """(remote, local) for one split: the published folder or URL is always the *remote*.
+
+    Read in place (``remote=None``), streaming would decompress ``.mds.zstd`` shards into the
+    published folder itself, changing published data and failing on a read-only volume; so every
+    split is copied (decompressed) into its own ``local`` cache sub-folder instead.
+    """
+    url = files.local_path(url)
+    if "://" not in url and not Path(url, "index.json").exists():
+        raise FileNotFoundError(f"{split} split: no MDS dataset (index.json) at {url}")
     return url, os.path.join(cache_dir, split)
 
 
 class MdsDataModule(pl.LightningDataModule):
-    """Train / validation / test ``StreamingDataset``s with dynamic-padding batches."""
+    """Train / validation / test ``StreamingDataset``s with dynamic-padding batches.
 
-    def __init__(self, config: DataConfig, pad_token_id: int = 0, pad_to: int | None = None):
+    Split sizes come from each ``index.json`` up front: an empty validation split turns validation
+    off, an empty test split skips the test (``run.train`` reports it), an empty train split is an error.
+    """
+
+    def __init__(self, config: DataConfig, pad_token_id: int = 0, pad_to: int | None = None, run_key: str = ""):
         super().__init__()
         self.config = config
         self.collate = DynamicPaddingCollator(pad_token_id, config.max_length, pad_to=pad_to)
         self.datasets: dict[str, StreamingDataset] = {}
         self._train_loader: ResumableStreamingDataLoader | None = None
+        indexes = {split: read_index(self.url(split), split) for split in SPLITS}
+        self.sizes = {split: num_samples(index) for split, index in indexes.items()}
+        if not self.sizes["train"]:
+            raise ValueError(f"train split at {config.train_url} has no samples: nothing to train on")
+        key = json.dumps({"run": run_key, "indexes": indexes}, sort_keys=True)
+        self.cache_dir, self.owns_cache = cache_root(config, key)
+
+    def url(self, split: str) -> str:
+        return getattr(self.config, f"{split}_url")
+
+    def is_empty(self, split: str) -> bool:
+        return self.sizes[split] == 0
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -200,13 +251,19 @@ class MdsDataModule(pl.LightningDataModule):
         # Called on every rank: local rank 0 cleans while the others wait in its barrier.
         clean_stale_shared_memory()
         for split in SPLITS:
-            self.datasets[split] = self._dataset(split)
+            if not self.is_empty(split):  # streaming cannot open a split without shards
+                self.datasets[split] = self._dataset(split)
+
+    def remove_cache(self) -> None:
+        """Delete the derived cache folder (call on one process per node, after every rank is done)."""
+        if self.owns_cache:
+            shutil.rmtree(self.cache_dir, ignore_errors=True)
 
     def _dataset(self, split: str) -> StreamingDataset:
         c = self.config
-        remote, local = split_locations(getattr(c, f"{split}_url"), c.local_cache_dir, split)
+        remote, local = split_locations(self.url(split), self.cache_dir, split)
         train = split == "train"
-        return StreamingDataset(
+        return open_streaming_dataset(
             remote=remote,
             local=local,
             # per device, equal to what the DataLoader reads at once (a bucketing window for train)
