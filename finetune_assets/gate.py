@@ -121,9 +121,11 @@ def score_registered(client, name: str, version: str, test: TestSet, tracking_ur
     """Download a registered model version and score it (then cache the score as a tag on the version)."""
     import mlflow
 
+    # Resolve the version through *this* client's registry: a ``models:/name/version`` URI would be
+    # resolved against mlflow's process-global registry URI instead (unset in a Dagster run: ./mlflow.db).
+    source = client.get_model_version_download_uri(name, version)
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp,
-                                                    tracking_uri=tracking_uri)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp, tracking_uri=tracking_uri)
         score = score_model(Path(local), test)
     remember_score(client, name, version, test, score)
     return score
@@ -131,4 +133,5 @@ def score_registered(client, name: str, version: str, test: TestSet, tracking_ur
 
 def remember_score(client, name: str, version: str, test: TestSet, score: float) -> None:
     client.set_model_version_tag(name, version, TAG_TEST_DATA, test.fingerprint)
-    client.set_model_version_tag(name, version, TAG_SCORE, f"{score:.6f}")
+    # Full precision: a rounded cache could rank an equally good challenger below the champion.
+    client.set_model_version_tag(name, version, TAG_SCORE, repr(float(score)))

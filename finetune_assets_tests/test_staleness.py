@@ -116,7 +116,6 @@ def test_new_hyper_parameter_default_marks_only_the_model_stale(built, instance)
         "finetuned_model": StaleStatus.STALE}
 
 
-@pytest.mark.xfail(strict=False, reason="finetuned.py still has a fixed code_version; see docs/retrain.md")
 def test_finetuned_code_version_follows_its_config_defaults():
     version = finetuned_model.code_versions_by_key[dg.AssetKey("finetuned_model")]
     assert version is not None and version.rsplit("-", 1)[-1] == config_code_version(

@@ -11,11 +11,14 @@ import dagster as dg
 import fsspec
 from pydantic import Field
 
+from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.data.labels import LABELS
 from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
+from finetune_assets.staleness import config_code_version
 from finetune_assets.storage import Storage, hash_tree
 from finetune_assets.training.config import TrainerConfig
 
@@ -37,6 +40,8 @@ class FinetuneConfig(dg.Config):
     accelerator: str = Field("auto", description="auto, cpu or gpu")
     max_steps: int = Field(-1, description="-1: all epochs")
     seed: int = 42
+    class_weights: str = Field("none", description="none, or balanced: loss weights n / (classes * count) from the "
+                                                   "train split's label counts (helps rare classes, macro-F1)")
     num_workers: int = Field(2, description="data loader workers per device")
     shuffle: bool = True
     max_length: int = 512
@@ -60,6 +65,7 @@ def trainer_settings(config: FinetuneConfig) -> dict[str, Any]:
         "strategy": config.strategy,
         "accelerator": config.accelerator,
         "seed": config.seed,
+        "class_weights": config.class_weights,
         "log_every_n_steps": config.log_every_n_steps,
         "checkpoint_every_n_steps": config.checkpoint_every_n_steps,
         "limit_train_batches": config.limit_train_batches,
@@ -117,7 +123,9 @@ def build_trainer_config(
         train_url=f"{shards.url}/train",
         validation_url=f"{shards.url}/validation",
         test_url=f"{shards.url}/test",
-        local_cache_dir=None if store.is_local else f"/tmp/finetune_assets/mds-cache/{version}/{shards.data_version}",
+        # None: each worker node caches the shards in a temp folder keyed by the checkpoint dir and
+        # the shard indexes (the published shards are the remote, never read in place).
+        local_cache_dir=None,
     )
     trainer = TrainerConfig.from_dict(
         {
@@ -145,7 +153,9 @@ def build_trainer_config(
     group_name="models",
     kinds={"pytorch", "mlflow"},
     owners=OWNERS,
-    code_version="1",
+    # Changing a default hyper-parameter marks every partition stale (docs/retrain.md); fields that cannot
+    # change the model are left out. Bump "1" for a change of the training code itself.
+    code_version=config_code_version(FinetuneConfig, "1", exclude=("run_name", "num_workers", "log_every_n_steps")),
 )
 def finetuned_model(
     context: dg.AssetExecutionContext,
@@ -174,7 +184,7 @@ def finetuned_model(
             TrainingJob(
                 name=job_name(version, run_id),
                 config_url=config_url,
-                labels={"dagster/run-id": run_id, "asset": "finetuned_model", "partition": version},
+                labels={"dagster/run-id": run_id, "dagster/asset": "finetuned_model", "dagster/partition": version},
             ),
         )
         with fsspec.open(f"{output_dir}/metrics.json", "r") as f:
@@ -188,12 +198,8 @@ def finetuned_model(
 
 def _metadata(metrics: dict[str, Any], mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:
     info = metrics.get("mlflow") or {}
-    per_class = metrics.get("f1_per_class", {})
+    per_class = metrics.get("f1_per_class") or {}
     meta: dict[str, Any] = {
-        "accuracy": dg.MetadataValue.float(float(metrics["accuracy"])),
-        "macro_f1": dg.MetadataValue.float(float(metrics["macro_f1"])),
-        "f1_per_class": markdown_table(("class", "F1"), [(k, f"{v:.4f}") for k, v in per_class.items()]),
-        "confusion_matrix": dg.MetadataValue.json({"rows_true_cols_pred": metrics.get("confusion_matrix")}),
         "model_path": dg.MetadataValue.path(f"{url}/model"),
         "samples_seen": int(metrics["samples_seen"]),
         "samples_per_sec": float(metrics["samples_per_sec"]),
@@ -202,6 +208,24 @@ def _metadata(metrics: dict[str, Any], mlflow: MlflowResource, url: str, config_
         "world_size": int(metrics["world_size"]),
         "checkpoint_key": config_hash,
     }
+    if metrics.get("test_skipped"):  # an empty test split: trained, not tested
+        meta["test"] = metrics["test_skipped"]
+    else:
+        meta.update({
+            "accuracy": dg.MetadataValue.float(float(metrics["accuracy"])),
+            "macro_f1": dg.MetadataValue.float(float(metrics["macro_f1"])),
+            "f1_per_class": markdown_table(("class", "F1"), [(k, f"{v:.4f}") for k, v in per_class.items()]),
+            "confusion_matrix": dg.MetadataValue.json({"rows_true_cols_pred": metrics.get("confusion_matrix")}),
+        })
+        try:  # a picture is a nicety: a plotting error must never fail a finished training
+            meta["confusion_matrix_chart"] = dg.MetadataValue.md(
+                viz.confusion_matrix_md(metrics["confusion_matrix"], list(LABELS)))
+        except Exception as err:  # noqa: BLE001 - any plotting/encoding error
+            dg.get_dagster_logger().warning(f"confusion matrix chart skipped: {err}")
+    if metrics.get("test_samples") is not None:
+        meta["test_samples"] = int(metrics["test_samples"])
+    if metrics.get("class_weights"):
+        meta["class_weights"] = dg.MetadataValue.json(dict(zip(LABELS, metrics["class_weights"])))
     for name, value in per_class.items():
         meta[f"f1_{name}"] = dg.MetadataValue.float(float(value))
     if metrics.get("resumed_at_step") is not None:

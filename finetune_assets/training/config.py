@@ -34,7 +34,9 @@ class DataConfig:
     train_url: str
     validation_url: str
     test_url: str
-    # Local cache for remote URLs; each split gets its own sub-folder (streaming requires distinct locals).
+    # Where the splits are copied (and decompressed) for reading, one sub-folder per split; the
+    # published shards are never read in place. None: a per-run folder under the temp dir, removed
+    # after a successful run. A folder given here is kept (e.g. a persistent volume).
     local_cache_dir: str | None = None
     batch_size: int = 8  # per device; StreamingDataset and DataLoader get the same value
     num_workers: int = 2
@@ -52,9 +54,8 @@ class DataConfig:
         for name in ("train_url", "validation_url", "test_url"):
             if not getattr(self, name):
                 raise ConfigError(f"data.{name} must be a non-empty path or URL")
-        remote = any("://" in u and not u.startswith("file://") for u in (self.train_url, self.validation_url, self.test_url))
-        if remote and not self.local_cache_dir:
-            raise ConfigError("data.local_cache_dir is required when a split URL is remote")
+        if self.local_cache_dir and "://" in self.local_cache_dir and not self.local_cache_dir.startswith("file://"):
+            raise ConfigError(f"data.local_cache_dir must be a local folder, got {self.local_cache_dir!r}")
         _positive("data.batch_size", self.batch_size)
         _positive("data.num_canonical_nodes", self.num_canonical_nodes)
         _positive("data.bucket_batches", self.bucket_batches)

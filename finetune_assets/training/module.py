@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -46,8 +47,11 @@ def _eval_metrics(prefix: str) -> MetricCollection:
 class ReviewClassifier(pl.LightningModule):
     """Owns loss, metrics and optimizers; the HF model is injected so tests and benchmarks can share it."""
 
-    def __init__(self, model: PreTrainedModel, optim: OptimConfig, class_weights: list[float] | None = None):
+    def __init__(
+        self, model: PreTrainedModel, optim: OptimConfig, class_weights: list[float] | None = None, seed: int = 0
+    ):
         super().__init__()
+        self.seed = seed
         self.model = model.train()  # from_pretrained returns eval mode; dropout must be on while training
         self.optim = optim
         if class_weights is not None and len(class_weights) != NUM_CLASSES:
@@ -80,6 +84,12 @@ class ReviewClassifier(pl.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._t_epoch = time.perf_counter()
         self._val_seconds = 0.0
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Dropout masks as a function of (seed, position, rank), not of the RNG's history: a run resumed
+        # from a checkpoint draws the same masks as an uninterrupted one, so it ends with the same weights.
+        key = f"{self.seed}/{self.current_epoch}/{batch_idx}/{self.global_step}/{self.global_rank}"
+        torch.manual_seed(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1)
 
     def train_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy, weighted per class when ``class_weights`` were given (mean over the batch's weights)."""

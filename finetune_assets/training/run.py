@@ -49,7 +49,7 @@ def tracking_uri(config: TrainerConfig) -> str:
     raise ValueError("mlflow.tracking_uri is empty, MLFLOW_TRACKING_URI is unset and output_dir is remote")
 
 
-def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool) -> pl.Trainer:
+def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, validate: bool = True) -> pl.Trainer:
     _, world, local_world = _world()
     strategy: Any = config.strategy
     if world == 1 and strategy == "ddp":
@@ -79,7 +79,7 @@ def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool) -> pl.Trainer:
         num_sanity_val_steps=0,
         use_distributed_sampler=False,  # StreamingDataset partitions samples across ranks itself
         limit_train_batches=config.limit_train_batches,
-        limit_val_batches=config.limit_val_batches,
+        limit_val_batches=config.limit_val_batches if validate else 0,  # 0: Lightning never builds the loader
         limit_test_batches=config.limit_test_batches,
         logger=logger,
         callbacks=callbacks,
@@ -138,8 +138,9 @@ def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path,
 
     client = logger.experiment
     run_id = logger.run_id
-    fig = _confusion_figure(metrics["confusion_matrix"], list(LABELS))
-    client.log_figure(run_id, fig, "confusion_matrix.png")
+    if metrics.get("confusion_matrix"):  # None when the test split was empty
+        fig = _confusion_figure(metrics["confusion_matrix"], list(LABELS))
+        client.log_figure(run_id, fig, "confusion_matrix.png")
     client.log_dict(run_id, metrics, "metrics.json")
     info: dict[str, Any] = {
         "run_id": run_id,
@@ -187,6 +188,18 @@ def _save_model(config: TrainerConfig, state: dict[str, torch.Tensor], tokenizer
     return staging
 
 
+def empty_test_metrics(test_url: str) -> dict[str, Any]:
+    """What metrics.json says when the test split has no samples: no numbers, and why."""
+    return {
+        "accuracy": None,
+        "macro_f1": None,
+        "f1_per_class": {},
+        "confusion_matrix": None,
+        "test_samples": 0,
+        "test_skipped": f"test split {test_url} is empty: the model was trained but not tested",
+    }
+
+
 def train(config: TrainerConfig) -> dict[str, Any]:
     """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json and logs to MLflow."""
     rank, world, _ = _world()
@@ -199,22 +212,40 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         weights = balanced_class_weights(counts)
         if rank == 0:
             log.info("train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights])
-    module = ReviewClassifier(load_classifier(config.model_dir), config.optim, class_weights=weights)
-    datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0)
+    module = ReviewClassifier(load_classifier(config.model_dir), config.optim, class_weights=weights, seed=config.seed)
+    # Keyed by the checkpoint dir: a restarted worker group finds its decompressed shards again.
+    datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir)
+    if datamodule.is_empty("validation") and rank == 0:
+        log.warning("validation split %s is empty: training without validation", config.data.validation_url)
     logger = _mlflow_logger(config, rank)
-    trainer = _trainer(config, logger if logger is not None else False)
+    trainer = _trainer(config, logger if logger is not None else False, validate=not datamodule.is_empty("validation"))
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
     resume = last if files.exists(last) else None
     if resume and rank == 0:
         log.warning("resuming from %s", resume)
+    timings: dict[str, float] = {"setup": time.time() - t0}
+    t = time.time()
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+    timings["fit"] = time.time() - t
     # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
+    t = time.time()
     trainer.save_checkpoint(last)
-    trainer.test(module, datamodule=datamodule, verbose=False)
+    timings["final_checkpoint"] = time.time() - t
+    t = time.time()
+    if datamodule.is_empty("test"):
+        test = empty_test_metrics(config.data.test_url)
+        if rank == 0:
+            log.warning("%s", test["test_skipped"])
+    else:
+        trainer.test(module, datamodule=datamodule, verbose=False)
+        test = {**module.test_results, "test_samples": datamodule.sizes["test"]}
 
     state = trainer.strategy.lightning_module_state_dict()  # a collective under FSDP: every rank calls it
-    test = module.test_results
+    timings["test"] = time.time() - t
+    trainer.strategy.barrier("mds-cache")  # every rank of the node is done reading the cached shards
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        datamodule.remove_cache()
     seconds = max(module.train_seconds, 1e-9)
     metrics: dict[str, Any] = {
         **test,
@@ -228,11 +259,15 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         "resumed_from": resume,
         "resumed_at_step": module.start_step if resume else None,
         "world_size": world,
+        "class_weights": weights,
         "wall_seconds": time.time() - t0,
+        "timings": timings,  # seconds per phase (where a run's time goes)
     }
     if rank != 0:
         return metrics
+    t = time.time()
     staging = _save_model(config, state, tokenizer)
+    timings["save_model"] = time.time() - t
     try:
         if logger is not None:
             logger.log_metrics(
@@ -241,9 +276,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 step=metrics["global_step"],
             )
             logger.finalize("success")
+            t = time.time()
             metrics["mlflow"] = _log_to_mlflow(config, logger, staging, metrics)
+            timings["mlflow"] = time.time() - t
         files.publish_dir(staging, config.output_dir.rstrip("/") + "/model")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    metrics["wall_seconds"] = time.time() - t0
     files.write_json_atomic(config.output_dir.rstrip("/") + "/metrics.json", metrics)
     return metrics

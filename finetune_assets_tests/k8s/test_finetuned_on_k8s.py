@@ -16,7 +16,7 @@ from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 from finetune_assets.storage import Storage
 from finetune_assets_tests.k8s.conftest import Cluster, free_port
-from finetune_assets_tests.training.test_finetuned_asset import _publish_upstream
+from finetune_assets_tests.training.fixtures import publish_upstream as _publish_upstream
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 

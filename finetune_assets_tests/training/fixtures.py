@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +56,16 @@ def write_mds_splits(
         write_split(root / split, enc[start : start + n], [lbl for _, lbl in rows[start : start + n]])
         start += n
     return root
+
+
+def publish_upstream(store, version: str, tiny_model_dir: Path, reviews_csv: Path,
+                     sizes: tuple[int, int, int] = (96, 24, 24)) -> None:
+    """Publish ``pretrained_model`` (the tiny BERT) and ``mds_shards[version]`` as the real assets would."""
+    from finetune_assets.storage import hash_tree
+
+    with store.publish("pretrained_model") as staging:
+        shutil.copytree(tiny_model_dir, staging.local_dir, dirs_exist_ok=True)
+        staging.data_version = hash_tree(staging.local_dir)
+    with store.publish("mds_shards", version) as staging:
+        write_mds_splits(staging.local_dir, tiny_model_dir, reviews_csv, sizes=sizes)
+        staging.data_version = hash_tree(staging.local_dir)

@@ -54,7 +54,9 @@ def test_rejects_unknown_and_missing_keys(cfg, needle):
         ({"accelerator": "cpu", "precision": "16-mixed"}, "needs a GPU"),
         ({"mlflow": {"tags": {"api_token": "x"}}}, "looks like a secret"),
         ({"mlflow": {"tags": {"dataset_version": 3}}}, "strings to strings"),
-        ({"data": {"train_url": "s3://b/train", "validation_url": "/v", "test_url": "/t"}}, "local_cache_dir is required"),
+        ({"data": {"train_url": "s3://b/train", "validation_url": "/v", "test_url": "/t",
+                   "local_cache_dir": "s3://b/cache"}}, "local_cache_dir must be a local folder"),
+        ({"class_weights": "inverse"}, "class_weights: 'inverse' is not one of"),
         ({"data": {"train_url": "/a", "validation_url": "/v", "test_url": "/t", "batch_size": 0}}, "data.batch_size must be >= 1"),
     ],
 )

@@ -11,7 +11,14 @@ from streaming import StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 
 from finetune_assets.training.collate import DynamicPaddingCollator
-from finetune_assets.training.datamodule import ResumableStreamingDataLoader, split_locations
+from finetune_assets.training.config import DataConfig
+from finetune_assets.training.datamodule import (
+    ResumableStreamingDataLoader,
+    balanced_class_weights,
+    cache_root,
+    label_counts,
+    split_locations,
+)
 from finetune_assets_tests.training.fixtures import write_split
 
 N = 203  # not a multiple of the batch or window size
@@ -85,8 +92,33 @@ def test_bucketing_reduces_padding(synthetic_split):
     assert padded[4] < 0.8 * padded[1]
 
 
-def test_split_locations(tmp_path, synthetic_split):
-    assert split_locations(str(synthetic_split), None, "train") == (None, str(synthetic_split))
+def test_split_locations_never_read_published_shards_in_place(tmp_path, synthetic_split):
+    # A local published folder is the remote too: streaming copies it into the cache, never writes beside it.
+    assert split_locations(str(synthetic_split), "/cache", "train") == (str(synthetic_split), "/cache/train")
+    assert split_locations(f"file://{synthetic_split}", "/cache", "train") == (str(synthetic_split), "/cache/train")
     assert split_locations("s3://b/x/train", "/cache", "train") == ("s3://b/x/train", "/cache/train")
     with pytest.raises(FileNotFoundError, match="no MDS dataset"):
-        split_locations(str(tmp_path / "nope"), None, "test")
+        split_locations(str(tmp_path / "nope"), "/cache", "test")
+
+
+def test_cache_root_is_shared_by_ranks_and_distinct_per_run(tmp_path):
+    data = DataConfig(train_url="/d/train", validation_url="/d/validation", test_url="/d/test")
+    a, owned = cache_root(data, "ckpt-a")
+    assert owned and a == cache_root(data, "ckpt-a")[0]  # every local rank (and a restart) derives the same
+    assert cache_root(data, "ckpt-b")[0] != a  # another run / other shards: another folder
+    given = DataConfig(train_url="/d/train", validation_url="/d/validation", test_url="/d/test",
+                       local_cache_dir=str(tmp_path / "cache"))
+    assert cache_root(given, "ckpt-a") == (str(tmp_path / "cache"), False)  # the caller's folder is kept
+
+
+def test_label_counts_and_balanced_weights(synthetic_split, tmp_path):
+    assert label_counts(str(synthetic_split), 3) == [68, 68, 67]  # labels i % 3 over 203 samples
+    skewed = write_split(tmp_path / "skewed", [[101, 7, 102]] * 10, [0] * 7 + [1] * 2 + [2])
+    counts = label_counts(str(skewed), 3)
+    assert counts == [7, 2, 1]
+    weights = balanced_class_weights(counts)
+    assert weights == pytest.approx([10 / 21, 10 / 6, 10 / 3])  # n / (classes * count)
+    assert sum(w * c for w, c in zip(weights, counts)) == pytest.approx(10)  # total weight unchanged
+    assert balanced_class_weights([5, 0, 5])[1] == 1.0  # absent class: never a target, any weight
+    with pytest.raises(ValueError, match="non-empty train split"):
+        balanced_class_weights([0, 0, 0])

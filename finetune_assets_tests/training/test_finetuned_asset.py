@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -15,24 +14,15 @@ from finetune_assets.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 from finetune_assets.storage import Storage, hash_tree
-from finetune_assets_tests.training.fixtures import write_mds_splits
+from finetune_assets_tests.training.fixtures import publish_upstream
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _publish_upstream(store: Storage, version: str, tiny_model_dir: Path, reviews_csv: Path) -> None:
-    with store.publish("pretrained_model") as staging:
-        shutil.copytree(tiny_model_dir, staging.local_dir, dirs_exist_ok=True)
-        staging.data_version = hash_tree(staging.local_dir)
-    with store.publish("mds_shards", version) as staging:
-        write_mds_splits(staging.local_dir, tiny_model_dir, reviews_csv)
-        staging.data_version = hash_tree(staging.local_dir)
 
 
 @pytest.mark.slow
 def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, arabic_reviews):
     store = Storage(str(storage_root))
-    _publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv")
+    publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv")
     instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
     run_config = dg.RunConfig(ops={"finetuned_model": {"config": {
         "epochs": 1, "accelerator": "cpu", "num_workers": 0, "checkpoint_every_n_steps": 5, "log_every_n_steps": 2,
@@ -55,6 +45,8 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
     assert meta["samples_seen"].value == 96
     assert meta["registered_model"].value == "review-classifier v1"
     assert meta["mlflow_run"].value.startswith("http://mlflow.example:5000/#/experiments/")
+    assert meta["confusion_matrix_chart"].value.startswith("![confusion matrix](data:image/png;base64,")
+    assert meta["test_samples"].value == 24
 
     published = store.require("finetuned_model", "v1")
     assert mat.tags["dagster/data_version"] == published.data_version
@@ -66,3 +58,35 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
     assert trainer_cfg["mlflow"]["tags"]["dataset_version"] == "v1"
     assert trainer_cfg["checkpoint_dir"].startswith(f"{storage_root}/finetuned_model/v1/checkpoints/")
     assert (storage_root / "mlflow" / "artifacts").is_dir()  # artifacts under the root, not ./mlruns
+
+
+def _metrics(**overrides):
+    metrics = {
+        "accuracy": 0.5, "macro_f1": 0.4, "f1_per_class": {"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
+        "confusion_matrix": [[3, 1, 0], [1, 2, 0], [0, 1, 1]], "test_samples": 9, "samples_seen": 96,
+        "samples_per_sec": 10.0, "tokens_per_sec": 100.0, "global_step": 12, "world_size": 1,
+    }
+    return {**metrics, **overrides}
+
+
+def test_a_plotting_error_never_fails_the_materialization(monkeypatch, caplog):
+    from finetune_assets import viz
+    from finetune_assets.assets.finetuned import _metadata
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(viz, "confusion_matrix_md", broken)
+    meta = _metadata(_metrics(), MlflowResource(), "/root/x", "abc")
+    assert "confusion_matrix_chart" not in meta and meta["macro_f1"].value == 0.4
+    assert "confusion matrix chart skipped: no fonts" in caplog.text
+
+
+def test_an_untested_model_says_so_in_its_metadata():
+    from finetune_assets.assets.finetuned import _metadata
+
+    skipped = "test split /x/test is empty: the model was trained but not tested"
+    meta = _metadata(_metrics(accuracy=None, macro_f1=None, f1_per_class={}, confusion_matrix=None, test_samples=0,
+                              test_skipped=skipped), MlflowResource(), "/root/x", "abc")
+    assert meta["test"] == skipped and meta["test_samples"] == 0
+    assert not {"accuracy", "macro_f1", "confusion_matrix", "confusion_matrix_chart"} & set(meta)
