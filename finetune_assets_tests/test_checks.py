@@ -155,11 +155,14 @@ def _register_challenger(storage_root: Path, version: str, model_dir: Path) -> s
     store = Storage(str(storage_root))
     resource = MlflowResource()
     uri = resource.resolve_tracking_uri(store)
-    mlflow.set_tracking_uri(uri)
-    exp = mlflow.set_experiment(resource.experiment_name)
-    with mlflow.start_run(experiment_id=exp.experiment_id) as run:
-        mlflow.log_artifacts(str(model_dir), "model")
+    # Only a client bound to this store: setting the process-wide URI would hide a gate that forgets its own.
     client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(resource.experiment_name)
+    exp_id = exp.experiment_id if exp else client.create_experiment(
+        resource.experiment_name, artifact_location=resource.artifact_location(store))
+    run = client.create_run(exp_id)
+    client.log_artifacts(run.info.run_id, str(model_dir), "model")
+    client.set_terminated(run.info.run_id)
     try:
         client.create_registered_model(resource.registered_model_name)
     except mlflow.exceptions.MlflowException:

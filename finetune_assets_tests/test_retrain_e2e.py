@@ -12,6 +12,8 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.csv as pacsv
 import pytest
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus as Status
+from mlflow import MlflowClient
 
 from finetune_assets.data.sample import make_sample_reviews
 from finetune_assets.definitions import build_defs
@@ -89,8 +91,6 @@ class Deployment:
         return evaluation
 
     def champion(self) -> str:
-        from mlflow import MlflowClient
-
         return str(MlflowClient(self.tracking_uri).get_model_version_by_alias(MODEL, "champion").version)
 
     def gate_history(self) -> list:
@@ -163,8 +163,6 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
 
     # A cache miss (as when a newer version brings other test data): the gate re-scores the champion from
     # its MLflow artifact, through the deployment's registry, and reaches the same scores and decision.
-    from mlflow import MlflowClient
-
     client = MlflowClient(deploy.tracking_uri)
     cached = client.get_model_version(MODEL, first_version).tags
     assert float(cached["gate.macro_f1"]) == gate.metadata["challenger_macro_f1"].value  # not rounded
@@ -177,8 +175,6 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     assert deploy.champion() == first_version
 
     # The instance's event log holds both decisions, in order, for v1, with the scores a person acts on.
-    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus as Status
-
     history = deploy.gate_history()
     assert [(r.status, r.partition) for r in history] == [
         (Status.SUCCEEDED, "v1"), (Status.FAILED, "v1"), (Status.FAILED, "v1")]
