@@ -404,7 +404,9 @@ class KubeApiDouble:
         # Env values under an emptyDir mount (HOME=/tmp, XDG_CACHE_HOME=/cache, ...) point into the
         # pod's own folder; args and files are left alone: the host filesystem plays the shared
         # storage (the RWX volume / object store of a real cluster).
-        env = {k: self._dns(ns, self._remap(v, mounts)) for k, v in env.items()}
+        # PATH is the "image's" (this venv), not a manifest value: never remapped, even when the
+        # checkout itself lives under /tmp (as a CI clone may) and /tmp is an emptyDir in the pod.
+        env = {k: self._dns(ns, v if k == "PATH" else self._remap(v, mounts)) for k, v in env.items()}
         return [self._dns(ns, a) for a in argv], env
 
     def _is_empty_dir(self, pod: _Pod, volume: str) -> bool:
