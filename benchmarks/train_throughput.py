@@ -32,12 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
 from transformers import AutoTokenizer
 
 from finetune_assets.data.models import packaged_model_dir
 from finetune_assets.training.collate import DynamicPaddingCollator
-from finetune_assets.training.datamodule import ResumableStreamingDataLoader
+from finetune_assets.training.datamodule import ResumableStreamingDataLoader, clean_stale_streaming_memory
 from finetune_assets.training.module import load_classifier
 
 REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
@@ -218,7 +217,7 @@ def main() -> None:
         return
 
     torch.set_num_threads(os.cpu_count() or 1)
-    clean_stale_shared_memory()
+    clean_stale_streaming_memory()
     tokenizer = AutoTokenizer.from_pretrained(packaged_model_dir())
     with tempfile.TemporaryDirectory() as tmp:
         mds = Path(tmp) / "train"

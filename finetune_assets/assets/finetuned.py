@@ -28,11 +28,12 @@ class FinetuneConfig(dg.Config):
 
     epochs: int = Field(2, description="passes over the training split")
     batch_size: int = Field(8, description="per device (per torchrun worker)")
-    optimizer: str = Field("adadelta", description="adadelta (seed: lr 1.0 + StepLR gamma) or adamw (linear warmup/decay)")
-    lr: float = 1.0
+    optimizer: str = Field("adamw", description="adamw (linear warmup/decay) or adadelta (the seed's recipe: "
+                                                "lr 1.0, warmup_ratio 0, StepLR gamma per epoch)")
+    lr: float = Field(5e-5, description="5e-5 for adamw; the seed used 1.0 with adadelta")
     gamma: float = Field(0.7, description="StepLR decay per epoch (adadelta)")
     weight_decay: float = 0.0
-    warmup_ratio: float = Field(0.0, description="fraction of steps with linear warmup (adamw)")
+    warmup_ratio: float = Field(0.1, description="fraction of steps with linear warmup (adamw)")
     precision: str = Field("32", description="32, bf16-mixed or 16-mixed (GPU)")
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
@@ -40,9 +41,9 @@ class FinetuneConfig(dg.Config):
     accelerator: str = Field("auto", description="auto, cpu or gpu")
     max_steps: int = Field(-1, description="-1: all epochs")
     seed: int = 42
-    class_weights: str = Field("none", description="none, or balanced: loss weights n / (classes * count) from the "
-                                                   "train split's label counts (helps rare classes, macro-F1)")
-    num_workers: int = Field(2, description="data loader workers per device")
+    class_weights: str = Field("balanced", description="balanced: loss weights n / (classes * count) from the train "
+                                                       "split's label counts (rare classes count, macro-F1); or none")
+    num_workers: int = Field(0, description="data loader workers per device (0: in-process; raise it on GPUs)")
     shuffle: bool = True
     max_length: int = 512
     bucket_batches: int = Field(1, description="length bucketing window in batches (1: off; e.g. 16 for less padding)")

@@ -100,6 +100,9 @@ def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 class LocalTorchrunLauncher(TrainingLauncher):
     """``torchrun --standalone --nproc-per-node N`` on this machine (CPU with gloo, or local GPUs)."""
 
+    # A worker killed mid-run (OOM killer, a stray SIGKILL) costs one restart of the worker group,
+    # which resumes from the last checkpoint; a trainer that fails again fails the asset.
+    max_restarts: int = 1
     python: str | None = None  # interpreter for torchrun; default: the one running Dagster
     cwd: str | None = None
     omp_num_threads: int | None = None  # per worker; default: cores / nproc_per_node

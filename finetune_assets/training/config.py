@@ -39,7 +39,7 @@ class DataConfig:
     # after a successful run. A folder given here is kept (e.g. a persistent volume).
     local_cache_dir: str | None = None
     batch_size: int = 8  # per device; StreamingDataset and DataLoader get the same value
-    num_workers: int = 2
+    num_workers: int = 0  # reviews are short: the loader runs >100x faster than a CPU step in-process
     shuffle: bool = True
     shuffle_seed: int = 9176
     download_retry: int = 2
@@ -67,13 +67,18 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """Defaults are the seed's: Adadelta lr 1.0 with StepLR gamma 0.7 per epoch."""
+    """AdamW lr 5e-5, 10% linear warmup then linear decay: the usual recipe for fine-tuning a pretrained BERT.
 
-    name: Optimizer = "adadelta"
-    lr: float = 1.0
+    The seed's recipe stays one setting away: ``name="adadelta", lr=1.0`` (StepLR ``gamma`` 0.7 per
+    epoch). On the offline sample (benchmarks/README.md, "Training") it reached test macro-F1 0.44
+    (Mixed never predicted) where AdamW 5e-5 reached 1.00 in the same 2 epochs and the same time.
+    """
+
+    name: Optimizer = "adamw"
+    lr: float = 5e-5
     gamma: float = 0.7  # StepLR decay per epoch (adadelta)
     weight_decay: float = 0.0
-    warmup_ratio: float = 0.0  # fraction of total steps for linear warmup, then linear decay (adamw)
+    warmup_ratio: float = 0.1  # fraction of total steps for linear warmup, then linear decay (adamw)
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -125,8 +130,9 @@ class TrainerConfig:
     accelerator: Accelerator = "auto"
     seed: int = 42
     # "balanced": cross-entropy weights n / (classes * count) from the train split's label counts, so
-    # a rare class (Mixed, Negative on real reviews) is not ignored for the majority.
-    class_weights: ClassWeights = "none"
+    # a rare class (Mixed, Negative on real reviews: 81% are Positive) is not ignored for the majority
+    # (macro-F1 is the metric that promotes models). "none": plain cross-entropy.
+    class_weights: ClassWeights = "balanced"
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 200
     # Test aids: cap the batches per epoch / per evaluation (None: all).

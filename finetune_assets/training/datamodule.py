@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections import deque
@@ -170,6 +171,44 @@ def balanced_class_weights(counts: list[int]) -> list[float]:
     return [total / (k * c) if c else 1.0 for c in counts]
 
 
+_STREAMING_SHM = re.compile(r"\d{6}_\w+")  # streaming's segment names: f"{prefix:06}_{name}"
+
+
+def clean_stale_streaming_memory() -> int:
+    """Unlink streaming's shared-memory segments that no live process maps or holds open; how many.
+
+    A SIGKILLed run leaves its segments behind, naming its local folders. streaming's own
+    ``clean_stale_shared_memory()`` unlinks *every* segment from prefix 0 up to the first gap, the
+    live ones of other trainings on this machine included, and misses stale ones after a gap. This
+    looks at ``/proc`` instead (Linux; elsewhere it falls back to streaming's function).
+    """
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not Path("/proc/self/maps").exists():
+        clean_stale_shared_memory()
+        return 0
+    names = {p.name for p in shm.iterdir() if _STREAMING_SHM.fullmatch(p.name)}
+    if not names:
+        return 0
+    used: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for line in (proc / "maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    used.add(line.split("/dev/shm/", 1)[1].split()[0])
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    used.add(target[len("/dev/shm/") :].split()[0])
+        except OSError:  # the process ended, or is not ours to inspect
+            continue
+    stale = names - used
+    for name in stale:
+        (shm / name).unlink(missing_ok=True)
+    return len(stale)
+
+
 def read_index(url: str, split: str) -> dict[str, Any]:
     """The split's MDS ``index.json`` (local path or fsspec URL); a clear error when there is none."""
     import json
@@ -190,19 +229,26 @@ def num_samples(index: dict[str, Any]) -> int:
     return sum(int(shard.get("samples", 0)) for shard in index.get("shards", []))
 
 
-def cache_root(config: DataConfig, run_key: str) -> tuple[str, bool]:
-    """(folder, owned) for the local copies of the splits.
+def cache_root(config: DataConfig, run_key: str) -> tuple[str, str | None]:
+    """(folder, folder to remove after success or None) for the local copies of the splits.
 
-    ``config.local_cache_dir`` when set (kept: the caller owns it). Otherwise a folder under the temp
-    dir named by a hash of ``run_key`` (the checkpoint dir and the splits' indexes), so every local
-    rank of a node, and a restarted worker group, computes the same folder (streaming requires one
-    ``local`` per split per node), while another run or changed shards get another; owned: the
-    trainer removes it after a successful run.
+    ``config.local_cache_dir`` when set (kept: the caller owns it). Otherwise
+    ``{tmp}/finetune_assets/mds-cache/{hash of run_key}/{attempt}``: ``run_key`` (the checkpoint dir
+    and the splits' indexes) separates runs and shard versions, and the torchrun attempt (run id +
+    restart count, the same on every local rank of a node) separates restarts. A SIGKILLed worker
+    leaves its streaming shared memory behind, naming its local folders; reusing those folders in
+    the next attempt fails with "Reused local directory", so every attempt gets fresh ones. The
+    trainer removes the run's folder (with what killed attempts left) after a successful run.
     """
     if config.local_cache_dir:
-        return files.local_path(config.local_cache_dir), False
-    digest = hashlib.sha256(run_key.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), "finetune_assets", "mds-cache", digest), True
+        return files.local_path(config.local_cache_dir), None
+    run = hashlib.sha256(run_key.encode()).hexdigest()[:16]
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        attempt = f"{os.environ['TORCHELASTIC_RUN_ID']}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    else:  # one process outside torchrun (tests, benchmarks)
+        attempt = f"pid-{os.getpid()}"
+    run_dir = os.path.join(tempfile.gettempdir(), "finetune_assets", "mds-cache", run)
+    return os.path.join(run_dir, hashlib.sha256(attempt.encode()).hexdigest()[:12]), run_dir
 
 
 def split_locations(url: str, cache_dir: str, split: str) -> tuple[str, str]:
@@ -236,7 +282,7 @@ class MdsDataModule(pl.LightningDataModule):
         if not self.sizes["train"]:
             raise ValueError(f"train split at {config.train_url} has no samples: nothing to train on")
         key = json.dumps({"run": run_key, "indexes": indexes}, sort_keys=True)
-        self.cache_dir, self.owns_cache = cache_root(config, key)
+        self.cache_dir, self._owned_cache = cache_root(config, key)
 
     def url(self, split: str) -> str:
         return getattr(self.config, f"{split}_url")
@@ -247,17 +293,20 @@ class MdsDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        # Segments left by a killed run make the next StreamingDataset fail ("Reused local directory").
-        # Called on every rank: local rank 0 cleans while the others wait in its barrier.
-        clean_stale_shared_memory()
+        # Segments left by a killed run make the next StreamingDataset fail ("Reused local directory"):
+        # local rank 0 removes the unused ones while the other ranks wait.
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            clean_stale_streaming_memory()
+        if self.trainer is not None:
+            self.trainer.strategy.barrier("mds-shm")
         for split in SPLITS:
             if not self.is_empty(split):  # streaming cannot open a split without shards
                 self.datasets[split] = self._dataset(split)
 
     def remove_cache(self) -> None:
         """Delete the derived cache folder (call on one process per node, after every rank is done)."""
-        if self.owns_cache:
-            shutil.rmtree(self.cache_dir, ignore_errors=True)
+        if self._owned_cache:
+            shutil.rmtree(self._owned_cache, ignore_errors=True)
 
     def _dataset(self, split: str) -> StreamingDataset:
         c = self.config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Any
 
@@ -179,7 +180,7 @@ class ReviewClassifier(pl.LightningModule):
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=o.lr
         )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        total = max(1, self._total_steps())
         warmup = int(total * o.warmup_ratio)
 
         def linear(step: int) -> float:
@@ -189,6 +190,23 @@ class ReviewClassifier(pl.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _total_steps(self) -> int:
+        """Optimizer steps of the whole run, computed from the train dataset's length.
+
+        Not ``trainer.estimated_stepping_batches``: it builds the train loader before a checkpoint is
+        restored, and Lightning then never hands that loader its saved state, so a mid-epoch resume
+        would restart the epoch from its first sample (samples repeated and skipped).
+        """
+        t = self.trainer
+        datasets = getattr(t.datamodule, "datasets", {}) if t.datamodule is not None else {}
+        if "train" not in datasets:
+            return int(t.estimated_stepping_batches)
+        batches = math.ceil(len(datasets["train"]) / t.datamodule.config.batch_size)  # per rank, as the loader
+        limit = t.limit_train_batches
+        batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+        steps = math.ceil(batches / t.accumulate_grad_batches) * max(t.max_epochs or 1, 1)
+        return min(steps, t.max_steps) if t.max_steps != -1 else steps
 
     # -- checkpoint state ------------------------------------------------------------------
 

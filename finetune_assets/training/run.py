@@ -49,6 +49,35 @@ def tracking_uri(config: TrainerConfig) -> str:
     raise ValueError("mlflow.tracking_uri is empty, MLFLOW_TRACKING_URI is unset and output_dir is remote")
 
 
+def _init_process_group(config: TrainerConfig) -> None:
+    """Join the process group through a store prefix unique to this torchrun attempt.
+
+    After torchrun restarts a worker group, the agent's store still holds the previous attempt's
+    keys; gloo then reads a dead rank's address and fails with "connectFullMesh ... Connection
+    refused" when the new ranks start at different speeds. Keys under ``attempt_<restart count>``
+    are always fresh. Lightning sees the group initialised and uses it.
+    """
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import _torchelastic_use_agent_store
+
+    rank, world, _ = _world()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if world == 1 or attempt is None or dist.is_initialized():
+        return
+    timeout = datetime.timedelta(minutes=30)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+        is_master=rank == 0 and not _torchelastic_use_agent_store(), timeout=timeout,
+    )
+    gpu = config.accelerator != "cpu" and torch.cuda.is_available()
+    dist.init_process_group(
+        "nccl" if gpu else "gloo", store=dist.PrefixStore(f"/finetune_assets/attempt_{attempt}", store),
+        rank=rank, world_size=world, timeout=timeout,
+    )
+
+
 def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, validate: bool = True) -> pl.Trainer:
     _, world, local_world = _world()
     strategy: Any = config.strategy
@@ -204,8 +233,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json and logs to MLflow."""
     rank, world, _ = _world()
     t0 = time.time()
+    _init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
+    # Reads every split's index first: a missing or empty train split fails here, with its URL.
+    datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir)
     weights = None
     if config.class_weights == "balanced":
         counts = label_counts(config.data.train_url, NUM_CLASSES)
@@ -213,8 +245,6 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         if rank == 0:
             log.info("train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights])
     module = ReviewClassifier(load_classifier(config.model_dir), config.optim, class_weights=weights, seed=config.seed)
-    # Keyed by the checkpoint dir: a restarted worker group finds its decompressed shards again.
-    datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir)
     if datamodule.is_empty("validation") and rank == 0:
         log.warning("validation split %s is empty: training without validation", config.data.validation_url)
     logger = _mlflow_logger(config, rank)

@@ -18,11 +18,14 @@ def _cfg(**overrides):
     return cfg
 
 
-def test_defaults_are_the_seed_recipe(tmp_path):
+def test_defaults_fine_tune_with_adamw_and_keep_the_seeds_epochs_and_batch(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(_cfg()))
     c = TrainerConfig.from_json(str(path))
-    assert (c.optim.name, c.optim.lr, c.optim.gamma, c.epochs, c.data.batch_size) == ("adadelta", 1.0, 0.7, 2, 8)
+    assert (c.optim.name, c.optim.lr, c.optim.warmup_ratio, c.epochs, c.data.batch_size) == ("adamw", 5e-5, 0.1, 2, 8)
+    assert c.class_weights == "balanced" and c.data.num_workers == 0
+    seed = TrainerConfig.from_dict(_cfg(optim={"name": "adadelta", "lr": 1.0, "warmup_ratio": 0.0}))
+    assert (seed.optim.name, seed.optim.lr, seed.optim.gamma) == ("adadelta", 1.0, 0.7)  # the seed's recipe
     assert TrainerConfig.from_dict(json.loads(c.to_json())) == c  # round trip
 
 
@@ -69,5 +72,5 @@ def test_precision_accepts_int_and_hparams_hide_paths():
     c = TrainerConfig.from_dict(_cfg(precision=32, mlflow={"tags": {"dataset_version": "v1"}}))
     assert c.precision == "32"
     params = c.hparams()
-    assert params["optim.lr"] == 1.0 and params["data.batch_size"] == 8
+    assert params["optim.lr"] == 5e-5 and params["data.batch_size"] == 8
     assert not any("url" in k or "dir" in k or k.startswith("mlflow") for k in params)

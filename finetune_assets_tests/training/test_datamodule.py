@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from streaming import StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
 
 from finetune_assets.training.collate import DynamicPaddingCollator
 from finetune_assets.training.config import DataConfig
 from finetune_assets.training.datamodule import (
     ResumableStreamingDataLoader,
+    clean_stale_streaming_memory,
     balanced_class_weights,
     cache_root,
     label_counts,
@@ -58,7 +58,7 @@ def _consume(it, loader, n: int) -> list[int]:
 @pytest.mark.parametrize("bucket", [1, 4])
 @pytest.mark.parametrize("stop_after", [3, 5, 13])
 def test_resume_neither_repeats_nor_skips(synthetic_split, bucket, stop_after):
-    clean_stale_shared_memory()
+    clean_stale_streaming_memory()  # only unused segments: other trainings on this machine keep theirs
     full = _loader(synthetic_split, bucket)
     assert len(full) == -(-N // 8)
     reference = [i for batch in full for i in _ids(batch)]
@@ -72,7 +72,7 @@ def test_resume_neither_repeats_nor_skips(synthetic_split, bucket, stop_after):
     state = first.state_dict()
     del it, first
     gc.collect()
-    clean_stale_shared_memory()
+    clean_stale_streaming_memory()  # only unused segments: other trainings on this machine keep theirs
 
     second = _loader(synthetic_split, bucket)
     second.load_state_dict(state)
@@ -82,7 +82,7 @@ def test_resume_neither_repeats_nor_skips(synthetic_split, bucket, stop_after):
 
 
 def test_bucketing_reduces_padding(synthetic_split):
-    clean_stale_shared_memory()
+    clean_stale_streaming_memory()  # only unused segments: other trainings on this machine keep theirs
     padded = {}
     for bucket in (1, 4):
         loader = _loader(synthetic_split, bucket)
@@ -101,14 +101,21 @@ def test_split_locations_never_read_published_shards_in_place(tmp_path, syntheti
         split_locations(str(tmp_path / "nope"), "/cache", "test")
 
 
-def test_cache_root_is_shared_by_ranks_and_distinct_per_run(tmp_path):
+def test_cache_root_is_shared_by_ranks_and_fresh_per_run_and_attempt(tmp_path, monkeypatch):
     data = DataConfig(train_url="/d/train", validation_url="/d/validation", test_url="/d/test")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     a, owned = cache_root(data, "ckpt-a")
-    assert owned and a == cache_root(data, "ckpt-a")[0]  # every local rank (and a restart) derives the same
+    assert a == cache_root(data, "ckpt-a")[0]  # every local rank of the node derives the same folder
+    assert owned is not None and Path(a).parent == Path(owned)  # removed as a whole after success
     assert cache_root(data, "ckpt-b")[0] != a  # another run / other shards: another folder
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    restarted, owned_again = cache_root(data, "ckpt-a")
+    # a restarted group must not reuse folders that a killed worker's stale shared memory still names
+    assert restarted != a and owned_again == owned
     given = DataConfig(train_url="/d/train", validation_url="/d/validation", test_url="/d/test",
                        local_cache_dir=str(tmp_path / "cache"))
-    assert cache_root(given, "ckpt-a") == (str(tmp_path / "cache"), False)  # the caller's folder is kept
+    assert cache_root(given, "ckpt-a") == (str(tmp_path / "cache"), None)  # the caller's folder is kept
 
 
 def test_label_counts_and_balanced_weights(synthetic_split, tmp_path):

@@ -112,7 +112,7 @@ def test_two_process_run_is_recorded_in_mlflow(full_run):
     client = MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
     run = client.get_run(info["run_id"])
     assert run.info.status == "FINISHED"
-    assert run.data.params["optim.name"] == "adadelta"
+    assert run.data.params["optim.name"] == "adamw"
     assert {"train/loss_step", "val/accuracy", "test/macro_f1", "throughput/samples_per_sec"} <= set(run.data.metrics)
     assert len(client.get_metric_history(info["run_id"], "train/loss_step")) > 3  # per-step history
     assert run.data.tags["dataset_version"] == "v1"

@@ -55,13 +55,13 @@ def test_training_never_writes_into_the_published_shards(tmp_path, tiny_model_di
     before = snapshot(shards)
     assert any(name.endswith(".mds.zstd") for name in before) and not any(name.endswith(".mds") for name in before)
     config = trainer_config(tmp_path, tiny_model_dir, shards)
-    derived_cache = MdsDataModule(config.data, run_key=config.checkpoint_dir).cache_dir
+    derived_cache = Path(MdsDataModule(config.data, run_key=config.checkpoint_dir).cache_dir)
 
     metrics = train(config)
 
     assert metrics["samples_seen"] == 48 and metrics["test_samples"] == 12
     assert snapshot(shards) == before  # no decompressed .mds, no index rewrite, nothing added or changed
-    assert not Path(derived_cache).exists()  # the per-run cache is removed after a successful run
+    assert not derived_cache.exists() and not derived_cache.parent.exists()  # removed after a successful run
 
 
 def test_a_given_cache_dir_receives_the_decompressed_shards_and_is_kept(tmp_path, tiny_model_dir, shards):
@@ -112,4 +112,4 @@ def test_balanced_class_weights_reach_the_trainer(tmp_path, tiny_model_dir, shar
     write_split(skewed / "train", [[101, 2000 + i, 102] for i in range(20)], [0] * 14 + [1] * 4 + [2] * 2)
     metrics = train(trainer_config(tmp_path, tiny_model_dir, skewed, class_weights="balanced"))
     assert metrics["class_weights"] == pytest.approx([20 / 42, 20 / 12, 20 / 6])
-    assert train(trainer_config(tmp_path / "plain", tiny_model_dir, skewed))["class_weights"] is None
+    assert train(trainer_config(tmp_path / "plain", tiny_model_dir, skewed, class_weights="none"))["class_weights"] is None
