@@ -120,10 +120,9 @@ def test_publish_keeps_the_replaced_version_and_collects_the_one_before(store: S
 
 def test_young_foreign_attempt_survives_garbage_collection(store: Storage):
     """An attempt that may belong to a concurrent writer of the same partition is not deleted."""
-    _publish(store, "raw_reviews", "v1", "a")
+    first = _publish(store, "raw_reviews", "v1", "a")
     fresh = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-concurrent"
     _put(store, join(store.prefix("raw_reviews", "v1"), ATTEMPTS, fresh, "part.bin"), b"in progress")
-    first = _attempts(store, "raw_reviews", "v1")[0]
     latest = _publish(store, "raw_reviews", "v1", "b")
     assert _attempts(store, "raw_reviews", "v1") == sorted([first, fresh, latest])
 
