@@ -68,6 +68,30 @@ def default_root() -> str:
     return os.environ.get(STORAGE_ROOT_ENV) or DEFAULT_ROOT
 
 
+def write_bytes_atomic(url: str, body: bytes) -> None:
+    """Replace one small file in a single step: readers see the old or the new bytes, never a mix.
+
+    Local: a temp file in the same folder, fsync, ``os.replace``. Remote: one PUT (atomic on object stores).
+    """
+    fs, path = fsspec.core.url_to_fs(url)
+    if not isinstance(fs, LocalFileSystem):
+        fs.pipe(path, body)
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=str(target.parent), prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
 
@@ -147,22 +171,7 @@ class Storage:
         self.write_atomic(join(prefix, POINTER), json.dumps(pointer, indent=2, sort_keys=True).encode())
 
     def write_atomic(self, url: str, body: bytes) -> None:
-        """Replace one small file in a single step: readers see the old or the new bytes, never a mix."""
-        if self.is_local:
-            Path(url).parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=str(Path(url).parent), prefix=f".{Path(url).name}.")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(body)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, url)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-        else:
-            self.fs.pipe(url, body)  # a single PUT: atomic on object stores
+        write_bytes_atomic(url, body)
 
     def read_json(self, url: str) -> Any | None:
         try:

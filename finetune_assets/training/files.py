@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,8 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from finetune_assets.storage import write_bytes_atomic
 
 
 def is_local(url: str) -> bool:
@@ -22,26 +23,6 @@ def is_local(url: str) -> bool:
 
 def local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
-
-
-def write_bytes_atomic(url: str, data: bytes) -> None:
-    """Local: temp file in the same folder, fsync, ``os.replace``. Remote: one PUT (atomic on object stores)."""
-    if is_local(url):
-        path = Path(local_path(url))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    else:
-        fs, path = fsspec.core.url_to_fs(url)
-        fs.pipe(path, data)
 
 
 def write_json_atomic(url: str, obj: Any) -> None:
