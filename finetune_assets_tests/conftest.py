@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,27 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data" / "arabic_reviews"
 if not SHARED_DATA.exists():  # CI clones main beside a copy of shared/; sessions run from /work/main
     SHARED_DATA = Path("/work/shared/data/arabic_reviews")
+
+
+@pytest.fixture(autouse=True)
+def _isolate_mlflow_globals():
+    """``mlflow.set_tracking_uri/set_registry_uri`` also set ``MLFLOW_*_URI`` in ``os.environ``; a test
+    that calls them (directly or through the CLI in-process) must not point later tests' subprocesses
+    (torchrun trainers, ``dagster`` CLI runs) at its own store."""
+    keys = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    saved = {k: os.environ.get(k) for k in keys}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if "mlflow" in sys.modules:
+        from mlflow.tracking._model_registry import utils as registry_utils
+        from mlflow.tracking._tracking_service import utils as tracking_utils
+
+        tracking_utils._tracking_uri = None
+        registry_utils._registry_uri = None
 
 
 @pytest.fixture(scope="session")

@@ -184,6 +184,8 @@ def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path,
     if not config.mlflow.log_model:
         return info
     mlflow.set_tracking_uri(uri)
+    # The registry is the tracking store: an inherited MLFLOW_REGISTRY_URI must not divert the version.
+    mlflow.set_registry_uri(uri)
     pipe = transformers.pipeline("text-classification", model=str(model_dir), tokenizer=str(model_dir), device=-1)
     with mlflow.start_run(run_id=run_id):
         model_info = mlflow.transformers.log_model(
