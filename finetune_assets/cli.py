@@ -32,7 +32,24 @@ def _root(args) -> str:
 def _storage(args):
     from finetune_assets.storage import Storage
 
-    return Storage(_root(args))
+    root = _root(args)
+    if "://" not in root:
+        _check_writable_dir(Path(root).expanduser(), f"storage root {root}",
+                            f"--root or ${ROOT_ENV}")
+    return Storage(root)
+
+
+def _check_writable_dir(path: Path, what: str, fix: str) -> None:
+    """A folder we will write into: not a file, and (it or its nearest existing parent) writable."""
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{what} is a file, not a folder: point {fix} at a folder")
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CliError(f"{what}: {probe} is a file, so the folder cannot be created; point {fix} at a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise CliError(f"{what}: {probe} is not writable by this user; point {fix} at a writable folder")
 
 
 def _instance():
@@ -42,6 +59,10 @@ def _instance():
         raise CliError("DAGSTER_HOME is not set: dataset versions live in the Dagster instance; "
                        "export DAGSTER_HOME=$PWD/.dagster_home first (the same one `dagster dev` uses)")
     home = Path(os.environ["DAGSTER_HOME"])
+    if not home.is_absolute():
+        raise CliError(f"DAGSTER_HOME={home} is relative; Dagster needs an absolute path: "
+                       f"export DAGSTER_HOME={Path(home).resolve()}")
+    _check_writable_dir(home, f"DAGSTER_HOME {home}", "DAGSTER_HOME")
     home.mkdir(parents=True, exist_ok=True)
     if not any(home.iterdir()):  # a fresh home: an empty dagster.yaml means defaults, without Dagster's warning
         (home / "dagster.yaml").write_text("")
@@ -51,13 +72,29 @@ def _instance():
 # -- versions ----------------------------------------------------------------------------------
 
 def cmd_versions_add(args) -> int:
-    from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.versions import register_version
+    from finetune_assets.data.sources import SourceError, SourceSpec, check_source
+    from finetune_assets.versions import register_version, source_fingerprint
 
     spec = SourceSpec(uri=args.source, revision=args.revision, text_column=args.text_column,
                       label_column=args.label_column, encoding=args.encoding)
-    record = register_version(_instance(), _storage(args), args.key, spec)
-    print(f"registered dataset version {record.key} <- {spec.uri}")
+    storage = _storage(args)
+    try:
+        sampled = check_source(spec)
+        fingerprint = source_fingerprint(spec)
+    except SourceError as err:
+        raise CliError(f"{err} (nothing registered)") from err
+    record = register_version(_instance(), storage, args.key, spec, fingerprint=fingerprint, replace=args.replace)
+    checked = f" ({len(sampled)} file(s) checked)" if sampled else ""
+    print(f"registered dataset version {record.key} <- {spec.uri}{checked}")
+    return 0
+
+
+def cmd_versions_remove(args) -> int:
+    from finetune_assets.versions import remove_version
+
+    kept = remove_version(_instance(), _storage(args), args.key, force=args.force)
+    print(f"removed dataset version {args.key}"
+          + (f" (published files of {', '.join(kept)} kept under {_storage(args).root})" if kept else ""))
     return 0
 
 
@@ -387,7 +424,13 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--text-column")
     add.add_argument("--label-column")
     add.add_argument("--encoding", default="utf-8")
+    add.add_argument("--replace", action="store_true",
+                     help="point an already registered key at a different source (only if nothing is materialized)")
     add.set_defaults(func=cmd_versions_add)
+    rm = vsub.add_parser("remove", help="unregister a dataset version (its published files are kept)")
+    rm.add_argument("key")
+    rm.add_argument("--force", action="store_true", help="remove even though assets of it are materialized")
+    rm.set_defaults(func=cmd_versions_remove)
     ls = vsub.add_parser("list", help="registered versions and their sources")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     ls.set_defaults(func=cmd_versions_list)
@@ -427,11 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CliError, ValueError, FileNotFoundError) as err:
+    except (CliError, ValueError, OSError) as err:  # input or environment mistakes: one line, no traceback
+        if isinstance(err, BrokenPipeError):  # `... | head`
+            return 0
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `... | head`
-        return 0
 
 
 if __name__ == "__main__":

@@ -2,26 +2,41 @@
 
 The sensor and the CLI both register through here, so a version always has a recorded source
 (``{root}/versions/{key}.json``) that ``raw_reviews`` reads; re-registering the same source is a no-op.
+A key names one content forever: a different source under a registered key is refused (``replace``
+only while nothing was materialized), concurrent registrations of one key are serialized by a
+lock file created atomically, and the content fingerprint recorded at registration is checked
+again before every read (:func:`content_changed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import dagster as dg
 
-from finetune_assets.data.sources import SourceSpec
+from finetune_assets.data.sources import HF_PREFIX, SAMPLE_SOURCE, SourceSpec
 from finetune_assets.partitions import DATASET_VERSIONS, validate_version_key
 from finetune_assets.storage import Storage
+
+PARTITIONED_ASSETS = ("raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model")
+LOCK_STALE_S = 120.0  # a lock older than this was left by a killed process
+LOCK_WAIT_S = 30.0
+
+
+class VersionConflict(ValueError):
+    """A registration or removal that would change what a version key means."""
 
 
 @dataclass(frozen=True)
 class VersionRecord:
     key: str
     source: SourceSpec
-    fingerprint: str | None = None  # content hash of the drop, when known (sensor)
+    fingerprint: str | None = None  # content hash of the source files at registration (sensor and CLI)
     registered_at: float = 0.0
 
 
@@ -44,10 +59,139 @@ def write_version(storage: Storage, key: str, source: SourceSpec, fingerprint: s
     return record
 
 
+def source_fingerprint(source: SourceSpec) -> str | None:
+    """The content hash the sensor records too (None for the built-in sample and Hugging Face ids)."""
+    if source.uri == SAMPLE_SOURCE or source.uri.startswith(HF_PREFIX):
+        return None
+    from finetune_assets.resources.landing import fingerprint
+
+    return fingerprint(source.uri)
+
+
+def materialized_assets(storage: Storage, key: str, instance: dg.DagsterInstance | None = None) -> list[str]:
+    """Assets with something published (storage) or recorded (Dagster) for this version."""
+    found = [a for a in PARTITIONED_ASSETS if storage.current(a, key) is not None]
+    if instance is not None:
+        for asset in PARTITIONED_ASSETS:
+            if asset in found:
+                continue
+            target = dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[key])
+            if instance.fetch_materializations(target, limit=1).records:
+                found.append(asset)
+    return found
+
+
+@contextlib.contextmanager
+def version_lock(storage: Storage, key: str) -> Iterator[None]:
+    """One registration of ``key`` at a time: the lock file is created exclusively (O_EXCL / ``xb``)."""
+    url = storage.url("versions", f"{validate_version_key(key)}.lock")
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            if storage.is_local:
+                os.makedirs(os.path.dirname(url), exist_ok=True)
+                fd = os.open(url, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                with os.fdopen(fd, "w") as f:
+                    f.write(f"{os.getpid()} {time.time()}\n")
+            else:
+                with storage.fs.open(url, "xb") as f:
+                    f.write(f"{os.getpid()} {time.time()}\n".encode())
+            break
+        except FileExistsError:
+            if _lock_age(storage, url) > LOCK_STALE_S:
+                with contextlib.suppress(FileNotFoundError):
+                    storage.fs.rm(url)
+                continue
+            if time.monotonic() > deadline:
+                raise VersionConflict(f"dataset version {key}: another registration holds {url}; retry, or "
+                                      f"remove the file if no other `finetune-assets versions` command runs")
+            time.sleep(0.05)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            storage.fs.rm(url)
+
+
+def _lock_age(storage: Storage, url: str) -> float:
+    try:
+        with storage.fs.open(url, "rb") as f:
+            return time.time() - float(f.read().split()[1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return 0.0
+
+
 def register_version(instance: dg.DagsterInstance, storage: Storage, key: str, source: SourceSpec,
-                     fingerprint: str | None = None) -> VersionRecord:
-    """Record the source, then add the partition (so a visible partition always has a source)."""
-    record = write_version(storage, key, source, fingerprint)
+                     fingerprint: str | None = None, replace: bool = False) -> VersionRecord:
+    """Record the source, then add the partition (so a visible partition always has a source).
+
+    The same source again is a no-op; a different one is refused unless ``replace`` and nothing of the
+    version was materialized yet.
+    """
+    validate_version_key(key)
+    with version_lock(storage, key):
+        existing = read_version(storage, key)
+        if existing is not None and existing.source == source and (
+                fingerprint is None or existing.fingerprint in (None, fingerprint)):
+            record = existing
+        else:
+            if existing is not None:
+                _check_replace(instance, storage, key, existing, source, replace)
+            record = write_version(storage, key, source, fingerprint)
     if not instance.has_dynamic_partition(DATASET_VERSIONS, key):
         instance.add_dynamic_partitions(DATASET_VERSIONS, [key])
     return record
+
+
+def _check_replace(instance, storage: Storage, key: str, existing: VersionRecord, source: SourceSpec,
+                   replace: bool) -> None:
+    if existing.source == source:
+        what = f"dataset version {key}: the content of {source.uri} changed since it was registered"
+    else:
+        what = (f"dataset version {key} is registered from {existing.source.uri}"
+                + ("" if existing.source.uri != source.uri else " with other options") + f"; refusing {source.uri}")
+    done = materialized_assets(storage, key, instance)
+    if done:
+        raise VersionConflict(f"{what}: {', '.join(done)} already materialized from it, and a version key "
+                              "names one content forever; register the new data under a new key")
+    if not replace:
+        raise VersionConflict(f"{what}: pass --replace to point the (never materialized) key at the new "
+                              "source, or use a new key")
+
+
+def remove_version(instance: dg.DagsterInstance, storage: Storage, key: str, force: bool = False) -> list[str]:
+    """Delete the partition and its record; refused while assets are materialized unless ``force``.
+
+    Published files stay where they are (returned: the assets that had some); nothing is deleted from
+    storage, so a forced removal can be undone by registering the same source again.
+    """
+    validate_version_key(key)
+    with version_lock(storage, key):
+        known = instance.has_dynamic_partition(DATASET_VERSIONS, key)
+        if not known and read_version(storage, key) is None:
+            raise VersionConflict(f"dataset version {key} is not registered (see `finetune-assets versions list`)")
+        done = materialized_assets(storage, key, instance)
+        if done and not force:
+            raise VersionConflict(f"dataset version {key} has materialized assets ({', '.join(done)}); "
+                                  "pass --force to remove the registration anyway (published files are kept)")
+        if known:
+            instance.delete_dynamic_partition(DATASET_VERSIONS, key)
+        with contextlib.suppress(FileNotFoundError):
+            storage.fs.rm(record_url(storage, key))
+    return done
+
+
+def content_changed(storage: Storage, key: str, source: SourceSpec) -> str | None:
+    """Why reading ``source`` for ``key`` is refused (its content differs from the registered one), or None."""
+    record = read_version(storage, key)
+    if record is None or record.fingerprint is None or record.source.uri != source.uri:
+        return None
+    try:
+        now = source_fingerprint(source)
+    except (OSError, ValueError):
+        return None  # unreadable: the reader names the problem
+    if now is None or now == record.fingerprint:
+        return None
+    return (f"{source.uri}: content changed after dataset version {key} was registered (fingerprint "
+            f"{record.fingerprint} -> {now}); versions are immutable: register the new content under a new key "
+            f"(`finetune-assets versions add NEW_KEY --source {source.uri}`), or restore the original files")

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
-from finetune_assets.data.sources import SourceSpec, read_source
+from finetune_assets.data.sources import HF_PREFIX, SAMPLE_SOURCE, SourceError, SourceSpec, list_source, read_source
 from finetune_assets.data.validate import ValidationRules, validate
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.storage import StorageResource
@@ -61,10 +61,19 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
     rules = ValidationRules(max_text_chars=config.max_text_chars,
                             **({"label_mapping": config.label_mapping} if config.label_mapping else {}))
     context.log.info(f"reading {spec.uri} for dataset version {version}")
-    raw = read_source(spec)
+    files = _files_metadata(context, spec)
+    _refuse_changed_content(store, version, spec)
+    try:
+        raw = read_source(spec)
+    except SourceError as err:
+        raise dg.Failure(str(err)) from err
     result = validate(raw, rules)
     if result.accepted.num_rows + result.rejected.num_rows != raw.num_rows:  # the invariant we promise
         raise RuntimeError("validation lost rows: accepted + rejected != input")
+    if result.cross_file_duplicates:
+        context.log.warning(
+            "reviews repeated across files (the copy in the file read first is kept; the others are in "
+            f"rejected.parquet with reason duplicate / conflicting_duplicate): {result.cross_file_duplicates}")
     if result.accepted.num_rows == 0:
         raise dg.Failure(f"{spec.uri}: no valid reviews ({raw.num_rows} rows, rejected: {result.reasons})")
     with store.publish("raw_reviews", version) as staging:
@@ -88,10 +97,37 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
                 ("label", "reviews", "share"),
                 [(k, v, f"{v / max(1, result.accepted.num_rows):.1%}") for k, v in labels.items()]),
             "label_counts": dg.MetadataValue.json(labels),
+            "malformed_lines": int(sum(1 for r in result.rejected.column("reason").to_pylist()
+                                       if r == "malformed_row")),
+            "cross_file_duplicates": dg.MetadataValue.json(result.cross_file_duplicates),
+            **files,
             **_pictures(context, labels),
         },
         data_version=dg.DataVersion(staging.data_version),
     )
+
+
+def _files_metadata(context: dg.AssetExecutionContext, spec: SourceSpec) -> dict:
+    """Which files of a folder are read and which are ignored (and why): never a silent skip."""
+    if spec.uri == SAMPLE_SOURCE or spec.uri.startswith(HF_PREFIX):
+        return {}
+    try:
+        listing = list_source(spec.uri)
+    except SourceError as err:
+        raise dg.Failure(str(err)) from err
+    if listing.ignored:
+        context.log.info(f"ignored in {spec.uri}: " + "; ".join(f"{p} ({why})" for p, why in listing.ignored.items()))
+    return {"files_read": dg.MetadataValue.json(listing.files),
+            "files_ignored": dg.MetadataValue.json(listing.ignored)}
+
+
+def _refuse_changed_content(store, version: str, spec: SourceSpec) -> None:
+    """A version is immutable: its registered source must still hold the content fingerprinted at registration."""
+    from finetune_assets.versions import content_changed
+
+    problem = content_changed(store, version, spec)
+    if problem:
+        raise dg.Failure(problem)
 
 
 # -- pictures for the UI (finetune_assets.viz) ----------------------------------------------------

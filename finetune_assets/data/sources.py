@@ -8,29 +8,48 @@ so that validation can quarantine them and the counts always add up.
 
 from __future__ import annotations
 
+import bz2
+import codecs
+import gzip
 import io
+import json
+import lzma
 from dataclasses import dataclass
 
 import fsspec
 import pyarrow as pa
-import pyarrow.csv as pacsv
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from finetune_assets.data.delimited import HeaderError, split_records
 from finetune_assets.data.sample import SAMPLE_SOURCE, make_sample_reviews
 
 HF_PREFIX = "hf:"
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # single-file streams, read in full
+ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".7z", ".rar")  # refused: unpack them into the folder
 TEXT_COLUMNS = ("text", "review", "content", "sentence")
 LABEL_COLUMNS = ("label", "polarity", "sentiment", "rating_class")
+# Names in a source folder that are never data (documented in docs/reliability.md "Folder sources"):
+# hidden files and folders (".*": .DS_Store, ._* AppleDouble files, .ipynb_checkpoints/, .git/ ...),
+# OS metadata, completion markers, and documentation beside the data.
+IGNORED_DIRS = ("__MACOSX",)
+IGNORED_FILES = ("Thumbs.db", "desktop.ini", "_SUCCESS")
+DOC_SUFFIXES = (".md", ".txt", ".rst", ".pdf")
+DOC_PREFIXES = ("readme", "license", "notice")
 
 # Columns of the raw table handed to validation.
 RAW_SCHEMA = pa.schema([
     ("text", pa.string()),
     ("label", pa.string()),
     ("source_file", pa.string()),
-    ("source_row", pa.int64()),
-    ("malformed", pa.string()),  # parser error for rows that could not be split into columns
+    ("source_row", pa.int64()),  # record number in its file (0-based, bad records included)
+    ("malformed", pa.string()),  # why the reader could not use the row (None: a good row)
+    ("malformed_reason", pa.string()),  # the quarantine reason for it: malformed_row / non_text
+    ("source_line", pa.int64()),  # first physical line (CSV/TSV/JSONL, 1-based; None for Parquet)
+    ("source_line_end", pa.int64()),
+    ("raw", pa.string()),  # a bad record's raw text, first RAW_PREFIX_CHARS characters
 ])
 
 
@@ -48,30 +67,93 @@ class SourceSpec:
     encoding: str = "utf-8"
 
 
+@dataclass(frozen=True)
+class Listing:
+    """The files of a source: what is read, and what was left out and why (shown in metadata)."""
+
+    files: list[str]
+    ignored: dict[str, str]  # path -> why it is not read
+
+
 def list_files(uri: str) -> list[str]:
-    """The data files of a source: the file itself, or the supported files under a folder (sorted)."""
+    """The data files of a source: the file itself, or every data file under a folder (sorted)."""
+    return list_source(uri).files
+
+
+def list_source(uri: str) -> Listing:
     fs, path = fsspec.core.url_to_fs(uri)
     if not fs.exists(path):
-        raise SourceError(f"{uri}: no such file or folder")
-    if fs.isdir(path):
-        files = sorted(
-            p for p in fs.find(path)
-            if _format(p) and not p.rsplit("/", 1)[-1].startswith(("_", "."))
-        )
-        if not files:
-            raise SourceError(f"{uri}: folder holds no {', '.join(sorted(FORMATS))} files")
-        protocol = uri.split("://", 1)[0] + "://" if "://" in uri else ""
-        return [protocol + f if protocol and "://" not in f else f for f in files]
-    if not _format(path):
-        raise SourceError(f"{uri}: unsupported file type (expected one of {', '.join(sorted(FORMATS))})")
-    return [uri]
+        raise SourceError(f"{uri}: no such file or folder (check the source path: `versions add --source` "
+                          "or raw_reviews config `source`)")
+    if not fs.isdir(path):
+        _format_or_raise(uri)
+        return Listing([uri], {})
+    protocol = uri.split("://", 1)[0] + "://" if "://" in uri else ""
+    base = path.rstrip("/")
+    files, ignored = [], {}
+    for p in sorted(fs.find(path)):
+        full = protocol + p if protocol and "://" not in p else p
+        why = _ignored_because(p[len(base):].lstrip("/"))
+        if why:
+            ignored[full] = why
+            continue
+        _format_or_raise(full, in_folder=uri)
+        files.append(full)
+    if not files:
+        raise SourceError(f"{uri}: folder holds no data files ({', '.join(_supported())})"
+                          + (f"; ignored: {', '.join(sorted(ignored))}" if ignored else ""))
+    return Listing(files, ignored)
+
+
+def _ignored_because(rel: str) -> str | None:
+    parts = rel.split("/")
+    name = parts[-1]
+    if any(p.startswith(".") for p in parts[:-1]):
+        return "inside a hidden folder"
+    if any(p in IGNORED_DIRS for p in parts[:-1]):
+        return "OS metadata folder"
+    if name.startswith("."):
+        return "hidden file"
+    if name in IGNORED_FILES:
+        return "OS metadata or completion marker"
+    lowered = name.lower()
+    if lowered.endswith(DOC_SUFFIXES) or lowered.startswith(DOC_PREFIXES):
+        return "documentation, not data"
+    return None
+
+
+def _supported() -> list[str]:
+    return sorted(FORMATS) + [f"{e}{c}" for e in (".csv", ".tsv", ".jsonl") for c in COMPRESSIONS]
+
+
+def _split_suffix(path: str) -> tuple[str | None, str | None]:
+    """(format, compression) from the file name: ``a.csv.gz`` -> ("csv", "gzip")."""
+    lowered = path.lower()
+    compression = None
+    for ext, codec in COMPRESSIONS.items():
+        if lowered.endswith(ext):
+            lowered, compression = lowered[: -len(ext)], codec
+            break
+    for ext, fmt in FORMATS.items():
+        if lowered.endswith(ext):
+            return fmt, compression
+    return None, compression
 
 
 def _format(path: str) -> str | None:
-    for ext, fmt in FORMATS.items():
-        if path.lower().endswith(ext):
-            return fmt
-    return None
+    return _split_suffix(path)[0]
+
+
+def _format_or_raise(path: str, in_folder: str | None = None) -> str:
+    fmt = _format(path)
+    if fmt is not None:
+        return fmt
+    where = f" in source folder {in_folder}" if in_folder else ""
+    if path.lower().endswith(ARCHIVES):
+        raise SourceError(f"{path}: archives are not read{where}; unpack it into the folder "
+                          "(compressed single files .gz/.bz2/.xz/.zst are read directly)")
+    raise SourceError(f"{path}: unsupported file type{where} (expected one of {', '.join(_supported())}); "
+                      "convert it, or move it out of the source")
 
 
 def read_source(spec: SourceSpec) -> pa.Table:
@@ -81,82 +163,178 @@ def read_source(spec: SourceSpec) -> pa.Table:
         return _to_raw(table, "text", "label", SAMPLE_SOURCE)
     if spec.uri.startswith(HF_PREFIX):
         return _read_hf(spec)
-    tables = [_read_file(path, spec) for path in list_files(spec.uri)]
+    tables = [read_file(path, spec) for path in list_files(spec.uri)]
     return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
 
 
-def _read_file(path: str, spec: SourceSpec) -> pa.Table:
-    fmt = _format(path)
-    with fsspec.open(path, "rb") as f:
-        data = f.read()
+def check_source(spec: SourceSpec, sample_bytes: int = 1 << 20) -> dict[str, int]:
+    """Fail now, not at materialization: every file opens, its columns are found and a sample parses.
+
+    Returns the sampled good rows per file. The built-in sample and Hugging Face ids are not probed
+    (no network at registration).
+    """
+    if spec.uri == SAMPLE_SOURCE or spec.uri.startswith(HF_PREFIX):
+        return {}
+    sampled = {}
+    for path in list_files(spec.uri):
+        table = read_file(path, spec, max_bytes=sample_bytes)
+        good = table.column("malformed").null_count
+        if table.num_rows and good == 0:
+            first = table.filter(pc.is_valid(table.column("malformed"))).slice(0, 1).to_pylist()[0]
+            where = f"line {first['source_line']}: " if first["source_line"] else ""
+            raise SourceError(f"{path}: {where}no row of the first {sample_bytes} bytes can be used "
+                              f"({first['malformed']}); check the delimiter, quoting and text column")
+        sampled[path] = good
+    return sampled
+
+
+def read_bytes(path: str) -> bytes:
+    """A file's bytes, decompressed by its suffix (.gz / .bz2 / .xz / .zst)."""
+    _, compression = _split_suffix(path)
+    try:
+        with fsspec.open(path, "rb") as f:
+            data = f.read()
+        if compression == "gzip":
+            return gzip.decompress(data)
+        if compression == "bz2":
+            return bz2.decompress(data)
+        if compression == "xz":
+            return lzma.decompress(data)
+        if compression == "zstd":
+            return pa.CompressedInputStream(pa.BufferReader(data), "zstd").read()
+        return data
+    except (OSError, EOFError, lzma.LZMAError, pa.ArrowException) as err:
+        if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise SourceError(f"{path}: cannot open: {err.strerror or err}") from err
+        raise SourceError(f"{path}: cannot decompress as {compression}: {err} (a truncated or mislabelled "
+                          "download? check the file, or rename it to its real type)") from err
+
+
+def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None) -> pa.Table:
+    """One file as :data:`RAW_SCHEMA`; ``max_bytes`` reads only a prefix (a sample, for checks)."""
+    fmt = _format_or_raise(path)
+    data = read_bytes(path)
+    if max_bytes is not None and fmt != "parquet" and len(data) > max_bytes:
+        cut = data.rfind(b"\n", 0, max_bytes)
+        data = data[: cut + 1] if cut > 0 else data[:max_bytes]
     if not data.strip():
         raise SourceError(f"{path}: file is empty")
-    bad_rows: list[tuple[int | None, str]] = []
     try:
         if fmt in ("csv", "tsv"):
-            table = _read_delimited(data, fmt, spec.encoding, bad_rows)
-        elif fmt == "jsonl":
-            table = pajson.read_json(io.BytesIO(data))
+            return _read_delimited(path, data, fmt, spec)
+        if fmt == "jsonl":
+            table = _read_json(path, data)
         else:
             table = pq.read_table(io.BytesIO(data))
     except pa.ArrowInvalid as err:
-        hint = ""
-        if "UTF8" in str(err) or "utf8" in str(err).lower():
-            hint = " (not valid UTF-8: set the source encoding, e.g. encoding='cp1256')"
-        raise SourceError(f"{path}: cannot read as {fmt}: {err}{hint}") from err
-    except UnicodeDecodeError as err:
-        raise SourceError(f"{path}: cannot decode with encoding {spec.encoding!r}: {err}") from err
-    except LookupError as err:  # an encoding name Python does not know
-        raise SourceError(f"{path}: unknown encoding {spec.encoding!r}: {err}") from err
+        raise SourceError(f"{path}: cannot read as {fmt}: {err}") from err
     text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
     label_col = _pick(table, spec.label_column, LABEL_COLUMNS, "label", path)
     raw = _to_raw(table, text_col, label_col, path)
-    if bad_rows:
-        raw = pa.concat_tables([raw, pa.table({
-            "text": pa.array([None] * len(bad_rows), pa.string()),
-            "label": pa.array([None] * len(bad_rows), pa.string()),
-            "source_file": [path] * len(bad_rows),
-            "source_row": pa.array([r for r, _ in bad_rows], pa.int64()),
-            "malformed": [msg for _, msg in bad_rows],
-        }, schema=RAW_SCHEMA)])
+    if fmt == "jsonl" and table.num_rows and "\n" in data.decode("utf-8", "replace").strip():
+        lines = [i + 1 for i, ln in enumerate(data.split(b"\n")) if ln.strip()]
+        if len(lines) == raw.num_rows:  # one object per line: keep the line numbers
+            raw = raw.set_column(raw.schema.get_field_index("source_line"), "source_line", pa.array(lines, pa.int64()))
+            raw = raw.set_column(raw.schema.get_field_index("source_line_end"), "source_line_end",
+                                 pa.array(lines, pa.int64()))
     return raw
 
 
-def _read_delimited(data: bytes, fmt: str, encoding: str, bad_rows: list) -> pa.Table:
-    def on_invalid(row) -> str:
-        bad_rows.append((row.number, f"expected {row.expected_columns} columns, got {row.actual_columns}"))
-        return "skip"  # kept in bad_rows and re-added as a malformed row: nothing is lost
+def decode(path: str, data: bytes, encoding: str) -> str:
+    """Bytes to text: a byte-order mark wins over ``encoding``; an error names the line and a likely encoding."""
+    for bom, enc in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"),
+                     (codecs.BOM_UTF16_BE, "utf-16-be")):
+        if data.startswith(bom):
+            data, encoding = data[len(bom):], enc
+            break
+    try:
+        return data.decode(encoding)
+    except LookupError as err:  # an encoding name Python does not know
+        raise SourceError(f"{path}: unknown encoding {encoding!r}: {err} (set a valid encoding: "
+                          "CLI --encoding, raw_reviews config `encoding`, e.g. cp1256, cp1252, utf-16)") from err
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        guess = _guess_encoding(data)
+        raise SourceError(
+            f"{path}: line {line}: not valid {encoding} (byte {data[err.start:err.start + 1].hex()} at offset "
+            f"{err.start}); set the source encoding, e.g. encoding='{guess}' (CLI --encoding {guess}, "
+            f"raw_reviews config `encoding`)") from err
 
-    read_options = pacsv.ReadOptions(encoding=encoding, block_size=64 << 20)
-    parse_options = pacsv.ParseOptions(
-        delimiter="\t" if fmt == "tsv" else ",",
-        newlines_in_values=True,
-        invalid_row_handler=on_invalid,
-    )
-    # Every column as text: labels such as 1 / 1.0 / "positive" are mapped later, explicitly, a review
-    # "4.50" stays "4.50", and bytes that do not decode fail here with an encoding error instead of
-    # turning into a binary column. The header is read first (a small probe) to name the columns.
-    probe = pacsv.open_csv(
-        io.BytesIO(data),
-        read_options=pacsv.ReadOptions(encoding=encoding, block_size=1 << 20),
-        parse_options=pacsv.ParseOptions(delimiter=parse_options.delimiter, newlines_in_values=True,
-                                         invalid_row_handler=lambda row: "skip"),
-    )
-    names = probe.schema.names
-    return pacsv.read_csv(
-        io.BytesIO(data),
-        read_options=read_options,
-        parse_options=parse_options,
-        convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
-                                             strings_can_be_null=True, auto_dict_encode=False),
-    )
+
+def _guess_encoding(data: bytes) -> str:
+    """A likely encoding for the error message only (never used to read)."""
+    if data[:4000].count(b"\x00") > len(data[:4000]) // 4:
+        return "utf-16"
+    try:
+        from charset_normalizer import from_bytes
+
+        best = from_bytes(data[:200_000]).best()
+        if best is not None and best.encoding not in ("utf_8", "ascii"):
+            return best.encoding.replace("_", "-")
+    except Exception:  # noqa: BLE001 - a hint only
+        pass
+    return "cp1256"
+
+
+def _read_json(path: str, data: bytes) -> pa.Table:
+    """JSON Lines, or one JSON array of objects (a ``.json`` export)."""
+    head = data.lstrip()[:1]
+    if head == b"[":
+        try:
+            rows = json.loads(decode(path, data, "utf-8"))
+        except json.JSONDecodeError as err:
+            raise SourceError(f"{path}: line {err.lineno}: not valid JSON ({err.msg})") from err
+        if not all(isinstance(r, dict) for r in rows):
+            raise SourceError(f"{path}: a JSON array of objects is expected (one object per review)")
+        return pa.Table.from_pylist(rows)
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    # block as large as the file: one long review never fails with "straddling object" block errors
+    return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
+
+
+def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec) -> pa.Table:
+    """CSV/TSV through :mod:`finetune_assets.data.delimited`: bad records quarantined with their lines."""
+    text = decode(path, data, spec.encoding)
+    try:
+        recs = split_records(text, "\t" if fmt == "tsv" else ",")
+    except HeaderError as err:
+        raise SourceError(f"{path}: {err}") from err
+    names = recs.header
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise SourceError(f"{path}: line {recs.header_line}: duplicate column names {dup} in the header")
+    table = pa.table({n: pa.array(c, pa.string()) for n, c in zip(names, recs.columns)}) if names else pa.table({})
+    text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
+    label_col = _pick(table, spec.label_column, LABEL_COLUMNS, "label", path)
+    good = _to_raw(table, text_col, label_col, path).drop_columns(["source_row", "source_line", "source_line_end"])
+    good = good.append_column("source_row", pa.array(recs.index, pa.int64()))
+    good = good.append_column("source_line", pa.array(recs.line, pa.int64()))
+    good = good.append_column("source_line_end", pa.array(recs.end_line, pa.int64()))
+    bad = pa.table({
+        "text": pa.nulls(len(recs.bad), pa.string()),
+        "label": pa.nulls(len(recs.bad), pa.string()),
+        "source_file": pa.array([path] * len(recs.bad), pa.string()),
+        "malformed": pa.array([b.problem for b in recs.bad], pa.string()),
+        "malformed_reason": pa.array(["malformed_row"] * len(recs.bad), pa.string()),
+        "raw": pa.array([b.raw for b in recs.bad], pa.string()),
+        "source_row": pa.array([b.index for b in recs.bad], pa.int64()),
+        "source_line": pa.array([b.line for b in recs.bad], pa.int64()),
+        "source_line_end": pa.array([b.end_line for b in recs.bad], pa.int64()),
+    })
+    both = pa.concat_tables([good.select(RAW_SCHEMA.names).cast(RAW_SCHEMA),
+                             bad.select(RAW_SCHEMA.names).cast(RAW_SCHEMA)])
+    if recs.bad:  # file order, so the quarantine reads top to bottom
+        both = both.sort_by("source_row")
+    return both
 
 
 def _pick(table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role: str, path: str) -> str:
     names = table.column_names
     if wanted is not None:
         if wanted not in names:
-            raise SourceError(f"{path}: no {role} column {wanted!r} (columns: {names})")
+            raise SourceError(f"{path}: no {role} column {wanted!r} (columns: {names}); fix {role}_column "
+                              f"(CLI --{role}-column, raw_reviews config {role}_column)")
         return wanted
     lowered = {n.lower().strip(): n for n in names}
     for c in candidates:
@@ -164,44 +342,80 @@ def _pick(table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role
             return lowered[c]
     raise SourceError(
         f"{path}: no {role} column found (looked for {', '.join(candidates)}; columns: {names}); "
-        f"set {role}_column in the raw_reviews config"
+        f"set {role}_column in the raw_reviews config (CLI: --{role}-column)"
     )
 
 
+def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Dictionary-encoded (pandas ``category``) and extension columns as their plain values."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if isinstance(col.type, pa.ExtensionType):
+        col = col.cast(col.type.storage_type)
+    return col
+
+
 def _as_string(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Labels as strings, whatever their Parquet/JSON representation (the value itself, never a marker)."""
+    col = _plain(col)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         return col.cast(pa.string())
+    if pa.types.is_null(col.type):
+        return pa.chunked_array([pa.nulls(len(col), pa.string())])
+    if pa.types.is_decimal(col.type):
+        col = col.cast(pa.float64())
     if pa.types.is_floating(col.type):  # 1.0 -> "1", keeping NaN as null
-        import pyarrow.compute as pc
-
+        col = col.cast(pa.float64())
         col = pc.if_else(pc.is_nan(col), None, col)
         as_int = pc.equal(col, pc.floor(col))
         return pc.if_else(as_int, col.cast(pa.int64(), safe=False).cast(pa.string()), col.cast(pa.string()))
     if pa.types.is_integer(col.type) or pa.types.is_boolean(col.type):
         return col.cast(pa.string())
-    # lists, structs, binary ...: not text; keep a readable form so validation can reject it by reason
-    return pa.chunked_array([pa.array([None if v is None else f"\x00non-text:{type(v).__name__}"
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        return pa.chunked_array([pa.array([None if v is None else v.decode("utf-8", "backslashreplace")
+                                           for v in col.to_pylist()], pa.string())])
+    # lists, structs, timestamps ...: their value as text, so unknown_label shows what was found
+    return pa.chunked_array([pa.array([None if v is None else json.dumps(v, ensure_ascii=False, default=str)
                                        for v in col.to_pylist()], pa.string())])
 
 
-def _text_column(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Reviews must be text: a typed non-string column (numbers, lists ...) is flagged for quarantine."""
+def _text_column(col: pa.ChunkedArray) -> tuple[pa.ChunkedArray, list[str | None]]:
+    """Reviews must be text: (the texts, a non-text problem per row or None)."""
+    col = _plain(col)
+    n = len(col)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        return col.cast(pa.string())
+        return col.cast(pa.string()), [None] * n
     if pa.types.is_null(col.type):
-        return pa.chunked_array([pa.nulls(len(col), pa.string())])
-    return pa.chunked_array([pa.array([None if v is None else f"\x00non-text:{col.type}"
-                                       for v in col.to_pylist()], pa.string())])
+        return pa.chunked_array([pa.nulls(n, pa.string())]), [None] * n
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        texts, problems = [], []
+        for v in col.to_pylist():
+            try:
+                texts.append(None if v is None else v.decode("utf-8"))
+                problems.append(None)
+            except UnicodeDecodeError:
+                texts.append(None)
+                problems.append("binary value that is not UTF-8 text")
+        return pa.chunked_array([pa.array(texts, pa.string())]), problems
+    problem = f"the text column holds {col.type}, not text"
+    values = col.to_pylist()
+    return (pa.chunked_array([pa.nulls(n, pa.string())]),
+            [None if v is None else problem for v in values])
 
 
 def _to_raw(table: pa.Table, text_col: str, label_col: str, source: str) -> pa.Table:
     n = table.num_rows
+    texts, problems = _text_column(table.column(text_col))
     return pa.table({
-        "text": _text_column(table.column(text_col)),
+        "text": texts,
         "label": _as_string(table.column(label_col)),
         "source_file": pa.array([source] * n, pa.string()),
         "source_row": pa.array(range(n), pa.int64()),
-        "malformed": pa.array([None] * n, pa.string()),
+        "malformed": pa.array(problems, pa.string()),
+        "malformed_reason": pa.array([None if p is None else "non_text" for p in problems], pa.string()),
+        "source_line": pa.nulls(n, pa.int64()),
+        "source_line_end": pa.nulls(n, pa.int64()),
+        "raw": pa.nulls(n, pa.string()),
     }, schema=RAW_SCHEMA)
 
 

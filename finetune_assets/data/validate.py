@@ -5,6 +5,7 @@ Nothing is dropped silently: ``accepted.num_rows + rejected.num_rows == raw.num_
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,7 +30,29 @@ REJECTED_SCHEMA = pa.schema([
     ("source_row", pa.int64()),
     ("reason", pa.string()),
     ("detail", pa.string()),
+    ("source_line", pa.int64()),  # physical lines of the record in its file (CSV/TSV/JSONL)
+    ("source_line_end", pa.int64()),
+    ("raw", pa.string()),  # a malformed record's raw text (bounded prefix): recoverable by hand
 ])
+
+# Code points removed before validation and duplicate detection (documented in docs/reliability.md):
+# format characters (Unicode category Cf: zero-width space/joiners, LRM/RLM, bidi embeddings and
+# isolates, word joiner, BOM, soft hyphen, Arabic letter mark ...), control characters other than
+# whitespace (Cc), variation selectors, and the blank fillers U+115F, U+1160, U+3164, U+FFA0, U+2800.
+_INVISIBLE = re.compile(
+    "[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f"  # Cc that is not whitespace
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"  # Cf (Unicode 14)
+    "\u034f\u115f\u1160\u17b4\u17b5\u2800\u3164\uffa0"  # blank fillers, grapheme joiner
+    "\ufe00-\ufe0f\U000e0100-\U000e01ef]"  # variation selectors
+)
+
+
+# Cells that spreadsheets, pandas, R and database dumps write for "no value" (pyarrow's list, plus \\N):
+# a review that is only one of these is empty, not a review.
+NULL_MARKERS = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+                          "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null", "None", "\\N"})
 
 
 @dataclass(frozen=True)
@@ -47,6 +70,8 @@ class ValidationRules:
 class Validated:
     accepted: pa.Table
     rejected: pa.Table
+    # "kept file <- rejected copy's file": duplicates across files, which file order alone decided
+    cross_file_duplicates: dict[str, int] = field(default_factory=dict)
 
     @property
     def reasons(self) -> dict[str, int]:
@@ -59,8 +84,12 @@ class Validated:
 
 
 def normalize_text(text: str) -> str:
-    """The identity of a review: NFKC, case-folded, whitespace collapsed (used for dedup and splits)."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    """The identity of a review: invisible code points removed, NFKC, case-folded, whitespace collapsed.
+
+    Used for emptiness, duplicate detection and split assignment, so a review prefixed with a
+    right-to-left mark is the same review (same split) as the plain one.
+    """
+    return " ".join(unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold().split())
 
 
 def _map_label(raw: str | None, mapping: dict[str, str]) -> str | None:
@@ -86,41 +115,49 @@ def _map_label(raw: str | None, mapping: dict[str, str]) -> str | None:
 def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
     accepted: dict[str, list] = {name: [] for name in ACCEPTED_SCHEMA.names}
     rejected: dict[str, list] = {name: [] for name in REJECTED_SCHEMA.names}
-    seen: dict[str, str] = {}  # normalized text -> label of its first accepted occurrence
+    across: Counter = Counter()
+    seen: dict[str, tuple] = {}  # normalized text -> (label, file, row) of its first accepted occurrence
 
-    def reject(text, label, file, row, reason, detail=None):
-        for k, v in zip(REJECTED_SCHEMA.names, (text, label, file, row, reason, detail)):
+    def reject(text, label, file, row, reason, detail=None, line=None, line_end=None, raw_text=None):
+        for k, v in zip(REJECTED_SCHEMA.names, (text, label, file, row, reason, detail, line, line_end, raw_text)):
             rejected[k].append(v)
 
-    cols = [raw.column(n).to_pylist() for n in ("text", "label", "source_file", "source_row", "malformed")]
-    for text, label, file, row, malformed in zip(*cols):
+    names = ("text", "label", "source_file", "source_row", "malformed", "malformed_reason", "source_line",
+             "source_line_end", "raw")
+    cols = [raw.column(n).to_pylist() if n in raw.column_names else [None] * raw.num_rows for n in names]
+    for text, label, file, row, malformed, why, line, line_end, raw_text in zip(*cols):
+        where = (line, line_end, raw_text)
         if malformed is not None:
-            reject(text, label, file, row, "malformed_row", malformed)
+            reject(text, label, file, row, why or "malformed_row", malformed, *where)
             continue
-        if text is not None and text.startswith("\x00non-text:"):
-            reject(None, label, file, row, "non_text", text[len("\x00non-text:"):])
-            continue
-        if text is None or not text.strip():
-            reject(text, label, file, row, "empty_text")
+        key = normalize_text(text) if text is not None else ""
+        if not key or text.strip() in NULL_MARKERS:
+            detail = (f"a null marker ({text.strip()!r})" if key else
+                      "only invisible characters" if text and text.strip() else None)
+            reject(text, label, file, row, "empty_text", detail, *where)
             continue
         text = text.strip()
         if len(text) > rules.max_text_chars:
-            reject(text, label, file, row, "too_long", f"{len(text)} characters > {rules.max_text_chars}")
+            reject(text, label, file, row, "too_long", f"{len(text)} characters > {rules.max_text_chars}", *where)
             continue
         mapped = _map_label(label, rules.label_mapping)
         if mapped is None:
-            reject(text, label, file, row, "unknown_label", f"label {label!r} is not in the label mapping")
+            reject(text, label, file, row, "unknown_label", f"label {label!r} is not in the label mapping", *where)
             continue
-        key = normalize_text(text)
         if key in seen:
-            same = seen[key] == mapped
+            first_label, first_file, first_row = seen[key]
+            same = first_label == mapped
+            copy = f"{first_file} row {first_row}" if first_file != file else f"row {first_row}"
+            if first_file != file:
+                across[f"{first_file} <- {file}"] += 1
             reject(text, label, file, row, "duplicate" if same else "conflicting_duplicate",
-                   None if same else f"first seen as {seen[key]}")
+                   f"kept copy: {copy}" if same else f"first seen as {first_label} ({copy}, kept)", *where)
             continue
-        seen[key] = mapped
+        seen[key] = (mapped, file, row)
         for k, v in zip(ACCEPTED_SCHEMA.names, (text, mapped, file, row)):
             accepted[k].append(v)
     return Validated(
         accepted=pa.table(accepted, schema=ACCEPTED_SCHEMA),
         rejected=pa.table(rejected, schema=REJECTED_SCHEMA),
+        cross_file_duplicates=dict(across),
     )
