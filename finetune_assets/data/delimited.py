@@ -62,11 +62,6 @@ def _field_pattern(delimiter: str) -> re.Pattern:
     return re.compile(rf'"([^"]*(?:""[^"]*)*)"|([^"{d}\n]*)')
 
 
-def _line_end(text: str, pos: int) -> int:
-    nl = text.find("\n", pos)
-    return len(text) if nl < 0 else nl
-
-
 def split_records(text: str, delimiter: str) -> Records:
     """Every record of ``text`` (header first), good rows column-wise, bad records with their lines."""
     if "\n" not in text and "\r" in text:  # classic Mac line ends (old spreadsheet exports)
@@ -78,45 +73,26 @@ def split_records(text: str, delimiter: str) -> Records:
     blank = record_no = ncols = 0
     while pos < n:
         start, start_line = pos, line
-        fields: list[str] = []
-        problem = None
-        while True:
-            m = match(text, pos)
-            quoted, plain = m.group(1), m.group(2)
-            end = m.end()
-            fields.append(plain if quoted is None else quoted.replace('""', '"') if '"' in quoted else quoted)
-            c = text[end:end + 1]
-            if c == delimiter:
-                pos = end + 1
-                continue
-            if c == "\n" or c == "":
-                if quoted is None and plain.endswith("\r"):
-                    fields[-1] = plain[:-1]
-                pos = end + 1
-                break
-            if c == "\r" and text[end + 1:end + 2] in ("\n", ""):
-                pos = end + 2
-                break
-            k = len(fields)
-            if quoted is None and plain == "":
-                problem = f"field {k} opens a quote that is never closed"
-            elif quoted is None:
-                problem = f"a quote inside unquoted field {k} (quote the whole field, doubling inner quotes)"
-            else:
-                problem = (f"text after the closing quote of field {k} (an undoubled quote inside a quoted "
-                           "field, or a stray quote)")
-            break
+        problem = quoted = None
+        stop = text.find("\n", pos)
+        stop = n if stop < 0 else stop
+        if text.find('"', pos, stop) < 0:  # fast path: a line without quotes is one record
+            end = stop - 1 if stop > pos and text[stop - 1] == "\r" else stop
+            fields = text[pos:end].split(delimiter)
+            pos = stop + 1
+        else:
+            fields, end, pos, problem, quoted = _parse_record(text, pos, delimiter, match)
         if problem is not None:  # grammar broken: only the first physical line is given up
-            stop = _line_end(text, start)
             if out is None:
                 raise HeaderError(f"line {start_line}: the header cannot be parsed: {problem}")
-            out.bad.append(Bad(record_no, start_line, start_line, problem, text[start:stop][:RAW_PREFIX_CHARS]))
+            raw = text[start:stop - 1] if text[stop - 1:stop] == "\r" else text[start:stop]
+            out.bad.append(Bad(record_no, start_line, start_line, problem, raw[:RAW_PREFIX_CHARS]))
             record_no += 1
             pos, line = stop + 1, start_line + 1
             continue
         end_line = start_line + text.count("\n", start, end)
         line = end_line + 1
-        if len(fields) == 1 and fields[0] == "" and quoted is None:
+        if len(fields) == 1 and fields[0] == "" and not quoted:
             blank += 1
             continue
         if out is None:
@@ -140,6 +116,35 @@ def split_records(text: str, delimiter: str) -> Records:
     out.physical_lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
     _check_accounting(out)
     return out
+
+
+def _parse_record(text: str, pos: int, delimiter: str, match) -> tuple[list[str], int, int, str | None, bool]:
+    """One record with quotes in it: (fields, end of its content, next position, problem, last field quoted)."""
+    fields: list[str] = []
+    while True:
+        m = match(text, pos)
+        quoted, plain = m.group(1), m.group(2)
+        end = m.end()
+        fields.append(plain if quoted is None else quoted.replace('""', '"') if '"' in quoted else quoted)
+        c = text[end:end + 1]
+        if c == delimiter:
+            pos = end + 1
+            continue
+        if c == "\n" or c == "":
+            if quoted is None and plain.endswith("\r"):
+                fields[-1] = plain[:-1]
+            return fields, end, end + 1, None, quoted is not None
+        if c == "\r" and text[end + 1:end + 2] in ("\n", ""):
+            return fields, end, end + 2, None, quoted is not None
+        k = len(fields)
+        if quoted is None and plain == "":
+            problem = f"field {k} opens a quote that is never closed"
+        elif quoted is None:
+            problem = f"a quote inside unquoted field {k} (quote the whole field, doubling inner quotes)"
+        else:
+            problem = (f"text after the closing quote of field {k} (an undoubled quote inside a quoted field, "
+                       "or a stray quote)")
+        return fields, end, end, problem, False
 
 
 def _check_accounting(r: Records) -> None:

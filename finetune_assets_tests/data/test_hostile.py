@@ -1,0 +1,133 @@
+"""Hostile inputs from :mod:`hostile`: exact row accounting against counts the generator knows independently."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import random
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from finetune_assets.data.sources import SourceError, SourceSpec, list_source, read_source
+from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets_tests.data.hostile import GENERATORS, TOKEN, Generated
+
+
+def _check(gen: Generated, path: Path, spec: dict | None = None) -> None:
+    raw = read_source(SourceSpec(uri=str(path), **(spec or {})))
+    result = validate(raw, ValidationRules())
+    assert raw.num_rows == gen.rows  # every physical record, counted by the generator
+    assert result.accepted.num_rows + result.rejected.num_rows == gen.rows
+    assert result.reasons == gen.reasons
+    accepted = result.accepted.column("text").to_pylist()
+    tokens = [TOKEN.findall(t) for t in accepted]
+    assert all(len(t) == 1 for t in tokens), [t for t in accepted if len(TOKEN.findall(t)) != 1][:3]  # no merges
+    assert {t[0] for t in tokens} == gen.accepted_tokens
+    bad = result.rejected.filter(pa.compute.equal(result.rejected.column("reason"), "malformed_row")).to_pylist()
+    for row in bad:  # locatable and recoverable: file, line, raw text
+        assert row["source_file"] == str(path) and row["source_line"] >= 2 and row["raw"] is not None
+    # the quarantined raw text of a malformed record is its line in the file
+    lines = gen.body.decode(gen.encoding if not gen.body.startswith(b"\xff\xfe") else "utf-16").splitlines()
+    for row in bad:
+        assert row["raw"][:200] in lines[row["source_line"] - 1]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(GENERATORS))
+def test_hostile_file(name: str, seed: int, tmp_path: Path):
+    gen = GENERATORS[name](random.Random(seed))
+    path = tmp_path / gen.name
+    path.write_bytes(gen.body)
+    _check(gen, path)
+
+
+def test_stray_quote_costs_one_line_not_the_rest_of_the_file(tmp_path: Path):
+    gen = GENERATORS["stray_quote_no_more_quotes"](random.Random(3))
+    path = tmp_path / gen.name
+    path.write_bytes(gen.body)
+    raw = read_source(SourceSpec(uri=str(path)))
+    bad = raw.filter(pa.compute.is_valid(raw.column("malformed"))).to_pylist()
+    assert [(r["source_line"], r["source_line_end"]) for r in bad] == [(42, 42)]
+    assert "never closed" in bad[0]["malformed"] and bad[0]["raw"].startswith('"an unclosed review start')
+
+
+def _compress(body: bytes, codec: str) -> bytes:
+    if codec == "zstd":
+        sink = pa.BufferOutputStream()
+        with pa.CompressedOutputStream(sink, "zstd") as out:
+            out.write(body)
+        return sink.getvalue().to_pybytes()
+    return {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[codec](body)
+
+
+def test_folder_reads_every_data_file_and_lists_what_it_ignores(tmp_path: Path):
+    """Compressed files and ``_``-prefixed names are read; hidden folders (a stale notebook checkpoint),
+    OS metadata and docs are ignored and listed; the accounting holds over the whole folder."""
+    rng = random.Random(7)
+    folder = tmp_path / "drop"
+    (folder / "sub").mkdir(parents=True)
+    gens = {"a.csv.gz": ("gz", GENERATORS["stray_quote"](rng)), "_2024_reviews.csv": (None, GENERATORS["excel_export"](rng)),
+            "sub/b.tsv.zst": ("zstd", GENERATORS["tsv_unclosed_quote"](rng)),
+            "c.csv.bz2": ("bz2", GENERATORS["concatenated_exports"](rng)), "d.csv.xz": ("xz", GENERATORS["cut_download"](rng))}
+    for name, (codec, gen) in gens.items():
+        (folder / name).write_bytes(_compress(gen.body, codec) if codec else gen.body)
+    stale = folder / ".ipynb_checkpoints" / "a-checkpoint.csv"
+    stale.parent.mkdir()
+    stale.write_text("text,polarity\nstale copy,1\n")
+    (folder / "__MACOSX").mkdir()
+    (folder / "__MACOSX" / "._a.csv").write_bytes(b"\x00\x05\x16\x07")
+    (folder / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (folder / "._c.csv").write_bytes(b"\x00\x05\x16\x07")
+    (folder / "README.md").write_text("about these files")
+    (folder / "_SUCCESS").write_text("")
+
+    listing = list_source(str(folder))
+    assert sorted(Path(f).relative_to(folder).as_posix() for f in listing.files) == sorted(gens)
+    assert sorted(Path(f).relative_to(folder).as_posix() for f in listing.ignored) == sorted(
+        [".ipynb_checkpoints/a-checkpoint.csv", "__MACOSX/._a.csv", ".DS_Store", "._c.csv", "README.md", "_SUCCESS"])
+    raw = read_source(SourceSpec(uri=str(folder)))
+    result = validate(raw, ValidationRules())
+    total = sum(g.rows for _, g in gens.values())
+    assert raw.num_rows == total == result.accepted.num_rows + result.rejected.num_rows
+    expected = Counter()
+    for _, g in gens.values():
+        expected.update(g.reasons)
+    assert result.reasons == dict(expected)
+    assert "stale copy" not in result.accepted.column("text").to_pylist()
+
+
+@pytest.mark.parametrize("name,error", [
+    ("reviews.zip", r"archives are not read in source folder .*unpack it"),
+    ("reviews.xlsx", r"unsupported file type in source folder"),
+])
+def test_folder_with_an_unreadable_file_is_refused_naming_it(tmp_path: Path, name: str, error: str):
+    folder = tmp_path / "drop"
+    folder.mkdir()
+    (folder / "ok.csv").write_text("text,label\ngood,1\n")
+    (folder / name).write_bytes(b"PK\x03\x04")
+    with pytest.raises(SourceError, match=error) as info:
+        read_source(SourceSpec(uri=str(folder)))
+    assert str(info.value).startswith(str(folder / name))
+
+
+def test_cross_file_duplicates_name_the_kept_copy(tmp_path: Path):
+    folder = tmp_path / "drop"
+    folder.mkdir()
+    (folder / "a.csv").write_text("text,label\nsame review,1\nonly in a,1\n")
+    (folder / "b.csv").write_text("text,label\nsame review,-1\nonly in b,1\n")
+    result = validate(read_source(SourceSpec(uri=str(folder))), ValidationRules())
+    [row] = result.rejected.to_pylist()
+    assert row["reason"] == "conflicting_duplicate" and row["source_file"] == str(folder / "b.csv")
+    assert str(folder / "a.csv") in row["detail"]
+    assert result.cross_file_duplicates == {f"{folder / 'a.csv'} <- {folder / 'b.csv'}": 1}
+
+
+def test_corrupt_compressed_file_names_the_file(tmp_path: Path):
+    path = tmp_path / "reviews.csv.gz"
+    path.write_bytes(gzip.compress(b"text,label\ngood,1\n")[:-10])
+    with pytest.raises(SourceError, match=r"reviews\.csv\.gz: cannot decompress as gzip"):
+        read_source(SourceSpec(uri=str(path)))
