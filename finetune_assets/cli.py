@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT_ENV = "FINETUNE_ASSETS_ROOT"  # == finetune_assets.storage.STORAGE_ROOT_ENV (not imported: it pulls in Dagster)
@@ -317,39 +318,52 @@ def _classifier_for_uri(args) -> Classifier:
     return Classifier(components["model"], components["tokenizer"], source=uri)
 
 
-def _texts_from_file(path: Path, column: str | None, encoding: str) -> list[str]:
-    import csv
-    import json
+@dataclass
+class InputRow:
+    """One input to classify: where it came from, its text, and why it cannot be classified (if so)."""
+
+    where: str
+    text: str | None
+    error: str | None = None
+
+
+def _check_text(row: InputRow) -> InputRow:
+    from finetune_assets.data.validate import normalize_text
+
+    if row.error is None and (row.text is None or not normalize_text(row.text)):
+        row.error = ("empty_text: only invisible characters" if row.text and row.text.strip()
+                     else "empty_text: no text")
+    return row
+
+
+def _rows_from_file(path: Path, column: str | None, encoding: str) -> tuple[list[InputRow], int]:
+    """Rows of --file, read by the same readers as dataset sources; (rows, blank lines skipped in TXT)."""
+    from finetune_assets.data.sources import SourceError, SourceSpec, decode, file_format, read_bytes, read_file
 
     if not path.is_file():
-        raise CliError(f"input file {path} does not exist")
-    suffix = path.suffix.lower()
-    with path.open(encoding=encoding, newline="") as f:
-        if suffix in (".jsonl", ".ndjson"):
-            texts = []
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise CliError(f"{path}:{n}: not valid JSON ({err.msg})") from err
-                if isinstance(obj, str):
-                    texts.append(obj)
-                elif isinstance(obj, dict) and isinstance(obj.get(column or "text"), str):
-                    texts.append(obj[column or "text"])
-                else:
-                    raise CliError(f"{path}:{n}: expected a string or an object with a {column or 'text'!r} string")
-            return texts
-        if suffix in (".csv", ".tsv"):
-            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
-            fields = reader.fieldnames or []
-            name = column or ("text" if "text" in fields else fields[0] if len(fields) == 1 else None)
-            if name not in fields:
-                raise CliError(f"{path}: no column {column or 'text'!r} (columns: {', '.join(fields)}); "
-                               "choose one with --text-column")
-            return [row[name] for row in reader if (row.get(name) or "").strip()]
-        return [line.rstrip("\r\n") for line in f if line.strip()]
+        raise CliError(f"input file {path} does not exist" if not path.exists() else f"input {path} is not a file")
+    try:
+        if file_format(str(path)) is None:  # plain text: one review per line
+            text = decode(str(path), read_bytes(str(path)), encoding)
+            lines = text.replace("\r\n", "\n").split("\n")
+            if lines and lines[-1] == "":
+                lines.pop()
+            rows = [_check_text(InputRow(f"{path}:{i}", line)) for i, line in enumerate(lines, 1) if line.strip()]
+            return rows, sum(1 for line in lines if not line.strip())
+        table = read_file(str(path), SourceSpec(uri=str(path), text_column=column, encoding=encoding),
+                          require_label=False)
+    except SourceError as err:
+        raise CliError(f"{err} (predict: choose the column with --text-column, the encoding with --encoding)") from err
+    rows = []
+    for r in table.select(["text", "source_row", "source_line", "malformed"]).to_pylist():
+        where = f"{path}:{r['source_line']}" if r["source_line"] else f"{path} row {r['source_row'] + 1}"
+        rows.append(_check_text(InputRow(where, r["text"], f"malformed_row: {r['malformed']}" if r["malformed"] else None)))
+    return rows, 0
+
+
+def _escape_tsv(text: str) -> str:
+    """One physical line whatever the text: backslash, tab, CR and LF escaped."""
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _batches(texts: Sequence[str], size: int) -> Iterator[Sequence[str]]:
@@ -372,38 +386,65 @@ def cmd_predict(args) -> int:
 
     if args.batch_size < 1:
         raise CliError("--batch-size must be at least 1")
+    skipped = 0
     if args.file:
         if args.text:
             raise CliError("give text arguments or --file, not both")
-        texts = _texts_from_file(Path(args.file), args.text_column, args.encoding)
+        rows, skipped = _rows_from_file(Path(args.file), args.text_column, args.encoding)
     elif args.text:
-        texts = list(args.text)
+        rows = [_check_text(InputRow(f"argument {i}", t)) for i, t in enumerate(args.text, 1)]
     elif not sys.stdin.isatty():
-        texts = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+        lines = [line.rstrip("\r\n").lstrip("\ufeff") if i == 1 else line.rstrip("\r\n")
+                 for i, line in enumerate(sys.stdin, 1)]
+        rows = [_check_text(InputRow(f"stdin:{i}", t)) for i, t in enumerate(lines, 1) if t.strip()]
+        skipped = sum(1 for t in lines if not t.strip())
     else:
         raise CliError("nothing to classify: pass text as arguments, --file PATH, or pipe lines on stdin")
-    if not texts:
+    if not rows:
         raise CliError("nothing to classify: the input has no non-empty lines")
+    if skipped:
+        print(f"note: {skipped} blank line(s) skipped (one review per line)", file=sys.stderr)
+    fmt = "jsonl" if args.json else args.format
+    if fmt == "auto":  # a terminal gets readable columns; a pipe or file gets JSON lines, safe for any text
+        fmt = "tsv" if sys.stdout.isatty() else "jsonl"
     classifier = load_classifier(args)
+    todo = [r for r in rows if r.error is None]
     show_progress = args.file is not None and not args.no_progress
     bar = None
     if show_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(texts), unit="text", desc="classifying", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=len(todo), unit="text", desc="classifying", file=sys.stderr, dynamic_ncols=True)
+    results: dict[int, tuple] = {}
     try:
-        for batch in _batches(texts, args.batch_size):
-            for text, (label, score, scores) in zip(batch, classifier.predict(batch, args.max_length)):
-                if args.json:
-                    print(json.dumps({"text": text, "label": label, "score": round(score, 6),
-                                      "scores": {k: round(v, 6) for k, v in scores.items()}}, ensure_ascii=False))
-                else:
-                    print(f"{label}\t{score:.4f}\t{text}")
+        for batch in _batches(todo, args.batch_size):
+            for row, out in zip(batch, classifier.predict([r.text for r in batch], args.max_length)):
+                results[id(row)] = out
             if bar is not None:
                 bar.update(len(batch))
     finally:
         if bar is not None:
             bar.close()
+    errors = 0
+    for row in rows:
+        if row.error is not None:
+            errors += 1
+            print(f"error: {row.where}: {row.error}", file=sys.stderr)
+            if fmt == "jsonl":
+                print(json.dumps({"text": row.text, "error": row.error, "where": row.where}, ensure_ascii=False))
+            else:
+                print(f"ERROR\t\t{_escape_tsv(row.text or '')}")
+            continue
+        label, score, scores = results[id(row)]
+        if fmt == "jsonl":
+            print(json.dumps({"text": row.text, "label": label, "score": round(score, 6),
+                              "scores": {k: round(v, 6) for k, v in scores.items()}}, ensure_ascii=False))
+        else:
+            print(f"{label}\t{score:.4f}\t{_escape_tsv(row.text)}")
+    if errors:
+        print(f"error: {errors} of {len(rows)} input row(s) could not be classified (see the lines above)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -441,7 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser(
         "predict", help="classify text with a trained model",
-        description="Classify text: prints label, score and text per input (tab separated), or JSON lines.",
+        description="Classify text: prints label, score and text per input (JSON lines when piped, tab "
+                    "separated on a terminal).",
         epilog="examples:\n"
                "  finetune-assets predict --version sample 'a fine product'\n"
                "  finetune-assets predict --model-uri models:/review-classifier@champion --file reviews.csv\n"
@@ -455,12 +497,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or the "
                                             "SQLite store under the storage root)")
     inp = pr.add_argument_group("input")
-    inp.add_argument("--file", help="CSV/TSV (column --text-column, default 'text'), JSONL, or TXT (one per line)")
+    inp.add_argument("--file", help="CSV/TSV/JSONL/JSON array/Parquet (optionally .gz/.bz2/.xz/.zst; column "
+                                    "--text-column, default text/review/content/sentence), or TXT (one per line)")
     inp.add_argument("--text-column", help="column or JSON key holding the text (default: text)")
     inp.add_argument("--encoding", default="utf-8", help="encoding of --file (e.g. cp1256)")
     pr.add_argument("--batch-size", type=int, default=32)
     pr.add_argument("--max-length", type=int, default=512, help="truncate inputs to this many tokens")
-    pr.add_argument("--json", action="store_true", help="JSON lines with text, label, score and all scores")
+    pr.add_argument("--json", action="store_true", help="JSON lines with text, label, score and all scores "
+                                                        "(same as --format jsonl)")
+    pr.add_argument("--format", choices=("auto", "jsonl", "tsv"), default="auto",
+                    help="auto (default): tsv on a terminal, jsonl when piped or redirected; tsv escapes "
+                         "tab/newline/backslash in the text; rows that cannot be classified are errors "
+                         "(exit status 1)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar for --file")
     pr.set_defaults(func=cmd_predict)
     return parser

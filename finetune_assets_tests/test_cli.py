@@ -39,7 +39,8 @@ def test_import_stays_light():
 # -- predict -----------------------------------------------------------------------------------
 
 def test_predict_texts_from_args(capsys, tiny_model_dir):
-    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "a fine product", "منتج سيء")
+    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--format", "tsv",
+                             "a fine product", "منتج سيء")
     assert code == 0, err
     lines = out.splitlines()
     assert len(lines) == 2
@@ -94,9 +95,11 @@ def test_predict_batching_does_not_change_scores(capsys, tmp_path, tiny_model_di
 
 def test_predict_reads_stdin(capsys, monkeypatch, tiny_model_dir):
     monkeypatch.setattr(sys, "stdin", io.StringIO("first\n\nsecond\n"))
-    code, out, _ = run_cli(capsys, "predict", "--model", str(tiny_model_dir))
+    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir))
     assert code == 0
-    assert [line.split("\t")[2] for line in out.splitlines()] == ["first", "second"]
+    # not a terminal: JSON lines by default; the blank line is a separator, and said so
+    assert [json.loads(line)["text"] for line in out.splitlines()] == ["first", "second"]
+    assert "1 blank line(s) skipped" in err
 
 
 def test_predict_by_version_uses_the_published_attempt(capsys, storage_root, tiny_model_dir):
@@ -108,7 +111,7 @@ def test_predict_by_version_uses_the_published_attempt(capsys, storage_root, tin
         staging.data_version = "test"
     code, out, err = run_cli(capsys, "--root", str(storage_root), "predict", "--version", "v1", "a sentence")
     assert code == 0, err
-    assert out.split("\t")[0] in LABELS
+    assert json.loads(out)["label"] in LABELS
 
 
 def test_predict_unknown_version_says_so(capsys, storage_root):
@@ -146,12 +149,12 @@ def test_predict_needs_exactly_one_model(capsys, tiny_model_dir):
 
 def test_predict_csv_without_text_column_names_the_columns(capsys, tmp_path, tiny_model_dir):
     path = tmp_path / "in.csv"
-    path.write_text("review,stars\nnice,5\n")
+    path.write_text("body,stars\nnice,5\n")
     code, _, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path))
-    assert code == 2 and "review, stars" in err and "--text-column" in err
+    assert code == 2 and "['body', 'stars']" in err and "--text-column" in err
     code, out, _ = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path),
-                           "--text-column", "review", "--no-progress")
-    assert code == 0 and out.endswith("\tnice\n")
+                           "--text-column", "stars", "--no-progress", "--format", "tsv")
+    assert code == 0 and out.endswith("\t5\n")
 
 
 def test_model_uri_aliases():
@@ -189,6 +192,48 @@ def test_predict_from_mlflow_registry(capsys, tmp_path, storage_root, tiny_model
     code, _, err = run_cli(capsys, "--root", str(storage_root), "predict", "--model-uri",
                            "models:/review-classifier@nope", "ok")
     assert code == 2 and "cannot load" in err
+
+
+def test_predict_output_survives_any_text_and_reports_bad_rows(capsys, tmp_path, tiny_model_dir):
+    """Multi-line, tab-holding, BOM-prefixed CSV input; empty and invisible-only texts are per-row errors."""
+    path = tmp_path / "in.csv"
+    texts = ["line one\nline two", "tab\there", "\u200f\u200b", "", "fine"]
+    import csv as _csv
+
+    buf = io.StringIO()
+    _csv.writer(buf).writerows([["text"], *[[t] for t in texts]])
+    path.write_bytes(b"\xef\xbb\xbf" + buf.getvalue().encode())  # Excel's byte-order mark
+    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path), "--no-progress")
+    assert code == 1  # some rows could not be classified
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in rows] == texts  # one output row per input row, in order
+    assert [("error" in r) for r in rows] == [False, False, True, True, False]
+    assert rows[2]["error"].startswith("empty_text") and rows[2]["where"] == f"{path}:5"  # (review 1 spans 2-3)
+    assert f"{path}:6: empty_text" in err and "2 of 5 input row(s) could not be classified" in err
+    code, out, _ = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path), "--no-progress",
+                           "--format", "tsv")
+    lines = out.splitlines()
+    assert len(lines) == 5 and all(line.count("\t") == 2 for line in lines)
+    assert lines[0].endswith("\tline one\\nline two") and lines[1].endswith("\ttab\\there")
+    assert lines[3] == "ERROR\t\t"
+
+
+def test_predict_json_array_file_is_one_row_per_element(capsys, tmp_path, tiny_model_dir):
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(["first review", "second\nreview"]))
+    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path), "--no-progress")
+    assert code == 0, err
+    assert [json.loads(line)["text"] for line in out.splitlines()] == ["first review", "second\nreview"]
+
+
+def test_predict_malformed_csv_row_is_an_error_naming_its_line(capsys, tmp_path, tiny_model_dir):
+    path = tmp_path / "in.csv"
+    path.write_text('text\nok one\n"unclosed\nok two\n')
+    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path), "--no-progress")
+    assert code == 1
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r.get("text") for r in rows] == ["ok one", None, "ok two"]
+    assert rows[1]["where"] == f"{path}:3" and "never closed" in rows[1]["error"]
 
 
 # -- versions ----------------------------------------------------------------------------------

@@ -140,12 +140,13 @@ def _split_suffix(path: str) -> tuple[str | None, str | None]:
     return None, compression
 
 
-def _format(path: str) -> str | None:
+def file_format(path: str) -> str | None:
+    """csv / tsv / jsonl / parquet from the file name (compression suffixes looked through), else None."""
     return _split_suffix(path)[0]
 
 
 def _format_or_raise(path: str, in_folder: str | None = None) -> str:
-    fmt = _format(path)
+    fmt = file_format(path)
     if fmt is not None:
         return fmt
     where = f" in source folder {in_folder}" if in_folder else ""
@@ -210,8 +211,12 @@ def read_bytes(path: str) -> bytes:
                           "download? check the file, or rename it to its real type)") from err
 
 
-def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None) -> pa.Table:
-    """One file as :data:`RAW_SCHEMA`; ``max_bytes`` reads only a prefix (a sample, for checks)."""
+def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require_label: bool = True) -> pa.Table:
+    """One file as :data:`RAW_SCHEMA`; ``max_bytes`` reads only a prefix (a sample, for checks).
+
+    The public reader for any input file (sources, ``predict``, evaluation sets); without
+    ``require_label`` the label column is optional (null when absent).
+    """
     fmt = _format_or_raise(path)
     data = read_bytes(path)
     if max_bytes is not None and fmt != "parquet" and len(data) > max_bytes:
@@ -221,7 +226,7 @@ def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None) -> pa.T
         raise SourceError(f"{path}: file is empty")
     try:
         if fmt in ("csv", "tsv"):
-            return _read_delimited(path, data, fmt, spec)
+            return _read_delimited(path, data, fmt, spec, require_label)
         if fmt == "jsonl":
             table = _read_json(path, data)
         else:
@@ -229,7 +234,7 @@ def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None) -> pa.T
     except pa.ArrowInvalid as err:
         raise SourceError(f"{path}: cannot read as {fmt}: {err}") from err
     text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
-    label_col = _pick(table, spec.label_column, LABEL_COLUMNS, "label", path)
+    label_col = _pick_label(table, spec, path, require_label)
     raw = _to_raw(table, text_col, label_col, path)
     if fmt == "jsonl" and table.num_rows and "\n" in data.decode("utf-8", "replace").strip():
         lines = [i + 1 for i, ln in enumerate(data.split(b"\n")) if ln.strip()]
@@ -277,15 +282,17 @@ def _guess_encoding(data: bytes) -> str:
 
 
 def _read_json(path: str, data: bytes) -> pa.Table:
-    """JSON Lines, or one JSON array of objects (a ``.json`` export)."""
-    head = data.lstrip()[:1]
-    if head == b"[":
+    """JSON Lines of objects, one JSON array (a ``.json`` export), or lines / an array of plain strings."""
+    body = decode(path, data, "utf-8").lstrip()
+    if body[:1] in ("[", '"'):
         try:
-            rows = json.loads(decode(path, data, "utf-8"))
+            rows = json.loads(body) if body[:1] == "[" else [json.loads(ln) for ln in body.splitlines() if ln.strip()]
         except json.JSONDecodeError as err:
             raise SourceError(f"{path}: line {err.lineno}: not valid JSON ({err.msg})") from err
+        if all(isinstance(r, str) for r in rows):
+            return pa.table({"text": pa.array(rows, pa.string())})
         if not all(isinstance(r, dict) for r in rows):
-            raise SourceError(f"{path}: a JSON array of objects is expected (one object per review)")
+            raise SourceError(f"{path}: expected JSON objects (one per review) or strings, found a mix")
         return pa.Table.from_pylist(rows)
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
@@ -293,7 +300,7 @@ def _read_json(path: str, data: bytes) -> pa.Table:
     return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
 
 
-def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec) -> pa.Table:
+def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec, require_label: bool = True) -> pa.Table:
     """CSV/TSV through :mod:`finetune_assets.data.delimited`: bad records quarantined with their lines."""
     text = decode(path, data, spec.encoding)
     try:
@@ -306,7 +313,7 @@ def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec) -> pa.Ta
         raise SourceError(f"{path}: line {recs.header_line}: duplicate column names {dup} in the header")
     table = pa.table({n: pa.array(c, pa.string()) for n, c in zip(names, recs.columns)}) if names else pa.table({})
     text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
-    label_col = _pick(table, spec.label_column, LABEL_COLUMNS, "label", path)
+    label_col = _pick_label(table, spec, path, require_label)
     good = _to_raw(table, text_col, label_col, path).drop_columns(["source_row", "source_line", "source_line_end"])
     good = good.append_column("source_row", pa.array(recs.index, pa.int64()))
     good = good.append_column("source_line", pa.array(recs.line, pa.int64()))
@@ -327,6 +334,13 @@ def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec) -> pa.Ta
     if recs.bad:  # file order, so the quarantine reads top to bottom
         both = both.sort_by("source_row")
     return both
+
+
+def _pick_label(table: pa.Table, spec: SourceSpec, path: str, required: bool) -> str | None:
+    if required or spec.label_column is not None:
+        return _pick(table, spec.label_column, LABEL_COLUMNS, "label", path)
+    lowered = {n.lower().strip(): n for n in table.column_names}
+    return next((lowered[c] for c in LABEL_COLUMNS if c in lowered), None)
 
 
 def _pick(table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role: str, path: str) -> str:
@@ -403,12 +417,12 @@ def _text_column(col: pa.ChunkedArray) -> tuple[pa.ChunkedArray, list[str | None
             [None if v is None else problem for v in values])
 
 
-def _to_raw(table: pa.Table, text_col: str, label_col: str, source: str) -> pa.Table:
+def _to_raw(table: pa.Table, text_col: str, label_col: str | None, source: str) -> pa.Table:
     n = table.num_rows
     texts, problems = _text_column(table.column(text_col))
     return pa.table({
         "text": texts,
-        "label": _as_string(table.column(label_col)),
+        "label": _as_string(table.column(label_col)) if label_col else pa.nulls(n, pa.string()),
         "source_file": pa.array([source] * n, pa.string()),
         "source_row": pa.array(range(n), pa.int64()),
         "malformed": pa.array(problems, pa.string()),
