@@ -11,8 +11,8 @@ Strategies, each returning (good rows, bad records) for one file:
   (a two-pass flavour: the error position is only known after the fact);
 - ``project``: ``finetune_assets.data.delimited.split_records`` (strict grammar, resync on the next line).
 
-Correctness: on every generator of ``finetune_assets_tests/data/hostile.py`` (3 seeds), is the number of
-records equal to the generator's own count, and does no good row hold two reviews' tokens?
+Correctness: on every generator of ``finetune_assets_tests/data/hostile.py`` (3 seeds), are the numbers of
+records and of bad records equal to the generator's own counts, and does no good row hold two reviews' tokens?
 Speed: best of ``--repeats`` over the three real files (decode + split, no validation).
 """
 
@@ -113,11 +113,12 @@ def correctness() -> dict:
                     problems.append(f"{gen_name}[{seed}]: {type(err).__name__}: {str(err)[:80]}")
                     continue
                 merged = sum(1 for r in good if len(TOKEN.findall(" ".join(r))) > 1)
-                if len(good) + bad == gen.rows and not merged:
+                want_bad = gen.reasons.get("malformed_row", 0)
+                if len(good) + bad == gen.rows and bad == want_bad and not merged:
                     ok += 1
                 else:
-                    problems.append(f"{gen_name}[{seed}]: {len(good) + bad} records (expected {gen.rows}), "
-                                    f"{merged} rows holding several reviews")
+                    problems.append(f"{gen_name}[{seed}]: {len(good) + bad} records (expected {gen.rows}), {bad} bad "
+                                    f"(expected {want_bad}), {merged} rows holding several reviews")
         out[name] = {"cases_exact": ok, "cases": cases, "problems": problems[:6]}
     return out
 

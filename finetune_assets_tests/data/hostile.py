@@ -231,7 +231,19 @@ def cut_download(rng: random.Random) -> Generated:
     return Generated("cut.csv", w.body().encode(), ",", w.expected)
 
 
+def undoubled_quote_multiline(rng: random.Random) -> Generated:
+    """A hand-edited multi-line cell with an undoubled quote: its tail (``more text",1``) must not become a review."""
+    w = Writer(rng)
+    w.header()
+    _mix(w, 20)
+    token, text = w.text(delimiters=False)
+    w.parts.append(f'"{text} he said "wow" and\nmore of it",1\n')
+    w.expected += [(token, "malformed_row"), (None, "malformed_row")]
+    _mix(w, 20)
+    return Generated("undoubled.csv", w.body().encode(), ",", w.expected)
+
+
 GENERATORS = {f.__name__: f for f in (
     stray_quote, stray_quote_no_more_quotes, excel_export, mac_cr_export, scraper_rows, concatenated_exports,
-    tsv_unclosed_quote, db_dump_tsv, utf16_unicode_text, cut_download,
+    tsv_unclosed_quote, db_dump_tsv, utf16_unicode_text, cut_download, undoubled_quote_multiline,
 )}
