@@ -305,3 +305,128 @@ def test_versions_status_materialized_stale_missing(capsys, dagster_home, storag
     assert "stale (raw_reviews changed)" in out and "missing" in out
     code, _, err = run_cli(capsys, "versions", "status", "v9")
     assert code == 2 and "not registered: v9" in err
+
+
+# -- registration that protects a key ------------------------------------------------------------
+
+def _csv(path: Path, rows: list[tuple[str, str]]) -> Path:
+    path.write_text("text,label\n" + "".join(f"{t},{l}\n" for t, l in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("source,expect", [
+    ("missing.csv", "no such file or folder"),
+    ("empty_dir", "folder holds no data files"),
+    ("nolabel.csv", "no label column found"),
+    ("broken.csv", "no row of the first"),
+    ("notes.xlsx", "unsupported file type"),
+])
+def test_versions_add_validates_the_source_now(capsys, dagster_home, storage_root, tmp_path, source, expect):
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "nolabel.csv").write_text("text\nfine\n")
+    (tmp_path / "broken.csv").write_text('text,label\n"a,1\n"b,1\n')
+    (tmp_path / "notes.xlsx").write_bytes(b"PK")
+    code, out, err = run_cli(capsys, "--root", str(storage_root), "versions", "add", "v1",
+                             "--source", str(tmp_path / source))
+    assert code == 2 and expect in err and str(tmp_path / source) in err and "nothing registered" in err
+    assert not (storage_root / "versions" / "v1.json").exists()
+
+
+def test_versions_add_refuses_another_source_under_a_key(capsys, dagster_home, storage_root, tmp_path):
+    a, b = _csv(tmp_path / "a.csv", [("good", "1")]), _csv(tmp_path / "b.csv", [("bad", "-1")])
+    add = ("--root", str(storage_root), "versions", "add", "v1", "--source")
+    assert run_cli(capsys, *add, str(a))[0] == 0
+    assert run_cli(capsys, *add, str(a))[0] == 0  # the same source again: a no-op
+    code, _, err = run_cli(capsys, *add, str(b))
+    assert code == 2 and "registered from" in err and "--replace" in err
+    code, _, err = run_cli(capsys, *add, str(b), "--replace")  # nothing materialized yet: allowed
+    assert code == 0, err
+    assert json.loads((storage_root / "versions" / "v1.json").read_text())["source"]["uri"] == str(b)
+
+    import dagster as dg
+
+    dg.DagsterInstance.get().report_runless_asset_event(dg.AssetMaterialization("raw_reviews", partition="v1"))
+    code, _, err = run_cli(capsys, *add, str(a), "--replace")
+    assert code == 2 and "raw_reviews already materialized" in err and "new key" in err
+    b.write_text("text,label\nchanged,1\n")  # same path, new content, under a materialized key
+    code, _, err = run_cli(capsys, *add, str(b))
+    assert code == 2 and "changed since it was registered" in err
+
+
+def test_concurrent_registrations_of_one_key_have_one_winner(storage_root, instance, tmp_path):
+    import threading
+
+    from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.storage import Storage
+    from finetune_assets.versions import VersionConflict, read_version, register_version
+
+    store = Storage(str(storage_root))
+    sources = [_csv(tmp_path / f"s{i}.csv", [(f"review {i}", "1")]) for i in range(6)]
+    barrier = threading.Barrier(len(sources))
+    outcome: dict[int, str] = {}
+
+    def register(i: int) -> None:
+        barrier.wait()
+        try:
+            register_version(instance, store, "v1", SourceSpec(uri=str(sources[i])))
+            outcome[i] = "ok"
+        except VersionConflict as err:
+            outcome[i] = str(err)
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(len(sources))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, o in outcome.items() if o == "ok"]
+    assert len(winners) == 1, outcome
+    assert read_version(store, "v1").source.uri == str(sources[winners[0]])
+    assert not (storage_root / "versions" / "v1.lock").exists()
+
+
+def test_versions_remove(capsys, dagster_home, storage_root, tmp_path):
+    import dagster as dg
+
+    a = _csv(tmp_path / "a.csv", [("good", "1")])
+    root = ("--root", str(storage_root))
+    assert run_cli(capsys, *root, "versions", "add", "v1", "--source", str(a))[0] == 0
+    assert run_cli(capsys, *root, "versions", "add", "v2", "--source", str(a))[0] == 0
+    assert run_cli(capsys, *root, "versions", "remove", "v1")[0] == 0
+    dg.DagsterInstance.get().report_runless_asset_event(dg.AssetMaterialization("raw_reviews", partition="v2"))
+    code, _, err = run_cli(capsys, *root, "versions", "remove", "v2")
+    assert code == 2 and "raw_reviews" in err and "--force" in err
+    code, out, _ = run_cli(capsys, *root, "versions", "remove", "v2", "--force")
+    assert code == 0
+    code, out, _ = run_cli(capsys, *root, "versions", "list")
+    assert out == "" and not list((storage_root / "versions").glob("*.json"))
+    code, _, err = run_cli(capsys, *root, "versions", "remove", "v9")
+    assert code == 2 and "not registered" in err
+
+
+@pytest.mark.parametrize("case", ["root_is_file", "root_parent_is_file", "home_is_file", "home_relative",
+                                  "root_not_writable"])
+def test_environment_mistakes_are_one_line_errors(capsys, monkeypatch, tmp_path, case):
+    import os
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    root = tmp_path / "root"
+    if case == "root_is_file":
+        root.write_text("")
+        expect = "is a file, not a folder"
+    elif case == "root_parent_is_file":
+        (tmp_path / "f").write_text("")
+        root = tmp_path / "f" / "root"
+        expect = "is a file, so the folder cannot be created"
+    elif case == "home_is_file":
+        (tmp_path / "home").write_text("")
+        expect = "DAGSTER_HOME"
+    elif case == "home_relative":
+        monkeypatch.setenv("DAGSTER_HOME", "rel/home")
+        expect = "is relative"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root ignores permissions")
+        root.mkdir(mode=0o500)
+        expect = "not writable"
+    code, out, err = run_cli(capsys, "--root", str(root), "versions", "add", "v1", "--source", "builtin:sample")
+    assert code == 2 and expect in err and "Traceback" not in err and err.startswith("error: ")

@@ -252,6 +252,12 @@ def decode(path: str, data: bytes, encoding: str) -> str:
         if data.startswith(bom):
             data, encoding = data[len(bom):], enc
             break
+    head = data[:4000]
+    if encoding.replace("_", "-").lower() in ("utf-8", "utf8") and head.count(b"\x00") > len(head) // 4:
+        line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+        raise SourceError(f"{path}: line {line}: not valid utf-8 text (every other byte is NUL: UTF-16 without a "
+                          "byte-order mark); set the source encoding, e.g. encoding='utf-16' (CLI --encoding "
+                          "utf-16, raw_reviews config `encoding`)")
     try:
         return data.decode(encoding)
     except LookupError as err:  # an encoding name Python does not know

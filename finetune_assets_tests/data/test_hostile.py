@@ -131,3 +131,105 @@ def test_corrupt_compressed_file_names_the_file(tmp_path: Path):
     path.write_bytes(gzip.compress(b"text,label\ngood,1\n")[:-10])
     with pytest.raises(SourceError, match=r"reviews\.csv\.gz: cannot decompress as gzip"):
         read_source(SourceSpec(uri=str(path)))
+
+
+def test_through_dagster_counts_add_up_and_files_are_listed(tmp_path: Path, storage_root: Path, instance):
+    """raw_reviews on a hostile folder: metadata rows_in = generated records; read and ignored files listed."""
+    from finetune_assets.storage import Storage
+    from finetune_assets.versions import register_version
+    from finetune_assets_tests.test_assets_data import _metadata, materialize
+
+    folder = tmp_path / "drop"
+    (folder / ".ipynb_checkpoints").mkdir(parents=True)
+    gens = [GENERATORS["stray_quote"](random.Random(1)), GENERATORS["tsv_unclosed_quote"](random.Random(1))]
+    for g in gens:
+        (folder / g.name).write_bytes(g.body)
+    (folder / ".ipynb_checkpoints" / "stray_quote-checkpoint.csv").write_text("text,polarity\nstale,1\n")
+    register_version(instance, Storage(str(storage_root)), "h1", SourceSpec(uri=str(folder)))
+    md = _metadata(materialize(storage_root, instance, ["raw_reviews"], "h1"), "raw_reviews")
+    assert md["rows_in"] == sum(g.rows for g in gens) == md["dagster/row_count"] + md["rejected_rows"]
+    assert md["malformed_lines"] == sum(g.reasons.get("malformed_row", 0) for g in gens) == 2
+    assert sorted(Path(p).name for p in md["files_read"]) == sorted(g.name for g in gens)
+    assert list(md["files_ignored"].values()) == ["inside a hidden folder"]
+
+
+def test_changed_content_under_a_registered_key_is_refused_on_materialization(tmp_path: Path, storage_root: Path,
+                                                                              instance):
+    """The CLI path records a fingerprint like the sensor; raw_reviews refuses to read other content under the key."""
+    from finetune_assets.storage import Storage
+    from finetune_assets.versions import register_version, source_fingerprint
+    from finetune_assets_tests.test_assets_data import _failure_message, materialize
+
+    path = tmp_path / "reviews.csv"
+    path.write_text("text,label\ngood one,1\nbad one,-1\n")
+    store = Storage(str(storage_root))
+    spec = SourceSpec(uri=str(path))
+    register_version(instance, store, "v1", spec, fingerprint=source_fingerprint(spec))
+    materialize(storage_root, instance, ["raw_reviews"], "v1")
+    first = store.require("raw_reviews", "v1")
+    path.write_text("text,label\nsomething else,1\n")
+    result = materialize(storage_root, instance, ["raw_reviews"], "v1", raise_on_error=False)
+    assert not result.success
+    message = _failure_message(result)
+    assert "content changed after dataset version v1 was registered" in message and "new key" in message
+    assert store.require("raw_reviews", "v1").attempt == first.attempt  # nothing new published
+
+
+def test_parquet_label_and_text_representations_are_read_as_their_values(tmp_path: Path):
+    """pandas ``category`` (dictionary), decimal, binary and list labels: the value, never a marker."""
+    import decimal
+
+    import pyarrow.parquet as pq
+
+    texts = ["good one", "bad one", "so so", "listy"]
+    table = pa.table({
+        "text": pa.array(texts).dictionary_encode(),
+        "label": pa.array(["1", "-1", "0", "1"]).dictionary_encode(),
+        "decimal_label": pa.array([decimal.Decimal("1.0"), decimal.Decimal("-1"), decimal.Decimal("0"), None]),
+        "binary_label": pa.array([b"1", b"-1", b"0", b"\xff"]),
+        "list_label": pa.array([[1], [-1], [0], [2]]),
+    })
+    path = tmp_path / "reviews.parquet"
+    pq.write_table(table, path)
+    for column, accepted, unknown in (("label", 4, []), ("decimal_label", 3, [None]),
+                                      ("binary_label", 3, ["\\xff"]), ("list_label", 0, ["[1]", "[-1]", "[0]", "[2]"])):
+        result = validate(read_source(SourceSpec(uri=str(path), label_column=column)), ValidationRules())
+        assert result.accepted.num_rows == accepted, column
+        labels = [r["label"] for r in result.rejected.to_pylist()]
+        assert labels == unknown, column
+        assert not any("\x00" in (r.get("detail") or "") for r in result.rejected.to_pylist())
+    raw = read_source(SourceSpec(uri=str(path)))
+    assert raw.column("text").to_pylist() == texts
+
+
+def test_non_text_column_is_quarantined_with_its_type(tmp_path: Path):
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "reviews.parquet"
+    pq.write_table(pa.table({"text": pa.array([b"\xff\xfe", "ok".encode()]), "label": ["1", "1"]}), path)
+    result = validate(read_source(SourceSpec(uri=str(path))), ValidationRules())
+    assert result.accepted.column("text").to_pylist() == ["ok"]
+    [row] = result.rejected.to_pylist()
+    assert row["reason"] == "non_text" and row["detail"] == "binary value that is not UTF-8 text"
+
+
+@pytest.mark.parametrize("encoding,body,hint", [
+    ("utf-16-le", "text,label\nجيد,1\n", "utf-16"),  # UTF-16 without a byte-order mark
+    ("cp1256", "text,label\nok,1\n" * 50 + "خدمة ممتازة جدا والطعام رائع,1\n" * 30, "cp1256"),
+])
+def test_wrong_encoding_names_the_line_and_a_likely_encoding(tmp_path: Path, encoding: str, body: str, hint: str):
+    path = tmp_path / "reviews.csv"
+    path.write_bytes(body.encode(encoding))
+    with pytest.raises(SourceError) as info:
+        read_source(SourceSpec(uri=str(path)))
+    message = str(info.value)
+    assert message.startswith(f"{path}: line ") and "not valid utf-8" in message
+    assert f"encoding='{hint}'" in message and "--encoding" in message
+
+
+def test_byte_order_mark_does_not_hide_the_header(tmp_path: Path):
+    for bom, enc in ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be")):
+        path = tmp_path / "bom.csv"
+        path.write_bytes(bom + "text,label\nجيد,1\n".encode(enc))
+        raw = read_source(SourceSpec(uri=str(path)))
+        assert raw.column("text").to_pylist() == ["جيد"]
