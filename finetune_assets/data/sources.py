@@ -2,8 +2,9 @@
 
 A source is a file or folder of CSV / TSV / JSONL / Parquet (local path or fsspec URL), a
 Hugging Face dataset id (``hf:owner/name``), or the built-in sample (``builtin:sample``).
-Every row read is kept: rows the parser cannot split are returned too, flagged ``malformed``,
-so that validation can quarantine them and the counts always add up.
+Every record read is kept: records the parser cannot use are returned too, flagged ``malformed``
+(with their lines and raw text), so that validation can quarantine them and the counts always add up.
+:func:`read_file` is the one reader for any input file (sources, ``predict``, evaluation sets).
 """
 
 from __future__ import annotations
@@ -232,11 +233,12 @@ def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require
         else:
             table = pq.read_table(io.BytesIO(data))
     except pa.ArrowInvalid as err:
-        raise SourceError(f"{path}: cannot read as {fmt}: {err}") from err
+        where = _first_bad_json_line(data) if fmt == "jsonl" else ""
+        raise SourceError(f"{path}: {where}cannot read as {fmt}: {err}") from err
     text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
     label_col = _pick_label(table, spec, path, require_label)
     raw = _to_raw(table, text_col, label_col, path)
-    if fmt == "jsonl" and table.num_rows and "\n" in data.decode("utf-8", "replace").strip():
+    if fmt == "jsonl" and not data.lstrip().startswith(b"["):
         lines = [i + 1 for i, ln in enumerate(data.split(b"\n")) if ln.strip()]
         if len(lines) == raw.num_rows:  # one object per line: keep the line numbers
             raw = raw.set_column(raw.schema.get_field_index("source_line"), "source_line", pa.array(lines, pa.int64()))
@@ -285,6 +287,19 @@ def _guess_encoding(data: bytes) -> str:
     except Exception:  # noqa: BLE001 - a hint only
         pass
     return "cp1256"
+
+
+def _first_bad_json_line(data: bytes) -> str:
+    """``"line N: "`` for the first line that is not a JSON object (pyarrow's errors name no line)."""
+    for n, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            if not isinstance(json.loads(line), dict):
+                return f"line {n}: "
+        except ValueError:
+            return f"line {n}: "
+    return ""
 
 
 def _read_json(path: str, data: bytes) -> pa.Table:
