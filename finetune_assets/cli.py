@@ -76,7 +76,10 @@ def cmd_versions_add(args) -> int:
     from finetune_assets.data.sources import SourceError, SourceSpec, check_source
     from finetune_assets.versions import register_version, source_fingerprint
 
-    spec = SourceSpec(uri=args.source, revision=args.revision, text_column=args.text_column,
+    uri = args.source
+    if "://" not in uri and not uri.startswith(("hf:", "builtin:")):  # a local path: valid from any folder later
+        uri = str(Path(uri).expanduser().resolve())
+    spec = SourceSpec(uri=uri, revision=args.revision, text_column=args.text_column,
                       label_column=args.label_column, encoding=args.encoding)
     storage = _storage(args)
     try:

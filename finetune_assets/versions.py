@@ -94,8 +94,7 @@ def version_lock(storage: Storage, key: str) -> Iterator[None]:
                 with os.fdopen(fd, "w") as f:
                     f.write(f"{os.getpid()} {time.time()}\n")
             else:
-                with storage.fs.open(url, "xb") as f:
-                    f.write(f"{os.getpid()} {time.time()}\n".encode())
+                _create_remote(storage, url, f"{os.getpid()} {time.time()}\n".encode())
             break
         except FileExistsError:
             if _lock_age(storage, url) > LOCK_STALE_S:
@@ -111,6 +110,18 @@ def version_lock(storage: Storage, key: str) -> Iterator[None]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             storage.fs.rm(url)
+
+
+def _create_remote(storage: Storage, url: str, body: bytes) -> None:
+    """Exclusive create on an object store where the filesystem supports it (``xb``: conditional PUT);
+    elsewhere a check-then-write, which narrows but does not close the race (documented)."""
+    try:
+        with storage.fs.open(url, "xb") as f:
+            f.write(body)
+    except (ValueError, NotImplementedError, TypeError):
+        if storage.fs.exists(url):
+            raise FileExistsError(url) from None
+        storage.fs.pipe(url, body)
 
 
 def _lock_age(storage: Storage, url: str) -> float:
@@ -194,4 +205,5 @@ def content_changed(storage: Storage, key: str, source: SourceSpec) -> str | Non
         return None
     return (f"{source.uri}: content changed after dataset version {key} was registered (fingerprint "
             f"{record.fingerprint} -> {now}); versions are immutable: register the new content under a new key "
-            f"(`finetune-assets versions add NEW_KEY --source {source.uri}`), or restore the original files")
+            f"(`finetune-assets versions add NEW_KEY --source {source.uri}`), restore the original files, or, if "
+            f"nothing of {key} was materialized, re-register it with `versions add {key} --source ... --replace`")

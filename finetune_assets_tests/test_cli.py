@@ -332,7 +332,7 @@ def test_versions_add_validates_the_source_now(capsys, dagster_home, storage_roo
     assert not (storage_root / "versions" / "v1.json").exists()
 
 
-def test_versions_add_refuses_another_source_under_a_key(capsys, dagster_home, storage_root, tmp_path):
+def test_versions_add_refuses_another_source_under_a_key(capsys, dagster_home, storage_root, tmp_path, monkeypatch):
     a, b = _csv(tmp_path / "a.csv", [("good", "1")]), _csv(tmp_path / "b.csv", [("bad", "-1")])
     add = ("--root", str(storage_root), "versions", "add", "v1", "--source")
     assert run_cli(capsys, *add, str(a))[0] == 0
@@ -342,6 +342,9 @@ def test_versions_add_refuses_another_source_under_a_key(capsys, dagster_home, s
     code, _, err = run_cli(capsys, *add, str(b), "--replace")  # nothing materialized yet: allowed
     assert code == 0, err
     assert json.loads((storage_root / "versions" / "v1.json").read_text())["source"]["uri"] == str(b)
+    monkeypatch.chdir(tmp_path)  # a relative path is recorded absolute, so the record works from anywhere
+    assert run_cli(capsys, "--root", str(storage_root), "versions", "add", "v0", "--source", "a.csv")[0] == 0
+    assert json.loads((storage_root / "versions" / "v0.json").read_text())["source"]["uri"] == str(a)
 
     import dagster as dg
 
