@@ -116,7 +116,7 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
     accepted: dict[str, list] = {name: [] for name in ACCEPTED_SCHEMA.names}
     rejected: dict[str, list] = {name: [] for name in REJECTED_SCHEMA.names}
     across: Counter = Counter()
-    seen: dict[str, tuple] = {}  # normalized text -> (label, file, row) of its first accepted occurrence
+    seen: dict[str, tuple] = {}  # normalized text -> (label, file, "line N") of its first accepted occurrence
 
     def reject(text, label, file, row, reason, detail=None, line=None, line_end=None, raw_text=None):
         for k, v in zip(REJECTED_SCHEMA.names, (text, label, file, row, reason, detail, line, line_end, raw_text)):
@@ -145,15 +145,15 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
             reject(text, label, file, row, "unknown_label", f"label {label!r} is not in the label mapping", *where)
             continue
         if key in seen:
-            first_label, first_file, first_row = seen[key]
+            first_label, first_file, first_where = seen[key]
             same = first_label == mapped
-            copy = f"{first_file} row {first_row}" if first_file != file else f"row {first_row}"
+            copy = f"{first_file} {first_where}" if first_file != file else first_where
             if first_file != file:
                 across[f"{first_file} <- {file}"] += 1
             reject(text, label, file, row, "duplicate" if same else "conflicting_duplicate",
                    f"kept copy: {copy}" if same else f"first seen as {first_label} ({copy}, kept)", *where)
             continue
-        seen[key] = (mapped, file, row)
+        seen[key] = (mapped, file, f"line {line}" if line is not None else f"row {row}")
         for k, v in zip(ACCEPTED_SCHEMA.names, (text, mapped, file, row)):
             accepted[k].append(v)
     return Validated(

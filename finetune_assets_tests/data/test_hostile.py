@@ -122,7 +122,7 @@ def test_cross_file_duplicates_name_the_kept_copy(tmp_path: Path):
     result = validate(read_source(SourceSpec(uri=str(folder))), ValidationRules())
     [row] = result.rejected.to_pylist()
     assert row["reason"] == "conflicting_duplicate" and row["source_file"] == str(folder / "b.csv")
-    assert str(folder / "a.csv") in row["detail"]
+    assert row["detail"] == f"first seen as Positive ({folder / 'a.csv'} line 2, kept)"
     assert result.cross_file_duplicates == {f"{folder / 'a.csv'} <- {folder / 'b.csv'}": 1}
 
 
