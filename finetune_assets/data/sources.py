@@ -225,6 +225,7 @@ def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require
         data = data[: cut + 1] if cut > 0 else data[:max_bytes]
     if not data.strip():
         raise SourceError(f"{path}: file is empty")
+    _refuse_disguised(path, data, fmt)
     try:
         if fmt in ("csv", "tsv"):
             return _read_delimited(path, data, fmt, spec, require_label)
@@ -245,6 +246,22 @@ def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require
             raw = raw.set_column(raw.schema.get_field_index("source_line_end"), "source_line_end",
                                  pa.array(lines, pa.int64()))
     return raw
+
+
+MAGIC = {b"\x1f\x8b": ("gzip-compressed", ".gz"), b"BZh": ("bzip2-compressed", ".bz2"),
+         b"\xfd7zXZ\x00": ("xz-compressed", ".xz"), b"\x28\xb5\x2f\xfd": ("zstd-compressed", ".zst"),
+         b"PK\x03\x04": ("a zip archive (or an Excel .xlsx workbook)", None), b"PAR1": ("a Parquet file", None)}
+
+
+def _refuse_disguised(path: str, data: bytes, fmt: str) -> None:
+    """A text format whose bytes say otherwise (a .csv that is really gzip, Excel or Parquet): say what it is."""
+    if fmt == "parquet":
+        return
+    for magic, (what, suffix) in MAGIC.items():
+        if data.startswith(magic):
+            fix = (f"add {suffix} to its name" if suffix else
+                   "export it as CSV/TSV, or name it .parquet" if "Parquet" in what else "unpack or export it as CSV")
+            raise SourceError(f"{path}: the file is {what}, not {fmt} text; {fix}")
 
 
 def decode(path: str, data: bytes, encoding: str) -> str:
@@ -331,7 +348,8 @@ def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec, require_
     names = recs.header
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
-        raise SourceError(f"{path}: line {recs.header_line}: duplicate column names {dup} in the header")
+        raise SourceError(f"{path}: line {recs.header_line}: duplicate column names {dup} in the header; "
+                          "give every column its own name")
     table = pa.table({n: pa.array(c, pa.string()) for n, c in zip(names, recs.columns)}) if names else pa.table({})
     text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
     label_col = _pick_label(table, spec, path, require_label)

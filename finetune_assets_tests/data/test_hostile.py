@@ -6,6 +6,7 @@ import bz2
 import gzip
 import lzma
 import random
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -233,3 +234,15 @@ def test_byte_order_mark_does_not_hide_the_header(tmp_path: Path):
         path.write_bytes(bom + "text,label\nجيد,1\n".encode(enc))
         raw = read_source(SourceSpec(uri=str(path)))
         assert raw.column("text").to_pylist() == ["جيد"]
+
+
+@pytest.mark.parametrize("body,expect", [
+    (gzip.compress(b"text,label\ngood,1\n"), "the file is gzip-compressed, not csv text; add .gz to its name"),
+    (b"PK\x03\x04\x14\x00", "a zip archive (or an Excel .xlsx workbook)"),
+    (b"PAR1\x15\x04", "a Parquet file, not csv text"),
+])
+def test_disguised_file_says_what_it_really_is(tmp_path: Path, body: bytes, expect: str):
+    path = tmp_path / "reviews.csv"
+    path.write_bytes(body)
+    with pytest.raises(SourceError, match=re.escape(expect)):
+        read_source(SourceSpec(uri=str(path)))
