@@ -393,9 +393,11 @@ def _pick(table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role
     for c in candidates:
         if c in lowered:
             return lowered[c]
+    other = next((d for d in (";", "\t", "|", ",") if len(names) == 1 and d in names[0]), None)
+    hint = (f"; the header looks {other!r}-separated: export with commas (.csv) or tabs (.tsv)" if other else "")
     raise SourceError(
         f"{path}: no {role} column found (looked for {', '.join(candidates)}; columns: {names}); "
-        f"set {role}_column in the raw_reviews config (CLI: --{role}-column)"
+        f"set {role}_column in the raw_reviews config (CLI: --{role}-column){hint}"
     )
 
 

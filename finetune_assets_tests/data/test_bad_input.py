@@ -91,7 +91,7 @@ def truncated_mid_quote(src: Path, tmp: Path) -> Case:
 
 def wrong_delimiter(src: Path, tmp: Path) -> Case:
     path = _write_csv(tmp / "PROD_semicolon.csv", ["text", "polarity"], _prod(src), delimiter=";")
-    return Case(path, error=r"no text column found .*columns: \['text;polarity'\]")
+    return Case(path, error=r"no text column found .*columns: \['text;polarity'\].*the header looks ';'-separated")
 
 
 def wrong_encoding_cp1256(src: Path, tmp: Path) -> Case:
