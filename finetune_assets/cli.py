@@ -30,11 +30,11 @@ def _root(args) -> str:
     return args.root or os.environ.get(ROOT_ENV) or ".finetune_assets"
 
 
-def _storage(args):
+def _storage(args, write: bool = False):
     from finetune_assets.storage import Storage
 
     root = _root(args)
-    if "://" not in root:
+    if "://" not in root and (write or Path(root).expanduser().is_file()):
         _check_writable_dir(Path(root).expanduser(), f"storage root {root}",
                             f"--root or ${ROOT_ENV}")
     return Storage(root)
@@ -81,7 +81,7 @@ def cmd_versions_add(args) -> int:
         uri = str(Path(uri).expanduser().resolve())
     spec = SourceSpec(uri=uri, revision=args.revision, text_column=args.text_column,
                       label_column=args.label_column, encoding=args.encoding)
-    storage = _storage(args)
+    storage = _storage(args, write=True)
     try:
         sampled = check_source(spec)
         fingerprint = source_fingerprint(spec)
@@ -96,9 +96,10 @@ def cmd_versions_add(args) -> int:
 def cmd_versions_remove(args) -> int:
     from finetune_assets.versions import remove_version
 
-    kept = remove_version(_instance(), _storage(args), args.key, force=args.force)
+    storage = _storage(args, write=True)
+    kept = remove_version(_instance(), storage, args.key, force=args.force)
     print(f"removed dataset version {args.key}"
-          + (f" (published files of {', '.join(kept)} kept under {_storage(args).root})" if kept else ""))
+          + (f" (published files of {', '.join(kept)} kept under {storage.root})" if kept else ""))
     return 0
 
 
