@@ -359,9 +359,10 @@ def _rows_from_file(path: Path, column: str | None, encoding: str) -> tuple[list
     except SourceError as err:
         raise CliError(f"{err} (predict: choose the column with --text-column, the encoding with --encoding)") from err
     rows = []
-    for r in table.select(["text", "source_row", "source_line", "malformed"]).to_pylist():
+    for r in table.select(["text", "source_row", "source_line", "malformed", "malformed_reason"]).to_pylist():
         where = f"{path}:{r['source_line']}" if r["source_line"] else f"{path} row {r['source_row'] + 1}"
-        rows.append(_check_text(InputRow(where, r["text"], f"malformed_row: {r['malformed']}" if r["malformed"] else None)))
+        error = f"{r['malformed_reason']}: {r['malformed']}" if r["malformed"] else None
+        rows.append(_check_text(InputRow(where, r["text"], error)))
     return rows, 0
 
 
