@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from finetune_assets.data.delimited import HeaderError, split_records
+from finetune_assets.data.delimited import RAW_PREFIX_CHARS, HeaderError, split_records
 from finetune_assets.data.sample import SAMPLE_SOURCE, make_sample_reviews
 
 HF_PREFIX = "hf:"
@@ -234,8 +234,9 @@ def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require
         else:
             table = pq.read_table(io.BytesIO(data))
     except pa.ArrowInvalid as err:
-        where = _first_bad_json_line(data) if fmt == "jsonl" else ""
-        raise SourceError(f"{path}: {where}cannot read as {fmt}: {err}") from err
+        if fmt == "jsonl" and not data.lstrip().startswith(b"["):
+            return _read_jsonl_lines(path, data, spec, require_label)
+        raise SourceError(f"{path}: cannot read as {fmt}: {err}") from err
     text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
     label_col = _pick_label(table, spec, path, require_label)
     raw = _to_raw(table, text_col, label_col, path)
@@ -306,25 +307,12 @@ def _guess_encoding(data: bytes) -> str:
     return "cp1256"
 
 
-def _first_bad_json_line(data: bytes) -> str:
-    """``"line N: "`` for the first line that is not a JSON object (pyarrow's errors name no line)."""
-    for n, line in enumerate(data.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            if not isinstance(json.loads(line), dict):
-                return f"line {n}: "
-        except ValueError:
-            return f"line {n}: "
-    return ""
-
-
 def _read_json(path: str, data: bytes) -> pa.Table:
-    """JSON Lines of objects, one JSON array (a ``.json`` export), or lines / an array of plain strings."""
+    """One JSON array (a ``.json`` export) of objects or strings, or JSON Lines of objects (pyarrow)."""
     body = decode(path, data, "utf-8").lstrip()
-    if body[:1] in ("[", '"'):
+    if body[:1] == "[":
         try:
-            rows = json.loads(body) if body[:1] == "[" else [json.loads(ln) for ln in body.splitlines() if ln.strip()]
+            rows = json.loads(body)
         except json.JSONDecodeError as err:
             raise SourceError(f"{path}: line {err.lineno}: not valid JSON ({err.msg})") from err
         if all(isinstance(r, str) for r in rows):
@@ -336,6 +324,58 @@ def _read_json(path: str, data: bytes) -> pa.Table:
         data = data[len(codecs.BOM_UTF8):]
     # block as large as the file: one long review never fails with "straddling object" block errors
     return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
+
+
+def _read_jsonl_lines(path: str, data: bytes, spec: SourceSpec, require_label: bool) -> pa.Table:
+    """JSON Lines that pyarrow refuses (a cut line, mixed types, plain strings): line by line, each bad line
+    quarantined with its number and raw text, like a broken CSV record."""
+    good: list[tuple[int, int, dict | str]] = []  # (record number, line, object or plain string)
+    bad: list[tuple[int, int, str, str]] = []  # (record number, line, problem, raw)
+    record = 0
+    for n, line in enumerate(decode(path, data, "utf-8").split("\n"), 1):
+        line = line[:-1] if line.endswith("\r") else line
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as err:
+            bad.append((record, n, f"not valid JSON ({getattr(err, 'msg', err)})", line[:RAW_PREFIX_CHARS]))
+        else:
+            if isinstance(obj, (dict, str)):  # a plain string is the text of a review without a label
+                good.append((record, n, obj))
+            else:
+                bad.append((record, n, f"a JSON {type(obj).__name__}, not an object", line[:RAW_PREFIX_CHARS]))
+        record += 1
+    names = list(dict.fromkeys(k for _, _, o in good if isinstance(o, dict) for k in o)) or ["text"]
+    header = pa.table({name: pa.nulls(0) for name in names})
+    text_col = _pick(header, spec.text_column, TEXT_COLUMNS, "text", path)
+    label_col = _pick_label(header, spec, path, require_label)
+    texts, problems, labels = [], [], []
+    for _, _, obj in good:
+        if isinstance(obj, str):
+            obj = {text_col: obj}
+        value = obj.get(text_col)
+        ok = value is None or isinstance(value, str)
+        texts.append(value if ok else None)
+        problems.append(None if ok else f"the text field holds a JSON {type(value).__name__}, not text")
+        label = obj.get(label_col) if label_col else None
+        labels.append(None if label is None else label if isinstance(label, str) else
+                      str(int(label)) if isinstance(label, float) and label.is_integer() else
+                      json.dumps(label, ensure_ascii=False))
+    n_bad = len(bad)
+    table = pa.table({
+        "text": pa.array(texts + [None] * n_bad, pa.string()),
+        "label": pa.array(labels + [None] * n_bad, pa.string()),
+        "source_file": pa.array([path] * (len(good) + n_bad), pa.string()),
+        "source_row": pa.array([r for r, _, _ in good] + [b[0] for b in bad], pa.int64()),
+        "malformed": pa.array(problems + [b[2] for b in bad], pa.string()),
+        "malformed_reason": pa.array([None if p is None else "non_text" for p in problems]
+                                     + ["malformed_row"] * n_bad, pa.string()),
+        "source_line": pa.array([ln for _, ln, _ in good] + [b[1] for b in bad], pa.int64()),
+        "source_line_end": pa.array([ln for _, ln, _ in good] + [b[1] for b in bad], pa.int64()),
+        "raw": pa.array([None] * len(good) + [b[3] for b in bad], pa.string()),
+    }, schema=RAW_SCHEMA)
+    return table.sort_by("source_row")
 
 
 def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec, require_label: bool = True) -> pa.Table:
