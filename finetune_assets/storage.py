@@ -35,6 +35,7 @@ DEFAULT_ROOT = ".finetune_assets"
 UNPARTITIONED = "_"
 POINTER = "CURRENT"
 ATTEMPTS = "attempts"
+LOCKS = ".locks"
 # Abandoned attempts (killed runs) older than this are removed by the next successful publish;
 # younger ones may belong to a concurrent materialization of the same partition.
 ABANDONED_AFTER_S = 3600.0
@@ -196,6 +197,27 @@ class Storage:
                 continue
             if name == retired or _age_s(name, entry, now) > ABANDONED_AFTER_S:
                 self._remove(join(attempts, name))
+
+    @contextlib.contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """Mutual exclusion between processes sharing this local root (``fcntl.flock``, released on exit or death).
+
+        Object stores have no lock: there a Dagster pool / tag concurrency limit serializes the writers
+        (docs/reliability.md, "Production semantics").
+        """
+        if not self.is_local:
+            yield
+            return
+        import fcntl
+
+        path = Path(self.url(LOCKS, f"{name}.lock"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -62,3 +62,11 @@ def test_every_asset_is_described_and_owned(tmp_path):
         assert node["has_description"], f"{key} has no description (its docstring shows in the UI)"
         assert node["owners"], f"{key} has no owner"
         assert node["code_version"], f"{key} has no code version (staleness needs one)"
+
+
+def test_training_and_promotion_run_in_pools(tmp_path):
+    """Pools serialize what must not overlap (docs/reliability.md: limits set in dagster.yaml)."""
+    graph = build_defs(str(tmp_path)).resolve_asset_graph()
+    pools = {k.to_user_string(): graph.get(k).pools for k in graph.get_all_asset_keys()}
+    assert pools["champion_model"] == {"promotion"}
+    assert pools["finetuned_model"] == {"training"}

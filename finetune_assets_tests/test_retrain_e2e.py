@@ -192,7 +192,7 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     better_version = _registered_version(better)
     (promoted,) = [e for e in better.get_asset_check_evaluations() if e.check_name == "quality_gate"]
     meta = promoted.metadata
-    assert promoted.passed and meta["decision"].value.startswith("promoted")
+    assert promoted.passed and meta["decision"].value.startswith("will promote")
     assert meta["champion"].value == f"{MODEL} v{first_version}"  # compared with the first model, not the refused one
     assert meta["challenger_macro_f1"].value >= meta["champion_macro_f1"].value  # ~1.0 vs ~0.6 today
     assert deploy.champion() == better_version
