@@ -24,7 +24,6 @@ CHAMPION_ALIAS = "champion"
 TAG_SCORE = "gate.macro_f1"  # score on the test data named by TAG_TEST_DATA
 TAG_TEST_DATA = "gate.test_data"
 TAG_DECISION = "gate.decision"
-TAG_KEY = "training_key"  # inputs + config of the run that produced a version (idempotent registration)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ def _keys(*names: str) -> dg.AssetSelection:
     """
     return dg.AssetSelection.from_string(" or ".join(f'key:"{n}"' for n in names))
 
+# Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled: true``):
+# only failures outside the assets' code (a killed run worker, a lost pod, a daemon restart), at most twice.
+# A failed asset or a refused blocking check is a result, not an accident: it is not retried (a person
+# decides, or the sensor's bounded re-request rule does, see docs/reliability.md).
+RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure": "false"}
+
 # The per-version chain, in order; ``pretrained_model`` is unpartitioned and shared by every version.
 VERSION_CHAIN = (RAW, TOKENIZED, SHARDS, FINETUNED, CHAMPION)
 
@@ -35,7 +41,7 @@ retrain_job = dg.define_asset_job(
         "build the base model in the same run; the new-data sensor selects it only while it has never been "
         "published (it is shared by all versions, rebuilding it per version would make every version stale)."
     ),
-    tags={"finetune_assets/job": "retrain"},
+    tags={"finetune_assets/job": "retrain", **RETRY_TAGS},
 )
 
 finetune_only_job = dg.define_asset_job(
@@ -46,7 +52,7 @@ finetune_only_job = dg.define_asset_job(
         "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base model that "
         "shares the tokenizer. Launch it for one version or as a backfill over several."
     ),
-    tags={"finetune_assets/job": "finetune_only"},
+    tags={"finetune_assets/job": "finetune_only", **RETRY_TAGS},
 )
 
 base_model_job = dg.define_asset_job(

@@ -181,7 +181,9 @@ def build_trainer_config(
                 "registered_model_name": mlflow.registered_model_name,
                 "run_name": config.run_name or run_name,
                 "tags": {**tags, "shard_data_version": shards.data_version,
-                         "pretrained_data_version": pretrained.data_version},
+                         "pretrained_data_version": pretrained.data_version,
+                         # hashes the same inputs + settings as the checkpoint folder: a retry finds its version
+                         "training_inputs": f"{mlflow.registered_model_name}-{config_hash}"},
             },
         }
     )
