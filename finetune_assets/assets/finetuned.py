@@ -153,7 +153,8 @@ def build_trainer_config(
 ) -> tuple[TrainerConfig, str]:
     """The trainer file for one attempt, and the hash keying its checkpoints (same inputs -> same folder)."""
     shards = store.require("mds_shards", version)
-    pretrained = store.require("pretrained_model")
+    # The base model this run started with (pinned and leased for the run), not whatever CURRENT is now.
+    pretrained = store.pinned("pretrained_model", tags["dagster_run_id"])
     settings = trainer_settings(config)
     key = json.dumps(
         {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version},
