@@ -363,8 +363,18 @@ def _age_s(attempt: str, entry: dict[str, Any], now: float) -> float:
     return min(ages) if ages else 0.0
 
 
+# Keys that name the library which wrote a file, not what it holds (an upgrade must not make data stale).
+WRITER_KEYS = frozenset({"transformers_version"})
+
+
 def hash_tree(path: Path, exclude: tuple[str, ...] = ()) -> str:
-    """Content hash of a local file or folder (relative names + bytes), the asset's data version."""
+    """Content hash of a local file or folder (relative names + content), the asset's data version.
+
+    Content, not writer metadata: Parquet and Arrow files are hashed by their table (schema + values, not
+    the footer's ``created_by`` nor the compression), JSON files without ``WRITER_KEYS`` such as the
+    ``transformers_version`` that ``save_pretrained`` stamps into ``config.json``. So a library upgrade
+    that rewrites the same data leaves data versions, and staleness, unchanged. Other files: their bytes.
+    """
     import hashlib
 
     digest = hashlib.sha256()
@@ -374,7 +384,46 @@ def hash_tree(path: Path, exclude: tuple[str, ...] = ()) -> str:
         if rel in exclude:
             continue
         digest.update(rel.encode() + b"\x00")
-        with p.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        _hash_content(p, digest)
     return digest.hexdigest()[:16]
+
+
+def _hash_content(path: Path, digest) -> None:
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".arrow"):
+        table = _read_table(path)
+        if table is not None:
+            import pyarrow as pa
+
+            table = table.replace_schema_metadata(None).combine_chunks()
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            digest.update(b"table\x00" + sink.getvalue().to_pybytes())
+            return
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_bytes())
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k not in WRITER_KEYS}
+            digest.update(b"json\x00" + json.dumps(data, sort_keys=True).encode())
+            return
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+
+
+def _read_table(path: Path):
+    """The table in a Parquet or Arrow IPC file; None when it is not one (then its bytes are hashed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix.lower() == ".parquet":
+            return pq.read_table(path)
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+    except (pa.ArrowInvalid, OSError):
+        return None
