@@ -196,6 +196,8 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     assert meta["champion"].value == f"{MODEL} v{first_version}"  # compared with the first model, not the refused one
     assert meta["challenger_macro_f1"].value >= meta["champion_macro_f1"].value  # ~1.0 vs ~0.6 today
     assert deploy.champion() == better_version
+    (decision,) = better.asset_materializations_for_node("champion_model")  # the asset acted, the check observed
+    assert decision.metadata["decision"].value.startswith("promoted") and decision.metadata["promoted"].value
     assert [r.status for r in deploy.gate_history()][-1] == Status.SUCCEEDED
 
     # MLflow shows the decision on each version, not only the alias.
