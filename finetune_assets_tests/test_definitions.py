@@ -73,13 +73,13 @@ def test_training_and_promotion_run_in_pools(tmp_path):
 
 
 def test_deployment_instance_serializes_one_partition_and_sizes_the_pools(tmp_path):
-    """deploy/dagster.yaml, loaded by a real instance: a second run of a partition waits for the first
+    """deploy/instance/dagster.yaml, loaded by a real instance: a second run of a partition waits for the first
     (the run queue's own tag-limit counter decides), other partitions do not; pools default to 1."""
     import yaml
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
     from dagster._utils.tags import TagConcurrencyLimitsCounter
 
-    settings = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "dagster.yaml").read_text())
+    settings = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "instance" / "dagster.yaml").read_text())
     with dg.instance_for_test(overrides=settings, temp_dir=str(tmp_path)) as instance:
         config = instance.get_concurrency_config()
         assert config.pool_config.default_pool_limit == 1
