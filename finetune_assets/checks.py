@@ -246,7 +246,7 @@ def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConf
     store = storage.storage()
     model = recorded_model(context.instance, version, context.run.run_id)
     name = model.registered_model_name or mlflow.registered_model_name
-    test = test_set(store, version)
+    test = frozen_test_set(store, version)
     uri = mlflow.resolve_tracking_uri(store)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
 
@@ -287,7 +287,7 @@ def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConf
     return dg.AssetCheckResult(passed=True, description=meta["decision"], metadata=meta)
 
 
-def test_set(store, version: str):
+def frozen_test_set(store, version: str):
     """The frozen test split as text + label: tokenized_reviews' split column over raw_reviews' rows."""
     from finetune_assets.gate import TestSet
 

@@ -37,7 +37,8 @@ retrain_job = dg.define_asset_job(
     selection=_keys(*VERSION_CHAIN, PRETRAINED),
     description=(
         "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> mds_shards -> "
-        "finetuned_model -> champion_model, with their checks. pretrained_model is in the selection so a fresh deployment can "
+        "finetuned_model -> champion_model, with their checks. pretrained_model is in the selection so a fresh "
+        "deployment can "
         "build the base model in the same run; the new-data sensor selects it only while it has never been "
         "published (it is shared by all versions, rebuilding it per version would make every version stale)."
     ),

@@ -131,7 +131,7 @@ def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneRe
         try:
             _consider(landing, store, cursor, existing, key, group, problems, waiting, new_partitions, ready,
                       rerequest)
-        except Exception as err:  # noqa: BLE001 - one unreadable drop (deleted mid-read, permissions) is its own problem
+        except Exception as err:  # noqa: BLE001 - an unreadable drop (deleted mid-read, permissions) is its own problem
             problems[e.name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
 
     # Files that vanished before they settled are forgotten; reports clear when the entry is fixed.

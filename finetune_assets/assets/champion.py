@@ -41,7 +41,7 @@ def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, s
     from mlflow import MlflowClient
 
     from finetune_assets import gate
-    from finetune_assets.checks import gate_conditions, test_set
+    from finetune_assets.checks import frozen_test_set, gate_conditions
 
     version = version_of(context)
     store = storage.storage()
@@ -51,7 +51,7 @@ def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, s
                          "nothing to promote (mlflow.log_model off?)")
     name = model.registered_model_name or mlflow.registered_model_name
     alias = mlflow.champion_alias
-    test = test_set(store, version)
+    test = frozen_test_set(store, version)
     uri = mlflow.resolve_tracking_uri(store)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     challenger_version = str(model.registered_model_version)

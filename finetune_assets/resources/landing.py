@@ -85,7 +85,8 @@ class LandingZoneResource(dg.ConfigurableResource):
             uri = protocol + path if protocol and "://" not in path else path
             is_dir = info["type"] == "directory"
             key = name if is_dir else strip_format_suffix(name) or name
-            entries.append(LandedEntry(name=name, key=key, uri=uri, is_dir=is_dir, signature=_signature([(name, info)])))
+            entries.append(LandedEntry(name=name, key=key, uri=uri, is_dir=is_dir,
+                                       signature=_signature([(name, info)])))
         return entries
 
     def marker_present(self, entry: LandedEntry) -> bool:
