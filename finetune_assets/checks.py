@@ -213,15 +213,20 @@ def mds_shards_integrity(context: dg.AssetCheckExecutionContext, storage: Storag
 
 # -- finetuned_model: quality gate and promotion ----------------------------------------------------
 
-class QualityGateConfig(dg.Config):
+class FloorConfig(dg.Config):
+    """The floor a model must clear, shared by ``quality_gate`` and ``champion_model``."""
+
     min_macro_f1: float = Field(0.0, description="absolute floor on test macro-F1 (0: only the champion counts)")
     must_beat_majority_baseline: bool = Field(
         False, description="also require a macro-F1 above always predicting the most frequent class")
+
+
+class QualityGateConfig(FloorConfig):
     tolerance: float = Field(0.0, description="pass if challenger >= champion - tolerance (promotion itself "
                                               "needs strictly better: champion_model config min_improvement)")
 
 
-def gate_conditions(config, test) -> list:
+def gate_conditions(config: FloorConfig, test) -> list:
     """The conditions a challenger must meet; the check and ``champion_model`` share them (add one here)."""
     from finetune_assets import gate
 

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, version_of
 from finetune_assets.assets.finetuned import finetuned_model, recorded_model
+from finetune_assets.checks import FloorConfig
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
@@ -18,10 +19,7 @@ from finetune_assets.resources.storage import StorageResource
 PROMOTION_POOL = "promotion"
 
 
-class PromotionConfig(dg.Config):
-    min_macro_f1: float = Field(0.0, description="absolute floor on test macro-F1")
-    must_beat_majority_baseline: bool = Field(
-        False, description="also require a macro-F1 above always predicting the most frequent class")
+class PromotionConfig(FloorConfig):
     min_improvement: float = Field(0.0, description="promote only if challenger > champion + this (a tie keeps "
                                                     "the champion)")
 
