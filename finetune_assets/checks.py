@@ -213,97 +213,86 @@ def mds_shards_integrity(context: dg.AssetCheckExecutionContext, storage: Storag
 
 # -- finetuned_model: quality gate and promotion ----------------------------------------------------
 
-class QualityGateConfig(dg.Config):
-    alias: str = Field("champion", description="MLflow registered-model alias the gate moves")
+class FloorConfig(dg.Config):
+    """The floor a model must clear, shared by ``quality_gate`` and ``champion_model``."""
+
     min_macro_f1: float = Field(0.0, description="absolute floor on test macro-F1 (0: only the champion counts)")
     must_beat_majority_baseline: bool = Field(
         False, description="also require a macro-F1 above always predicting the most frequent class")
-    tolerance: float = Field(0.0, description="promote if challenger >= champion - tolerance")
+
+
+class QualityGateConfig(FloorConfig):
+    tolerance: float = Field(0.0, description="pass if challenger >= champion - tolerance (promotion itself "
+                                              "needs strictly better: champion_model config min_improvement)")
+
+
+def gate_conditions(config: FloorConfig, test) -> list:
+    """The conditions a challenger must meet; the check and ``champion_model`` share them (add one here)."""
+    from finetune_assets import gate
+
+    baseline = gate.majority_baseline(test)
+    floor = max(config.min_macro_f1, baseline + 1e-9 if config.must_beat_majority_baseline else 0.0)
+    return [gate.above_floor(floor)]
 
 
 @dg.asset_check(asset=FINETUNED, name="quality_gate", blocking=True, partitions_def=dataset_versions,
                 additional_deps=[RAW, TOKENIZED],
-                description="Test macro-F1 on the frozen test split vs the current champion; promotes the "
-                            "model (MLflow alias) only if it is not worse.")
+                description="Test macro-F1 of the model this materialization registered, vs the floor and the "
+                            "current champion; observes only (champion_model moves the alias).")
 def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConfig, storage: StorageResource,
                  mlflow: MlflowResource) -> dg.AssetCheckResult:
-    """Challenger and champion scored by one evaluator on this version's test texts; alias moved if not worse."""
+    """Challenger and champion scored by one evaluator on this version's test texts; nothing is promoted here."""
     from mlflow import MlflowClient
 
     from finetune_assets import gate
+    from finetune_assets.assets.finetuned import recorded_model
 
     version = _version(context)
     store = storage.storage()
-    model = store.require(FINETUNED, version)
-    info = model.metadata.get("mlflow") or {}
-    name = info.get("registered_model_name") or mlflow.registered_model_name
-    challenger = info.get("registered_model_version")
-    test = _test_set(store, version)
+    model = recorded_model(context.instance, version, context.run.run_id)
+    name = model.registered_model_name or mlflow.registered_model_name
+    test = frozen_test_set(store, version)
     uri = mlflow.resolve_tracking_uri(store)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
 
-    with store.local_copy(f"{model.url}/model") as local:
+    with store.local_copy(model.model_url) as local:
         score = gate.score_model(local, test)
     baseline = gate.majority_baseline(test)
     meta = {"dataset_version": version, "test_reviews": len(test.texts), "test_data": test.fingerprint,
             "challenger_macro_f1": dg.MetadataValue.float(score),
             "majority_baseline_macro_f1": dg.MetadataValue.float(baseline),
-            "model_path": dg.MetadataValue.path(f"{model.url}/model"),
-            "registered_model": f"{name} v{challenger}" if challenger else "not registered"}
-    if challenger is None:
+            "model_path": dg.MetadataValue.path(model.model_url),
+            "materialized_by_run": model.run_id,
+            "registered_model": f"{name} v{model.registered_model_version}" if model.registered_model_version
+            else "not registered"}
+    if model.registered_model_version is None:
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata={
             **meta, "decision": "not promoted: the trainer registered no model version (mlflow.log_model off?)"})
-    challenger = str(challenger)
-    gate.remember_score(client, name, challenger, test, score)
-
-    floor = max(config.min_macro_f1, baseline + 1e-9 if config.must_beat_majority_baseline else 0.0)
-    if score < floor:
-        decision = f"refused: macro-F1 {score:.4f} is below the floor {floor:.4f}"
-        _tag_decision(client, name, challenger, decision)
-        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                                   description=decision, metadata={**meta, "decision": decision, "floor": floor})
-
-    for _ in range(3):  # re-compare if another run moved the alias while we scored
-        champ = gate.current_champion(client, name, test, config.alias)
-        if champ is None:
-            champ_score, decision = None, f"promoted: first model to hold @{config.alias}"
-        elif champ.version == challenger:
-            champ_score, decision = score, f"already @{config.alias}"
-        else:
-            champ_score = champ.cached_score
-            if champ_score is None:
-                context.log.info(f"scoring champion {name} v{champ.version} on {version}'s test split")
-                champ_score = gate.score_registered(client, name, champ.version, test, uri)
-            meta.update(champion=f"{name} v{champ.version}", champion_dataset_version=champ.dataset_version or "",
-                        champion_macro_f1=dg.MetadataValue.float(champ_score),
-                        delta_macro_f1=dg.MetadataValue.float(score - champ_score))
-            if score + config.tolerance < champ_score:
-                decision = (f"refused: macro-F1 {score:.4f} < champion v{champ.version}'s {champ_score:.4f} "
-                            f"on the same {len(test.texts)} test reviews; @{config.alias} stays on v{champ.version}")
-                _tag_decision(client, name, challenger, decision)
-                return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                                           description=decision, metadata={**meta, "decision": decision})
-            decision = (f"promoted: macro-F1 {score:.4f} >= champion v{champ.version}'s {champ_score:.4f} "
+    challenger = gate.Challenger(name, str(model.registered_model_version), score)
+    gate.remember_score(client, name, challenger.version, test, score)
+    floor = gate_conditions(config, test)
+    result = gate.compare(client, challenger, test, [*floor, gate.beats_champion()], uri, mlflow.champion_alias)
+    meta["decision"] = gate.describe(result, mlflow.champion_alias).replace("promoted:", "will promote:", 1)
+    if result.champion is not None:
+        meta.update(champion=f"{name} v{result.champion.version}",
+                    champion_dataset_version=result.champion.dataset_version or "",
+                    champion_macro_f1=dg.MetadataValue.float(result.champion_score),
+                    delta_macro_f1=dg.MetadataValue.float(score - result.champion_score))
+    worse = result.champion_score is not None and score + config.tolerance < result.champion_score
+    problems = [r for cond in floor if (r := cond(result)) is not None]
+    if worse:
+        problems.append(f"macro-F1 {score:.4f} < champion v{result.champion.version}'s {result.champion_score:.4f} "
                         f"on the same {len(test.texts)} test reviews")
-        current = gate.current_champion(client, name, test, config.alias)
-        if (current.version if current else None) == (champ.version if champ else None):
-            client.set_registered_model_alias(name, config.alias, challenger)
-            break
-    else:
-        raise dg.Failure(f"@{config.alias} of {name} kept moving while the gate compared; re-run the check")
-    _tag_decision(client, name, challenger, decision)
-    context.log.info(decision)
-    return dg.AssetCheckResult(passed=True, description=decision,
-                               metadata={**meta, "decision": decision, "alias": f"{name}@{config.alias} -> v{challenger}"})
+    if problems:
+        decision = "refused: " + "; ".join(problems)
+        client.set_model_version_tag(name, challenger.version, gate.TAG_DECISION, decision[:250])
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR, description=decision,
+                                   metadata={**meta, "decision": decision})
+    context.log.info(f"quality gate: {meta['decision']}")
+    return dg.AssetCheckResult(passed=True, description=meta["decision"], metadata=meta)
 
 
-def _tag_decision(client, name: str, version: str, decision: str) -> None:
-    from finetune_assets.gate import TAG_DECISION
-
-    client.set_model_version_tag(name, version, TAG_DECISION, decision[:250])
-
-
-def _test_set(store, version: str):
+def frozen_test_set(store, version: str):
     """The frozen test split as text + label: tokenized_reviews' split column over raw_reviews' rows."""
     from finetune_assets.gate import TestSet
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from finetune_assets.assets.champion import champion_model
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
@@ -27,7 +28,8 @@ def build_defs(storage_root: str | None = None, launcher: TrainingLauncher | Non
     ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or ``k8s``).
     """
     return dg.Definitions(
-        assets=[raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model],
+        assets=[raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model,
+                champion_model],
         asset_checks=asset_checks,
         jobs=jobs,
         sensors=sensors,

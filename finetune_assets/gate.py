@@ -9,8 +9,10 @@ model (another vocabulary) is still compared fairly. Scores are cached on the ML
 tags keyed by the test data's hash, so a champion is re-scored only when the test data changed.
 """
 
+import contextlib
 import hashlib
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,13 +106,33 @@ class Champion:
     run_id: str | None
 
 
+NOT_FOUND_CODES = frozenset({"RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"})
+
+
+def is_not_found(err: Exception) -> bool:
+    """Whether an MLflow error says "no such registered model" (and nothing else: locks, outages, auth)."""
+    return getattr(err, "error_code", None) in NOT_FOUND_CODES
+
+
 def current_champion(client, name: str, test: TestSet, alias: str = CHAMPION_ALIAS) -> Champion | None:
+    """The version holding ``alias`` of registered model ``name``; None only when there provably is none.
+
+    The alias is read from the registered model itself (an absent alias is then a fact, not an error
+    message to parse); only "registered model not found" means no champion. Any other registry error
+    (SQLite "database is locked", a server outage) propagates: the caller fails and the alias stays.
+    """
     from mlflow.exceptions import MlflowException
 
     try:
-        mv = client.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return None  # no registered model yet, or no version holds the alias
+        model = client.get_registered_model(name)
+    except MlflowException as err:
+        if is_not_found(err):
+            return None
+        raise
+    holder = (model.aliases or {}).get(alias)
+    if holder is None:
+        return None
+    mv = client.get_model_version(name, str(holder))
     tags = mv.tags or {}
     cached = float(tags[TAG_SCORE]) if tags.get(TAG_TEST_DATA) == test.fingerprint and TAG_SCORE in tags else None
     return Champion(version=str(mv.version), cached_score=cached, dataset_version=tags.get("dataset_version"),
@@ -135,3 +157,104 @@ def remember_score(client, name: str, version: str, test: TestSet, score: float)
     client.set_model_version_tag(name, version, TAG_TEST_DATA, test.fingerprint)
     # Full precision: a rounded cache could rank an equally good challenger below the champion.
     client.set_model_version_tag(name, version, TAG_SCORE, repr(float(score)))
+
+
+# -- promotion: one decision rule for the check (observes) and the champion_model asset (acts) ----------
+
+@dataclass(frozen=True)
+class Challenger:
+    """The exact registered version a run produced, with its score on its dataset version's test split."""
+
+    name: str
+    version: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    challenger: Challenger
+    champion: Champion | None
+    champion_score: float | None
+    test: TestSet
+    refusals: tuple[str, ...] = ()  # why the challenger may not take the alias; empty: it may
+
+    @property
+    def promotable(self) -> bool:
+        return not self.refusals and not self.holds_alias
+
+    @property
+    def holds_alias(self) -> bool:
+        return self.champion is not None and self.champion.version == self.challenger.version
+
+
+# A condition returns None when the challenger satisfies it, else the reason it is refused. Promotion
+# takes a list of them: another rule (say "beats its version's baseline by a margin") is one more item.
+Condition = Callable[[Comparison], str | None]
+
+
+def above_floor(floor: float) -> Condition:
+    def condition(c: Comparison) -> str | None:
+        if c.challenger.score >= floor:
+            return None
+        return f"macro-F1 {c.challenger.score:.4f} is below the floor {floor:.4f}"
+
+    return condition
+
+
+def beats_champion(min_improvement: float = 0.0) -> Condition:
+    """Strictly better than the champion (by more than ``min_improvement``): a tie keeps the champion,
+    so a retry that reproduces the same model never moves the alias."""
+
+    def condition(c: Comparison) -> str | None:
+        if c.champion is None or c.holds_alias or c.champion_score is None:
+            return None
+        if c.challenger.score > c.champion_score + min_improvement:
+            return None
+        return (f"macro-F1 {c.challenger.score:.4f} does not beat champion v{c.champion.version}'s "
+                f"{c.champion_score:.4f} (by more than {min_improvement:g}) on the same {len(c.test.texts)} "
+                "test reviews")
+
+    return condition
+
+
+def compare(client, challenger: Challenger, test: TestSet, conditions: Sequence[Condition], tracking_uri: str,
+            alias: str = CHAMPION_ALIAS) -> Comparison:
+    """Read the champion (scoring it on ``test`` unless cached) and apply every condition; changes no alias."""
+    champ = current_champion(client, challenger.name, test, alias)
+    champ_score = None
+    if champ is not None:
+        champ_score = challenger.score if champ.version == challenger.version else champ.cached_score
+        if champ_score is None:
+            champ_score = score_registered(client, challenger.name, champ.version, test, tracking_uri)
+    base = Comparison(challenger, champ, champ_score, test)
+    refusals = tuple(r for cond in conditions if (r := cond(base)) is not None)
+    return Comparison(challenger, champ, champ_score, test, refusals)
+
+
+def describe(c: Comparison, alias: str = CHAMPION_ALIAS) -> str:
+    if c.holds_alias:
+        return f"kept: v{c.challenger.version} already holds @{alias}"
+    if c.refusals:
+        held = f"; @{alias} stays on v{c.champion.version}" if c.champion else ""
+        return "refused: " + "; ".join(c.refusals) + held
+    if c.champion is None:
+        return f"promoted: first model to hold @{alias}"
+    return (f"promoted: macro-F1 {c.challenger.score:.4f} > champion v{c.champion.version}'s "
+            f"{c.champion_score:.4f} on the same {len(c.test.texts)} test reviews")
+
+
+def promote(client, challenger: Challenger, test: TestSet, conditions: Sequence[Condition], tracking_uri: str,
+            alias: str = CHAMPION_ALIAS, lock: contextlib.AbstractContextManager | None = None) -> Comparison:
+    """Compare and, if every condition holds, move ``alias`` to the challenger, inside one critical section.
+
+    MLflow has no compare-and-set on aliases: ``lock`` (plus the ``promotion`` pool of size 1 around the
+    asset) makes read, compare and set one step, so finish order never decides the champion. A registry
+    error while reading propagates before anything is set.
+    """
+    with lock or contextlib.nullcontext():
+        result = compare(client, challenger, test, conditions, tracking_uri, alias)
+        if result.promotable:
+            client.set_registered_model_alias(challenger.name, alias, challenger.version)
+    if not result.holds_alias:
+        client.set_model_version_tag(challenger.name, challenger.version, TAG_DECISION, describe(result, alias)[:250])
+    return result

@@ -13,6 +13,7 @@ TOKENIZED = "tokenized_reviews"
 SHARDS = "mds_shards"
 FINETUNED = "finetuned_model"
 PRETRAINED = "pretrained_model"
+CHAMPION = "champion_model"
 
 
 def _keys(*names: str) -> dg.AssetSelection:
@@ -22,30 +23,37 @@ def _keys(*names: str) -> dg.AssetSelection:
     """
     return dg.AssetSelection.from_string(" or ".join(f'key:"{n}"' for n in names))
 
+# Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled: true``):
+# only failures outside the assets' code (a killed run worker, a lost pod, a daemon restart), at most twice.
+# A failed asset or a refused blocking check is a result, not an accident: it is not retried (a person
+# decides, or the sensor's bounded re-request rule does, see docs/reliability.md).
+RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure": "false"}
+
 # The per-version chain, in order; ``pretrained_model`` is unpartitioned and shared by every version.
-VERSION_CHAIN = (RAW, TOKENIZED, SHARDS, FINETUNED)
+VERSION_CHAIN = (RAW, TOKENIZED, SHARDS, FINETUNED, CHAMPION)
 
 retrain_job = dg.define_asset_job(
     name="retrain_job",
     selection=_keys(*VERSION_CHAIN, PRETRAINED),
     description=(
         "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> mds_shards -> "
-        "finetuned_model, with their checks. pretrained_model is in the selection so a fresh deployment can "
+        "finetuned_model -> champion_model, with their checks. pretrained_model is in the selection so a fresh "
+        "deployment can "
         "build the base model in the same run; the new-data sensor selects it only while it has never been "
         "published (it is shared by all versions, rebuilding it per version would make every version stale)."
     ),
-    tags={"finetune_assets/job": "retrain"},
+    tags={"finetune_assets/job": "retrain", **RETRY_TAGS},
 )
 
 finetune_only_job = dg.define_asset_job(
     name="finetune_only_job",
-    selection=_keys(FINETUNED),
+    selection=_keys(FINETUNED, CHAMPION),
     description=(
         "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with new "
         "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base model that "
         "shares the tokenizer. Launch it for one version or as a backfill over several."
     ),
-    tags={"finetune_assets/job": "finetune_only"},
+    tags={"finetune_assets/job": "finetune_only", **RETRY_TAGS},
 )
 
 base_model_job = dg.define_asset_job(

@@ -10,21 +10,25 @@ Idempotence, in layers:
 - the cursor (returned in ``SensorResult`` only, never ``update_cursor``) remembers each registered
   version with its listing signature, so repeated ticks do no work and request nothing;
 - a version already present as a partition (cursor lost, or registered by the CLI) is never added again;
-- every run key is ``{version}:{content fingerprint}``: the daemon drops a request whose key it has
-  seen, so even a lost cursor cannot start a duplicate run, while a deleted version re-landed with
-  *different* content still runs (Dagster's run-key dedup is permanent).
+- every run key is ``{version}:{fingerprint}`` (names, sizes, mtimes from the listing): the daemon drops
+  a request whose key it has seen, so even a lost cursor cannot start a duplicate run, while a deleted
+  version re-landed with *different* content still runs (Dagster's run-key dedup is permanent);
+- a failed run is requested again under ``{version}:{fingerprint}:{attempt}`` by ``_follow_runs``' rule.
 
 A problem with one entry (bad key, unsupported file, no data files, content changed after
-registration) is logged once and listed in the skip reason; it never blocks the other entries.
+registration, an unreadable drop) is logged once and listed in the skip reason; it never blocks the
+other entries. A tick's work is bounded by ``LandingZoneResource.tick_budget_s``.
 """
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import dagster as dg
+from dagster._core.storage.tags import WILL_RETRY_TAG
 
 from finetune_assets.data.sources import SourceError, SourceSpec, list_files
-from finetune_assets.jobs import PRETRAINED, VERSION_CHAIN, retrain_job
+from finetune_assets.jobs import FINETUNED, PRETRAINED, VERSION_CHAIN, retrain_job
 from finetune_assets.partitions import DATASET_VERSIONS, InvalidVersionKey, validate_version_key
 from finetune_assets.resources.landing import LandedEntry, LandingZoneResource, fingerprint, strip_format_suffix
 from finetune_assets.resources.storage import StorageResource
@@ -35,6 +39,10 @@ RUN_KEY_TAG = "dagster/run_key"
 VERSION_TAG = "finetune_assets/dataset_version"
 FINGERPRINT_TAG = "finetune_assets/fingerprint"
 SOURCE_TAG = "finetune_assets/source"
+ATTEMPT_TAG = "finetune_assets/attempt"
+STATUS_TAG = "finetune_assets/version_status"  # on a run the sensor gave up on: visible in the UI's run list
+MAX_RUN_ATTEMPTS = 3  # runs per version the sensor requests before leaving it to a person
+LOST_AFTER_S = 600.0  # a requested run that never appeared by then (dropped request) is requested again
 
 
 @dataclass
@@ -46,6 +54,8 @@ class LandingCursor:
     awaiting_base: dict[str, str] = field(default_factory=dict)  # key -> fp: run waits for pretrained_model
     base_run_key: str | None = None  # the run that builds pretrained_model, while it is unpublished
     reported: dict[str, str] = field(default_factory=dict)  # entry -> problem already logged
+    runs: dict[str, dict] = field(default_factory=dict)  # key -> {fp, attempt, at}: requested, not yet succeeded
+    failed: dict[str, str] = field(default_factory=dict)  # key -> why its run is given up (a person re-runs it)
 
     @classmethod
     def parse(cls, raw: str | None) -> "LandingCursor":
@@ -59,46 +69,46 @@ class LandingCursor:
             return cls()
         return cls(registered=data.get("registered", {}), pending=data.get("pending", {}),
                    awaiting_base=data.get("awaiting_base", {}), base_run_key=data.get("base_run_key"),
-                   reported=data.get("reported", {}))
+                   reported=data.get("reported", {}), runs=data.get("runs", {}), failed=data.get("failed", {}))
 
     def dumps(self) -> str:
         return json.dumps({"v": CURSOR_VERSION, "registered": self.registered, "pending": self.pending,
                            "awaiting_base": self.awaiting_base, "base_run_key": self.base_run_key,
-                           "reported": self.reported}, sort_keys=True)
+                           "reported": self.reported, "runs": self.runs, "failed": self.failed}, sort_keys=True)
 
 
-def run_key(key: str, fp: str) -> str:
-    return f"{key}:{fp}"
+def run_key(key: str, fp: str, attempt: int = 1) -> str:
+    """``{key}:{fp}`` for the first run of a version; a re-request after a failure adds ``:{attempt}``
+    (the daemon drops a run key it has seen, whatever that run's outcome)."""
+    return f"{key}:{fp}" if attempt <= 1 else f"{key}:{fp}:{attempt}"
 
 
-def retrain_request(key: str, fp: str, source: str, with_base: bool) -> dg.RunRequest:
+def retrain_request(key: str, fp: str, source: str, with_base: bool, attempt: int = 1) -> dg.RunRequest:
     """One retrain run for a version; ``pretrained_model`` only while it has never been published."""
     assets = [*VERSION_CHAIN, *((PRETRAINED,) if with_base else ())]
     return dg.RunRequest(
-        run_key=run_key(key, fp),
+        run_key=run_key(key, fp, attempt),
         partition_key=key,
         asset_selection=[dg.AssetKey(a) for a in assets],
-        tags={VERSION_TAG: key, FINGERPRINT_TAG: fp, SOURCE_TAG: source[-255:]},
+        tags={VERSION_TAG: key, FINGERPRINT_TAG: fp, SOURCE_TAG: source[-255:], ATTEMPT_TAG: str(attempt)},
     )
 
 
-def _base_run_failed(instance: dg.DagsterInstance, key: str | None) -> bool:
-    """Whether the run meant to build pretrained_model ended without building it (so another may try)."""
-    if key is None:
-        return True
-    runs = instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: key}), limit=1)
-    return bool(runs) and runs[0].status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
-
-
 def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneResource,
-                     storage: StorageResource) -> dg.SensorResult:
-    """One tick; a plain function so tests and the sensor share it."""
+                     storage: StorageResource, clock=time.monotonic) -> dg.SensorResult:
+    """One tick; a plain function so tests and the sensor share it.
+
+    Work is bounded: one listing, then per-entry work only for entries not yet registered, stopping
+    once ``landing.tick_budget_s`` is spent (``clock`` is injectable for tests); what was done is in
+    the returned cursor and the next tick goes on from there. One entry's error never stops the others.
+    """
     cursor = LandingCursor.parse(context.cursor)
     store = storage.storage()
     instance = context.instance
+    started = clock()
     existing = set(instance.get_dynamic_partitions(DATASET_VERSIONS))
     entries = landing.list_entries()
-    problems: dict[str, str] = {}  # entry name -> why it was skipped (malformed / conflicting)
+    problems: dict[str, str] = {}  # entry name -> why it was skipped (malformed / conflicting / unreadable)
     waiting: list[str] = []  # why complete-looking versions are not yet registered
     new_partitions: list[str] = []
     ready: list[tuple[str, str, str]] = []  # (key, fp, source) whose runs to request this tick
@@ -108,66 +118,28 @@ def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneRe
     for e in entries:
         by_key.setdefault(e.key, []).append(e)
     seen_keys = set(by_key)
+    deferred = 0
 
     for key, group in sorted(by_key.items()):
-        if len(group) > 1:
-            names = ", ".join(e.name for e in group)
-            for e in group:
-                problems[e.name] = f"version key {key!r} is ambiguous ({names}): keep one, rename the others"
+        prev = cursor.registered.get(key)
+        if len(group) == 1 and prev is not None and prev["sig"] == group[0].signature:
+            continue  # registered, unchanged: the common case, no I/O beyond the listing
+        if clock() - started > landing.tick_budget_s:
+            deferred += 1
             continue
         e = group[0]
-        if not e.is_dir and strip_format_suffix(e.name) is None:
-            problems[e.name] = "unsupported file type (use .csv, .tsv, .jsonl, .json or .parquet, or a folder)"
-            continue
         try:
-            validate_version_key(key)
-        except InvalidVersionKey as err:
-            problems[e.name] = str(err)
-            continue
-        prev = cursor.registered.get(key)
-        if prev is not None and prev["sig"] == e.signature:
-            continue  # registered, unchanged: the common case, no I/O beyond the listing
-        if e.is_dir and not e.marker_present:
-            waiting.append(f"{e.name}: waiting for {landing.success_marker}")
-            continue
-        if not e.is_dir and prev is None and cursor.pending.get(key) != e.signature:
-            cursor.pending[key] = e.signature
-            waiting.append(f"{e.name}: waiting one tick for its size and mtime to stop changing")
-            continue
-        cursor.pending.pop(key, None)
-        if e.is_dir:
-            try:
-                list_files(e.uri)
-            except SourceError as err:
-                problems[e.name] = str(err)
-                continue
-        fp = fingerprint(e.uri)
-        if prev is not None:
-            if prev["fp"] != fp:
-                problems[e.name] = (f"content changed after version {key} was registered (fingerprint "
-                                    f"{prev['fp']} -> {fp}); versions are immutable: land it under a new key")
-            prev["sig"] = e.signature
-            continue
-        if key in existing:  # cursor reset, or registered by the CLI
-            record = read_version(store, key)
-            if record is not None and record.fingerprint == fp:
-                cursor.registered[key] = {"fp": fp, "sig": e.signature}
-                # Same key and content as before: the daemon drops this by run key if it already ran.
-                rerequest.append(retrain_request(key, fp, e.uri, with_base=False))
-            else:
-                problems[e.name] = (f"dataset version {key} is already registered from "
-                                    f"{record.source.uri if record else 'an unknown source'}; "
-                                    "land the new data under a new key")
-            continue
-        write_version(store, key, SourceSpec(uri=e.uri), fingerprint=fp)  # before the run can start
-        cursor.registered[key] = {"fp": fp, "sig": e.signature}
-        new_partitions.append(key)
-        ready.append((key, fp, e.uri))
+            _consider(landing, store, cursor, existing, key, group, problems, waiting, new_partitions, ready,
+                      rerequest)
+        except Exception as err:  # noqa: BLE001 - an unreadable drop (deleted mid-read, permissions) is its own problem
+            problems[e.name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
 
     # Files that vanished before they settled are forgotten; reports clear when the entry is fixed.
     cursor.pending = {k: v for k, v in cursor.pending.items() if k in seen_keys}
+    if deferred:
+        waiting.append(f"{deferred} entries left for the next tick (tick budget {landing.tick_budget_s:g} s)")
 
-    run_requests = _requests_with_base(context, cursor, store, ready, waiting) + rerequest
+    run_requests = _follow_runs(context, cursor, store) + _requests_with_base(cursor, store, ready, waiting) + rerequest
     _log_problems(context, cursor, problems)
 
     dpr = [dg.AddDynamicPartitionsRequest(DATASET_VERSIONS, new_partitions)] if new_partitions else []
@@ -176,35 +148,157 @@ def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneRe
             context.log.info(f"registered dataset version {key} (fingerprint {cursor.registered[key]['fp']})")
         return dg.SensorResult(run_requests=run_requests, dynamic_partitions_requests=dpr,
                                cursor=cursor.dumps())
-    reasons = [*(f"{name}: {why}" for name, why in sorted(problems.items())), *waiting]
+    reasons = [*(f"{name}: {why}" for name, why in sorted(problems.items())), *waiting,
+               *(f"{key}: {why}" for key, why in sorted(cursor.failed.items()))]
     skip = "; ".join(reasons) if reasons else f"no new dataset versions in {landing.location()}"
     return dg.SensorResult(skip_reason=dg.SkipReason(skip), cursor=cursor.dumps())
 
 
-def _requests_with_base(context, cursor: LandingCursor, store, ready, waiting) -> list[dg.RunRequest]:
+def _consider(landing, store, cursor: LandingCursor, existing, key, group, problems, waiting, new_partitions, ready,
+              rerequest) -> None:
+    """One landed entry: register it as a version, wait for it, or say why it is skipped."""
+    if len(group) > 1:
+        names = ", ".join(e.name for e in group)
+        for e in group:
+            problems[e.name] = f"version key {key!r} is ambiguous ({names}): keep one, rename the others"
+        return
+    e = group[0]
+    if not e.is_dir and strip_format_suffix(e.name) is None:
+        problems[e.name] = "unsupported file type (use .csv, .tsv, .jsonl, .json or .parquet, or a folder)"
+        return
+    try:
+        validate_version_key(key)
+    except InvalidVersionKey as err:
+        problems[e.name] = str(err)
+        return
+    prev = cursor.registered.get(key)
+    if e.is_dir and prev is None and not landing.marker_present(e):
+        waiting.append(f"{e.name}: waiting for {landing.success_marker}")
+        return
+    if not e.is_dir and prev is None and cursor.pending.get(key) != e.signature:
+        cursor.pending[key] = e.signature
+        waiting.append(f"{e.name}: waiting one tick for its size and mtime to stop changing")
+        return
+    cursor.pending.pop(key, None)
+    if e.is_dir:
+        try:
+            list_files(e.uri)
+        except SourceError as err:
+            problems[e.name] = str(err)
+            return
+    fp = fingerprint(e.uri)
+    if prev is not None:
+        if prev["fp"] != fp:
+            problems[e.name] = (f"content changed after version {key} was registered (fingerprint "
+                                f"{prev['fp']} -> {fp}); versions are immutable: land it under a new key")
+        prev["sig"] = e.signature
+        return
+    if key in existing:  # cursor reset, or registered by the CLI
+        record = read_version(store, key)
+        if record is not None and record.fingerprint == fp:
+            cursor.registered[key] = {"fp": fp, "sig": e.signature}
+            # Same key and content as before: the daemon drops this by run key if it already ran.
+            rerequest.append(retrain_request(key, fp, e.uri, with_base=False))
+        else:
+            problems[e.name] = (f"dataset version {key} is already registered from "
+                                f"{record.source.uri if record else 'an unknown source'}; "
+                                "land the new data under a new key")
+        return
+    write_version(store, key, SourceSpec(uri=e.uri), fingerprint=fp)  # before the run can start
+    cursor.registered[key] = {"fp": fp, "sig": e.signature}
+    new_partitions.append(key)
+    ready.append((key, fp, e.uri))
+
+
+def _requests_with_base(cursor: LandingCursor, store, ready, waiting) -> list[dg.RunRequest]:
     """Run requests for ready versions; only one run at a time builds a missing ``pretrained_model``.
 
     Every version shares the base model: two runs publishing it concurrently would race, so while it
-    is unpublished the first version's run builds it and the others wait in the cursor.
+    is unpublished one version's run builds it (``base_run_key`` names that version) and the others wait
+    in the cursor. When that run is given up (``_follow_runs``), the next waiting version builds it.
     """
-    queue = [(k, fp, src) for k, fp, src in ready]
+    queue = list(ready)
     for key, fp in list(cursor.awaiting_base.items()):
         record = read_version(store, key)
         queue.insert(0, (key, fp, record.source.uri if record else ""))
     if store.current(PRETRAINED) is not None:
         cursor.awaiting_base, cursor.base_run_key = {}, None
-        return [retrain_request(k, fp, src, with_base=False) for k, fp, src in queue]
+        return [_track(cursor, k, fp, src, with_base=False) for k, fp, src in queue]
     requests = []
-    if queue and _base_run_failed(context.instance, cursor.base_run_key):
+    if queue and cursor.base_run_key not in cursor.runs:
         key, fp, src = queue.pop(0)
-        requests.append(retrain_request(key, fp, src, with_base=True))
-        cursor.base_run_key = run_key(key, fp)
+        requests.append(_track(cursor, key, fp, src, with_base=True))
+        cursor.base_run_key = key
         cursor.awaiting_base.pop(key, None)
     for key, fp, _ in queue:
         cursor.awaiting_base[key] = fp
         waiting.append(f"{key}: registered; its run waits until pretrained_model is built "
-                       f"(by run {cursor.base_run_key})")
+                       f"(by the run of {cursor.base_run_key})")
     return requests
+
+
+def _track(cursor: LandingCursor, key: str, fp: str, source: str, with_base: bool, attempt: int = 1) -> dg.RunRequest:
+    cursor.runs[key] = {"fp": fp, "attempt": attempt, "at": time.time()}
+    return retrain_request(key, fp, source, with_base=with_base, attempt=attempt)
+
+
+def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
+    """The rule for failed runs: a version whose run failed outside its checks is requested again, at most
+    ``MAX_RUN_ATTEMPTS`` runs in all; a run the daemon will retry itself (``dagster/will_retry``) is waited
+    for; a version whose model was trained but refused by a blocking check is not retrained (same data, same
+    decision). A version given up is tagged on its last run and listed in the skip reason until a person acts.
+    One run-storage query per tick for all versions with a run in flight; none for versions that succeeded.
+    """
+    instance = context.instance
+    requests = []
+    wanted = {run_key(key, info["fp"], info["attempt"]): key for key, info in cursor.runs.items()}
+    latest: dict[str, dg.DagsterRun] = {}
+    if wanted:
+        # Newest first: a run the daemon retried (same tags) shadows the run it retried.
+        for r in instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: list(wanted)})):
+            latest.setdefault(r.tags.get(RUN_KEY_TAG), r)
+    for key, info in sorted(cursor.runs.items()):
+        run = latest.get(run_key(key, info["fp"], info["attempt"]))
+        if run is None:
+            if time.time() - info["at"] < LOST_AFTER_S:
+                continue
+            why = "its run was never created"
+        elif run.status == dg.DagsterRunStatus.SUCCESS:
+            del cursor.runs[key]
+            continue
+        elif run.status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) \
+                or run.tags.get(WILL_RETRY_TAG) == "true":
+            continue
+        elif _trained_in(instance, key, run.run_id):
+            _give_up(context, cursor, key, run, "trained, but a blocking check (quality gate) refused the model")
+            continue
+        else:
+            why = f"run {run.run_id[:8]} {run.status.value.lower()}"
+        if info["attempt"] >= MAX_RUN_ATTEMPTS:
+            _give_up(context, cursor, key, run, f"{why}; gave up after {info['attempt']} runs: re-run retrain_job "
+                                                f"for partition {key} from the UI")
+            continue
+        record = read_version(store, key)
+        with_base = key == cursor.base_run_key and store.current(PRETRAINED) is None
+        context.log.warning(f"dataset version {key}: {why}; requesting run {info['attempt'] + 1} "
+                            f"of at most {MAX_RUN_ATTEMPTS}")
+        requests.append(_track(cursor, key, info["fp"], record.source.uri if record else "", with_base,
+                               attempt=info["attempt"] + 1))
+    return requests
+
+
+def _trained_in(instance, key: str, run_id: str) -> bool:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(FINETUNED), asset_partitions=[key]), limit=1).records
+    return bool(records) and records[0].run_id == run_id
+
+
+def _give_up(context, cursor: LandingCursor, key: str, run, why: str) -> None:
+    cursor.runs.pop(key, None)
+    cursor.failed[key] = why
+    if run is not None:
+        context.instance.add_run_tags(run.run_id, {STATUS_TAG: "failed: " + why[:200]})
+    context.log.warning(f"dataset version {key}: {why}")
 
 
 def _log_problems(context, cursor: LandingCursor, problems: dict[str, str]) -> None:

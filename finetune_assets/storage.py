@@ -9,6 +9,12 @@ A materialization writes a fresh attempt directory and only then replaces ``CURR
 atomic step (``os.replace`` locally, a single-object PUT on object stores). Readers only follow
 ``CURRENT``, so a killed write leaves the previous version (or nothing) visible, never a partial
 one, and two partitions never share a directory. Kept free of Dagster: pods and the CLI use it too.
+
+Concurrency: the pointer's read-compare-write runs under a lock (local roots), so concurrent publishes
+of one partition chain ``previous`` exactly and never delete each other's attempts; on object stores,
+where fsspec offers no portable conditional PUT, one run per partition (tag concurrency limit) is the
+guard. Attempts in use are leased (``leases/``): a writer's lease is refreshed by a heartbeat, a run's
+pin by each of its steps, and garbage collection never removes a leased attempt.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ DEFAULT_ROOT = ".finetune_assets"
 UNPARTITIONED = "_"
 POINTER = "CURRENT"
 ATTEMPTS = "attempts"
+LOCKS = ".locks"
+RECORDS = "records"  # {prefix}/records/{attempt}.json: the pointer as it was when that attempt was published
+LEASES = "leases"  # {prefix}/leases/{holder}.json: an attempt in use (being written, or read by a run)
+LEASE_TTL_S = 600.0  # a writer's lease, refreshed every TTL/3 while it writes; a killed writer's expires
+PIN_TTL_S = 24 * 3600.0  # a run's pin (lease) on what it read, refreshed by each of its steps
 # Abandoned attempts (killed runs) older than this are removed by the next successful publish;
 # younger ones may belong to a concurrent materialization of the same partition.
 ABANDONED_AFTER_S = 3600.0
@@ -141,19 +152,25 @@ class Storage:
             local_dir = Path(tmp)
         staging = Staging(local_dir, url, attempt)
         try:
-            yield staging
-            if staging.data_version is None:
-                raise RuntimeError("publish(): the writer did not set staging.data_version")
-            if not self.is_local:
-                self.fs.put(str(local_dir) + "/", url + "/", recursive=True)
-            previous = self.current(asset, partition)
-            self._write_pointer(prefix, {
-                "attempt": attempt,
-                "previous": previous.attempt if previous else None,
-                "data_version": staging.data_version,
-                "metadata": staging.metadata,
-                "published_at": time.time(),
-            })
+            with self._heartbeat(prefix, f"writer-{attempt}", attempt):
+                yield staging
+                if staging.data_version is None:
+                    raise RuntimeError("publish(): the writer did not set staging.data_version")
+                if not self.is_local:
+                    self.fs.put(str(local_dir) + "/", url + "/", recursive=True)
+                with self.lock(f"pointer-{asset}-{partition or UNPARTITIONED}"):
+                    # Read inside the critical section: a publish that finished meanwhile becomes ``previous``.
+                    previous = self.current(asset, partition)
+                    record = {
+                        "attempt": attempt,
+                        "previous": previous.attempt if previous else None,
+                        "data_version": staging.data_version,
+                        "metadata": staging.metadata,
+                        "published_at": time.time(),
+                    }
+                    self.write_atomic(join(prefix, RECORDS, f"{attempt}.json"),
+                                      json.dumps(record, indent=2, sort_keys=True).encode())
+                    self._write_pointer(prefix, record)
         except BaseException:
             self._remove(url)
             raise
@@ -166,6 +183,76 @@ class Storage:
                 keep={attempt, previous.attempt} if previous else {attempt},
                 retired=previous.previous if previous else None,
             )
+
+    # -- leases: attempts in use are never collected --------------------------------------------
+
+    def _lease_url(self, prefix: str, holder: str) -> str:
+        return join(prefix, LEASES, f"{holder}.json")
+
+    def _write_lease(self, prefix: str, holder: str, attempt: str, ttl_s: float) -> None:
+        self.write_atomic(self._lease_url(prefix, holder),
+                          json.dumps({"attempt": attempt, "expires": time.time() + ttl_s}).encode())
+
+    @contextlib.contextmanager
+    def _heartbeat(self, prefix: str, holder: str, attempt: str, ttl_s: float = LEASE_TTL_S) -> Iterator[None]:
+        """Lease ``attempt`` while the block runs, refreshed every ``ttl_s / 3`` by a daemon thread."""
+        import threading
+
+        self._write_lease(prefix, holder, attempt, ttl_s)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(ttl_s / 3):
+                with contextlib.suppress(OSError):
+                    self._write_lease(prefix, holder, attempt, ttl_s)
+
+        thread = threading.Thread(target=beat, name=f"lease-{holder}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self._remove(self._lease_url(prefix, holder))
+
+    def leased(self, prefix: str) -> set[str]:
+        """Attempts under ``prefix`` with an unexpired lease (expired lease files are removed)."""
+        folder = join(prefix, LEASES)
+        if not self.fs.exists(folder):
+            return set()
+        alive, now = set(), time.time()
+        for path in self.fs.ls(folder, detail=False):
+            lease = self.read_json(path)
+            if lease is None:
+                continue
+            if float(lease.get("expires", 0)) > now:
+                alive.add(lease["attempt"])
+            else:
+                self._remove(path)
+        return alive
+
+    def pinned(self, asset: str, run_id: str, partition: str | None = None) -> Published:
+        """What ``asset`` looked like when run ``run_id`` first read it, leased for that run.
+
+        Every step of a run reads the same attempt (a publish of a new base model between tokenizing and
+        training does not mix tokenizers), and that attempt is not collected while the run goes on: each
+        call renews the pin for ``PIN_TTL_S``.
+        """
+        prefix = self.prefix(asset, partition)
+        holder = "run-" + "".join(c for c in run_id if c.isalnum() or c == "-")[:64]
+        pin = self.read_json(self._lease_url(prefix, holder))
+        current = self.current(asset, partition) if pin is None else None
+        if pin is None and current is None:
+            return self.require(asset, partition)  # raises: never materialized
+        attempt = pin["attempt"] if pin is not None else current.attempt
+        self._write_lease(prefix, holder, attempt, PIN_TTL_S)
+        if current is not None and current.attempt == attempt:
+            return current
+        pointer = self.read_json(join(prefix, RECORDS, f"{attempt}.json"))
+        if pointer is None:
+            raise FileNotFoundError(f"{asset} attempt {attempt} pinned by run {run_id} has been removed")
+        return Published(url=join(prefix, ATTEMPTS, attempt), attempt=attempt, data_version=pointer["data_version"],
+                         metadata=pointer.get("metadata", {}), previous=pointer.get("previous"))
 
     def _write_pointer(self, prefix: str, pointer: dict[str, Any]) -> None:
         self.write_atomic(join(prefix, POINTER), json.dumps(pointer, indent=2, sort_keys=True).encode())
@@ -186,16 +273,40 @@ class Storage:
                 self.fs.rm(url, recursive=True)
 
     def _collect_garbage(self, prefix: str, keep: set[str], retired: str | None) -> None:
-        """Keep the new version and the one it replaced (a reader may still be streaming it);
-        remove the version before that, and attempts abandoned long ago by killed runs."""
+        """Keep the new version and the one it replaced (a reader may still be streaming it); remove the
+        version before that and attempts abandoned long ago by killed runs, unless an attempt is leased
+        (being written, or pinned by a live run)."""
         attempts = join(prefix, ATTEMPTS)
         now = time.time()
+        leased = self.leased(prefix)
         for entry in self.fs.ls(attempts, detail=True):
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-            if name in keep:
+            if name in keep or name in leased:
                 continue
             if name == retired or _age_s(name, entry, now) > ABANDONED_AFTER_S:
                 self._remove(join(attempts, name))
+                self._remove(join(prefix, RECORDS, f"{name}.json"))
+
+    @contextlib.contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """Mutual exclusion between processes sharing this local root (``fcntl.flock``, released on exit or death).
+
+        Object stores have no lock: there a Dagster pool / tag concurrency limit serializes the writers
+        (docs/reliability.md, "Production semantics").
+        """
+        if not self.is_local:
+            yield
+            return
+        import fcntl
+
+        path = Path(self.url(LOCKS, f"{name}.lock"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -252,8 +363,18 @@ def _age_s(attempt: str, entry: dict[str, Any], now: float) -> float:
     return min(ages) if ages else 0.0
 
 
+# Keys that name the library which wrote a file, not what it holds (an upgrade must not make data stale).
+WRITER_KEYS = frozenset({"transformers_version"})
+
+
 def hash_tree(path: Path, exclude: tuple[str, ...] = ()) -> str:
-    """Content hash of a local file or folder (relative names + bytes), the asset's data version."""
+    """Content hash of a local file or folder (relative names + content), the asset's data version.
+
+    Content, not writer metadata: Parquet and Arrow files are hashed by their table (schema + values, not
+    the footer's ``created_by`` nor the compression), JSON files without ``WRITER_KEYS`` such as the
+    ``transformers_version`` that ``save_pretrained`` stamps into ``config.json``. So a library upgrade
+    that rewrites the same data leaves data versions, and staleness, unchanged. Other files: their bytes.
+    """
     import hashlib
 
     digest = hashlib.sha256()
@@ -263,7 +384,46 @@ def hash_tree(path: Path, exclude: tuple[str, ...] = ()) -> str:
         if rel in exclude:
             continue
         digest.update(rel.encode() + b"\x00")
-        with p.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        _hash_content(p, digest)
     return digest.hexdigest()[:16]
+
+
+def _hash_content(path: Path, digest) -> None:
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".arrow"):
+        table = _read_table(path)
+        if table is not None:
+            import pyarrow as pa
+
+            table = table.replace_schema_metadata(None).combine_chunks()
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            digest.update(b"table\x00" + sink.getvalue().to_pybytes())
+            return
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_bytes())
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k not in WRITER_KEYS}
+            digest.update(b"json\x00" + json.dumps(data, sort_keys=True).encode())
+            return
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+
+
+def _read_table(path: Path):
+    """The table in a Parquet or Arrow IPC file; None when it is not one (then its bytes are hashed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix.lower() == ".parquet":
+            return pq.read_table(path)
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+    except (pa.ArrowInvalid, OSError):
+        return None

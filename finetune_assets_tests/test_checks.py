@@ -7,6 +7,7 @@ import dagster as dg
 import pytest
 import torch
 
+from finetune_assets.assets.champion import champion_model
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
@@ -15,6 +16,7 @@ from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.checks import mds_shards_integrity, quality_gate, raw_reviews_contract
 from finetune_assets.data.labels import LABEL2ID
 from finetune_assets.data.sources import SourceSpec
+from finetune_assets.gate import TestSet
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
@@ -22,7 +24,7 @@ from finetune_assets.resources.storage import StorageResource
 from finetune_assets.storage import Storage, hash_tree
 from finetune_assets.versions import write_version
 
-ALL = [raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model,
+ALL = [raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model, champion_model,
        raw_reviews_contract, mds_shards_integrity, quality_gate]
 DATA_CHAIN = dg.AssetSelection.assets("raw_reviews", "tokenized_reviews", "mds_shards")
 
@@ -148,8 +150,9 @@ def _biased_model(src: Path, dst: Path, label: str) -> Path:
     return dst
 
 
-def _register_challenger(storage_root: Path, version: str, model_dir: Path) -> str:
-    """What finetuned_model leaves behind: the published model folder and a registered MLflow version."""
+def _register_challenger(instance, storage_root: Path, version: str, model_dir: Path) -> str:
+    """What finetuned_model leaves behind: a published model folder, a registered MLflow version and
+    Dagster's materialization record naming both (what the gate and promotion act on)."""
     import mlflow
 
     store = Storage(str(storage_root))
@@ -174,6 +177,11 @@ def _register_challenger(storage_root: Path, version: str, model_dir: Path) -> s
         staging.data_version = hash_tree(staging.local_dir)
         staging.metadata = {"mlflow": {"registered_model_name": resource.registered_model_name,
                                        "registered_model_version": int(mv.version), "run_id": run.info.run_id}}
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        "finetuned_model", partition=version, metadata={
+            "model_path": dg.MetadataValue.path(f"{staging.url}/model"),
+            "registered_model_name": resource.registered_model_name,
+            "registered_model_version": int(mv.version)}))
     return str(mv.version)
 
 
@@ -185,44 +193,213 @@ def _gate(instance, storage_root, version):
     return _checks(result)["quality_gate"]
 
 
-def _champion(storage_root) -> str:
+def _promote(instance, storage_root, version) -> dg.ExecuteInProcessResult:
+    """champion_model alone for one version (a person's click, or a backfill of an old version)."""
+    return dg.materialize(ALL, selection=dg.AssetSelection.assets(champion_model), instance=instance,
+                          resources=_resources(storage_root), raise_on_error=False, partition_key=version)
+
+
+def _decision(result: dg.ExecuteInProcessResult) -> str:
+    (mat,) = result.asset_materializations_for_node("champion_model")
+    return mat.metadata["decision"].value
+
+
+def _client(storage_root):
     import mlflow
 
-    uri = MlflowResource().resolve_tracking_uri(Storage(str(storage_root)))
-    return str(mlflow.MlflowClient(uri).get_model_version_by_alias("review-classifier", "champion").version)
+    return mlflow.MlflowClient(MlflowResource().resolve_tracking_uri(Storage(str(storage_root))))
 
 
-def test_gate_promotes_only_models_not_worse_than_the_champion(instance, storage_root, base, arabic_reviews,
-                                                              tmp_path):
+def _champion(storage_root) -> str:
+    return str(_client(storage_root).get_model_version_by_alias("review-classifier", "champion").version)
+
+
+def test_gate_observes_and_champion_model_promotes_only_strictly_better(instance, storage_root, base,
+                                                                       arabic_reviews, tmp_path):
     assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
     good = _biased_model(base, tmp_path / "good", "Positive")  # majority class: macro-F1 ~0.28
     bad = _biased_model(base, tmp_path / "bad", "Mixed")  # rare class: macro-F1 ~0.05
 
-    first = _register_challenger(storage_root, "v1", good)
+    first = _register_challenger(instance, storage_root, "v1", good)
     check = _gate(instance, storage_root, "v1")
     assert check.passed and "first model" in check.metadata["decision"].value
+    assert _client(storage_root).get_registered_model("review-classifier").aliases == {}  # the check only observes
+    assert "first model" in _decision(_promote(instance, storage_root, "v1"))
     assert _champion(storage_root) == first
 
-    worse = _register_challenger(storage_root, "v1", bad)
+    worse = _register_challenger(instance, storage_root, "v1", bad)
     check = _gate(instance, storage_root, "v1")
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
     meta = check.metadata
     assert meta["challenger_macro_f1"].value < meta["champion_macro_f1"].value
     assert meta["champion"].value == f"review-classifier v{first}"
     assert "refused" in meta["decision"].value and _champion(storage_root) == first
-    assert worse != first
+    assert "refused" in _decision(_promote(instance, storage_root, "v1"))  # alone, it applies the rule itself
+    assert worse != first and _champion(storage_root) == first
 
-    # A new version with a bigger test split: the champion is re-scored on *this* test data, and a
-    # challenger that is exactly as good (not worse) is promoted.
+    # A new version with a bigger test split: the champion is re-scored on *this* test data; a challenger
+    # exactly as good passes the gate but does not take the alias (a tie keeps the champion).
     drop = tmp_path / "v2"
     drop.mkdir()
     for f in ("PROD.csv", "RES2.csv"):
         shutil.copy(arabic_reviews / f, drop)
     assert _run(instance, storage_root, "v2", drop).success
-    third = _register_challenger(storage_root, "v2", _biased_model(base, tmp_path / "good2", "Positive"))
+    _register_challenger(instance, storage_root, "v2", _biased_model(base, tmp_path / "good2", "Positive"))
     check = _gate(instance, storage_root, "v2")
     meta = check.metadata
     assert check.passed and meta["champion_dataset_version"].value == "v1"
     assert meta["champion_macro_f1"].value == pytest.approx(meta["challenger_macro_f1"].value)
     assert meta["test_reviews"].value > 500
-    assert _champion(storage_root) == third
+    result = _promote(instance, storage_root, "v2")
+    assert result.success and "refused" in _decision(result) and "does not beat" in _decision(result)
+    assert _champion(storage_root) == first
+
+
+def test_gate_and_promotion_act_on_the_recorded_model_not_current(instance, storage_root, base, arabic_reviews,
+                                                                  tmp_path):
+    """A gate run alone on an old version: it scores the model its materialization recorded, even after
+    another writer moved CURRENT to a foreign model, and cannot move the alias back to an old model."""
+    assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
+    first = _register_challenger(instance, storage_root, "v1", _biased_model(base, tmp_path / "good", "Positive"))
+    assert _promote(instance, storage_root, "v1").success and _champion(storage_root) == first
+    store = Storage(str(storage_root))
+    with store.publish("finetuned_model", "v1") as staging:  # foreign: published, never recorded by Dagster
+        _biased_model(base, staging.local_dir / "model", "Mixed")
+        staging.data_version = "foreign"
+    check = _gate(instance, storage_root, "v1")
+    assert check.passed and check.metadata["challenger_macro_f1"].value > 0.2  # the recorded (Positive) model
+    # An old version's model re-promoted alone ties with the champion it already is: nothing moves.
+    assert "already holds" in _decision(_promote(instance, storage_root, "v1"))
+    assert _champion(storage_root) == first
+
+
+# -- promotion semantics on a real (SQLite) registry, no training: gate.promote is what champion_model runs ------
+
+class _Registry:
+    """A real MLflow SQLite registry with versions whose scores are cached on the test data (no model needed)."""
+
+    def __init__(self, tmp_path: Path):
+        import mlflow
+
+        self.uri = f"sqlite:///{tmp_path}/registry.db"
+        self.client = mlflow.MlflowClient(self.uri, registry_uri=self.uri)
+        self.test = TestSet.build(["good", "bad"], ["Positive", "Negative"])
+        self.client.create_registered_model("m")
+
+    def version(self, score: float) -> str:
+        from finetune_assets import gate
+
+        mv = self.client.create_model_version("m", "file:///nowhere/model")
+        gate.remember_score(self.client, "m", str(mv.version), self.test, score)
+        return str(mv.version)
+
+    def champion(self) -> str | None:
+        holder = self.client.get_registered_model("m").aliases.get("champion")
+        return None if holder is None else str(holder)
+
+    def promote(self, version: str, score: float, client=None, lock=None):
+        from finetune_assets import gate
+
+        return gate.promote(client or self.client, gate.Challenger("m", version, score), self.test,
+                            [gate.beats_champion()], self.uri, lock=lock)
+
+
+class _FlakyClient:
+    """Wraps a real MlflowClient; the listed reads raise the given MLflow error (a locked SQLite store, an
+    outage). Everything else is the real registry, so an alias set by mistake would really be set."""
+
+    def __init__(self, client, error_code: str, methods=("get_registered_model",)):
+        self._client, self._code, self._methods = client, error_code, methods
+        self.sets = 0
+
+    def __getattr__(self, name):
+        from mlflow.exceptions import MlflowException
+
+        if name in self._methods:
+            def fail(*args, **kwargs):
+                raise MlflowException("(sqlite3.OperationalError) database is locked", error_code=self._code)
+            return fail
+        if name == "set_registered_model_alias":
+            self.sets += 1
+        return getattr(self._client, name)
+
+
+@pytest.mark.parametrize("code", ["TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "PERMISSION_DENIED"])
+def test_registry_errors_fail_promotion_and_leave_the_alias(tmp_path, code):
+    from mlflow.exceptions import MlflowException
+
+    from finetune_assets import gate
+
+    reg = _Registry(tmp_path)
+    champ = reg.version(0.5)
+    reg.client.set_registered_model_alias("m", "champion", champ)
+    challenger = reg.version(0.2)
+    flaky = _FlakyClient(reg.client, code)
+    with pytest.raises(MlflowException):
+        gate.current_champion(flaky, "m", reg.test)
+    with pytest.raises(MlflowException):
+        reg.promote(challenger, 0.2, client=flaky)
+    assert flaky.sets == 0 and reg.champion() == champ
+
+
+def test_only_not_found_means_no_champion(tmp_path):
+    from finetune_assets import gate
+
+    reg = _Registry(tmp_path)
+    assert gate.current_champion(reg.client, "never-registered", reg.test) is None  # RESOURCE_DOES_NOT_EXIST
+    assert gate.current_champion(reg.client, "m", reg.test) is None  # registered, no alias yet
+    first = reg.version(0.3)
+    assert "first model" in gate.describe(reg.promote(first, 0.3)) and reg.champion() == first
+
+
+def test_a_tie_or_a_retry_keeps_the_champion(tmp_path):
+    reg = _Registry(tmp_path)
+    champ = reg.version(0.4)
+    reg.promote(champ, 0.4)
+    twin = reg.version(0.4)  # a retry that registered a byte-identical model
+    result = reg.promote(twin, 0.4)
+    assert not result.promotable and reg.champion() == champ
+    assert reg.promote(champ, 0.4).holds_alias and reg.champion() == champ
+
+
+def test_concurrent_promotions_cannot_let_a_worse_model_win(tmp_path):
+    """Barrier between read and set: the worse challenger reads first and sets after the better one. Without a critical
+    section both compare with the old champion and the finish order decides (worse wins)."""
+    import threading
+
+    from finetune_assets.storage import Storage
+
+    reg = _Registry(tmp_path)
+    old = reg.version(0.2)
+    reg.promote(old, 0.2)
+    worse, better = reg.version(0.3), reg.version(0.5)
+    better_set = threading.Event()
+
+    class SlowSet:
+        """The worse run's client: after reading, it sets only once the better run has set (or after 1 s)."""
+
+        def __getattr__(self, name):
+            if name == "set_registered_model_alias":
+                better_set.wait(timeout=1.0)
+            return getattr(reg.client, name)
+
+    class SignalSet:
+        def __getattr__(self, name):
+            if name == "set_registered_model_alias":
+                def set_alias(*args):
+                    reg.client.set_registered_model_alias(*args)
+                    better_set.set()
+                return set_alias
+            return getattr(reg.client, name)
+
+    store = Storage(str(tmp_path / "root"))
+    t = threading.Thread(target=reg.promote, args=(worse, 0.3, SlowSet(), store.lock("promotion-m")))
+    t.start()
+    while not t.is_alive():
+        pass
+    import time
+
+    time.sleep(0.2)  # let the worse run take the lock and read first
+    reg.promote(better, 0.5, client=SignalSet(), lock=store.lock("promotion-m"))
+    t.join()
+    assert reg.champion() == better

@@ -62,3 +62,36 @@ def test_every_asset_is_described_and_owned(tmp_path):
         assert node["has_description"], f"{key} has no description (its docstring shows in the UI)"
         assert node["owners"], f"{key} has no owner"
         assert node["code_version"], f"{key} has no code version (staleness needs one)"
+
+
+def test_training_and_promotion_run_in_pools(tmp_path):
+    """Pools serialize what must not overlap (docs/reliability.md: limits set in dagster.yaml)."""
+    graph = build_defs(str(tmp_path)).resolve_asset_graph()
+    pools = {k.to_user_string(): graph.get(k).pools for k in graph.get_all_asset_keys()}
+    assert pools["champion_model"] == {"promotion"}
+    assert pools["finetuned_model"] == {"training"}
+
+
+def test_deployment_instance_serializes_one_partition_and_sizes_the_pools(tmp_path):
+    """deploy/instance/dagster.yaml, loaded by a real instance: a second run of a partition waits for the first
+    (the run queue's own tag-limit counter decides), other partitions do not; pools default to 1."""
+    import yaml
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+    from dagster._utils.tags import TagConcurrencyLimitsCounter
+
+    settings = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "instance" / "dagster.yaml").read_text())
+    with dg.instance_for_test(overrides=settings, temp_dir=str(tmp_path)) as instance:
+        config = instance.get_concurrency_config()
+        assert config.pool_config.default_pool_limit == 1
+        assert instance.run_retries_enabled
+
+        def run(partition, status=DagsterRunStatus.NOT_STARTED):
+            return DagsterRun(job_name="retrain_job", run_id=f"{partition}-{status.value}".lower(),
+                              tags={"dagster/partition": partition}, status=status)
+
+        counter = TagConcurrencyLimitsCounter(config.run_queue_config.tag_concurrency_limits,
+                                              [run("v1", DagsterRunStatus.STARTED)])
+        assert counter.is_blocked(run("v1")) and not counter.is_blocked(run("v2"))
+    for job in ("retrain_job", "finetune_only_job"):
+        tags = defs.resolve_job_def(job).tags
+        assert tags["dagster/max_retries"] == "2" and tags["dagster/retry_on_asset_or_op_failure"] == "false"

@@ -192,13 +192,42 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     better_version = _registered_version(better)
     (promoted,) = [e for e in better.get_asset_check_evaluations() if e.check_name == "quality_gate"]
     meta = promoted.metadata
-    assert promoted.passed and meta["decision"].value.startswith("promoted")
+    assert promoted.passed and meta["decision"].value.startswith("will promote")
     assert meta["champion"].value == f"{MODEL} v{first_version}"  # compared with the first model, not the refused one
     assert meta["challenger_macro_f1"].value >= meta["champion_macro_f1"].value  # ~1.0 vs ~0.6 today
     assert deploy.champion() == better_version
+    (decision,) = better.asset_materializations_for_node("champion_model")  # the asset acted, the check observed
+    assert decision.metadata["decision"].value.startswith("promoted") and decision.metadata["promoted"].value
     assert [r.status for r in deploy.gate_history()][-1] == Status.SUCCEEDED
 
     # MLflow shows the decision on each version, not only the alias.
     assert client.get_model_version(MODEL, worse_version).tags["gate.decision"].startswith("refused")
     for version in (first_version, better_version):
         assert client.get_model_version(MODEL, version).tags["gate.decision"].startswith("promoted")
+
+
+@pytest.mark.slow
+def test_a_retried_finetuned_model_reuses_its_registered_version(storage_root, instance, tiny_model_dir,
+                                                                arabic_reviews):
+    """A retry (same inputs + config) resumes the finished checkpoint and finds its version by training key:
+    exactly one registered version, and the alias it holds does not move."""
+    from finetune_assets.assets.finetuned import finetuned_model
+    from finetune_assets.resources.storage import StorageResource
+    from finetune_assets_tests.training.fixtures import publish_upstream
+
+    store = Storage(str(storage_root))
+    publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(24, 6, 6))
+    instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
+    resources = {"storage": StorageResource(root=str(storage_root)), "mlflow": MlflowResource(),
+                 "launcher": LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO))}
+    run_config = _run_config({**TRAIN, "max_steps": 1})
+    first = dg.materialize([finetuned_model], partition_key="v1", instance=instance, resources=resources,
+                           run_config=run_config)
+    version = _registered_version(first)
+    client = MlflowClient(MlflowResource().resolve_tracking_uri(store))
+    client.set_registered_model_alias(MODEL, "champion", version)
+    retry = dg.materialize([finetuned_model], partition_key="v1", instance=instance, resources=resources,
+                           run_config=run_config)
+    assert _registered_version(retry) == version
+    assert [str(mv.version) for mv in client.search_model_versions(f"name = '{MODEL}'")] == [version]
+    assert str(client.get_model_version_by_alias(MODEL, "champion").version) == version

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.jobs import FINETUNED, PRETRAINED, VERSION_CHAIN
+from finetune_assets.jobs import CHAMPION, FINETUNED, PRETRAINED, VERSION_CHAIN
 from finetune_assets.partitions import DATASET_VERSIONS
 from finetune_assets.resources.landing import LandingZoneResource, fingerprint
 from finetune_assets.resources.storage import StorageResource
@@ -218,8 +218,137 @@ def test_jobs_select_the_expected_assets(storage_root):
         pytest.fail("finetuned_model is not in definitions.py yet (retrain_job would not train)")
     selected = {j: {k.to_user_string() for k in repo.get_job(j).asset_layer.executable_asset_keys}
                 for j in ("retrain_job", "finetune_only_job", "base_model_job")}
-    assert selected == {"retrain_job": {*VERSION_CHAIN, PRETRAINED}, "finetune_only_job": {FINETUNED},
+    assert selected == {"retrain_job": {*VERSION_CHAIN, PRETRAINED}, "finetune_only_job": {FINETUNED, CHAMPION},
                         "base_model_job": {PRETRAINED}}
     sensor = repo.get_sensor_def("landing_zone_sensor")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
     assert {"landing", "storage"} <= set(repo.get_top_level_resources())
+
+
+# -- bounded ticks, isolated errors, failed runs (issue 17) ---------------------------------------------
+
+def _memory_landing(name: str, n: int) -> str:
+    """``n`` complete version folders on fsspec's in-memory filesystem (an object store stand-in: no
+    folder mtimes, listings only)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = f"/{name}"
+    for i in range(n):
+        fs.pipe(f"{root}/v{i:04d}/reviews.csv", b"text,label\ngood,1\n")
+        fs.pipe(f"{root}/v{i:04d}/_SUCCESS", b"")
+    return f"memory://{root}"
+
+
+def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_saves_progress(
+        instance, storage_root, tmp_path, monkeypatch):
+    import finetune_assets.sensors as sensors
+
+    _publish_base(storage_root)
+    landing = _memory_landing(f"landing-{tmp_path.name}", 500)
+    clock = [0.0]
+    fingerprinted: list[str] = []
+
+    def slow_fingerprint(uri):  # each drop costs 0.5 s of (simulated) reading
+        clock[0] += 0.5
+        fingerprinted.append(uri)
+        return fingerprint(uri)
+
+    monkeypatch.setattr(sensors, "fingerprint", slow_fingerprint)
+    resources = {"landing": LandingZoneResource(url=landing, tick_budget_s=10.0),
+                 "storage": StorageResource(root=str(storage_root))}
+    cursor, ticks, registered = None, 0, 0
+    while registered < 500:
+        ticks += 1
+        assert ticks <= 30, "the sensor stopped making progress"
+        start = clock[0]
+        ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+        result = sensors.evaluate_landing(ctx, resources["landing"], resources["storage"], clock=lambda: clock[0])
+        assert clock[0] - start <= 10.0 + 0.5  # the budget, plus the one drop in progress when it ran out
+        for req in result.dynamic_partitions_requests or []:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+            registered += len(req.partition_keys)
+        cursor = result.cursor  # progress of this tick survives
+        assert len(LandingCursor.parse(cursor).registered) == registered
+    assert ticks > 1 and len(fingerprinted) == 500 == len(set(fingerprinted))  # each drop read once
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+    before = len(fingerprinted)
+    sensors.evaluate_landing(ctx, resources["landing"], resources["storage"], clock=lambda: clock[0])
+    assert len(fingerprinted) == before  # registered folders cost nothing beyond the listing
+
+
+def test_an_unreadable_drop_does_not_block_the_others(daemon, landing, arabic_reviews, monkeypatch):
+    import finetune_assets.sensors as sensors
+
+    for name in ("v1", "v2", "v3"):
+        _folder(landing, name, [arabic_reviews / "ATT.csv"])
+
+    def flaky(uri):
+        if uri.endswith("v2"):
+            raise PermissionError(13, "Permission denied", uri)
+        return fingerprint(uri)
+
+    monkeypatch.setattr(sensors, "fingerprint", flaky)
+    added, runs, _ = daemon.tick()
+    assert added == ["v1", "v3"] and sorted(r.partition_key for r in runs) == ["v1", "v3"]
+    monkeypatch.setattr(sensors, "fingerprint", fingerprint)  # readable again: registered on the next tick
+    added, runs, _ = daemon.tick()
+    assert added == ["v2"] and [r.partition_key for r in runs] == ["v2"]
+
+
+def _finish(instance, request: dg.RunRequest, status) -> str:
+    """What the daemon + run worker leave behind for a request: a run with its run key and an outcome."""
+    from dagster._core.storage.dagster_run import DagsterRun
+    from dagster._core.utils import make_new_run_id
+
+    run = DagsterRun(job_name="retrain_job", run_id=make_new_run_id(),
+                     tags={**request.tags, "dagster/run_key": request.run_key}, status=status)
+    instance.add_run(run)
+    return run.run_id
+
+
+def test_a_failed_run_is_requested_again_a_bounded_number_of_times(daemon, landing, arabic_reviews):
+    from finetune_assets.sensors import MAX_RUN_ATTEMPTS, STATUS_TAG
+
+    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
+    _, (request,), _ = daemon.tick()
+    attempts = [request]
+    _finish(daemon.instance, request, dg.DagsterRunStatus.FAILURE)
+    for attempt in range(2, MAX_RUN_ATTEMPTS + 1):
+        _, runs, _ = daemon.tick()
+        (again,) = runs
+        assert again.partition_key == "v1" and again.run_key == f"{request.run_key}:{attempt}"
+        assert again.tags["finetune_assets/attempt"] == str(attempt)
+        assert daemon.tick()[1] == []  # its run has not finished: nothing more
+        last = _finish(daemon.instance, again, dg.DagsterRunStatus.FAILURE)
+        attempts.append(again)
+    added, runs, skip = daemon.tick()  # the last allowed run failed too: left to a person, visibly
+    assert runs == [] and "v1: run" in skip and "gave up after 3 runs" in skip
+    assert daemon.instance.get_run_by_id(last).tags[STATUS_TAG].startswith("failed")
+    assert "v1" in LandingCursor.parse(daemon.cursor).failed
+
+
+def test_a_successful_or_refused_run_is_not_requested_again(daemon, landing, arabic_reviews):
+    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
+    _, (request,), _ = daemon.tick()
+    _finish(daemon.instance, request, dg.DagsterRunStatus.SUCCESS)
+    assert daemon.tick()[1] == [] and LandingCursor.parse(daemon.cursor).runs == {}
+
+
+def test_a_base_model_run_that_never_appeared_is_requested_again(instance, landing, storage_root, arabic_reviews):
+    """A version waiting for the base model never waits forever: its builder's run is followed too."""
+    import json
+
+    from finetune_assets.sensors import LOST_AFTER_S
+
+    daemon = Daemon(instance, landing, storage_root)  # no pretrained_model published
+    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
+    _folder(landing, "v2", [arabic_reviews / "PROD.csv"])
+    _, (first,), _ = daemon.tick()
+    assert dg.AssetKey(PRETRAINED) in first.asset_selection
+    data = json.loads(daemon.cursor)  # the request was dropped: no run appears for longer than the grace period
+    data["runs"][first.partition_key]["at"] -= LOST_AFTER_S + 1
+    daemon.cursor = json.dumps(data)
+    _, (again,), _ = daemon.tick()
+    assert again.partition_key == first.partition_key and again.run_key == f"{first.run_key}:2"
+    assert dg.AssetKey(PRETRAINED) in again.asset_selection

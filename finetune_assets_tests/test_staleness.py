@@ -120,3 +120,45 @@ def test_finetuned_code_version_follows_its_config_defaults():
     version = finetuned_model.code_versions_by_key[dg.AssetKey("finetuned_model")]
     assert version is not None and version.rsplit("-", 1)[-1] == config_code_version(
         FinetuneConfig, "x", exclude=("run_name", "num_workers", "log_every_n_steps")).rsplit("-", 1)[-1]
+
+
+# -- data versions hash content, not the writing library (issue 17) -------------------------------------
+
+def test_a_writer_library_upgrade_does_not_change_data_versions(tmp_path):
+    """Same reviews and weights written by a newer pyarrow / transformers: same data versions; changed data:
+    a new one. Parquet's footer names its writer (``created_by``), save_pretrained stamps its version."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from finetune_assets.storage import hash_tree
+
+    table = pa.table({"text": ["good", "bad"], "label": ["Positive", "Negative"]})
+    old, new, changed = (tmp_path / n / "reviews.parquet" for n in ("old", "new", "changed"))
+    for f in (old, new, changed):
+        f.parent.mkdir()
+    pq.write_table(table, old, compression="zstd")
+    body = old.read_bytes()
+    writer = f"parquet-cpp-arrow version {pa.__version__}".encode()
+    assert writer in body
+    upgraded = f"parquet-cpp-arrow version {'9' * len(pa.__version__)}".encode()[:len(writer)]
+    new.write_bytes(body.replace(writer, upgraded))
+    assert new.read_bytes() != body and pq.read_table(new).equals(table)
+    assert hash_tree(new) == hash_tree(old)
+    pq.write_table(table, new, compression="snappy")  # another writer default: same table
+    assert hash_tree(new) == hash_tree(old)
+    pq.write_table(table.set_column(1, "label", pa.array(["Positive", "Mixed"])), changed)
+    assert hash_tree(changed) != hash_tree(old)
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, version in ((a, "4.40.0"), (b, "4.57.1")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"hidden_size": 32, "transformers_version": version}))
+        (folder / "model.safetensors").write_bytes(b"weights")
+        with pa.ipc.new_file(str(folder / "tokens.arrow"), table.schema,
+                             options=pa.ipc.IpcWriteOptions(compression="zstd" if folder == a else None)) as w:
+            w.write_table(table)
+    assert hash_tree(a) == hash_tree(b)
+    (b / "config.json").write_text(json.dumps({"hidden_size": 64, "transformers_version": "4.57.1"}))
+    assert hash_tree(a) != hash_tree(b)

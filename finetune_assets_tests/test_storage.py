@@ -222,3 +222,75 @@ def test_hash_tree_depends_on_names_and_bytes(tmp_path: Path):
     (b / "y").write_text("")
     assert hash_tree(a) != hash_tree(b)
     assert hash_tree(b, exclude=("y",)) == hash_tree(a)
+
+
+# -- concurrency: conditional pointer update, leases, pins (issue 17) -----------------------------------
+
+def test_concurrent_publishes_of_one_partition_chain_previous_and_keep_both(storage_root: Path, monkeypatch):
+    """Barrier between the pointer read and write: without a critical section both publishes read the
+    same previous, one attempt drops out of the chain and is collected while Dagster's record names it."""
+    import threading
+
+    store = Storage(str(storage_root))
+    first = _publish(store, "tokenized_reviews", "v1", "base")
+    reads = []
+    second_read = threading.Event()
+    real_current, real_write = Storage.current, Storage._write_pointer
+
+    def current(self, asset, partition=None):
+        result = real_current(self, asset, partition)
+        reads.append(result.attempt if result else None)
+        if len(reads) >= 2:
+            second_read.set()
+        return result
+
+    def write_pointer(self, prefix, pointer):
+        second_read.wait(timeout=1.0)  # hold the first writer between its read and its write
+        real_write(self, prefix, pointer)
+
+    monkeypatch.setattr(Storage, "current", current)
+    monkeypatch.setattr(Storage, "_write_pointer", write_pointer)
+    done: list[str] = []
+    threads = [threading.Thread(target=lambda b=b: done.append(_publish(Storage(str(storage_root)),
+                                                                        "tokenized_reviews", "v1", b)))
+               for b in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.setattr(Storage, "current", real_current)
+    last = store.require("tokenized_reviews", "v1")
+    assert last.attempt == done[-1] and last.previous == done[0]  # no lost update
+    assert set(done) <= set(_attempts(store, "tokenized_reviews", "v1")) and first not in done
+
+
+def test_a_run_keeps_its_base_model_while_another_publishes(store: Storage):
+    """A base-model publish during another run changes neither that run's files nor deletes them."""
+    used = _publish(store, "pretrained_model", None, "tokenizer A")
+    assert store.pinned("pretrained_model", "run-1").attempt == used  # tokenize step
+    for body in ("tokenizer B", "tokenizer C", "tokenizer D"):  # enough publishes to retire the first
+        _publish(store, "pretrained_model", None, body)
+    pinned = store.pinned("pretrained_model", "run-1")  # train step of the same run
+    assert pinned.attempt == used and pinned.data_version == hash_tree_of(store, pinned.url)
+    with store.fs.open(join(pinned.url, "data.txt"), "rb") as f:
+        assert f.read() == b"tokenizer A"
+    assert store.pinned("pretrained_model", "run-2").attempt != used  # a new run starts on CURRENT
+    assert _read_current(store, "pretrained_model", None) == "tokenizer D"
+
+
+def hash_tree_of(store: Storage, url: str) -> str:
+    with store.local_copy(url) as local:
+        return hash_tree(local)
+
+
+def test_an_old_attempt_still_being_written_is_not_collected(store: Storage):
+    """GC treats attempts older than an hour as abandoned, unless the writer's heartbeat lease is alive."""
+    prefix = store.prefix("finetuned_model", "v1")
+    old = "20000101T000000-deadbeef"  # started long ago: a long training, still writing
+    _put(store, join(prefix, ATTEMPTS, old, "partial.bin"), b"x")
+    with store._heartbeat(prefix, f"writer-{old}", old):
+        _publish(store, "finetuned_model", "v1", "other run")
+        _publish(store, "finetuned_model", "v1", "another run")
+        assert old in _attempts(store, "finetuned_model", "v1")
+        assert store.leased(prefix) == {old}
+    assert store.leased(prefix) == set()  # writer gone: the attempt is collectable again (by age)

@@ -5,6 +5,7 @@ import hashlib
 import json
 import re
 from importlib import metadata as importlib_metadata
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -55,6 +56,9 @@ class FinetuneConfig(dg.Config):
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
 
 
+TRAINING_POOL = "training"
+
+
 def trainer_settings(config: FinetuneConfig) -> dict[str, Any]:
     """The trainer-relevant part of the Dagster config, in ``TrainerConfig``'s shape (no paths)."""
     return {
@@ -89,6 +93,42 @@ def trainer_settings(config: FinetuneConfig) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class RecordedModel:
+    """What one recorded ``finetuned_model`` materialization produced (Dagster's record, not ``CURRENT``)."""
+
+    run_id: str
+    model_url: str
+    registered_model_name: str | None
+    registered_model_version: str | None
+
+
+def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> RecordedModel:
+    """The model materialized by run ``run_id`` for ``version``; else the latest recorded one for ``version``.
+
+    Checks and promotion act on the materialization they belong to: another run publishing the same
+    partition in between (which moves ``CURRENT``) cannot swap the model under them.
+    """
+    key = dg.AssetKey("finetuned_model")
+    entries = [e for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+               if e.asset_materialization and e.asset_materialization.asset_key == key
+               and e.asset_materialization.partition == version]
+    if not entries:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[version]), limit=1).records
+        entries = [r.event_log_entry for r in records]
+    if not entries:
+        raise dg.Failure(f"finetuned_model[{version}] has never been materialized: materialize it first")
+    entry = entries[-1]
+    meta = entry.asset_materialization.metadata
+    path = meta.get("model_path")
+    name = meta.get("registered_model_name")
+    number = meta.get("registered_model_version")
+    return RecordedModel(run_id=entry.run_id, model_url=str(path.value) if path else "",
+                         registered_model_name=str(name.value) if name else None,
+                         registered_model_version=str(number.value) if number else None)
+
+
 def code_version() -> str:
     try:
         return importlib_metadata.version("finetune_assets")
@@ -113,7 +153,8 @@ def build_trainer_config(
 ) -> tuple[TrainerConfig, str]:
     """The trainer file for one attempt, and the hash keying its checkpoints (same inputs -> same folder)."""
     shards = store.require("mds_shards", version)
-    pretrained = store.require("pretrained_model")
+    # The base model this run started with (pinned and leased for the run), not whatever CURRENT is now.
+    pretrained = store.pinned("pretrained_model", tags["dagster_run_id"])
     settings = trainer_settings(config)
     key = json.dumps(
         {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version},
@@ -141,7 +182,9 @@ def build_trainer_config(
                 "registered_model_name": mlflow.registered_model_name,
                 "run_name": config.run_name or run_name,
                 "tags": {**tags, "shard_data_version": shards.data_version,
-                         "pretrained_data_version": pretrained.data_version},
+                         "pretrained_data_version": pretrained.data_version,
+                         # hashes the same inputs + settings as the checkpoint folder: a retry finds its version
+                         "training_inputs": f"{mlflow.registered_model_name}-{config_hash}"},
             },
         }
     )
@@ -154,6 +197,7 @@ def build_trainer_config(
     group_name="models",
     kinds={"pytorch", "mlflow"},
     owners=OWNERS,
+    pool=TRAINING_POOL,  # limit concurrent trainings (CPU/GPU memory, the embedded store): docs/reliability.md
     # Changing a default hyper-parameter marks every partition stale (docs/retrain.md); fields that cannot
     # change the model are left out. Bump "1" for a change of the training code itself.
     code_version=config_code_version(FinetuneConfig, "1", exclude=("run_name", "num_workers", "log_every_n_steps")),
@@ -239,6 +283,7 @@ def _metadata(metrics: dict[str, Any], mlflow: MlflowResource, url: str, config_
     if info.get("registered_model_version") is not None:
         meta["registered_model"] = f"{info['registered_model_name']} v{info['registered_model_version']}"
         meta["registered_model_version"] = int(info["registered_model_version"])
+        meta["registered_model_name"] = str(info["registered_model_name"])
         link = mlflow.model_version_url(info["registered_model_name"], info["registered_model_version"])
         if link:
             meta["registered_model_link"] = dg.MetadataValue.url(link)

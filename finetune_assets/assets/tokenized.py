@@ -48,7 +48,7 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
     version = version_of(context)
     store = storage.storage()
     raw = store.require("raw_reviews", version)
-    model = store.require("pretrained_model")
+    model = store.pinned("pretrained_model", context.run.run_id)  # the run's base model, leased (issue 17)
     with store.fs.open(f"{raw.url}/{REVIEWS_FILE}", "rb") as f:
         accepted = pq.read_table(f)
     with store.local_copy(model.url) as model_dir:

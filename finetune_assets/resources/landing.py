@@ -9,6 +9,7 @@ A dataset version is one entry directly under the landing location:
 
 Entries whose name starts with ``.`` or ``_`` are in-progress uploads or bookkeeping and are ignored.
 No Dagster logic beyond the resource itself: listing and fingerprinting are plain functions, tested directly.
+Both read listings only, never file contents, so a sensor tick stays cheap whatever the drops weigh.
 """
 
 import hashlib
@@ -35,8 +36,7 @@ class LandedEntry:
     key: str  # proposed version key (folder name, or file name without its extension)
     uri: str  # fsspec URL (or local path) of the file or folder
     is_dir: bool
-    signature: str  # sizes + modification times: changes whenever the content does
-    marker_present: bool = False  # folders only
+    signature: str  # from the listing entry itself (size + mtime; a folder's own mtime where the store has one)
 
 
 class LandingZoneResource(dg.ConfigurableResource):
@@ -50,6 +50,9 @@ class LandingZoneResource(dg.ConfigurableResource):
         default=SUCCESS_MARKER, description="file that marks a version folder as completely written")
     create_if_missing: bool = Field(
         default=True, description="create a local landing folder on first use, so a new user can drop files in")
+    tick_budget_s: float = Field(
+        default=20.0, description="seconds of work per sensor tick (Dagster times a tick out at 60 s); entries "
+                                  "left over are handled by the next tick, progress is kept in the cursor")
 
     def location(self) -> str:
         """The resolved landing URL (local paths made absolute, so run logs show where to look)."""
@@ -59,7 +62,11 @@ class LandingZoneResource(dg.ConfigurableResource):
         return url.rstrip("/")
 
     def list_entries(self) -> list[LandedEntry]:
-        """Every candidate version directly under the landing location, sorted by name."""
+        """Every candidate version directly under the landing location, sorted by name.
+
+        One listing call, nothing per entry: a tick over thousands of registered folders costs no more
+        I/O than that listing. Per-folder work (marker, fingerprint) is done only for new entries.
+        """
         url = self.location()
         fs, root = fsspec.core.url_to_fs(url)
         fs.invalidate_cache()  # object-store listings are cached per process; each tick must see new drops
@@ -76,15 +83,16 @@ class LandingZoneResource(dg.ConfigurableResource):
             if not name or name.startswith((".", "_")):
                 continue
             uri = protocol + path if protocol and "://" not in path else path
-            if info["type"] == "directory":
-                files = _files_under(fs, path)
-                marker = any(rel == self.success_marker for rel, _ in files)
-                entries.append(LandedEntry(name=name, key=name, uri=uri, is_dir=True,
-                                           signature=_signature(files), marker_present=marker))
-            else:
-                entries.append(LandedEntry(name=name, key=strip_format_suffix(name) or name, uri=uri,
-                                           is_dir=False, signature=_signature([(name, info)])))
+            is_dir = info["type"] == "directory"
+            key = name if is_dir else strip_format_suffix(name) or name
+            entries.append(LandedEntry(name=name, key=key, uri=uri, is_dir=is_dir,
+                                       signature=_signature([(name, info)])))
         return entries
+
+    def marker_present(self, entry: LandedEntry) -> bool:
+        """Whether a folder is complete (its marker exists): one request, for unregistered folders only."""
+        fs, path = fsspec.core.url_to_fs(entry.uri)
+        return fs.exists(f"{path.rstrip('/')}/{self.success_marker}")
 
 
 def strip_format_suffix(name: str) -> str | None:
@@ -102,7 +110,8 @@ def _files_under(fs, path: str) -> list[tuple[str, dict]]:
 
 
 def _mtime(info: dict) -> str:
-    value = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
+    value = (info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
+             or info.get("created"))
     if hasattr(value, "timestamp"):
         return repr(value.timestamp())
     return repr(value)
@@ -111,25 +120,22 @@ def _mtime(info: dict) -> str:
 def _signature(files: list[tuple[str, dict]]) -> str:
     digest = hashlib.sha256()
     for rel, info in files:
-        digest.update(f"{rel}\x00{info.get('size')}\x00{_mtime(info)}\x00".encode())
+        etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or ""
+        digest.update(f"{rel}\x00{info.get('size')}\x00{_mtime(info)}\x00{etag}\x00".encode())
     return digest.hexdigest()[:16]
 
 
 def fingerprint(uri: str, exclude: tuple[str, ...] = (SUCCESS_MARKER,)) -> str:
-    """Content hash of a landed file or folder (relative names + bytes; markers and hidden files left out).
+    """Fingerprint of a landed file or folder from its listing: relative names, sizes, mtimes / ETags.
 
-    Part of every run key, so re-landing different content under a deleted key runs again.
+    No file is read (a multi-GB drop costs one listing, not a full read inside the sensor tick); any
+    rewrite changes size or mtime, so a re-landed drop gets a new fingerprint and run key. The content
+    hash proper is ``raw_reviews``' data version, computed in the run.
     """
     fs, path = fsspec.core.url_to_fs(uri)
-    digest = hashlib.sha256()
     if fs.isdir(path):
-        files = [(rel, f"{path.rstrip('/')}/{rel}") for rel, _ in _files_under(fs, path.rstrip("/"))
+        files = [(rel, info) for rel, info in _files_under(fs, path.rstrip("/"))
                  if rel not in exclude and not rel.rsplit("/", 1)[-1].startswith((".", "_"))]
     else:
-        files = [(path.rsplit("/", 1)[-1], path)]
-    for rel, full in files:
-        digest.update(rel.encode() + b"\x00")
-        with fs.open(full, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:16]
+        files = [(path.rsplit("/", 1)[-1], fs.info(path))]
+    return _signature(files)

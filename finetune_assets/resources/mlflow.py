@@ -22,6 +22,7 @@ class MlflowResource(dg.ConfigurableResource):
     )
     experiment_name: str = Field(default="review-classifier")
     registered_model_name: str = Field(default="review-classifier")
+    champion_alias: str = Field(default="champion", description="registered-model alias champion_model moves")
     ui_base_url: str | None = Field(
         default=None, description="MLflow UI for links (default: the tracking URI when it is http(s))"
     )

@@ -25,6 +25,7 @@ from finetune_assets.training.module import NUM_CLASSES, ReviewClassifier, load_
 log = logging.getLogger("finetune_assets.training")
 
 LAST = "last.ckpt"
+TRAINING_KEY_TAG = "training_inputs"  # model-version tag: hash of the run's inputs + config (idempotent registration)
 MLFLOW_RUN_FILE = "mlflow_run.json"  # beside the checkpoints: a resumed run keeps logging into the same MLflow run
 
 
@@ -186,22 +187,31 @@ def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path,
     mlflow.set_tracking_uri(uri)
     # The registry is the tracking store: an inherited MLFLOW_REGISTRY_URI must not divert the version.
     mlflow.set_registry_uri(uri)
+    name = config.mlflow.registered_model_name
+    key = config.mlflow.tags.get(TRAINING_KEY_TAG)
+    if name and key:  # a retry of the same inputs + config reuses its version instead of registering another
+        found = mlflow.MlflowClient(uri, registry_uri=uri).search_model_versions(
+            f"name = '{name}' and tags.{TRAINING_KEY_TAG} = '{key}'")
+        if found:
+            version = min(found, key=lambda mv: int(mv.version))
+            log.warning("model already registered for training key %s: reusing %s v%s", key, name, version.version)
+            info.update(registered_model_name=name, registered_model_version=int(version.version),
+                        model_uri=f"models:/{name}/{version.version}", reused_registration=True)
+            return info
     pipe = transformers.pipeline("text-classification", model=str(model_dir), tokenizer=str(model_dir), device=-1)
     with mlflow.start_run(run_id=run_id):
         model_info = mlflow.transformers.log_model(
             transformers_model=pipe,
             name="model",
             task="text-classification",
-            registered_model_name=config.mlflow.registered_model_name,
             pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__.split('+')[0]}"],
             input_example=["a fine product"],
         )
-    version = getattr(model_info, "registered_model_version", None)
-    if config.mlflow.registered_model_name and version is not None:
-        for key, value in config.mlflow.tags.items():
-            client.set_model_version_tag(config.mlflow.registered_model_name, str(version), key, value)
-        info["registered_model_name"] = config.mlflow.registered_model_name
-        info["registered_model_version"] = int(version)
+    if name:
+        # Registered with its tags in one call: a version never exists without the key that finds it again.
+        version = mlflow.register_model(model_info.model_uri, name, tags=dict(config.mlflow.tags))
+        info["registered_model_name"] = name
+        info["registered_model_version"] = int(version.version)
     info["model_uri"] = model_info.model_uri
     return info
 

@@ -1,0 +1,73 @@
+"""``champion_model[v]``: the promotion decision for the model ``finetuned_model[v]`` registered in this run.
+
+The ``quality_gate`` check only scores and observes; this asset acts (moves the MLflow alias), so the
+decision has its own lineage and history in the UI. It runs behind the gate (blocking check on its
+upstream), in the ``promotion`` pool (limit 1, see docs/reliability.md) and under a storage lock, and
+inside that critical section it re-reads the champion, compares, and sets: finish order never decides.
+"""
+
+import dagster as dg
+from pydantic import Field
+
+from finetune_assets.assets._common import OWNERS, version_of
+from finetune_assets.assets.finetuned import finetuned_model, recorded_model
+from finetune_assets.checks import FloorConfig
+from finetune_assets.partitions import dataset_versions
+from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.resources.storage import StorageResource
+
+PROMOTION_POOL = "promotion"
+
+
+class PromotionConfig(FloorConfig):
+    min_improvement: float = Field(0.0, description="promote only if challenger > champion + this (a tie keeps "
+                                                    "the champion)")
+
+
+@dg.asset(
+    partitions_def=dataset_versions,
+    deps=[finetuned_model],
+    group_name="models",
+    kinds={"mlflow"},
+    owners=OWNERS,
+    pool=PROMOTION_POOL,
+    code_version="1",
+)
+def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, storage: StorageResource,
+                   mlflow: MlflowResource) -> dg.MaterializeResult:
+    """Moves the champion alias to this run's model only if it is strictly better than the champion."""
+    from mlflow import MlflowClient
+
+    from finetune_assets import gate
+    from finetune_assets.checks import frozen_test_set, gate_conditions
+
+    version = version_of(context)
+    store = storage.storage()
+    model = recorded_model(context.instance, version, context.run.run_id)
+    if model.registered_model_version is None:
+        raise dg.Failure(f"finetuned_model[{version}] (run {model.run_id}) registered no model version: "
+                         "nothing to promote (mlflow.log_model off?)")
+    name = model.registered_model_name or mlflow.registered_model_name
+    alias = mlflow.champion_alias
+    test = frozen_test_set(store, version)
+    uri = mlflow.resolve_tracking_uri(store)
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    challenger_version = str(model.registered_model_version)
+    cached = client.get_model_version(name, challenger_version).tags or {}
+    if cached.get(gate.TAG_TEST_DATA) == test.fingerprint and gate.TAG_SCORE in cached:
+        score = float(cached[gate.TAG_SCORE])
+    else:
+        score = gate.score_registered(client, name, challenger_version, test, uri)
+    challenger = gate.Challenger(name, challenger_version, score)
+    conditions = [*gate_conditions(config, test), gate.beats_champion(config.min_improvement)]
+    result = gate.promote(client, challenger, test, conditions, uri, alias, lock=store.lock(f"promotion-{name}"))
+    decision = gate.describe(result, alias)
+    context.log.info(decision)
+    holder = challenger_version if result.promotable or result.holds_alias else (
+        result.champion.version if result.champion else None)
+    meta = {"decision": decision, "challenger": f"{name} v{challenger_version}",
+            "challenger_macro_f1": dg.MetadataValue.float(score), "promoted": result.promotable,
+            "champion": f"{name}@{alias} -> v{holder}" if holder else "none", "model_run": model.run_id}
+    if result.champion_score is not None:
+        meta["previous_champion_macro_f1"] = dg.MetadataValue.float(result.champion_score)
+    return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(f"{name}:{holder}"))
