@@ -352,3 +352,25 @@ def test_a_base_model_run_that_never_appeared_is_requested_again(instance, landi
     _, (again,), _ = daemon.tick()
     assert again.partition_key == first.partition_key and again.run_key == f"{first.run_key}:2"
     assert dg.AssetKey(PRETRAINED) in again.asset_selection
+
+
+def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
+    """The sensor's fingerprint and the source reader share one ignore rule: an edit to a file the
+    reader reads (``_2024.csv``) is a new fingerprint; an edit to one it ignores (hidden, README) is not."""
+    from finetune_assets.resources.landing import fingerprint
+
+    drop = tmp_path / "v1"
+    drop.mkdir()
+    (drop / "a.csv").write_text("text,label\ngood,Positive\n")
+    (drop / "_2024_reviews.csv").write_text("text,label\nbad,Negative\n")
+    (drop / ".ipynb_checkpoints").mkdir()
+    (drop / ".ipynb_checkpoints" / "a-checkpoint.csv").write_text("text,label\nold,Positive\n")
+    (drop / "README.md").write_text("about\n")
+    first = fingerprint(str(drop))
+
+    (drop / ".ipynb_checkpoints" / "a-checkpoint.csv").write_text("text,label\nolder one,Positive\n")
+    (drop / "README.md").write_text("about these reviews\n")
+    assert fingerprint(str(drop)) == first
+
+    (drop / "_2024_reviews.csv").write_text("text,label\nbad,Negative\nworse,Negative\n")
+    assert fingerprint(str(drop)) != first

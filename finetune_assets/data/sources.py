@@ -94,7 +94,7 @@ def list_source(uri: str) -> Listing:
     files, ignored = [], {}
     for p in sorted(fs.find(path)):
         full = protocol + p if protocol and "://" not in p else p
-        why = _ignored_because(p[len(base):].lstrip("/"))
+        why = ignored_because(p[len(base):].lstrip("/"))
         if why:
             ignored[full] = why
             continue
@@ -106,7 +106,8 @@ def list_source(uri: str) -> Listing:
     return Listing(files, ignored)
 
 
-def _ignored_because(rel: str) -> str | None:
+def ignored_because(rel: str) -> str | None:
+    """Why a file at ``rel`` (relative to a source folder) is not data, or None; the one rule, shared with the sensor."""
     parts = rel.split("/")
     name = parts[-1]
     if any(p.startswith(".") for p in parts[:-1]):
