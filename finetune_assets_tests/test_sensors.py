@@ -357,8 +357,6 @@ def test_a_base_model_run_that_never_appeared_is_requested_again(instance, landi
 def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
     """The sensor's fingerprint and the source reader share one ignore rule: an edit to a file the
     reader reads (``_2024.csv``) is a new fingerprint; an edit to one it ignores (hidden, README) is not."""
-    from finetune_assets.resources.landing import fingerprint
-
     drop = tmp_path / "v1"
     drop.mkdir()
     (drop / "a.csv").write_text("text,label\ngood,Positive\n")
