@@ -23,8 +23,8 @@ pytestmark = pytest.mark.k8s
 # Exactly the (verb, resource) pairs the launcher calls; deploy/rbac.yaml must grant these and no more.
 LAUNCHER_VERBS = {
     ("create", "services"), ("delete", "services"),
-    ("create", "jobs"), ("get", "jobs"), ("delete", "jobs"),
-    ("list", "pods"), ("get", "pods/log"),
+    ("create", "jobs"), ("get", "jobs"), ("list", "jobs"), ("delete", "jobs"),
+    ("list", "pods"), ("get", "pods"), ("get", "pods/log"), ("list", "events"),
 }
 
 
@@ -156,8 +156,11 @@ def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, double, 
     def called() -> set[tuple[str, str]]:
         return {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT}
 
-    if called() != LAUNCHER_VERBS:  # run alone: make one multi-node launch to observe
-        assert launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port()), "standin:ok", instance).success
+    if called() != LAUNCHER_VERBS:  # run alone: one failing multi-node launch from an owning pod observes all
+        owner = cluster.create_pod(f"run-pod-{uuid.uuid4().hex[:6]}")
+        launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port(), owner_pod=owner),
+                                     "standin:fail-node=1", instance)
+        assert not launched.success
     assert called() == LAUNCHER_VERBS
 
 
