@@ -62,8 +62,6 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 COMPONENT = "finetune-trainer"
 # One value per asset + partition on every Job: finds a live gang left by a dead launcher (see gang_key).
 GANG_LABEL = "finetune-assets/gang"
-# Pod conditions of a node in trouble (node lifecycle controller); reported while waiting.
-_NODE_TROUBLE = {"NodeNotReady", "NodeLost"}
 EVENTS_EVERY_S = 5.0
 GONE_TIMEOUT_S = 120  # a deleted gang's pods: terminationGracePeriodSeconds (30) plus slack
 # Environment names that must come from a Kubernetes Secret, never from a plain `env` value.
@@ -720,8 +718,8 @@ def _pod_wait(pod) -> str:
     for c in pod.status.conditions or []:
         if c.type == "PodScheduled" and c.status == "False":
             return f"{c.reason or 'Unscheduled'}: {c.message or ''}".rstrip(": ")
-        if c.type == "Ready" and c.status == "False" and c.reason in _NODE_TROUBLE:
-            return f"{c.reason}: {c.message or ''}".rstrip(": ")
+        if c.type == "Ready" and c.status == "False" and pod.status.phase == "Running":  # e.g. its node NotReady
+            return f"not Ready ({c.reason or 'no reason given'}): {c.message or ''}".rstrip(": ")
     if pod.status.phase == "Pending":
         for cs in pod.status.container_statuses or []:
             if cs.state and cs.state.waiting is not None:
@@ -803,11 +801,11 @@ class _LogFollower:
         self._thread.start()
 
     def _run(self) -> None:
-        delivered = 0
-        for attempt in range(self._max_reconnects):
+        delivered, failures = 0, 0
+        while failures < self._max_reconnects:  # consecutive re-opens without a new line
             if self._stop.is_set():
                 return
-            buf, n = b"", 0
+            buf, n, before = b"", 0, delivered
             try:
                 response = self._api.core_api.read_namespaced_pod_log(
                     self.pod, self._ns, container=CONTAINER_NAME, follow=True, _preload_content=False
@@ -832,7 +830,8 @@ class _LogFollower:
             except Exception:
                 if self._stop.is_set():
                     return
-            time.sleep(min(5.0, 0.5 * (attempt + 1)))  # 400 (not started yet) or a broken stream: re-open
+            failures = 0 if delivered > before else failures + 1
+            time.sleep(min(5.0, 0.2 * (failures + 1)))  # 400 (not started yet) or a broken stream: re-open
         self._lines.put(f"<log stream of {self.pod} given up after {self._max_reconnects} reconnects>")
 
     def _finished(self) -> bool:

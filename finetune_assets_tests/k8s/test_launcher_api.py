@@ -58,6 +58,10 @@ def test_a_failed_pod_fails_the_run_fast_with_its_log(cluster: Cluster, instance
     assert not launched.success
     assert "boom on node 1" in launched.logs  # the failed pod's log tail reached the Dagster run
     assert "pod(s) failed" in launched.logs and "exit code 1" in launched.logs  # torchrun: a worker failed
+    for node in (0, 1):  # every pod's tail is kept, not only the failed one's
+        assert re.search(rf"--- pod \S+-{node}-\w+ \(node {node}\)", launched.logs), launched.logs[-3000:]
+    # a failure of the training code itself is never resubmitted (only disruptions are)
+    assert "resubmitting" not in launched.logs and launched.logs.count("Launching training Job") == 1
     assert launched.seconds < 60, "must not wait for the hung peer or the timeout"
     assert cluster.leftovers(launched.job_name) == {}
 
