@@ -85,6 +85,10 @@ class Cluster:
             "spec": {"containers": [{"name": "run", "image": self.image, "command": ["sleep", "3600"]}]}})
         return name
 
+    def create_job(self, manifest: dict[str, Any]) -> None:
+        _, batch = self._apis()
+        batch.create_namespaced_job(self.namespace, manifest)
+
     def delete_pod(self, name: str) -> None:
         core, _ = self._apis()
         core.delete_namespaced_pod(name, self.namespace)
