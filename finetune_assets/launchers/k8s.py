@@ -187,7 +187,9 @@ def _check_plain_env(env: Mapping[str, str], where: str) -> None:
 class K8sTorchrunLauncher(TrainingLauncher):
     """Runs the torchrun command as ``nnodes`` pods of an Indexed Job with c10d rendezvous on pod 0."""
 
-    image: str = Field(description="Image with this package installed (see deploy/Dockerfile).")
+    image: str | None = Field(
+        default=None, description="Image with this package installed (deploy/Dockerfile). Unset: the launching pod's "
+        "own image (in-cluster), so the Helm values name the image once.")
     namespace: str = Field(default="default", description="Namespace of the Job, Service and pods.")
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     image_pull_secrets: list[str] = Field(default_factory=list)
@@ -345,8 +347,11 @@ class K8sTorchrunLauncher(TrainingLauncher):
             requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(self.gpus_per_node)
         return {"requests": requests, "limits": limits}
 
-    def render(self, job: TrainingJob, name: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    def render(self, job: TrainingJob, name: str, image: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """The Service (None for one node) and the Job as API-ready dicts (camelCase, no secrets)."""
+        image = image or self.image
+        if not image:
+            raise ValueError("K8sTorchrunLauncher.image is not set and there is no launching pod to take it from: set image")
         from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 
         labels = self._labels(job, name)
@@ -370,6 +375,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
                 "runAsUser": self.run_as_user,
                 "runAsGroup": self.run_as_user,
                 "fsGroup": self.run_as_user,
+                "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of a big RWX volume per pod
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "volumes": volumes,
@@ -414,7 +420,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
         }
         manifest = construct_dagster_k8s_job(
             job_config=DagsterK8sJobConfig(
-                job_image=self.image,
+                job_image=image,
                 image_pull_policy=PullPolicy(self.image_pull_policy).value,
                 service_account_name=self.service_account_name,
                 env_secrets=list(self.env_secret_names),  # envFrom secretRef, by name only
@@ -473,11 +479,12 @@ class K8sTorchrunLauncher(TrainingLauncher):
     def launch(self, context: dg.AssetExecutionContext, job: TrainingJob) -> None:
         log = context.log
         api = self.api()
-        owner = self._owner_reference(log, api)
+        owner, owner_image = self._owner_reference(log, api)
+        image = self.image or owner_image
         self._remove_live_gangs(log, api, job)
         for attempt in range(self.max_resubmissions + 1):
             try:
-                self._run_gang(log, api, job, owner)
+                self._run_gang(log, api, job, owner, image)
                 return
             except GangDisrupted as e:
                 if attempt >= self.max_resubmissions:
@@ -487,17 +494,17 @@ class K8sTorchrunLauncher(TrainingLauncher):
                 log.warning(f"{e}: resubmitting the gang ({attempt + 1}/{self.max_resubmissions}); "
                             "the trainer resumes from its last checkpoint")
 
-    def _run_gang(self, log, api, job: TrainingJob, owner: dict[str, Any] | None) -> None:
+    def _run_gang(self, log, api, job: TrainingJob, owner: dict[str, Any] | None, image: str | None) -> None:
         """One Job (+ Service): create, supervise, always delete."""
         from dagster_k8s.client import k8s_api_retry_creation_mutation
 
         name = k8s_name(job.name)
-        service, manifest = self.render(job, name)
+        service, manifest = self.render(job, name, image)
         if owner is not None:  # the launching pod dies -> Kubernetes' garbage collector deletes the gang
             manifest["metadata"]["ownerReferences"] = [owner]
         log.info(
             f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x {self.processes} "
-            f"process(es), image {self.image}, command: {' '.join(self.command(job, name))}"
+            f"process(es), image {image}, command: {' '.join(self.command(job, name))}"
         )
         # Names of Secrets only; the manifest carries no secret values by construction.
         log.debug("Rendered manifests:\n" + yaml.safe_dump_all([m for m in (service, manifest) if m], sort_keys=False))
@@ -538,18 +545,20 @@ class K8sTorchrunLauncher(TrainingLauncher):
             time.sleep(self.poll_interval_s)
         log.warning(f"Pods of training Job {self.namespace}/{name} still terminating after {GONE_TIMEOUT_S}s; going on")
 
-    def _owner_reference(self, log, api) -> dict[str, Any] | None:
-        """The launching pod as owner of the Job (in-cluster: $HOSTNAME, the pod name; dagster-k8s does the same)."""
+    def _owner_reference(self, log, api) -> tuple[dict[str, Any] | None, str | None]:
+        """The launching pod as owner of the Job (in-cluster: $HOSTNAME, the pod name; dagster-k8s does the same),
+        and its image."""
         name = self.owner_pod or (os.environ.get("HOSTNAME") if self.load_incluster_config else None)
         if not name:
-            return None
+            return None, None
         try:
             pod = api.core_api.read_namespaced_pod(name, self.namespace)
         except kubernetes.client.ApiException as e:
             log.warning(f"Cannot read the launching pod {self.namespace}/{name} ({e.status} {e.reason}): the training "
                         "Job gets no owner; if this process dies, only its TTL and the next launch remove it")
-            return None
-        return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}
+            return None, None
+        image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else None
+        return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, image
 
     def _remove_live_gangs(self, log, api, job: TrainingJob) -> None:
         """Delete unfinished gangs of the same asset + partition: two would write one checkpoint folder and MLflow run.

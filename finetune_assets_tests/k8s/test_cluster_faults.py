@@ -112,7 +112,8 @@ def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> 
     import subprocess
     import sys
 
-    fields = json.dumps(dict(image=cluster.image, namespace=cluster.namespace, load_incluster_config=False,
+    # with an owner pod, no image: the launcher takes the launching pod's own image (one image setting)
+    fields = json.dumps(dict(image=None if owner else cluster.image, namespace=cluster.namespace, load_incluster_config=False,
                              kubeconfig_file=cluster.kubeconfig, trainer_module="finetune_assets_tests.k8s.standin",
                              nnodes=1, owner_pod=owner, poll_interval_s=0.5, memory_limit="2Gi",
                              memory_request="256Mi", cpu_request="100m"))
