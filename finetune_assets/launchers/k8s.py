@@ -63,6 +63,7 @@ COMPONENT = "finetune-trainer"
 # One value per asset + partition on every Job: finds a live gang left by a dead launcher (see gang_key).
 GANG_LABEL = "finetune-assets/gang"
 EVENTS_EVERY_S = 5.0
+API_TIMEOUT_S = 30  # every API read is bounded: a hung connection must not hang the supervision loop
 GONE_TIMEOUT_S = 120  # a deleted gang's pods: terminationGracePeriodSeconds (30) plus slack
 # Environment names that must come from a Kubernetes Secret, never from a plain `env` value.
 _SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|API_KEY)", re.I)
@@ -540,7 +541,8 @@ class K8sTorchrunLauncher(TrainingLauncher):
     def _wait_pods_gone(self, log, api, name: str) -> None:
         deadline = time.monotonic() + GONE_TIMEOUT_S
         while time.monotonic() < deadline:
-            if not api.core_api.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={name}").items:
+            if not api.core_api.list_namespaced_pod(
+                    self.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S).items:
                 return
             time.sleep(self.poll_interval_s)
         log.warning(f"Pods of training Job {self.namespace}/{name} still terminating after {GONE_TIMEOUT_S}s; going on")
@@ -589,11 +591,11 @@ class K8sTorchrunLauncher(TrainingLauncher):
         last_note, events, events_read = "", "", 0.0
         while True:
             follower.drain(log)
-            pods = api.core_api.list_namespaced_pod(ns, label_selector=selector).items
+            pods = api.core_api.list_namespaced_pod(ns, label_selector=selector, _request_timeout=API_TIMEOUT_S).items
             pod0 = next((p for p in pods if _completion_index(p) == 0), None)
             if pod0 is not None and pod0.status and pod0.status.phase in ("Running", "Succeeded", "Failed"):
                 follower.start(pod0.metadata.name)
-            status = api.batch_api.read_namespaced_job(name, ns).status
+            status = api.batch_api.read_namespaced_job(name, ns, _request_timeout=API_TIMEOUT_S).status
             verdict = assess(status, pods, self.nnodes)
             if verdict.kind == "complete":
                 follower.start(pod0.metadata.name if pod0 is not None else None)
@@ -742,7 +744,8 @@ def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -
     seen: dict[tuple[str, str], str] = {}
     for name in names:
         try:
-            items = api.core_api.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+            items = api.core_api.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={name}", _request_timeout=API_TIMEOUT_S).items
         except Exception as e:  # events are a diagnosis; never let them hide the outcome
             return f"<events unavailable: {e!r}>"
         for ev in items:
@@ -845,7 +848,7 @@ class _LogFollower:
 
     def _finished(self) -> bool:
         try:
-            pod = self._api.core_api.read_namespaced_pod(self.pod, self._ns)
+            pod = self._api.core_api.read_namespaced_pod(self.pod, self._ns, _request_timeout=API_TIMEOUT_S)
         except kubernetes.client.ApiException as e:
             return e.status == 404
         except Exception:

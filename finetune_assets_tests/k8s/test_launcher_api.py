@@ -116,7 +116,11 @@ def test_killed_worker_is_restarted_by_torchrun(cluster: Cluster, instance) -> N
 
 
 def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
-    """SIGKILL of node 1's torchrun agent (the pod's main process): the pod dies with 137, the run fails."""
+    """SIGKILL of node 1's torchrun agent (the pod's main process): the pod dies with 137, the run fails.
+
+    The worker can kill its agent because torchrun is not PID 1 (``shareProcessNamespace``: the pause
+    container is); as PID 1 of its namespace the kernel would ignore the signal, on a real node and in
+    the double's per-pod PID namespace alike."""
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1, timeout_s=300),
         "standin:killagent-node=1", instance,
