@@ -17,8 +17,13 @@ So we build on the pieces under ``dagster_k8s.execute_k8s_job``: ``construct_dag
 call ``execute_k8s_job`` itself: it creates no Service, streams logs from whichever pod lists first
 (not rank 0), and with ``parallelism > 1`` waits until no pod is active, so one dead rank with hung
 peers would hang until the timeout. Here the supervision loop streams the index-0 pod, fails as soon
-as any pod fails (copying the failed pods' log tails into the Dagster log and the error), and always
-deletes the Job and the Service (success, failure, timeout, interruption).
+as any pod fails (copying every pod's log tail and the Warning Events into the Dagster log and the
+error), says why pods wait (scheduler, quota/admission, image pulls) and bounds that wait, resubmits a
+fresh gang that resumes from the checkpoint when a pod is disrupted (``DisruptionTarget``: eviction,
+preemption, node lost), and always deletes the Job and the Service (success, failure, timeout,
+interruption). Owner references (launching pod -> Job -> Service) let Kubernetes delete the gang when
+this process dies with its pod; the next attempt deletes any live gang of the same asset + partition.
+Pod 0 hosts the c10d store unconditionally (:func:`pod0_hosts_the_store`).
 
 Security: pods run non-root with a read-only root filesystem (writable emptyDirs for ``/tmp``,
 caches and ``/dev/shm``), no privilege escalation, all capabilities dropped, the RuntimeDefault
@@ -614,8 +619,9 @@ class K8sTorchrunLauncher(TrainingLauncher):
             if verdict.kind == "waiting" and now - events_read > EVENTS_EVERY_S:
                 events, events_read = _warning_events(api, ns, [name, *(p.metadata.name for p in pods)]), now
             note = verdict.why + (f"; events: {events}" if events and verdict.kind == "waiting" else "")
-            if note and note != last_note:  # say it once, when it changes
-                log.warning(f"Training Job {ns}/{name}: {note}")
+            if note and note != last_note:  # say it once, when it changes; ContainerCreating is only info
+                trouble = events or verdict.kind == "running" or "Unschedulable" in note
+                (log.warning if trouble else log.info)(f"Training Job {ns}/{name}: {note}")
             last_note = note
             if not started and now > start_deadline:
                 self._fail(log, api, name, pods, f"pods did not all start within start_timeout_s={self.start_timeout_s}: {note}")

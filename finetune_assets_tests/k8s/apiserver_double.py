@@ -777,7 +777,8 @@ def _isolation_flags() -> list[str] | None:
     global _ISOLATION_PROBE
     if _ISOLATION_PROBE is False:
         _ISOLATION_PROBE = None
-        if shutil.which("unshare") and shutil.which("hostname"):
+        # FINETUNE_K8S_DOUBLE_NO_ISOLATION=1 plays a host without unshare (to check the fallback)
+        if shutil.which("unshare") and shutil.which("hostname") and not os.environ.get("FINETUNE_K8S_DOUBLE_NO_ISOLATION"):
             base = ["--uts", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--mount-proc"]
             probe = "hostname probe && mount -t tmpfs -o size=1m tmpfs /dev/shm && mount --bind /dev/null /etc/hosts"
             for user in ([], ["--user", "--map-root-user"]):
