@@ -669,10 +669,10 @@ class KubeApiDouble:
             services = {(n, s) for (r, s, n) in self.objects if r == "services"}
             ips = {(p.obj["spec"].get("subdomain"), p.obj["spec"].get("hostname")): p.ip for p in self.pods.values()}
 
-        def resolve(m: re.Match) -> str:
-            if (m["svc"], m["ns"]) not in services:
-                return m.group(0)
-            return ips.get((m["svc"], m["host"]), "127.0.0.1")
+        def resolve(m: re.Match) -> str:  # the Service may be created just after the Job (owner reference)
+            if (m["svc"], m["host"]) in ips:
+                return ips[(m["svc"], m["host"])]
+            return "127.0.0.1" if (m["svc"], m["ns"]) in services else m.group(0)
 
         return re.sub(r"(?P<host>[a-z0-9-]+)\.(?P<svc>[a-z0-9-]+)\.(?P<ns>[a-z0-9-]+)\.svc(?:\.cluster\.local)?", resolve, value)
 
