@@ -39,6 +39,7 @@ def torchrun_command(
     node_rank: str | None = None,
     rdzv_endpoint: str | None = None,
     rdzv_id: str | None = None,
+    rdzv_conf: Mapping[str, object] | None = None,
     python: str | None = None,
     module: str = TRAINER_MODULE,
 ) -> list[str]:
@@ -55,6 +56,8 @@ def torchrun_command(
             "--rdzv-endpoint", rdzv_endpoint,
             "--rdzv-id", rdzv_id,
         ]
+        if rdzv_conf:
+            cmd += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in rdzv_conf.items())]
         if node_rank is not None:
             cmd += ["--node-rank", node_rank]
     cmd += ["--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]

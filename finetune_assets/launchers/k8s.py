@@ -17,8 +17,13 @@ So we build on the pieces under ``dagster_k8s.execute_k8s_job``: ``construct_dag
 call ``execute_k8s_job`` itself: it creates no Service, streams logs from whichever pod lists first
 (not rank 0), and with ``parallelism > 1`` waits until no pod is active, so one dead rank with hung
 peers would hang until the timeout. Here the supervision loop streams the index-0 pod, fails as soon
-as any pod fails (copying the failed pods' log tails into the Dagster log and the error), and always
-deletes the Job and the Service (success, failure, timeout, interruption).
+as any pod fails (copying every pod's log tail and the Warning Events into the Dagster log and the
+error), says why pods wait (scheduler, quota/admission, image pulls) and bounds that wait, resubmits a
+fresh gang that resumes from the checkpoint when a pod is disrupted (``DisruptionTarget``: eviction,
+preemption, node lost), and always deletes the Job and the Service (success, failure, timeout,
+interruption). Owner references (launching pod -> Job -> Service) let Kubernetes delete the gang when
+this process dies with its pod; the next attempt deletes any live gang of the same asset + partition.
+Pod 0 hosts the c10d store unconditionally (:func:`pod0_hosts_the_store`).
 
 Security: pods run non-root with a read-only root filesystem (writable emptyDirs for ``/tmp``,
 caches and ``/dev/shm``), no privilege escalation, all capabilities dropped, the RuntimeDefault
@@ -29,12 +34,15 @@ values, and plain ``env`` entries that look like credentials are refused.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import queue
 import re
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -57,6 +65,11 @@ CONTAINER_NAME = "trainer"
 JOB_LABEL = "finetune-assets/training-job"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 COMPONENT = "finetune-trainer"
+# One value per asset + partition on every Job: finds a live gang left by a dead launcher (see gang_key).
+GANG_LABEL = "finetune-assets/gang"
+EVENTS_EVERY_S = 5.0
+API_TIMEOUT_S = 30  # every API read is bounded: a hung connection must not hang the supervision loop
+GONE_TIMEOUT_S = 120  # a deleted gang's pods: terminationGracePeriodSeconds (30) plus slack
 # Environment names that must come from a Kubernetes Secret, never from a plain `env` value.
 _SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|API_KEY)", re.I)
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
@@ -76,6 +89,16 @@ POD_ENV = {
     "TRITON_CACHE_DIR": "/cache/triton",
     "MPLCONFIGDIR": "/cache/matplotlib",
 }
+
+
+# Resource sizing per process when a field is "auto" (an 8-GPU pod gets 8x, /dev/shm on top of memory).
+AUTO = "auto"
+CPU_PER_PROCESS = 1
+CPU_LIMIT_PER_PROCESS = 4
+MEM_PER_PROCESS_GI = 4
+MEM_LIMIT_PER_PROCESS_GI = 8
+MEM_HEADROOM_PER_PROCESS_GI = 1  # the least a limit must leave per process beside /dev/shm
+SHM_PER_GPU_GI = 2
 
 
 class PullPolicy(str, Enum):
@@ -131,6 +154,27 @@ def k8s_name(base: str, *, max_len: int = 40) -> str:
     return f"{stem}-{uuid.uuid4().hex[:6]}"
 
 
+def pod0_hosts_the_store(cmd: list[str], port: int) -> list[str]:
+    """Wrap a multi-node torchrun command so that pod 0 always hosts the c10d store (TorchX does the same).
+
+    torchrun hosts the store only when the endpoint resolves to its own address; while cluster DNS lags
+    behind a new pod nobody would host it and every pod fails. Pod 0 is given ``localhost`` (always its
+    own), the others pod 0's DNS name; one pod template serves every index, hence the ``sh`` test on
+    ``JOB_COMPLETION_INDEX`` (``exec``: no shell stays behind). Rank 0 lands on pod 0 because c10d
+    orders nodes by address and ``<job>-0.`` sorts before every ``<job>-<i>.``.
+    """
+    i = cmd.index("--rdzv-endpoint")
+    endpoint = cmd[i + 1]
+    rest = cmd[:i] + cmd[i + 2:]
+    if rest[1:3] != ["-m", "torch.distributed.run"]:
+        raise ValueError(f"not a torchrun command: {cmd[:3]}")
+    script = (
+        f'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then e=localhost:{port}; else e={endpoint}; fi; '
+        'shift 2; exec "$0" -m torch.distributed.run --rdzv-endpoint "$e" "$@"'
+    )
+    return ["sh", "-c", script, *rest]
+
+
 def sanitize_label_value(value: str) -> str:
     """A valid label value: at most 63 chars of ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
     value = re.sub(r"[^A-Za-z0-9._-]", "-", str(value))[:63]
@@ -149,17 +193,25 @@ def _check_plain_env(env: Mapping[str, str], where: str) -> None:
 class K8sTorchrunLauncher(TrainingLauncher):
     """Runs the torchrun command as ``nnodes`` pods of an Indexed Job with c10d rendezvous on pod 0."""
 
-    image: str = Field(description="Image with this package installed (see deploy/Dockerfile).")
+    image: str | None = Field(
+        default=None, description="Image with this package installed (deploy/Dockerfile). Unset: the launching pod's "
+        "own image (in-cluster), so the Helm values name the image once.")
     namespace: str = Field(default="default", description="Namespace of the Job, Service and pods.")
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     image_pull_secrets: list[str] = Field(default_factory=list)
     nnodes: int = Field(default=1, ge=1, description="Pods (torchrun nodes); each runs nproc_per_node workers.")
-    gpus_per_node: int = Field(default=0, ge=0, description="nvidia.com/gpu per pod (usually = nproc_per_node).")
-    cpu_request: str = "1"
-    cpu_limit: str | None = "4"
-    memory_request: str = "4Gi"
-    memory_limit: str | None = "8Gi"
-    shm_size: str = Field(default="1Gi", description="Size of the memory-backed /dev/shm (DataLoader, NCCL, streaming).")
+    gpus_per_node: int = Field(default=0, ge=0, description="nvidia.com/gpu per pod; processes per pod follow it.")
+    nproc_per_node: int | None = Field(  # type: ignore[assignment]
+        default=None, ge=1, description="Processes per pod; unset = gpus_per_node (one per GPU), or 1 without GPUs.")
+    # "auto" = sized from the processes per pod (see `sizing`); None = no limit.
+    cpu_request: str = Field(default=AUTO, description=f"'auto' = {CPU_PER_PROCESS} core(s) per process.")
+    cpu_limit: str | None = Field(default=AUTO, description=f"'auto' = {CPU_LIMIT_PER_PROCESS} cores per process; None = no limit.")
+    memory_request: str = Field(default=AUTO, description=f"'auto' = {MEM_PER_PROCESS_GI}Gi per process + /dev/shm.")
+    memory_limit: str | None = Field(
+        default=AUTO, description=f"'auto' = {MEM_LIMIT_PER_PROCESS_GI}Gi per process + /dev/shm; None = no limit.")
+    shm_size: str = Field(
+        default=AUTO, description="Memory-backed /dev/shm (DataLoader, NCCL, streaming); counts against the memory "
+        f"limit. 'auto' = {SHM_PER_GPU_GI}Gi per GPU process, else 1Gi.")
     scratch_size: str = Field(default="8Gi", description="Size limit of each writable emptyDir (/tmp, /cache).")
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
@@ -175,6 +227,11 @@ class K8sTorchrunLauncher(TrainingLauncher):
     storage_mount_path: str = Field(default="/data", description="Where storage_pvc_name is mounted in the pods.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the Job, Service and pods.")
     rdzv_port: int = Field(default=29400, ge=1, le=65535)
+    rdzv_timeout_s: int = Field(
+        default=900, ge=1,
+        description="c10d rendezvous join and read timeout: longer than the worst gap between the first and the last "
+        "pod starting (GPU node scale-up, a multi-GB image pull). torchrun's own default read timeout is 60 s.",
+    )
     timeout_s: int = Field(default=24 * 3600, ge=1, description="Wall-clock limit (also the Job's activeDeadlineSeconds).")
     ttl_seconds_after_finished: int = Field(default=3600, ge=0)
     delete_propagation_policy: PropagationPolicy = PropagationPolicy.BACKGROUND
@@ -186,6 +243,15 @@ class K8sTorchrunLauncher(TrainingLauncher):
     kubeconfig_file: str | None = Field(default=None, description="Kubeconfig path; None = $KUBECONFIG or ~/.kube/config.")
     kube_context: str | None = None
     poll_interval_s: float = Field(default=2.0, gt=0)
+    start_timeout_s: int = Field(
+        default=1800, ge=1, description="How long pods may stay Pending (scheduling, node scale-up, image pull, quota) "
+        "before the launch fails with the scheduler's / admission's reason.")
+    max_resubmissions: int = Field(
+        default=3, ge=0, description="Fresh gangs after a disruption (eviction, preemption, node lost); each resumes "
+        "from the last checkpoint. Failures of the training code itself are never resubmitted.")
+    owner_pod: str | None = Field(
+        default=None, description="Pod that owns the training Job, so Kubernetes deletes the gang when it dies. "
+        "Unset: in-cluster this pod ($HOSTNAME), outside none.")
     log_tail_lines: int = Field(default=100, ge=1)
 
     # -- rendering ----------------------------------------------------------------------------
@@ -198,20 +264,22 @@ class K8sTorchrunLauncher(TrainingLauncher):
         """The container command: the same torchrun command as the local launcher, per node."""
         if self.nnodes == 1:
             return torchrun_command(
-                job.config_url, nproc_per_node=self.nproc_per_node, max_restarts=self.max_restarts,
+                job.config_url, nproc_per_node=self.processes, max_restarts=self.max_restarts,
                 python=self.python, module=self.trainer_module,
             )
-        return torchrun_command(
+        cmd = torchrun_command(
             job.config_url,
-            nproc_per_node=self.nproc_per_node,
+            nproc_per_node=self.processes,
             nnodes=self.nnodes,
             max_restarts=self.max_restarts,
             node_rank="$(JOB_COMPLETION_INDEX)",  # expanded by the kubelet from the pod's env
             rdzv_endpoint=f"{self.rdzv_host(name)}:{self.rdzv_port}",
             rdzv_id=name,  # unique per launch: torchrun's default id is shared by every run
+            rdzv_conf={"join_timeout": self.rdzv_timeout_s, "read_timeout": self.rdzv_timeout_s},
             python=self.python,
             module=self.trainer_module,
         )
+        return pod0_hosts_the_store(cmd, self.rdzv_port)
 
     def _labels(self, job: TrainingJob, name: str) -> dict[str, str]:
         labels = {**self.labels, **job.labels}
@@ -220,6 +288,8 @@ class K8sTorchrunLauncher(TrainingLauncher):
                 raise ValueError(f"invalid Kubernetes label key {key!r}")
         out = {k: sanitize_label_value(v) for k, v in labels.items()}
         out[JOB_LABEL] = name
+        if (key := gang_key(job)) is not None:
+            out[GANG_LABEL] = key
         return out
 
     def _env(self, job: TrainingJob) -> list[dict[str, Any]]:
@@ -230,23 +300,68 @@ class K8sTorchrunLauncher(TrainingLauncher):
         env = [{"name": k, "value": str(v)} for k, v in merged.items()]
         return env
 
+    @property
+    def processes(self) -> int:
+        """torchrun workers per pod: one per GPU unless nproc_per_node says otherwise."""
+        return self.nproc_per_node or self.gpus_per_node or 1
+
+    def sizing(self) -> dict[str, str | None]:
+        """CPU, memory and /dev/shm per pod, derived from the processes where "auto"; refuses what cannot work."""
+        from kubernetes.utils import parse_quantity
+
+        n, gpus = self.processes, self.gpus_per_node
+        if gpus and n != gpus:
+            raise ValueError(
+                f"nproc_per_node={n} with gpus_per_node={gpus}: "
+                + (f"{gpus - n} reserved GPU(s) per pod would sit idle" if n < gpus else f"{n} processes would share {gpus} GPU(s)")
+                + f"; leave nproc_per_node unset (= gpus_per_node) or set gpus_per_node={n}")
+        shm = f"{SHM_PER_GPU_GI * n}Gi" if (self.shm_size == AUTO and gpus) else ("1Gi" if self.shm_size == AUTO else self.shm_size)
+        shm_gi = parse_quantity(shm) / 2**30
+
+        def gi(x) -> str:
+            return f"{int(x)}Gi" if x == int(x) else f"{int(x * 1024)}Mi"
+
+        out = {
+            "cpu_request": str(CPU_PER_PROCESS * n) if self.cpu_request == AUTO else self.cpu_request,
+            "cpu_limit": str(CPU_LIMIT_PER_PROCESS * n) if self.cpu_limit == AUTO else self.cpu_limit,
+            "memory_request": gi(MEM_PER_PROCESS_GI * n + shm_gi) if self.memory_request == AUTO else self.memory_request,
+            "memory_limit": gi(MEM_LIMIT_PER_PROCESS_GI * n + shm_gi) if self.memory_limit == AUTO else self.memory_limit,
+            "shm_size": shm,
+        }
+        if out["memory_limit"] is not None:
+            need = shm_gi + MEM_HEADROOM_PER_PROCESS_GI * n
+            if parse_quantity(out["memory_limit"]) / 2**30 < need:
+                raise ValueError(
+                    f"memory_limit={out['memory_limit']} cannot hold /dev/shm ({shm}, memory-backed: it counts against "
+                    f"the container's memory limit) plus {MEM_HEADROOM_PER_PROCESS_GI}Gi for each of {n} process(es): "
+                    f"raise memory_limit to at least {gi(need)} (or 'auto'), or lower shm_size")
+        for kind in ("cpu", "memory"):
+            req, lim = out[f"{kind}_request"], out[f"{kind}_limit"]
+            if lim is not None and parse_quantity(req) > parse_quantity(lim):
+                raise ValueError(f"{kind}_request={req} is above {kind}_limit={lim}: lower the request or raise the limit")
+        return out
+
     def _resources(self) -> dict[str, Any]:
-        requests = {"cpu": self.cpu_request, "memory": self.memory_request}
+        size = self.sizing()
+        requests = {"cpu": size["cpu_request"], "memory": size["memory_request"]}
         limits: dict[str, str] = {}
-        if self.cpu_limit:
-            limits["cpu"] = self.cpu_limit
-        if self.memory_limit:
-            limits["memory"] = self.memory_limit
+        if size["cpu_limit"]:
+            limits["cpu"] = size["cpu_limit"]
+        if size["memory_limit"]:
+            limits["memory"] = size["memory_limit"]
         if self.gpus_per_node:
             requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(self.gpus_per_node)
         return {"requests": requests, "limits": limits}
 
-    def render(self, job: TrainingJob, name: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    def render(self, job: TrainingJob, name: str, image: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """The Service (None for one node) and the Job as API-ready dicts (camelCase, no secrets)."""
+        image = image or self.image
+        if not image:
+            raise ValueError("K8sTorchrunLauncher.image is not set and there is no launching pod to take it from: set image")
         from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 
         labels = self._labels(job, name)
-        volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}]
+        volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.sizing()["shm_size"]}}]
         volumes += [{"name": v, "emptyDir": {"sizeLimit": self.scratch_size}} for v in SCRATCH_MOUNTS]
         mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
         mounts += [{"name": v, "mountPath": p} for v, p in SCRATCH_MOUNTS.items()]
@@ -258,11 +373,15 @@ class K8sTorchrunLauncher(TrainingLauncher):
             "automountServiceAccountToken": False,  # the trainer never calls the Kubernetes API
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": 30,
+            # The pause container is PID 1: it reaps orphans (DataLoader workers), and torchrun gets the
+            # kernel's ordinary signal semantics (a PID 1 ignores signals it has no handler for).
+            "shareProcessNamespace": True,
             "securityContext": {
                 "runAsNonRoot": True,
                 "runAsUser": self.run_as_user,
                 "runAsGroup": self.run_as_user,
                 "fsGroup": self.run_as_user,
+                "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of a big RWX volume per pod
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "volumes": volumes,
@@ -295,8 +414,11 @@ class K8sTorchrunLauncher(TrainingLauncher):
             "completions": self.nnodes,
             "parallelism": self.nnodes,
             "backoffLimit": 0,
-            # Any non-zero exit fails the whole Job at once (the controller then kills the peers).
+            # A disrupted pod (eviction, preemption, node lost) is not the code's fault: not counted (the
+            # launcher resubmits a fresh gang that resumes from the checkpoint). Any other non-zero exit
+            # fails the whole Job at once (the controller then kills the peers). First match wins.
             "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn", "values": [0]}},
             ]},
             "activeDeadlineSeconds": self.timeout_s,
@@ -304,7 +426,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
         }
         manifest = construct_dagster_k8s_job(
             job_config=DagsterK8sJobConfig(
-                job_image=self.image,
+                job_image=image,
                 image_pull_policy=PullPolicy(self.image_pull_policy).value,
                 service_account_name=self.service_account_name,
                 env_secrets=list(self.env_secret_names),  # envFrom secretRef, by name only
@@ -361,30 +483,58 @@ class K8sTorchrunLauncher(TrainingLauncher):
     # -- launching ----------------------------------------------------------------------------
 
     def launch(self, context: dg.AssetExecutionContext, job: TrainingJob) -> None:
+        log = context.log
+        api = self.api()
+        owner, owner_image = self._owner_reference(log, api)
+        image = self.image or owner_image
+        self._remove_live_gangs(log, api, job)
+        for attempt in range(self.max_resubmissions + 1):
+            try:
+                self._run_gang(log, api, job, owner, image)
+                return
+            except GangDisrupted as e:
+                if attempt >= self.max_resubmissions:
+                    raise TrainingFailed(
+                        f"{e}; the gang was disrupted {attempt + 1} time(s), more than max_resubmissions="
+                        f"{self.max_resubmissions}") from None
+                log.warning(f"{e}: resubmitting the gang ({attempt + 1}/{self.max_resubmissions}); "
+                            "the trainer resumes from its last checkpoint")
+
+    def _run_gang(self, log, api, job: TrainingJob, owner: dict[str, Any] | None, image: str | None) -> None:
+        """One Job (+ Service): create, supervise, always delete."""
         from dagster_k8s.client import k8s_api_retry_creation_mutation
 
-        log = context.log
         name = k8s_name(job.name)
-        service, manifest = self.render(job, name)
+        service, manifest = self.render(job, name, image)
+        if owner is not None:  # the launching pod dies -> Kubernetes' garbage collector deletes the gang
+            manifest["metadata"]["ownerReferences"] = [owner]
         log.info(
-            f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x {self.nproc_per_node} "
-            f"process(es), image {self.image}, command: {' '.join(self.command(job, name))}"
+            f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x {self.processes} "
+            f"process(es), image {image}, command: {' '.join(self.command(job, name))}"
         )
         # Names of Secrets only; the manifest carries no secret values by construction.
         log.debug("Rendered manifests:\n" + yaml.safe_dump_all([m for m in (service, manifest) if m], sort_keys=False))
-        api = self.api()
         ns = self.namespace
         follower: _LogFollower | None = None
         try:
-            if service is not None:
-                k8s_api_retry_creation_mutation(
-                    lambda: api.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=1.0
-                )
             k8s_api_retry_creation_mutation(
                 lambda: api.batch_api.create_namespaced_job(ns, manifest), max_retries=3, timeout=1.0
             )
+            if service is not None:
+                uid = api.batch_api.read_namespaced_job(name, ns).metadata.uid
+                service["metadata"]["ownerReferences"] = [
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}]  # goes with the Job
+                k8s_api_retry_creation_mutation(
+                    lambda: api.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=1.0
+                )
             follower = _LogFollower(api, ns)
             self._supervise(log, api, name, follower)
+        except GangDisrupted:
+            # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank 0
+            # could still write a checkpoint while the new gang loads it.
+            self._cleanup(log, api, name, service is not None)
+            self._wait_pods_gone(log, api, name)
+            raise
         finally:
             # Delete first: whatever interrupted us (failure, timeout, run termination) must not keep
             # the pods alive. Deleting the pods also ends the follow stream of the log thread.
@@ -393,49 +543,104 @@ class K8sTorchrunLauncher(TrainingLauncher):
                 follower.stop()
                 follower.drain(log)  # pod 0's last lines before the failure or interruption
 
+    def _wait_pods_gone(self, log, api, name: str) -> None:
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not api.core_api.list_namespaced_pod(
+                    self.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S).items:
+                return
+            time.sleep(self.poll_interval_s)
+        log.warning(f"Pods of training Job {self.namespace}/{name} still terminating after {GONE_TIMEOUT_S}s; going on")
+
+    def _owner_reference(self, log, api) -> tuple[dict[str, Any] | None, str | None]:
+        """The launching pod as owner of the Job (in-cluster: $HOSTNAME, the pod name; dagster-k8s does the same),
+        and its image."""
+        name = self.owner_pod or (os.environ.get("HOSTNAME") if self.load_incluster_config else None)
+        if not name:
+            return None, None
+        try:
+            pod = api.core_api.read_namespaced_pod(name, self.namespace)
+        except kubernetes.client.ApiException as e:
+            log.warning(f"Cannot read the launching pod {self.namespace}/{name} ({e.status} {e.reason}): the training "
+                        "Job gets no owner; if this process dies, only its TTL and the next launch remove it")
+            return None, None
+        image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else None
+        return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, image
+
+    def _remove_live_gangs(self, log, api, job: TrainingJob) -> None:
+        """Delete unfinished gangs of the same asset + partition: two would write one checkpoint folder and MLflow run.
+
+        Deleted rather than adopted: the left-over gang may run another config, and the new gang resumes
+        from the same checkpoint, so a restart costs one rendezvous and one checkpoint load.
+        """
+        key = gang_key(job)
+        if key is None:
+            return
+        ns = self.namespace
+        for other in api.batch_api.list_namespaced_job(ns, label_selector=f"{GANG_LABEL}={key}").items:
+            conditions = {c.type for c in (other.status.conditions or []) if c.status == "True"} if other.status else set()
+            if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
+                continue
+            left_by = (other.metadata.labels or {}).get("dagster/run-id", "?")
+            log.warning(f"Deleting live training Job {ns}/{other.metadata.name} of the same asset and partition "
+                        f"(left by run {left_by}) before starting a new gang")
+            self._cleanup(log, api, other.metadata.name, has_service=True)
+            self._wait_pods_gone(log, api, other.metadata.name)
+
     def _supervise(self, log, api, name: str, follower: _LogFollower) -> None:
         ns = self.namespace
-        deadline = time.monotonic() + self.timeout_s
+        now = time.monotonic()
+        deadline, start_deadline = now + self.timeout_s, now + self.start_timeout_s
         selector = f"{JOB_LABEL}={name}"
+        started = False
+        last_note, events, events_read = "", "", 0.0
         while True:
             follower.drain(log)
-            pods = api.core_api.list_namespaced_pod(ns, label_selector=selector).items
-            by_index = {_completion_index(p): p for p in pods}
-            pod0 = by_index.get(0)
+            pods = api.core_api.list_namespaced_pod(ns, label_selector=selector, _request_timeout=API_TIMEOUT_S).items
+            pod0 = next((p for p in pods if _completion_index(p) == 0), None)
             if pod0 is not None and pod0.status and pod0.status.phase in ("Running", "Succeeded", "Failed"):
                 follower.start(pod0.metadata.name)
-            status = api.batch_api.read_namespaced_job(name, ns).status
-            conditions = {c.type: c for c in (status.conditions or []) if c.status == "True"} if status else {}
-            failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
-            if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":
-                self._fail(log, api, name, pods, f"timed out after {self.timeout_s}s (activeDeadlineSeconds)")
-            failed = [p for p in pods if p.status and p.status.phase == "Failed"]
-            if failed:  # fail fast: do not wait for the Job controller or for hung peers
-                self._fail(log, api, name, failed, "pod(s) failed")
-            if failed_cond is not None:
-                self._fail(log, api, name, pods, f"Job failed: {failed_cond.reason}: {failed_cond.message}")
-            stuck = [(p, r) for p in pods if (r := _fatal_waiting_reason(p))]
-            if stuck:
-                detail = "; ".join(f"{p.metadata.name}: {r}" for p, r in stuck)
-                raise TrainingFailed(f"training Job {ns}/{name} cannot start its pods: {detail}")
-            if "Complete" in conditions or (status and (status.succeeded or 0) >= self.nnodes):
+            status = api.batch_api.read_namespaced_job(name, ns, _request_timeout=API_TIMEOUT_S).status
+            verdict = assess(status, pods, self.nnodes)
+            if verdict.kind == "complete":
                 follower.start(pod0.metadata.name if pod0 is not None else None)
                 follower.wait(timeout=30)
                 follower.drain(log)
                 log.info(f"Training Job {ns}/{name}: all {self.nnodes} pod(s) succeeded")
                 return
-            if time.monotonic() > deadline:
+            if verdict.kind == "disrupted":
+                raise GangDisrupted(f"training Job {ns}/{name} disrupted: {verdict.why}")
+            if verdict.reason == "DeadlineExceeded":
+                self._fail(log, api, name, pods, f"timed out after {self.timeout_s}s (activeDeadlineSeconds)")
+            if verdict.kind in ("failed", "stuck"):
+                self._fail(log, api, name, pods, verdict.why)
+            now = time.monotonic()
+            started = started or verdict.kind == "running"
+            if verdict.kind == "waiting" and now - events_read > EVENTS_EVERY_S:
+                events, events_read = _warning_events(api, ns, [name, *(p.metadata.name for p in pods)]), now
+            note = verdict.why + (f"; events: {events}" if events and verdict.kind == "waiting" else "")
+            if note and note != last_note:  # say it once, when it changes; ContainerCreating is only info
+                trouble = events or verdict.kind == "running" or "Unschedulable" in note
+                (log.warning if trouble else log.info)(f"Training Job {ns}/{name}: {note}")
+            last_note = note
+            if not started and now > start_deadline:
+                self._fail(log, api, name, pods, f"pods did not all start within start_timeout_s={self.start_timeout_s}: {note}")
+            if now > deadline:
                 self._fail(log, api, name, pods, f"timed out after {self.timeout_s}s")
             time.sleep(self.poll_interval_s)
 
     def _fail(self, log, api, name: str, pods: Sequence[Any], why: str) -> None:
-        """Copy the relevant pods' log tails into the Dagster log and raise :class:`TrainingFailed`."""
+        """Copy every pod's log tail (failed ones first) and the Warning events into the log; raise TrainingFailed."""
         parts = []
-        for pod in sorted(pods, key=_completion_index):
+        failed_first = sorted(pods, key=lambda p: (not _is_failed(p), _completion_index(p)))
+        for pod in failed_first:
             tail = _safe_logs(api, pod.metadata.name, self.namespace, self.log_tail_lines)
             state = _pod_state(pod)
             log.error(f"Pod {pod.metadata.name} (node {_completion_index(pod)}) {state}; last log lines:\n{tail}")
             parts.append(f"--- pod {pod.metadata.name} (node {_completion_index(pod)}) {state} ---\n{tail}")
+        events = _warning_events(api, self.namespace, [name, *(p.metadata.name for p in pods)])
+        if events:
+            parts.append(f"--- events ---\n{events}")
         raise TrainingFailed(f"training Job {self.namespace}/{name}: {why}\n" + "\n".join(parts))
 
     def _cleanup(self, log, api, name: str, has_service: bool) -> None:
@@ -449,13 +654,110 @@ class K8sTorchrunLauncher(TrainingLauncher):
                 delete()
                 log.info(f"Deleted {kind} {ns}/{name}")
             except kubernetes.client.ApiException as e:
-                if e.status != 404:
+                if e.status == 404 and kind == "Service":
+                    log.info(f"Deleted Service {ns}/{name} (garbage-collected with its Job)")
+                elif e.status != 404:
                     log.warning(f"Could not delete {kind} {ns}/{name} ({e.status} {e.reason}); its TTL will")
             except Exception as e:  # never mask the training outcome with a cleanup error
                 log.warning(f"Could not delete {kind} {ns}/{name}: {e!r}")
 
 
+# -- the supervision verdict (a pure function of Job and Pod objects) ------------------------------
+
+
+class GangDisrupted(Exception):
+    """A pod of the gang was disrupted (eviction, preemption, node lost): resubmit rather than fail."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # running | waiting | complete | disrupted | failed | stuck
+    why: str = ""
+    reason: str = ""  # the Job condition's reason, when the Job failed
+
+
+def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
+    """What the gang is doing, from a ``V1JobStatus`` and its ``V1Pod`` list.
+
+    Order matters: a disruption wins over the failures it causes in the peers (they fail because
+    their peer vanished), and a failed pod wins over the Job controller's slower ``Failed``.
+    """
+    disrupted = [(p, c) for p in pods if (c := _condition(p, "DisruptionTarget"))]
+    if disrupted:
+        return Verdict("disrupted", "; ".join(
+            f"pod {p.metadata.name}: {c.reason or 'DisruptionTarget'}: {c.message or ''}".rstrip(": ") for p, c in disrupted))
+    conditions = {c.type: c for c in (status.conditions or []) if c.status == "True"} if status else {}
+    failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
+    if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":
+        return Verdict("failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason)
+    if any(_is_failed(p) for p in pods):  # fail fast: do not wait for the Job controller or hung peers
+        return Verdict("failed", "pod(s) failed")
+    if failed_cond is not None:
+        return Verdict("failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason or "")
+    stuck = [(p, r) for p in pods if (r := _fatal_waiting_reason(p))]
+    if stuck:
+        return Verdict("stuck", "cannot start its pods: " + "; ".join(f"{p.metadata.name}: {r}" for p, r in stuck))
+    if "Complete" in conditions or (status and (status.succeeded or 0) >= nnodes):
+        return Verdict("complete")
+    notes = [f"pod {p.metadata.name}: {w}" for p in sorted(pods, key=_completion_index) if (w := _pod_wait(p))]
+    waiting = len(pods) < nnodes or any(p.status is None or p.status.phase == "Pending" for p in pods)
+    if len(pods) < nnodes:
+        notes.insert(0, f"{nnodes - len(pods)} of {nnodes} pod(s) not created")
+    return Verdict("waiting" if waiting else "running", "; ".join(notes))
+
+
+def gang_key(job: TrainingJob) -> str | None:
+    """One label value per asset + partition (hashed: partition keys need not be valid label values)."""
+    asset, partition = job.labels.get("dagster/asset"), job.labels.get("dagster/partition")
+    if asset is None:
+        return None
+    return hashlib.sha256(f"{asset}\0{partition or ''}".encode()).hexdigest()[:40]
+
+
 # -- helpers --------------------------------------------------------------------------------------
+
+
+def _condition(pod, ctype: str):
+    for c in (pod.status.conditions or []) if pod.status else []:
+        if c.type == ctype and c.status == "True":
+            return c
+    return None
+
+
+def _is_failed(pod) -> bool:
+    return bool(pod.status and pod.status.phase == "Failed")
+
+
+def _pod_wait(pod) -> str:
+    """Why a pod is not (fully) running, in the scheduler's / kubelet's words; "" when it is fine."""
+    if pod.status is None:
+        return "no status yet"
+    for c in pod.status.conditions or []:
+        if c.type == "PodScheduled" and c.status == "False":
+            return f"{c.reason or 'Unscheduled'}: {c.message or ''}".rstrip(": ")
+        if c.type == "Ready" and c.status == "False" and pod.status.phase == "Running":  # e.g. its node NotReady
+            return f"not Ready ({c.reason or 'no reason given'}): {c.message or ''}".rstrip(": ")
+    if pod.status.phase == "Pending":
+        for cs in pod.status.container_statuses or []:
+            if cs.state and cs.state.waiting is not None:
+                return f"{cs.state.waiting.reason or 'Waiting'} {cs.state.waiting.message or ''}".strip()
+        return "Pending"
+    return ""
+
+
+def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -> str:
+    """The Warning events of the Job and its pods (quota, admission, scheduling, image pulls, volumes)."""
+    seen: dict[tuple[str, str], str] = {}
+    for name in names:
+        try:
+            items = api.core_api.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={name}", _request_timeout=API_TIMEOUT_S).items
+        except Exception as e:  # events are a diagnosis; never let them hide the outcome
+            return f"<events unavailable: {e!r}>"
+        for ev in items:
+            if ev.type == "Warning":
+                seen[(name, ev.reason or "")] = f"{name}: {ev.reason}: {ev.message}"
+    return "; ".join(list(seen.values())[-limit:])
 
 
 def _completion_index(pod) -> int:
@@ -494,15 +796,19 @@ def _safe_logs(api, pod_name: str, namespace: str, tail_lines: int) -> str:
 class _LogFollower:
     """Follows one pod's log on a background thread; the caller drains lines into ``context.log``.
 
-    Lines go through a queue so that only the launching thread touches the Dagster logger.
+    Lines go through a queue so that only the launching thread touches the Dagster logger. A stream
+    that ends or breaks while the pod still runs (API server restart, kubelet hiccup, idle timeout of a
+    proxy) is re-opened and the lines already delivered are skipped, so nothing repeats or goes missing
+    (unless the kubelet rotated the log file in between, at 10 MiB by default).
     """
 
-    def __init__(self, api, namespace: str):
+    def __init__(self, api, namespace: str, max_reconnects: int = 100):
         self._api = api
         self._ns = namespace
         self._lines: queue.Queue[str] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._max_reconnects = max_reconnects
         self.pod: str | None = None
 
     def start(self, pod: str | None) -> None:
@@ -513,10 +819,11 @@ class _LogFollower:
         self._thread.start()
 
     def _run(self) -> None:
-        buf = b""
-        for _attempt in range(30):
+        delivered, failures = 0, 0
+        while failures < self._max_reconnects:  # consecutive re-opens without a new line
             if self._stop.is_set():
                 return
+            buf, n, before = b"", 0, delivered
             try:
                 response = self._api.core_api.read_namespaced_pod_log(
                     self.pod, self._ns, container=CONTAINER_NAME, follow=True, _preload_content=False
@@ -527,19 +834,32 @@ class _LogFollower:
                     buf += chunk
                     *lines, buf = buf.split(b"\n")
                     for line in lines:
-                        self._lines.put(line.decode("utf-8", "replace"))
-                if buf:
-                    self._lines.put(buf.decode("utf-8", "replace"))
-                return
-            except kubernetes.client.ApiException as e:
-                if e.status != 400:  # 400: container not started yet
-                    self._lines.put(f"<log stream of {self.pod} ended: {e.status} {e.reason}>")
+                        n += 1
+                        if n > delivered:
+                            self._lines.put(line.decode("utf-8", "replace"))
+                            delivered = n
+                if self._finished():  # a clean end of a finished container: flush the unterminated last line
+                    if buf and n + 1 > delivered:
+                        self._lines.put(buf.decode("utf-8", "replace"))
                     return
-                time.sleep(1.0)
-            except Exception as e:
-                if not self._stop.is_set():
-                    self._lines.put(f"<log stream of {self.pod} ended: {e!r}>")
-                return
+            except kubernetes.client.ApiException as e:
+                if e.status == 404:  # the pod is gone
+                    return
+            except Exception:
+                if self._stop.is_set():
+                    return
+            failures = 0 if delivered > before else failures + 1
+            time.sleep(min(5.0, 0.2 * (failures + 1)))  # 400 (not started yet) or a broken stream: re-open
+        self._lines.put(f"<log stream of {self.pod} given up after {self._max_reconnects} reconnects>")
+
+    def _finished(self) -> bool:
+        try:
+            pod = self._api.core_api.read_namespaced_pod(self.pod, self._ns, _request_timeout=API_TIMEOUT_S)
+        except kubernetes.client.ApiException as e:
+            return e.status == 404
+        except Exception:
+            return False
+        return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
 
     def drain(self, log) -> None:
         while True:

@@ -5,6 +5,7 @@ make, with real Kubernetes JSON shapes, so the unmodified ``kubernetes`` client 
 it through an ordinary kubeconfig (``server: http://127.0.0.1:PORT``):
 
 - ``batch/v1`` Jobs: create / get / list (``fieldSelector=metadata.name=``) / delete
+- ``batch/v1`` Jobs also list by ``labelSelector``
 - ``v1`` Services: create / get / delete;  ``v1`` Secrets: create / get / delete (test set-up only)
 - ``v1`` Pods: list (``labelSelector``, ``fieldSelector``) / get, and ``pods/{name}/log``
   (``container``, ``tailLines``, ``follow`` as a chunked stream, like the real API server)
@@ -31,14 +32,31 @@ What it plays besides the API server:
   Pending -> Running -> Succeeded/Failed from the exit code (signal N -> exit code 128+N).
   Users, capabilities, resources, node selectors and images are NOT enforced (schema tests cover
   the manifests; a real cluster covers the rest).
-- **Cluster DNS**: the launcher renders the real pod-0 name ``<job>-0.<service>.<ns>.svc`` (so the
-  manifests are exactly what a cluster gets); the double resolves any ``<host>.<service>.<ns>.svc
-  [.cluster.local]`` of a Service it holds to ``127.0.0.1`` when it builds the process's args and
-  env - the job of CoreDNS. We chose this over a test-only "rdzv host" setting on the launcher
-  (the production code stays free of test paths and the manifest under test is the real one) and
-  over editing ``/etc/hosts`` (needs root, leaks out of the test). All "pods" share the loopback
-  interface, so every torchrun agent sees a loopback endpoint and tries to host the c10d store;
-  the first binds the port, the others fall back to clients (torch's own fallback).
+- **Node isolation and cluster DNS** (when the host permits ``unshare``: root, or user namespaces).
+  Each pod process runs in its own UTS, PID and mount namespace: its own hostname ``<job>-<i>``, its
+  own PID 1 (the container command, or a reaping shell when ``shareProcessNamespace`` is set, like the
+  pause container), its own ``/dev/shm`` tmpfs, and its own ``/etc/hosts`` written the kubelet's way
+  (``<podIP> <host>.<subdomain>.<ns>.svc.cluster.local <host>``). Each pod gets its own loopback
+  address ``127.0.0.N`` as pod IP. Other pods' names (``<host>.<svc>.<ns>.svc``) resolve only after
+  the pod is Running and ``faults.dns_lag_s`` has passed (the double rewrites every pod's hosts file,
+  as CoreDNS would start answering); ``/etc/nsswitch.conf`` says ``hosts: files``, so nothing else resolves.
+  So "who hosts the c10d store" and rank order behave as on a cluster. NOT isolated: the network
+  namespace is shared, so ports are one space (a second process binding the same port fails instead
+  of hosting a split-brain store as it could on a cluster), and NetworkPolicies are not enforced.
+  Without ``unshare`` (:attr:`KubeApiDouble.isolated` is False) the double falls back to rewriting
+  Service DNS names in args/env to pod 0's address at start, which is kinder; tests that need the
+  unkind behaviour skip themselves.
+- **Faults** (:class:`Faults`, set per test on :attr:`KubeApiDouble.faults`): per-index Pending delay,
+  DNS lag, unschedulable pods (``PodScheduled=False/Unschedulable`` + a ``FailedScheduling`` Event),
+  pod creation refused (quota / admission: the Job gets ``FailedCreate`` Events and no pods), image
+  pull failure (``ErrImagePull`` + Event), cut log streams; and :meth:`KubeApiDouble.evict` (Eviction
+  API: ``DisruptionTarget`` condition, SIGTERM, the pod object goes away) and
+  :meth:`KubeApiDouble.node_not_ready` (processes die silently, ``Ready=False``, then the taint
+  manager's eviction).
+- **Garbage collector**: deleting an object deletes, in the background, every object whose
+  ``ownerReferences`` name its uid (Job -> Service, run pod -> Job -> pods).
+- ``v1`` Events: list (``fieldSelector`` on ``involvedObject.name``/``kind``); ``v1`` Pods: also
+  create/delete of bare pods (a stand-in for the Dagster run pod that owns a training Job).
 """
 
 from __future__ import annotations
@@ -49,6 +67,7 @@ import datetime as _dt
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -56,13 +75,14 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-_CORE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|services|secrets)(?:/(?P<name>[^/]+)(?:/(?P<sub>log|status))?)?$")
+_CORE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|services|secrets|events)(?:/(?P<name>[^/]+)(?:/(?P<sub>log|status))?)?$")
 _BATCH = re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<res>jobs)(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -80,6 +100,18 @@ def expand(value: str, env: dict[str, str]) -> str:
         return env.get(m.group(1), m.group(0))
 
     return _VAR.sub(sub, value)
+
+
+@dataclass
+class Faults:
+    """What the cluster does wrong, per test (delays are in seconds, scaled down from minutes)."""
+
+    pending_s: dict[int, float] = field(default_factory=dict)  # per completion index: Pending before start
+    dns_lag_s: float = 0.0  # a Running pod's DNS name resolves this long after it started
+    unschedulable: str | None = None  # the scheduler's message; pods stay Pending
+    refuse_pods: str | None = None  # the admission/quota message; the Job controller cannot create pods
+    image_pull_error: str | None = None  # the kubelet's pull error; containers wait in ErrImagePull
+    log_cut_s: float | None = None  # follow streams end after this long (API server / kubelet hiccup)
 
 
 class ApiError(Exception):
@@ -102,6 +134,30 @@ class _Pod:
         self.proc: subprocess.Popen | None = None
         self.done = threading.Event()
         self.deleting = False
+        self.ip = "127.0.0.1"
+        self.disrupted = False  # evicted: the Job controller does not count it as a failure (Ignore rule)
+        self.silent = False  # on a NotReady node: status no longer updated
+        self.main_depth = 0  # how far below the Popen process the container's main process is
+        self.hosts_path = root / "hosts"
+
+    @property
+    def index(self) -> int:
+        return int(self.obj["metadata"].get("annotations", {}).get(INDEX_KEY, -1))
+
+    def main_pid(self) -> int | None:
+        """The container's main process: what a kubelet sends SIGTERM to (not the whole group)."""
+        if self.proc is None:
+            return None
+        pid, depth = self.proc.pid, getattr(self, "main_depth", 0)
+        for _ in range(depth):
+            try:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                return None
+            if not children:
+                return None
+            pid = int(children[0])
+        return pid
 
     @property
     def name(self) -> str:
@@ -113,7 +169,11 @@ class _Pod:
             return
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             try:
-                os.killpg(self.proc.pid, sig)
+                main = self.main_pid() if sig == signal.SIGTERM else None
+                if main is not None:
+                    os.kill(main, sig)
+                else:
+                    os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 return
             try:
@@ -136,9 +196,12 @@ class KubeApiDouble:
         self.calls: list[tuple[str, str, str]] = []  # (verb, resource as RBAC names it, User-Agent)
         self._server: ThreadingHTTPServer | None = None
         self._rv = 0
-        # Each pod gets its own /dev/shm (a tmpfs in a private mount namespace) when the host allows
-        # it, as on a real node; mosaicml-streaming keys its shared memory by name in /dev/shm.
-        self.private_shm = _private_shm_prefix() is not None
+        self.faults = Faults()
+        self._next_ip = 2
+        self.dns: dict[str, str] = {}  # published "<host>.<svc>.<ns>.svc" -> pod IP (CoreDNS)
+        # Own hostname, PID 1, /dev/shm and /etc/hosts per pod when the host allows it (see docstring).
+        self.isolated = _isolation_flags() is not None
+        self.private_shm = self.isolated
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -184,10 +247,64 @@ class KubeApiDouble:
 
     def kill_pod(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Chaos helper: signal a pod's whole process group (a node dying)."""
-        with self.lock:
-            pod = next(p for (ns, n), p in self.pods.items() if n == name)
+        pod = self._pod_named(name)
         assert pod.proc is not None
         os.killpg(pod.proc.pid, sig)
+
+    def _pod_named(self, name: str) -> _Pod:
+        with self.lock:
+            return next(p for (ns, n), p in self.pods.items() if n == name)
+
+    def evict(self, name: str, reason: str = "EvictionByEvictionAPI") -> None:
+        """The Eviction API (drain, spot reclaim, autoscaler): ``DisruptionTarget``, SIGTERM, pod deleted."""
+        pod = self._pod_named(name)
+        with self.lock:
+            pod.disrupted = True
+            pod.obj["metadata"]["deletionTimestamp"] = _now()
+            pod.obj["status"]["conditions"].append({
+                "type": "DisruptionTarget", "status": "True", "reason": reason,
+                "message": "Eviction API: evicting", "lastTransitionTime": _now()})
+        ns = pod.obj["metadata"]["namespace"]
+
+        def go() -> None:
+            pod.terminate(self.grace_s)
+            pod.done.wait(10)
+            time.sleep(1.0)  # the terminated pod is visible a moment, then removed (finalizers done)
+            with self.lock:
+                self.pods.pop((ns, pod.name), None)
+
+        threading.Thread(target=go, daemon=True).start()
+
+    def node_not_ready(self, name: str, evict_after_s: float = 2.0) -> None:
+        """The pod's node stops reporting: its processes die silently, ``Ready=False``, later evicted."""
+        pod = self._pod_named(name)
+        with self.lock:
+            pod.silent = True
+            pod.obj["status"]["conditions"].append({
+                "type": "Ready", "status": "False", "reason": "NodeNotReady",
+                "message": "the node this pod runs on is not ready", "lastTransitionTime": _now()})
+        if pod.proc is not None:
+            os.killpg(pod.proc.pid, signal.SIGKILL)
+        timer = threading.Timer(evict_after_s, self.evict, args=(name, "DeletionByTaintManager"))
+        timer.daemon = True
+        timer.start()
+
+    def add_event(self, ns: str, obj: dict[str, Any], reason: str, message: str, kind_type: str = "Warning") -> None:
+        meta = obj["metadata"]
+        with self.lock:
+            key = ("events", ns, f"{meta['name']}.{reason}")
+            event = self.objects.get(key)
+            if event is not None:
+                event["count"] += 1
+                event["lastTimestamp"] = _now()
+                return
+            self._rv += 1
+            self.objects[key] = {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": key[2], "namespace": ns, "uid": str(uuid.uuid4()), "resourceVersion": str(self._rv)},
+                "involvedObject": {"kind": obj.get("kind"), "name": meta["name"], "namespace": ns, "uid": meta.get("uid")},
+                "reason": reason, "message": message, "type": kind_type, "count": 1,
+                "firstTimestamp": _now(), "lastTimestamp": _now(), "source": {"component": "double"}}
 
     # -- REST -----------------------------------------------------------------------------------
 
@@ -204,6 +321,8 @@ class KubeApiDouble:
             self.calls.append((verb, f"{res}/{sub}" if sub else res, agent))
         if res == "pods" and sub == "log":
             return ("log", ns, name, query)
+        if verb == "create" and res == "pods":
+            return 201, self._create_bare_pod(ns, body or {})
         if verb == "create":
             return 201, self._create(res, ns, body or {})
         if verb == "delete":
@@ -237,6 +356,20 @@ class KubeApiDouble:
             self._start_job(ns, obj)
         return obj
 
+    def _create_bare_pod(self, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """A pod without a Job and without a process: plays the Dagster run pod that owns a training Job."""
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        obj["status"] = {"phase": "Running", "conditions": [], "containerStatuses": []}
+        pod = _Pod(obj, self.sandbox / meta["name"])
+        pod.done.set()
+        with self.lock:
+            if (ns, meta["name"]) in self.pods:
+                raise ApiError(409, "AlreadyExists", f'pods "{meta["name"]}" already exists')
+            self.pods[(ns, meta["name"])] = pod
+        return copy.deepcopy(obj)
+
     def _get(self, res: str, ns: str, name: str) -> dict[str, Any]:
         with self.lock:
             if res == "pods":
@@ -258,12 +391,23 @@ class KubeApiDouble:
             else:
                 items = [copy.deepcopy(o) for (r, ons, _), o in self.objects.items() if r == res and ons == ns]
         items = [o for o in items if _matches(o["metadata"].get("labels") or {}, labels)
-                 and _matches({"metadata.name": o["metadata"]["name"]}, fields)]
-        kind = {"pods": "PodList", "jobs": "JobList", "services": "ServiceList", "secrets": "SecretList"}[res]
+                 and _matches({"metadata.name": o["metadata"]["name"],
+                               **{f"involvedObject.{k}": v for k, v in (o.get("involvedObject") or {}).items()}}, fields)]
+        kind = {"pods": "PodList", "jobs": "JobList", "services": "ServiceList", "secrets": "SecretList",
+                "events": "EventList"}[res]
         return {"kind": kind, "apiVersion": "batch/v1" if res == "jobs" else "v1",
                 "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     def _delete(self, res: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        if res == "pods":
+            with self.lock:
+                pod = self.pods.get((ns, name))
+            if pod is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found')
+            pod.deleting = True
+            threading.Thread(target=self._reap, args=(ns, [pod]), daemon=True).start()
+            self._collect_garbage(ns, pod.obj["metadata"]["uid"])
+            return {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}
         with self.lock:
             if (res, ns, name) not in self.objects:
                 raise ApiError(404, "NotFound", f'{res} "{name}" not found')
@@ -274,8 +418,23 @@ class KubeApiDouble:
             for pod in pods:
                 pod.deleting = True
             threading.Thread(target=self._reap, args=(ns, pods), daemon=True).start()
+        if body.get("propagationPolicy") != "Orphan":
+            self._collect_garbage(ns, obj["metadata"].get("uid"))
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name, "kind": res},
                 "metadata": {}} if obj else {}
+
+    def _collect_garbage(self, ns: str, owner_uid: str | None) -> None:
+        """Kubernetes' garbage collector: dependents of a deleted owner go too (Background)."""
+        if owner_uid is None:
+            return
+        with self.lock:
+            doomed = [(r, n) for (r, ons, n), o in self.objects.items() if ons == ns and any(
+                ref.get("uid") == owner_uid for ref in o["metadata"].get("ownerReferences") or [])]
+        for res, name in doomed:
+            try:
+                self._delete(res, ns, name, {"propagationPolicy": "Background"})
+            except ApiError:
+                pass
 
     def _reap(self, ns: str, pods: list[_Pod]) -> None:
         for pod in pods:
@@ -305,6 +464,9 @@ class KubeApiDouble:
 
     def _create_pod(self, ns: str, job: dict[str, Any], index: int) -> None:
         job_name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        if self.faults.refuse_pods:  # quota / LimitRange / Pod Security admission: no pod, an Event on the Job
+            self.add_event(ns, job, "FailedCreate", f"Error creating: {self.faults.refuse_pods}")
+            return
         template = copy.deepcopy(job["spec"]["template"])
         meta = template.get("metadata") or {}
         pod_name = f"{job_name}-{index}-{uuid.uuid4().hex[:5]}"
@@ -333,12 +495,41 @@ class KubeApiDouble:
         root.mkdir(parents=True)
         pod = _Pod(obj, root)
         with self.lock:
+            pod.ip = f"127.0.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
+            self._next_ip += 1
             self.pods[(ns, pod_name)] = pod
             self.objects[("jobs", ns, job_name)]["status"]["active"] += 1
         threading.Thread(target=self._run_pod, args=(ns, job_name, pod), name=pod_name, daemon=True).start()
 
+    def _schedule_and_pull(self, ns: str, pod: _Pod) -> bool:
+        """Pending: scheduling, image pull, faults. False when the pod never gets to start."""
+        f, status = self.faults, pod.obj["status"]
+        if f.unschedulable:
+            with self.lock:
+                status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                             "message": f.unschedulable, "lastTransitionTime": _now()})
+            self.add_event(ns, pod.obj, "FailedScheduling", f.unschedulable)
+            return False
+        with self.lock:
+            status["conditions"].append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
+        if f.image_pull_error:
+            image = pod.obj["spec"]["containers"][0].get("image", "")
+            with self.lock:
+                status["containerStatuses"][0]["state"] = {"waiting": {"reason": "ErrImagePull", "message": f.image_pull_error}}
+            self.add_event(ns, pod.obj, "Failed", f'Failed to pull image "{image}": {f.image_pull_error}')
+            return False
+        end = time.monotonic() + f.pending_s.get(pod.index, 0.0)
+        while time.monotonic() < end:  # a slow node scale-up or image pull
+            if pod.deleting:
+                return False
+            time.sleep(0.05)
+        return True
+
     def _run_pod(self, ns: str, job_name: str, pod: _Pod) -> None:
         container = pod.obj["spec"]["containers"][0]
+        if not self._schedule_and_pull(ns, pod):
+            pod.done.set()
+            return
         try:
             argv, env = self._container_process(ns, pod, container)
         except ApiError as e:  # e.g. a missing Secret: the kubelet keeps the pod waiting
@@ -359,11 +550,15 @@ class KubeApiDouble:
                     out.write(f"failed to start {argv[:1]}: {e}\n".encode())
                     pod.proc = subprocess.Popen(["false"], stdout=out, start_new_session=True)
                 started = _now()
-                pod.obj["status"].update(phase="Running", podIP="127.0.0.1", startTime=started)
+                pod.obj["status"].update(phase="Running", podIP=pod.ip, startTime=started)
                 pod.obj["status"]["containerStatuses"][0].update(
                     ready=True, started=True, state={"running": {"startedAt": started}})
+            self._publish_dns_later(ns, pod)
             rc = pod.proc.wait()
         code = 128 - rc if rc < 0 else rc  # killed by signal N -> 128 + N, as the container runtime reports
+        if pod.silent:  # a NotReady node reports nothing; the taint manager's eviction follows
+            pod.done.set()
+            return
         with self.lock:
             pod.obj["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
             pod.obj["status"]["containerStatuses"][0].update(ready=False, started=False, state={"terminated": {
@@ -399,8 +594,8 @@ class KubeApiDouble:
             else:
                 env[e["name"]] = expand(e.get("value", ""), env)
         argv = [expand(a, env) for a in [*c.get("command", []), *c.get("args", [])]]
-        if self.private_shm and any(m["mountPath"] == "/dev/shm" for m in c.get("volumeMounts", [])):
-            argv = [*_private_shm_prefix(), *argv]
+        if self.isolated:
+            argv = self._isolate(pod, env["HOSTNAME"], argv)
         # Env values under an emptyDir mount (HOME=/tmp, XDG_CACHE_HOME=/cache, ...) point into the
         # pod's own folder; args and files are left alone: the host filesystem plays the shared
         # storage (the RWX volume / object store of a real cluster).
@@ -408,6 +603,53 @@ class KubeApiDouble:
         # checkout itself lives under /tmp (as a CI clone may) and /tmp is an emptyDir in the pod.
         env = {k: self._dns(ns, v if k == "PATH" else self._remap(v, mounts)) for k, v in env.items()}
         return [self._dns(ns, a) for a in argv], env
+
+    def _isolate(self, pod: _Pod, hostname: str, argv: list[str]) -> list[str]:
+        """Own hostname, PID 1, /dev/shm and /etc/hosts (kubelet-managed) for the pod's process."""
+        spec = pod.obj["spec"]
+        fqdn = f"{hostname}.{spec['subdomain']}.{pod.obj['metadata']['namespace']}.svc.cluster.local" \
+            if spec.get("subdomain") else hostname
+        pod.own_hosts = f"127.0.0.1\tlocalhost\n{pod.ip}\t{fqdn} {hostname}\n"
+        pod.hosts_path.write_text(pod.own_hosts + self._dns_lines())
+        nsswitch = pod.root / "nsswitch.conf"  # names answer from the hosts file only: unknown = NXDOMAIN at once
+        nsswitch.write_text("passwd: files\ngroup: files\nhosts: files\n")
+        q = shlex.quote
+        setup = (f"hostname {q(hostname)} && mount --bind {q(str(pod.hosts_path))} /etc/hosts && "
+                 f"mount --bind {q(str(nsswitch))} /etc/nsswitch.conf && mount -t tmpfs -o size=1g tmpfs /dev/shm")
+        if spec.get("shareProcessNamespace"):  # the pause container is PID 1 and reaps; the command is not PID 1
+            pod.main_depth = 2
+            run = '"$0" "$@" & wait $!'
+        else:  # the container's command is PID 1 of its namespace (signals without handlers are ignored)
+            pod.main_depth = 1
+            run = 'exec "$0" "$@"'
+        return [*_isolation_flags(), "sh", "-c", f"{setup} && {run}", *argv]
+
+    def _dns_lines(self) -> str:
+        with self.lock:
+            return "".join(f"{ip}\t{name}\n" for name, ip in self.dns.items())
+
+    def _publish_dns_later(self, ns: str, pod: _Pod) -> None:
+        """CoreDNS answers for ``<host>.<subdomain>.<ns>.svc`` once the pod runs, after ``dns_lag_s``."""
+        spec = pod.obj["spec"]
+        if not spec.get("subdomain"):
+            return
+
+        def publish() -> None:
+            if pod.deleting or pod.done.is_set():
+                return
+            name = f"{spec['hostname']}.{spec['subdomain']}.{ns}.svc"
+            with self.lock:
+                self.dns[name] = self.dns[name + ".cluster.local"] = pod.ip
+                pods = [p for p in self.pods.values() if p.proc is not None and hasattr(p, "own_hosts")]
+            lines = self._dns_lines()
+            for p in pods:  # rewritten in place: the bind mount follows the inode
+                with open(p.hosts_path, "r+") as f:
+                    f.truncate(0)
+                    f.write(p.own_hosts + lines)
+
+        timer = threading.Timer(self.faults.dns_lag_s, publish)
+        timer.daemon = True
+        timer.start()
 
     def _is_empty_dir(self, pod: _Pod, volume: str) -> bool:
         return any(v["name"] == volume and "emptyDir" in v for v in pod.obj["spec"].get("volumes", []))
@@ -420,13 +662,19 @@ class KubeApiDouble:
         return value
 
     def _dns(self, ns: str, value: str) -> str:
+        """Fallback without isolation: Service names become pod 0's address at start (kinder than CoreDNS)."""
+        if self.isolated:
+            return value
         with self.lock:
             services = {(n, s) for (r, s, n) in self.objects if r == "services"}
+            ips = {(p.obj["spec"].get("subdomain"), p.obj["spec"].get("hostname")): p.ip for p in self.pods.values()}
 
-        def resolve(m: re.Match) -> str:
+        def resolve(m: re.Match) -> str:  # the Service may be created just after the Job (owner reference)
+            if (m["svc"], m["host"]) in ips:
+                return ips[(m["svc"], m["host"])]
             return "127.0.0.1" if (m["svc"], m["ns"]) in services else m.group(0)
 
-        return re.sub(r"[a-z0-9-]+\.(?P<svc>[a-z0-9-]+)\.(?P<ns>[a-z0-9-]+)\.svc(?:\.cluster\.local)?", resolve, value)
+        return re.sub(r"(?P<host>[a-z0-9-]+)\.(?P<svc>[a-z0-9-]+)\.(?P<ns>[a-z0-9-]+)\.svc(?:\.cluster\.local)?", resolve, value)
 
     def _value_from(self, ns: str, pod: _Pod, src: dict[str, Any]) -> str:
         if "fieldRef" in src:
@@ -435,7 +683,7 @@ class KubeApiDouble:
             m = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
             if m:
                 return (meta.get(m[1]) or {}).get(m[2], "")
-            return {"metadata.name": meta["name"], "metadata.namespace": ns, "status.podIP": "127.0.0.1"}[path]
+            return {"metadata.name": meta["name"], "metadata.namespace": ns, "status.podIP": pod.ip}[path]
         if "secretKeyRef" in src:
             ref = src["secretKeyRef"]
             secret = self.objects.get(("secrets", ns, ref["name"]))
@@ -452,9 +700,23 @@ class KubeApiDouble:
     def _on_pod_finished(self, ns: str, job_name: str, pod: _Pod, code: int) -> None:
         with self.lock:
             job = self.objects.get(("jobs", ns, job_name))
-            if job is None or pod.deleting or self._job_finished(ns, job_name):
+            if job is None or self._job_finished(ns, job_name):
                 return
             status, spec = job["status"], job["spec"]
+            rules = (spec.get("podFailurePolicy") or {}).get("rules", [])
+            if pod.disrupted and code != 0 and any(
+                    r.get("action") == "Ignore" and any(c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", []))
+                    for r in rules):
+                status["active"] -= 1
+                recreate = True  # not counted: the controller replaces the index
+            else:
+                recreate = False
+        if recreate:
+            self._create_pod(ns, job, pod.index)
+            return
+        with self.lock:
+            if pod.deleting:
+                return
             status["active"] -= 1
             if code == 0:
                 status["succeeded"] += 1
@@ -507,23 +769,25 @@ class KubeApiDouble:
         return pod
 
 
-_SHM_PROBE: list[str] | None | bool = False
+_ISOLATION_PROBE: list[str] | None | bool = False
 
 
-def _private_shm_prefix() -> list[str] | None:
-    """``unshare`` + tmpfs on /dev/shm for a command, if this host permits it (root or user namespaces)."""
-    global _SHM_PROBE
-    if _SHM_PROBE is False:
-        _SHM_PROBE = None
-        if shutil.which("unshare"):
-            mount = 'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$0" "$@"'
-            for flags in (["--mount", "--propagation", "private"], ["--user", "--map-root-user", "--mount"]):
-                prefix = ["unshare", *flags, "sh", "-c", mount]
-                ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+def _isolation_flags() -> list[str] | None:
+    """``unshare`` flags for a pod's own UTS/PID/mount namespaces, if this host permits them (root or user ns)."""
+    global _ISOLATION_PROBE
+    if _ISOLATION_PROBE is False:
+        _ISOLATION_PROBE = None
+        # FINETUNE_K8S_DOUBLE_NO_ISOLATION=1 plays a host without unshare (to check the fallback)
+        if shutil.which("unshare") and shutil.which("hostname") and not os.environ.get("FINETUNE_K8S_DOUBLE_NO_ISOLATION"):
+            base = ["--uts", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--mount-proc"]
+            probe = "hostname probe && mount -t tmpfs -o size=1m tmpfs /dev/shm && mount --bind /dev/null /etc/hosts"
+            for user in ([], ["--user", "--map-root-user"]):
+                flags = ["unshare", *user, *base]
+                ok = subprocess.run([*flags, "sh", "-c", probe], capture_output=True, timeout=10).returncode == 0
                 if ok:
-                    _SHM_PROBE = prefix
+                    _ISOLATION_PROBE = flags
                     break
-    return _SHM_PROBE  # type: ignore[return-value]
+    return _ISOLATION_PROBE  # type: ignore[return-value]
 
 
 def _parse_selector(text: str) -> list[tuple[str, str, str | None]]:
@@ -598,9 +862,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        cut = self.api.faults.log_cut_s
+        cut_at = time.monotonic() + cut if cut else None
         try:
             with open(pod.log_path, "rb") as f:
                 while True:
+                    if cut_at is not None and time.monotonic() > cut_at:  # the connection drops mid-stream
+                        self.close_connection = True
+                        return
                     finished = pod.done.is_set()
                     chunk = f.read(65536)
                     if chunk:

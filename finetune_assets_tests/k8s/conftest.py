@@ -21,7 +21,7 @@ import kubernetes
 import pytest
 
 from finetune_assets.launchers.k8s import JOB_LABEL, K8sTorchrunLauncher
-from finetune_assets_tests.k8s.apiserver_double import KubeApiDouble
+from finetune_assets_tests.k8s.apiserver_double import Faults, KubeApiDouble
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = "finetune_assets_tests.k8s.standin"
@@ -76,6 +76,22 @@ class Cluster:
         body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
                 "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
         core.create_namespaced_secret(self.namespace, body)
+
+    def create_pod(self, name: str) -> str:
+        """A bare pod standing in for the Dagster run pod that owns a training Job (on the double: no process)."""
+        core, _ = self._apis()
+        core.create_namespaced_pod(self.namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "run", "image": self.image, "command": ["sleep", "3600"]}]}})
+        return name
+
+    def create_job(self, manifest: dict[str, Any]) -> None:
+        _, batch = self._apis()
+        batch.create_namespaced_job(self.namespace, manifest)
+
+    def delete_pod(self, name: str) -> None:
+        core, _ = self._apis()
+        core.delete_namespaced_pod(name, self.namespace)
 
     def delete_secret(self, name: str) -> None:
         core, _ = self._apis()
@@ -136,6 +152,24 @@ def double(cluster: Cluster) -> KubeApiDouble:
     if cluster.double is None:
         pytest.skip("needs the loopback API double")
     return cluster.double
+
+
+@pytest.fixture
+def faults(double: KubeApiDouble) -> Iterator[Faults]:
+    """The double's faults for one test; reset afterwards."""
+    double.faults = Faults()
+    try:
+        yield double.faults
+    finally:
+        double.faults = Faults()
+
+
+@pytest.fixture
+def isolated(double: KubeApiDouble) -> KubeApiDouble:
+    """Tests of hostnames, DNS and PID 1 need the double's per-pod namespaces (unshare)."""
+    if not double.isolated:
+        pytest.skip("needs per-pod UTS/PID/mount namespaces (unshare as root or with user namespaces)")
+    return double
 
 
 def free_port() -> int:

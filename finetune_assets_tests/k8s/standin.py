@@ -10,6 +10,9 @@ comma list (so the same tests run on a real cluster, where no local file reaches
 - ``selfkill-node=I``    on the first attempt the worker on pod I SIGKILLs itself (torchrun restarts)
 - ``killagent-node=I``   the worker on pod I SIGKILLs its torchrun agent (the pod's main process)
 - ``env=NAME``           print a sha256 prefix of $NAME (proves delivery without printing the value)
+- ``train=N,ckpt=PATH``  N steps of ``step_s`` (default 0.3) seconds; rank 0 checkpoints the step count
+                         to PATH (a shared file) after each; a new run resumes from it
+- ``lines=N``            print N numbered lines, a few per second (log streaming)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import hashlib
 import os
 import signal
+from pathlib import Path
 import sys
 import time
 
@@ -62,6 +66,22 @@ def main(argv: list[str] | None = None) -> int:
     if "sleep" in opts:
         print("standin: sleeping", flush=True)
         time.sleep(float(opts["sleep"]))
+    if "lines" in opts:
+        for i in range(int(opts["lines"])):
+            print(f"standin: line {i}", flush=True)
+            time.sleep(0.05)
+    if "train" in opts:
+        total, ckpt = int(opts["train"]), Path(opts["ckpt"])
+        start = int(ckpt.read_text()) if ckpt.exists() else 0
+        print(f"standin: node={node} resumes at step {start}", flush=True)
+        for step in range(start + 1, total + 1):
+            time.sleep(float(opts.get("step_s", 0.3)))
+            if rank == 0:
+                tmp = ckpt.with_suffix(".tmp")
+                tmp.write_text(str(step))
+                tmp.replace(ckpt)
+            print(f"standin: node={node} step {step}", flush=True)
+        print(f"standin: trained global_step={total} resumed_at={start}", flush=True)
     if "allreduce" in opts:
         import torch
         import torch.distributed as dist

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.k8s
 # Exactly the (verb, resource) pairs the launcher calls; deploy/rbac.yaml must grant these and no more.
 LAUNCHER_VERBS = {
     ("create", "services"), ("delete", "services"),
-    ("create", "jobs"), ("get", "jobs"), ("delete", "jobs"),
-    ("list", "pods"), ("get", "pods/log"),
+    ("create", "jobs"), ("get", "jobs"), ("list", "jobs"), ("delete", "jobs"),
+    ("list", "pods"), ("get", "pods"), ("get", "pods/log"), ("list", "events"),
 }
 
 
@@ -58,6 +58,10 @@ def test_a_failed_pod_fails_the_run_fast_with_its_log(cluster: Cluster, instance
     assert not launched.success
     assert "boom on node 1" in launched.logs  # the failed pod's log tail reached the Dagster run
     assert "pod(s) failed" in launched.logs and "exit code 1" in launched.logs  # torchrun: a worker failed
+    for node in (0, 1):  # every pod's tail is kept, not only the failed one's
+        assert re.search(rf"--- pod \S+-{node}-\w+ \(node {node}\)", launched.logs), launched.logs[-3000:]
+    # a failure of the training code itself is never resubmitted (only disruptions are)
+    assert "resubmitting" not in launched.logs and launched.logs.count("Launching training Job") == 1
     assert launched.seconds < 60, "must not wait for the hung peer or the timeout"
     assert cluster.leftovers(launched.job_name) == {}
 
@@ -112,7 +116,11 @@ def test_killed_worker_is_restarted_by_torchrun(cluster: Cluster, instance) -> N
 
 
 def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
-    """SIGKILL of node 1's torchrun agent (the pod's main process): the pod dies with 137, the run fails."""
+    """SIGKILL of node 1's torchrun agent (the pod's main process): the pod dies with 137, the run fails.
+
+    The worker can kill its agent because torchrun is not PID 1 (``shareProcessNamespace``: the pause
+    container is); as PID 1 of its namespace the kernel would ignore the signal, on a real node and in
+    the double's per-pod PID namespace alike."""
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1, timeout_s=300),
         "standin:killagent-node=1", instance,
@@ -156,8 +164,11 @@ def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, double, 
     def called() -> set[tuple[str, str]]:
         return {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT}
 
-    if called() != LAUNCHER_VERBS:  # run alone: make one multi-node launch to observe
-        assert launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port()), "standin:ok", instance).success
+    if called() != LAUNCHER_VERBS:  # run alone: one failing multi-node launch from an owning pod observes all
+        owner = cluster.create_pod(f"run-pod-{uuid.uuid4().hex[:6]}")
+        launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port(), owner_pod=owner),
+                                     "standin:fail-node=1", instance)
+        assert not launched.success
     assert called() == LAUNCHER_VERBS
 
 

@@ -64,7 +64,9 @@ def test_rendered_job_shape(config: str) -> None:
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == nnodes
-    assert spec["backoffLimit"] == 0 and spec["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
+    rules = spec["podFailurePolicy"]["rules"]
+    assert spec["backoffLimit"] == 0 and [r["action"] for r in rules] == ["Ignore", "FailJob"]
+    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]  # disruption is not the code's fault
     assert spec["activeDeadlineSeconds"] == launcher.timeout_s and spec["ttlSecondsAfterFinished"] >= 0
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
     assert container["name"] == CONTAINER_NAME
@@ -88,6 +90,11 @@ def test_rendered_job_shape(config: str) -> None:
     assert labels["dagster/asset"] == "finetuned_model" and labels[JOB_LABEL] == "ft-abc123"
     assert all(len(v) <= 63 for v in labels.values())
     cmd = container["command"]
+    if nnodes > 1:  # pod 0 hosts the c10d store on localhost; the others dial pod 0's DNS name
+        assert cmd[:2] == ["sh", "-c"] and pod["shareProcessNamespace"] is True
+        assert f"then e=localhost:{launcher.rdzv_port}; else e=ft-abc123-0.ft-abc123.ml-train.svc:{launcher.rdzv_port};" in cmd[2]
+        assert "--rdzv-endpoint" not in cmd[3:]
+        cmd = cmd[3:]
     assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
     assert cmd[-4:] == ["-m", "finetune_assets.training", "--config", "s3://bucket/finetune/configs/run.json"]
     assert cmd[cmd.index("--nproc-per-node") + 1] == str(fields.get("nproc_per_node", 1))
@@ -98,7 +105,8 @@ def test_rendered_job_shape(config: str) -> None:
     # multi-node: c10d on pod 0 through the headless Service, unique rendezvous id
     assert cmd[cmd.index("--node-rank") + 1] == "$(JOB_COMPLETION_INDEX)"
     assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
-    assert cmd[cmd.index("--rdzv-endpoint") + 1] == f"ft-abc123-0.ft-abc123.ml-train.svc:{launcher.rdzv_port}"
+    timeout = launcher.rdzv_timeout_s  # longer than any pod start gap (torchrun's default read timeout is 60 s)
+    assert cmd[cmd.index("--rdzv-conf") + 1] == f"join_timeout={timeout},read_timeout={timeout}" and timeout >= 600
     assert cmd[cmd.index("--rdzv-id") + 1] == "ft-abc123"
     assert pod["subdomain"] == service["metadata"]["name"] == "ft-abc123"
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
@@ -181,3 +189,44 @@ def test_rbac_is_namespaced_and_minimal() -> None:
         assert d["metadata"]["namespace"] == role["metadata"]["namespace"]
     trainer = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "finetune-trainer"]
     assert trainer and trainer[0]["automountServiceAccountToken"] is False
+
+
+# -- GPUs: coherent processes, limits and /dev/shm (issue 13, defect 3) ----------------------------
+
+
+def _container(**fields):
+    _, (_, job) = render("ft-abc123", nnodes=2, **fields)
+    pod = job["spec"]["template"]["spec"]
+    return pod, pod["containers"][0]
+
+
+def test_an_8_gpu_pod_renders_coherent_resources() -> None:
+    from kubernetes.utils import parse_quantity
+
+    pod, container = _container(gpus_per_node=8)
+    cmd = container["command"]
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "8"  # one process per reserved GPU
+    res = container["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == "8"
+    shm = parse_quantity(next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"])
+    limit, request = parse_quantity(res["limits"]["memory"]), parse_quantity(res["requests"]["memory"])
+    assert shm >= 8 * 2**30 and limit >= shm + 8 * 2**30 and request <= limit  # shm counts against the limit
+    assert parse_quantity(res["requests"]["cpu"]) >= 8 and parse_quantity(res["limits"]["cpu"]) >= parse_quantity(res["requests"]["cpu"])
+
+
+@pytest.mark.parametrize(("fields", "says"), [
+    (dict(gpus_per_node=8, nproc_per_node=1), "7 reserved GPU(s) per pod would sit idle"),
+    (dict(gpus_per_node=2, nproc_per_node=4), "4 processes would share 2 GPU(s)"),
+    (dict(gpus_per_node=8, shm_size="32Gi", memory_limit="8Gi"), "raise memory_limit to at least 40Gi"),
+    (dict(memory_request="16Gi", memory_limit="8Gi"), "memory_request=16Gi is above memory_limit=8Gi"),
+    (dict(cpu_request="8", cpu_limit="2"), "cpu_request=8 is above cpu_limit=2"),
+])
+def test_incoherent_gpu_pods_are_refused_with_what_to_change(fields, says) -> None:
+    with pytest.raises(ValueError) as err:
+        _container(**fields)
+    assert says in str(err.value)
+
+
+def test_explicit_sizes_are_kept() -> None:
+    _, container = _container(gpus_per_node=4, shm_size="16Gi", memory_limit="96Gi", cpu_limit=None)
+    assert container["resources"]["limits"]["memory"] == "96Gi" and "cpu" not in container["resources"]["limits"]

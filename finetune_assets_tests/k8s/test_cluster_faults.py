@@ -1,0 +1,174 @@
+"""What a real cluster does to a gang that the kind path never shows, played by the API double's faults.
+
+Delays are scaled down from minutes to seconds; each test names the defect it would have caught.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from finetune_assets_tests.k8s.conftest import Cluster, free_port
+from finetune_assets_tests.k8s.helpers import launch_in_dagster
+
+pytestmark = pytest.mark.k8s
+
+
+def test_pod0_starting_last_with_lagging_dns_still_trains_with_rank0_on_pod0(
+        cluster: Cluster, isolated, faults, instance) -> None:
+    """Pod 0 waits for its GPU node / image while pod 1 runs, and pod DNS names resolve only 10 s after a pod
+    runs: pod 1 waits in the rendezvous, pod 0 hosts the store without resolving itself. (Before the fix:
+    nobody hosted the store, every pod failed after torchrun's 60 s read timeout.)"""
+    faults.pending_s, faults.dns_lag_s = {0: 3.0}, 10.0
+    launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port()), "standin:allreduce", instance)
+    assert launched.success, launched.logs
+    assert "standin: allreduce=3 world=2" in launched.logs
+    assert re.search(r"standin: node=0 rank=0 world=2 attempt=0 host=\S+-0\b", launched.logs), launched.logs
+
+
+def test_rendezvous_timeout_shorter_than_the_start_gap_fails(cluster: Cluster, isolated, faults, instance) -> None:
+    """The join/read timeout governs how long pods wait for pod 0 (torchrun's default would be 60 s)."""
+    faults.pending_s = {0: 30.0}
+    launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port(), rdzv_timeout_s=2, timeout_s=60),
+                                 "standin:ok", instance)
+    assert not launched.success
+    assert "pod(s) failed" in launched.logs and "Rendezvous" in launched.logs, launched.logs[-3000:]
+    assert launched.seconds < 30
+
+
+# -- disruption: eviction and node loss resubmit the gang, which resumes ---------------------------
+
+
+def _pods_of_index(double, index: int) -> list[str]:
+    return [n for n in double.live_processes() if re.search(rf"-{index}-\w{{5}}$", n)]
+
+
+def _when_step(ckpt, step: int, then, timeout_s: float = 60.0) -> threading.Thread:
+    def run() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if ckpt.exists() and int(ckpt.read_text() or 0) >= step:
+                then()
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_evicted_pod_resubmits_the_gang_which_resumes(cluster: Cluster, double, faults, instance, tmp_path) -> None:
+    """Spot reclaim / drain evicts the pod mid-run: a fresh gang resumes from the checkpoint and finishes with
+    the global step of an uninterrupted run. One pod keeps it cheap; that the peers' failures after an
+    eviction count as the disruption, and that a node going NotReady ends in the taint manager's
+    eviction (the same ``DisruptionTarget`` path), is ``test_supervision.py`` on recorded objects."""
+    ckpt = tmp_path / "step"
+    _when_step(ckpt, 2, lambda: double.evict(_pods_of_index(double, 0)[0]))
+    launched = launch_in_dagster(cluster.launcher(nnodes=1, max_resubmissions=1, timeout_s=120),
+                                 f"standin:train=6,step_s=0.4,ckpt={ckpt}", instance)
+    assert launched.success, launched.logs[-4000:]
+    assert "EvictionByEvictionAPI" in launched.logs and "resubmitting the gang (1/1)" in launched.logs
+    finished = re.findall(r"standin: trained global_step=(\d+) resumed_at=(\d+)", launched.logs)
+    assert len(finished) == 1, launched.logs[-3000:]  # only the resubmitted gang finished
+    assert finished[0][0] == "6" and int(finished[0][1]) >= 2  # same global step as uninterrupted, resumed
+    assert double.live_processes() == []
+
+
+# -- silent waits: the reason reaches the run within a bounded time --------------------------------
+
+
+@pytest.mark.parametrize(("fault", "message", "expect"), [
+    ("unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", "Unschedulable: 0/3 nodes are available"),
+    ("refuse_pods", 'pods "x" is forbidden: exceeded quota: gpu-quota, requested: nvidia.com/gpu=8, used: 8, limited: 8',
+     "FailedCreate: Error creating: pods \"x\" is forbidden: exceeded quota: gpu-quota"),
+])
+def test_pods_that_cannot_start_fail_with_the_reason(cluster: Cluster, faults, instance, fault, message, expect) -> None:
+    setattr(faults, fault, message)
+    launched = launch_in_dagster(cluster.launcher(nnodes=1, start_timeout_s=2), "standin:ok", instance)
+    assert not launched.success
+    assert "did not all start within start_timeout_s=2" in launched.logs and expect in launched.logs, launched.logs[-3000:]
+    assert launched.seconds < 40
+    assert cluster.leftovers(launched.job_name) == {}
+
+
+def test_an_image_pull_error_fails_at_once_with_the_kubelets_message(cluster: Cluster, faults, instance) -> None:
+    faults.image_pull_error = "rpc error: code = NotFound desc = manifest unknown"
+    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance)
+    assert not launched.success
+    assert "ErrImagePull: rpc error: code = NotFound desc = manifest unknown" in launched.logs
+    assert "Failed to pull image" in launched.logs  # the Event, in the failure message
+    assert launched.seconds < 40
+
+
+# -- ownership: a dead launcher leaves no gang ---------------------------------------------------
+
+
+def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> str:
+    """Start a gang from a separate process and SIGKILL that process once the trainer runs (OOMKilled run pod)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    # with an owner pod, no image: the launcher takes the launching pod's own image (one image setting)
+    fields = json.dumps(dict(image=None if owner else cluster.image, namespace=cluster.namespace, load_incluster_config=False,
+                             kubeconfig_file=cluster.kubeconfig, trainer_module="finetune_assets_tests.k8s.standin",
+                             nnodes=1, owner_pod=owner, poll_interval_s=0.5, memory_limit="2Gi",
+                             memory_request="256Mi", cpu_request="100m"))
+    code = f"""
+import json, logging, sys
+from finetune_assets.launchers import TrainingJob
+from finetune_assets.launchers.k8s import K8sTorchrunLauncher
+class C: log = logging.getLogger("launcher")
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingJob(name="abandoned", config_url="standin:sleep=600",
+    labels={{"dagster/asset": "trained", "dagster/partition": {partition!r}, "dagster/run-id": "dead-run"}}))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    name, seen = None, []
+    for line in proc.stdout:
+        seen.append(line)
+        if m := re.search(r"Launching training Job [^/]+/(\S+):", line):
+            name = m.group(1)
+        if "standin: sleeping" in line:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert name is not None, "".join(seen[-30:])
+    return name
+
+
+def test_the_launching_pod_dying_garbage_collects_the_gang(cluster: Cluster, double, instance) -> None:
+    owner = cluster.create_pod("run-pod-gc")
+    name = _launch_and_abandon(cluster, owner, partition="gc")
+    assert "job" in cluster.leftovers(name, wait_s=0)  # the launcher is dead; the gang lives on
+    cluster.delete_pod(owner)  # the run pod goes (OOMKilled, evicted, node lost)
+    assert cluster.leftovers(name) == {}  # owner references: Job -> pods, Job -> Service
+
+
+def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(cluster: Cluster, double, instance) -> None:
+    """A gang left running by a dead attempt (created here directly, as that attempt rendered it)."""
+    from finetune_assets.launchers import TrainingJob
+
+    name = "left-over-gang"
+    _, job = cluster.launcher(nnodes=1).render(TrainingJob(name=name, config_url="standin:sleep=600", labels={
+        "dagster/asset": "trained", "dagster/partition": "dedup", "dagster/run-id": "dead-run"}), name)
+    cluster.create_job(job)
+    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="dedup")
+    assert launched.success, launched.logs[-3000:]
+    assert f"Deleting live training Job {cluster.namespace}/{name} of the same asset and partition (left by run dead-run)" in launched.logs
+    assert cluster.leftovers(name) == {}
+
+
+# -- logs -----------------------------------------------------------------------------------------
+
+
+def test_the_log_follower_resumes_after_the_stream_breaks(cluster: Cluster, faults, instance) -> None:
+    faults.log_cut_s = 0.5  # every follow stream drops after half a second
+    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:lines=60", instance)
+    assert launched.success, launched.logs[-3000:]
+    lines = re.findall(r"\] standin: line (\d+)$", launched.logs, flags=re.M)
+    assert lines == [str(i) for i in range(60)]  # every line once, in order, despite the breaks

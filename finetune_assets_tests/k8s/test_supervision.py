@@ -1,0 +1,44 @@
+"""The supervision verdict on Job and Pod JSON in the shapes a real API server returns (see recorded/README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from finetune_assets.launchers.k8s import assess
+
+RECORDED = Path(__file__).parent / "recorded"
+
+
+def load(case: str):
+    data = json.loads((RECORDED / f"{case}.json").read_text())
+    client = kubernetes.client.ApiClient()
+    job = client._ApiClient__deserialize(data["job"], "V1Job")
+    pods = client._ApiClient__deserialize(data["pods"], "V1PodList").items
+    return job.status, pods
+
+
+@pytest.mark.parametrize(("case", "kind", "says"), [
+    # the peer failed because pod 1 was evicted: a disruption (resubmit), not a code failure
+    ("evicted", "disrupted", "ft-abc123-1-x7k2p: EvictionByEvictionAPI: Eviction API: evicting"),
+    ("taint_manager", "disrupted", "DeletionByTaintManager"),
+    ("failjob", "failed", "pod(s) failed"),  # fail fast on the failed pod, before the controller's Failed
+    ("deadline", "failed", "DeadlineExceeded"),
+    ("image_pull", "stuck", "ErrImagePull: rpc error: code = NotFound"),
+    ("unschedulable", "waiting", "ft-abc123-0-q9w8e: Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu"),
+    ("no_pods", "waiting", "2 of 2 pod(s) not created"),
+    ("node_not_ready", "running", "ft-abc123-1-x7k2p: not Ready (NodeNotReady): Node is not ready"),
+    ("complete", "complete", ""),
+])
+def test_verdict(case: str, kind: str, says: str) -> None:
+    status, pods = load(case)
+    verdict = assess(status, pods, nnodes=2)
+    assert verdict.kind == kind and says in verdict.why + verdict.reason, verdict
+
+
+def test_deadline_is_named_as_such() -> None:
+    status, pods = load("deadline")
+    assert assess(status, pods, nnodes=2).reason == "DeadlineExceeded"
