@@ -219,6 +219,9 @@ class FloorConfig(dg.Config):
     min_macro_f1: float = Field(0.0, description="absolute floor on test macro-F1 (0: only the champion counts)")
     must_beat_majority_baseline: bool = Field(
         False, description="also require a macro-F1 above always predicting the most frequent class")
+    baseline_margin: float | None = Field(
+        0.0, description="also require macro-F1 >= this version's baseline_model macro-F1 + margin (null: off; "
+                         "not applied when baseline_model[v] was never materialized)")
 
 
 class QualityGateConfig(FloorConfig):
@@ -226,19 +229,34 @@ class QualityGateConfig(FloorConfig):
                                               "needs strictly better: champion_model config min_improvement)")
 
 
-def gate_conditions(config: FloorConfig, test) -> list:
-    """The conditions a challenger must meet; the check and ``champion_model`` share them (add one here)."""
-    from finetune_assets import gate
+def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[list, dict]:
+    """The conditions a challenger must meet, and what they were measured against (for metadata).
 
-    baseline = gate.majority_baseline(test)
-    floor = max(config.min_macro_f1, baseline + 1e-9 if config.must_beat_majority_baseline else 0.0)
-    return [gate.above_floor(floor)]
+    The check and ``champion_model`` share them: the floor (absolute / majority class) and, when
+    ``baseline_model[v]`` exists, its test macro-F1 plus ``baseline_margin`` (issue 14).
+    """
+    from finetune_assets import gate
+    from finetune_assets.assets.baseline import read_baseline_info
+
+    majority = gate.majority_baseline(test)
+    floor = max(config.min_macro_f1, majority + 1e-9 if config.must_beat_majority_baseline else 0.0)
+    conditions, about = [gate.above_floor(floor)], {"floor": floor}
+    if config.baseline_margin is None:
+        about["baseline_decision"] = "off (baseline_margin: null)"
+        return conditions, about
+    info = read_baseline_info(store, version)
+    if not info or not info.get("test"):
+        about["baseline_decision"] = f"not applied: baseline_model[{version}] is not materialized"
+        return conditions, about
+    about.update(baseline_macro_f1=float(info["test"]["macro_f1"]), baseline_margin=config.baseline_margin)
+    conditions.append(gate.beats_baseline(info["test"], config.baseline_margin))
+    return conditions, about
 
 
 @dg.asset_check(asset=FINETUNED, name="quality_gate", blocking=True, partitions_def=dataset_versions,
-                additional_deps=[RAW, TOKENIZED],
-                description="Test macro-F1 of the model this materialization registered, vs the floor and the "
-                            "current champion; observes only (champion_model moves the alias).")
+                additional_deps=[RAW, TOKENIZED, "baseline_model"],
+                description="Test macro-F1 of the model this materialization registered, vs the floor, its version's "
+                            "baseline_model and the current champion; observes only (champion_model moves the alias).")
 def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConfig, storage: StorageResource,
                  mlflow: MlflowResource) -> dg.AssetCheckResult:
     """Challenger and champion scored by one evaluator on this version's test texts; nothing is promoted here."""
@@ -270,9 +288,10 @@ def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConf
             **meta, "decision": "not promoted: the trainer registered no model version (mlflow.log_model off?)"})
     challenger = gate.Challenger(name, str(model.registered_model_version), score)
     gate.remember_score(client, name, challenger.version, test, score)
-    floor = gate_conditions(config, test)
+    floor, about = gate_conditions(config, test, store, version)
     result = gate.compare(client, challenger, test, [*floor, gate.beats_champion()], uri, mlflow.champion_alias)
     meta["decision"] = gate.describe(result, mlflow.champion_alias).replace("promoted:", "will promote:", 1)
+    meta.update(_side_by_side(version, score, about, result))
     if result.champion is not None:
         meta.update(champion=f"{name} v{result.champion.version}",
                     champion_dataset_version=result.champion.dataset_version or "",
@@ -290,6 +309,23 @@ def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConf
                                    metadata={**meta, "decision": decision})
     context.log.info(f"quality gate: {meta['decision']}")
     return dg.AssetCheckResult(passed=True, description=meta["decision"], metadata=meta)
+
+
+def _side_by_side(version: str, score: float, about: dict, result) -> dict:
+    """Challenger, its version's baseline (+ margin) and the champion in one table (the gate's three numbers)."""
+    baseline = about.get("baseline_macro_f1")
+    champ = result.champion
+    rows = ["| model | test macro-F1 |", "|---|---|", f"| challenger | {score:.4f} |",
+            f"| baseline_model[{version}] + margin {about.get('baseline_margin', 0):.4f} | "
+            f"{f'{baseline:.4f}' if baseline is not None else about.get('baseline_decision', '')} |",
+            f"| champion{f' v{champ.version}' if champ else ''} | "
+            f"{f'{result.champion_score:.4f}' if result.champion_score is not None else 'none'} |"]
+    meta = {"scores": dg.MetadataValue.md("\n".join(rows)), "floor": about["floor"]}
+    if baseline is not None:
+        meta.update(baseline_macro_f1=dg.MetadataValue.float(baseline), baseline_margin=about["baseline_margin"])
+    else:
+        meta["baseline_decision"] = about["baseline_decision"]
+    return meta
 
 
 def frozen_test_set(store, version: str):

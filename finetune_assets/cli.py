@@ -278,6 +278,10 @@ def load_classifier(args) -> Classifier:
     if len(chosen) != 1:
         raise CliError("choose the model with exactly one of --version V, --model-uri models:/name@alias, "
                        "or --model PATH")
+    if getattr(args, "baseline", False):
+        if not args.version:
+            raise CliError("--baseline scores the baseline_model of a dataset version: pass --version V")
+        return _baseline_for_version(args)
     if args.model:
         return Classifier.from_folder(Path(args.model).expanduser())
     if args.version:
@@ -307,6 +311,23 @@ def _classifier_for_version(args) -> Classifier:
     tmp = tempfile.mkdtemp(prefix="finetune-assets-model-")
     storage.fs.get(f"{published.url}/{MODEL_SUBDIR}/", tmp + "/", recursive=True)
     return Classifier.from_folder(Path(tmp), source=f"finetuned_model[{version}] {published.url}")
+
+
+def _baseline_for_version(args):
+    """baseline_model[v]: TF-IDF + logistic regression, with the same ``predict`` as ``Classifier``."""
+    from finetune_assets.data.baseline import BaselineModel
+    from finetune_assets.partitions import validate_version_key
+    from finetune_assets.storage import Storage
+
+    version = validate_version_key(args.version)
+    storage = Storage(_root(args))
+    published = storage.current("baseline_model", version)
+    if published is None:
+        raise CliError(f"no baseline_model for dataset version {version!r} under {storage.root}; materialize it "
+                       f"with `dagster asset materialize -m finetune_assets.definitions --select baseline_model "
+                       f"--partition {version}`")
+    with storage.local_copy(published.url) as local:
+        return BaselineModel.load(Path(local), source=f"baseline_model[{version}] {published.url}")
 
 
 def _classifier_for_uri(args) -> Classifier:
@@ -453,6 +474,167 @@ def cmd_predict(args) -> int:
     return 0
 
 
+# -- evaluate, benchmarks, summary (issue 14) ---------------------------------------------------
+
+def _label_mapping(text: str | None) -> dict[str, str] | None:
+    """``--label-mapping '{"pos": "Positive"}'`` or ``pos=Positive,neg=Negative``."""
+    import json
+
+    if not text:
+        return None
+    if text.lstrip().startswith("{"):
+        try:
+            mapping = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise CliError(f"--label-mapping is not valid JSON: {err.msg}") from err
+        if not isinstance(mapping, dict):
+            raise CliError("--label-mapping must be a JSON object: raw label -> class name")
+        return {str(k): str(v) for k, v in mapping.items()}
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise CliError("--label-mapping takes RAW=Class pairs separated by commas, or a JSON object")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def cmd_evaluate(args) -> int:
+    from finetune_assets.benchmark_sets import read_labelled
+    from finetune_assets.data.evaluate import format_report, map_labels, scores
+    from finetune_assets.data.sources import SourceSpec
+
+    if args.batch_size < 1:
+        raise CliError("--batch-size must be at least 1")
+    mapping = _label_mapping(args.label_mapping)
+    spec = SourceSpec(uri=args.file, text_column=args.text_column, label_column=args.label_column,
+                      encoding=args.encoding)
+    texts, raw_labels = read_labelled(spec)
+    classifier = load_classifier(args)
+    truth = map_labels(raw_labels, mapping, classifier.labels, where=args.file)
+    predicted: list[str] = []
+    for batch in _batches(texts, args.batch_size):
+        predicted += [label for label, _, _ in classifier.predict(batch, args.max_length)]
+    result = {"model": classifier.source, "file": args.file, **scores(truth, predicted, classifier.labels)}
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"model     {result['model']}\nfile      {args.file}")
+        print(format_report(result))
+    return 0
+
+
+def cmd_benchmarks_add(args) -> int:
+    from finetune_assets.benchmark_sets import add_benchmark_set
+    from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.partitions import validate_version_key
+
+    name = validate_version_key(args.name)  # the same rule as version keys: it becomes a path
+    spec = SourceSpec(uri=args.source, text_column=args.text_column, label_column=args.label_column,
+                      encoding=args.encoding)
+    record = add_benchmark_set(_storage(args), name, spec, _label_mapping(args.label_mapping))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(record["label_counts"].items()))
+    print(f"registered benchmark set {name} <- {spec.uri}: {record['rows']} reviews ({counts}); "
+          "benchmark_scores scores every new model on it")
+    return 0
+
+
+def cmd_benchmarks_list(args) -> int:
+    from finetune_assets.benchmark_sets import list_benchmark_sets
+
+    storage = _storage(args)
+    rows = []
+    for name in list_benchmark_sets(storage):
+        meta = storage.current("benchmark_sets", name).metadata
+        rows.append({"name": name, "source": meta.get("source"), "rows": meta.get("rows"),
+                     "label_counts": meta.get("label_counts")})
+    if args.json:
+        _print_json(rows)
+    else:
+        for r in rows:
+            print(f"{r['name']}\t{r['rows']}\t{r['source']}")
+    return 0
+
+
+def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
+    """What the first command ends with: rows, test scores of fine-tuned / baseline / majority, champion or not."""
+    from finetune_assets.data.baseline import INFO_FILE
+
+    raw, tokens = storage.current("raw_reviews", version), storage.current("tokenized_reviews", version)
+    model, base = storage.current("finetuned_model", version), storage.current("baseline_model", version)
+    out: dict = {"version": version, "rows": raw.metadata.get("rows") if raw else None,
+                 "rejected": raw.metadata.get("rejected") if raw else None}
+    stats = storage.read_json(f"{tokens.url}/stats.json") if tokens else None
+    out["splits"] = (stats or {}).get("splits")
+    metrics = storage.read_json(f"{model.url}/metrics.json") if model else None
+    out["finetuned"] = {k: metrics.get(k) for k in ("accuracy", "macro_f1")} if metrics else None
+    info = storage.read_json(f"{base.url}/{INFO_FILE}") if base else None
+    test = (info or {}).get("test")
+    out["baseline"] = {k: test[k] for k in ("accuracy", "macro_f1")} if test else None
+    majority = (info or {}).get("majority")
+    out["majority"] = {k: majority[k] for k in ("accuracy", "macro_f1")} if majority else None
+    reg = ((model.metadata if model else {}) or {}).get("mlflow") or {}
+    out["registered_model"] = (f"{reg['registered_model_name']} v{reg['registered_model_version']}"
+                               if reg.get("registered_model_version") is not None else None)
+    out["champion"], out["gate_decision"] = None, None
+    if reg.get("registered_model_version") is not None and tracking_uri:
+        try:
+            from mlflow import MlflowClient
+            from mlflow.exceptions import MlflowException
+
+            client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+            name, mine = reg["registered_model_name"], str(reg["registered_model_version"])
+            out["gate_decision"] = (client.get_model_version(name, mine).tags or {}).get("gate.decision")
+            try:
+                holder = str(client.get_model_version_by_alias(name, "champion").version)
+            except MlflowException:
+                holder = None
+            out["champion"] = holder == mine
+            out["champion_version"] = holder
+        except Exception as err:  # noqa: BLE001 - the summary reports what it could not read
+            out["gate_decision"] = f"(MLflow not readable: {err})"
+    return out
+
+
+def format_summary(s: dict) -> str:
+    def cells(m):
+        return f"{m['accuracy']:>9.4f}  {m['macro_f1']:>9.4f}" if m else f"{'-':>9}  {'-':>9}"
+
+    splits = s.get("splits") or {}
+    lines = [f"dataset version {s['version']}: {s['rows'] if s['rows'] is not None else '?'} reviews "
+             f"({s['rejected'] or 0} rejected)" + (f"; train {splits.get('train')} / validation "
+                                                   f"{splits.get('validation')} / test {splits.get('test')}"
+                                                   if splits else ""),
+             f"{'on the test split':<22}{'accuracy':>9}  {'macro-F1':>9}",
+             f"{'fine-tuned model':<22}{cells(s['finetuned'])}",
+             f"{'baseline (TF-IDF+LR)':<22}{cells(s['baseline'])}",
+             f"{'majority class':<22}{cells(s['majority'])}"]
+    if s["champion"] is True:
+        lines.append(f"champion: yes, {s['registered_model']} holds @champion")
+    elif s["champion"] is False:
+        holder = f"@champion is on v{s['champion_version']}" if s.get("champion_version") else "no model holds @champion"
+        lines.append(f"champion: no, {holder} ({s['gate_decision'] or 'the quality gate has not decided yet'})")
+    else:
+        lines.append(f"champion: unknown ({s['gate_decision'] or 'no registered model or MLflow store'})")
+    return "\n".join(lines)
+
+
+def cmd_summary(args) -> int:
+    from finetune_assets.partitions import validate_version_key
+
+    version = validate_version_key(args.version)
+    storage = _storage(args)
+    if storage.current("raw_reviews", version) is None:
+        raise CliError(f"dataset version {version!r} has no materialized raw_reviews under {storage.root}")
+    try:
+        uri = _tracking_uri(args)
+    except CliError:
+        uri = None
+    summary = version_summary(storage, version, uri)
+    if args.json:
+        _print_json(summary)
+    else:
+        print(format_summary(summary))
+    return 0
+
+
 # -- entry point -------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -515,7 +697,51 @@ def build_parser() -> argparse.ArgumentParser:
                          "tab/newline/backslash in the text; rows that cannot be classified are errors "
                          "(exit status 1)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar for --file")
+    pr.add_argument("--baseline", action="store_true", help="with --version: use baseline_model[v] (TF-IDF + LR)")
     pr.set_defaults(func=cmd_predict)
+
+    ev = sub.add_parser(
+        "evaluate", help="score a model on a labelled file: accuracy, macro-F1, per-class F1, confusion matrix",
+        epilog="examples:\n"
+               "  finetune-assets evaluate --version sample --file labelled.csv\n"
+               "  finetune-assets evaluate --version sample --baseline --file labelled.csv --json\n"
+               "  finetune-assets evaluate --model-uri models:/review-classifier@champion --file test.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    esrc = ev.add_argument_group("model (choose one)")
+    esrc.add_argument("--version", help="the finetuned_model (or with --baseline the baseline_model) of a version")
+    esrc.add_argument("--model-uri", help="MLflow model URI: models:/name@alias, models:/name/3, runs:/ID/model")
+    esrc.add_argument("--model", help="a local Hugging Face model folder")
+    esrc.add_argument("--baseline", action="store_true", help="with --version: score baseline_model[v]")
+    esrc.add_argument("--tracking-uri", help="MLflow tracking URI (default as for predict)")
+    ev.add_argument("--file", required=True, help="labelled CSV/TSV/JSONL/Parquet file (or folder)")
+    ev.add_argument("--text-column", help="default: text/review/content/sentence")
+    ev.add_argument("--label-column", help="default: label/polarity/sentiment/rating_class")
+    ev.add_argument("--label-mapping", help="raw label -> model class: JSON object or RAW=Class,RAW=Class")
+    ev.add_argument("--encoding", default="utf-8")
+    ev.add_argument("--batch-size", type=int, default=32)
+    ev.add_argument("--max-length", type=int, default=512)
+    ev.add_argument("--json", action="store_true", help="one JSON object")
+    ev.set_defaults(func=cmd_evaluate)
+
+    bench = sub.add_parser("benchmarks", help="labelled sets that never train; every new model is scored on them")
+    bsub = bench.add_subparsers(dest="benchmarks_command", required=True)
+    badd = bsub.add_parser("add", help="register (freeze) a labelled file as a benchmark set")
+    badd.add_argument("name", help="set name (1-63 of [A-Za-z0-9._-])")
+    badd.add_argument("--source", required=True, help="labelled file or folder (CSV/TSV/JSONL/Parquet, fsspec URL)")
+    badd.add_argument("--label-mapping", help="raw label -> class: JSON object or RAW=Class,RAW=Class")
+    badd.add_argument("--text-column")
+    badd.add_argument("--label-column")
+    badd.add_argument("--encoding", default="utf-8")
+    badd.set_defaults(func=cmd_benchmarks_add)
+    bls = bsub.add_parser("list", help="registered benchmark sets")
+    bls.add_argument("--json", action="store_true")
+    bls.set_defaults(func=cmd_benchmarks_list)
+
+    sm = sub.add_parser("summary", help="a version's rows, test scores (fine-tuned, baseline, majority), champion")
+    sm.add_argument("version")
+    sm.add_argument("--tracking-uri", help="MLflow tracking URI (default as for predict)")
+    sm.add_argument("--json", action="store_true")
+    sm.set_defaults(func=cmd_summary)
     return parser
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
+from finetune_assets.assets.baseline import baseline_model
+from finetune_assets.assets.benchmarks import benchmark_scores
 from finetune_assets.assets.champion import champion_model
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
@@ -19,6 +21,7 @@ from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 from finetune_assets.sensors import sensors
 from finetune_assets.storage import default_root
+from finetune_assets.vocab_check import vocabulary_fit
 
 
 def build_defs(storage_root: str | None = None, launcher: TrainingLauncher | None = None) -> dg.Definitions:
@@ -28,9 +31,9 @@ def build_defs(storage_root: str | None = None, launcher: TrainingLauncher | Non
     ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or ``k8s``).
     """
     return dg.Definitions(
-        assets=[raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model,
-                champion_model],
-        asset_checks=asset_checks,
+        assets=[raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model, champion_model,
+                baseline_model, benchmark_scores],
+        asset_checks=[*asset_checks, vocabulary_fit],
         jobs=jobs,
         sensors=sensors,
         resources={

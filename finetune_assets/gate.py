@@ -201,6 +201,17 @@ def above_floor(floor: float) -> Condition:
     return condition
 
 
+def beats_baseline(baseline_metrics: dict, margin: float) -> Condition:
+    """At least its own version's baseline_model test macro-F1 plus ``margin`` (issue 14)."""
+    from finetune_assets.data.baseline import beats_baseline as decide
+
+    def condition(c: Comparison) -> str | None:
+        verdict = decide({"macro_f1": c.challenger.score}, baseline_metrics, margin)
+        return None if verdict.passed else verdict.reason
+
+    return condition
+
+
 def beats_champion(min_improvement: float = 0.0) -> Condition:
     """Strictly better than the champion (by more than ``min_improvement``): a tie keeps the champion,
     so a retry that reproduces the same model never moves the alias."""

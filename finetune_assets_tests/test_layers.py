@@ -14,6 +14,10 @@ import pytest
     "finetune_assets.data.validate",
     "finetune_assets.data.tokenize",
     "finetune_assets.data.shards",
+    "finetune_assets.data.baseline",
+    "finetune_assets.data.evaluate",
+    "finetune_assets.data.vocab_fit",
+    "finetune_assets.benchmark_sets",
 ])
 def test_module_does_not_import_dagster(module):
     code = f"import sys, {module}; sys.exit(1 if 'dagster' in sys.modules else 0)"

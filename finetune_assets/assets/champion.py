@@ -59,7 +59,8 @@ def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, s
     else:
         score = gate.score_registered(client, name, challenger_version, test, uri)
     challenger = gate.Challenger(name, challenger_version, score)
-    conditions = [*gate_conditions(config, test), gate.beats_champion(config.min_improvement)]
+    floor, _ = gate_conditions(config, test, store, version)
+    conditions = [*floor, gate.beats_champion(config.min_improvement)]
     result = gate.promote(client, challenger, test, conditions, uri, alias, lock=store.lock(f"promotion-{name}"))
     decision = gate.describe(result, alias)
     context.log.info(decision)

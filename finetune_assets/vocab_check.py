@@ -1,0 +1,69 @@
+"""``tokenized_reviews`` check ``vocabulary_fit``: does the base model's vocabulary cover this data's language?
+
+A warning, never blocking: training still runs, but the UI says why a model may learn little and what to do.
+Measures (``finetune_assets.data.vocab_fit``) on a spread sample of the version's reviews with the published
+``pretrained_model`` tokenizer; the truncated share comes from ``tokenized_reviews``' own statistics.
+"""
+
+
+import dagster as dg
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from finetune_assets.partitions import dataset_versions, validate_version_key
+from finetune_assets.resources.storage import StorageResource
+
+
+class VocabularyFitConfig(dg.Config):
+    max_unknown_rate: float = Field(0.01, description="largest share of [UNK] tokens")
+    max_tokens_per_word: float = Field(2.0, description="most word pieces per word (words of >= 2 characters)")
+    max_single_char_share: float = Field(0.2, description="largest share of words split into single characters")
+    max_truncated_share: float = Field(0.05, description="largest share of reviews cut at max_length")
+    sample_reviews: int = Field(2000, description="reviews measured (spread over the version)")
+
+
+@dg.asset_check(asset="tokenized_reviews", name="vocabulary_fit", blocking=False, partitions_def=dataset_versions,
+                additional_deps=["raw_reviews", "pretrained_model"],
+                description="The base model's tokenizer covers the reviews' language: unknown tokens, tokens per "
+                            "word, words split into single characters, truncated reviews (warning).")
+def vocabulary_fit(context: dg.AssetCheckExecutionContext, config: VocabularyFitConfig,
+                   storage: StorageResource) -> dg.AssetCheckResult:
+    """Warns when the base model sees this data as characters or unknown tokens, and says which setting fixes it."""
+    from transformers import AutoTokenizer
+
+    from finetune_assets.assets.raw import REVIEWS_FILE
+    from finetune_assets.data.vocab_fit import FitLimits, advice, measure
+
+    version = validate_version_key(context.partition_key)
+    store = storage.storage()
+    raw = store.require("raw_reviews", version)
+    tokens = store.require("tokenized_reviews", version)
+    model = store.require("pretrained_model")
+    with store.fs.open(f"{raw.url}/{REVIEWS_FILE}", "rb") as f:
+        texts = pq.read_table(f, columns=["text"]).column("text").to_pylist()
+    stats = store.read_json(f"{tokens.url}/stats.json") or {}
+    truncated = float((stats.get("lengths") or {}).get("truncated_share", 0.0))
+    with store.local_copy(model.url) as model_dir:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
+    fit = measure(texts, tokenizer, truncated_share=truncated, limit=config.sample_reviews)
+    limits = FitLimits(config.max_unknown_rate, config.max_tokens_per_word, config.max_single_char_share,
+                       config.max_truncated_share)
+    problems = limits.problems(fit)
+    todo = advice(problems, fit)
+    description = (f"the base model's vocabulary does not fit this data: {'; '.join(problems)}. To fix: {todo}"
+                   if problems else f"vocabulary fits: {fit.tokens_per_word:.2f} tokens per word, "
+                                    f"{fit.single_char_share:.1%} single-character words, {fit.unknown_rate:.2%} unknown")
+    if problems:
+        context.log.warning(description)
+    return dg.AssetCheckResult(
+        passed=not problems, severity=dg.AssetCheckSeverity.WARN, description=description,
+        metadata={
+            "unknown_rate": dg.MetadataValue.float(fit.unknown_rate),
+            "tokens_per_word": dg.MetadataValue.float(fit.tokens_per_word),
+            "single_char_share": dg.MetadataValue.float(fit.single_char_share),
+            "truncated_share": dg.MetadataValue.float(fit.truncated_share),
+            "reviews_measured": fit.reviews, "words_measured": fit.words,
+            "limits": dg.MetadataValue.json(limits.__dict__),
+            "base_model": dg.MetadataValue.path(model.url),
+            "fix": todo,
+        })

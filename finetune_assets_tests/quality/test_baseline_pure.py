@@ -1,0 +1,81 @@
+"""The baseline, its decision rule, the shared scores and the vocabulary fit, on real reviews (no Dagster)."""
+
+import numpy as np
+import pytest
+
+from finetune_assets import gate
+from finetune_assets.data.baseline import BaselineModel, beats_baseline
+from finetune_assets.data.default_reviews import REVIEWS_SOURCE, read_default_reviews
+from finetune_assets.data.evaluate import LabelSetMismatch, majority_scores, map_labels, scores
+from finetune_assets.data.labels import LABELS
+from finetune_assets.data.sources import SourceSpec, read_source
+from finetune_assets.data.tokenize import SplitRule
+from finetune_assets.data.validate import ValidationRules, validate
+
+
+@pytest.fixture(scope="module")
+def english_split():
+    accepted = validate(read_source(SourceSpec(uri=REVIEWS_SOURCE)), ValidationRules()).accepted
+    texts, labels = accepted.column("text").to_pylist(), accepted.column("label").to_pylist()
+    split = SplitRule().assign(texts)
+    return {s: ([t for t, p in zip(texts, split) if p == s], [y for y, p in zip(labels, split) if p == s])
+            for s in ("train", "test")}
+
+
+def test_default_reviews_are_real_three_class_and_clean():
+    table = read_default_reviews()
+    validated = validate(read_source(SourceSpec(uri=REVIEWS_SOURCE)), ValidationRules())
+    assert table.num_rows == validated.accepted.num_rows == 3000 and validated.rejected.num_rows == 0
+    counts = validated.label_counts
+    assert counts == {"Positive": 2300, "Negative": 322, "Mixed": 378}  # SOURCE.md says so
+    stars = dict(zip(table.column("label").to_pylist(), table.column("rating").to_pylist()))
+    assert stars and all((lab, r) in {("Negative", 1), ("Negative", 2), ("Mixed", 3), ("Positive", 4), ("Positive", 5)}
+                         for lab, r in zip(table.column("label").to_pylist(), table.column("rating").to_pylist()))
+
+
+def test_baseline_beats_majority_on_real_reviews_and_survives_save_load(english_split, tmp_path):
+    train, test = english_split["train"], english_split["test"]
+    model = BaselineModel.fit(*train, label_set=LABELS)
+    result = model.evaluate(*test)
+    majority = majority_scores(train[1], test[1], model.labels)
+    assert result["macro_f1"] > majority["macro_f1"] + 0.15
+    assert result["accuracy"] > majority["accuracy"]
+    model.save(tmp_path / "b", {"note": "x"})
+    loaded = BaselineModel.load(tmp_path / "b")
+    assert loaded.labels == list(LABELS)
+    assert loaded.predict_labels(test[0][:50]) == model.predict_labels(test[0][:50])
+    label, score, by_label = loaded.predict(["I love this dress, it fits perfectly"])[0]
+    assert label == "Positive" and score == by_label["Positive"] and sum(by_label.values()) == pytest.approx(1)
+
+
+def test_baseline_refuses_a_single_class_and_a_foreign_file(tmp_path):
+    with pytest.raises(ValueError, match="at least two classes"):
+        BaselineModel.fit(["a b", "c d"], ["Positive", "Positive"])
+    with pytest.raises(FileNotFoundError, match="not a baseline_model folder"):
+        BaselineModel.load(tmp_path)
+
+
+def test_beats_baseline_needs_the_margin():
+    assert beats_baseline({"macro_f1": 0.6}, {"macro_f1": 0.6}, 0.0).passed  # a tie passes at margin 0
+    d = beats_baseline({"macro_f1": 0.62}, {"macro_f1": 0.6}, 0.05)
+    assert not d.passed and (d.challenger_macro_f1, d.baseline_macro_f1, d.margin) == (0.62, 0.6, 0.05)
+    assert "0.6200" in d.reason and "0.6500" in d.reason and "does not beat" in d.reason
+    assert beats_baseline({"macro_f1": 0.449}, {"macro_f1": 0.581}).passed is False  # the Arabic numbers of issue 14
+
+
+def test_scores_agree_with_the_gate_and_torchmetrics_rule():
+    rng = np.random.default_rng(0)
+    t, p = rng.integers(0, 2, 200), rng.integers(0, 2, 200)  # class 2 absent from both: F1 0, still averaged
+    result = scores([LABELS[i] for i in t], [LABELS[i] for i in p], LABELS)
+    assert result["macro_f1"] == pytest.approx(gate.macro_f1(t, p))
+    assert result["f1_per_class"]["Mixed"] == 0.0 and np.sum(result["confusion_matrix"]) == 200
+
+
+def test_label_mapping_refuses_labels_the_model_cannot_predict():
+    assert map_labels(["1", "-1", "0", "Mixed", "1.0"], None, LABELS, "f") == [
+        "Positive", "Negative", "Mixed", "Mixed", "Positive"]
+    assert map_labels(["pos", "neg"], {"pos": "Positive", "neg": "Negative"}, LABELS, "f") == ["Positive", "Negative"]
+    with pytest.raises(LabelSetMismatch, match=r"'spam' \(2 rows\).*--label-mapping"):
+        map_labels(["spam", "Positive", "spam"], None, LABELS, "f.csv")
+    with pytest.raises(LabelSetMismatch, match="'Mixed'"):  # a binary model cannot be scored on three classes
+        map_labels(["Positive", "Mixed"], None, ["Positive", "Negative"], "f.csv")
