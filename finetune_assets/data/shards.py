@@ -18,6 +18,9 @@ import pyarrow.compute as pc
 from finetune_assets.data.tokenize import SPLITS
 
 COMPRESSION = "zstd"
+# Written beside each split's index.json: what readers need up front without decoding a sample
+# (the trainer's class weights and split sizes). StreamingDataset ignores files it does not index.
+SPLIT_STATS = "split_stats.json"
 
 
 def mds_columns(id_dtype: np.dtype) -> dict[str, str]:
@@ -30,6 +33,7 @@ class SplitShards:
     samples: int
     shards: int
     bytes: int
+    label_counts: dict[str, int]  # label id -> samples, as written to split_stats.json
 
 
 def write_split(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
@@ -47,9 +51,21 @@ def write_split(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
             writer.write({"input_ids": flat[offsets[i]:offsets[i + 1]], "label": int(labels[i])})
             if progress and (i + 1) % 5000 == 0:
                 progress(i + 1)
+    stats = write_split_stats(out_dir, labels)
     shards = sorted(out_dir.glob("shard.*.mds*"))
     return SplitShards(split=out_dir.name, samples=len(labels), shards=len(shards),
-                       bytes=sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()))
+                       bytes=sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()),
+                       label_counts=stats["label_counts"])
+
+
+def write_split_stats(out_dir: Path, labels: np.ndarray) -> dict:
+    """``split_stats.json``: samples and samples per label id, computed once where the labels are at hand."""
+    import json
+
+    ids, counts = np.unique(np.asarray(labels, dtype=np.int64), return_counts=True)
+    stats = {"samples": int(len(labels)), "label_counts": {str(int(i)): int(c) for i, c in zip(ids, counts)}}
+    (out_dir / SPLIT_STATS).write_text(json.dumps(stats, sort_keys=True))
+    return stats
 
 
 def write_splits(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",

@@ -17,7 +17,7 @@ class DynamicPaddingCollator:
     """Collate MDS samples ``{"input_ids": uint16 array, "label": int}`` into model inputs.
 
     Returns ``input_ids``/``attention_mask`` (``[batch, longest]``), ``labels`` and ``num_tokens``
-    (real, non-pad tokens in the batch, for tokens/s). Sequences longer than ``max_length`` are cut
+    (real, non-pad tokens in the batch as an ``int``, for tokens/s). Sequences longer than ``max_length`` are cut
     and keep their final ``[SEP]`` so the model sees a well-formed input.
     """
 
@@ -51,5 +51,5 @@ class DynamicPaddingCollator:
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "labels": labels,
-            "num_tokens": attention_mask.sum(),
+            "num_tokens": int(attention_mask.sum()),  # an int, not a tensor: counting it never syncs a device
         }
