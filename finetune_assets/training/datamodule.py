@@ -22,7 +22,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
+import torch
 from streaming import StreamingDataLoader, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 from torch.utils.data import DataLoader, Dataset
@@ -34,6 +36,7 @@ from finetune_assets.training.config import DataConfig
 
 SPLITS = ("train", "validation", "test")
 log = logging.getLogger(__name__)
+PAD_LABEL = -100  # cross-entropy's and torchmetrics' ignore_index: a padding or repeated sample counts nowhere
 
 
 class WindowCollator:
@@ -50,15 +53,47 @@ class WindowCollator:
 
     def __call__(self, window: list[dict[str, Any]]) -> list[Any]:
         b = self.batch_size
-        if self.bucket_batches == 1:
-            return [self.collate(window[i : i + b]) for i in range(0, len(window), b)]
-        ordered = sorted(window, key=lambda s: len(s["input_ids"]))
-        batches = [ordered[i : i + b] for i in range(0, len(ordered), b)]
-        digest = hashlib.blake2b(digest_size=8)
-        for sample in window:
-            digest.update(bytes(memoryview(sample["input_ids"]).cast("B")))
-        random.Random(f"{self.seed}/{digest.hexdigest()}").shuffle(batches)
-        return [self.collate(batch) for batch in batches]
+        order = list(range(len(window)))  # each row's position in the window (the stream order)
+        if self.bucket_batches > 1:
+            order.sort(key=lambda i: len(window[i]["input_ids"]))
+        batches = [order[i : i + b] for i in range(0, len(order), b)]
+        if self.bucket_batches > 1:
+            digest = hashlib.blake2b(digest_size=8)
+            for sample in window:
+                digest.update(bytes(memoryview(sample["input_ids"]).cast("B")))
+            random.Random(f"{self.seed}/{digest.hexdigest()}").shuffle(batches)
+        out = []
+        for rows in batches:
+            batch = self.collate([window[i] for i in rows])
+            batch["window_index"] = torch.tensor(rows, dtype=torch.long)
+            out.append(batch)
+        return out
+
+
+def repeated_positions(num_samples: int, canonical: int, nodes: int, ranks_per_node: int, rank: int,
+                       window: int, algo: str = "relaxed") -> np.ndarray:
+    """Which positions of ``rank``'s epoch stream repeat a sample that another position already has.
+
+    ``StreamingDataset`` gives every rank the same number of samples by repeating some when the
+    split does not divide evenly. Positions do not depend on the shuffle (a permutation of sample
+    ids applied after partitioning) nor on the epoch, so streaming's own partition of ``range(n)``
+    says where the repeats are: an id's first occurrence in training order (window, node, rank,
+    slot) counts, the others are masked out of loss and counts. A resume at ``c`` samples per rank
+    continues the same stream from position ``c``.
+    """
+    from streaming.base.partition import get_partitions
+
+    plan = get_partitions(algo, num_samples, canonical, nodes, ranks_per_node, 1, window)[:, :, 0]
+    order = plan.transpose(2, 0, 1, 3)  # (window index, node, rank of node, slot): training order
+    flat = order.reshape(-1)
+    valid = flat >= 0
+    first = np.zeros(flat.shape, dtype=bool)
+    at = np.flatnonzero(valid)
+    first[at[np.unique(flat[at], return_index=True)[1]]] = True
+    repeated = (valid & ~first).reshape(order.shape)
+    node, local = divmod(rank, ranks_per_node)
+    mine, mine_valid = repeated[:, node, local].reshape(-1), valid.reshape(order.shape)[:, node, local].reshape(-1)
+    return mine[mine_valid]  # streaming skips the -1 fillers, all at the end of a rank's stream
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
@@ -66,7 +101,7 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
 
     The underlying loader reads *windows* of ``bucket_batches * batch_size`` samples. With bucketing
     (``bucket_batches > 1``) a window is sorted by length, cut into batches (less padding) and the
-    batches are shuffled with a seed derived from the window's position, so they are reproducible.
+    batches are shuffled with a seed derived from the window's content, so they are reproducible.
     The state names the window's first sample plus how many of its batches were consumed, so a
     resume re-reads that window, rebuilds the same batches and skips the consumed ones: no sample
     repeats or goes missing, with or without bucketing.
@@ -82,6 +117,7 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         world_size: int,
         bucket_batches: int = 1,
         seed: int = 0,
+        repeated: np.ndarray | None = None,
         **kwargs: Any,
     ):
         if bucket_batches < 1:
@@ -93,6 +129,7 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         self.bucket_batches = bucket_batches
         self._epoch_fn = epoch_fn
         self._world_size = world_size
+        self._repeated = repeated  # repeated_positions() of this rank, or None: count every sample
         self._pending: dict[str, Any] | None = None
         self._inflight: deque[tuple[int, int, int, int]] = deque()
         self._epoch = 0
@@ -121,11 +158,26 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         for w, batches in enumerate(DataLoader.__iter__(self)):
             size = sum(len(batch["labels"]) for batch in batches)
             for j, batch in enumerate(batches):
+                rows = batch.pop("window_index")
                 if w == 0 and j < skip:
                     continue
+                self._mask_repeats(batch, self._base // self._world_size + offset + rows.numpy())
                 self._inflight.append((offset, size, j, len(batches)))
                 yield batch
             offset += size
+
+    def _mask_repeats(self, batch: dict[str, Any], positions: np.ndarray) -> None:
+        """Label streaming's repeated samples :data:`PAD_LABEL` (no loss, not counted): each trains once."""
+        if self._repeated is None:
+            return
+        inside = positions < len(self._repeated)
+        mask = np.zeros(len(positions), dtype=bool)
+        mask[inside] = self._repeated[positions[inside]]
+        if mask.any():
+            rows = torch.from_numpy(mask)
+            batch["labels"][rows] = PAD_LABEL
+            batch["num_samples"] -= int(mask.sum())
+            batch["num_tokens"] -= int(batch["attention_mask"][rows].sum())
 
     def mark_consumed(self, num_samples: int) -> None:
         """Called once per batch the training step takes, in order (after Lightning's pre-fetch)."""
@@ -312,9 +364,6 @@ def split_locations(url: str, cache_dir: str, split: str) -> tuple[str, str]:
     return url, os.path.join(cache_dir, split)
 
 
-PAD_LABEL = -100  # cross-entropy's and torchmetrics' ignore_index: a padding sample counts nowhere
-
-
 class RankBlock(Dataset):
     """This rank's block of an evaluation split, read by index: every sample evaluated exactly once.
 
@@ -458,9 +507,13 @@ class MdsDataModule(pl.LightningDataModule):
         c = self.config
         world = self._world()[1]
         epoch_fn = (lambda: self.trainer.current_epoch) if self.trainer is not None else (lambda: 0)
+        dataset = self.datasets["train"]
+        rank, _, nodes = self._world()
+        repeated = repeated_positions(dataset.num_samples, canonical_nodes(c, nodes), nodes, world // nodes, rank,
+                                      c.batch_size * c.bucket_batches, dataset.partition_algo)
         self._train_loader = ResumableStreamingDataLoader(
-            self.datasets["train"], batch_size=c.batch_size, collate_fn=self.collate, epoch_fn=epoch_fn,
-            world_size=world, bucket_batches=c.bucket_batches, seed=c.shuffle_seed, **self._loader_kwargs()
+            dataset, batch_size=c.batch_size, collate_fn=self.collate, epoch_fn=epoch_fn, world_size=world,
+            bucket_batches=c.bucket_batches, seed=c.shuffle_seed, repeated=repeated, **self._loader_kwargs()
         )
         return self._train_loader
 

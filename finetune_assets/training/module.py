@@ -92,9 +92,8 @@ class ReviewClassifier(pl.LightningModule):
         self.start_step = 0
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:
-        return self.model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch.get("labels")
-        )
+        # No labels to the model: losses are computed here (class weights, masked repeats and padding).
+        return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 
     # -- training --------------------------------------------------------------------------
 
@@ -116,7 +115,12 @@ class ReviewClassifier(pl.LightningModule):
 
         fp32 whatever the precision: bf16 would round the class weights (and the loss) to 3 digits.
         """
-        return F.cross_entropy(logits.float().view(-1, NUM_CLASSES), labels.view(-1), weight=self.class_weight)
+        logits, labels = logits.float().view(-1, NUM_CLASSES), labels.view(-1)
+        kept = labels != PAD_LABEL  # streaming's repeated samples (datamodule.repeated_positions) count nowhere
+        weight = self.class_weight[labels.clamp(min=0)] if self.class_weight is not None else torch.ones_like(logits[:, 0])
+        weight = weight * kept
+        per_sample = F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="none")
+        return (per_sample * weight).sum() / weight.sum().clamp(min=1e-12)  # 0, not NaN, for an all-repeat batch
 
     def _sync_counts(self) -> None:
         """All-reduce the samples and tokens counted since the last call into the run totals.
@@ -131,11 +135,11 @@ class ReviewClassifier(pl.LightningModule):
         self.tokens_seen += int(counts[1])
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self({k: v for k, v in batch.items() if k != "labels"})
+        out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
         bs = batch["labels"].shape[0]
-        self._pending[0] += bs
-        self._pending[1] += int(batch["num_tokens"])  # a Python int from the collator: no device sync
+        self._pending[0] += int(batch.get("num_samples", bs))  # Python ints from the loader: no device sync
+        self._pending[1] += int(batch["num_tokens"])
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=False)
         t = self.trainer
         if (batch_idx + 1) % (t.log_every_n_steps * t.accumulate_grad_batches) == 0:
@@ -167,7 +171,7 @@ class ReviewClassifier(pl.LightningModule):
 
     def _eval_step(self, batch: dict[str, torch.Tensor], metrics: MetricCollection, loss: MeanMetric) -> None:
         labels = batch["labels"]
-        logits = self({k: v for k, v in batch.items() if k != "labels"}).logits.float()
+        logits = self(batch).logits.float()
         metrics.update(logits.argmax(dim=-1), labels)  # PAD_LABEL samples are ignored
         per_sample = F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="none")
         loss.update(per_sample, weight=(labels != PAD_LABEL).float())

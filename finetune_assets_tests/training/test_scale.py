@@ -210,3 +210,58 @@ def test_fp32_class_weighted_loss_under_bf16_logits(tiny_model_dir):
     expected = torch.nn.functional.cross_entropy(logits.float(), labels, weight=torch.tensor(weights))
     assert loss.dtype == torch.float32 and torch.allclose(loss, expected)
     assert module.class_weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("world", "bucket", "stop_after"), [(2, 1, None), (3, 1, None), (3, 2, None), (3, 1, 2),
+                                                            (2, 2, 3)])
+def test_training_counts_each_sample_once_though_streaming_repeats_some(split, tmp_path, monkeypatch, world, bucket,
+                                                                        stop_after):
+    """Each rank as its own node, one after the other (streaming reads the world from the environment).
+
+    streaming would join a process group to share its shared-memory prefix; each node here is one
+    process with its own prefix, so that step is skipped.
+    """
+    monkeypatch.setattr("streaming.base.dataset.maybe_init_dist", lambda: False)
+    from finetune_assets.training.collate import DynamicPaddingCollator
+    from finetune_assets.training.datamodule import ResumableStreamingDataLoader, repeated_positions
+
+    counted, streamed = [], []
+    for rank in range(world):
+        clean_stale_streaming_memory()
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+
+        def loader(attempt: int) -> ResumableStreamingDataLoader:
+            clean_stale_streaming_memory()
+            ds = StreamingDataset(remote=str(split), local=str(tmp_path / f"c{rank}-{attempt}"), batch_size=4 * bucket,
+                                  shuffle=True, shuffle_seed=3, num_canonical_nodes=world)
+            repeated = repeated_positions(N, world, world, 1, rank, 4 * bucket, ds.partition_algo)
+            return ResumableStreamingDataLoader(ds, batch_size=4, collate_fn=DynamicPaddingCollator(),
+                                                epoch_fn=lambda: 0, world_size=world, bucket_batches=bucket,
+                                                repeated=repeated)
+
+        n, first = 0, loader(0)
+        batches = iter(first)
+        if stop_after:  # consume some batches, then resume from the loader's state in a fresh loader
+            for _ in range(stop_after):
+                batch = next(batches)
+                first.mark_consumed(len(batch["labels"]))
+                keep = batch["labels"] != PAD_LABEL
+                counted += (batch["input_ids"][:, 1] - 1000)[keep].tolist()
+                n += len(keep)
+            state = first.state_dict()
+            del batches, first
+            first = loader(1)
+            first.load_state_dict(state)
+            batches = iter(first)
+        for batch in batches:
+            keep = batch["labels"] != PAD_LABEL
+            counted += (batch["input_ids"][:, 1] - 1000)[keep].tolist()
+            assert batch["num_samples"] == int(keep.sum())
+            n += len(keep)
+        streamed.append(n)
+        del batches, first
+    assert len(set(streamed)) == 1 and sum(streamed) > N  # streaming padded every rank to the same length
+    assert sorted(counted) == list(range(N))  # yet each sample is trained (and counted) exactly once
