@@ -328,14 +328,16 @@ def cache_limit_bytes(index: dict[str, Any], num_nodes: int) -> int:
     return index_bytes + math.ceil(sum(sizes) / max(1, num_nodes)) + 6 * max(sizes)
 
 
-def cache_root(config: DataConfig, run_key: str) -> tuple[str, str | None]:
+def cache_root(config: DataConfig, run_key: str, attempt: str | None = None) -> tuple[str, str | None]:
     """(folder, folder to remove after success or None) for the local copies of the splits.
 
     ``config.local_cache_dir`` when set (kept: the caller owns it). Otherwise
     ``{scratch}/mds-cache/{hash of run_key}/{attempt}`` where ``{scratch}`` is :func:`files.scratch_root`
     (the pods' cache volume, not the small ``/tmp`` that also holds HOME): ``run_key`` (the checkpoint dir
-    and the splits' indexes) separates runs and shard versions, and the torchrun attempt (run id +
-    restart count, the same on every local rank of a node) separates restarts. A SIGKILLed worker
+    and the splits' indexes) separates runs and shard versions, and ``attempt`` (the token every rank
+    of this start of the worker group agreed on, see ``run.agree_on_attempt``; else run id + this
+    agent's restart count, which stays the same when an agent restarts its workers for another
+    node's failure) separates restarts. A SIGKILLed worker
     leaves its streaming shared memory behind, naming its local folders; reusing those folders in
     the next attempt fails with "Reused local directory", so every attempt gets fresh ones. The
     trainer removes the run's folder (with what killed attempts left) after a successful run.
@@ -343,7 +345,9 @@ def cache_root(config: DataConfig, run_key: str) -> tuple[str, str | None]:
     if config.local_cache_dir:
         return files.local_path(config.local_cache_dir), None
     run = hashlib.sha256(run_key.encode()).hexdigest()[:16]
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    if attempt is not None:
+        pass
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
         attempt = f"{os.environ['TORCHELASTIC_RUN_ID']}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     else:  # one process outside torchrun (tests, benchmarks)
         attempt = f"pid-{os.getpid()}"
@@ -415,7 +419,7 @@ class MdsDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, config: DataConfig, pad_token_id: int = 0, pad_to: int | None = None, run_key: str = "",
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, attempt: str | None = None):
         super().__init__()
         self.config = config
         self.pin_memory = pin_memory
@@ -427,7 +431,7 @@ class MdsDataModule(pl.LightningDataModule):
         if not self.sizes["train"]:
             raise ValueError(f"train split at {config.train_url} has no samples: nothing to train on")
         key = json.dumps({"run": run_key, "indexes": self.indexes}, sort_keys=True)
-        self.cache_dir, self._owned_cache = cache_root(config, key)
+        self.cache_dir, self._owned_cache = cache_root(config, key, attempt)
 
     def url(self, split: str) -> str:
         return getattr(self.config, f"{split}_url")
@@ -467,6 +471,10 @@ class MdsDataModule(pl.LightningDataModule):
             raise OSError(f"shard cache {self.cache_dir}: this node needs up to {need} bytes, {free} are free; "
                           "give the cache volume more room (the k8s launcher's scratch_size) or set "
                           "data.local_cache_dir to a larger local folder")
+
+    def cached_shards(self, split: str) -> int:
+        """Shards of ``split`` now decompressed in this node's cache (each node should hold about its share)."""
+        return len(list(Path(self.cache_dir, split).glob("shard.*.mds")))
 
     def remove_cache(self) -> None:
         """Delete the derived cache folder (call on one process per node, after every rank is done)."""

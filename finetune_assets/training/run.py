@@ -93,14 +93,14 @@ def agree_on_attempt(store: Any, rank: int, world: int, timeout: float = 1800.0,
     return token
 
 
-def _init_process_group(config: TrainerConfig) -> None:
+def _init_process_group(config: TrainerConfig) -> str | None:
     """Join the process group through a store prefix unique to this start of the worker group.
 
     After torchrun restarts a worker group, the agent's store still holds the previous attempt's
     keys; gloo then reads a dead rank's address and fails with "connectFullMesh ... Connection
     refused" when the new ranks start at different speeds. Keys under the token of
     :func:`agree_on_attempt` are always fresh, on every node. Lightning sees the group initialised
-    and uses it.
+    and uses it. Returns the token (None outside a multi-process torchrun).
     """
     import datetime
 
@@ -109,18 +109,21 @@ def _init_process_group(config: TrainerConfig) -> None:
 
     rank, world, _ = _world()
     if world == 1 or "TORCHELASTIC_RUN_ID" not in os.environ or dist.is_initialized():
-        return
+        return None
     timeout = datetime.timedelta(minutes=30)
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
         is_master=rank == 0 and not _torchelastic_use_agent_store(), timeout=timeout,
     )
     token = agree_on_attempt(store, rank, world, timeout=timeout.total_seconds())
+    log.info("rank %d joins attempt %s (this node's restart count %s)", rank, token[:8],
+             os.environ.get("TORCHELASTIC_RESTART_COUNT"))
     gpu = config.accelerator != "cpu" and torch.cuda.is_available()
     dist.init_process_group(
         "nccl" if gpu else "gloo", store=dist.PrefixStore(f"/finetune_assets/{token}", store),
         rank=rank, world_size=world, timeout=timeout,
     )
+    return token
 
 
 def encoder_layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
@@ -313,6 +316,17 @@ def _save_model(config: TrainerConfig, state: dict[str, torch.Tensor], tokenizer
     return staging
 
 
+def _per_node(value: Any) -> list[Any]:
+    """``value`` of each node's local leader (the others pass None), in node order: one all-gather."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return [v for v in gathered if v is not None]
+
+
 def _local_resume(config: TrainerConfig, resume: str | None) -> str | None:
     """The checkpoint path to hand Lightning; under FSDP a local copy, refused unless it loads weights-only.
 
@@ -352,12 +366,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json and logs to MLflow."""
     rank, world, _ = _world()
     t0 = time.time()
-    _init_process_group(config)
+    attempt = _init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
     # Reads every split's index first: a missing or empty train split fails here, with its URL.
     datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir,
-                               pin_memory=config.accelerator != "cpu" and torch.cuda.is_available())
+                               pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(), attempt=attempt)
     weights = None
     if config.class_weights == "balanced":
         counts = label_counts(config.data.train_url, NUM_CLASSES)
@@ -395,7 +409,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     state = trainer.strategy.lightning_module_state_dict()  # a collective under FSDP: every rank calls it
     timings["test"] = time.time() - t
     trainer.strategy.barrier("mds-cache")  # every rank of the node is done reading the cached shards
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    cached = _per_node(datamodule.cached_shards("train") if local_leader else None)
+    if local_leader:
         datamodule.remove_cache()
     seconds = max(module.train_seconds, 1e-9)
     metrics: dict[str, Any] = {
@@ -411,6 +427,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         "resumed_at_step": module.start_step if resume else None,
         "world_size": world,
         "class_weights": weights,
+        "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
         "wall_seconds": time.time() - t0,
         "timings": timings,  # seconds per phase (where a run's time goes)
     }
