@@ -106,10 +106,14 @@ class MlflowConfig:
     run_name: str | None = None
     tags: dict[str, str] = field(default_factory=dict)  # dataset_version, shard_data_version, code_version...
     log_model: bool = True
+    # Rank 0's logging + registration after training; past it the run fails (a re-run resumes at the end).
+    timeout_seconds: float = 900.0
 
     def __post_init__(self) -> None:
         if not self.experiment_name:
             raise ConfigError("mlflow.experiment_name must not be empty")
+        if not self.timeout_seconds > 0:
+            raise ConfigError(f"mlflow.timeout_seconds must be > 0, got {self.timeout_seconds}")
         for key in self.tags:
             if any(s in key.lower() for s in ("token", "secret", "password", "key")):
                 raise ConfigError(f"mlflow.tags[{key!r}] looks like a secret; secrets are never logged")

@@ -17,6 +17,7 @@ import os
 import random
 import re
 import shutil
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -349,8 +350,8 @@ def cache_root(config: DataConfig, run_key: str, attempt: str | None = None) -> 
         pass
     elif "TORCHELASTIC_RUN_ID" in os.environ:
         attempt = f"{os.environ['TORCHELASTIC_RUN_ID']}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    else:  # one process outside torchrun (tests, benchmarks)
-        attempt = f"pid-{os.getpid()}"
+    else:  # one process outside torchrun (tests, benchmarks): each call is its own attempt
+        attempt = f"pid-{os.getpid()}-{uuid.uuid4().hex}"
     run_dir = os.path.join(files.scratch_root(), "mds-cache", run)
     return os.path.join(run_dir, hashlib.sha256(attempt.encode()).hexdigest()[:12]), run_dir
 

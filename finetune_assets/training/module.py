@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from finetune_assets.training.config import OptimConfig
 from finetune_assets.training.datamodule import PAD_LABEL
 
 NUM_CLASSES = len(LABELS)
+log = logging.getLogger(__name__)
 
 
 def load_classifier(model_dir: str) -> PreTrainedModel:
@@ -218,6 +220,7 @@ class ReviewClassifier(pl.LightningModule):
         for name, p in self.named_parameters():
             if p.requires_grad:
                 (decay if decays(name) else no_decay).append(p)
+        log.info("AdamW: %d tensors with weight decay %g, %d without", len(decay), o.weight_decay, len(no_decay))
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=o.lr
         )

@@ -316,6 +316,30 @@ def _save_model(config: TrainerConfig, state: dict[str, torch.Tensor], tokenizer
     return staging
 
 
+def _within(seconds: float, what: str, fn: Any) -> Any:
+    """``fn()`` on a daemon thread, waited for at most ``seconds``: a hung tracking server fails the run
+    (whose final checkpoint makes a re-run go straight to logging) instead of holding it forever."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="mlflow-logging", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not finish within {seconds:.0f}s (mlflow.timeout_seconds); "
+                           "check the tracking server, then re-run: training resumes at its final checkpoint")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _per_node(value: Any) -> list[Any]:
     """``value`` of each node's local leader (the others pass None), in node order: one all-gather."""
     import torch.distributed as dist
@@ -445,7 +469,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             )
             logger.finalize("success")
             t = time.time()
-            metrics["mlflow"] = _log_to_mlflow(config, logger, staging, metrics)
+            metrics["mlflow"] = _within(config.mlflow.timeout_seconds, "MLflow logging and model registration",
+                                        lambda: _log_to_mlflow(config, logger, staging, metrics))
             timings["mlflow"] = time.time() - t
         files.publish_dir(staging, config.output_dir.rstrip("/") + "/model")
     finally:

@@ -265,3 +265,13 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(split, t
         del batches, first
     assert len(set(streamed)) == 1 and sum(streamed) > N  # streaming padded every rank to the same length
     assert sorted(counted) == list(range(N))  # yet each sample is trained (and counted) exactly once
+
+
+def test_mlflow_logging_wait_is_bounded():
+    from finetune_assets.training.run import _within
+
+    assert _within(5, "x", lambda: 7) == 7
+    with pytest.raises(TimeoutError, match=r"MLflow logging did not finish within 0s \(mlflow.timeout_seconds\)"):
+        _within(0.2, "MLflow logging", lambda: time.sleep(5))
+    with pytest.raises(KeyError):
+        _within(5, "x", lambda: {}["missing"])
