@@ -90,7 +90,7 @@ def _restart_counts(log: Path) -> set[str]:
     return set(re.findall(r"restart count (\d+)", log.read_text()))
 
 
-def test_two_nodes_cache_half_train_each_sample_once_and_survive_a_replaced_node(tmp_path, _tiny_model_session):
+def test_two_nodes_cache_half_each_sample_once_and_unequal_restart_counts_meet(tmp_path, _tiny_model_session):
     model, shards = _tiny_model_session, write_shards(tmp_path / "shards")
 
     # 1. one process, stopped mid-epoch: the reference class weights, and a world-size-1 checkpoint
