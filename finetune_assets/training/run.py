@@ -127,15 +127,12 @@ def _init_process_group(config: TrainerConfig) -> str | None:
 
 
 def encoder_layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
-    """The encoder's repeated block class (``BertLayer``, ``XLMRobertaLayer``...): FSDP's unit of sharding.
+    """The encoder's repeated block class (``BertLayer``, ``XLMRobertaLayer``, ``TransformerBlock``...): FSDP's unit.
 
-    From the model's own ``_no_split_modules`` (what transformers/accelerate wrap), else the class of
-    the first list of identical blocks; wrapping the whole model as one unit would shard nothing.
+    The class of the first list of two or more identical blocks (what every encoder keeps its layers
+    in); wrapping the whole model as one unit would shard nothing, wrapping only a sub-module of the
+    block (some ``_no_split_modules`` name attention classes) would leave the feed-forward unsharded.
     """
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    for module in model.modules():
-        if type(module).__name__ in names and type(module).__name__.endswith("Layer"):
-            return type(module)
     for module in model.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
             return type(module[0])

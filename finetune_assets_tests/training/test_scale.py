@@ -275,3 +275,19 @@ def test_mlflow_logging_wait_is_bounded():
         _within(0.2, "MLflow logging", lambda: time.sleep(5))
     with pytest.raises(KeyError):
         _within(5, "x", lambda: {}["missing"])
+
+
+@pytest.mark.parametrize("family", ["distilbert", "xlm-roberta", "deberta-v2"])
+def test_fsdp_wrap_unit_is_the_whole_encoder_block_of_each_family(family):
+    import transformers as t
+
+    small = dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64, vocab_size=100)
+    model, block = {
+        "distilbert": (lambda: t.DistilBertForSequenceClassification(
+            t.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=100)), "TransformerBlock"),
+        "xlm-roberta": (lambda: t.XLMRobertaForSequenceClassification(t.XLMRobertaConfig(**small)), "XLMRobertaLayer"),
+        "deberta-v2": (lambda: t.DebertaV2ForSequenceClassification(t.DebertaV2Config(**small)), "DebertaV2Layer"),
+    }[family]
+    from finetune_assets.training.run import encoder_layer_class
+
+    assert encoder_layer_class(model()).__name__ == block
