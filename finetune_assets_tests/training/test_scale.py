@@ -212,10 +212,10 @@ def test_fp32_class_weighted_loss_under_bf16_logits(tiny_model_dir):
     assert module.class_weight.dtype == torch.float32
 
 
-@pytest.mark.parametrize(("world", "bucket", "stop_after"), [(2, 1, None), (3, 1, None), (3, 2, None), (3, 1, 2),
-                                                            (2, 2, 3)])
+@pytest.mark.parametrize(("world", "bucket", "stop_after", "workers"),
+                         [(2, 1, None, 0), (3, 1, None, 0), (3, 2, None, 0), (3, 1, 2, 0), (2, 2, 3, 0), (3, 1, None, 2)])
 def test_training_counts_each_sample_once_though_streaming_repeats_some(split, tmp_path, monkeypatch, world, bucket,
-                                                                        stop_after):
+                                                                        stop_after, workers):
     """Each rank as its own node, one after the other (streaming reads the world from the environment).
 
     streaming would join a process group to share its shared-memory prefix; each node here is one
@@ -240,7 +240,7 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(split, t
             repeated = repeated_positions(N, world, world, 1, rank, 4 * bucket, ds.partition_algo)
             return ResumableStreamingDataLoader(ds, batch_size=4, collate_fn=DynamicPaddingCollator(),
                                                 epoch_fn=lambda: 0, world_size=world, bucket_batches=bucket,
-                                                repeated=repeated)
+                                                repeated=repeated, num_workers=workers)
 
         n, first = 0, loader(0)
         batches = iter(first)
