@@ -119,6 +119,7 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         bucket_batches: int = 1,
         seed: int = 0,
         repeated: np.ndarray | None = None,
+        num_nodes: int = 1,
         **kwargs: Any,
     ):
         if bucket_batches < 1:
@@ -131,6 +132,7 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         self._epoch_fn = epoch_fn
         self._world_size = world_size
         self._repeated = repeated  # repeated_positions() of this rank, or None: count every sample
+        self._num_nodes = num_nodes
         self._pending: dict[str, Any] | None = None
         self._inflight: deque[tuple[int, int, int, int]] = deque()
         self._epoch = 0
@@ -147,8 +149,13 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         if self._pending is not None:
             state, self._pending = self._pending, None
         else:  # a fresh epoch: align the dataset's epoch (and so its shuffle) with Lightning's
-            state = dataset.state_dict(0, from_beginning=True)
-            state["epoch"] = self._epoch_fn()
+            # Built here, not read with dataset.state_dict(): that reads the node's shared resume
+            # buffer, which another local rank may have created but not yet written (empty JSON).
+            state = {
+                "epoch": self._epoch_fn(), "sample_in_epoch": 0,
+                "num_canonical_nodes": dataset.num_canonical_nodes or self._num_nodes, "shuffle_seed": dataset.shuffle_seed,
+                "initial_physical_nodes": dataset.initial_physical_nodes or self._num_nodes,
+            }
         skip = int(state.pop("skip_batches", 0))
         dataset.load_state_dict(state)
         self._epoch, self._base = int(state["epoch"]), int(state["sample_in_epoch"])
@@ -522,7 +529,8 @@ class MdsDataModule(pl.LightningDataModule):
                                       c.batch_size * c.bucket_batches, dataset.partition_algo)
         self._train_loader = ResumableStreamingDataLoader(
             dataset, batch_size=c.batch_size, collate_fn=self.collate, epoch_fn=epoch_fn, world_size=world,
-            bucket_batches=c.bucket_batches, seed=c.shuffle_seed, repeated=repeated, **self._loader_kwargs()
+            bucket_batches=c.bucket_batches, seed=c.shuffle_seed, repeated=repeated, num_nodes=nodes,
+            **self._loader_kwargs()
         )
         return self._train_loader
 

@@ -240,7 +240,7 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(split, t
             repeated = repeated_positions(N, world, world, 1, rank, 4 * bucket, ds.partition_algo)
             return ResumableStreamingDataLoader(ds, batch_size=4, collate_fn=DynamicPaddingCollator(),
                                                 epoch_fn=lambda: 0, world_size=world, bucket_batches=bucket,
-                                                repeated=repeated, num_workers=workers)
+                                                repeated=repeated, num_nodes=world, num_workers=workers)
 
         n, first = 0, loader(0)
         batches = iter(first)
