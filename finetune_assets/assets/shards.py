@@ -47,6 +47,8 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
             "splits": markdown_table(("split", "samples", "shards", "bytes"),
                                      [(s, r.samples, r.shards, r.bytes) for s, r in results.items()]),
             "samples_per_split": dg.MetadataValue.json({s: r.samples for s, r in results.items()}),
+            # label id -> samples per split, also in each split's split_stats.json (the trainer reads that)
+            "label_counts_per_split": dg.MetadataValue.json({s: r.label_counts for s, r in results.items()}),
             "shards": sum(r.shards for r in results.values()),
             "bytes": sum(r.bytes for r in results.values()),
         },

@@ -7,6 +7,7 @@ ids is what makes the shards small.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,9 @@ import pyarrow.compute as pc
 from finetune_assets.data.tokenize import SPLITS
 
 COMPRESSION = "zstd"
+# Written beside each split's index.json: what readers need up front without decoding a sample
+# (the trainer's class weights and split sizes). StreamingDataset ignores files it does not index.
+SPLIT_STATS = "split_stats.json"
 
 
 def mds_columns(id_dtype: np.dtype) -> dict[str, str]:
@@ -30,6 +34,7 @@ class SplitShards:
     samples: int
     shards: int
     bytes: int
+    label_counts: dict[str, int]  # label id -> samples, as written to split_stats.json
 
 
 def write_split(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
@@ -47,9 +52,21 @@ def write_split(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
             writer.write({"input_ids": flat[offsets[i]:offsets[i + 1]], "label": int(labels[i])})
             if progress and (i + 1) % 5000 == 0:
                 progress(i + 1)
+    stats = write_split_stats(out_dir, labels)
     shards = sorted(out_dir.glob("shard.*.mds*"))
     return SplitShards(split=out_dir.name, samples=len(labels), shards=len(shards),
-                       bytes=sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()))
+                       bytes=sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()),
+                       label_counts=stats["label_counts"])
+
+
+def write_split_stats(out_dir: Path, labels: np.ndarray) -> dict:
+    """``split_stats.json``: samples and samples per label id, computed once where the labels are at hand."""
+    import json
+
+    ids, counts = np.unique(np.asarray(labels, dtype=np.int64), return_counts=True)
+    stats = {"samples": int(len(labels)), "label_counts": {str(int(i)): int(c) for i, c in zip(ids, counts)}}
+    (out_dir / SPLIT_STATS).write_text(json.dumps(stats, sort_keys=True))
+    return stats
 
 
 def write_splits(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
@@ -64,24 +81,62 @@ def write_splits(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
 
 
 def open_streaming_dataset(attempts: int = 8, **kwargs):
-    """``StreamingDataset(**kwargs)``, retried when another process grabs the same shared-memory prefix.
+    """``StreamingDataset(**kwargs)``, retried when another process on this host grabs the same shared-memory prefix.
 
-    streaming picks the first free prefix and then creates it; two processes opening datasets at the
-    same moment (two partitions' shard checks, two local trainings) can pick the same one, and the
-    loser fails with ``FileExistsError: '/000NNN_locals'``. Looking again finds the next free prefix.
+    streaming registers a prefix per node: every rank scans for the first free one, the local leader
+    creates it, the other local ranks check it, with process-group barriers between the steps (and
+    one more at the end). Two processes on one host opening datasets at once (two trainings, or two
+    "nodes" on one machine) scan the same free prefix: the loser's leader fails with
+    ``FileExistsError`` between two barriers, its local ranks with "does not match". A plain retry
+    would leave the group's barrier counts unequal and hang it. So a failed rank first completes the
+    barriers it skipped; then all ranks agree which *nodes* failed; only those open again (a node
+    that succeeded keeps its dataset, which holds its prefix, and just joins the three barriers),
+    and they scan after the winner's prefix exists, so the next attempt finds a free one.
     """
     import random
     import time
 
+    import torch
+    import torch.distributed as dist
     from streaming import StreamingDataset
 
+    group = dist.is_available() and dist.is_initialized()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    dataset = None
     for attempt in range(attempts):
-        try:
-            return StreamingDataset(**kwargs)
-        except FileExistsError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
+        failed = False
+        if dataset is not None:  # this node already has its dataset: join the barriers of a retrying node
+            for _ in range(3):
+                dist.barrier()
+        else:
+            try:
+                dataset = StreamingDataset(**kwargs)
+            except FileExistsError:  # a local leader, after the first barrier
+                failed = True
+                for _ in range(2 if group else 0):
+                    dist.barrier()
+            except RuntimeError as err:  # another local rank, after the second barrier
+                if "shared memory" not in str(err):
+                    raise
+                failed = True
+                if group:
+                    dist.barrier()
+        if not group:
+            if not failed:
+                return dataset
+        else:
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+            flags = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=device)
+            flags[dist.get_rank()] = int(failed)
+            dist.all_reduce(flags)
+            nodes = flags.view(-1, local_world).amax(dim=1).cpu()
+            if not nodes.any():
+                return dataset
+            if nodes[dist.get_rank() // local_world]:
+                dataset = None  # the whole node opens again (a kept dataset still holds its old prefix)
+        if attempt == attempts - 1:
+            raise FileExistsError(f"no free streaming shared-memory prefix after {attempts} attempts")
+        time.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
     raise AssertionError("unreachable")
 
 

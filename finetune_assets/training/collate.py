@@ -16,8 +16,9 @@ import torch
 class DynamicPaddingCollator:
     """Collate MDS samples ``{"input_ids": uint16 array, "label": int}`` into model inputs.
 
-    Returns ``input_ids``/``attention_mask`` (``[batch, longest]``), ``labels`` and ``num_tokens``
-    (real, non-pad tokens in the batch, for tokens/s). Sequences longer than ``max_length`` are cut
+    Returns ``input_ids``/``attention_mask`` (``[batch, longest]``), ``labels``, and as ``int``
+    ``num_samples`` and ``num_tokens`` (real, non-pad tokens, for tokens/s; the train loader lowers
+    both for samples it masks as repeats). Sequences longer than ``max_length`` are cut
     and keep their final ``[SEP]`` so the model sees a well-formed input.
     """
 
@@ -51,5 +52,6 @@ class DynamicPaddingCollator:
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "labels": labels,
-            "num_tokens": attention_mask.sum(),
+            "num_samples": len(seqs),
+            "num_tokens": int(attention_mask.sum()),  # an int, not a tensor: counting it never syncs a device
         }

@@ -40,11 +40,13 @@ class DataConfig:
     local_cache_dir: str | None = None
     batch_size: int = 8  # per device; StreamingDataset and DataLoader get the same value
     num_workers: int = 0  # reviews are short: the loader runs >100x faster than a CPU step in-process
+    prefetch_factor: int = 2  # batches (windows) each worker reads ahead, with num_workers > 0
     shuffle: bool = True
     shuffle_seed: int = 9176
     download_retry: int = 2
-    # Pinned so that the sample order (and a resume) does not depend on the first run's node count.
-    num_canonical_nodes: int = 1
+    # None: the run's node count, so each node streams and caches only its share of the shards. Saved
+    # in every checkpoint's loader state and restored on resume (a world-size change is refused).
+    num_canonical_nodes: int | None = None
     max_length: int = 512
     predownload: int | None = None
     # Length bucketing: sort windows of this many batches by length before batching (1: off).
@@ -57,7 +59,9 @@ class DataConfig:
         if self.local_cache_dir and "://" in self.local_cache_dir and not self.local_cache_dir.startswith("file://"):
             raise ConfigError(f"data.local_cache_dir must be a local folder, got {self.local_cache_dir!r}")
         _positive("data.batch_size", self.batch_size)
-        _positive("data.num_canonical_nodes", self.num_canonical_nodes)
+        if self.num_canonical_nodes is not None:
+            _positive("data.num_canonical_nodes", self.num_canonical_nodes)
+        _positive("data.prefetch_factor", self.prefetch_factor)
         _positive("data.bucket_batches", self.bucket_batches)
         _non_negative("data.num_workers", self.num_workers)
         _non_negative("data.download_retry", self.download_retry)
@@ -102,10 +106,14 @@ class MlflowConfig:
     run_name: str | None = None
     tags: dict[str, str] = field(default_factory=dict)  # dataset_version, shard_data_version, code_version...
     log_model: bool = True
+    # Rank 0's logging + registration after training; past it the run fails (a re-run resumes at the end).
+    timeout_seconds: float = 900.0
 
     def __post_init__(self) -> None:
         if not self.experiment_name:
             raise ConfigError("mlflow.experiment_name must not be empty")
+        if not self.timeout_seconds > 0:
+            raise ConfigError(f"mlflow.timeout_seconds must be > 0, got {self.timeout_seconds}")
         for key in self.tags:
             if any(s in key.lower() for s in ("token", "secret", "password", "key")):
                 raise ConfigError(f"mlflow.tags[{key!r}] looks like a secret; secrets are never logged")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,15 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from finetune_assets.storage import write_bytes_atomic
+
+
+def scratch_root() -> str:
+    """Local folder for large derived files (shard cache, model staging, remote checkpoints).
+
+    ``$XDG_CACHE_HOME/finetune_assets``: the Kubernetes launcher points it at the pods' cache volume,
+    so these never fill the small ``/tmp`` that also holds HOME. Else the temp dir (local runs).
+    """
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or tempfile.gettempdir(), "finetune_assets")
 
 
 def is_local(url: str) -> bool:
@@ -53,13 +64,30 @@ def publish_dir(local_dir: Path, url: str) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoints written atomically, so a SIGKILL mid-save keeps the previous ``last.ckpt``."""
+    """Lightning checkpoints written atomically, so a SIGKILL mid-save keeps the previous ``last.ckpt``.
+
+    ``torch.save`` streams into a temp file (beside the target locally, in the scratch folder for a
+    remote target, then one upload): the checkpoint is never held in memory a second time.
+    """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
-        import io  # stdlib
-
-        buf = io.BytesIO()
-        torch.save(checkpoint, buf)
-        write_bytes_atomic(str(path), buf.getvalue())
+        url = str(path)
+        local = is_local(url)
+        folder = Path(local_path(url)).parent if local else Path(scratch_root())
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".ckpt.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            if local:
+                os.replace(tmp, local_path(url))
+            else:
+                fs, remote = fsspec.core.url_to_fs(url)
+                fs.put_file(tmp, remote)  # one PUT: atomic on object stores
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)

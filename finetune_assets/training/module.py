@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from typing import Any
@@ -10,14 +11,16 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 from transformers import BertForSequenceClassification, PreTrainedModel
 
 from finetune_assets.data.labels import ID2LABEL, LABEL2ID, LABELS
 from finetune_assets.training.config import OptimConfig
+from finetune_assets.training.datamodule import PAD_LABEL
 
 NUM_CLASSES = len(LABELS)
+log = logging.getLogger(__name__)
 
 
 def load_classifier(model_dir: str) -> PreTrainedModel:
@@ -34,15 +37,31 @@ def load_classifier(model_dir: str) -> PreTrainedModel:
 
 
 def _eval_metrics(prefix: str) -> MetricCollection:
+    # PAD_LABEL marks evaluation padding (datamodule.RankBlock): counted by no metric.
+    ignore = PAD_LABEL
     return MetricCollection(
         {
-            "accuracy": MulticlassAccuracy(NUM_CLASSES, average="micro"),
-            "macro_f1": MulticlassF1Score(NUM_CLASSES, average="macro"),
-            "f1_per_class": MulticlassF1Score(NUM_CLASSES, average="none"),
-            "confusion_matrix": MulticlassConfusionMatrix(NUM_CLASSES),
+            "accuracy": MulticlassAccuracy(NUM_CLASSES, average="micro", ignore_index=ignore),
+            "macro_f1": MulticlassF1Score(NUM_CLASSES, average="macro", ignore_index=ignore),
+            "f1_per_class": MulticlassF1Score(NUM_CLASSES, average="none", ignore_index=ignore),
+            "confusion_matrix": MulticlassConfusionMatrix(NUM_CLASSES, ignore_index=ignore),
         },
         prefix=prefix,
     )
+
+
+def decays(name: str) -> bool:
+    """Weight decay by parameter *name*: not biases, not norms (any layer-norm spelling).
+
+    By name, not ``p.ndim``: under FSDP with ``use_orig_params`` a parameter may be a flat 1-D shard,
+    and a shape rule would then switch decay off for every weight.
+    """
+    parts = name.lower().split(".")
+    return parts[-1] != "bias" and not any("norm" in part for part in parts[-2:])
+
+
+class WorldSizeChanged(RuntimeError):
+    """A checkpoint resumed by a different number of processes than wrote it (refused, not silently re-planned)."""
 
 
 class ReviewClassifier(pl.LightningModule):
@@ -62,9 +81,11 @@ class ReviewClassifier(pl.LightningModule):
         self.register_buffer("class_weight", weight, persistent=False)
         self.val_metrics = _eval_metrics("val/")
         self.test_metrics = _eval_metrics("test/")
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()  # per sample, padding weighted 0
         # Global (all ranks) counters, restored from checkpoints so a resumed run reports run totals.
         self.samples_seen = 0
         self.tokens_seen = 0
+        self._pending = [0, 0]  # this rank's samples and tokens since the last all-reduce
         self.train_seconds = 0.0
         self._t_epoch: float | None = None
         self._t_val: float | None = None
@@ -73,9 +94,8 @@ class ReviewClassifier(pl.LightningModule):
         self.start_step = 0
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:
-        return self.model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch.get("labels")
-        )
+        # No labels to the model: losses are computed here (class weights, masked repeats and padding).
+        return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 
     # -- training --------------------------------------------------------------------------
 
@@ -93,30 +113,49 @@ class ReviewClassifier(pl.LightningModule):
         torch.manual_seed(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1)
 
     def train_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy, weighted per class when ``class_weights`` were given (mean over the batch's weights)."""
-        weight = self.class_weight.to(logits.dtype) if self.class_weight is not None else None
-        return F.cross_entropy(logits.view(-1, NUM_CLASSES), labels.view(-1), weight=weight)
+        """Cross-entropy in fp32, weighted per class when ``class_weights`` were given (mean over the batch's weights).
+
+        fp32 whatever the precision: bf16 would round the class weights (and the loss) to 3 digits.
+        """
+        logits, labels = logits.float().view(-1, NUM_CLASSES), labels.view(-1)
+        kept = labels != PAD_LABEL  # streaming's repeated samples (datamodule.repeated_positions) count nowhere
+        weight = self.class_weight[labels.clamp(min=0)] if self.class_weight is not None else torch.ones_like(logits[:, 0])
+        weight = weight * kept
+        per_sample = F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="none")
+        return (per_sample * weight).sum() / weight.sum().clamp(min=1e-12)  # 0, not NaN, for an all-repeat batch
+
+    def _sync_counts(self) -> None:
+        """All-reduce the samples and tokens counted since the last call into the run totals.
+
+        Called by every rank at the same points (log intervals, epoch ends, checkpoints), never per
+        micro-batch: one small collective and one host sync per log interval.
+        """
+        counts = torch.tensor(self._pending, dtype=torch.int64, device=self.device)
+        counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+        self._pending = [0, 0]
+        self.samples_seen += int(counts[0])
+        self.tokens_seen += int(counts[1])
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self({k: v for k, v in batch.items() if k != "labels"})
+        out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
-        counts = torch.tensor(
-            [batch["labels"].shape[0], int(batch["num_tokens"])], dtype=torch.float64, device=self.device
-        )
-        counts = self.trainer.strategy.reduce(counts, reduce_op="sum")  # tiny all-reduce: exact global totals
-        self.samples_seen += int(counts[0].item())
-        self.tokens_seen += int(counts[1].item())
         bs = batch["labels"].shape[0]
+        self._pending[0] += int(batch.get("num_samples", bs))  # Python ints from the loader: no device sync
+        self._pending[1] += int(batch["num_tokens"])
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=False)
-        self.log("train/samples_seen", float(self.samples_seen), on_step=True, on_epoch=False, batch_size=bs)
-        if self._t_epoch is not None:
-            elapsed = self.train_seconds + time.perf_counter() - self._t_epoch - self._val_seconds
-            if elapsed > 0 and self.samples_seen:
-                self.log("throughput/samples_per_sec", self.samples_seen / elapsed, on_step=True, batch_size=bs)
-                self.log("throughput/tokens_per_sec", self.tokens_seen / elapsed, on_step=True, batch_size=bs)
+        t = self.trainer
+        if (batch_idx + 1) % (t.log_every_n_steps * t.accumulate_grad_batches) == 0:
+            self._sync_counts()  # batch_idx is the same on every rank: they all get here together
+            self.log("train/samples_seen", float(self.samples_seen), on_step=True, on_epoch=False, batch_size=bs)
+            if self._t_epoch is not None:
+                elapsed = self.train_seconds + time.perf_counter() - self._t_epoch - self._val_seconds
+                if elapsed > 0 and self.samples_seen:
+                    self.log("throughput/samples_per_sec", self.samples_seen / elapsed, on_step=True, batch_size=bs)
+                    self.log("throughput/tokens_per_sec", self.tokens_seen / elapsed, on_step=True, batch_size=bs)
         return loss
 
     def on_train_epoch_end(self) -> None:
+        self._sync_counts()
         if self._t_epoch is not None:
             self.train_seconds += time.perf_counter() - self._t_epoch - self._val_seconds
             self._t_epoch = None
@@ -132,21 +171,24 @@ class ReviewClassifier(pl.LightningModule):
             self._val_seconds += time.perf_counter() - self._t_val
         self._t_val = None
 
-    def _eval_step(self, batch: dict[str, torch.Tensor], metrics: MetricCollection, prefix: str) -> None:
-        out = self(batch)
-        preds = out.logits.argmax(dim=-1)
-        metrics.update(preds, batch["labels"])
-        self.log(f"{prefix}loss", out.loss, on_epoch=True, sync_dist=True, batch_size=batch["labels"].shape[0])
+    def _eval_step(self, batch: dict[str, torch.Tensor], metrics: MetricCollection, loss: MeanMetric) -> None:
+        labels = batch["labels"]
+        logits = self(batch).logits.float()
+        metrics.update(logits.argmax(dim=-1), labels)  # PAD_LABEL samples are ignored
+        per_sample = F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="none")
+        loss.update(per_sample, weight=(labels != PAD_LABEL).float())
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.val_metrics, "val/")
+        self._eval_step(batch, self.val_metrics, self.val_loss)
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.test_metrics, "test/")
+        self._eval_step(batch, self.test_metrics, self.test_loss)
 
-    def _log_eval(self, metrics: MetricCollection) -> dict[str, Any]:
-        values = metrics.compute()  # torchmetrics syncs the states across ranks
+    def _log_eval(self, metrics: MetricCollection, loss: MeanMetric) -> dict[str, Any]:
+        values = metrics.compute()  # torchmetrics syncs the states across ranks (a rank may have none)
         prefix = metrics.prefix or ""
+        self.log(f"{prefix}loss", float(loss.compute()), sync_dist=False)
+        loss.reset()
         result = {
             "accuracy": float(values[f"{prefix}accuracy"]),
             "macro_f1": float(values[f"{prefix}macro_f1"]),
@@ -161,10 +203,10 @@ class ReviewClassifier(pl.LightningModule):
         return result
 
     def on_validation_epoch_end(self) -> None:
-        self._log_eval(self.val_metrics)
+        self._log_eval(self.val_metrics, self.val_loss)
 
     def on_test_epoch_end(self) -> None:
-        self.test_results = self._log_eval(self.test_metrics)
+        self.test_results = self._log_eval(self.test_metrics, self.test_loss)
 
     # -- optimisation ----------------------------------------------------------------------
 
@@ -176,7 +218,9 @@ class ReviewClassifier(pl.LightningModule):
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
         decay, no_decay = [], []
         for name, p in self.named_parameters():
-            (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+            if p.requires_grad:
+                (decay if decays(name) else no_decay).append(p)
+        log.info("AdamW: %d tensors with weight decay %g, %d without", len(decay), o.weight_decay, len(no_decay))
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=o.lr
         )
@@ -210,7 +254,25 @@ class ReviewClassifier(pl.LightningModule):
 
     # -- checkpoint state ------------------------------------------------------------------
 
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip by the global norm; under FSDP through the root's ``clip_grad_norm_``, which sums the shards.
+
+        Lightning's own clipping raises under FSDP, and ``torch.nn.utils.clip_grad_norm_`` on shards
+        would clip each rank's piece by its own partial norm.
+        """
+        if not gradient_clip_val:
+            return
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        root = self.trainer.strategy.model
+        if isinstance(root, FullyShardedDataParallel):
+            root.clip_grad_norm_(gradient_clip_val)
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm or "norm")
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._sync_counts()  # every rank saves (Lightning dumps on all, writes on rank 0): totals are exact
         elapsed = self.train_seconds
         if self._t_epoch is not None:
             elapsed += time.perf_counter() - self._t_epoch - self._val_seconds
@@ -218,10 +280,20 @@ class ReviewClassifier(pl.LightningModule):
             "samples_seen": self.samples_seen,
             "tokens_seen": self.tokens_seen,
             "train_seconds": elapsed,
+            "world_size": self.trainer.world_size,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("review_classifier", {})
+        saved = state.get("world_size")  # absent in checkpoints written before it was recorded
+        if saved is not None and int(saved) != self.trainer.world_size:
+            raise WorldSizeChanged(
+                f"the checkpoint being resumed was written by {saved} training processes, this run has "
+                f"{self.trainer.world_size}. A resume keeps the world size: the global batch "
+                f"(processes x batch_size x accumulate_grad_batches), the LR schedule's step count and the "
+                f"data order all depend on it. Relaunch with {saved} processes (nnodes x nproc_per_node), "
+                "or delete the checkpoint folder (checkpoint_dir) to start this training over."
+            )
         self.samples_seen = int(state.get("samples_seen", 0))
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.train_seconds = float(state.get("train_seconds", 0.0))

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import fsspec
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import MLFlowLogger
+from pytorch_lightning.strategies import FSDPStrategy
 from transformers import AutoTokenizer
 
 from finetune_assets.training import files
@@ -50,13 +52,56 @@ def tracking_uri(config: TrainerConfig) -> str:
     raise ValueError("mlflow.tracking_uri is empty, MLFLOW_TRACKING_URI is unset and output_dir is remote")
 
 
-def _init_process_group(config: TrainerConfig) -> None:
-    """Join the process group through a store prefix unique to this torchrun attempt.
+ATTEMPT_KEYS = "/finetune_assets/attempt"
+
+
+def agree_on_attempt(store: Any, rank: int, world: int, timeout: float = 1800.0, poll: float = 0.05) -> str:
+    """A token that every rank of this start of the worker group gets, and no earlier start had.
+
+    The agent's store outlives worker restarts, so the process group's keys must sit under a prefix
+    that is fresh per start and equal on every node. ``TORCHELASTIC_RESTART_COUNT`` is not: it counts
+    one node agent's own restarts, so after one node's workers fail the nodes disagree and never
+    meet. Instead rank 0 draws a token and hands it to each rank that asks with a fresh nonce
+    (stale asks left by a previous start are answered harmlessly); it returns once every rank has
+    acknowledged *this* token, which no earlier start could have done.
+    """
+    import datetime
+    import uuid
+
+    if rank != 0:
+        nonce = uuid.uuid4().hex
+        store.set(f"{ATTEMPT_KEYS}/ask/{rank}", nonce)
+        answer = f"{ATTEMPT_KEYS}/answer/{nonce}"
+        store.wait([answer], datetime.timedelta(seconds=timeout))
+        token = store.get(answer).decode()
+        store.set(f"{ATTEMPT_KEYS}/ack/{token}/{rank}", "1")
+        return token
+    token = uuid.uuid4().hex
+    waiting, answered = set(range(1, world)), {}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        for r in sorted(waiting):
+            if store.check([f"{ATTEMPT_KEYS}/ack/{token}/{r}"]):
+                waiting.discard(r)
+            elif store.check([f"{ATTEMPT_KEYS}/ask/{r}"]):
+                nonce = store.get(f"{ATTEMPT_KEYS}/ask/{r}").decode()
+                if answered.get(r) != nonce:
+                    store.set(f"{ATTEMPT_KEYS}/answer/{nonce}", token)
+                    answered[r] = nonce
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"ranks {sorted(waiting)} did not join the process group within {timeout:.0f}s")
+        time.sleep(poll if waiting else 0)
+    return token
+
+
+def _init_process_group(config: TrainerConfig) -> str | None:
+    """Join the process group through a store prefix unique to this start of the worker group.
 
     After torchrun restarts a worker group, the agent's store still holds the previous attempt's
     keys; gloo then reads a dead rank's address and fails with "connectFullMesh ... Connection
-    refused" when the new ranks start at different speeds. Keys under ``attempt_<restart count>``
-    are always fresh. Lightning sees the group initialised and uses it.
+    refused" when the new ranks start at different speeds. Keys under the token of
+    :func:`agree_on_attempt` are always fresh, on every node. Lightning sees the group initialised
+    and uses it. Returns the token (None outside a multi-process torchrun).
     """
     import datetime
 
@@ -64,26 +109,74 @@ def _init_process_group(config: TrainerConfig) -> None:
     from torch.distributed.rendezvous import _torchelastic_use_agent_store
 
     rank, world, _ = _world()
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if world == 1 or attempt is None or dist.is_initialized():
-        return
+    if world == 1 or "TORCHELASTIC_RUN_ID" not in os.environ or dist.is_initialized():
+        return None
     timeout = datetime.timedelta(minutes=30)
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
         is_master=rank == 0 and not _torchelastic_use_agent_store(), timeout=timeout,
     )
+    token = agree_on_attempt(store, rank, world, timeout=timeout.total_seconds())
+    log.info("rank %d joins attempt %s (this node's restart count %s)", rank, token[:8],
+             os.environ.get("TORCHELASTIC_RESTART_COUNT"))
     gpu = config.accelerator != "cpu" and torch.cuda.is_available()
     dist.init_process_group(
-        "nccl" if gpu else "gloo", store=dist.PrefixStore(f"/finetune_assets/attempt_{attempt}", store),
+        "nccl" if gpu else "gloo", store=dist.PrefixStore(f"/finetune_assets/{token}", store),
         rank=rank, world_size=world, timeout=timeout,
+    )
+    return token
+
+
+def encoder_layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
+    """The encoder's repeated block class (``BertLayer``, ``XLMRobertaLayer``, ``TransformerBlock``...): FSDP's unit.
+
+    The class of the first list of two or more identical blocks (what every encoder keeps its layers
+    in); wrapping the whole model as one unit would shard nothing, wrapping only a sub-module of the
+    block (some ``_no_split_modules`` name attention classes) would leave the feed-forward unsharded.
+    """
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
+            return type(module[0])
+    raise ValueError(f"{type(model).__name__}: no repeated encoder block found to wrap for FSDP; use strategy 'ddp'")
+
+
+class ObjectStoreFSDPStrategy(FSDPStrategy):
+    """FSDP whose full-state checkpoints go through the checkpoint IO with the path as given.
+
+    Lightning's ``FSDPStrategy.save_checkpoint`` turns the path into a ``pathlib.Path`` first, which
+    makes ``s3://b/x`` the local ``s3:/b/x``. ``train`` hands FSDP a local, weights-only-checked copy
+    of a remote checkpoint to load (:func:`_local_resume`).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        if self._state_dict_type != "full":  # pragma: no cover - only "full" is configured
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        if self.is_global_zero:
+            self.checkpoint_io.save_checkpoint(checkpoint, str(filepath))
+
+
+def _strategy(config: TrainerConfig, model: torch.nn.Module, world: int) -> Any:
+    if config.strategy != "fsdp":
+        return "auto" if world == 1 and config.strategy == "ddp" else config.strategy
+    from torch.distributed.fsdp import MixedPrecision
+
+    mixed = None
+    if config.precision in ("bf16-mixed", "16-mixed"):  # compute in low precision, reduce gradients in fp32
+        low = torch.bfloat16 if config.precision == "bf16-mixed" else torch.float16
+        mixed = MixedPrecision(param_dtype=low, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+    return ObjectStoreFSDPStrategy(
+        auto_wrap_policy={encoder_layer_class(model)},
+        mixed_precision=mixed,
+        use_orig_params=True,  # parameter names survive wrapping: decay groups and clipping by name
+        state_dict_type="full",
+        sharding_strategy="FULL_SHARD",
     )
 
 
-def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, validate: bool = True) -> pl.Trainer:
+def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, model: torch.nn.Module,
+             validate: bool = True) -> pl.Trainer:
     _, world, local_world = _world()
-    strategy: Any = config.strategy
-    if world == 1 and strategy == "ddp":
-        strategy = "auto"  # one process: no process group needed
+    strategy = _strategy(config, model, world)
     checkpoint = ModelCheckpoint(
         dirpath=files.local_path(config.checkpoint_dir),
         filename="step-{step}",
@@ -223,10 +316,69 @@ def _save_model(config: TrainerConfig, state: dict[str, torch.Tensor], tokenizer
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if unexpected or [k for k in missing if "position_ids" not in k]:
         raise RuntimeError(f"trained weights do not match the model: missing={missing}, unexpected={unexpected}")
-    staging = Path(tempfile.mkdtemp(prefix="model-"))
+    os.makedirs(files.scratch_root(), exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="model-", dir=files.scratch_root()))  # the cache volume, not /tmp
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     return staging
+
+
+def _within(seconds: float, what: str, fn: Any) -> Any:
+    """``fn()`` on a daemon thread, waited for at most ``seconds``: a hung tracking server fails the run
+    (whose final checkpoint makes a re-run go straight to logging) instead of holding it forever."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="mlflow-logging", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not finish within {seconds:.0f}s (mlflow.timeout_seconds); "
+                           "check the tracking server, then re-run: training resumes at its final checkpoint")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _per_node(value: Any) -> list[Any]:
+    """``value`` of each node's local leader (the others pass None), in node order: one all-gather."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return [v for v in gathered if v is not None]
+
+
+def _local_resume(config: TrainerConfig, resume: str | None) -> str | None:
+    """The checkpoint path to hand Lightning; under FSDP a local copy, refused unless it loads weights-only.
+
+    Lightning's FSDP loader makes the path a ``pathlib.Path`` (``s3://`` breaks) and unpickles it
+    without ``weights_only``: local rank 0 downloads it into the scratch folder and checks it the way
+    DDP's loader would, while the node's other ranks wait.
+    """
+    if resume is None or config.strategy != "fsdp":
+        return resume
+    import torch.distributed as dist
+
+    local = resume if files.is_local(resume) else os.path.join(files.scratch_root(), "resume", LAST)
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        if local != resume:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            fs, path = fsspec.core.url_to_fs(resume)
+            fs.get_file(path, local)
+        torch.load(local, map_location="cpu", weights_only=True, mmap=True)  # raises on pickled code
+    if dist.is_initialized():
+        dist.barrier()
+    return files.local_path(local)
 
 
 def empty_test_metrics(test_url: str) -> dict[str, Any]:
@@ -245,11 +397,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json and logs to MLflow."""
     rank, world, _ = _world()
     t0 = time.time()
-    _init_process_group(config)
+    attempt = _init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
     # Reads every split's index first: a missing or empty train split fails here, with its URL.
-    datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir)
+    datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir,
+                               pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(), attempt=attempt)
     weights = None
     if config.class_weights == "balanced":
         counts = label_counts(config.data.train_url, NUM_CLASSES)
@@ -260,7 +413,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     if datamodule.is_empty("validation") and rank == 0:
         log.warning("validation split %s is empty: training without validation", config.data.validation_url)
     logger = _mlflow_logger(config, rank)
-    trainer = _trainer(config, logger if logger is not None else False, validate=not datamodule.is_empty("validation"))
+    trainer = _trainer(config, logger if logger is not None else False, module.model,
+                       validate=not datamodule.is_empty("validation"))
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
     resume = last if files.exists(last) else None
@@ -268,7 +422,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         log.warning("resuming from %s", resume)
     timings: dict[str, float] = {"setup": time.time() - t0}
     t = time.time()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=_local_resume(config, resume), weights_only=True)
     timings["fit"] = time.time() - t
     # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
     t = time.time()
@@ -286,7 +440,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     state = trainer.strategy.lightning_module_state_dict()  # a collective under FSDP: every rank calls it
     timings["test"] = time.time() - t
     trainer.strategy.barrier("mds-cache")  # every rank of the node is done reading the cached shards
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    cached = _per_node(datamodule.cached_shards("train") if local_leader else None)
+    if local_leader:
         datamodule.remove_cache()
     seconds = max(module.train_seconds, 1e-9)
     metrics: dict[str, Any] = {
@@ -302,6 +458,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         "resumed_at_step": module.start_step if resume else None,
         "world_size": world,
         "class_weights": weights,
+        "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
         "wall_seconds": time.time() - t0,
         "timings": timings,  # seconds per phase (where a run's time goes)
     }
@@ -319,7 +476,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             )
             logger.finalize("success")
             t = time.time()
-            metrics["mlflow"] = _log_to_mlflow(config, logger, staging, metrics)
+            metrics["mlflow"] = _within(config.mlflow.timeout_seconds, "MLflow logging and model registration",
+                                        lambda: _log_to_mlflow(config, logger, staging, metrics))
             timings["mlflow"] = time.time() - t
         files.publish_dir(staging, config.output_dir.rstrip("/") + "/model")
     finally:

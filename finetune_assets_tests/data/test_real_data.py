@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -153,8 +154,11 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path
         want = [(ids, label) for ids, label, s in zip(ids_col, label_col, split_col) if s == split]
         assert results[split].samples == len(want) == read_back_count(out / split) > 0
         # reading back does not leave decompressed copies in the published folder
-        assert {p.name for p in (out / split).iterdir()} == {"index.json"} | {
+        assert {p.name for p in (out / split).iterdir()} == {"index.json", "split_stats.json"} | {
             f"shard.{i:05d}.mds.zstd" for i in range(results[split].shards)}
+        stats = json.loads((out / split / "split_stats.json").read_text())  # what the trainer's class weights read
+        assert stats == {"samples": len(want), "label_counts": {
+            str(lbl): sum(1 for _, x in want if x == lbl) for lbl in sorted({x for _, x in want})}}
         ds = StreamingDataset(remote=str(out / split), local=str(tmp_path / "cache" / split),
                               shuffle=False, batch_size=1)
         got = []

@@ -28,10 +28,13 @@ def read_reviews(csv_path: Path, limit: int) -> list[tuple[str, int]]:
 
 
 def write_split(out: Path, ids: list[list[int]], labels: list[int], size_limit: int = 1 << 14) -> Path:
+    from finetune_assets.data.shards import write_split_stats
+
     out.mkdir(parents=True, exist_ok=True)
     with MDSWriter(out=str(out), columns=COLUMNS, compression="zstd", size_limit=size_limit) as w:
         for seq, label in zip(ids, labels):
             w.write({"input_ids": np.asarray(seq, dtype=np.uint16), "label": int(label)})
+    write_split_stats(out, np.asarray(labels, dtype=np.int64))  # as the mds_shards asset does
     return out
 
 

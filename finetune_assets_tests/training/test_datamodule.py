@@ -113,6 +113,10 @@ def test_cache_root_is_shared_by_ranks_and_fresh_per_run_and_attempt(tmp_path, m
     restarted, owned_again = cache_root(data, "ckpt-a")
     # a restarted group must not reuse folders that a killed worker's stale shared memory still names
     assert restarted != a and owned_again == owned
+    # the token the group agreed on keys the folder: fresh per start even where this agent's restart
+    # count did not change (it restarted its workers for another node's failure)
+    one, two = cache_root(data, "ckpt-a", attempt="token-1"), cache_root(data, "ckpt-a", attempt="token-2")
+    assert one[0] != two[0] and one[1] == two[1] == owned and one == cache_root(data, "ckpt-a", attempt="token-1")
     given = DataConfig(train_url="/d/train", validation_url="/d/validation", test_url="/d/test",
                        local_cache_dir=str(tmp_path / "cache"))
     assert cache_root(given, "ckpt-a") == (str(tmp_path / "cache"), None)  # the caller's folder is kept

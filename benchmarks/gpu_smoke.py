@@ -1,0 +1,186 @@
+"""GPU smoke test of the trainer: what only a GPU can show, in one prepared run (a few minutes on one GPU).
+
+For MiniLM (the packaged all-MiniLM-L6-v2) and a base-size BERT built from its config (12 layers, 768
+wide, random weights: no hub needed), with strategy ``ddp`` (one device) and ``fsdp``, each through the
+trainer's own ``train()``:
+
+- bf16-mixed precision, gradient clipping at 1.0, AdamW with weight decay 0.01 (the log must show a
+  non-empty decay group: FSDP with ``use_orig_params`` flattens parameters);
+- fit then test (FSDP must not re-wrap its flattened model for the test);
+- checkpoints under an object-store-style URL (``memory://``: an fsspec URL, what ``s3://`` goes
+  through), then the same config again, which must resume from that URL at the final step;
+- throughput from the trainer's ``metrics.json`` (samples/s, tokens/s over the training time) and
+  MFU = 6 x non-embedding parameters x tokens/s (+ attention) / the GPU's peak bf16 FLOP/s.
+
+Run on the GPU machine from the repository root (after ``pip install -e .``)::
+
+    python benchmarks/gpu_smoke.py            # results: benchmarks/results/gpu_smoke.json (and $OUT/)
+    python benchmarks/gpu_smoke.py --cpu-check  # the script's plumbing on CPU: tiny model, ddp, fp32
+
+Exit status 0 only when every case passed; each case's checks and numbers are in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import torch
+
+from finetune_assets.data.models import build_tiny_bert, packaged_model_dir
+from finetune_assets.data.shards import write_split
+from finetune_assets.training.config import TrainerConfig
+from finetune_assets.training.run import train
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gpu_smoke.json"
+# Peak dense bf16 FLOP/s by device name (vendor data sheets); MFU is left out for unknown devices.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def write_data(root: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """Synthetic MDS splits with the ``mds_shards`` schema: review-like lengths (16-256 tokens), 3 labels."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    for split, n in sizes.items():
+        lengths = rng.integers(16, 257, size=n)
+        ids = [np.concatenate([[101], rng.integers(1000, 30000, size=k - 2), [102]]).astype(np.uint16) for k in lengths]
+        table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.uint16())),
+                          "label": pa.array(rng.integers(0, 3, size=n), type=pa.int8())})
+        write_split(table, root / split, size_limit="1mb")
+    return root
+
+
+def base_size_bert(out: Path) -> Path:
+    """bert-base's shape (110M parameters) with MiniLM's tokenizer, random weights, saved as an HF folder."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(packaged_model_dir())
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, max_position_embeddings=512)
+    BertForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def flops_per_token(model_dir: str, mean_tokens: float) -> float:
+    """Training FLOPs per token: 6 x non-embedding parameters + attention (12 x layers x width x length)."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_dir)
+    d, layers, ff = c.hidden_size, c.num_hidden_layers, c.intermediate_size
+    per_layer = 4 * d * d + 2 * d * ff  # attention projections + feed-forward weights
+    return 6 * layers * per_layer + 12 * layers * d * mean_tokens
+
+
+def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, cpu: bool, steps: int,
+             batch: int) -> dict:
+    url = f"memory://gpu-smoke/{name}/ckpt"
+    cfg = {
+        "model_dir": model_dir, "output_dir": str(work / name / "out"), "checkpoint_dir": url,
+        "accelerator": "cpu" if cpu else "gpu", "precision": "32" if cpu else "bf16-mixed",
+        "strategy": strategy, "gradient_clip_val": 1.0, "epochs": 1, "max_steps": steps,
+        "checkpoint_every_n_steps": max(1, steps // 2), "log_every_n_steps": 10, "class_weights": "balanced",
+        "optim": {"name": "adamw", "lr": 5e-5, "weight_decay": 0.01, "warmup_ratio": 0.1},
+        "data": {"train_url": str(data / "train"), "validation_url": str(data / "validation"),
+                 "test_url": str(data / "test"), "batch_size": batch, "num_workers": 2, "max_length": 256},
+        "mlflow": {"tracking_uri": f"sqlite:///{work}/mlflow.db", "artifact_location": str(work / "mlartifacts"),
+                   "log_model": False},
+    }
+    lines = _Lines()
+    logging.getLogger("finetune_assets").addHandler(lines)
+    checks: dict[str, bool] = {}
+    result: dict = {"case": name, "strategy": strategy}
+    try:
+        t0 = time.time()
+        first = train(TrainerConfig.from_dict(cfg))
+        result["first_run_seconds"] = time.time() - t0
+        decay = [line for line in lines.lines if line.startswith("AdamW:")]
+        result["decay_groups"] = decay
+        checks["fit_then_test"] = first["confusion_matrix"] is not None and first["global_step"] == steps
+        checks["each_test_sample_once"] = sum(map(sum, first["confusion_matrix"])) == first["test_samples"]
+        checks["decay_group_non_empty"] = bool(decay) and not decay[0].startswith("AdamW: 0 ")
+        checks["checkpoint_at_object_store_url"] = fsspec.filesystem("memory").exists(f"/gpu-smoke/{name}/ckpt/last.ckpt")
+        again = train(TrainerConfig.from_dict(cfg))  # resumes from the memory:// checkpoint, at its end
+        checks["resumed_from_object_store_url"] = again["resumed_from"] == f"{url}/last.ckpt" and \
+            again["global_step"] == steps
+        for key in ("samples_per_sec", "tokens_per_sec", "train_seconds", "samples_seen", "tokens_seen", "timings"):
+            result[key] = first[key]
+        if not cpu:
+            name_gpu = torch.cuda.get_device_name()
+            peak = next((v for k, v in PEAK_BF16.items() if k in name_gpu), None)
+            mean_tokens = first["tokens_seen"] / max(1, first["samples_seen"])
+            achieved = first["tokens_per_sec"] * flops_per_token(model_dir, mean_tokens)
+            result.update(device=name_gpu, achieved_tflops=achieved / 1e12, mfu=achieved / peak if peak else None,
+                          max_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
+            torch.cuda.reset_peak_memory_stats()
+    except Exception as err:  # noqa: BLE001 - one case's failure is recorded, the others still run
+        result["error"] = f"{type(err).__name__}: {err}"
+        result["traceback"] = traceback.format_exc()[-4000:]
+    finally:
+        logging.getLogger("finetune_assets").removeHandler(lines)
+    result["checks"] = checks
+    result["passed"] = bool(checks) and all(checks.values()) and "error" not in result
+    print(json.dumps({k: v for k, v in result.items() if k != "traceback"}, default=str), flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-check", action="store_true", help="tiny model, ddp only, fp32 on CPU")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.cpu_check and not torch.cuda.is_available():
+        print("no GPU: run with --cpu-check to test the script itself", file=sys.stderr)
+        return 2
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as tmp:
+        work = Path(tmp)
+        steps, batch = (4, 8) if args.cpu_check else (args.steps, args.batch_size)
+        n = steps * batch + batch // 2 + 1  # uneven on purpose
+        data = write_data(work / "data", {"train": n, "validation": 3 * batch + 1, "test": 4 * batch + 3})
+        if args.cpu_check:
+            models = {"tiny": str(build_tiny_bert(work / "tiny"))}
+            strategies = ["ddp"]
+        else:
+            models = {"minilm": str(packaged_model_dir()), "bert_base": str(base_size_bert(work / "bert-base"))}
+            strategies = ["ddp", "fsdp"]
+        cases = [run_case(f"{m}-{s}", d, data, work, s, args.cpu_check, steps, batch)
+                 for m, d in models.items() for s in strategies]
+    report = {
+        "command": "python benchmarks/gpu_smoke.py" + (" --cpu-check" if args.cpu_check else ""),
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "steps": steps, "batch_size": batch, "wall_seconds": time.time() - started,
+        "passed": all(c["passed"] for c in cases), "cases": cases,
+    }
+    if not args.cpu_check:
+        RESULTS.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_smoke.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"gpu smoke: {'PASSED' if report['passed'] else 'FAILED'} in {report['wall_seconds']:.0f}s")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
