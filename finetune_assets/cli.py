@@ -51,13 +51,19 @@ def _instance():
 # -- versions ----------------------------------------------------------------------------------
 
 def cmd_versions_add(args) -> int:
-    from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.data.labels import LabelError, label_set_of_source, parse_labels_flag, parse_mapping_flag
+    from finetune_assets.data.sources import SourceError, SourceSpec
     from finetune_assets.versions import register_version
 
     spec = SourceSpec(uri=args.source, revision=args.revision, text_column=args.text_column,
                       label_column=args.label_column, encoding=args.encoding)
-    record = register_version(_instance(), _storage(args), args.key, spec)
-    print(f"registered dataset version {record.key} <- {spec.uri}")
+    try:  # the label set is read from the source now: an ambiguous one is refused before anything is written
+        labels = label_set_of_source(spec, parse_labels_flag(args.labels) if args.labels else None,
+                                     parse_mapping_flag(args.label_mapping) if args.label_mapping else None)
+        record = register_version(_instance(), _storage(args), args.key, spec, labels=labels)
+    except (LabelError, SourceError) as err:
+        raise CliError(f"{args.source}: {err}") from err
+    print(f"registered dataset version {record.key} <- {spec.uri}; labels: {labels.describe()}")
     return 0
 
 
@@ -219,7 +225,9 @@ class Classifier:
     def predict(self, texts: Sequence[str], max_length: int) -> list[tuple[str, float, dict[str, float]]]:
         import torch
 
-        limit = min(max_length, getattr(self.model.config, "max_position_embeddings", max_length))
+        from finetune_assets.data.models import position_limit
+
+        limit = min(max_length, position_limit(self.model.config))
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
         with torch.inference_mode():
             probs = torch.softmax(self.model(**enc).logits.float(), dim=-1)
@@ -387,6 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--text-column")
     add.add_argument("--label-column")
     add.add_argument("--encoding", default="utf-8")
+    add.add_argument("--labels", help="class names in id order, e.g. Negative,Positive (default: inferred "
+                                      "from the label values; see README 'Labels')")
+    add.add_argument("--label-mapping", help="raw label -> class, e.g. 0=Negative,1=Positive; "
+                                             "stars-to-sentiment maps 1-5 stars to Negative,Neutral,Positive")
     add.set_defaults(func=cmd_versions_add)
     ls = vsub.add_parser("list", help="registered versions and their sources")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")

@@ -1,9 +1,11 @@
-"""The Lightning module: a ``BertForSequenceClassification`` plus loss, metrics, optimizers, throughput."""
+"""The Lightning module: a sequence classifier of the checkpoint's own architecture plus loss, metrics,
+optimizers, throughput."""
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 from typing import Any
 
@@ -12,34 +14,47 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
-from transformers import BertForSequenceClassification, PreTrainedModel
+from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
-from finetune_assets.data.labels import ID2LABEL, LABEL2ID, LABELS
+from finetune_assets.data.labels import LabelSet
+from finetune_assets.data.models import load_sequence_classifier
 from finetune_assets.training.config import OptimConfig
 
-NUM_CLASSES = len(LABELS)
+
+def load_classifier(model_dir: str, labels: LabelSet) -> PreTrainedModel:
+    """The pretrained folder as a classifier of its own architecture with the version's classes.
+
+    Fails (``WeightsMismatch``) when any encoder weight is missing or unused, instead of training a
+    randomly initialised encoder.
+    """
+    return load_sequence_classifier(model_dir, labels, local_only=True)
 
 
-def load_classifier(model_dir: str) -> PreTrainedModel:
-    """The pretrained folder as a 3-class classifier with our label names (safetensors only)."""
-    return BertForSequenceClassification.from_pretrained(
-        model_dir,
-        num_labels=NUM_CLASSES,
-        id2label=ID2LABEL,
-        label2id=LABEL2ID,
-        use_safetensors=True,
-        local_files_only=True,
-        ignore_mismatched_sizes=True,  # a head trained for another label set is re-initialised
-    )
+def export_classifier(config: PretrainedConfig, state: dict[str, torch.Tensor]) -> PreTrainedModel:
+    """The trained weights in a model built from the trained model's own config (and so its class).
+
+    ``state`` is the Lightning module's state dict (``model.`` prefixed); a missing or extra key fails.
+    """
+    weights = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    model = AutoModelForSequenceClassification.from_config(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise RuntimeError(f"trained weights do not match {type(model).__name__}: missing={missing}, "
+                           f"unexpected={unexpected}")
+    return model.eval()
 
 
-def _eval_metrics(prefix: str) -> MetricCollection:
+_METRIC_UNSAFE = re.compile(r"[^\w\-. /]")  # MLflow metric names: word characters, - . / and space
+
+
+def _eval_metrics(prefix: str, num_classes: int) -> MetricCollection:
     return MetricCollection(
         {
-            "accuracy": MulticlassAccuracy(NUM_CLASSES, average="micro"),
-            "macro_f1": MulticlassF1Score(NUM_CLASSES, average="macro"),
-            "f1_per_class": MulticlassF1Score(NUM_CLASSES, average="none"),
-            "confusion_matrix": MulticlassConfusionMatrix(NUM_CLASSES),
+            "accuracy": MulticlassAccuracy(num_classes, average="micro"),
+            "macro_f1": MulticlassF1Score(num_classes, average="macro"),
+            "f1_per_class": MulticlassF1Score(num_classes, average="none"),
+            "confusion_matrix": MulticlassConfusionMatrix(num_classes),
         },
         prefix=prefix,
     )
@@ -54,14 +69,17 @@ class ReviewClassifier(pl.LightningModule):
         super().__init__()
         self.seed = seed
         self.model = model.train()  # from_pretrained returns eval mode; dropout must be on while training
+        # The classes, in id order, from the model's own config (set from the version's label set).
+        self.labels: tuple[str, ...] = tuple(model.config.id2label[i] for i in range(model.config.num_labels))
+        self.num_classes = len(self.labels)
         self.optim = optim
-        if class_weights is not None and len(class_weights) != NUM_CLASSES:
-            raise ValueError(f"class_weights needs {NUM_CLASSES} values, got {len(class_weights)}")
+        if class_weights is not None and len(class_weights) != self.num_classes:
+            raise ValueError(f"class_weights needs {self.num_classes} values, got {len(class_weights)}")
         # Training loss only; evaluation losses stay plain cross-entropy so runs remain comparable.
         weight = torch.tensor(class_weights, dtype=torch.float32) if class_weights is not None else None
         self.register_buffer("class_weight", weight, persistent=False)
-        self.val_metrics = _eval_metrics("val/")
-        self.test_metrics = _eval_metrics("test/")
+        self.val_metrics = _eval_metrics("val/", self.num_classes)
+        self.test_metrics = _eval_metrics("test/", self.num_classes)
         # Global (all ranks) counters, restored from checkpoints so a resumed run reports run totals.
         self.samples_seen = 0
         self.tokens_seen = 0
@@ -95,7 +113,7 @@ class ReviewClassifier(pl.LightningModule):
     def train_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy, weighted per class when ``class_weights`` were given (mean over the batch's weights)."""
         weight = self.class_weight.to(logits.dtype) if self.class_weight is not None else None
-        return F.cross_entropy(logits.view(-1, NUM_CLASSES), labels.view(-1), weight=weight)
+        return F.cross_entropy(logits.view(-1, self.num_classes), labels.view(-1), weight=weight)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self({k: v for k, v in batch.items() if k != "labels"})
@@ -150,13 +168,13 @@ class ReviewClassifier(pl.LightningModule):
         result = {
             "accuracy": float(values[f"{prefix}accuracy"]),
             "macro_f1": float(values[f"{prefix}macro_f1"]),
-            "f1_per_class": {LABELS[i]: float(v) for i, v in enumerate(values[f"{prefix}f1_per_class"])},
+            "f1_per_class": {self.labels[i]: float(v) for i, v in enumerate(values[f"{prefix}f1_per_class"])},
             "confusion_matrix": values[f"{prefix}confusion_matrix"].long().tolist(),
         }
         self.log(f"{prefix}accuracy", result["accuracy"], sync_dist=False)
         self.log(f"{prefix}macro_f1", result["macro_f1"], sync_dist=False)
         for name, v in result["f1_per_class"].items():
-            self.log(f"{prefix}f1_{name}", v, sync_dist=False)
+            self.log(f"{prefix}f1_{_METRIC_UNSAFE.sub('_', name)}", v, sync_dist=False)
         metrics.reset()
         return result
 

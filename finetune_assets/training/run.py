@@ -20,7 +20,8 @@ from transformers import AutoTokenizer
 from finetune_assets.training import files
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights, label_counts
-from finetune_assets.training.module import NUM_CLASSES, ReviewClassifier, load_classifier
+from finetune_assets.data.labels import LabelSet
+from finetune_assets.training.module import ReviewClassifier, export_classifier, load_classifier
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -163,12 +164,10 @@ def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path,
     import mlflow
     import transformers
 
-    from finetune_assets.data.labels import LABELS
-
     client = logger.experiment
     run_id = logger.run_id
     if metrics.get("confusion_matrix"):  # None when the test split was empty
-        fig = _confusion_figure(metrics["confusion_matrix"], list(LABELS))
+        fig = _confusion_figure(metrics["confusion_matrix"], list(config.labels))
         client.log_figure(run_id, fig, "confusion_matrix.png")
     client.log_dict(run_id, metrics, "metrics.json")
     info: dict[str, Any] = {
@@ -206,13 +205,10 @@ def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path,
     return info
 
 
-def _save_model(config: TrainerConfig, state: dict[str, torch.Tensor], tokenizer: Any) -> Path:
-    """Rank 0: the trained weights as an HF folder (safetensors) + tokenizer, in a local staging folder."""
-    model = load_classifier(config.model_dir)
-    weights = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or [k for k in missing if "position_ids" not in k]:
-        raise RuntimeError(f"trained weights do not match the model: missing={missing}, unexpected={unexpected}")
+def _save_model(model_config: Any, state: dict[str, torch.Tensor], tokenizer: Any) -> Path:
+    """Rank 0: the trained weights as an HF folder (safetensors) + tokenizer, in a local staging folder,
+    exported with the trained model's own class and config (its id2label included)."""
+    model = export_classifier(model_config, state)
     staging = Path(tempfile.mkdtemp(prefix="model-"))
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
@@ -242,11 +238,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir)
     weights = None
     if config.class_weights == "balanced":
-        counts = label_counts(config.data.train_url, NUM_CLASSES)
+        counts = label_counts(config.data.train_url, len(config.labels))
         weights = balanced_class_weights(counts)
         if rank == 0:
             log.info("train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights])
-    module = ReviewClassifier(load_classifier(config.model_dir), config.optim, class_weights=weights, seed=config.seed)
+    module = ReviewClassifier(load_classifier(config.model_dir, LabelSet(tuple(config.labels))), config.optim, class_weights=weights, seed=config.seed)
     if datamodule.is_empty("validation") and rank == 0:
         log.warning("validation split %s is empty: training without validation", config.data.validation_url)
     logger = _mlflow_logger(config, rank)
@@ -292,13 +288,14 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         "resumed_at_step": module.start_step if resume else None,
         "world_size": world,
         "class_weights": weights,
+        "labels": list(config.labels),  # class names in id order: f1_per_class, confusion matrix rows/columns
         "wall_seconds": time.time() - t0,
         "timings": timings,  # seconds per phase (where a run's time goes)
     }
     if rank != 0:
         return metrics
     t = time.time()
-    staging = _save_model(config, state, tokenizer)
+    staging = _save_model(module.model.config, state, tokenizer)
     timings["save_model"] = time.time() - t
     try:
         if logger is not None:
