@@ -16,12 +16,12 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
-from finetune_assets.data.labels import LabelSet
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.data.models import load_sequence_classifier
 from finetune_assets.training.config import OptimConfig
 
 
-def load_classifier(model_dir: str, labels: LabelSet) -> PreTrainedModel:
+def load_classifier(model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET) -> PreTrainedModel:
     """The pretrained folder as a classifier of its own architecture with the version's classes.
 
     Fails (``WeightsMismatch``) when any encoder weight is missing or unused, instead of training a
