@@ -21,8 +21,14 @@ from finetune_assets.data.sample import SAMPLE_SOURCE, make_sample_reviews
 
 HF_PREFIX = "hf:"
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
-TEXT_COLUMNS = ("text", "review", "content", "sentence")
-LABEL_COLUMNS = ("label", "polarity", "sentiment", "rating_class")
+# Column names looked for, in order; a file's names are compared lower-cased with spaces/dashes as "_".
+TEXT_COLUMNS = ("text", "review", "content", "sentence", "review_text", "reviewtext", "review_body", "body",
+                "comment", "comments", "review_content", "text_review", "feedback", "verified_reviews")
+LABEL_COLUMNS = ("label", "polarity", "sentiment", "rating_class", "labels", "class", "rating", "stars",
+                 "star_rating", "score", "overall", "review_score")
+# Several text columns (text_column "Title,Review Text"): joined in that order into one review text,
+# empty parts skipped, separated by this, so dedup, the split hash, the gate and predict see one string.
+TEXT_JOIN = "\n"
 
 # Columns of the raw table handed to validation.
 RAW_SCHEMA = pa.schema([
@@ -43,7 +49,7 @@ class SourceSpec:
     uri: str
     revision: str | None = None  # Hugging Face dataset revision
     hf_split: str = "train"
-    text_column: str | None = None  # None: first of TEXT_COLUMNS present
+    text_column: str | None = None  # None: first of TEXT_COLUMNS present; "title,body": joined (TEXT_JOIN)
     label_column: str | None = None  # None: first of LABEL_COLUMNS present
     encoding: str = "utf-8"
 
@@ -108,7 +114,7 @@ def _read_file(path: str, spec: SourceSpec) -> pa.Table:
         raise SourceError(f"{path}: cannot decode with encoding {spec.encoding!r}: {err}") from err
     except LookupError as err:  # an encoding name Python does not know
         raise SourceError(f"{path}: unknown encoding {spec.encoding!r}: {err}") from err
-    text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
+    table, text_col = _text_columns(table, spec.text_column, path)
     label_col = _pick(table, spec.label_column, LABEL_COLUMNS, "label", path)
     raw = _to_raw(table, text_col, label_col, path)
     if bad_rows:
@@ -152,13 +158,33 @@ def _read_delimited(data: bytes, fmt: str, encoding: str, bad_rows: list) -> pa.
     )
 
 
+def _text_columns(table: pa.Table, wanted: str | None, path: str) -> tuple[pa.Table, str]:
+    """The text column, or several (``"title,body"``) joined into one (TEXT_JOIN) named ``"\x00text"``."""
+    if wanted is None or wanted in table.column_names or "," not in wanted:
+        return table, _pick(table, wanted, TEXT_COLUMNS, "text", path)
+    cols = [_pick(table, w.strip(), TEXT_COLUMNS, "text", path) for w in wanted.split(",") if w.strip()]
+    parts = [_text_column(table.column(c)).to_pylist() for c in cols]
+    joined = []
+    for values in zip(*parts):
+        if any(v is not None and v.startswith("\x00non-text:") for v in values):
+            joined.append(next(v for v in values if v is not None and v.startswith("\x00non-text:")))
+            continue
+        present = [v.strip() for v in values if v is not None and v.strip()]
+        joined.append(TEXT_JOIN.join(present) if present else None)
+    return table.append_column("\x00text", pa.array(joined, pa.string())), "\x00text"
+
+
+def _column_key(name: str) -> str:
+    return "_".join(name.lower().replace("-", " ").split())
+
+
 def _pick(table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role: str, path: str) -> str:
     names = table.column_names
     if wanted is not None:
         if wanted not in names:
             raise SourceError(f"{path}: no {role} column {wanted!r} (columns: {names})")
         return wanted
-    lowered = {n.lower().strip(): n for n in names}
+    lowered = {_column_key(n): n for n in reversed(names)}  # the first of equal keys wins
     for c in candidates:
         if c in lowered:
             return lowered[c]
@@ -216,7 +242,7 @@ def _read_hf(spec: SourceSpec) -> pa.Table:
         raise SourceError(f"{spec.uri}: cannot load Hugging Face dataset: {err}") from err
     label_feature = None
     table = ds.data.table
-    text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", spec.uri)
+    table, text_col = _text_columns(table, spec.text_column, spec.uri)
     label_col = _pick(table, spec.label_column, LABEL_COLUMNS, "label", spec.uri)
     label_feature = ds.features.get(label_col)
     if isinstance(label_feature, datasets.ClassLabel):  # class ids -> their names
