@@ -169,3 +169,25 @@ def test_versions_add_refuses_a_class_without_reviews(capsys, dagster_home, stor
                            "--labels", "Negative,Positive,Mixed", "--label-mapping", "0=Negative,1=Positive")
     assert code == 2 and "no review in the source has the class ['Mixed']" in err
     assert not (storage_root / "versions" / "amazon.json").exists()
+
+
+# -- landing drops ----------------------------------------------------------------------------------
+
+def test_a_landing_folder_carries_its_labels_in_a_manifest(instance, storage_root, tmp_path):
+    from finetune_assets.storage import Storage
+    from finetune_assets.versions import read_version
+    from finetune_assets_tests.test_sensors import Daemon, _folder, _publish_base
+
+    landing = tmp_path / "landing"
+    _publish_base(storage_root)
+    daemon = Daemon(instance, landing, storage_root)
+    good = _folder(landing, "amazon", [BINARY])
+    (good / "_labels.json").write_text(json.dumps({"labels": ["Negative", "Positive"],
+                                                   "label_mapping": {"0": "Negative", "1": "Positive"}}))
+    bad = _folder(landing, "typo", [BINARY])
+    (bad / "_labels.json").write_text(json.dumps({"labels": ["Negative", "Positive"], "label_mapping": {"0": "Neg"}}))
+    added, _, _ = daemon.tick()
+    assert added == ["amazon"]
+    record = read_version(Storage(str(storage_root)), "amazon")
+    assert record.label_set == LabelSet(("Negative", "Positive"), {"0": "Negative", "1": "Positive"})
+    assert read_version(Storage(str(storage_root)), "typo") is None  # refused with a reason, nothing written

@@ -299,3 +299,34 @@ def label_set_of_source(spec, labels: Iterable[str] | None = None,
     from finetune_assets.data.sources import read_source
 
     return resolve_label_set(read_source(spec).column("label").to_pylist(), labels, mapping)
+
+
+MANIFEST = "_labels.json"  # beside the data in a landing folder drop; "_" files are never read as data
+
+
+def read_manifest(folder_uri: str) -> LabelSet | None:
+    """The label set a folder drop carries in ``_labels.json``, or None without one.
+
+    ``{"labels": ["Negative", "Positive"], "label_mapping": {"0": "Negative", "1": "Positive"}}``;
+    either key may be left out, as with ``--labels`` / ``--label-mapping``.
+    """
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(folder_uri)
+    manifest = f"{path.rstrip('/')}/{MANIFEST}"
+    if not fs.isfile(manifest):
+        return None
+    try:
+        obj = json.loads(fs.cat_file(manifest))
+        names, mapping = obj.get("labels"), obj.get("label_mapping")
+        if (names is None and mapping is None) or set(obj) - {"labels", "label_mapping"}:
+            raise ValueError('expected {"labels": [...], "label_mapping": {...}}')
+        if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise ValueError('"labels" must be a list of class names')
+        if mapping is not None and not (isinstance(mapping, dict)
+                                        and all(isinstance(v, str) for v in mapping.values())):
+            raise ValueError('"label_mapping" must map raw values to class names')
+    except (ValueError, AttributeError) as err:
+        raise LabelError(f"{folder_uri}/{MANIFEST}: {err}") from err
+    mapping = {str(k): v for k, v in (mapping or {}).items()}
+    return LabelSet(tuple(names) if names is not None else _names_from_mapping(mapping), mapping)
