@@ -9,8 +9,8 @@ set, :func:`infer_label_set` applies these rules to the label values found in th
 * star ratings, numbers within 1..5 reaching 3 or more: five classes ``1 star`` .. ``5 stars`` in
   numeric order;
 * text labels (compared case- and whitespace-insensitively): if every value is a known sentiment
-  name, in polarity order (negative .. positive, see :data:`POLARITY_ORDER`); otherwise sorted
-  alphabetically (case-folded). A class is named by its first spelling in the data, whitespace collapsed;
+  name, capitalized and in polarity order (negative .. positive, see :data:`POLARITY_ORDER`);
+  otherwise sorted alphabetically (case-folded), each class named by its first spelling in the data;
 * anything else (``0`` / ``1`` only, other numbers, numbers mixed with words) is ambiguous and refused
   with the values found and the flags that settle it.
 """
