@@ -191,3 +191,9 @@ def test_a_landing_folder_carries_its_labels_in_a_manifest(instance, storage_roo
     record = read_version(Storage(str(storage_root)), "amazon")
     assert record.label_set == LabelSet(("Negative", "Positive"), {"0": "Negative", "1": "Positive"})
     assert read_version(Storage(str(storage_root)), "typo") is None  # refused with a reason, nothing written
+    # other labels under the registered key are other content: refused, the record keeps its labels
+    (good / "_labels.json").write_text(json.dumps({"labels": ["Positive", "Negative"],
+                                                   "label_mapping": {"1": "Positive", "0": "Negative"}}))
+    added, runs, skip = daemon.tick()
+    assert added == [] and runs == [] and "amazon" in skip and "content changed" in skip
+    assert read_version(Storage(str(storage_root)), "amazon").label_set.names == ("Negative", "Positive")

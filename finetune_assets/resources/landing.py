@@ -20,6 +20,7 @@ import dagster as dg
 import fsspec
 from pydantic import Field
 
+from finetune_assets.data.labels import MANIFEST as LABELS_MANIFEST
 from finetune_assets.data.sources import FORMATS
 
 LANDING_ENV = "FINETUNE_ASSETS_LANDING"
@@ -116,7 +117,8 @@ def _signature(files: list[tuple[str, dict]]) -> str:
 
 
 def fingerprint(uri: str, exclude: tuple[str, ...] = (SUCCESS_MARKER,)) -> str:
-    """Content hash of a landed file or folder (relative names + bytes; markers and hidden files left out).
+    """Content hash of a landed file or folder (relative names + bytes; markers and hidden files left out,
+    the label manifest kept: other labels are other content).
 
     Part of every run key, so re-landing different content under a deleted key runs again.
     """
@@ -124,7 +126,8 @@ def fingerprint(uri: str, exclude: tuple[str, ...] = (SUCCESS_MARKER,)) -> str:
     digest = hashlib.sha256()
     if fs.isdir(path):
         files = [(rel, f"{path.rstrip('/')}/{rel}") for rel, _ in _files_under(fs, path.rstrip("/"))
-                 if rel not in exclude and not rel.rsplit("/", 1)[-1].startswith((".", "_"))]
+                 if rel not in exclude
+                 and (rel == LABELS_MANIFEST or not rel.rsplit("/", 1)[-1].startswith((".", "_")))]
     else:
         files = [(path.rsplit("/", 1)[-1], path)]
     for rel, full in files:
