@@ -76,7 +76,8 @@ def cmd_versions_list(args) -> int:
     for key in _instance().get_dynamic_partitions(DATASET_VERSIONS):
         record = read_version(storage, key)
         rows.append({"version": key, "source": record.source.uri if record else None,
-                     "registered_at": _when(record.registered_at) if record and record.registered_at else None})
+                     "registered_at": _when(record.registered_at) if record and record.registered_at else None,
+                     "labels": (record.labels or {}).get("names") if record else None})
     if args.json:
         _print_json(rows)
     else:

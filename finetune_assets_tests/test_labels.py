@@ -143,6 +143,7 @@ def test_versions_add_records_labels_and_refuses_a_change(capsys, dagster_home, 
     assert "labels: Negative, Positive" in out
     record = json.loads((storage_root / "versions" / "amazon.json").read_text())
     assert record["labels"] == {"names": ["Negative", "Positive"], "mapping": {"0": "Negative", "1": "Positive"}}
+    assert json.loads(run_cli(capsys, *root, "versions", "list", "--json")[1])["labels"] == ["Negative", "Positive"]
     assert run_cli(capsys, *root, "versions", "add", "amazon", "--source", str(BINARY), *flags)[0] == 0  # same: ok
     before = (storage_root / "versions" / "amazon.json").read_bytes()
     code, _, err = run_cli(capsys, *root, "versions", "add", "amazon", "--source", str(BINARY),
