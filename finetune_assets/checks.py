@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from finetune_assets.data.labels import LABELS
+from finetune_assets.data.labels import labels_from_metadata, registered_model_name
 from finetune_assets.data.tokenize import SPLITS
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
@@ -45,12 +45,12 @@ class RawContractConfig(dg.Config):
     max_rejected_share: float = Field(
         0.05, description="largest share of input rows rejected for reasons other than duplicates")
     max_duplicate_share: float = Field(0.05, description="largest share of input rows that are duplicates")
-    min_rows_per_class: int = Field(50, description=f"fewest accepted reviews per class ({', '.join(LABELS)})")
+    min_rows_per_class: int = Field(50, description="fewest accepted reviews per class of the version's label set")
 
 
 RAW_SPECS = [
-    _spec("schema_and_labels", RAW, "text/label columns as strings, no empty text, labels only "
-          f"{'/'.join(LABELS)}", blocking=True),
+    _spec("schema_and_labels", RAW, "text/label columns as strings, no empty text, labels only the "
+          "version's classes", blocking=True),
     _spec("rejected_share", RAW, "share of rows quarantined (not counting duplicates) under the limit", True),
     _spec("duplicate_share", RAW, "share of duplicate reviews under the limit (conflicting labels listed)", False),
     _spec("min_rows_per_class", RAW, "every class has enough accepted reviews to learn and test", True),
@@ -64,6 +64,7 @@ def raw_reviews_contract(context: dg.AssetCheckExecutionContext, config: RawCont
     version = _version(context)
     store = storage.storage()
     pub = store.require(RAW, version)
+    classes = labels_from_metadata(pub.metadata).names
     with store.fs.open(f"{pub.url}/{REVIEWS_FILE}", "rb") as f:
         accepted = pq.read_table(f)
     with store.fs.open(f"{pub.url}/{REJECTED_FILE}", "rb") as f:
@@ -87,9 +88,9 @@ def raw_reviews_contract(context: dg.AssetCheckExecutionContext, config: RawCont
         unknown = {}
         if not problems:
             labels = Counter(accepted.column("label").to_pylist())
-            unknown = {str(k): v for k, v in labels.items() if k not in LABELS}
+            unknown = {str(k): v for k, v in labels.items() if k not in classes}
             if unknown:
-                problems.append(f"labels outside {list(LABELS)}: {unknown}")
+                problems.append(f"labels outside {list(classes)}: {unknown}")
             empty = int(pc.sum(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(
                 pc.fill_null(accepted.column("text"), ""))), 0)).as_py() or 0)
             if empty:
@@ -129,7 +130,7 @@ def raw_reviews_contract(context: dg.AssetCheckExecutionContext, config: RawCont
 
     if "min_rows_per_class" in selected:
         counts = Counter(accepted.column("label").to_pylist())
-        per_class = {name: counts.get(name, 0) for name in LABELS}
+        per_class = {name: counts.get(name, 0) for name in classes}
         short = {k: v for k, v in per_class.items() if v < config.min_rows_per_class}
         yield result(
             "min_rows_per_class", not short, dg.AssetCheckSeverity.ERROR,
@@ -268,7 +269,9 @@ def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConf
     version = _version(context)
     store = storage.storage()
     model = recorded_model(context.instance, version, context.run.run_id)
-    name = model.registered_model_name or mlflow.registered_model_name
+    # One registered model per label set: the champion is only ever a model of the same classes.
+    name = model.registered_model_name or registered_model_name(mlflow.registered_model_name,
+                                                                version_labels(store, version))
     test = frozen_test_set(store, version)
     uri = mlflow.resolve_tracking_uri(store)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -328,6 +331,11 @@ def _side_by_side(version: str, score: float, about: dict, result) -> dict:
     return meta
 
 
+def version_labels(store, version: str):
+    """The label set ``raw_reviews[v]`` published (the version's classes, in id order)."""
+    return labels_from_metadata(store.require(RAW, version).metadata)
+
+
 def frozen_test_set(store, version: str):
     """The frozen test split as text + label: tokenized_reviews' split column over raw_reviews' rows."""
     from finetune_assets.gate import TestSet
@@ -344,7 +352,8 @@ def frozen_test_set(store, version: str):
     test = reviews.filter(pc.equal(splits, "test"))
     if test.num_rows == 0:
         raise dg.Failure(f"dataset version {version} has an empty test split: nothing to gate on")
-    return TestSet.build(test.column("text").to_pylist(), test.column("label").to_pylist())
+    return TestSet.build(test.column("text").to_pylist(), test.column("label").to_pylist(),
+                         labels_from_metadata(raw.metadata).names)
 
 
 asset_checks: list[dg.AssetChecksDefinition] = [raw_reviews_contract, mds_shards_integrity, quality_gate]

@@ -73,6 +73,7 @@ def _instance():
 # -- versions ----------------------------------------------------------------------------------
 
 def cmd_versions_add(args) -> int:
+    from finetune_assets.data.labels import LabelError, label_set_of_source, parse_labels_flag, parse_mapping_flag
     from finetune_assets.data.sources import SourceError, SourceSpec, check_source
     from finetune_assets.versions import register_version, source_fingerprint
 
@@ -82,14 +83,17 @@ def cmd_versions_add(args) -> int:
     spec = SourceSpec(uri=uri, revision=args.revision, text_column=args.text_column,
                       label_column=args.label_column, encoding=args.encoding)
     storage = _storage(args, write=True)
-    try:
+    try:  # source and label set are checked now: a bad or ambiguous one is refused before anything is written
         sampled = check_source(spec)
+        labels = label_set_of_source(spec, parse_labels_flag(args.labels) if args.labels else None,
+                                     parse_mapping_flag(args.label_mapping) if args.label_mapping else None)
         fingerprint = source_fingerprint(spec)
-    except SourceError as err:
-        raise CliError(f"{err} (nothing registered)") from err
-    record = register_version(_instance(), storage, args.key, spec, fingerprint=fingerprint, replace=args.replace)
+        record = register_version(_instance(), storage, args.key, spec, fingerprint=fingerprint,
+                                  replace=args.replace, labels=labels)
+    except (LabelError, SourceError) as err:
+        raise CliError(f"{args.source}: {err} (nothing registered)") from err
     checked = f" ({len(sampled)} file(s) checked)" if sampled else ""
-    print(f"registered dataset version {record.key} <- {spec.uri}{checked}")
+    print(f"registered dataset version {record.key} <- {spec.uri}{checked}; labels: {labels.describe()}")
     return 0
 
 
@@ -112,7 +116,8 @@ def cmd_versions_list(args) -> int:
     for key in _instance().get_dynamic_partitions(DATASET_VERSIONS):
         record = read_version(storage, key)
         rows.append({"version": key, "source": record.source.uri if record else None,
-                     "registered_at": _when(record.registered_at) if record and record.registered_at else None})
+                     "registered_at": _when(record.registered_at) if record and record.registered_at else None,
+                     "labels": (record.labels or {}).get("names") if record else None})
     if args.json:
         _print_json(rows)
     else:
@@ -261,7 +266,9 @@ class Classifier:
     def predict(self, texts: Sequence[str], max_length: int) -> list[tuple[str, float, dict[str, float]]]:
         import torch
 
-        limit = min(max_length, getattr(self.model.config, "max_position_embeddings", max_length))
+        from finetune_assets.data.models import position_limit
+
+        limit = min(max_length, position_limit(self.model.config))
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
         with torch.inference_mode():
             probs = torch.softmax(self.model(**enc).logits.float(), dim=-1)
@@ -654,6 +661,10 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--encoding", default="utf-8")
     add.add_argument("--replace", action="store_true",
                      help="point an already registered key at a different source (only if nothing is materialized)")
+    add.add_argument("--labels", help="class names in id order, e.g. Negative,Positive (default: inferred "
+                                      "from the label values; see README 'Labels')")
+    add.add_argument("--label-mapping", help="raw label -> class, e.g. 0=Negative,1=Positive; "
+                                             "stars-to-sentiment maps 1-5 stars to Negative,Neutral,Positive")
     add.set_defaults(func=cmd_versions_add)
     rm = vsub.add_parser("remove", help="unregister a dataset version (its published files are kept)")
     rm.add_argument("key")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from finetune_assets.data.labels import LABEL2ID, LABELS
+from finetune_assets.data.labels import LABELS
 
 CHAMPION_ALIAS = "champion"
 TAG_SCORE = "gate.macro_f1"  # score on the test data named by TAG_TEST_DATA
@@ -29,19 +29,21 @@ TAG_DECISION = "gate.decision"
 @dataclass(frozen=True)
 class TestSet:
     texts: list[str]
-    labels: np.ndarray  # label ids in LABELS order
+    labels: np.ndarray  # label ids in ``names`` order
     fingerprint: str  # hash of (text, label) pairs, order-independent
+    names: tuple[str, ...] = LABELS  # the dataset version's classes
 
     @classmethod
-    def build(cls, texts: list[str], labels: list[str]) -> "TestSet":
+    def build(cls, texts: list[str], labels: list[str], names: tuple[str, ...] = LABELS) -> "TestSet":
         if len(texts) != len(labels):
             raise ValueError(f"test set: {len(texts)} texts but {len(labels)} labels")
         pairs = sorted(zip(texts, labels))
         digest = hashlib.sha256()
         for t, lab in pairs:
             digest.update(t.encode() + b"\x00" + lab.encode() + b"\x01")
-        return cls([t for t, _ in pairs], np.asarray([LABEL2ID[lab] for _, lab in pairs], dtype=np.int64),
-                   digest.hexdigest()[:16])
+        label2id = {n: i for i, n in enumerate(names)}
+        return cls([t for t, _ in pairs], np.asarray([label2id[lab] for _, lab in pairs], dtype=np.int64),
+                   digest.hexdigest()[:16], tuple(names))
 
 
 def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int = len(LABELS)) -> float:
@@ -59,8 +61,8 @@ def majority_baseline(test: TestSet) -> float:
     """Macro-F1 of always predicting the most frequent test class: the floor any model must clear."""
     if len(test.labels) == 0:
         return 0.0
-    majority = int(np.bincount(test.labels, minlength=len(LABELS)).argmax())
-    return macro_f1(test.labels, np.full_like(test.labels, majority))
+    majority = int(np.bincount(test.labels, minlength=len(test.names)).argmax())
+    return macro_f1(test.labels, np.full_like(test.labels, majority), len(test.names))
 
 
 def find_model_dirs(root: Path) -> tuple[Path, Path]:
@@ -84,8 +86,14 @@ def score_model(root: Path, test: TestSet, max_length: int = 512, batch_size: in
                                                                trust_remote_code=False).eval()
     # Map the model's output ids to our label ids by name (a model saved with other ids still scores right).
     id2label = {int(k): v for k, v in (model.config.id2label or {}).items()}
-    remap = np.asarray([LABEL2ID.get(id2label.get(i, ""), i) for i in range(model.config.num_labels)])
-    limit = min(max_length, getattr(model.config, "max_position_embeddings", max_length) or max_length)
+    label2id = {n: i for i, n in enumerate(test.names)}
+    unknown = sorted(set(id2label.values()) - set(label2id))
+    if unknown:
+        raise ValueError(f"{root}: the model predicts {unknown}, not classes of the test data {list(test.names)}")
+    remap = np.asarray([label2id[id2label[i]] for i in range(model.config.num_labels)])
+    from finetune_assets.data.models import position_limit
+
+    limit = min(max_length, position_limit(model.config))
     order = np.argsort([len(t) for t in test.texts])  # similar lengths per batch: less padding
     preds = np.empty(len(test.texts), dtype=np.int64)
     with torch.inference_mode():
@@ -95,7 +103,7 @@ def score_model(root: Path, test: TestSet, max_length: int = 512, batch_size: in
                             return_tensors="pt")
             logits = model(**enc).logits
             preds[idx] = remap[logits.argmax(-1).numpy()]
-    return macro_f1(test.labels, preds)
+    return macro_f1(test.labels, preds, len(test.names))
 
 
 @dataclass(frozen=True)

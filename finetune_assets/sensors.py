@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 from dagster._core.storage.tags import WILL_RETRY_TAG
 
+from finetune_assets.data.labels import LabelError, read_manifest
 from finetune_assets.data.sources import SourceError, SourceSpec, list_files
 from finetune_assets.jobs import FINETUNED, PRETRAINED, VERSION_CHAIN, retrain_job
 from finetune_assets.partitions import DATASET_VERSIONS, InvalidVersionKey, validate_version_key
@@ -204,7 +205,12 @@ def _consider(landing, store, cursor: LandingCursor, existing, key, group, probl
                                 f"{record.source.uri if record else 'an unknown source'}; "
                                 "land the new data under a new key")
         return
-    write_version(store, key, SourceSpec(uri=e.uri), fingerprint=fp)  # before the run can start
+    try:  # a folder drop may carry its label set (data/labels.py MANIFEST); else the seed's classes
+        labels = read_manifest(e.uri) if e.is_dir else None
+    except LabelError as err:
+        problems[e.name] = str(err)
+        return
+    write_version(store, key, SourceSpec(uri=e.uri), fingerprint=fp, labels=labels)  # before the run can start
     cursor.registered[key] = {"fp": fp, "sig": e.signature}
     new_partitions.append(key)
     ready.append((key, fp, e.uri))

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import dagster as dg
 
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError, LabelSet
 from finetune_assets.data.sources import HF_PREFIX, SAMPLE_SOURCE, SourceSpec
 from finetune_assets.partitions import DATASET_VERSIONS, validate_version_key
 from finetune_assets.storage import Storage
@@ -38,6 +39,11 @@ class VersionRecord:
     source: SourceSpec
     fingerprint: str | None = None  # content hash of the source files at registration (sensor and CLI)
     registered_at: float = 0.0
+    labels: dict | None = None  # LabelSet.to_dict(); None (records before label sets): the seed's classes
+
+    @property
+    def label_set(self) -> LabelSet | None:
+        return LabelSet.from_dict(self.labels) if self.labels else None
 
 
 def record_url(storage: Storage, key: str) -> str:
@@ -49,12 +55,14 @@ def read_version(storage: Storage, key: str) -> VersionRecord | None:
     if data is None:
         return None
     return VersionRecord(key=data["key"], source=SourceSpec(**data["source"]),
-                         fingerprint=data.get("fingerprint"), registered_at=data.get("registered_at", 0.0))
+                         fingerprint=data.get("fingerprint"), registered_at=data.get("registered_at", 0.0),
+                         labels=data.get("labels"))
 
 
-def write_version(storage: Storage, key: str, source: SourceSpec, fingerprint: str | None = None) -> VersionRecord:
+def write_version(storage: Storage, key: str, source: SourceSpec, fingerprint: str | None = None,
+                  labels: LabelSet | None = None) -> VersionRecord:
     record = VersionRecord(key=validate_version_key(key), source=source, fingerprint=fingerprint,
-                           registered_at=time.time())
+                           registered_at=time.time(), labels=labels.to_dict() if labels else None)
     storage.write_atomic(record_url(storage, key), json.dumps(asdict(record), indent=2).encode())
     return record
 
@@ -133,22 +141,30 @@ def _lock_age(storage: Storage, url: str) -> float:
 
 
 def register_version(instance: dg.DagsterInstance, storage: Storage, key: str, source: SourceSpec,
-                     fingerprint: str | None = None, replace: bool = False) -> VersionRecord:
+                     fingerprint: str | None = None, replace: bool = False,
+                     labels: LabelSet | None = None) -> VersionRecord:
     """Record the source, then add the partition (so a visible partition always has a source).
 
     The same source again is a no-op; a different one is refused unless ``replace`` and nothing of the
-    version was materialized yet.
+    version was materialized yet. The label set is part of the version: registering other labels under
+    an existing key is refused.
     """
     validate_version_key(key)
     with version_lock(storage, key):
         existing = read_version(storage, key)
+        before = (existing.label_set or DEFAULT_LABEL_SET) if existing is not None else None
+        if before is not None and labels is not None and before != labels:
+            raise LabelError(f"dataset version {key} is registered with labels {before.describe()}; "
+                             f"its labels cannot change to {labels.describe()}: register a new version key")
         if existing is not None and existing.source == source and (
                 fingerprint is None or existing.fingerprint in (None, fingerprint)):
             record = existing
         else:
             if existing is not None:
                 _check_replace(instance, storage, key, existing, source, replace)
-            record = write_version(storage, key, source, fingerprint)
+            if existing is not None and labels is None:
+                labels = existing.label_set  # re-pointing a never-materialized key keeps its labels
+            record = write_version(storage, key, source, fingerprint, labels)
     if not instance.has_dynamic_partition(DATASET_VERSIONS, key):
         instance.add_dynamic_partitions(DATASET_VERSIONS, [key])
     return record

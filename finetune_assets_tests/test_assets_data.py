@@ -147,7 +147,7 @@ def test_bad_source_fails_naming_the_file_and_nothing_is_published(case, base_mo
         path.write_bytes((arabic_reviews / "PROD.csv").read_bytes())  # a CSV under a .parquet name
     elif case == "no_text_column":
         path, expect = tmp_path / "reviews.csv", "no text column"
-        path.write_text((arabic_reviews / "PROD.csv").read_text(encoding="utf-8").replace("text,", "body,", 1),
+        path.write_text((arabic_reviews / "PROD.csv").read_text(encoding="utf-8").replace("text,", "opinion,", 1),
                         encoding="utf-8")
     else:
         path, expect = tmp_path / "cp1256.csv", "encoding='cp1256'"

@@ -39,7 +39,8 @@ def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, s
     from mlflow import MlflowClient
 
     from finetune_assets import gate
-    from finetune_assets.checks import frozen_test_set, gate_conditions
+    from finetune_assets.checks import frozen_test_set, gate_conditions, version_labels
+    from finetune_assets.data.labels import registered_model_name
 
     version = version_of(context)
     store = storage.storage()
@@ -47,7 +48,8 @@ def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, s
     if model.registered_model_version is None:
         raise dg.Failure(f"finetuned_model[{version}] (run {model.run_id}) registered no model version: "
                          "nothing to promote (mlflow.log_model off?)")
-    name = model.registered_model_name or mlflow.registered_model_name
+    name = model.registered_model_name or registered_model_name(mlflow.registered_model_name,
+                                                                version_labels(store, version))
     alias = mlflow.champion_alias
     test = frozen_test_set(store, version)
     uri = mlflow.resolve_tracking_uri(store)

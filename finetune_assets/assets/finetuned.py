@@ -14,7 +14,7 @@ from pydantic import Field
 
 from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
-from finetune_assets.data.labels import LABELS
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, labels_from_metadata, registered_model_name
 from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
@@ -155,11 +155,12 @@ def build_trainer_config(
     shards = store.require("mds_shards", version)
     # The base model this run started with (pinned and leased for the run), not whatever CURRENT is now.
     pretrained = store.pinned("pretrained_model", tags["dagster_run_id"])
+    labels = labels_from_metadata(shards.metadata)
     settings = trainer_settings(config)
-    key = json.dumps(
-        {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version},
-        sort_keys=True,
-    )
+    key = {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version}
+    if labels.names != DEFAULT_LABEL_SET.names:  # the seed's classes keep their checkpoint keys
+        key["labels"] = list(labels.names)
+    key = json.dumps(key, sort_keys=True)
     config_hash = hashlib.sha256(key.encode()).hexdigest()[:16]
     settings["data"].update(
         train_url=f"{shards.url}/train",
@@ -173,18 +174,20 @@ def build_trainer_config(
         {
             **settings,
             "model_dir": pretrained.url,
+            "labels": list(labels.names),
             "output_dir": output_dir,
             "checkpoint_dir": store.url("finetuned_model", version, "checkpoints", config_hash),
             "mlflow": {
                 "tracking_uri": mlflow.resolve_tracking_uri(store),
                 "experiment_name": mlflow.experiment_name,
                 "artifact_location": mlflow.artifact_location(store),
-                "registered_model_name": mlflow.registered_model_name,
+                "registered_model_name": registered_model_name(mlflow.registered_model_name, labels),
                 "run_name": config.run_name or run_name,
-                "tags": {**tags, "shard_data_version": shards.data_version,
+                "tags": {**tags, "labels": ",".join(labels.names), "shard_data_version": shards.data_version,
                          "pretrained_data_version": pretrained.data_version,
                          # hashes the same inputs + settings as the checkpoint folder: a retry finds its version
-                         "training_inputs": f"{mlflow.registered_model_name}-{config_hash}"},
+                         "training_inputs": f"{registered_model_name(mlflow.registered_model_name, labels)}"
+                                            f"-{config_hash}"},
             },
         }
     )
@@ -241,6 +244,11 @@ def finetuned_model(
                                 data_version=dg.DataVersion(staging.data_version))
 
 
+def _labels(metrics: dict[str, Any]) -> list[str]:
+    """Class names in id order, as the trainer recorded them (metrics before label sets: the seed's)."""
+    return list(metrics.get("labels") or DEFAULT_LABEL_SET.names)
+
+
 def _metadata(metrics: dict[str, Any], mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:
     info = metrics.get("mlflow") or {}
     per_class = metrics.get("f1_per_class") or {}
@@ -264,13 +272,13 @@ def _metadata(metrics: dict[str, Any], mlflow: MlflowResource, url: str, config_
         })
         try:  # a picture is a nicety: a plotting error must never fail a finished training
             meta["confusion_matrix_chart"] = dg.MetadataValue.md(
-                viz.confusion_matrix_md(metrics["confusion_matrix"], list(LABELS)))
+                viz.confusion_matrix_md(metrics["confusion_matrix"], _labels(metrics)))
         except Exception as err:  # noqa: BLE001 - any plotting/encoding error
             dg.get_dagster_logger().warning(f"confusion matrix chart skipped: {err}")
     if metrics.get("test_samples") is not None:
         meta["test_samples"] = int(metrics["test_samples"])
     if metrics.get("class_weights"):
-        meta["class_weights"] = dg.MetadataValue.json(dict(zip(LABELS, metrics["class_weights"])))
+        meta["class_weights"] = dg.MetadataValue.json(dict(zip(_labels(metrics), metrics["class_weights"])))
     for name, value in per_class.items():
         meta[f"f1_{name}"] = dg.MetadataValue.float(float(value))
     if metrics.get("resumed_at_step") is not None:

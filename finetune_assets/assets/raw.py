@@ -1,11 +1,14 @@
 """``raw_reviews[v]``: the validated reviews of one dataset version, with the rejected rows beside them."""
 
 
+import json
+
 import dagster as dg
 import pyarrow.parquet as pq
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError
 from finetune_assets.data.sources import HF_PREFIX, SAMPLE_SOURCE, SourceError, SourceSpec, list_source, read_source
 from finetune_assets.data.validate import ValidationRules, validate
 from finetune_assets.partitions import dataset_versions
@@ -15,6 +18,7 @@ from finetune_assets.versions import read_version
 
 REVIEWS_FILE = "reviews.parquet"
 REJECTED_FILE = "rejected.parquet"
+LABELS_FILE = "labels.json"  # the version's LabelSet; also in the publication's metadata["labels"]
 
 
 class RawReviewsConfig(dg.Config):
@@ -26,7 +30,7 @@ class RawReviewsConfig(dg.Config):
     label_column: str | None = None
     encoding: str | None = Field(None, description="text encoding of CSV/TSV files, e.g. cp1256")
     label_mapping: dict[str, str] | None = Field(
-        None, description="raw label -> Positive/Negative/Mixed (default maps 1/-1/0 and names)")
+        None, description="raw label -> class name of the version's label set (overrides its recorded mapping)")
     max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
 
 
@@ -54,12 +58,17 @@ def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpe
 )
 def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
                 storage: StorageResource) -> dg.MaterializeResult:
-    """Validated reviews (text, Positive/Negative/Mixed label) of one dataset version; bad rows quarantined."""
+    """Validated reviews (text, class of the version's label set) of one dataset version; bad rows quarantined."""
     version = version_of(context)
     store = storage.storage()
     spec = resolve_source(config, store, version)
-    rules = ValidationRules(max_text_chars=config.max_text_chars,
-                            **({"label_mapping": config.label_mapping} if config.label_mapping else {}))
+    record = read_version(store, version)
+    labels = (record.label_set if record is not None else None) or DEFAULT_LABEL_SET
+    try:
+        rules = ValidationRules(max_text_chars=config.max_text_chars, labels=labels,
+                                label_mapping=config.label_mapping or None)
+    except LabelError as err:
+        raise dg.Failure(f"raw_reviews config label_mapping: {err}") from err
     context.log.info(f"reading {spec.uri} for dataset version {version}")
     files = _files_metadata(context, spec)
     _refuse_changed_content(store, version, spec)
@@ -79,10 +88,15 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
     with store.publish("raw_reviews", version) as staging:
         pq.write_table(result.accepted, staging.local_dir / REVIEWS_FILE, compression="zstd")
         pq.write_table(result.rejected, staging.local_dir / REJECTED_FILE, compression="zstd")
+        (staging.local_dir / LABELS_FILE).write_text(json.dumps(rules.labels.to_dict(), ensure_ascii=False))
+        # The labels are part of the data version (same reviews, other classes: another dataset).
         staging.data_version = hash_tree(staging.local_dir / REVIEWS_FILE)
-        staging.metadata = {"rows": result.accepted.num_rows, "rejected": result.rejected.num_rows}
+        if rules.labels != DEFAULT_LABEL_SET:  # the seed's classes keep the data version they always had
+            staging.data_version = f"{staging.data_version[:48]}-{rules.labels.fingerprint()}"
+        staging.metadata = {"rows": result.accepted.num_rows, "rejected": result.rejected.num_rows,
+                            "labels": rules.labels.to_dict()}
     n_in = raw.num_rows
-    labels = result.label_counts
+    counts = result.label_counts
     return dg.MaterializeResult(
         metadata={
             "source": spec.uri,
@@ -95,13 +109,15 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
             "rejected_by_reason": dg.MetadataValue.json(result.reasons),
             "label_distribution": markdown_table(
                 ("label", "reviews", "share"),
-                [(k, v, f"{v / max(1, result.accepted.num_rows):.1%}") for k, v in labels.items()]),
-            "label_counts": dg.MetadataValue.json(labels),
+                [(k, v, f"{v / max(1, result.accepted.num_rows):.1%}") for k, v in counts.items()]),
+            "label_counts": dg.MetadataValue.json(counts),
+            "labels": ", ".join(rules.labels.names),
+            "label_mapping": dg.MetadataValue.json(dict(rules.labels.mapping)),
             "malformed_lines": int(sum(1 for r in result.rejected.column("reason").to_pylist()
                                        if r == "malformed_row")),
             "cross_file_duplicates": dg.MetadataValue.json(result.cross_file_duplicates),
             **files,
-            **_pictures(context, labels),
+            **_pictures(context, counts),
         },
         data_version=dg.DataVersion(staging.data_version),
     )

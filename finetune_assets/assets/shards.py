@@ -29,7 +29,8 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     """MDS shards (zstd) per split, streamable with StreamingDataset from the storage root."""
     version = version_of(context)
     store = storage.storage()
-    tokens = read_tokens(store.require("tokenized_reviews", version).url, store.fs)
+    tokenized = store.require("tokenized_reviews", version)
+    tokens = read_tokens(tokenized.url, store.fs)
     with store.publish("mds_shards", version) as staging:
         results = write_splits(tokens, staging.local_dir, config.size_limit,
                                progress=lambda split, n: context.log.info(f"{split}: wrote {n} samples"))
@@ -39,6 +40,8 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
                 raise dg.Failure(f"mds_shards[{version}] {split}: wrote {r.samples} samples, read back {seen}")
         staging.data_version = hash_tree(staging.local_dir)
         staging.metadata = {s: r.samples for s, r in results.items()}
+        if "labels" in tokenized.metadata:  # label ids in the shards index this label set
+            staging.metadata["labels"] = tokenized.metadata["labels"]
     return dg.MaterializeResult(
         metadata={
             "path": dg.MetadataValue.path(staging.url),

@@ -12,6 +12,8 @@ from pydantic import Field
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import REVIEWS_FILE, raw_reviews
+from finetune_assets.data.labels import labels_from_metadata
+from finetune_assets.data.models import position_limit
 from finetune_assets.data.tokenize import SPLITS, SplitRule, length_stats, tokenize_table
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.storage import StorageResource
@@ -43,7 +45,7 @@ def read_tokens(url: str, fs) -> pa.Table:
 def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
                       storage: StorageResource) -> dg.MaterializeResult:
     """Token ids per review (unpadded), label id and a train/validation/test split fixed by the text's hash."""
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     version = version_of(context)
     store = storage.storage()
@@ -53,15 +55,19 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
         accepted = pq.read_table(f)
     with store.local_copy(model.url) as model_dir:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
-    max_positions = getattr(tokenizer, "model_max_length", config.max_length) or config.max_length
-    max_length = min(config.max_length, max_positions)
+        model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    # Never longer than the model's position embeddings allow (a tokenizer's model_max_length may be unset).
+    max_length = min(config.max_length, position_limit(model_config))
+    if 0 < (getattr(tokenizer, "model_max_length", 0) or 0) < max_length:
+        max_length = int(tokenizer.model_max_length)
+    labels = labels_from_metadata(raw.metadata)
 
     def progress(done: int, total: int) -> None:
         context.log.info(f"tokenized {done}/{total} reviews")
 
     table = tokenize_table(accepted, tokenizer, max_length,
                            SplitRule(config.validation_fraction, config.test_fraction),
-                           batch_size=config.batch_size, progress=progress)
+                           batch_size=config.batch_size, progress=progress, labels=labels)
     stats = length_stats(table, max_length)
     splits = table.column("split").cast(pa.string())
     counts = {s: int(pc.sum(pc.equal(splits, s)).as_py() or 0) for s in SPLITS}
@@ -70,8 +76,9 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
         with pa.ipc.new_file(str(staging.local_dir / TOKENS_FILE), table.schema, options=options) as w:
             w.write_table(table)
         (staging.local_dir / "stats.json").write_text(json.dumps({"splits": counts, "lengths": stats}))
+        (staging.local_dir / "labels.json").write_text(json.dumps(labels.to_dict(), ensure_ascii=False))
         staging.data_version = hash_tree(staging.local_dir)
-        staging.metadata = {"rows": table.num_rows, "max_length": max_length}
+        staging.metadata = {"rows": table.num_rows, "max_length": max_length, "labels": labels.to_dict()}
     return dg.MaterializeResult(
         metadata={
             "path": dg.MetadataValue.path(f"{staging.url}/{TOKENS_FILE}"),
@@ -79,6 +86,7 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
             "rows_per_split": markdown_table(("split", "reviews"), list(counts.items())),
             "split_counts": dg.MetadataValue.json(counts),
             "max_length": max_length,
+            "labels": ", ".join(f"{i}={n}" for i, n in labels.id2label.items()),
             "token_dtype": str(table.column("input_ids").type.value_type),
             "tokens_mean": stats["mean"],
             "tokens_p50": stats["p50"],

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from finetune_assets.data.labels import ID2LABEL, LABEL2ID, LABELS
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 
 DEFAULT_MODEL = "packaged:all-MiniLM-L6-v2"
 
@@ -50,13 +50,76 @@ def resolve_source(source: str) -> str:
     return source  # a hub id such as bert-base-uncased
 
 
-def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed: int = 0) -> ModelSummary:
-    """Load a sequence classifier for the three classes and save weights (safetensors) + tokenizer.
+class WeightsMismatch(RuntimeError):
+    """Encoder weights of a checkpoint that the model class did not load (or that it does not know)."""
+
+
+def position_limit(config) -> int:
+    """The longest input (special tokens included) a model's position embeddings allow.
+
+    RoBERTa-style models (RoBERTa, XLM-RoBERTa, CamemBERT ...) number positions from ``pad_token_id + 1``,
+    so 514 position embeddings hold 512 tokens.
+    """
+    limit = int(getattr(config, "max_position_embeddings", 0) or 512)
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "data2vec-text"):
+        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    return limit
+
+
+def _encoder_keys(model, keys) -> list[str]:
+    """The keys that belong to the encoder (``base_model_prefix``), not to the task head or buffers."""
+    prefix = getattr(model, "base_model_prefix", "") + "."
+    return sorted(k for k in keys if k.startswith(prefix) and not k.endswith("position_ids"))
+
+
+def load_sequence_classifier(source: str, labels: LabelSet, revision: str | None = None,
+                             local_only: bool = True):
+    """A sequence classifier of the checkpoint's own architecture (Auto class from its config) with the
+    given classes; the head is new when the checkpoint has none or another label set.
+
+    Raises :class:`WeightsMismatch` when any encoder weight is missing from the checkpoint or a
+    checkpoint weight is left unused by the model: the encoder would silently start from random weights.
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=False,
+                                        local_files_only=local_only)
+    config.num_labels = labels.num_labels
+    config.id2label = labels.id2label
+    config.label2id = labels.label2id
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        source,
+        config=config,
+        revision=revision,
+        trust_remote_code=False,
+        local_files_only=local_only,
+        use_safetensors=None,
+        ignore_mismatched_sizes=True,  # a head trained for another label set is re-initialised
+        output_loading_info=True,
+    )
+    missing = _encoder_keys(model, info.get("missing_keys", []))
+    # Unused checkpoint weights: anything the model did not take, except a pretraining head (e.g. cls.*,
+    # lm_head.*) that a classifier never has.
+    unexpected = _encoder_keys(model, info.get("unexpected_keys", []))
+    mismatched = _encoder_keys(model, [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])])
+    if missing or unexpected or mismatched:
+        raise WeightsMismatch(
+            f"{source}: {type(model).__name__} does not match the checkpoint's encoder weights "
+            f"(missing: {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected: {unexpected[:8]}, "
+            f"wrong shape: {mismatched[:8]}); the encoder would start from random weights"
+        )
+    return model
+
+
+def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed: int = 0,
+                          labels: LabelSet = DEFAULT_LABEL_SET) -> ModelSummary:
+    """Load a sequence classifier of the checkpoint's own architecture and save weights (safetensors) +
+    tokenizer. The head is provisional: each version's training gives it that version's classes.
 
     Remote code is never trusted: only architectures shipped with transformers load.
     """
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     resolved = resolve_source(source)
     local_only = Path(resolved).is_dir() or os.environ.get("HF_HUB_OFFLINE") == "1"
@@ -66,16 +129,7 @@ def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed
     if not tokenizer.is_fast:
         raise ValueError(f"{source}: a fast (Rust) tokenizer is required")
     torch.manual_seed(seed)  # the fresh classification head is initialised reproducibly
-    model = AutoModelForSequenceClassification.from_pretrained(
-        resolved,
-        revision=revision,
-        num_labels=len(LABELS),
-        id2label=ID2LABEL,
-        label2id=LABEL2ID,
-        trust_remote_code=False,
-        local_files_only=local_only,
-        use_safetensors=None,
-    )
+    model = load_sequence_classifier(resolved, labels, revision=revision, local_only=local_only)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return ModelSummary(
@@ -85,7 +139,7 @@ def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed
         parameters=sum(p.numel() for p in model.parameters()),
         vocab_size=tokenizer.vocab_size,
         architecture=type(model).__name__,
-        max_position_embeddings=getattr(model.config, "max_position_embeddings", 512),
+        max_position_embeddings=position_limit(model.config),
     )
 
 
@@ -102,9 +156,9 @@ def build_tiny_bert(out_dir: Path, hidden: int = 32, layers: int = 2, seed: int 
         num_attention_heads=2,
         intermediate_size=hidden * 2,
         max_position_embeddings=512,
-        num_labels=len(LABELS),
-        id2label=ID2LABEL,
-        label2id=LABEL2ID,
+        num_labels=DEFAULT_LABEL_SET.num_labels,
+        id2label=DEFAULT_LABEL_SET.id2label,
+        label2id=DEFAULT_LABEL_SET.label2id,
     )
     torch.manual_seed(seed)
     BertForSequenceClassification(config).save_pretrained(out_dir, safe_serialization=True)

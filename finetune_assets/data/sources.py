@@ -30,13 +30,19 @@ HF_PREFIX = "hf:"
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # single-file streams, read in full
 ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".7z", ".rar")  # refused: unpack them into the folder
-TEXT_COLUMNS = ("text", "review", "content", "sentence")
-LABEL_COLUMNS = ("label", "polarity", "sentiment", "rating_class")
+# Column names looked for, in order; a file's names are compared lower-cased with spaces/dashes as "_".
+TEXT_COLUMNS = ("text", "review", "content", "sentence", "review_text", "reviewtext", "review_body", "body",
+                "comment", "comments", "review_content", "text_review", "feedback", "verified_reviews")
+LABEL_COLUMNS = ("label", "polarity", "sentiment", "rating_class", "labels", "class", "rating", "stars",
+                 "star_rating", "score", "overall", "review_score")
+# Several text columns (text_column "Title,Review Text"): joined in that order into one review text,
+# empty parts skipped, separated by this, so dedup, the split hash, the gate and predict see one string.
+TEXT_JOIN = "\n"
 # Names in a source folder that are never data (documented in docs/reliability.md "Folder sources"):
 # hidden files and folders (".*": .DS_Store, ._* AppleDouble files, .ipynb_checkpoints/, .git/ ...),
 # OS metadata, completion markers, and documentation beside the data.
 IGNORED_DIRS = ("__MACOSX",)
-IGNORED_FILES = ("Thumbs.db", "desktop.ini", "_SUCCESS")
+IGNORED_FILES = ("Thumbs.db", "desktop.ini", "_SUCCESS", "_labels.json")  # _labels.json: a drop's label set
 DOC_SUFFIXES = (".md", ".txt", ".rst", ".pdf")
 DOC_PREFIXES = ("readme", "license", "notice")
 
@@ -63,7 +69,7 @@ class SourceSpec:
     uri: str
     revision: str | None = None  # Hugging Face dataset revision
     hf_split: str = "train"
-    text_column: str | None = None  # None: first of TEXT_COLUMNS present
+    text_column: str | None = None  # None: first of TEXT_COLUMNS present; "title,body": joined (TEXT_JOIN)
     label_column: str | None = None  # None: first of LABEL_COLUMNS present
     encoding: str = "utf-8"
 
@@ -238,7 +244,7 @@ def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require
         if fmt == "jsonl" and not data.lstrip().startswith(b"["):
             return _read_jsonl_lines(path, data, spec, require_label)
         raise SourceError(f"{path}: cannot read as {fmt}: {err}") from err
-    text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
+    table, text_col = _text_columns(table, spec.text_column, path)
     label_col = _pick_label(table, spec, path, require_label)
     raw = _to_raw(table, text_col, label_col, path)
     if fmt == "jsonl" and not data.lstrip().startswith(b"["):
@@ -392,7 +398,7 @@ def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec, require_
         raise SourceError(f"{path}: line {recs.header_line}: duplicate column names {dup} in the header; "
                           "give every column its own name")
     table = pa.table({n: pa.array(c, pa.string()) for n, c in zip(names, recs.columns)}) if names else pa.table({})
-    text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", path)
+    table, text_col = _text_columns(table, spec.text_column, path)
     label_col = _pick_label(table, spec, path, require_label)
     good = _to_raw(table, text_col, label_col, path).drop_columns(["source_row", "source_line", "source_line_end"])
     good = good.append_column("source_row", pa.array(recs.index, pa.int64()))
@@ -423,6 +429,26 @@ def _pick_label(table: pa.Table, spec: SourceSpec, path: str, required: bool) ->
     return next((lowered[c] for c in LABEL_COLUMNS if c in lowered), None)
 
 
+def _text_columns(table: pa.Table, wanted: str | None, path: str) -> tuple[pa.Table, str]:
+    """The text column, or several (``"title,body"``) joined into one (TEXT_JOIN) named ``"\x00text"``."""
+    if wanted is None or wanted in table.column_names or "," not in wanted:
+        return table, _pick(table, wanted, TEXT_COLUMNS, "text", path)
+    cols = [_pick(table, w.strip(), TEXT_COLUMNS, "text", path) for w in wanted.split(",") if w.strip()]
+    parts = [_text_column(table.column(c)) for c in cols]
+    joined = []
+    for row, values in enumerate(zip(*(texts.to_pylist() for texts, _ in parts))):
+        if any(problems[row] is not None for _, problems in parts):
+            joined.append(None)  # a part that is not text: the row has no usable text (empty_text quarantine)
+            continue
+        present = [v.strip() for v in values if v is not None and v.strip()]
+        joined.append(TEXT_JOIN.join(present) if present else None)
+    return table.append_column("\x00text", pa.array(joined, pa.string())), "\x00text"
+
+
+def _column_key(name: str) -> str:
+    return "_".join(name.lower().replace("-", " ").split())
+
+
 def _pick(table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role: str, path: str) -> str:
     names = table.column_names
     if wanted is not None:
@@ -430,7 +456,7 @@ def _pick(table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role
             raise SourceError(f"{path}: no {role} column {wanted!r} (columns: {names}); fix {role}_column "
                               f"(CLI --{role}-column, raw_reviews config {role}_column)")
         return wanted
-    lowered = {n.lower().strip(): n for n in names}
+    lowered = {_column_key(n): n for n in reversed(names)}  # the first of equal keys wins
     for c in candidates:
         if c in lowered:
             return lowered[c]
@@ -526,7 +552,7 @@ def _read_hf(spec: SourceSpec) -> pa.Table:
         raise SourceError(f"{spec.uri}: cannot load Hugging Face dataset: {err}") from err
     label_feature = None
     table = ds.data.table
-    text_col = _pick(table, spec.text_column, TEXT_COLUMNS, "text", spec.uri)
+    table, text_col = _text_columns(table, spec.text_column, spec.uri)
     label_col = _pick(table, spec.label_column, LABEL_COLUMNS, "label", spec.uri)
     label_feature = ds.features.get(label_col)
     if isinstance(label_feature, datasets.ClassLabel):  # class ids -> their names

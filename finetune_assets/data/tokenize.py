@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from finetune_assets.data.labels import LABEL2ID
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.data.validate import normalize_text
 
 SPLITS = ("train", "validation", "test")
@@ -49,6 +49,23 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
+def truncate_keeping_specials(ids: np.ndarray, special_mask: list[int], max_length: int) -> np.ndarray:
+    """Cut the text, not the model's own special tokens: leading specials (``[CLS]``, ``<s>``) + as much
+    text as fits + trailing specials (``[SEP]``, ``</s>``), whatever the tokenizer's post-processor added."""
+    if len(ids) <= max_length:
+        return ids
+    head = 0
+    while head < len(special_mask) and special_mask[head]:
+        head += 1
+    tail = 0
+    while tail < len(special_mask) - head and special_mask[len(special_mask) - 1 - tail]:
+        tail += 1
+    keep = max_length - head - tail
+    if keep < 1:
+        raise ValueError(f"max_length {max_length} leaves no room for text beside {head + tail} special tokens")
+    return np.concatenate([ids[: head + keep], ids[len(ids) - tail:]]) if tail else ids[: head + keep]
+
+
 def tokenize_table(
     accepted: pa.Table,
     tokenizer,
@@ -56,14 +73,14 @@ def tokenize_table(
     split_rule: SplitRule,
     batch_size: int = 2048,
     progress: Callable[[int, int], None] | None = None,
+    labels: LabelSet = DEFAULT_LABEL_SET,
 ) -> pa.Table:
-    """``accepted`` (text, label) -> input_ids (list of uint), length, label (int8), split."""
+    """``accepted`` (text, label) -> input_ids (list of uint), length, label (int8 id in ``labels``), split."""
     if max_length < 2:
         raise ValueError("max_length must be at least 2 (room for [CLS] and [SEP])")
     backend = tokenizer.backend_tokenizer
     backend.no_truncation()
     backend.no_padding()
-    sep_id = tokenizer.sep_token_id
     dtype = token_dtype(len(tokenizer))
     texts = accepted.column("text").to_pylist()
     n = len(texts)
@@ -73,9 +90,7 @@ def tokenize_table(
         for i, enc in enumerate(backend.encode_batch(texts[start:start + batch_size]), start):
             ids = np.asarray(enc.ids, dtype=dtype)
             full_lengths[i] = len(ids)
-            if len(ids) > max_length:  # keep [CLS] + head, end with [SEP], as HF truncation does
-                ids = np.concatenate([ids[: max_length - 1], np.asarray([sep_id], dtype=dtype)])
-            pieces.append(ids)
+            pieces.append(truncate_keeping_specials(ids, enc.special_tokens_mask, max_length))
         if progress:
             progress(min(start + batch_size, n), n)
     lengths = np.fromiter((len(p) for p in pieces), dtype=np.int32, count=n)
@@ -83,12 +98,17 @@ def tokenize_table(
     np.cumsum(lengths, out=offsets[1:])
     flat = np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
     input_ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
-    labels = np.fromiter((LABEL2ID[x] for x in accepted.column("label").to_pylist()), dtype=np.int8, count=n)
+    label2id = labels.label2id
+    names = accepted.column("label").to_pylist()
+    unknown = sorted({x for x in names if x not in label2id}, key=str)
+    if unknown:
+        raise ValueError(f"labels {unknown[:10]} are not classes of the version's label set {list(labels.names)}")
+    label_ids = np.fromiter((label2id[x] for x in names), dtype=np.int8, count=n)
     return pa.table({
         "input_ids": input_ids,
         "length": pa.array(lengths),
         "full_length": pa.array(full_lengths.astype(np.int32)),
-        "label": pa.array(labels),
+        "label": pa.array(label_ids),
         "split": pa.array(split_rule.assign(texts), pa.string()).dictionary_encode(),
     })
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from finetune_assets.data.labels import DEFAULT_LABEL_MAPPING, LABELS
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 
 REASONS = ("malformed_row", "empty_text", "non_text", "too_long", "unknown_label", "duplicate",
            "conflicting_duplicate")
@@ -57,13 +57,13 @@ NULL_MARKERS = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-Na
 
 @dataclass(frozen=True)
 class ValidationRules:
-    label_mapping: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_LABEL_MAPPING))
+    label_mapping: dict[str, str] | None = None  # overrides the label set's raw-value mapping (same classes)
     max_text_chars: int = 20_000
+    labels: LabelSet = field(default_factory=lambda: DEFAULT_LABEL_SET)  # the version's classes
 
     def __post_init__(self):
-        bad = sorted({v for v in self.label_mapping.values() if v not in LABELS})
-        if bad:
-            raise ValueError(f"label_mapping maps to unknown classes {bad}; classes are {list(LABELS)}")
+        if self.label_mapping is not None:  # raises LabelError (a ValueError) for unknown class names
+            object.__setattr__(self, "labels", self.labels.with_mapping(self.label_mapping))
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class Validated:
     rejected: pa.Table
     # "kept file <- rejected copy's file": duplicates across files, which file order alone decided
     cross_file_duplicates: dict[str, int] = field(default_factory=dict)
+    labels: LabelSet = DEFAULT_LABEL_SET
 
     @property
     def reasons(self) -> dict[str, int]:
@@ -80,7 +81,7 @@ class Validated:
     @property
     def label_counts(self) -> dict[str, int]:
         counts = Counter(self.accepted.column("label").to_pylist())
-        return {name: counts.get(name, 0) for name in LABELS}
+        return {name: counts.get(name, 0) for name in self.labels.names}
 
 
 def normalize_text(text: str) -> str:
@@ -90,26 +91,6 @@ def normalize_text(text: str) -> str:
     right-to-left mark is the same review (same split) as the plain one.
     """
     return " ".join(unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold().split())
-
-
-def _map_label(raw: str | None, mapping: dict[str, str]) -> str | None:
-    if raw is None:
-        return None
-    key = raw.strip()
-    if key in LABELS:
-        return key
-    if key in mapping:
-        return mapping[key]
-    lowered = key.lower()
-    if lowered in mapping:
-        return mapping[lowered]
-    try:  # "1.0" and "1" are the same polarity
-        number = float(key)
-    except ValueError:
-        return None
-    if number.is_integer():
-        return mapping.get(str(int(number)))
-    return None
 
 
 def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
@@ -140,7 +121,7 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
         if len(text) > rules.max_text_chars:
             reject(text, label, file, row, "too_long", f"{len(text)} characters > {rules.max_text_chars}", *where)
             continue
-        mapped = _map_label(label, rules.label_mapping)
+        mapped = rules.labels.map(label)
         if mapped is None:
             reject(text, label, file, row, "unknown_label", f"label {label!r} is not in the label mapping", *where)
             continue
@@ -160,4 +141,5 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
         accepted=pa.table(accepted, schema=ACCEPTED_SCHEMA),
         rejected=pa.table(rejected, schema=REJECTED_SCHEMA),
         cross_file_duplicates=dict(across),
+        labels=rules.labels,
     )

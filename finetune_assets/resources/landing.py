@@ -21,6 +21,7 @@ import dagster as dg
 import fsspec
 from pydantic import Field
 
+from finetune_assets.data.labels import MANIFEST as LABELS_MANIFEST
 from finetune_assets.data.sources import FORMATS, ignored_because
 
 LANDING_ENV = "FINETUNE_ASSETS_LANDING"
@@ -135,7 +136,7 @@ def fingerprint(uri: str, exclude: tuple[str, ...] = (SUCCESS_MARKER,)) -> str:
     fs, path = fsspec.core.url_to_fs(uri)
     if fs.isdir(path):
         files = [(rel, info) for rel, info in _files_under(fs, path.rstrip("/"))
-                 if rel not in exclude and ignored_because(rel) is None]
+                 if rel not in exclude and (rel == LABELS_MANIFEST or ignored_because(rel) is None)]
     else:
         files = [(path.rsplit("/", 1)[-1], fs.info(path))]
     return _signature(files)

@@ -16,6 +16,8 @@ from typing import Any, Literal, Union
 
 import fsspec
 
+from finetune_assets.data.labels import LABELS
+
 Optimizer = Literal["adadelta", "adamw"]
 Precision = Literal["32", "32-true", "bf16-mixed", "16-mixed"]
 Strategy = Literal["ddp", "fsdp", "auto"]
@@ -143,6 +145,9 @@ class TrainerConfig:
     class_weights: ClassWeights = "balanced"
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 200
+    # The dataset version's classes in label-id order (the shards' labels are ids into this list);
+    # they become the model's num_labels / id2label / label2id. Default: the seed's three classes.
+    labels: list[str] = field(default_factory=lambda: list(LABELS))
     # Test aids: cap the batches per epoch / per evaluation (None: all).
     limit_train_batches: int | None = None
     limit_val_batches: int | None = None
@@ -163,6 +168,8 @@ class TrainerConfig:
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        if len(self.labels) < 2 or len({n.casefold() for n in self.labels}) != len(self.labels):
+            raise ConfigError(f"labels must be at least two distinct class names, got {self.labels}")
         if self.accelerator == "cpu" and self.precision == "16-mixed":
             raise ConfigError("precision '16-mixed' needs a GPU; use '32' or 'bf16-mixed' on CPU")
 
@@ -262,6 +269,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         return value
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ConfigError(f"{where}: expected an object of strings to strings")

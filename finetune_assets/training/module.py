@@ -1,10 +1,12 @@
-"""The Lightning module: a ``BertForSequenceClassification`` plus loss, metrics, optimizers, throughput."""
+"""The Lightning module: a sequence classifier of the checkpoint's own architecture plus loss, metrics,
+optimizers, throughput."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import math
+import re
 import time
 from typing import Any
 
@@ -13,38 +15,52 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
-from transformers import BertForSequenceClassification, PreTrainedModel
+from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
-from finetune_assets.data.labels import ID2LABEL, LABEL2ID, LABELS
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
+from finetune_assets.data.models import load_sequence_classifier
 from finetune_assets.training.config import OptimConfig
 from finetune_assets.training.datamodule import PAD_LABEL
 
-NUM_CLASSES = len(LABELS)
 log = logging.getLogger(__name__)
 
 
-def load_classifier(model_dir: str) -> PreTrainedModel:
-    """The pretrained folder as a 3-class classifier with our label names (safetensors only)."""
-    return BertForSequenceClassification.from_pretrained(
-        model_dir,
-        num_labels=NUM_CLASSES,
-        id2label=ID2LABEL,
-        label2id=LABEL2ID,
-        use_safetensors=True,
-        local_files_only=True,
-        ignore_mismatched_sizes=True,  # a head trained for another label set is re-initialised
-    )
+def load_classifier(model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET) -> PreTrainedModel:
+    """The pretrained folder as a classifier of its own architecture with the version's classes.
+
+    Fails (``WeightsMismatch``) when any encoder weight is missing or unused, instead of training a
+    randomly initialised encoder.
+    """
+    return load_sequence_classifier(model_dir, labels, local_only=True)
 
 
-def _eval_metrics(prefix: str) -> MetricCollection:
+def export_classifier(config: PretrainedConfig, state: dict[str, torch.Tensor]) -> PreTrainedModel:
+    """The trained weights in a model built from the trained model's own config (and so its class).
+
+    ``state`` is the Lightning module's state dict (``model.`` prefixed); a missing or extra key fails.
+    """
+    weights = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    model = AutoModelForSequenceClassification.from_config(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise RuntimeError(f"trained weights do not match {type(model).__name__}: missing={missing}, "
+                           f"unexpected={unexpected}")
+    return model.eval()
+
+
+_METRIC_UNSAFE = re.compile(r"[^\w\-. /]")  # MLflow metric names: word characters, - . / and space
+
+
+def _eval_metrics(prefix: str, num_classes: int) -> MetricCollection:
     # PAD_LABEL marks evaluation padding (datamodule.RankBlock): counted by no metric.
     ignore = PAD_LABEL
     return MetricCollection(
         {
-            "accuracy": MulticlassAccuracy(NUM_CLASSES, average="micro", ignore_index=ignore),
-            "macro_f1": MulticlassF1Score(NUM_CLASSES, average="macro", ignore_index=ignore),
-            "f1_per_class": MulticlassF1Score(NUM_CLASSES, average="none", ignore_index=ignore),
-            "confusion_matrix": MulticlassConfusionMatrix(NUM_CLASSES, ignore_index=ignore),
+            "accuracy": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore),
+            "macro_f1": MulticlassF1Score(num_classes, average="macro", ignore_index=ignore),
+            "f1_per_class": MulticlassF1Score(num_classes, average="none", ignore_index=ignore),
+            "confusion_matrix": MulticlassConfusionMatrix(num_classes, ignore_index=ignore),
         },
         prefix=prefix,
     )
@@ -73,14 +89,17 @@ class ReviewClassifier(pl.LightningModule):
         super().__init__()
         self.seed = seed
         self.model = model.train()  # from_pretrained returns eval mode; dropout must be on while training
+        # The classes, in id order, from the model's own config (set from the version's label set).
+        self.labels: tuple[str, ...] = tuple(model.config.id2label[i] for i in range(model.config.num_labels))
+        self.num_classes = len(self.labels)
         self.optim = optim
-        if class_weights is not None and len(class_weights) != NUM_CLASSES:
-            raise ValueError(f"class_weights needs {NUM_CLASSES} values, got {len(class_weights)}")
+        if class_weights is not None and len(class_weights) != self.num_classes:
+            raise ValueError(f"class_weights needs {self.num_classes} values, got {len(class_weights)}")
         # Training loss only; evaluation losses stay plain cross-entropy so runs remain comparable.
         weight = torch.tensor(class_weights, dtype=torch.float32) if class_weights is not None else None
         self.register_buffer("class_weight", weight, persistent=False)
-        self.val_metrics = _eval_metrics("val/")
-        self.test_metrics = _eval_metrics("test/")
+        self.val_metrics = _eval_metrics("val/", self.num_classes)
+        self.test_metrics = _eval_metrics("test/", self.num_classes)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()  # per sample, padding weighted 0
         # Global (all ranks) counters, restored from checkpoints so a resumed run reports run totals.
         self.samples_seen = 0
@@ -117,7 +136,7 @@ class ReviewClassifier(pl.LightningModule):
 
         fp32 whatever the precision: bf16 would round the class weights (and the loss) to 3 digits.
         """
-        logits, labels = logits.float().view(-1, NUM_CLASSES), labels.view(-1)
+        logits, labels = logits.float().view(-1, self.num_classes), labels.view(-1)
         kept = labels != PAD_LABEL  # streaming's repeated samples (datamodule.repeated_positions) count nowhere
         weight = self.class_weight[labels.clamp(min=0)] if self.class_weight is not None else torch.ones_like(logits[:, 0])
         weight = weight * kept
@@ -192,13 +211,13 @@ class ReviewClassifier(pl.LightningModule):
         result = {
             "accuracy": float(values[f"{prefix}accuracy"]),
             "macro_f1": float(values[f"{prefix}macro_f1"]),
-            "f1_per_class": {LABELS[i]: float(v) for i, v in enumerate(values[f"{prefix}f1_per_class"])},
+            "f1_per_class": {self.labels[i]: float(v) for i, v in enumerate(values[f"{prefix}f1_per_class"])},
             "confusion_matrix": values[f"{prefix}confusion_matrix"].long().tolist(),
         }
         self.log(f"{prefix}accuracy", result["accuracy"], sync_dist=False)
         self.log(f"{prefix}macro_f1", result["macro_f1"], sync_dist=False)
         for name, v in result["f1_per_class"].items():
-            self.log(f"{prefix}f1_{name}", v, sync_dist=False)
+            self.log(f"{prefix}f1_{_METRIC_UNSAFE.sub('_', name)}", v, sync_dist=False)
         metrics.reset()
         return result
 

@@ -22,7 +22,8 @@ from transformers import AutoTokenizer
 from finetune_assets.training import files
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights, label_counts
-from finetune_assets.training.module import NUM_CLASSES, ReviewClassifier, load_classifier
+from finetune_assets.data.labels import LabelSet
+from finetune_assets.training.module import ReviewClassifier, export_classifier, load_classifier
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -257,12 +258,10 @@ def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path,
     import mlflow
     import transformers
 
-    from finetune_assets.data.labels import LABELS
-
     client = logger.experiment
     run_id = logger.run_id
     if metrics.get("confusion_matrix"):  # None when the test split was empty
-        fig = _confusion_figure(metrics["confusion_matrix"], list(LABELS))
+        fig = _confusion_figure(metrics["confusion_matrix"], list(config.labels))
         client.log_figure(run_id, fig, "confusion_matrix.png")
     client.log_dict(run_id, metrics, "metrics.json")
     info: dict[str, Any] = {
@@ -309,13 +308,10 @@ def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path,
     return info
 
 
-def _save_model(config: TrainerConfig, state: dict[str, torch.Tensor], tokenizer: Any) -> Path:
-    """Rank 0: the trained weights as an HF folder (safetensors) + tokenizer, in a local staging folder."""
-    model = load_classifier(config.model_dir)
-    weights = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or [k for k in missing if "position_ids" not in k]:
-        raise RuntimeError(f"trained weights do not match the model: missing={missing}, unexpected={unexpected}")
+def _save_model(model_config: Any, state: dict[str, torch.Tensor], tokenizer: Any) -> Path:
+    """Rank 0: the trained weights as an HF folder (safetensors) + tokenizer, in a local staging folder,
+    exported with the trained model's own class and config (its id2label included)."""
+    model = export_classifier(model_config, state)
     os.makedirs(files.scratch_root(), exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="model-", dir=files.scratch_root()))  # the cache volume, not /tmp
     model.save_pretrained(staging, safe_serialization=True)
@@ -405,11 +401,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                                pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(), attempt=attempt)
     weights = None
     if config.class_weights == "balanced":
-        counts = label_counts(config.data.train_url, NUM_CLASSES)
+        counts = label_counts(config.data.train_url, len(config.labels))
         weights = balanced_class_weights(counts)
         if rank == 0:
             log.info("train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights])
-    module = ReviewClassifier(load_classifier(config.model_dir), config.optim, class_weights=weights, seed=config.seed)
+    module = ReviewClassifier(load_classifier(config.model_dir, LabelSet(tuple(config.labels))), config.optim,
+                              class_weights=weights, seed=config.seed)
     if datamodule.is_empty("validation") and rank == 0:
         log.warning("validation split %s is empty: training without validation", config.data.validation_url)
     logger = _mlflow_logger(config, rank)
@@ -459,13 +456,14 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         "world_size": world,
         "class_weights": weights,
         "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
+        "labels": list(config.labels),  # class names in id order: f1_per_class, confusion matrix rows/columns
         "wall_seconds": time.time() - t0,
         "timings": timings,  # seconds per phase (where a run's time goes)
     }
     if rank != 0:
         return metrics
     t = time.time()
-    staging = _save_model(config, state, tokenizer)
+    staging = _save_model(module.model.config, state, tokenizer)
     timings["save_model"] = time.time() - t
     try:
         if logger is not None:

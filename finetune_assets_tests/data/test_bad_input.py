@@ -115,9 +115,9 @@ def unknown_encoding_name(src: Path, tmp: Path) -> Case:
 
 
 def missing_text_column(src: Path, tmp: Path) -> Case:
-    path = _write_csv(tmp / "PROD_body.csv", ["body", "polarity"], _prod(src))
-    return Case(path, error=r"no text column found \(looked for text, review, content, sentence; "
-                            r"columns: \['body', 'polarity'\]\); set text_column")
+    path = _write_csv(tmp / "PROD_opinion.csv", ["opinion", "polarity"], _prod(src))  # "body" is found
+    return Case(path, error=r"no text column found \(looked for text, review, content, sentence, .*; "
+                            r"columns: \['opinion', 'polarity'\]\); set text_column")
 
 
 def configured_text_column_absent(src: Path, tmp: Path) -> Case:
@@ -219,8 +219,8 @@ def single_class_only(src: Path, tmp: Path) -> Case:
 def parquet_wrong_schema(src: Path, tmp: Path) -> Case:
     rows = _prod(src)
     path = tmp / "wrong_schema.parquet"
-    pq.write_table(pa.table({"comment": [r[0] for r in rows], "stars": [int(r[1]) for r in rows]}), path)
-    return Case(path, error=r"no text column found .*columns: \['comment', 'stars'\]")
+    pq.write_table(pa.table({"remark": [r[0] for r in rows], "grade": [int(r[1]) for r in rows]}), path)
+    return Case(path, error=r"no text column found .*columns: \['remark', 'grade'\]")  # comment/stars are found
 
 
 def parquet_list_text_column(src: Path, tmp: Path) -> Case:
