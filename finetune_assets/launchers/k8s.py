@@ -88,6 +88,9 @@ POD_ENV = {
     "TORCH_HOME": "/cache/torch",
     "TRITON_CACHE_DIR": "/cache/triton",
     "MPLCONFIGDIR": "/cache/matplotlib",
+    # A replaced pod's torchrun agent cannot rejoin the rendezvous' shared TCP store in torch 2.x (it waits
+    # for a MASTER_ADDR the node-0 agent never republishes): give each round its own store instead.
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
 }
 
 

@@ -26,15 +26,17 @@ from finetune_assets.training.config import OptimConfig, TrainerConfig
 from finetune_assets.training.module import ReviewClassifier, export_classifier, load_classifier
 from finetune_assets_tests.training.encoder_families import CLASSES, FAMILIES, XLMR_VOCAB, build_family
 
-REPO = Path(__file__).resolve().parents[2]
-BINARY = REPO / "finetune_assets_tests" / "fixtures" / "amazon_cells_binary.tsv"
 LABELS = LabelSet(("Negative", "Positive"), {"0": "Negative", "1": "Positive"})
 THREE = LabelSet(("Negative", "Mixed", "Positive"))
 
 
 def _reviews() -> list[tuple[str, str]]:
-    rows = [line.rsplit("\t", 1) for line in BINARY.read_text(encoding="utf-8").splitlines()[1:]]
-    return [(text, LABELS.map(label)) for text, label in rows]
+    """Binary English reviews (the project's generator): tokenizers are trained on them, tiny models learn them."""
+    from finetune_assets.data.sample import make_sample_reviews
+
+    table = make_sample_reviews(600, seed=3)
+    return [(t, y) for t, y in zip(table.column("text").to_pylist(), table.column("label").to_pylist())
+            if y in LABELS.names]
 
 
 @pytest.fixture(scope="session")
