@@ -10,8 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from finetune_assets.data.labels import DEFAULT_LABEL_MAPPING, LABELS
-from finetune_assets.data.validate import _map_label
+from finetune_assets.data.labels import DEFAULT_LABEL_MAPPING, LABELS, LabelError, LabelSet
 
 
 class LabelSetMismatch(ValueError):
@@ -63,11 +62,15 @@ def map_labels(raw: Sequence[str | None], mapping: dict[str, str] | None, labels
     ``1.0`` == ``1``) decides. Nothing is dropped: one unknown label refuses the whole file, because a
     score on a silently shrunk set is a different benchmark.
     """
-    mapping = {**DEFAULT_LABEL_MAPPING, **(mapping or {})}
+    defaults = {k: v for k, v in DEFAULT_LABEL_MAPPING.items() if v in labels}  # 1/-1/0 only where they fit
+    try:
+        label_set = LabelSet(tuple(labels), {**defaults, **(mapping or {})})
+    except LabelError as err:
+        raise LabelSetMismatch(f"{where}: {err}") from err
     out, unknown = [], {}
     for value in raw:
         key = None if value is None else str(value).strip()
-        name = key if key in labels else _map_label(key, mapping) if key is not None else None
+        name = label_set.map(key)
         if name is None or name not in labels:
             unknown[key] = unknown.get(key, 0) + 1
             continue

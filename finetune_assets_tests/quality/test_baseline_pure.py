@@ -1,11 +1,10 @@
-"""The baseline, its decision rule, the shared scores and the vocabulary fit, on real reviews (no Dagster)."""
+"""The baseline, its decision rule and the shared scores, on real reviews (the shared Arabic PROD.csv; no Dagster)."""
 
 import numpy as np
 import pytest
 
 from finetune_assets import gate
 from finetune_assets.data.baseline import BaselineModel, beats_baseline
-from finetune_assets.data.default_reviews import REVIEWS_SOURCE, read_default_reviews
 from finetune_assets.data.evaluate import LabelSetMismatch, majority_scores, map_labels, scores
 from finetune_assets.data.labels import LABELS
 from finetune_assets.data.sources import SourceSpec, read_source
@@ -14,27 +13,17 @@ from finetune_assets.data.validate import ValidationRules, validate
 
 
 @pytest.fixture(scope="module")
-def english_split():
-    accepted = validate(read_source(SourceSpec(uri=REVIEWS_SOURCE)), ValidationRules()).accepted
+def real_split(arabic_reviews):
+    """PROD.csv's 4,264 accepted reviews (73 % Positive), split by the project's hash rule; the fit takes seconds."""
+    accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()).accepted
     texts, labels = accepted.column("text").to_pylist(), accepted.column("label").to_pylist()
     split = SplitRule().assign(texts)
     return {s: ([t for t, p in zip(texts, split) if p == s], [y for y, p in zip(labels, split) if p == s])
             for s in ("train", "test")}
 
 
-def test_default_reviews_are_real_three_class_and_clean():
-    table = read_default_reviews()
-    validated = validate(read_source(SourceSpec(uri=REVIEWS_SOURCE)), ValidationRules())
-    assert table.num_rows == validated.accepted.num_rows == 3000 and validated.rejected.num_rows == 0
-    counts = validated.label_counts
-    assert counts == {"Positive": 2300, "Negative": 322, "Mixed": 378}  # SOURCE.md says so
-    stars = dict(zip(table.column("label").to_pylist(), table.column("rating").to_pylist()))
-    assert stars and all((lab, r) in {("Negative", 1), ("Negative", 2), ("Mixed", 3), ("Positive", 4), ("Positive", 5)}
-                         for lab, r in zip(table.column("label").to_pylist(), table.column("rating").to_pylist()))
-
-
-def test_baseline_beats_majority_on_real_reviews_and_survives_save_load(english_split, tmp_path):
-    train, test = english_split["train"], english_split["test"]
+def test_baseline_beats_majority_on_real_reviews_and_survives_save_load(real_split, tmp_path):
+    train, test = real_split["train"], real_split["test"]
     model = BaselineModel.fit(*train, label_set=LABELS)
     result = model.evaluate(*test)
     majority = majority_scores(train[1], test[1], model.labels)
@@ -44,7 +33,7 @@ def test_baseline_beats_majority_on_real_reviews_and_survives_save_load(english_
     loaded = BaselineModel.load(tmp_path / "b")
     assert loaded.labels == list(LABELS)
     assert loaded.predict_labels(test[0][:50]) == model.predict_labels(test[0][:50])
-    label, score, by_label = loaded.predict(["I love this dress, it fits perfectly"])[0]
+    label, score, by_label = loaded.predict(["ممتاز جدا"])[0]  # "very excellent"
     assert label == "Positive" and score == by_label["Positive"] and sum(by_label.values()) == pytest.approx(1)
 
 

@@ -1,5 +1,6 @@
-"""baseline_model, vocabulary_fit, the gate's baseline condition, benchmark sets, evaluate and summary, on real
-reviews (the shared Arabic files and the packaged English clothing reviews) with the tiny BERT as base model.
+"""baseline_model, vocabulary_fit, the gate's baseline condition, benchmark sets, evaluate and summary, with the
+tiny BERT as base model: version "en" is the project's generated English sample (builtin:sample), version "ar"
+and the user's labelled files are real reviews (the shared Arabic PROD.csv).
 
 One deployment is built per module (base model, two versions, their baselines) and shared by the tests:
 materializing is the slow part, the assertions are cheap.
@@ -19,10 +20,12 @@ from finetune_assets.assets.benchmarks import benchmark_scores
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.tokenized import tokenized_reviews
-from finetune_assets.checks import QualityGateConfig, _baseline_condition
+from finetune_assets import gate
+from finetune_assets.checks import QualityGateConfig, _side_by_side, frozen_test_set, gate_conditions
 from finetune_assets.cli import main
-from finetune_assets.data.default_reviews import REVIEWS_SOURCE, read_default_reviews
-from finetune_assets.data.sources import SourceSpec
+from finetune_assets.data.sample import SAMPLE_SOURCE
+from finetune_assets.data.sources import SourceSpec, read_source
+from finetune_assets.data.validate import ValidationRules, validate
 from finetune_assets.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
@@ -60,7 +63,7 @@ def deployment(tmp_path_factory, _tiny_model_session):
         d = Deployment(tmp / "storage", instance, _tiny_model_session)
         assert d.materialize(None, dg.AssetSelection.assets("pretrained_model"),
                              dg.RunConfig(ops={"pretrained_model": {"config": {"source": str(d.model_dir)}}})).success
-        d.results = {"en": d.add_version("en", REVIEWS_SOURCE)}
+        d.results = {"en": d.add_version("en", SAMPLE_SOURCE)}
         shared = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "arabic_reviews"
         shared = shared if shared.exists() else Path("/work/shared/data/arabic_reviews")
         if (shared / "PROD.csv").exists():
@@ -85,6 +88,9 @@ def test_baseline_model_scores_the_frozen_test_split(deployment):
     assert meta["macro_f1"].value == pytest.approx(info["test"]["macro_f1"])
     assert meta["macro_f1"].value > meta["majority_macro_f1"].value + 0.15
     assert "confusion_matrix_chart" in meta and "| Mixed |" in meta["f1_per_class"].value
+    if "ar" in deployment.results:  # real reviews: the baseline is well above the majority class there too
+        arabic = read_baseline_info(deployment.store, "ar")
+        assert arabic["test"]["macro_f1"] > arabic["majority"]["macro_f1"] + 0.15
     # its own MLflow run, in the fine-tuned runs' experiment
     from mlflow import MlflowClient
 
@@ -107,36 +113,41 @@ def test_vocabulary_fit_passes_on_english_and_warns_on_arabic(deployment):
     assert deployment.store.current("baseline_model", "ar") is not None
 
 
-class _NoChampion:
-    """MLflow client double: a registry where no version holds the alias (the only call the condition makes)."""
-
-    def get_model_version_by_alias(self, name, alias):
-        from mlflow.exceptions import MlflowException
-
-        raise MlflowException(f"no alias {alias} on {name}")
+def _gate(deployment, version: str, score: float, config: QualityGateConfig):
+    """The gate's conditions for a challenger scoring ``score`` on version ``version``, with no champion (the
+    test texts are en's: only their majority class enters the floor, and the default floor is 0)."""
+    test = frozen_test_set(deployment.store, "en")
+    conditions, about = gate_conditions(config, test, deployment.store, version)
+    base = gate.Comparison(gate.Challenger("m", "1", score), None, None, test)
+    refusals = tuple(r for cond in conditions if (r := cond(base)) is not None)
+    result = gate.Comparison(base.challenger, None, None, test, refusals)
+    return result, about, _side_by_side(version, score, about, result)
 
 
 def test_gate_refuses_a_challenger_below_its_own_baseline(deployment):
     baseline = read_baseline_info(deployment.store, "en")["test"]["macro_f1"]
-    test_set = type("T", (), {"fingerprint": "x"})()
-    meta: dict = {}
-    refused = _baseline_condition(_NoChampion(), "m", test_set, deployment.store, "en", baseline - 0.01,
-                                  QualityGateConfig(), meta)
-    assert refused is not None and not refused.passed and refused.severity == dg.AssetCheckSeverity.ERROR
-    assert refused.description.startswith("refused: macro-F1") and "does not beat" in refused.description
-    table = refused.metadata["scores"].value
-    assert "| challenger |" in table and "| baseline_model[en]" in table and "| champion | none |" in table
-    assert refused.metadata["baseline_macro_f1"].value == pytest.approx(baseline)
-    meta = {}
-    assert _baseline_condition(_NoChampion(), "m", test_set, deployment.store, "en", baseline + 0.01,
-                               QualityGateConfig(), meta) is None
-    assert "beats" in meta["baseline_decision"]
-    assert _baseline_condition(_NoChampion(), "m", test_set, deployment.store, "en", baseline + 0.01,
-                               QualityGateConfig(baseline_margin=0.05), {}) is not None  # the margin counts
-    meta = {}
-    assert _baseline_condition(_NoChampion(), "m", test_set, deployment.store, "nope", 0.0,
-                               QualityGateConfig(), meta) is None
-    assert "not materialized" in meta["baseline_decision"]
+    refused, about, meta = _gate(deployment, "en", baseline - 0.01, QualityGateConfig())
+    assert about["baseline_macro_f1"] == pytest.approx(baseline) and about["baseline_margin"] == 0.0
+    assert not refused.promotable and len(refused.refusals) == 1 and "does not beat" in refused.refusals[0]
+    assert gate.describe(refused).startswith(f"refused: macro-F1 {baseline - 0.01:.4f} does not beat the baseline's")
+    table = meta["scores"].value
+    assert f"| challenger | {baseline - 0.01:.4f} |" in table and "| champion | none |" in table
+    assert f"| baseline_model[en] + margin 0.0000 | {baseline:.4f} |" in table
+    assert meta["baseline_macro_f1"].value == pytest.approx(baseline)
+
+    above, _, _ = _gate(deployment, "en", baseline + 0.01, QualityGateConfig())
+    assert above.promotable and gate.describe(above).startswith("promoted: first model")
+    margin, _, meta = _gate(deployment, "en", baseline + 0.01, QualityGateConfig(baseline_margin=0.05))
+    assert not margin.promotable and f"needs >= {baseline + 0.05:.4f}" in margin.refusals[0]  # the margin counts
+    assert "| baseline_model[en] + margin 0.0500 |" in meta["scores"].value
+
+    missing, about, meta = _gate(deployment, "nope", 0.0, QualityGateConfig())
+    assert missing.promotable and len(gate_conditions(QualityGateConfig(), missing.test, deployment.store,
+                                                      "nope")[0]) == 1  # only the floor
+    assert "not materialized" in about["baseline_decision"] and "not materialized" in meta["baseline_decision"]
+    assert "baseline_macro_f1" not in meta and "not materialized" in meta["scores"].value
+    off, about, _ = _gate(deployment, "en", 0.0, QualityGateConfig(baseline_margin=None))
+    assert off.promotable and about["baseline_decision"].startswith("off")
 
 
 def _cli(capsys, root: Path, *argv) -> tuple[int, str, str]:
@@ -146,11 +157,14 @@ def _cli(capsys, root: Path, *argv) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def labelled_files(tmp_path_factory) -> dict[str, Path]:
-    """Real reviews as a user's labelled files: 1-5 stars (needs a mapping), and a spam/ham set (no mapping fits)."""
+def labelled_files(tmp_path_factory, arabic_reviews) -> dict[str, Path]:
+    """Real reviews (PROD.csv) as a user's labelled files: 1-5 stars from their polarity (needs a mapping), and
+    a spam/ham set (no mapping fits)."""
     out = tmp_path_factory.mktemp("labelled")
-    table = read_default_reviews().slice(0, 120)
-    stars = pa.table({"review": table.column("text"), "stars": table.column("rating").cast(pa.string())})
+    table = read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))).slice(0, 120)
+    to_stars = {"1": ("4", "5"), "0": ("3", "3"), "-1": ("1", "2")}  # both star values of a class occur
+    stars = [to_stars[lab][i % 2] for i, lab in enumerate(table.column("label").to_pylist())]
+    stars = pa.table({"review": table.column("text"), "stars": stars})
     pacsv.write_csv(stars, out / "stars.csv")
     spam = pa.table({"text": table.column("text").slice(0, 20), "label": ["spam", "ham"] * 10})
     pacsv.write_csv(spam, out / "spam.csv")
@@ -208,7 +222,9 @@ def test_benchmark_sets_score_every_model_and_refuse_foreign_label_sets(deployme
 def test_summary_reads_what_was_published(deployment, capsys):
     code, out, err = _cli(capsys, deployment.root, "summary", "en")
     assert code == 0, err
-    assert out.startswith("dataset version en: 3000 reviews (0 rejected)")
+    sample = validate(read_source(SourceSpec(uri=SAMPLE_SOURCE)), ValidationRules())  # duplicates are rejected
+    rows, rejected = sample.accepted.num_rows, sample.rejected.num_rows
+    assert out.startswith(f"dataset version en: {rows} reviews ({rejected} rejected)")
     info = read_baseline_info(deployment.store, "en")
     assert f"{info['test']['accuracy']:.4f}" in out and "baseline (TF-IDF+LR)" in out
     assert "champion:" in out
