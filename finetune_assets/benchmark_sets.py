@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from finetune_assets.data.labels import DEFAULT_LABEL_MAPPING
+from finetune_assets.data.labels import DEFAULT_LABEL_MAPPING, normalize_value
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.validate import _map_label
 from finetune_assets.storage import Storage, hash_tree
 
 ASSET = "benchmark_sets"
@@ -64,8 +63,8 @@ def add_benchmark_set(storage: Storage, name: str, spec: SourceSpec,
     a label nothing maps stays as written, and scoring refuses models that cannot predict it.
     """
     texts, raw_labels = read_labelled(spec)
-    mapping = {**DEFAULT_LABEL_MAPPING, **(label_mapping or {})}
-    labels = [_map_label(v, mapping) or v.strip() for v in raw_labels]
+    mapping = {normalize_value(k): v for k, v in {**DEFAULT_LABEL_MAPPING, **(label_mapping or {})}.items()}
+    labels = [mapping.get(normalize_value(v)) or v.strip() for v in raw_labels]
     table = pa.table({"text": texts, "label": labels})
     with storage.publish(ASSET, name) as staging:
         pq.write_table(table, staging.local_dir / SET_FILE, compression="zstd")

@@ -149,11 +149,11 @@ def test_predict_needs_exactly_one_model(capsys, tiny_model_dir):
 
 def test_predict_csv_without_text_column_names_the_columns(capsys, tmp_path, tiny_model_dir):
     path = tmp_path / "in.csv"
-    path.write_text("body,stars\nnice,5\n")
+    path.write_text("opinion,grade\nnice,5\n")
     code, _, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path))
-    assert code == 2 and "['body', 'stars']" in err and "--text-column" in err
+    assert code == 2 and "['opinion', 'grade']" in err and "--text-column" in err
     code, out, _ = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path),
-                           "--text-column", "stars", "--no-progress", "--format", "tsv")
+                           "--text-column", "grade", "--no-progress", "--format", "tsv")
     assert code == 0 and out.endswith("\t5\n")
 
 
@@ -333,7 +333,8 @@ def test_versions_add_validates_the_source_now(capsys, dagster_home, storage_roo
 
 
 def test_versions_add_refuses_another_source_under_a_key(capsys, dagster_home, storage_root, tmp_path, monkeypatch):
-    a, b = _csv(tmp_path / "a.csv", [("good", "1")]), _csv(tmp_path / "b.csv", [("bad", "-1")])
+    a = _csv(tmp_path / "a.csv", [("good", "1"), ("bad", "-1"), ("meh", "0")])
+    b = _csv(tmp_path / "b.csv", [("great", "1"), ("awful", "-1"), ("so so", "0")])
     add = ("--root", str(storage_root), "versions", "add", "v1", "--source")
     assert run_cli(capsys, *add, str(a))[0] == 0
     assert run_cli(capsys, *add, str(a))[0] == 0  # the same source again: a no-op
@@ -351,7 +352,7 @@ def test_versions_add_refuses_another_source_under_a_key(capsys, dagster_home, s
     dg.DagsterInstance.get().report_runless_asset_event(dg.AssetMaterialization("raw_reviews", partition="v1"))
     code, _, err = run_cli(capsys, *add, str(a), "--replace")
     assert code == 2 and "raw_reviews already materialized" in err and "new key" in err
-    b.write_text("text,label\nchanged,1\n")  # same path, new content, under a materialized key
+    b.write_text("text,label\nchanged,1\nworse,-1\nokay,0\n")  # same path, new content, under a materialized key
     code, _, err = run_cli(capsys, *add, str(b))
     assert code == 2 and "changed since it was registered" in err
 
@@ -364,7 +365,8 @@ def test_concurrent_registrations_of_one_key_have_one_winner(storage_root, insta
     from finetune_assets.versions import VersionConflict, read_version, register_version
 
     store = Storage(str(storage_root))
-    sources = [_csv(tmp_path / f"s{i}.csv", [(f"review {i}", "1")]) for i in range(6)]
+    sources = [_csv(tmp_path / f"s{i}.csv", [(f"review {i}", "1"), (f"bad {i}", "-1"), (f"meh {i}", "0")])
+               for i in range(6)]
     barrier = threading.Barrier(len(sources))
     outcome: dict[int, str] = {}
 
@@ -390,7 +392,7 @@ def test_concurrent_registrations_of_one_key_have_one_winner(storage_root, insta
 def test_versions_remove(capsys, dagster_home, storage_root, tmp_path):
     import dagster as dg
 
-    a = _csv(tmp_path / "a.csv", [("good", "1")])
+    a = _csv(tmp_path / "a.csv", [("good", "1"), ("bad", "-1"), ("meh", "0")])
     root = ("--root", str(storage_root))
     assert run_cli(capsys, *root, "versions", "add", "v1", "--source", str(a))[0] == 0
     assert run_cli(capsys, *root, "versions", "add", "v2", "--source", str(a))[0] == 0
