@@ -129,7 +129,8 @@ def _partitions() -> list[str]:
 
 def test_versions_add_refuses_ambiguous_labels_and_writes_nothing(capsys, dagster_home, storage_root,
                                                                   binary_reviews_tsv):
-    code, _, err = run_cli(capsys, "--root", str(storage_root), "versions", "add", "binary", "--source", str(binary_reviews_tsv))
+    code, _, err = run_cli(capsys, "--root", str(storage_root), "versions", "add", "binary",
+                           "--source", str(binary_reviews_tsv))
     assert code == 2
     assert "['0', '1']" in err and "--labels Negative,Positive --label-mapping 0=Negative,1=Positive" in err
     assert not (storage_root / "versions" / "binary.json").exists()
@@ -169,7 +170,8 @@ def test_versions_add_stars_five_classes_or_three_with_one_flag(capsys, dagster_
 
 
 def test_versions_add_refuses_a_class_without_reviews(capsys, dagster_home, storage_root, binary_reviews_tsv):
-    code, _, err = run_cli(capsys, "--root", str(storage_root), "versions", "add", "binary", "--source", str(binary_reviews_tsv),
+    code, _, err = run_cli(capsys, "--root", str(storage_root), "versions", "add", "binary",
+                           "--source", str(binary_reviews_tsv),
                            "--labels", "Negative,Positive,Mixed", "--label-mapping", "0=Negative,1=Positive")
     assert code == 2 and "no review in the source has the class ['Mixed']" in err
     assert not (storage_root / "versions" / "binary.json").exists()
