@@ -76,3 +76,59 @@ def instance(tmp_path: Path):
     home.mkdir()
     with dg.instance_for_test(temp_dir=str(home)) as inst:
         yield inst
+
+
+def _real_rows(path: Path) -> list[tuple[str, str]]:
+    """(text, class) of a shared Arabic file, classes by its README (1 / -1 / 0, ``1.0`` too), first
+    spelling of each distinct text only, blank texts skipped."""
+    import csv
+
+    names = {"1": "Positive", "-1": "Negative", "0": "Mixed"}
+    seen: set[str] = set()
+    rows = []
+    with path.open(encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f):
+            text, raw = row["text"].strip(), row["polarity"].strip()
+            label = names.get(raw[:-2] if raw.endswith(".0") else raw)
+            if text and label and text not in seen:
+                seen.add(text)
+                rows.append((text, label))
+    return rows
+
+
+@pytest.fixture(scope="session")
+def binary_reviews_tsv(arabic_reviews: Path, tmp_path_factory) -> Path:
+    """A user's binary file written from real reviews: 150 Positive + 150 Negative of PROD.csv (its Mixed
+    rows left out), one line each, labels written ``1`` / ``0`` as binary sets usually come."""
+    rows = [(t, lab) for t, lab in _real_rows(arabic_reviews / "PROD.csv")
+            if not any(c in t for c in '\t\n\r"')]
+    picked = [r for r in rows if r[1] == "Positive"][:150] + [r for r in rows if r[1] == "Negative"][:150]
+    out = tmp_path_factory.mktemp("binary") / "reviews_binary.tsv"
+    lines = ["text\tlabel"] + [f"{t}\t{1 if lab == 'Positive' else 0}" for t, lab in sorted(picked)]
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="session")
+def star_reviews_csv(arabic_reviews: Path, tmp_path_factory) -> Path:
+    """A user's 1-5 star file written from real reviews of RES2.csv (title line, then body), columns
+    ``Title``, ``Review Text``, ``stars``. The star values are NOT real ratings: they are derived from the
+    real 3-class labels (Negative -> 1, 2, Mixed -> 3, Positive -> 4, 5, alternating in file order),
+    because no real star-rated set may be committed. 80 Negative, 40 Mixed, 80 Positive: 40 per star."""
+    import csv
+
+    rows = _real_rows(arabic_reviews / "RES2.csv")
+    quota = {"Negative": 80, "Mixed": 40, "Positive": 80}
+    stars = {"Negative": (1, 2), "Mixed": (3, 3), "Positive": (4, 5)}
+    taken = dict.fromkeys(quota, 0)
+    out = tmp_path_factory.mktemp("stars") / "reviews_stars.csv"
+    with out.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["Title", "Review Text", "stars"])
+        for text, label in rows:
+            if taken[label] < quota[label]:
+                title, _, body = text.partition("\n")
+                writer.writerow([title.strip(), body.strip(), stars[label][taken[label] % 2]])
+                taken[label] += 1
+    assert taken == quota, taken
+    return out
