@@ -173,8 +173,11 @@ def _stale_inputs(instance, record, partition: str | None) -> list[str]:
 
 def version_status(instance, versions: Sequence[str]) -> list[dict]:
     """One row per (version, asset): materialized / stale / missing, when, data version, run."""
+    from finetune_assets.sensors import STATUS_TAG
+
     rows = []
     cells = [(None, a) for a in UNPARTITIONED_ASSETS] + [(v, a) for v in versions for a in PARTITIONED_ASSETS]
+    failed = {v: _failed_last_run(instance, v) for v in versions}
     for version, asset in cells:
         record = _latest(instance, asset, version)
         row = {"version": version or "-", "asset": asset, "status": "missing", "materialized_at": None,
@@ -183,8 +186,20 @@ def version_status(instance, versions: Sequence[str]) -> list[dict]:
             stale = _stale_inputs(instance, record, version)
             row.update(status="stale" if stale else "materialized", materialized_at=_when(record.timestamp),
                        data_version=_data_version(record), run_id=record.run_id, stale_because=stale)
+        elif version is not None and failed.get(version) is not None:
+            run = failed[version]  # never materialized and the version's latest run failed: say so, not "missing"
+            row.update(status="failed", run_id=run.run_id, detail=run.tags.get(STATUS_TAG, ""))
         rows.append(row)
     return rows
+
+
+def _failed_last_run(instance, version: str):
+    """The version's most recent run if it failed or was cancelled (the sensor's retry rule may tag it)."""
+    import dagster as dg
+
+    records = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": version}), limit=1)
+    run = records[0].dagster_run if records else None
+    return run if run is not None and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) else None
 
 
 def cmd_versions_status(args) -> int:

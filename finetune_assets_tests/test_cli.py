@@ -300,9 +300,19 @@ def test_versions_status_materialized_stale_missing(capsys, dagster_home, storag
     row = status()["tokenized_reviews"]
     assert row["status"] == "stale" and row["stale_because"] == ["raw_reviews"]
 
+    # the version's latest run failed: what it never materialized is "failed" (with the sensor's tag), not "missing"
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+    instance.add_run(DagsterRun(job_name="retrain_job", run_id="f" * 36, status=DagsterRunStatus.FAILURE,
+                                tags={"dagster/partition": "v1", "finetune_assets/version_status": "failed: 3 runs"}))
+    rows = status()
+    assert rows["mds_shards"]["status"] == "failed" and rows["mds_shards"]["run_id"] == "f" * 36
+    assert rows["mds_shards"]["detail"] == "failed: 3 runs"
+    assert rows["raw_reviews"]["status"] == "materialized"  # what exists stays as it is
+
     code, out, _ = run_cli(capsys, "versions", "status", "v1")
     assert code == 0
-    assert "stale (raw_reviews changed)" in out and "missing" in out
+    assert "stale (raw_reviews changed)" in out and "failed" in out
     code, _, err = run_cli(capsys, "versions", "status", "v9")
     assert code == 2 and "not registered: v9" in err
 
