@@ -337,23 +337,14 @@ def version_labels(store, version: str):
 
 
 def frozen_test_set(store, version: str):
-    """The frozen test split as text + label: tokenized_reviews' split column over raw_reviews' rows."""
+    """The frozen test split as text + label (the same join of splits over rows that baseline_model uses)."""
+    from finetune_assets.assets.baseline import split_reviews
     from finetune_assets.gate import TestSet
 
-    raw = store.require(RAW, version)
-    tokens = store.require(TOKENIZED, version)
-    with store.fs.open(f"{raw.url}/{REVIEWS_FILE}", "rb") as f:
-        reviews = pq.read_table(f, columns=["text", "label"])
-    with store.fs.open(f"{tokens.url}/{TOKENS_FILE}", "rb") as f:
-        splits = pa.ipc.open_file(pa.BufferReader(f.read())).read_all().column("split").cast(pa.string())
-    if len(splits) != reviews.num_rows:
-        raise dg.Failure(f"{tokens.url}/{TOKENS_FILE} has {len(splits)} rows but {raw.url}/{REVIEWS_FILE} has "
-                         f"{reviews.num_rows}: re-materialize tokenized_reviews[{version}]")
-    test = reviews.filter(pc.equal(splits, "test"))
-    if test.num_rows == 0:
+    texts, labels = split_reviews(store, version)["test"]
+    if not texts:
         raise dg.Failure(f"dataset version {version} has an empty test split: nothing to gate on")
-    return TestSet.build(test.column("text").to_pylist(), test.column("label").to_pylist(),
-                         labels_from_metadata(raw.metadata).names)
+    return TestSet.build(texts, labels, version_labels(store, version).names)
 
 
 asset_checks: list[dg.AssetChecksDefinition] = [raw_reviews_contract, mds_shards_integrity, quality_gate]
