@@ -74,7 +74,8 @@ def test_readme_path_through_the_cli(user_env, tiny_model_dir):
     assert rows["finetuned_model"]["status"] == "materialized"
     assert all(r["status"] == "materialized" for r in rows.values()), rows  # nothing left stale
 
-    out = sh(user_env, "finetune-assets", "predict", "--version", VERSION, "a fine product, fast delivery")
+    out = sh(user_env, "finetune-assets", "predict", "--version", VERSION, "--format", "tsv",
+             "a fine product, fast delivery")  # piped output defaults to JSON lines; TSV on request
     label, score, text = out.rstrip("\n").split("\t")
     assert label in LABELS and 1 / len(LABELS) <= float(score) <= 1 and text == "a fine product, fast delivery"
     out = sh(user_env, "finetune-assets", "predict", "--version", VERSION, "--json", stdin="first\nsecond\n")

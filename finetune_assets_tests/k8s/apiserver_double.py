@@ -61,6 +61,7 @@ What it plays besides the API server:
 
 from __future__ import annotations
 
+import contextlib
 import base64
 import copy
 import datetime as _dt
@@ -609,8 +610,9 @@ class KubeApiDouble:
         spec = pod.obj["spec"]
         fqdn = f"{hostname}.{spec['subdomain']}.{pod.obj['metadata']['namespace']}.svc.cluster.local" \
             if spec.get("subdomain") else hostname
-        pod.own_hosts = f"127.0.0.1\tlocalhost\n{pod.ip}\t{fqdn} {hostname}\n"
-        pod.hosts_path.write_text(pod.own_hosts + self._dns_lines())
+        with self.lock:  # one order with publish(): a name published meanwhile is never missed
+            pod.own_hosts = f"127.0.0.1\tlocalhost\n{pod.ip}\t{fqdn} {hostname}\n"
+            pod.hosts_path.write_text(pod.own_hosts + self._dns_lines())
         nsswitch = pod.root / "nsswitch.conf"  # names answer from the hosts file only: unknown = NXDOMAIN at once
         nsswitch.write_text("passwd: files\ngroup: files\nhosts: files\n")
         q = shlex.quote
@@ -638,14 +640,13 @@ class KubeApiDouble:
             if pod.deleting or pod.done.is_set():
                 return
             name = f"{spec['hostname']}.{spec['subdomain']}.{ns}.svc"
-            with self.lock:
+            with self.lock:  # every pod with a hosts file, started or about to start (see _isolate)
                 self.dns[name] = self.dns[name + ".cluster.local"] = pod.ip
-                pods = [p for p in self.pods.values() if p.proc is not None and hasattr(p, "own_hosts")]
-            lines = self._dns_lines()
-            for p in pods:  # rewritten in place: the bind mount follows the inode
-                with open(p.hosts_path, "r+") as f:
-                    f.truncate(0)
-                    f.write(p.own_hosts + lines)
+                lines = self._dns_lines()
+                for p in [p for p in self.pods.values() if hasattr(p, "own_hosts")]:
+                    with contextlib.suppress(FileNotFoundError), open(p.hosts_path, "r+") as f:
+                        f.truncate(0)  # rewritten in place: the bind mount follows the inode
+                        f.write(p.own_hosts + lines)
 
         timer = threading.Timer(self.faults.dns_lag_s, publish)
         timer.daemon = True

@@ -26,6 +26,7 @@ from finetune_assets.training.config import OptimConfig, TrainerConfig
 from finetune_assets.training.module import ReviewClassifier, export_classifier, load_classifier
 from finetune_assets_tests.training.encoder_families import CLASSES, FAMILIES, XLMR_VOCAB, build_family
 
+REPO = Path(__file__).resolve().parents[2]
 LABELS = LabelSet(("Negative", "Positive"), {"0": "Negative", "1": "Positive"})
 THREE = LabelSet(("Negative", "Mixed", "Positive"))
 
