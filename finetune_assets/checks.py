@@ -18,6 +18,7 @@ from pydantic import Field
 from finetune_assets.data.labels import labels_from_metadata, registered_model_name
 from finetune_assets.data.tokenize import SPLITS
 from finetune_assets.partitions import dataset_versions
+from finetune_assets.viz import markdown_table
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 
@@ -143,11 +144,10 @@ def raw_reviews_contract(context: dg.AssetCheckExecutionContext, config: RawCont
 
 def _examples(table: pa.Table) -> dg.MetadataValue:
     rows = table.slice(0, EXAMPLES).to_pylist()
-    lines = ["| file | row | reason | detail | text |", "|---|---|---|---|---|"]
-    for r in rows:
-        text = (r.get("text") or "")[:80].replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {r['source_file']} | {r['source_row']} | {r['reason']} | {r.get('detail') or ''} | {text} |")
-    return dg.MetadataValue.md("\n".join(lines) if rows else "none")
+    table = markdown_table(("file", "row", "reason", "detail", "text"),
+                           [(r["source_file"], r["source_row"], r["reason"], r.get("detail") or "",
+                             (r.get("text") or "")[:80]) for r in rows])
+    return dg.MetadataValue.md(table if rows else "none")
 
 
 # -- mds_shards: shard integrity --------------------------------------------------------------------
@@ -182,9 +182,9 @@ def mds_shards_integrity(context: dg.AssetCheckExecutionContext, storage: Storag
                 seen[split] = read_back_count(local / split)
             except Exception as err:  # noqa: BLE001 - any reader failure is the finding, reported per split
                 seen[split], errors[split] = None, f"{type(err).__name__}: {err}"
-    table = dg.MetadataValue.md("\n".join(
-        ["| split | tokenized rows | MDS samples |", "|---|---|---|"]
-        + [f"| {s} | {expected[s]} | {seen[s] if seen[s] is not None else 'unreadable'} |" for s in SPLITS]))
+    table = dg.MetadataValue.md(markdown_table(
+        ("split", "tokenized rows", "MDS samples"),
+        [(s, expected[s], seen[s] if seen[s] is not None else "unreadable") for s in SPLITS]))
     selected = {k.name for k in context.selected_asset_check_keys}
     path = dg.MetadataValue.path(shards.url)
 
@@ -318,12 +318,12 @@ def _side_by_side(version: str, score: float, about: dict, result) -> dict:
     """Challenger, its version's baseline (+ margin) and the champion in one table (the gate's three numbers)."""
     baseline = about.get("baseline_macro_f1")
     champ = result.champion
-    rows = ["| model | test macro-F1 |", "|---|---|", f"| challenger | {score:.4f} |",
-            f"| baseline_model[{version}] + margin {about.get('baseline_margin', 0):.4f} | "
-            f"{f'{baseline:.4f}' if baseline is not None else about.get('baseline_decision', '')} |",
-            f"| champion{f' v{champ.version}' if champ else ''} | "
-            f"{f'{result.champion_score:.4f}' if result.champion_score is not None else 'none'} |"]
-    meta = {"scores": dg.MetadataValue.md("\n".join(rows)), "floor": about["floor"]}
+    rows = [("challenger", f"{score:.4f}"),
+            (f"baseline_model[{version}] + margin {about.get('baseline_margin', 0):.4f}",
+             f"{baseline:.4f}" if baseline is not None else about.get("baseline_decision", "")),
+            (f"champion{f' v{champ.version}' if champ else ''}",
+             f"{result.champion_score:.4f}" if result.champion_score is not None else "none")]
+    meta = {"scores": dg.MetadataValue.md(markdown_table(("model", "test macro-F1"), rows)), "floor": about["floor"]}
     if baseline is not None:
         meta.update(baseline_macro_f1=dg.MetadataValue.float(baseline), baseline_margin=about["baseline_margin"])
     else:

@@ -27,7 +27,9 @@ class CliError(Exception):
 
 
 def _root(args) -> str:
-    return args.root or os.environ.get(ROOT_ENV) or ".finetune_assets"
+    from finetune_assets.storage import default_root
+
+    return args.root or default_root()
 
 
 def _storage(args, write: bool = False):
@@ -229,14 +231,15 @@ def cmd_versions_status(args) -> int:
 # -- predict -----------------------------------------------------------------------------------
 
 def _tracking_uri(args) -> str:
-    """Same rule as MlflowResource: explicit, $MLFLOW_TRACKING_URI, else SQLite under the storage root."""
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
+    """The rule of ``finetune_assets.tracking``, its embedded store under the storage root (as MlflowResource)."""
+    from finetune_assets.tracking import tracking_uri
+
     root = _root(args)
-    if "://" in root:
-        raise CliError(f"storage root {root} is remote: pass --tracking-uri (or set MLFLOW_TRACKING_URI)")
-    return f"sqlite:///{Path(root).expanduser().resolve()}/mlflow/mlflow.db"
+    try:
+        return tracking_uri(args.tracking_uri, f"{root.rstrip('/')}/mlflow",
+                            "pass --tracking-uri (or set MLFLOW_TRACKING_URI)")
+    except ValueError as err:
+        raise CliError(str(err)) from None
 
 
 def _normalize_model_uri(uri: str) -> str:

@@ -43,9 +43,14 @@ def image_md(png: bytes, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode('ascii')})"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")  # a cell never breaks its row
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """The one Markdown-table writer (metadata, checks, charts' number tables); cells escaped."""
+    lines = ["| " + " | ".join(map(_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -68,7 +73,7 @@ def label_distribution_png(counts: Mapping[str, int]) -> bytes:
 def label_distribution_md(counts: Mapping[str, int]) -> str:
     """Bar chart + table of reviews per label (``{"Positive": 120, ...}``)."""
     total = max(1, sum(counts.values()))
-    table = _table(("label", "reviews", "share"), [(k, v, f"{v / total:.1%}") for k, v in counts.items()])
+    table = markdown_table(("label", "reviews", "share"), [(k, v, f"{v / total:.1%}") for k, v in counts.items()])
     return image_md(label_distribution_png(counts), "label distribution") + "\n\n" + table
 
 
@@ -106,12 +111,13 @@ def token_length_md(lengths: Sequence[int], max_length: int | None = None) -> st
     else:
         stats = [("reviews", 0)]
     return image_md(token_length_png(values, max_length), "token length histogram") + "\n\n" + \
-        _table(("statistic", "value"), stats)
+        markdown_table(("statistic", "value"), stats)
 
 
 # -- confusion matrix --------------------------------------------------------------------------
 
-def confusion_matrix_png(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> bytes:
+def confusion_matrix_figure(matrix: Sequence[Sequence[int]], labels: Sequence[str]):
+    """The heat map as a matplotlib ``Figure`` (the trainer logs it to MLflow with ``log_figure``)."""
     import numpy as np
 
     m = np.asarray(matrix, dtype=np.int64)
@@ -129,7 +135,11 @@ def confusion_matrix_png(matrix: Sequence[Sequence[int]], labels: Sequence[str])
             ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=8,
                     color="white" if share[i, j] > 0.5 else "black")
     ax.set_title("confusion matrix (test split)", fontsize=9)
-    return _png(fig)
+    return fig
+
+
+def confusion_matrix_png(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> bytes:
+    return _png(confusion_matrix_figure(matrix, labels))
 
 
 def confusion_matrix_md(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> str:
@@ -138,4 +148,4 @@ def confusion_matrix_md(matrix: Sequence[Sequence[int]], labels: Sequence[str]) 
         raise ValueError(f"confusion matrix must be {len(labels)}x{len(labels)} for labels {list(labels)}")
     rows = [(f"**{label}**", *row) for label, row in zip(labels, matrix)]
     return image_md(confusion_matrix_png(matrix, labels), "confusion matrix") + "\n\n" + \
-        _table(("true \\ predicted", *labels), rows)
+        markdown_table(("true \\ predicted", *labels), rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from finetune_assets import viz
 from finetune_assets.partitions import validate_version_key
 
 OWNERS = ["team:ml-platform"]
@@ -15,6 +16,4 @@ def version_of(context: dg.AssetExecutionContext) -> str:
 
 
 def markdown_table(header: tuple[str, ...], rows: list[tuple]) -> dg.MetadataValue:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return dg.MetadataValue.md("\n".join(lines))
+    return dg.MetadataValue.md(viz.markdown_table(header, rows))

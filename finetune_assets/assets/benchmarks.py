@@ -11,6 +11,7 @@ from typing import Any
 
 import dagster as dg
 
+from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, version_of
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
@@ -101,10 +102,9 @@ def _table(by_version: dict[str, dict]) -> str:
     rows = [(v, name, entry) for v, sets in sorted(by_version.items()) for name, entry in sorted(sets.items())]
     if not rows:
         return ""
-    lines = ["| version | benchmark set | rows | fine-tuned acc / macro-F1 | baseline acc / macro-F1 |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {v} | {name} | {e['rows']} | {_cell(e['finetuned'])} | {_cell(e['baseline'])} |"
-              for v, name, e in rows]
+    lines = [viz.markdown_table(
+        ("version", "benchmark set", "rows", "fine-tuned acc / macro-F1", "baseline acc / macro-F1"),
+        [(v, name, e["rows"], _cell(e["finetuned"]), _cell(e["baseline"])) for v, name, e in rows])]
     refusals = {f"{name} ({kind})": e[kind]["refused"] for _, name, e in rows for kind in ("finetuned", "baseline")
                 if "refused" in e[kind]}
     lines += [f"\n{k}: {why}" for k, why in sorted(refusals.items())]

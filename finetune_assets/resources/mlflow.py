@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 from pydantic import Field
 
 from finetune_assets.storage import Storage
+from finetune_assets.tracking import configured_uri, run_url, tracking_uri, web_ui
 
 
 class MlflowResource(dg.ConfigurableResource):
@@ -28,31 +27,18 @@ class MlflowResource(dg.ConfigurableResource):
     )
 
     def resolve_tracking_uri(self, storage: Storage) -> str:
-        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        if uri:
-            return uri
-        if not storage.is_local:
-            raise ValueError(
-                f"storage root {storage.root} is remote: set MlflowResource.tracking_uri (an embedded "
-                "SQLite store needs a local root)"
-            )
-        return f"sqlite:///{storage.url('mlflow', 'mlflow.db')}"
+        return tracking_uri(self.tracking_uri, storage.url("mlflow"),
+                            "set MlflowResource.tracking_uri")
 
     def artifact_location(self, storage: Storage) -> str | None:
         """Artifacts beside the embedded store; a tracking server decides for itself."""
-        if self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
-            return None
-        return storage.url("mlflow", "artifacts")
+        return None if configured_uri(self.tracking_uri) else storage.url("mlflow", "artifacts")
 
     def _ui(self) -> str | None:
-        base = self.ui_base_url or self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        if base and base.startswith(("http://", "https://")) and "@" not in base.split("//", 1)[1].split("/", 1)[0]:
-            return base.rstrip("/")
-        return None
+        return web_ui(self.ui_base_url or configured_uri(self.tracking_uri))
 
     def run_url(self, experiment_id: str, run_id: str) -> str | None:
-        ui = self._ui()
-        return f"{ui}/#/experiments/{experiment_id}/runs/{run_id}" if ui else None
+        return run_url(self._ui(), experiment_id, run_id)
 
     def model_version_url(self, name: str, version: int | str) -> str | None:
         ui = self._ui()

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
-from finetune_assets.storage import Storage
+from finetune_assets.storage import DEFAULT_ROOT, Storage
 
 
 class StorageResource(dg.ConfigurableResource):
     """A local folder (default) or any fsspec URL such as ``s3://bucket/prefix``."""
 
     root: str = Field(
-        default=".finetune_assets",
+        default=DEFAULT_ROOT,
         description="Storage root for every asset, checkpoint and the embedded MLflow store.",
     )
 

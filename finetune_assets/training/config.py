@@ -145,6 +145,7 @@ class TrainerConfig:
     class_weights: ClassWeights = "balanced"
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 200
+    progress_every_seconds: float = 30.0  # rank 0's progress line (log + MLflow): a steady pace on any hardware
     # The dataset version's classes in label-id order (the shards' labels are ids into this list);
     # they become the model's num_labels / id2label / label2id. Default: the seed's three classes.
     labels: list[str] = field(default_factory=lambda: list(LABELS))
@@ -164,6 +165,7 @@ class TrainerConfig:
         if self.gradient_clip_val is not None and self.gradient_clip_val <= 0:
             raise ConfigError(f"gradient_clip_val must be > 0 or null, got {self.gradient_clip_val}")
         _positive("log_every_n_steps", self.log_every_n_steps)
+        _positive("progress_every_seconds", self.progress_every_seconds)
         _positive("checkpoint_every_n_steps", self.checkpoint_every_n_steps)
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
             if getattr(self, name) is not None:

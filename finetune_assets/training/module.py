@@ -7,7 +7,6 @@ import hashlib
 import logging
 import math
 import re
-import time
 from typing import Any
 
 import pytorch_lightning as pl
@@ -101,29 +100,13 @@ class ReviewClassifier(pl.LightningModule):
         self.val_metrics = _eval_metrics("val/", self.num_classes)
         self.test_metrics = _eval_metrics("test/", self.num_classes)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()  # per sample, padding weighted 0
-        # Global (all ranks) counters, restored from checkpoints so a resumed run reports run totals.
-        self.samples_seen = 0
-        self.tokens_seen = 0
-        self._pending = [0, 0]  # this rank's samples and tokens since the last all-reduce
-        self.train_seconds = 0.0
-        self._t_epoch: float | None = None
-        self._t_val: float | None = None
-        self._val_seconds = 0.0
         self.test_results: dict[str, Any] = {}
-        self.start_step = 0
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:
         # No labels to the model: losses are computed here (class weights, masked repeats and padding).
         return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 
     # -- training --------------------------------------------------------------------------
-
-    def on_train_start(self) -> None:
-        self.start_step = int(self.global_step)  # > 0 when resumed from a checkpoint
-
-    def on_train_epoch_start(self) -> None:
-        self._t_epoch = time.perf_counter()
-        self._val_seconds = 0.0
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Dropout masks as a function of (seed, position, rank), not of the RNG's history: a run resumed
@@ -143,52 +126,14 @@ class ReviewClassifier(pl.LightningModule):
         per_sample = F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="none")
         return (per_sample * weight).sum() / weight.sum().clamp(min=1e-12)  # 0, not NaN, for an all-repeat batch
 
-    def _sync_counts(self) -> None:
-        """All-reduce the samples and tokens counted since the last call into the run totals.
-
-        Called by every rank at the same points (log intervals, epoch ends, checkpoints), never per
-        micro-batch: one small collective and one host sync per log interval.
-        """
-        counts = torch.tensor(self._pending, dtype=torch.int64, device=self.device)
-        counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        self._pending = [0, 0]
-        self.samples_seen += int(counts[0])
-        self.tokens_seen += int(counts[1])
-
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
         bs = batch["labels"].shape[0]
-        self._pending[0] += int(batch.get("num_samples", bs))  # Python ints from the loader: no device sync
-        self._pending[1] += int(batch["num_tokens"])
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=False)
-        t = self.trainer
-        if (batch_idx + 1) % (t.log_every_n_steps * t.accumulate_grad_batches) == 0:
-            self._sync_counts()  # batch_idx is the same on every rank: they all get here together
-            self.log("train/samples_seen", float(self.samples_seen), on_step=True, on_epoch=False, batch_size=bs)
-            if self._t_epoch is not None:
-                elapsed = self.train_seconds + time.perf_counter() - self._t_epoch - self._val_seconds
-                if elapsed > 0 and self.samples_seen:
-                    self.log("throughput/samples_per_sec", self.samples_seen / elapsed, on_step=True, batch_size=bs)
-                    self.log("throughput/tokens_per_sec", self.tokens_seen / elapsed, on_step=True, batch_size=bs)
-        return loss
-
-    def on_train_epoch_end(self) -> None:
-        self._sync_counts()
-        if self._t_epoch is not None:
-            self.train_seconds += time.perf_counter() - self._t_epoch - self._val_seconds
-            self._t_epoch = None
-        self.log("epoch/samples_seen", float(self.samples_seen))
+        return loss  # samples, tokens and seconds are counted by callbacks.Throughput
 
     # -- evaluation ------------------------------------------------------------------------
-
-    def on_validation_start(self) -> None:
-        self._t_val = time.perf_counter()
-
-    def on_validation_end(self) -> None:
-        if self._t_val is not None and self._t_epoch is not None:  # validation inside a train epoch
-            self._val_seconds += time.perf_counter() - self._t_val
-        self._t_val = None
 
     def _eval_step(self, batch: dict[str, torch.Tensor], metrics: MetricCollection, loss: MeanMetric) -> None:
         labels = batch["labels"]
@@ -243,7 +188,7 @@ class ReviewClassifier(pl.LightningModule):
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=o.lr
         )
-        total = max(1, self._total_steps())
+        total = max(1, self.total_steps())
         warmup = int(total * o.warmup_ratio)
 
         def linear(step: int) -> float:
@@ -254,7 +199,7 @@ class ReviewClassifier(pl.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def _total_steps(self) -> int:
+    def total_steps(self) -> int:
         """Optimizer steps of the whole run, computed from the train dataset's length.
 
         Not ``trainer.estimated_stepping_batches``: it builds the train loader before a checkpoint is
@@ -291,16 +236,8 @@ class ReviewClassifier(pl.LightningModule):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm or "norm")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._sync_counts()  # every rank saves (Lightning dumps on all, writes on rank 0): totals are exact
-        elapsed = self.train_seconds
-        if self._t_epoch is not None:
-            elapsed += time.perf_counter() - self._t_epoch - self._val_seconds
-        checkpoint["review_classifier"] = {
-            "samples_seen": self.samples_seen,
-            "tokens_seen": self.tokens_seen,
-            "train_seconds": elapsed,
-            "world_size": self.trainer.world_size,
-        }
+        # Beside callbacks.Throughput's run totals, under the same key.
+        checkpoint.setdefault("review_classifier", {})["world_size"] = self.trainer.world_size
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("review_classifier", {})
@@ -313,6 +250,4 @@ class ReviewClassifier(pl.LightningModule):
                 f"data order all depend on it. Relaunch with {saved} processes (nnodes x nproc_per_node), "
                 "or delete the checkpoint folder (checkpoint_dir) to start this training over."
             )
-        self.samples_seen = int(state.get("samples_seen", 0))
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.train_seconds = float(state.get("train_seconds", 0.0))
+

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import fsspec
 import pytorch_lightning as pl
@@ -20,37 +16,20 @@ from pytorch_lightning.strategies import FSDPStrategy
 from transformers import AutoTokenizer
 
 from finetune_assets.training import files
+from finetune_assets.training.callbacks import HuggingFaceCheckpointer, Progress, Throughput, trainer_tracking_uri
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights, label_counts
 from finetune_assets.data.labels import LabelSet
-from finetune_assets.training.module import ReviewClassifier, export_classifier, load_classifier
+from finetune_assets.training.module import ReviewClassifier, load_classifier
 
 log = logging.getLogger("finetune_assets.training")
 
 LAST = "last.ckpt"
-TRAINING_KEY_TAG = "training_inputs"  # model-version tag: hash of the run's inputs + config (idempotent registration)
 MLFLOW_RUN_FILE = "mlflow_run.json"  # beside the checkpoints: a resumed run keeps logging into the same MLflow run
 
 
 def _world() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-
-
-def safe_uri(uri: str | None) -> str | None:
-    """A tracking URI without credentials (``https://user:token@host`` -> ``https://host``)."""
-    if not uri or "@" not in uri:
-        return uri
-    parts = urlsplit(uri)
-    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
-
-
-def tracking_uri(config: TrainerConfig) -> str:
-    uri = config.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    if files.is_local(config.output_dir):  # standalone CLI use: an embedded store beside the output
-        return f"sqlite:///{Path(files.local_path(config.output_dir)).resolve()}/mlflow.db"
-    raise ValueError("mlflow.tracking_uri is empty, MLFLOW_TRACKING_URI is unset and output_dir is remote")
 
 
 ATTEMPT_KEYS = "/finetune_assets/attempt"
@@ -175,7 +154,7 @@ def _strategy(config: TrainerConfig, model: torch.nn.Module, world: int) -> Any:
 
 
 def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, model: torch.nn.Module,
-             validate: bool = True) -> pl.Trainer:
+             extra_callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
     _, world, local_world = _world()
     strategy = _strategy(config, model, world)
     checkpoint = ModelCheckpoint(
@@ -185,7 +164,7 @@ def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, model: torch.nn
         save_top_k=0,
         save_last=True,
     )
-    callbacks: list[pl.Callback] = [checkpoint]
+    callbacks: list[pl.Callback] = [checkpoint, *extra_callbacks]
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     return pl.Trainer(
@@ -224,7 +203,7 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
     logger = MLFlowLogger(
         experiment_name=m.experiment_name,
         run_name=m.run_name,
-        tracking_uri=tracking_uri(config),
+        tracking_uri=trainer_tracking_uri(config),
         tags=dict(m.tags) or None,
         artifact_location=m.artifact_location,
         run_id=run_id,
@@ -232,115 +211,6 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
     files.write_json_atomic(run_file, {"run_id": logger.run_id, "experiment_id": logger.experiment_id})
     logger.log_hyperparams(config.hparams())
     return logger
-
-
-def _confusion_figure(matrix: list[list[int]], labels: list[str]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4, 4))
-    ax.imshow(matrix, cmap="Blues")
-    ax.set_xticks(range(len(labels)), labels)
-    ax.set_yticks(range(len(labels)), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    for i, row in enumerate(matrix):
-        for j, v in enumerate(row):
-            ax.text(j, i, str(v), ha="center", va="center")
-    fig.tight_layout()
-    return fig
-
-
-def _log_to_mlflow(config: TrainerConfig, logger: MLFlowLogger, model_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Confusion matrix, metrics file and the model (transformers flavor), registered as a new version."""
-    import mlflow
-    import transformers
-
-    client = logger.experiment
-    run_id = logger.run_id
-    if metrics.get("confusion_matrix"):  # None when the test split was empty
-        fig = _confusion_figure(metrics["confusion_matrix"], list(config.labels))
-        client.log_figure(run_id, fig, "confusion_matrix.png")
-    client.log_dict(run_id, metrics, "metrics.json")
-    info: dict[str, Any] = {
-        "run_id": run_id,
-        "experiment_id": logger.experiment_id,
-        "tracking_uri": safe_uri(tracking_uri(config)),
-        "registered_model_name": None,
-        "registered_model_version": None,
-    }
-    uri = tracking_uri(config)
-    if uri.startswith(("http://", "https://")):
-        info["run_url"] = f"{safe_uri(uri).rstrip('/')}/#/experiments/{logger.experiment_id}/runs/{run_id}"
-    if not config.mlflow.log_model:
-        return info
-    mlflow.set_tracking_uri(uri)
-    # The registry is the tracking store: an inherited MLFLOW_REGISTRY_URI must not divert the version.
-    mlflow.set_registry_uri(uri)
-    name = config.mlflow.registered_model_name
-    key = config.mlflow.tags.get(TRAINING_KEY_TAG)
-    if name and key:  # a retry of the same inputs + config reuses its version instead of registering another
-        found = mlflow.MlflowClient(uri, registry_uri=uri).search_model_versions(
-            f"name = '{name}' and tags.{TRAINING_KEY_TAG} = '{key}'")
-        if found:
-            version = min(found, key=lambda mv: int(mv.version))
-            log.warning("model already registered for training key %s: reusing %s v%s", key, name, version.version)
-            info.update(registered_model_name=name, registered_model_version=int(version.version),
-                        model_uri=f"models:/{name}/{version.version}", reused_registration=True)
-            return info
-    pipe = transformers.pipeline("text-classification", model=str(model_dir), tokenizer=str(model_dir), device=-1)
-    with mlflow.start_run(run_id=run_id):
-        model_info = mlflow.transformers.log_model(
-            transformers_model=pipe,
-            name="model",
-            task="text-classification",
-            pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__.split('+')[0]}"],
-            input_example=["a fine product"],
-        )
-    if name:
-        # Registered with its tags in one call: a version never exists without the key that finds it again.
-        version = mlflow.register_model(model_info.model_uri, name, tags=dict(config.mlflow.tags))
-        info["registered_model_name"] = name
-        info["registered_model_version"] = int(version.version)
-    info["model_uri"] = model_info.model_uri
-    return info
-
-
-def _save_model(model_config: Any, state: dict[str, torch.Tensor], tokenizer: Any) -> Path:
-    """Rank 0: the trained weights as an HF folder (safetensors) + tokenizer, in a local staging folder,
-    exported with the trained model's own class and config (its id2label included)."""
-    model = export_classifier(model_config, state)
-    os.makedirs(files.scratch_root(), exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="model-", dir=files.scratch_root()))  # the cache volume, not /tmp
-    model.save_pretrained(staging, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
-    return staging
-
-
-def _within(seconds: float, what: str, fn: Any) -> Any:
-    """``fn()`` on a daemon thread, waited for at most ``seconds``: a hung tracking server fails the run
-    (whose final checkpoint makes a re-run go straight to logging) instead of holding it forever."""
-    import threading
-
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
-            box["error"] = err
-
-    thread = threading.Thread(target=target, name="mlflow-logging", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise TimeoutError(f"{what} did not finish within {seconds:.0f}s (mlflow.timeout_seconds); "
-                           "check the tracking server, then re-run: training resumes at its final checkpoint")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def _per_node(value: Any) -> list[Any]:
@@ -390,7 +260,11 @@ def empty_test_metrics(test_url: str) -> dict[str, Any]:
 
 
 def train(config: TrainerConfig) -> dict[str, Any]:
-    """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json and logs to MLflow."""
+    """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json and logs to MLflow.
+
+    Side jobs are callbacks (:mod:`.callbacks`): throughput counters, progress lines, the Hugging Face
+    export and MLflow registration.
+    """
     rank, world, _ = _world()
     t0 = time.time()
     attempt = _init_process_group(config)
@@ -410,7 +284,10 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     if datamodule.is_empty("validation") and rank == 0:
         log.warning("validation split %s is empty: training without validation", config.data.validation_url)
     logger = _mlflow_logger(config, rank)
+    throughput = Throughput()
+    export = HuggingFaceCheckpointer(config, tokenizer, logger)
     trainer = _trainer(config, logger if logger is not None else False, module.model,
+                       [throughput, Progress(throughput, config.progress_every_seconds), export],
                        validate=not datamodule.is_empty("validation"))
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
@@ -419,67 +296,50 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         log.warning("resuming from %s", resume)
     timings: dict[str, float] = {"setup": time.time() - t0}
     t = time.time()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=_local_resume(config, resume), weights_only=True)
-    timings["fit"] = time.time() - t
-    # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
-    t = time.time()
-    trainer.save_checkpoint(last)
-    timings["final_checkpoint"] = time.time() - t
-    t = time.time()
-    if datamodule.is_empty("test"):
-        test = empty_test_metrics(config.data.test_url)
-        if rank == 0:
-            log.warning("%s", test["test_skipped"])
-    else:
-        trainer.test(module, datamodule=datamodule, verbose=False)
-        test = {**module.test_results, "test_samples": datamodule.sizes["test"]}
-
-    state = trainer.strategy.lightning_module_state_dict()  # a collective under FSDP: every rank calls it
-    timings["test"] = time.time() - t
-    trainer.strategy.barrier("mds-cache")  # every rank of the node is done reading the cached shards
-    local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
-    cached = _per_node(datamodule.cached_shards("train") if local_leader else None)
-    if local_leader:
-        datamodule.remove_cache()
-    seconds = max(module.train_seconds, 1e-9)
-    metrics: dict[str, Any] = {
-        **test,
-        "samples_seen": module.samples_seen,
-        "tokens_seen": module.tokens_seen,
-        "train_seconds": module.train_seconds,
-        "samples_per_sec": module.samples_seen / seconds,
-        "tokens_per_sec": module.tokens_seen / seconds,
-        "global_step": int(trainer.global_step),
-        "epochs": int(trainer.current_epoch),
-        "resumed_from": resume,
-        "resumed_at_step": module.start_step if resume else None,
-        "world_size": world,
-        "class_weights": weights,
-        "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
-        "labels": list(config.labels),  # class names in id order: f1_per_class, confusion matrix rows/columns
-        "wall_seconds": time.time() - t0,
-        "timings": timings,  # seconds per phase (where a run's time goes)
-    }
-    if rank != 0:
-        return metrics
-    t = time.time()
-    staging = _save_model(module.model.config, state, tokenizer)
-    timings["save_model"] = time.time() - t
     try:
-        if logger is not None:
-            logger.log_metrics(
-                {"final/samples_per_sec": metrics["samples_per_sec"], "final/tokens_per_sec": metrics["tokens_per_sec"],
-                 "final/samples_seen": float(metrics["samples_seen"])},
-                step=metrics["global_step"],
-            )
-            logger.finalize("success")
-            t = time.time()
-            metrics["mlflow"] = _within(config.mlflow.timeout_seconds, "MLflow logging and model registration",
-                                        lambda: _log_to_mlflow(config, logger, staging, metrics))
-            timings["mlflow"] = time.time() - t
-        files.publish_dir(staging, config.output_dir.rstrip("/") + "/model")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=_local_resume(config, resume), weights_only=True)
+        timings["fit"] = time.time() - t  # with the Hugging Face export (on_fit_end)
+        # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
+        t = time.time()
+        trainer.save_checkpoint(last)
+        timings["final_checkpoint"] = time.time() - t
+        t = time.time()
+        if datamodule.is_empty("test"):
+            test = empty_test_metrics(config.data.test_url)
+            if rank == 0:
+                log.warning("%s", test["test_skipped"])
+        else:
+            trainer.test(module, datamodule=datamodule, verbose=False)
+            test = {**module.test_results, "test_samples": datamodule.sizes["test"]}
+        timings["test"] = time.time() - t
+        trainer.strategy.barrier("mds-cache")  # every rank of the node is done reading the cached shards
+        local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
+        cached = _per_node(datamodule.cached_shards("train") if local_leader else None)
+        if local_leader:
+            datamodule.remove_cache()
+        metrics: dict[str, Any] = {
+            **test,
+            **throughput.summary(),
+            "global_step": int(trainer.global_step),
+            "epochs": int(trainer.current_epoch),
+            "resumed_from": resume,
+            "resumed_at_step": throughput.start_step if resume else None,
+            "world_size": world,
+            "class_weights": weights,
+            "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
+            "labels": list(config.labels),  # class names in id order: f1_per_class, confusion matrix rows/columns
+            "wall_seconds": time.time() - t0,
+            "timings": timings,  # seconds per phase (where a run's time goes)
+        }
+        if rank != 0:
+            return metrics
+        t = time.time()
+        info = export.publish(metrics)
+        timings["publish"] = time.time() - t  # MLflow logging + registration, then output_dir/model
+        if info is not None:
+            metrics["mlflow"] = info
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        export.cleanup()
     metrics["wall_seconds"] = time.time() - t0
     files.write_json_atomic(config.output_dir.rstrip("/") + "/metrics.json", metrics)
     return metrics

@@ -1,0 +1,345 @@
+"""The trainer's side jobs as Lightning callbacks, so ``train()`` and ``ReviewClassifier`` stay about training.
+
+- :class:`Throughput`: run totals of samples and tokens (all ranks) and training seconds (validation
+  excluded), kept across resumes in the checkpoint; ``throughput/*`` metrics at the log interval.
+- :class:`Progress`: rank 0 writes one progress line at a steady time interval (step/total, epoch,
+  loss, samples/s, ETA) to the log, which both launchers forward to the Dagster log, and the same
+  numbers as ``progress/*`` metrics to MLflow.
+- :class:`HuggingFaceCheckpointer`: at the end of fit, the trained weights as a Hugging Face folder;
+  then (:meth:`~HuggingFaceCheckpointer.publish`) the MLflow artifacts, the transformers-flavor model
+  and its registered version, and the folder published under ``output_dir/model``. Modelled on
+  llm-foundry's ``HuggingFaceCheckpointer`` (which also exports at fit end and registers to MLflow).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from finetune_assets import tracking, viz
+from finetune_assets.training import files
+from finetune_assets.training.config import TrainerConfig
+from finetune_assets.training.module import export_classifier
+
+log = logging.getLogger("finetune_assets.training")
+
+CHECKPOINT_KEY = "review_classifier"  # the counters' place in a checkpoint (the module keeps world_size there)
+PROGRESS = "progress:"  # the first word of a progress line; launchers recognise it (launchers.base)
+TRAINING_KEY_TAG = "training_inputs"  # model-version tag: hash of the run's inputs + config (idempotent registration)
+
+
+def trainer_tracking_uri(config: TrainerConfig) -> str:
+    """The run's MLflow store: the rule of :mod:`finetune_assets.tracking`, embedded beside a local output."""
+    return tracking.tracking_uri(config.mlflow.tracking_uri, files.local_path(config.output_dir),
+                                 "set mlflow.tracking_uri (or MLFLOW_TRACKING_URI)")
+
+
+# -- throughput ----------------------------------------------------------------------------------
+
+class Throughput(pl.Callback):
+    """Samples and tokens seen by all ranks, and seconds spent training, as run totals.
+
+    Counted per batch from the loader's Python ints (no device sync) and all-reduced only at the log
+    interval, epoch ends and checkpoints, which every rank reaches together. The totals travel in the
+    checkpoint, so a resumed run reports the totals of the whole run.
+    """
+
+    def __init__(self) -> None:
+        self.samples_seen = 0
+        self.tokens_seen = 0
+        self.train_seconds = 0.0
+        self.start_step = 0
+        self._pending = [0, 0]  # this rank's samples and tokens since the last all-reduce
+        self._t_epoch: float | None = None
+        self._t_val: float | None = None
+        self._val_seconds = 0.0
+
+    def _sync(self, trainer: pl.Trainer) -> None:
+        counts = torch.tensor(self._pending, dtype=torch.int64, device=trainer.strategy.root_device)
+        counts = trainer.strategy.reduce(counts, reduce_op="sum")
+        self._pending = [0, 0]
+        self.samples_seen += int(counts[0])
+        self.tokens_seen += int(counts[1])
+
+    def elapsed(self) -> float:
+        """Training seconds so far (this epoch's included, validation excluded)."""
+        running = time.perf_counter() - self._t_epoch - self._val_seconds if self._t_epoch is not None else 0.0
+        return self.train_seconds + running
+
+    def estimated_samples(self, world: int) -> int:
+        """The run total, this rank's unsynchronised samples counted ``world`` times (no collective)."""
+        return self.samples_seen + self._pending[0] * world
+
+    def summary(self) -> dict[str, float | int]:
+        seconds = max(self.train_seconds, 1e-9)
+        return {"samples_seen": self.samples_seen, "tokens_seen": self.tokens_seen,
+                "train_seconds": self.train_seconds, "samples_per_sec": self.samples_seen / seconds,
+                "tokens_per_sec": self.tokens_seen / seconds}
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.start_step = int(trainer.global_step)  # > 0 when resumed from a checkpoint
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._t_epoch, self._val_seconds = time.perf_counter(), 0.0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        bs = batch["labels"].shape[0]
+        self._pending[0] += int(batch.get("num_samples", bs))
+        self._pending[1] += int(batch["num_tokens"])
+        if (batch_idx + 1) % (trainer.log_every_n_steps * trainer.accumulate_grad_batches):
+            return
+        self._sync(trainer)  # batch_idx is the same on every rank: they all get here together
+        pl_module.log("train/samples_seen", float(self.samples_seen), on_step=True, on_epoch=False, batch_size=bs)
+        elapsed = self.elapsed()
+        if elapsed > 0 and self.samples_seen:
+            pl_module.log("throughput/samples_per_sec", self.samples_seen / elapsed, on_step=True, batch_size=bs)
+            pl_module.log("throughput/tokens_per_sec", self.tokens_seen / elapsed, on_step=True, batch_size=bs)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sync(trainer)
+        self.train_seconds, self._t_epoch = self.elapsed(), None
+        pl_module.log("epoch/samples_seen", float(self.samples_seen))
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._t_val = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._t_val is not None and self._t_epoch is not None:  # validation inside a train epoch
+            self._val_seconds += time.perf_counter() - self._t_val
+        self._t_val = None
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sync(trainer)
+        if trainer.is_global_zero and trainer.logger:
+            s = self.summary()
+            trainer.logger.log_metrics({"final/samples_per_sec": s["samples_per_sec"],
+                                        "final/tokens_per_sec": s["tokens_per_sec"],
+                                        "final/samples_seen": float(s["samples_seen"])}, step=trainer.global_step)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._sync(trainer)  # every rank saves (Lightning dumps on all, writes on rank 0): totals are exact
+        checkpoint.setdefault(CHECKPOINT_KEY, {}).update(
+            samples_seen=self.samples_seen, tokens_seen=self.tokens_seen, train_seconds=self.elapsed())
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get(CHECKPOINT_KEY, {})
+        self.samples_seen = int(state.get("samples_seen", 0))
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+def _clock(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class Progress(pl.Callback):
+    """Rank 0: one line every ``every_seconds`` of training, and once at the end.
+
+    ``progress: step 120/400 (30%) | epoch 1/2 | loss 0.4123 | 38.2 samples/s | ETA 0:02:11``: the loss
+    is rank 0's mean since the last line, samples/s and ETA are over this start's steps (a resumed run
+    does not count the steps it skipped). Time-based, not step-based, so a slow CPU run and a fast GPU
+    run both report at a pace a person can read.
+    """
+
+    def __init__(self, throughput: Throughput, every_seconds: float = 30.0, logger: logging.Logger = log):
+        self.throughput = throughput
+        self.every_seconds = every_seconds
+        self._log = logger
+        self._total: int | None = None
+        self._t0 = self._last = 0.0
+        self._step0 = 0
+        self._losses: list[float] = []
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        total = pl_module.total_steps() if hasattr(pl_module, "total_steps") else trainer.estimated_stepping_batches
+        self._total = int(total) if math.isfinite(total) else None
+        if trainer.max_steps and trainer.max_steps > 0:
+            self._total = min(self._total or trainer.max_steps, trainer.max_steps)
+        self._t0 = self._last = time.perf_counter()
+        self._step0 = int(trainer.global_step)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not trainer.is_global_zero:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            self._losses.append(float(loss.detach()))  # rank 0 only, once per batch: one small host sync
+        if time.perf_counter() - self._last >= self.every_seconds:
+            self.report(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.report(trainer)
+
+    def report(self, trainer: pl.Trainer) -> str:
+        now = time.perf_counter()
+        step = int(trainer.global_step)
+        rate_steps = (step - self._step0) / max(now - self._t0, 1e-9)
+        samples_per_sec = self.throughput.estimated_samples(trainer.world_size) / max(self.throughput.elapsed(), 1e-9)
+        loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
+        total = self._total
+        eta = (total - step) / rate_steps if total is not None and rate_steps > 0 else float("inf")
+        if total is not None and step >= total:
+            eta = 0.0
+        where = f"step {step}/{total} ({step / max(total, 1):.0%})" if total is not None else f"step {step}"
+        line = (f"{PROGRESS} {where} | epoch {trainer.current_epoch + 1}/{trainer.max_epochs} | loss {loss:.4f} | "
+                f"{samples_per_sec:.1f} samples/s | ETA {_clock(eta)}")
+        self._log.info(line)
+        if trainer.logger:
+            metrics = {"progress/fraction": step / total if total else 0.0, "progress/samples_per_sec": samples_per_sec}
+            if math.isfinite(eta):
+                metrics["progress/eta_seconds"] = eta
+            if math.isfinite(loss):
+                metrics["progress/loss"] = loss
+            trainer.logger.log_metrics(metrics, step=step)
+        self._last, self._losses = now, []
+        return line
+
+
+# -- Hugging Face export + MLflow registration ---------------------------------------------------
+
+def within(seconds: float, what: str, fn: Any) -> Any:
+    """``fn()`` on a daemon thread, waited for at most ``seconds``: a hung tracking server fails the run
+    (whose final checkpoint makes a re-run go straight to logging) instead of holding it forever."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="mlflow-logging", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not finish within {seconds:.0f}s (mlflow.timeout_seconds); "
+                           "check the tracking server, then re-run: training resumes at its final checkpoint")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class HuggingFaceCheckpointer(pl.Callback):
+    """The trained model as a Hugging Face folder, logged and registered in MLflow, published atomically.
+
+    ``on_fit_end`` gathers the weights (a collective under FSDP: every rank takes part) and rank 0
+    saves them with the tokenizer into a local staging folder (the scratch volume, not /tmp).
+    :meth:`publish`, called by ``train()`` once the test metrics exist, logs them and the model to
+    MLflow (bounded by ``mlflow.timeout_seconds``) and publishes the folder to ``output_dir/model``.
+    """
+
+    def __init__(self, config: TrainerConfig, tokenizer: Any, logger: Any = None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.logger = logger  # the run's MLFlowLogger on rank 0, else None
+        self.staging: Path | None = None
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        state = trainer.strategy.lightning_module_state_dict()
+        if trainer.is_global_zero:
+            self.cleanup()
+            model = export_classifier(pl_module.model.config, state)  # the trained model's class and id2label
+            os.makedirs(files.scratch_root(), exist_ok=True)
+            self.staging = Path(tempfile.mkdtemp(prefix="model-", dir=files.scratch_root()))
+            model.save_pretrained(self.staging, safe_serialization=True)
+            self.tokenizer.save_pretrained(self.staging)
+
+    def publish(self, metrics: dict[str, Any]) -> dict[str, Any] | None:
+        """Rank 0: MLflow logging and registration (when a logger is set), then ``output_dir/model``.
+
+        Returns what MLflow recorded (run, registered version), None without a logger.
+        """
+        if self.staging is None:
+            raise RuntimeError("publish() before the end of fit: no model was exported")
+        try:
+            info = None
+            if self.logger is not None:
+                self.logger.finalize("success")
+                info = within(self.config.mlflow.timeout_seconds, "MLflow logging and model registration",
+                              lambda: self._log_to_mlflow(metrics))
+            files.publish_dir(self.staging, self.config.output_dir.rstrip("/") + "/model")
+            return info
+        finally:
+            self.cleanup()
+
+    def cleanup(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+
+    def _log_to_mlflow(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Confusion matrix, metrics file and the model (transformers flavor), registered as a new version."""
+        import mlflow
+        import transformers
+
+        config, logger = self.config, self.logger
+        client, run_id = logger.experiment, logger.run_id
+        if metrics.get("confusion_matrix"):  # None when the test split was empty
+            fig = viz.confusion_matrix_figure(metrics["confusion_matrix"], list(config.labels))
+            client.log_figure(run_id, fig, "confusion_matrix.png")
+        client.log_dict(run_id, metrics, "metrics.json")
+        uri = trainer_tracking_uri(config)
+        info: dict[str, Any] = {
+            "run_id": run_id,
+            "experiment_id": logger.experiment_id,
+            "tracking_uri": tracking.safe_uri(uri),
+            "registered_model_name": None,
+            "registered_model_version": None,
+        }
+        link = tracking.run_url(tracking.web_ui(tracking.safe_uri(uri)), logger.experiment_id, run_id)
+        if link:
+            info["run_url"] = link
+        if not config.mlflow.log_model:
+            return info
+        mlflow.set_tracking_uri(uri)
+        # The registry is the tracking store: an inherited MLFLOW_REGISTRY_URI must not divert the version.
+        mlflow.set_registry_uri(uri)
+        name = config.mlflow.registered_model_name
+        key = config.mlflow.tags.get(TRAINING_KEY_TAG)
+        if name and key:  # a retry of the same inputs + config reuses its version instead of registering another
+            found = mlflow.MlflowClient(uri, registry_uri=uri).search_model_versions(
+                f"name = '{name}' and tags.{TRAINING_KEY_TAG} = '{key}'")
+            if found:
+                version = min(found, key=lambda mv: int(mv.version))
+                log.warning("model already registered for training key %s: reusing %s v%s", key, name, version.version)
+                info.update(registered_model_name=name, registered_model_version=int(version.version),
+                            model_uri=f"models:/{name}/{version.version}", reused_registration=True)
+                return info
+        staging = str(self.staging)
+        pipe = transformers.pipeline("text-classification", model=staging, tokenizer=staging, device=-1)
+        with mlflow.start_run(run_id=run_id):
+            model_info = mlflow.transformers.log_model(
+                transformers_model=pipe,
+                name="model",
+                task="text-classification",
+                pip_requirements=[f"transformers=={transformers.__version__}",
+                                  f"torch=={torch.__version__.split('+')[0]}"],
+                input_example=["a fine product"],
+            )
+        if name:
+            # Registered with its tags in one call: a version never exists without the key that finds it again.
+            version = mlflow.register_model(model_info.model_uri, name, tags=dict(config.mlflow.tags))
+            info["registered_model_name"] = name
+            info["registered_model_version"] = int(version.version)
+        info["model_uri"] = model_info.model_uri
+        return info
