@@ -27,3 +27,25 @@ def test_ci_runs_the_readme_test_command():
     command = re.search(r"test command itself.*?`([^`]+)`", readme, re.S).group(1)
     ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert command in ci_lines, f".ci/run does not run the README's test command {command!r}"
+
+
+def test_the_github_workflow_runs_the_tests_and_materializes_what_the_readme_says():
+    import yaml
+
+    readme = (REPO / "README.md").read_text()
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())
+    steps = [step for job in workflow["jobs"].values() for step in job["steps"]]
+    runs = "\n".join(step.get("run", "") for step in steps)
+    assert any(step.get("uses", "").startswith("actions/checkout@") for step in steps)
+    assert any(step.get("with", {}).get("python-version") == "3.11" for step in steps)
+    command = re.search(r"test command itself.*?`([^`]+)`", readme, re.S).group(1)
+    assert command in runs, f"the workflow does not run the README's test command {command!r}"
+    assert "versions add sample --source builtin:sample" in runs
+    assert "dagster asset materialize -m finetune_assets.definitions --select '*' --partition sample" in runs
+    assert ".github/workflows/ci.yml" in readme  # the README says how to adapt it
+
+
+def test_the_readme_shows_both_launch_commands():
+    readme = (REPO / "README.md").read_text()
+    assert "dagster asset materialize -m finetune_assets.definitions --select '*' --partition sample" in readme
+    assert "dg launch -m finetune_assets.definitions --assets '*' --partition sample" in readme

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from finetune_assets.training import PROGRESS
+
 TRAINER_MODULE = "finetune_assets.training"
 
 
@@ -20,6 +22,17 @@ class TrainingJob:
     config_url: str  # trainer config JSON, readable by every worker (fsspec URL or local path)
     labels: Mapping[str, str] = field(default_factory=dict)  # run id, asset, partition
     env: Mapping[str, str] = field(default_factory=dict)  # non-secret environment for the trainer
+
+
+def log_trainer_line(log: dg.DagsterLogManager, line: str, source: str = "") -> None:
+    """One line of trainer output into the Dagster log, at info, as both launchers forward it.
+
+    A progress line (rank 0's ``progress: step 120/400 | epoch | loss | samples/s | ETA``) loses the
+    worker's timestamp and logger name, so it reads the same in the UI for a local run and a pod.
+    """
+    at = line.find(PROGRESS)
+    text = line[at:] if at >= 0 else line
+    log.info(f"{source} {text}" if source else text)
 
 
 class TrainingFailed(Exception):

@@ -56,6 +56,7 @@ from finetune_assets.launchers.base import (
     TrainingFailed,
     TrainingJob,
     TrainingLauncher,
+    log_trainer_line,
     torchrun_command,
 )
 
@@ -870,7 +871,7 @@ class _LogFollower:
                 line = self._lines.get_nowait()
             except queue.Empty:
                 return
-            log.info(f"[{self.pod}] {line}")
+            log_trainer_line(log, line, source=f"[{self.pod}]")
 
     def wait(self, timeout: float) -> None:
         if self._thread is not None:

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from finetune_assets.launchers.base import TrainingFailed, TrainingJob, TrainingLauncher, torchrun_command
+from finetune_assets.launchers.base import (
+    TrainingFailed,
+    TrainingJob,
+    TrainingLauncher,
+    log_trainer_line,
+    torchrun_command,
+)
 
 TAIL_LINES = 40
 
@@ -167,7 +173,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
             line = lines.get(timeout=timeout) if timeout else lines.get_nowait()
             while True:
                 tail.append(line)
-                context.log.info(line)
+                log_trainer_line(context.log, line)
                 line = lines.get_nowait()
         except queue.Empty:
             return

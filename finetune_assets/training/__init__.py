@@ -2,4 +2,7 @@
 
 from finetune_assets.training.config import ConfigError, DataConfig, MlflowConfig, OptimConfig, TrainerConfig
 
-__all__ = ["ConfigError", "DataConfig", "MlflowConfig", "OptimConfig", "TrainerConfig"]
+__all__ = ["PROGRESS", "ConfigError", "DataConfig", "MlflowConfig", "OptimConfig", "TrainerConfig"]
+
+# The first word of rank 0's progress lines (callbacks.Progress); launchers pick them out of the output.
+PROGRESS = "progress:"

@@ -27,14 +27,13 @@ import pytorch_lightning as pl
 import torch
 
 from finetune_assets import tracking, viz
-from finetune_assets.training import files
+from finetune_assets.training import PROGRESS, files
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.module import export_classifier
 
 log = logging.getLogger("finetune_assets.training")
 
 CHECKPOINT_KEY = "review_classifier"  # the counters' place in a checkpoint (the module keeps world_size there)
-PROGRESS = "progress:"  # the first word of a progress line; launchers recognise it (launchers.base)
 TRAINING_KEY_TAG = "training_inputs"  # model-version tag: hash of the run's inputs + config (idempotent registration)
 
 
@@ -239,6 +238,21 @@ def within(seconds: float, what: str, fn: Any) -> Any:
     return box["value"]
 
 
+def _signature() -> Any:
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec("string")]),
+                          outputs=Schema([ColSpec("string", name="label"), ColSpec("double", name="score")]))
+
+
+class _DropLocalModelCardNotice(logging.Filter):
+    """mlflow asks the Hub for a model card named by the pipeline's path; ours is a local folder, never a repo."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("The model card could not be retrieved from the hub")
+
+
 class HuggingFaceCheckpointer(pl.Callback):
     """The trained model as a Hugging Face folder, logged and registered in MLflow, published atomically.
 
@@ -289,6 +303,14 @@ class HuggingFaceCheckpointer(pl.Callback):
 
     def _log_to_mlflow(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Confusion matrix, metrics file and the model (transformers flavor), registered as a new version."""
+        card_notice = _DropLocalModelCardNotice()
+        logging.getLogger("mlflow.transformers").addFilter(card_notice)
+        try:
+            return self._log_model(metrics)
+        finally:
+            logging.getLogger("mlflow.transformers").removeFilter(card_notice)
+
+    def _log_model(self, metrics: dict[str, Any]) -> dict[str, Any]:
         import mlflow
         import transformers
 
@@ -332,6 +354,9 @@ class HuggingFaceCheckpointer(pl.Callback):
                 transformers_model=pipe,
                 name="model",
                 task="text-classification",
+                # Given, not inferred: inference times out by a signal, which fails on this worker thread
+                # (a warning, then mlflow falls back to this same default signature for the task).
+                signature=_signature(),
                 pip_requirements=[f"transformers=={transformers.__version__}",
                                   f"torch=={torch.__version__.split('+')[0]}"],
                 input_example=["a fine product"],

@@ -493,16 +493,20 @@ class MdsDataModule(pl.LightningDataModule):
         c = self.config
         remote, local = split_locations(self.url(split), self.cache_dir, split)
         train = split == "train"
+        batch_size = c.batch_size * (c.bucket_batches if train else 1)
+        nodes = canonical_nodes(c, self._world()[2])
         return open_streaming_dataset(
             remote=remote,
             local=local,
             # per device, equal to what the DataLoader reads at once (a bucketing window for train)
-            batch_size=c.batch_size * (c.bucket_batches if train else 1),
+            batch_size=batch_size,
             shuffle=c.shuffle and train,
             shuffle_seed=c.shuffle_seed,
-            num_canonical_nodes=canonical_nodes(c, self._world()[2]),
+            num_canonical_nodes=nodes,
             download_retry=c.download_retry,
-            predownload=c.predownload,
+            # streaming's own defaults, given explicitly: it logs a notice per dataset for each one left unset
+            predownload=c.predownload if c.predownload is not None else 8 * batch_size,
+            shuffle_block_size=max(4_000_000 // nodes, 1 << 18),
             cache_limit=self._limits()[split],
         )
 

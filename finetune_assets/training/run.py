@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from typing import Any
 
 import fsspec
@@ -26,6 +27,29 @@ log = logging.getLogger("finetune_assets.training")
 
 LAST = "last.ckpt"
 MLFLOW_RUN_FILE = "mlflow_run.json"  # beside the checkpoints: a resumed run keeps logging into the same MLflow run
+
+
+class _DropLitLoggerTip(logging.Filter):
+    """Lightning advertises its cloud logger on every Trainer; this run logs to MLflow."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "try installing [litlogger]" not in record.getMessage()
+
+
+def quiet_known_notices() -> None:
+    """Silence the trainer's known, harmless library notices where they arise; every other warning stays.
+
+    Each filter names the message, the category and the module that warns (not a blanket ignore).
+    """
+    # Lightning 2.6's own pytree helper uses the LeafSpec class torch deprecated; nothing of ours to change.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning, module=r"pytorch_lightning\.utilities\._pytree")
+    # StreamingDataset partitions samples per rank and worker itself, so its __len__ is exact per rank.
+    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined",
+                            category=UserWarning, module=r"pytorch_lightning\.utilities\.data")
+    tips = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    if not any(isinstance(f, _DropLitLoggerTip) for f in tips.filters):
+        tips.addFilter(_DropLitLoggerTip())
 
 
 def _world() -> tuple[int, int, int]:
@@ -267,6 +291,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     """
     rank, world, _ = _world()
     t0 = time.time()
+    quiet_known_notices()
     attempt = _init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
@@ -301,7 +326,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         timings["fit"] = time.time() - t  # with the Hugging Face export (on_fit_end)
         # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
         t = time.time()
-        trainer.save_checkpoint(last)
+        trainer.save_checkpoint(last, weights_only=False)  # the full state: a resume restores loops and callbacks
         timings["final_checkpoint"] = time.time() - t
         t = time.time()
         if datamodule.is_empty("test"):

@@ -1,0 +1,64 @@
+"""One MLflow tracking-URI rule for the resource, the trainer and the CLI; one Markdown-table writer."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from finetune_assets import cli, tracking, viz
+from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.storage import Storage
+from finetune_assets.training.callbacks import trainer_tracking_uri
+from finetune_assets.training.config import TrainerConfig
+
+
+def test_explicit_then_environment_then_embedded_sqlite(tmp_path, monkeypatch):
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    assert tracking.tracking_uri("http://mlflow:5000", str(tmp_path), "fix") == "http://mlflow:5000"
+    assert tracking.tracking_uri(None, str(tmp_path / "x"), "fix") == f"sqlite:///{tmp_path}/x/mlflow.db"
+    monkeypatch.setenv(tracking.TRACKING_ENV, "http://env:5000")
+    assert tracking.tracking_uri(None, str(tmp_path), "fix") == "http://env:5000"
+
+
+def test_a_remote_folder_without_a_uri_names_the_fix(monkeypatch):
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    with pytest.raises(ValueError, match=r"s3://b/mlflow is remote .* pass --tracking-uri"):
+        tracking.tracking_uri(None, "s3://b/mlflow", "pass --tracking-uri")
+
+
+def test_resource_cli_and_trainer_agree(tmp_path, monkeypatch):
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    monkeypatch.delenv("FINETUNE_ASSETS_ROOT", raising=False)
+    root = tmp_path / "root"
+    expected = f"sqlite:///{root}/mlflow/mlflow.db"
+    assert MlflowResource().resolve_tracking_uri(Storage(str(root))) == expected
+    assert cli._tracking_uri(argparse.Namespace(tracking_uri=None, root=str(root))) == expected
+    trainer = TrainerConfig.from_dict({"model_dir": "m", "output_dir": str(root / "mlflow"), "checkpoint_dir": "c",
+                                       "data": {"train_url": "t", "validation_url": "v", "test_url": "e"}})
+    assert trainer_tracking_uri(trainer) == expected  # standalone: the store beside its output
+    with pytest.raises(cli.CliError, match="pass --tracking-uri"):
+        cli._tracking_uri(argparse.Namespace(tracking_uri=None, root="s3://bucket/prefix"))
+
+
+def test_credentials_never_leave_in_a_uri_or_link():
+    assert tracking.safe_uri("https://user:token@mlflow.example:8443/x") == "https://mlflow.example:8443/x"
+    assert tracking.web_ui("https://user:token@mlflow.example") is None
+    assert tracking.run_url(tracking.web_ui("https://mlflow.example/"), "1", "abc") == \
+        "https://mlflow.example/#/experiments/1/runs/abc"
+
+
+def test_markdown_table_escapes_cells_that_would_break_a_row():
+    table = viz.markdown_table(("file", "text"), [("a.csv", "good | bad\nnext")])
+    assert table.splitlines() == ["| file | text |", "|---|---|", "| a.csv | good \\| bad next |"]
+
+
+def test_the_storage_root_default_has_one_place(monkeypatch):
+    from finetune_assets.resources.storage import StorageResource
+    from finetune_assets.storage import DEFAULT_ROOT, default_root
+
+    monkeypatch.delenv("FINETUNE_ASSETS_ROOT", raising=False)
+    assert StorageResource().root == DEFAULT_ROOT == default_root()
+    assert cli._root(argparse.Namespace(root=None)) == DEFAULT_ROOT
+    assert Path(DEFAULT_ROOT).name == ".finetune_assets"
