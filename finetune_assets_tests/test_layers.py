@@ -9,6 +9,9 @@ import pytest
 @pytest.mark.parametrize("module", [
     "finetune_assets.training.__main__",
     "finetune_assets.training.run",
+    "finetune_assets.training.callbacks",
+    "finetune_assets.tracking",
+    "finetune_assets.viz",
     "finetune_assets.storage",
     "finetune_assets.data.sources",
     "finetune_assets.data.validate",

@@ -200,7 +200,9 @@ class Progress(pl.Callback):
         if total is not None and step >= total:
             eta = 0.0
         where = f"step {step}/{total} ({step / max(total, 1):.0%})" if total is not None else f"step {step}"
-        line = (f"{PROGRESS} {where} | epoch {trainer.current_epoch + 1}/{trainer.max_epochs} | loss {loss:.4f} | "
+        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
+        epoch = trainer.current_epoch + 1 if epochs is None else min(trainer.current_epoch + 1, epochs)  # 1 past at the end
+        line = (f"{PROGRESS} {where} | epoch {epoch}/{epochs or '?'} | loss {loss:.4f} | "
                 f"{samples_per_sec:.1f} samples/s | ETA {_clock(eta)}")
         self._log.info(line)
         if trainer.logger:
