@@ -37,10 +37,11 @@ import numpy as np
 import torch
 
 from finetune_assets.contracts import read_split_stats
-from finetune_assets.data.models import build_tiny_bert, packaged_model_dir
+from finetune_assets.data.models import packaged_model_dir
 from finetune_assets.data.shards import write_split
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.run import train
+from finetune_assets_tests.tiny_models import build_tiny_bert
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_smoke.json"
 # Peak dense bf16 FLOP/s by device name (vendor data sheets); MFU is left out for unknown devices.

@@ -120,7 +120,7 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
     Checks and promotion act on the materialization they belong to: another run publishing the same
     partition in between (which moves ``CURRENT``) cannot swap the model under them.
     """
-    key = dg.AssetKey("finetuned_model")
+    key = dg.AssetKey(FINETUNED_MODEL)
     entries = [e for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
                if e.asset_materialization and e.asset_materialization.asset_key == key
                and e.asset_materialization.partition == version]
@@ -210,7 +210,7 @@ def build_trainer_config(
 
 @dg.asset(
     partitions_def=dataset_versions,
-    deps=["mds_shards", "pretrained_model"],
+    deps=[MDS_SHARDS, PRETRAINED_MODEL],
     group_name="models",
     kinds={"pytorch", "mlflow"},
     owners=OWNERS,
@@ -246,7 +246,7 @@ def finetuned_model(
             TrainingJob(
                 name=job_name(version, run_id),
                 config_url=config_url,
-                labels={"dagster/run-id": run_id, "dagster/asset": "finetuned_model", "dagster/partition": version},
+                labels={"dagster/run-id": run_id, "dagster/asset": FINETUNED_MODEL, "dagster/partition": version},
             ),
         )
         result = read_training_result(output_dir)

@@ -172,7 +172,7 @@ def _check_trained_model(out: Path, family: str, metrics: dict) -> None:
     """Saved with its own class and the version's names; pipeline and predict return those names."""
     import transformers
 
-    from finetune_assets.cli import Classifier
+    from finetune_assets.inference import Classifier
 
     assert json.loads((out / "model" / "config.json").read_text())["architectures"] == [CLASSES[family]]
     assert metrics["labels"] == ["Negative", "Positive"]

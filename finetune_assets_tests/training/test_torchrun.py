@@ -15,7 +15,8 @@ import pytest
 
 from finetune_assets.contracts import read_split_stats
 from finetune_assets.launchers.base import TrainingFailed, TrainingJob, torchrun_command
-from finetune_assets.launchers.local import LocalTorchrunLauncher, kill_tree
+from finetune_assets.launchers.local import LocalTorchrunLauncher
+from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import write_mds_splits
 
 pytestmark = pytest.mark.slow
