@@ -557,7 +557,10 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     out: dict = {"version": version, "rows": raw.metadata.get("rows") if raw else None,
                  "rejected": raw.metadata.get("rejected") if raw else None}
     out["splits"] = read_token_stats(tokens.url, storage.fs).splits if tokens else None
-    result = read_training_result(model.url, storage.fs) if model else None
+    try:
+        result = read_training_result(model.url, storage.fs) if model else None
+    except FileNotFoundError:  # a model folder published without the trainer's result: no scores to show
+        result = None
     out["finetuned"] = {"accuracy": result.accuracy, "macro_f1": result.macro_f1} if result else None
     info = storage.read_json(f"{base.url}/{INFO_FILE}") if base else None
     test = (info or {}).get("test")
