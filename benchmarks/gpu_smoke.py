@@ -36,10 +36,12 @@ import fsspec
 import numpy as np
 import torch
 
-from finetune_assets.data.models import build_tiny_bert, packaged_model_dir
+from finetune_assets.contracts import read_split_stats
+from finetune_assets.data.models import packaged_model_dir
 from finetune_assets.data.shards import write_split
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.run import train
+from finetune_assets_tests.tiny_models import build_tiny_bert
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_smoke.json"
 # Peak dense bf16 FLOP/s by device name (vendor data sheets); MFU is left out for unknown devices.
@@ -100,7 +102,9 @@ def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, c
         "strategy": strategy, "gradient_clip_val": 1.0, "epochs": 1, "max_steps": steps,
         "checkpoint_every_n_steps": max(1, steps // 2), "log_every_n_steps": 10, "class_weights": "balanced",
         "optim": {"name": "adamw", "lr": 5e-5, "weight_decay": 0.01, "warmup_ratio": 0.1},
-        "data": {"train_url": str(data / "train"), "validation_url": str(data / "validation"),
+        "data": {"train_url": str(data / "train"),
+                 "train_label_counts": read_split_stats(str(data / "train")).counts(3),
+                 "validation_url": str(data / "validation"),
                  "test_url": str(data / "test"), "batch_size": batch, "num_workers": 2, "max_length": 256},
         "mlflow": {"tracking_uri": f"sqlite:///{work}/mlflow.db", "artifact_location": str(work / "mlartifacts"),
                    "log_model": False},

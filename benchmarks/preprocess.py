@@ -81,7 +81,7 @@ def seed_recipe(texts: list[str], labels: list[str], tokenizer, out: Path) -> di
 def project_path(data: Path, tokenizer, out: Path) -> dict:
     from finetune_assets.data.shards import write_splits
     from finetune_assets.data.sources import SourceSpec, read_source
-    from finetune_assets.data.tokenize import SplitRule, tokenize_table
+    from finetune_assets.data.tokenize import tokenize_table
     from finetune_assets.data.validate import ValidationRules, validate
 
     c0 = time.process_time()
@@ -90,7 +90,7 @@ def project_path(data: Path, tokenizer, out: Path) -> dict:
     t1 = time.perf_counter()
     result = validate(raw, ValidationRules())
     t2 = time.perf_counter()
-    table = tokenize_table(result.accepted, tokenizer, MAX_LENGTH, SplitRule())
+    table = tokenize_table(result.accepted, tokenizer, MAX_LENGTH)
     t3 = time.perf_counter()
     splits = write_splits(table, out)
     t4 = time.perf_counter()

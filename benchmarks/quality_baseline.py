@@ -28,11 +28,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.data.baseline import BaselineModel, BaselineSettings
 from finetune_assets.data.evaluate import majority_scores
 from finetune_assets.data.labels import LABELS
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import SplitRule
+from finetune_assets.data.validate import SplitRule
 from finetune_assets.data.validate import ValidationRules, validate
 
 ARABIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
@@ -54,15 +55,16 @@ def finetune(accepted: pa.Table, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         save_pretrained_model(DEFAULT_MODEL, None, root / "model")
-        table = tokenize_table(accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), args.max_length,
-                               SplitRule())
+        table = tokenize_table(accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), args.max_length)
         write_splits(table, root / "shards")
         config = TrainerConfig.from_dict({
             "model_dir": str(root / "model"), "output_dir": str(root / "out"), "checkpoint_dir": str(root / "ckpt"),
             "accelerator": "cpu", "epochs": args.epochs, "seed": 42, "log_every_n_steps": 50,
             "checkpoint_every_n_steps": 100000, "class_weights": args.class_weights,
             "optim": {"name": "adamw", "lr": args.lr, "warmup_ratio": 0.1},
-            "data": {"train_url": str(root / "shards/train"), "validation_url": str(root / "shards/validation"),
+            "data": {"train_url": str(root / "shards/train"),
+                     "train_label_counts": read_split_stats(str(root / "shards/train")).counts(len(LABELS)),
+                     "validation_url": str(root / "shards/validation"),
                      "test_url": str(root / "shards/test"), "batch_size": args.batch_size, "num_workers": 0,
                      "max_length": args.max_length, "bucket_batches": args.bucket_batches},
             "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),

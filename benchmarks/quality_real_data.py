@@ -24,10 +24,11 @@ from pathlib import Path
 import pyarrow as pa
 from transformers import AutoTokenizer
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.data.models import packaged_model_dir, save_pretrained_model, DEFAULT_MODEL
 from finetune_assets.data.shards import write_splits
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import SplitRule, tokenize_table
+from finetune_assets.data.tokenize import tokenize_table
 from finetune_assets.data.validate import ValidationRules, validate
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.run import train
@@ -67,7 +68,7 @@ def main() -> None:
         raw = read_source(SourceSpec(uri=str(REVIEWS)))
         validated = validate(raw, ValidationRules())
         tokenizer = AutoTokenizer.from_pretrained(packaged_model_dir())
-        table = tokenize_table(validated.accepted, tokenizer, args.max_length, SplitRule())
+        table = tokenize_table(validated.accepted, tokenizer, args.max_length)
         write_splits(table, root / "shards")
         split = table.column("split").cast(pa.string()).to_pylist()
         labels = table.column("label").to_pylist()
@@ -81,7 +82,9 @@ def main() -> None:
             "class_weights": args.class_weights,
             "optim": {"name": args.optimizer, "lr": args.lr,
                       "warmup_ratio": args.warmup_ratio if args.optimizer == "adamw" else 0.0},
-            "data": {"train_url": str(root / "shards/train"), "validation_url": str(root / "shards/validation"),
+            "data": {"train_url": str(root / "shards/train"),
+                     "train_label_counts": read_split_stats(str(root / "shards/train")).counts(3),
+                     "validation_url": str(root / "shards/validation"),
                      "test_url": str(root / "shards/test"), "batch_size": args.batch_size, "num_workers": 1,
                      "max_length": args.max_length, "bucket_batches": args.bucket_batches},
             "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),

@@ -34,6 +34,7 @@ import torch
 from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
 from transformers import AutoTokenizer
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.data.models import packaged_model_dir
 from finetune_assets.training.collate import DynamicPaddingCollator
 from finetune_assets.training.datamodule import ResumableStreamingDataLoader, clean_stale_streaming_memory
@@ -133,11 +134,11 @@ def sample_shards(root: Path) -> dict[str, int]:
 
     from finetune_assets.data.shards import write_splits
     from finetune_assets.data.sources import SourceSpec, read_source
-    from finetune_assets.data.tokenize import SplitRule, tokenize_table
+    from finetune_assets.data.tokenize import tokenize_table
     from finetune_assets.data.validate import ValidationRules, validate
 
     validated = validate(read_source(SourceSpec(uri="builtin:sample")), ValidationRules())
-    table = tokenize_table(validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512, SplitRule())
+    table = tokenize_table(validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512)
     write_splits(table, root / "shards")
     lengths = [len(x) for x in table.column("input_ids").to_pylist()]
     return {**Counter(table.column("split").cast(pa.string()).to_pylist()), "mean_tokens": float(np.mean(lengths))}
@@ -149,7 +150,8 @@ def run_recipe(root: Path, name: str, model_dir: Path) -> dict:
     run = root / name
     cfg = {"model_dir": str(model_dir), "output_dir": str(run / "out"), "checkpoint_dir": str(run / "ckpt"),
            "accelerator": "cpu",
-           "data": {f"{s}_url": str(root / "shards" / s) for s in ("train", "validation", "test")},
+           "data": {**{f"{s}_url": str(root / "shards" / s) for s in ("train", "validation", "test")},
+                    "train_label_counts": read_split_stats(str(root / "shards" / "train")).counts(3)},
            "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
                       "registered_model_name": "bench"}}
     for key, value in RECIPES[name].items():

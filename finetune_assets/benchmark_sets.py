@@ -44,8 +44,8 @@ def read_labelled(spec: SourceSpec) -> tuple[list[str], list[str]]:
     for t, lab, f, r, m in zip(*cols):
         if m is not None:
             bad.append(f"{f} row {r}: {m}")
-        elif t is None or not t.strip() or t.startswith("\x00non-text:"):
-            bad.append(f"{f} row {r}: empty or non-text review")
+        elif t is None or not t.strip():  # non-text cells arrive flagged in ``malformed`` (data/sources.py)
+            bad.append(f"{f} row {r}: empty review")
         elif lab is None or not str(lab).strip():
             bad.append(f"{f} row {r}: no label (choose the column with --label-column)")
     if bad:

@@ -12,18 +12,27 @@ from collections import Counter
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field
 
+from finetune_assets.contracts import (
+    BASELINE_MODEL,
+    FINETUNED_MODEL,
+    MDS_SHARDS,
+    RAW_REVIEWS,
+    REJECTED_FILE,
+    SPLITS,
+    TOKENIZED_REVIEWS,
+    read_rejected,
+    read_reviews,
+    read_token_stats,
+)
 from finetune_assets.data.labels import labels_from_metadata, registered_model_name
-from finetune_assets.data.tokenize import SPLITS
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.viz import markdown_table
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 
-RAW, TOKENIZED, SHARDS, FINETUNED = "raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model"
-REVIEWS_FILE, REJECTED_FILE, TOKENS_FILE = "reviews.parquet", "rejected.parquet", "tokens.arrow"
+RAW, TOKENIZED, SHARDS, FINETUNED = RAW_REVIEWS, TOKENIZED_REVIEWS, MDS_SHARDS, FINETUNED_MODEL
 DUPLICATE_REASONS = ("duplicate", "conflicting_duplicate")
 EXAMPLES = 5
 
@@ -66,10 +75,8 @@ def raw_reviews_contract(context: dg.AssetCheckExecutionContext, config: RawCont
     store = storage.storage()
     pub = store.require(RAW, version)
     classes = labels_from_metadata(pub.metadata).names
-    with store.fs.open(f"{pub.url}/{REVIEWS_FILE}", "rb") as f:
-        accepted = pq.read_table(f)
-    with store.fs.open(f"{pub.url}/{REJECTED_FILE}", "rb") as f:
-        rejected = pq.read_table(f)
+    accepted = read_reviews(pub.url, store.fs)
+    rejected = read_rejected(pub.url, store.fs)
     rows_in = accepted.num_rows + rejected.num_rows
     reasons = Counter(rejected.column("reason").to_pylist())
     where = dg.MetadataValue.path(f"{pub.url}/{REJECTED_FILE}")
@@ -171,9 +178,8 @@ def mds_shards_integrity(context: dg.AssetCheckExecutionContext, storage: Storag
     store = storage.storage()
     shards = store.require(SHARDS, version)
     tokens = store.require(TOKENIZED, version)
-    with store.fs.open(f"{tokens.url}/{TOKENS_FILE}", "rb") as f:
-        split_col = pa.ipc.open_file(pa.BufferReader(f.read())).read_all().column("split").cast(pa.string())
-    expected = {s: int(pc.sum(pc.equal(split_col, s)).as_py() or 0) for s in SPLITS}
+    published = read_token_stats(tokens.url, store.fs).splits  # rows per split, as tokenized_reviews counted them
+    expected = {s: published.get(s, 0) for s in SPLITS}
     seen: dict[str, int | None] = {}
     errors: dict[str, str] = {}
     with store.local_copy(shards.url) as local:
@@ -209,7 +215,7 @@ def mds_shards_integrity(context: dg.AssetCheckExecutionContext, storage: Storag
         yield result("no_empty_split", not empty,
                      f"empty splits: {empty}" if empty else "no empty split",
                      empty_splits=dg.MetadataValue.json(empty),
-                     fix="add data, or change tokenized_reviews validation/test fractions" if empty else "")
+                     fix="add data, or change raw_reviews validation/test fractions" if empty else "")
 
 
 # -- finetuned_model: quality gate and promotion ----------------------------------------------------
@@ -255,7 +261,7 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
 
 
 @dg.asset_check(asset=FINETUNED, name="quality_gate", blocking=True, partitions_def=dataset_versions,
-                additional_deps=[RAW, TOKENIZED, "baseline_model"],
+                additional_deps=[RAW, BASELINE_MODEL],
                 description="Test macro-F1 of the model this materialization registered, vs the floor, its version's "
                             "baseline_model and the current champion; observes only (champion_model moves the alias).")
 def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConfig, storage: StorageResource,
@@ -337,7 +343,7 @@ def version_labels(store, version: str):
 
 
 def frozen_test_set(store, version: str):
-    """The frozen test split as text + label (the same join of splits over rows that baseline_model uses)."""
+    """The frozen test split as text + label (raw_reviews' split column, as baseline_model reads it)."""
     from finetune_assets.assets.baseline import split_reviews
     from finetune_assets.gate import TestSet
 

@@ -15,11 +15,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT_ENV = "FINETUNE_ASSETS_ROOT"  # == finetune_assets.storage.STORAGE_ROOT_ENV (not imported: it pulls in Dagster)
-MODEL_SUBDIR = "model"  # the HF folder inside a published finetuned_model attempt
-# The graph as users see it in `versions status`; per version unless marked unpartitioned.
-PARTITIONED_ASSETS = ("raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model")
-UNPARTITIONED_ASSETS = ("pretrained_model",)
+# == finetune_assets.storage.STORAGE_ROOT_ENV; not imported at module level (storage is Dagster-free but pulls
+# in fsspec), so `--help` stays fast; the commands import storage and contracts where they need them.
+ROOT_ENV = "FINETUNE_ASSETS_ROOT"
 
 
 class CliError(Exception):
@@ -177,8 +175,11 @@ def version_status(instance, versions: Sequence[str]) -> list[dict]:
     """One row per (version, asset): materialized / stale / missing, when, data version, run."""
     from finetune_assets.sensors import STATUS_TAG
 
+    from finetune_assets.contracts import PARTITIONED_ASSETS, PRETRAINED_MODEL
+
     rows = []
-    cells = [(None, a) for a in UNPARTITIONED_ASSETS] + [(v, a) for v in versions for a in PARTITIONED_ASSETS]
+    # The graph as users see it in `versions status`: the unpartitioned base model, then per version.
+    cells = [(None, PRETRAINED_MODEL)] + [(v, a) for v in versions for a in PARTITIONED_ASSETS]
     failed = {v: _failed_last_run(instance, v) for v in versions}
     for version, asset in cells:
         record = _latest(instance, asset, version)
@@ -251,53 +252,17 @@ def _normalize_model_uri(uri: str) -> str:
     return uri
 
 
-def _hf_folder(path: Path) -> Path:
-    if not path.exists():
-        raise CliError(f"model folder {path} does not exist")
-    if (path / MODEL_SUBDIR / "config.json").is_file():  # a finetuned_model attempt folder
-        path = path / MODEL_SUBDIR
-    if not (path / "config.json").is_file():
-        raise CliError(f"{path} is not a Hugging Face model folder (no config.json); "
-                       "pass the folder written by save_pretrained")
-    return path
+def _from_folder(path: Path, source: str | None = None):
+    """``inference.Classifier`` from a folder; a folder without a model is a user error."""
+    from finetune_assets.inference import Classifier, ModelFolderError
+
+    try:
+        return Classifier.from_folder(path, source)
+    except ModelFolderError as err:
+        raise CliError(str(err)) from err
 
 
-class Classifier:
-    """A sequence classifier + tokenizer; ``predict`` returns (label, score, scores) per text."""
-
-    def __init__(self, model, tokenizer, source: str):
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.source = source
-        cfg = model.config
-        self.labels = [cfg.id2label.get(i, str(i)) for i in range(cfg.num_labels)]
-
-    @classmethod
-    def from_folder(cls, path: Path, source: str | None = None) -> Classifier:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-        folder = _hf_folder(path)
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True)
-        return cls(model, tokenizer, source or str(folder))
-
-    def predict(self, texts: Sequence[str], max_length: int) -> list[tuple[str, float, dict[str, float]]]:
-        import torch
-
-        from finetune_assets.data.models import position_limit
-
-        limit = min(max_length, position_limit(self.model.config))
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
-        with torch.inference_mode():
-            probs = torch.softmax(self.model(**enc).logits.float(), dim=-1)
-        out = []
-        for row in probs.tolist():
-            best = max(range(len(row)), key=row.__getitem__)
-            out.append((self.labels[best], row[best], dict(zip(self.labels, row))))
-        return out
-
-
-def load_classifier(args) -> Classifier:
+def load_classifier(args):
     """The model chosen by --version / --model-uri / --model (exactly one)."""
     chosen = [o for o in ("version", "model_uri", "model") if getattr(args, o)]
     if len(chosen) != 1:
@@ -308,19 +273,20 @@ def load_classifier(args) -> Classifier:
             raise CliError("--baseline scores the baseline_model of a dataset version: pass --version V")
         return _baseline_for_version(args)
     if args.model:
-        return Classifier.from_folder(Path(args.model).expanduser())
+        return _from_folder(Path(args.model).expanduser())
     if args.version:
         return _classifier_for_version(args)
     return _classifier_for_uri(args)
 
 
-def _classifier_for_version(args) -> Classifier:
+def _classifier_for_version(args):
+    from finetune_assets.contracts import FINETUNED_MODEL
     from finetune_assets.partitions import validate_version_key
     from finetune_assets.storage import Storage
 
     version = validate_version_key(args.version)
     storage = Storage(_root(args))
-    published = storage.current("finetuned_model", version)
+    published = storage.current(FINETUNED_MODEL, version)
     if published is None:
         from finetune_assets.versions import read_version
 
@@ -330,23 +296,26 @@ def _classifier_for_version(args) -> Classifier:
                 "it is not registered; see `finetune-assets versions list`")
         raise CliError(f"no trained model for dataset version {version!r} under {storage.root}: {hint}")
     if storage.is_local:
-        return Classifier.from_folder(Path(published.url), source=f"finetuned_model[{version}] {published.url}")
+        return _from_folder(Path(published.url), source=f"finetuned_model[{version}] {published.url}")
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix="finetune-assets-model-")
+    from finetune_assets.contracts import MODEL_SUBDIR
+
     storage.fs.get(f"{published.url}/{MODEL_SUBDIR}/", tmp + "/", recursive=True)
-    return Classifier.from_folder(Path(tmp), source=f"finetuned_model[{version}] {published.url}")
+    return _from_folder(Path(tmp), source=f"finetuned_model[{version}] {published.url}")
 
 
 def _baseline_for_version(args):
-    """baseline_model[v]: TF-IDF + logistic regression, with the same ``predict`` as ``Classifier``."""
+    """baseline_model[v]: TF-IDF + logistic regression, with the same ``predict`` as ``inference.Classifier``."""
+    from finetune_assets.contracts import BASELINE_MODEL
     from finetune_assets.data.baseline import BaselineModel
     from finetune_assets.partitions import validate_version_key
     from finetune_assets.storage import Storage
 
     version = validate_version_key(args.version)
     storage = Storage(_root(args))
-    published = storage.current("baseline_model", version)
+    published = storage.current(BASELINE_MODEL, version)
     if published is None:
         raise CliError(f"no baseline_model for dataset version {version!r} under {storage.root}; materialize it "
                        f"with `dagster asset materialize -m finetune_assets.definitions --select baseline_model "
@@ -355,7 +324,9 @@ def _baseline_for_version(args):
         return BaselineModel.load(Path(local), source=f"baseline_model[{version}] {published.url}")
 
 
-def _classifier_for_uri(args) -> Classifier:
+def _classifier_for_uri(args):
+    from finetune_assets.inference import Classifier
+
     import mlflow
 
     uri = _normalize_model_uri(args.model_uri)
@@ -580,16 +551,20 @@ def cmd_benchmarks_list(args) -> int:
 
 def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     """What the first command ends with: rows, test scores of fine-tuned / baseline / majority, champion or not."""
+    from finetune_assets.contracts import (BASELINE_MODEL, FINETUNED_MODEL, RAW_REVIEWS, TOKENIZED_REVIEWS,
+                                           read_token_stats, read_training_result)
     from finetune_assets.data.baseline import INFO_FILE
 
-    raw, tokens = storage.current("raw_reviews", version), storage.current("tokenized_reviews", version)
-    model, base = storage.current("finetuned_model", version), storage.current("baseline_model", version)
+    raw, tokens = storage.current(RAW_REVIEWS, version), storage.current(TOKENIZED_REVIEWS, version)
+    model, base = storage.current(FINETUNED_MODEL, version), storage.current(BASELINE_MODEL, version)
     out: dict = {"version": version, "rows": raw.metadata.get("rows") if raw else None,
                  "rejected": raw.metadata.get("rejected") if raw else None}
-    stats = storage.read_json(f"{tokens.url}/stats.json") if tokens else None
-    out["splits"] = (stats or {}).get("splits")
-    metrics = storage.read_json(f"{model.url}/metrics.json") if model else None
-    out["finetuned"] = {k: metrics.get(k) for k in ("accuracy", "macro_f1")} if metrics else None
+    out["splits"] = read_token_stats(tokens.url, storage.fs).splits if tokens else None
+    try:
+        result = read_training_result(model.url, storage.fs) if model else None
+    except FileNotFoundError:  # a model folder published without the trainer's result: no scores to show
+        result = None
+    out["finetuned"] = {"accuracy": result.accuracy, "macro_f1": result.macro_f1} if result else None
     info = storage.read_json(f"{base.url}/{INFO_FILE}") if base else None
     test = (info or {}).get("test")
     out["baseline"] = {k: test[k] for k in ("accuracy", "macro_f1")} if test else None

@@ -65,44 +65,18 @@ def majority_baseline(test: TestSet) -> float:
     return macro_f1(test.labels, np.full_like(test.labels, majority), len(test.names))
 
 
-def find_model_dirs(root: Path) -> tuple[Path, Path]:
-    """(weights folder, tokenizer folder) in a saved model: an HF folder or an MLflow transformers artifact."""
-    configs = [p.parent for p in root.rglob("config.json") if any(p.parent.glob("*.safetensors"))
-               or any(p.parent.glob("pytorch_model*.bin"))]
-    tokenizers = [p.parent for p in root.rglob("tokenizer_config.json")]
-    if not configs or not tokenizers:
-        raise FileNotFoundError(f"{root}: no model weights + config.json, or no tokenizer, found")
-    return sorted(configs, key=lambda p: len(p.parts))[0], sorted(tokenizers, key=lambda p: len(p.parts))[0]
-
-
 def score_model(root: Path, test: TestSet, max_length: int = 512, batch_size: int = 32) -> float:
-    """Macro-F1 of a saved classifier on the test texts, tokenized with the model's own tokenizer."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    """Macro-F1 of a saved classifier on the test texts (``inference.Classifier``, the model's own tokenizer)."""
+    from finetune_assets.inference import Classifier
 
-    model_dir, tok_dir = find_model_dirs(root)
-    tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True, trust_remote_code=False)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True,
-                                                               trust_remote_code=False).eval()
-    # Map the model's output ids to our label ids by name (a model saved with other ids still scores right).
-    id2label = {int(k): v for k, v in (model.config.id2label or {}).items()}
+    classifier = Classifier.from_folder(root)
+    # Map the model's class names to our label ids by name (a model saved with other ids still scores right).
     label2id = {n: i for i, n in enumerate(test.names)}
-    unknown = sorted(set(id2label.values()) - set(label2id))
+    unknown = sorted(set(classifier.labels) - set(label2id))
     if unknown:
         raise ValueError(f"{root}: the model predicts {unknown}, not classes of the test data {list(test.names)}")
-    remap = np.asarray([label2id[id2label[i]] for i in range(model.config.num_labels)])
-    from finetune_assets.data.models import position_limit
-
-    limit = min(max_length, position_limit(model.config))
-    order = np.argsort([len(t) for t in test.texts])  # similar lengths per batch: less padding
-    preds = np.empty(len(test.texts), dtype=np.int64)
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            enc = tokenizer([test.texts[i] for i in idx], padding=True, truncation=True, max_length=limit,
-                            return_tensors="pt")
-            logits = model(**enc).logits
-            preds[idx] = remap[logits.argmax(-1).numpy()]
+    predicted = classifier.predict_labels(test.texts, max_length, batch_size)
+    preds = np.fromiter((label2id[name] for name in predicted), dtype=np.int64, count=len(predicted))
     return macro_f1(test.labels, preds, len(test.names))
 
 

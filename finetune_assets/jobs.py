@@ -1,27 +1,18 @@
 """Jobs over the asset graph: full retrain of one dataset version, and retraining the model only.
 
-Selections name assets by key (no asset imports), so this module never pulls a training stack in at
-import time and stays importable by the sensor. Asset checks of the selected assets run in the same
-run (an asset selection includes its checks), so the blocking data checks stop a bad version before
-it reaches training.
+Selections name the asset definitions themselves (``AssetSelection.assets(obj)``), so a renamed asset
+cannot leave a job selecting nothing. Asset checks of the selected assets run in the same run (an asset
+selection includes its checks), so the blocking data checks stop a bad version before it reaches training.
 """
 
 import dagster as dg
 
-RAW = "raw_reviews"
-TOKENIZED = "tokenized_reviews"
-SHARDS = "mds_shards"
-FINETUNED = "finetuned_model"
-PRETRAINED = "pretrained_model"
-CHAMPION = "champion_model"
-
-
-def _keys(*names: str) -> dg.AssetSelection:
-    """Selection by key strings; a key not (yet) defined selects nothing instead of failing the location.
-
-    ``finetune_assets_tests/test_sensors.py`` pins the resolved selections, so a typo cannot hide here.
-    """
-    return dg.AssetSelection.from_string(" or ".join(f'key:"{n}"' for n in names))
+from finetune_assets.assets.champion import champion_model
+from finetune_assets.assets.finetuned import finetuned_model
+from finetune_assets.assets.pretrained import pretrained_model
+from finetune_assets.assets.raw import raw_reviews
+from finetune_assets.assets.shards import mds_shards
+from finetune_assets.assets.tokenized import tokenized_reviews
 
 # Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled: true``):
 # only failures outside the assets' code (a killed run worker, a lost pod, a daemon restart), at most twice.
@@ -30,11 +21,11 @@ def _keys(*names: str) -> dg.AssetSelection:
 RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure": "false"}
 
 # The per-version chain, in order; ``pretrained_model`` is unpartitioned and shared by every version.
-VERSION_CHAIN = (RAW, TOKENIZED, SHARDS, FINETUNED, CHAMPION)
+VERSION_CHAIN = (raw_reviews, tokenized_reviews, mds_shards, finetuned_model, champion_model)
 
 retrain_job = dg.define_asset_job(
     name="retrain_job",
-    selection=_keys(*VERSION_CHAIN, PRETRAINED),
+    selection=dg.AssetSelection.assets(*VERSION_CHAIN, pretrained_model),
     description=(
         "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> mds_shards -> "
         "finetuned_model -> champion_model, with their checks. pretrained_model is in the selection so a fresh "
@@ -47,7 +38,7 @@ retrain_job = dg.define_asset_job(
 
 finetune_only_job = dg.define_asset_job(
     name="finetune_only_job",
-    selection=_keys(FINETUNED, CHAMPION),
+    selection=dg.AssetSelection.assets(finetuned_model, champion_model),
     description=(
         "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with new "
         "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base model that "
@@ -58,7 +49,7 @@ finetune_only_job = dg.define_asset_job(
 
 base_model_job = dg.define_asset_job(
     name="base_model_job",
-    selection=_keys(PRETRAINED),
+    selection=dg.AssetSelection.assets(pretrained_model),
     description=(
         "Rebuild pretrained_model (e.g. config source: a new base model). Every version's tokenized_reviews, "
         "mds_shards and finetuned_model then show as stale; 'Materialize stale' rebuilds only those."

@@ -29,7 +29,8 @@ from dagster._core.storage.tags import WILL_RETRY_TAG
 
 from finetune_assets.data.labels import LabelError, read_manifest
 from finetune_assets.data.sources import SourceError, SourceSpec, list_files
-from finetune_assets.jobs import FINETUNED, PRETRAINED, VERSION_CHAIN, retrain_job
+from finetune_assets.contracts import PRETRAINED_MODEL
+from finetune_assets.jobs import VERSION_CHAIN, finetuned_model, pretrained_model, retrain_job
 from finetune_assets.partitions import DATASET_VERSIONS, InvalidVersionKey, validate_version_key
 from finetune_assets.resources.landing import LandedEntry, LandingZoneResource, fingerprint, strip_format_suffix
 from finetune_assets.resources.storage import StorageResource
@@ -86,11 +87,11 @@ def run_key(key: str, fp: str, attempt: int = 1) -> str:
 
 def retrain_request(key: str, fp: str, source: str, with_base: bool, attempt: int = 1) -> dg.RunRequest:
     """One retrain run for a version; ``pretrained_model`` only while it has never been published."""
-    assets = [*VERSION_CHAIN, *((PRETRAINED,) if with_base else ())]
+    assets = [*VERSION_CHAIN, *((pretrained_model,) if with_base else ())]
     return dg.RunRequest(
         run_key=run_key(key, fp, attempt),
         partition_key=key,
-        asset_selection=[dg.AssetKey(a) for a in assets],
+        asset_selection=[a.key for a in assets],
         tags={VERSION_TAG: key, FINGERPRINT_TAG: fp, SOURCE_TAG: source[-255:], ATTEMPT_TAG: str(attempt)},
     )
 
@@ -227,7 +228,7 @@ def _requests_with_base(cursor: LandingCursor, store, ready, waiting) -> list[dg
     for key, fp in list(cursor.awaiting_base.items()):
         record = read_version(store, key)
         queue.insert(0, (key, fp, record.source.uri if record else ""))
-    if store.current(PRETRAINED) is not None:
+    if store.current(PRETRAINED_MODEL) is not None:
         cursor.awaiting_base, cursor.base_run_key = {}, None
         return [_track(cursor, k, fp, src, with_base=False) for k, fp, src in queue]
     requests = []
@@ -285,7 +286,7 @@ def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
                                                 f"for partition {key} from the UI")
             continue
         record = read_version(store, key)
-        with_base = key == cursor.base_run_key and store.current(PRETRAINED) is None
+        with_base = key == cursor.base_run_key and store.current(PRETRAINED_MODEL) is None
         context.log.warning(f"dataset version {key}: {why}; requesting run {info['attempt'] + 1} "
                             f"of at most {MAX_RUN_ATTEMPTS}")
         requests.append(_track(cursor, key, info["fp"], record.source.uri if record else "", with_base,
@@ -295,7 +296,7 @@ def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
 
 def _trained_in(instance, key: str, run_id: str) -> bool:
     records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(FINETUNED), asset_partitions=[key]), limit=1).records
+        dg.AssetRecordsFilter(asset_key=finetuned_model.key, asset_partitions=[key]), limit=1).records
     return bool(records) and records[0].run_id == run_id
 
 

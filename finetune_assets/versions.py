@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass
 
 import dagster as dg
 
+from finetune_assets.contracts import PARTITIONED_ASSETS
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError, LabelSet
 from finetune_assets.data.sources import HF_PREFIX, SAMPLE_SOURCE, SourceSpec
 from finetune_assets.partitions import DATASET_VERSIONS, validate_version_key
 from finetune_assets.storage import Storage
 
-PARTITIONED_ASSETS = ("raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model")
 LOCK_STALE_S = 120.0  # a lock older than this was left by a killed process
 LOCK_WAIT_S = 30.0
 

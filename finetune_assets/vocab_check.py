@@ -7,9 +7,9 @@ Measures (``finetune_assets.data.vocab_fit``) on a spread sample of the version'
 
 
 import dagster as dg
-import pyarrow.parquet as pq
 from pydantic import Field
 
+from finetune_assets.contracts import PRETRAINED_MODEL, RAW_REVIEWS, TOKENIZED_REVIEWS, read_reviews, read_token_stats
 from finetune_assets.partitions import dataset_versions, validate_version_key
 from finetune_assets.resources.storage import StorageResource
 
@@ -22,8 +22,8 @@ class VocabularyFitConfig(dg.Config):
     sample_reviews: int = Field(2000, description="reviews measured (spread over the version)")
 
 
-@dg.asset_check(asset="tokenized_reviews", name="vocabulary_fit", blocking=False, partitions_def=dataset_versions,
-                additional_deps=["raw_reviews", "pretrained_model"],
+@dg.asset_check(asset=TOKENIZED_REVIEWS, name="vocabulary_fit", blocking=False, partitions_def=dataset_versions,
+                additional_deps=[RAW_REVIEWS, PRETRAINED_MODEL],
                 description="The base model's tokenizer covers the reviews' language: unknown tokens, tokens per "
                             "word, words split into single characters, truncated reviews (warning).")
 def vocabulary_fit(context: dg.AssetCheckExecutionContext, config: VocabularyFitConfig,
@@ -31,18 +31,15 @@ def vocabulary_fit(context: dg.AssetCheckExecutionContext, config: VocabularyFit
     """Warns when the base model sees this data as characters or unknown tokens, and says which setting fixes it."""
     from transformers import AutoTokenizer
 
-    from finetune_assets.assets.raw import REVIEWS_FILE
     from finetune_assets.data.vocab_fit import FitLimits, advice, measure
 
     version = validate_version_key(context.partition_key)
     store = storage.storage()
-    raw = store.require("raw_reviews", version)
-    tokens = store.require("tokenized_reviews", version)
-    model = store.require("pretrained_model")
-    with store.fs.open(f"{raw.url}/{REVIEWS_FILE}", "rb") as f:
-        texts = pq.read_table(f, columns=["text"]).column("text").to_pylist()
-    stats = store.read_json(f"{tokens.url}/stats.json") or {}
-    truncated = float((stats.get("lengths") or {}).get("truncated_share", 0.0))
+    raw = store.require(RAW_REVIEWS, version)
+    tokens = store.require(TOKENIZED_REVIEWS, version)
+    model = store.require(PRETRAINED_MODEL)
+    texts = read_reviews(raw.url, store.fs, columns=["text"]).column("text").to_pylist()
+    truncated = float(read_token_stats(tokens.url, store.fs).lengths.get("truncated_share", 0.0))
     with store.local_copy(model.url) as model_dir:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
     fit = measure(texts, tokenizer, truncated_share=truncated, limit=config.sample_reviews)

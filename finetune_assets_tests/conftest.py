@@ -46,7 +46,7 @@ def arabic_reviews() -> Path:
 
 @pytest.fixture(scope="session")
 def _tiny_model_session(tmp_path_factory) -> Path:
-    from finetune_assets.data.models import build_tiny_bert
+    from finetune_assets_tests.tiny_models import build_tiny_bert
 
     out = tmp_path_factory.mktemp("tiny-bert")
     build_tiny_bert(out)

@@ -123,11 +123,11 @@ def test_shard_integrity_catches_corruption_and_drift(instance, storage_root, ba
     store = Storage(str(storage_root))
     shards = Path(store.require("mds_shards", "v1").url)
     (shards / "validation" / "index.json").write_text("{not json")
-    # tokenized_reviews re-made with another split rule: the shards no longer match it
+    # raw_reviews + tokenized_reviews re-made with another split rule: the shards no longer match them
     result = _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv",
-                  selection=dg.AssetSelection.assets("tokenized_reviews").without_checks()
+                  selection=dg.AssetSelection.assets("raw_reviews", "tokenized_reviews").without_checks()
                   | dg.AssetSelection.checks_for_assets(mds_shards),
-                  run_config=dg.RunConfig(ops={"tokenized_reviews": {"config": {"test_fraction": 0.2}}}))
+                  run_config=dg.RunConfig(ops={"raw_reviews": {"config": {"test_fraction": 0.2}}}))
     checks = _checks(result)
     assert not checks["splits_readable"].passed and "validation" in checks["splits_readable"].description
     assert not checks["counts_match_tokenized"].passed

@@ -46,7 +46,7 @@ def test_binary_and_star_sets_through_dagster_materialize(instance, storage_root
                                                           star_reviews_csv, tmp_path):
     from mlflow import MlflowClient
 
-    from finetune_assets.cli import Classifier
+    from finetune_assets.inference import Classifier
     from finetune_assets.resources.mlflow import MlflowResource
 
     defs = build_defs(str(storage_root))

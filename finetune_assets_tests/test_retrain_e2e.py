@@ -17,11 +17,14 @@ from mlflow import MlflowClient
 
 from finetune_assets.data.sample import make_sample_reviews
 from finetune_assets.definitions import build_defs
-from finetune_assets.jobs import FINETUNED, PRETRAINED, VERSION_CHAIN
+from finetune_assets.contracts import FINETUNED_MODEL as FINETUNED, PRETRAINED_MODEL as PRETRAINED
+from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.storage import Storage
+
+VERSION_CHAIN = tuple(a.key.to_user_string() for a in CHAIN_ASSETS)  # names, in flow order
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "review-classifier"

@@ -10,6 +10,7 @@ from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
+from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.assets.finetuned import FinetuneConfig, finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
@@ -34,10 +35,11 @@ class CopyLauncher(TrainingLauncher):
         cfg = json.loads(Path(job.config_url).read_text())
         out = Path(cfg["output_dir"])
         shutil.copytree(cfg["model_dir"], out / "model")
-        (out / "metrics.json").write_text(json.dumps({
-            "accuracy": 0.5, "macro_f1": 0.4, "f1_per_class": {"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
-            "confusion_matrix": [[1, 0, 0], [0, 1, 0], [0, 0, 1]], "samples_seen": 3, "samples_per_sec": 1.0,
-            "tokens_per_sec": 1.0, "global_step": 1, "world_size": 1}))
+        (out / TRAINING_RESULT_FILE).write_text(TrainingResult(
+            accuracy=0.5, macro_f1=0.4, f1_per_class={"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
+            confusion_matrix=[[1, 0, 0], [0, 1, 0], [0, 0, 1]], test_samples=3, samples_seen=3, tokens_seen=30,
+            train_seconds=1.0, samples_per_sec=1.0, tokens_per_sec=1.0, global_step=1, epochs=1, world_size=1,
+            labels=cfg["labels"], wall_seconds=1.0).to_json())
 
 
 def _materialize(assets, instance, root, selection, partition=None, run_config=None):
@@ -74,7 +76,7 @@ def built(instance, storage_root, tiny_model_dir, arabic_reviews):
 
 
 def test_new_base_model_marks_the_version_chain_stale_but_not_the_data(built, instance, storage_root, tmp_path):
-    from finetune_assets.data.models import build_tiny_bert
+    from finetune_assets_tests.tiny_models import build_tiny_bert
 
     # Another base model (other weights, same tokenizer) -> a new pretrained_model data version.
     other = build_tiny_bert(tmp_path / "other-base", seed=1)

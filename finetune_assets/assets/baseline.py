@@ -1,7 +1,7 @@
 """``baseline_model[v]``: the TF-IDF + logistic-regression baseline of one dataset version, in seconds on CPU.
 
-Same train split and same frozen test split as ``finetuned_model[v]`` (``tokenized_reviews``' hash split
-over ``raw_reviews``' rows), so its scores are the bar the fine-tuned model must clear (the quality gate
+Same train split and same frozen test split as ``finetuned_model[v]`` (the ``split`` column of
+``raw_reviews``), so its scores are the bar the fine-tuned model must clear (the quality gate
 reads them). Tracked as its own MLflow run (tag ``model_kind=baseline``) beside the fine-tuned runs.
 """
 
@@ -12,18 +12,16 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.contracts import BASELINE_MODEL, RAW_REVIEWS, SPLITS, read_reviews
 from finetune_assets.data.baseline import INFO_FILE, MODEL_FILE, BaselineModel, BaselineSettings
 from finetune_assets.data.evaluate import majority_scores, order_labels
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 from finetune_assets.storage import Storage, hash_tree
-
-BASELINE = "baseline_model"
 
 
 class BaselineConfig(dg.Config):
@@ -44,20 +42,11 @@ class BaselineConfig(dg.Config):
 
 
 def split_reviews(store: Storage, version: str) -> dict[str, tuple[list[str], list[str]]]:
-    """(texts, labels) per split: ``tokenized_reviews``' split column over ``raw_reviews``' rows, in order."""
-    from finetune_assets.assets.raw import REVIEWS_FILE
-    from finetune_assets.assets.tokenized import read_tokens
-
-    raw = store.require("raw_reviews", version)
-    tokens = store.require("tokenized_reviews", version)
-    with store.fs.open(f"{raw.url}/{REVIEWS_FILE}", "rb") as f:
-        reviews = pq.read_table(f, columns=["text", "label"])
-    splits = read_tokens(tokens.url, store.fs).column("split").cast(pa.string())
-    if len(splits) != reviews.num_rows:
-        raise dg.Failure(f"tokenized_reviews[{version}] has {len(splits)} rows but raw_reviews[{version}] has "
-                         f"{reviews.num_rows}: re-materialize tokenized_reviews[{version}]")
+    """(texts, labels) per split, from the split column ``raw_reviews`` stored beside each review."""
+    reviews = read_reviews(store.require(RAW_REVIEWS, version).url, store.fs, columns=["text", "label", "split"])
+    splits = reviews.column("split").cast(pa.string())
     out = {}
-    for split in ("train", "validation", "test"):
+    for split in SPLITS:
         part = reviews.filter(pc.equal(splits, split))
         out[split] = (part.column("text").to_pylist(), part.column("label").to_pylist())
     return out
@@ -65,7 +54,7 @@ def split_reviews(store: Storage, version: str) -> dict[str, tuple[list[str], li
 
 @dg.asset(
     partitions_def=dataset_versions,
-    deps=["raw_reviews", "tokenized_reviews"],
+    deps=[RAW_REVIEWS],
     group_name="models",
     kinds={"scikitlearn", "mlflow"},
     owners=OWNERS,
@@ -89,7 +78,7 @@ def baseline_model(context: dg.AssetExecutionContext, config: BaselineConfig, st
     majority = majority_scores(train_y, test_y, label_set) if test_x else None
     info = {"dataset_version": version, "settings": config.model_dump(), "fit_seconds": round(fit_seconds, 3),
             "rows": {"train": len(train_x), "test": len(test_x)}, "test": test, "majority": majority}
-    with store.publish(BASELINE, version) as staging:
+    with store.publish(BASELINE_MODEL, version) as staging:
         model.save(staging.local_dir, info)
         staging.data_version = hash_tree(staging.local_dir, exclude=(INFO_FILE,))
         staging.metadata = {"labels": model.labels, **({"macro_f1": test["macro_f1"], "accuracy": test["accuracy"]}
@@ -103,7 +92,7 @@ def baseline_model(context: dg.AssetExecutionContext, config: BaselineConfig, st
 
 def read_baseline_info(store: Storage, version: str) -> dict | None:
     """The published ``baseline.json`` of a version (test scores, labels), or None if never materialized."""
-    published = store.current(BASELINE, version)
+    published = store.current(BASELINE_MODEL, version)
     return None if published is None else store.read_json(f"{published.url}/{INFO_FILE}")
 
 

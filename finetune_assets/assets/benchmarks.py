@@ -12,6 +12,7 @@ from typing import Any
 import dagster as dg
 
 from finetune_assets import viz
+from finetune_assets.contracts import BASELINE_MODEL, FINETUNED_MODEL
 from finetune_assets.assets._common import OWNERS, version_of
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
@@ -40,7 +41,7 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
 
 @dg.asset(
     partitions_def=dataset_versions,
-    deps=["finetuned_model", "baseline_model"],
+    deps=[FINETUNED_MODEL, BASELINE_MODEL],
     group_name="models",
     kinds={"mlflow"},
     owners=OWNERS,
@@ -52,14 +53,14 @@ def benchmark_scores(context: dg.AssetExecutionContext, storage: StorageResource
     from pathlib import Path
 
     from finetune_assets.benchmark_sets import list_benchmark_sets, read_benchmark_set
-    from finetune_assets.cli import Classifier
+    from finetune_assets.inference import Classifier
     from finetune_assets.data.baseline import BaselineModel
 
     version = version_of(context)
     store = storage.storage()
     names = list_benchmark_sets(store)
-    finetuned = store.require("finetuned_model", version)
-    baseline = store.require("baseline_model", version)
+    finetuned = store.require(FINETUNED_MODEL, version)
+    baseline = store.require(BASELINE_MODEL, version)
     results: dict[str, dict[str, Any]] = {}
     if names:
         with store.local_copy(finetuned.url) as ft_dir, store.local_copy(baseline.url) as bl_dir:

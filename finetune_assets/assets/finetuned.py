@@ -14,6 +14,17 @@ from pydantic import Field
 
 from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.contracts import (
+    FINETUNED_MODEL,
+    MDS_SHARDS,
+    MODEL_SUBDIR,
+    PRETRAINED_MODEL,
+    TRAIN,
+    TRAINER_CONFIG_FILE,
+    TrainingResult,
+    read_split_stats,
+    read_training_result,
+)
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, labels_from_metadata, registered_model_name
 from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
 from finetune_assets.partitions import dataset_versions
@@ -109,7 +120,7 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
     Checks and promotion act on the materialization they belong to: another run publishing the same
     partition in between (which moves ``CURRENT``) cannot swap the model under them.
     """
-    key = dg.AssetKey("finetuned_model")
+    key = dg.AssetKey(FINETUNED_MODEL)
     entries = [e for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
                if e.asset_materialization and e.asset_materialization.asset_key == key
                and e.asset_materialization.partition == version]
@@ -152,9 +163,9 @@ def build_trainer_config(
     run_name: str,
 ) -> tuple[TrainerConfig, str]:
     """The trainer file for one attempt, and the hash keying its checkpoints (same inputs -> same folder)."""
-    shards = store.require("mds_shards", version)
+    shards = store.require(MDS_SHARDS, version)
     # The base model this run started with (pinned and leased for the run), not whatever CURRENT is now.
-    pretrained = store.pinned("pretrained_model", tags["dagster_run_id"])
+    pretrained = store.pinned(PRETRAINED_MODEL, tags["dagster_run_id"])
     labels = labels_from_metadata(shards.metadata)
     settings = trainer_settings(config)
     key = {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version}
@@ -169,6 +180,9 @@ def build_trainer_config(
         # None: each worker node caches the shards in a temp folder keyed by the checkpoint dir and
         # the shard indexes (the published shards are the remote, never read in place).
         local_cache_dir=None,
+        # Forward only: the trainer gets the train split's label counts from here, never by counting the shards.
+        train_label_counts=read_split_stats(f"{shards.url}/{TRAIN}", store.fs).counts(
+            len(labels.names), where=f"{MDS_SHARDS}[{version}]/{TRAIN}"),
     )
     trainer = TrainerConfig.from_dict(
         {
@@ -176,7 +190,7 @@ def build_trainer_config(
             "model_dir": pretrained.url,
             "labels": list(labels.names),
             "output_dir": output_dir,
-            "checkpoint_dir": store.url("finetuned_model", version, "checkpoints", config_hash),
+            "checkpoint_dir": store.url(FINETUNED_MODEL, version, "checkpoints", config_hash),
             "mlflow": {
                 "tracking_uri": mlflow.resolve_tracking_uri(store),
                 "experiment_name": mlflow.experiment_name,
@@ -196,7 +210,7 @@ def build_trainer_config(
 
 @dg.asset(
     partitions_def=dataset_versions,
-    deps=["mds_shards", "pretrained_model"],
+    deps=[MDS_SHARDS, PRETRAINED_MODEL],
     group_name="models",
     kinds={"pytorch", "mlflow"},
     owners=OWNERS,
@@ -217,13 +231,13 @@ def finetuned_model(
     store = storage.storage()
     run_id = context.run.run_id
     tags = {"dataset_version": version, "code_version": code_version(), "dagster_run_id": run_id}
-    with store.publish("finetuned_model", version) as staging:
+    with store.publish(FINETUNED_MODEL, version) as staging:
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
         trainer, config_hash = build_trainer_config(
             config, store, version, mlflow, output_dir, tags, run_name=f"{version}-{run_id[:8]}"
         )
-        config_url = f"{output_dir}/trainer_config.json"
+        config_url = f"{output_dir}/{TRAINER_CONFIG_FILE}"
         with fsspec.open(config_url, "w") as f:  # inside the attempt: published (or discarded) with it
             f.write(trainer.to_json())
         context.log.info(f"trainer config {config_url}; checkpoints {trainer.checkpoint_dir}")
@@ -232,57 +246,49 @@ def finetuned_model(
             TrainingJob(
                 name=job_name(version, run_id),
                 config_url=config_url,
-                labels={"dagster/run-id": run_id, "dagster/asset": "finetuned_model", "dagster/partition": version},
+                labels={"dagster/run-id": run_id, "dagster/asset": FINETUNED_MODEL, "dagster/partition": version},
             ),
         )
-        with fsspec.open(f"{output_dir}/metrics.json", "r") as f:
-            metrics = json.load(f)
-        with store.local_copy(f"{output_dir}/model") as model_dir:
+        result = read_training_result(output_dir)
+        with store.local_copy(f"{output_dir}/{MODEL_SUBDIR}") as model_dir:
             staging.data_version = hash_tree(model_dir)
-        staging.metadata = {"config_hash": config_hash, "mlflow": metrics.get("mlflow", {})}
-    return dg.MaterializeResult(metadata=_metadata(metrics, mlflow, staging.url, config_hash),
+        staging.metadata = {"config_hash": config_hash, "mlflow": result.mlflow}
+    return dg.MaterializeResult(metadata=_metadata(result, mlflow, staging.url, config_hash),
                                 data_version=dg.DataVersion(staging.data_version))
 
 
-def _labels(metrics: dict[str, Any]) -> list[str]:
-    """Class names in id order, as the trainer recorded them (metrics before label sets: the seed's)."""
-    return list(metrics.get("labels") or DEFAULT_LABEL_SET.names)
-
-
-def _metadata(metrics: dict[str, Any], mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:
-    info = metrics.get("mlflow") or {}
-    per_class = metrics.get("f1_per_class") or {}
+def _metadata(result: TrainingResult, mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:
+    info = result.mlflow
     meta: dict[str, Any] = {
-        "model_path": dg.MetadataValue.path(f"{url}/model"),
-        "samples_seen": int(metrics["samples_seen"]),
-        "samples_per_sec": float(metrics["samples_per_sec"]),
-        "tokens_per_sec": float(metrics["tokens_per_sec"]),
-        "global_step": int(metrics["global_step"]),
-        "world_size": int(metrics["world_size"]),
+        "model_path": dg.MetadataValue.path(f"{url}/{MODEL_SUBDIR}"),
+        "samples_seen": result.samples_seen,
+        "samples_per_sec": result.samples_per_sec,
+        "tokens_per_sec": result.tokens_per_sec,
+        "global_step": result.global_step,
+        "world_size": result.world_size,
         "checkpoint_key": config_hash,
     }
-    if metrics.get("test_skipped"):  # an empty test split: trained, not tested
-        meta["test"] = metrics["test_skipped"]
+    if result.test_skipped:  # an empty test split: trained, not tested
+        meta["test"] = result.test_skipped
     else:
         meta.update({
-            "accuracy": dg.MetadataValue.float(float(metrics["accuracy"])),
-            "macro_f1": dg.MetadataValue.float(float(metrics["macro_f1"])),
-            "f1_per_class": markdown_table(("class", "F1"), [(k, f"{v:.4f}") for k, v in per_class.items()]),
-            "confusion_matrix": dg.MetadataValue.json({"rows_true_cols_pred": metrics.get("confusion_matrix")}),
+            "accuracy": dg.MetadataValue.float(float(result.accuracy)),
+            "macro_f1": dg.MetadataValue.float(float(result.macro_f1)),
+            "f1_per_class": markdown_table(("class", "F1"), [(k, f"{v:.4f}") for k, v in result.f1_per_class.items()]),
+            "confusion_matrix": dg.MetadataValue.json({"rows_true_cols_pred": result.confusion_matrix}),
         })
         try:  # a picture is a nicety: a plotting error must never fail a finished training
             meta["confusion_matrix_chart"] = dg.MetadataValue.md(
-                viz.confusion_matrix_md(metrics["confusion_matrix"], _labels(metrics)))
+                viz.confusion_matrix_md(result.confusion_matrix, result.labels))
         except Exception as err:  # noqa: BLE001 - any plotting/encoding error
             dg.get_dagster_logger().warning(f"confusion matrix chart skipped: {err}")
-    if metrics.get("test_samples") is not None:
-        meta["test_samples"] = int(metrics["test_samples"])
-    if metrics.get("class_weights"):
-        meta["class_weights"] = dg.MetadataValue.json(dict(zip(_labels(metrics), metrics["class_weights"])))
-    for name, value in per_class.items():
+    meta["test_samples"] = result.test_samples
+    if result.class_weights:
+        meta["class_weights"] = dg.MetadataValue.json(dict(zip(result.labels, result.class_weights)))
+    for name, value in result.f1_per_class.items():
         meta[f"f1_{name}"] = dg.MetadataValue.float(float(value))
-    if metrics.get("resumed_at_step") is not None:
-        meta["resumed_at_step"] = int(metrics["resumed_at_step"])
+    if result.resumed_at_step is not None:
+        meta["resumed_at_step"] = result.resumed_at_step
     if info.get("run_id"):
         meta["mlflow_run_id"] = info["run_id"]
         link = info.get("run_url") or mlflow.run_url(str(info.get("experiment_id")), info["run_id"])

@@ -4,6 +4,7 @@
 import dagster as dg
 from pydantic import Field
 
+from finetune_assets.contracts import PRETRAINED_MODEL
 from finetune_assets.assets._common import OWNERS
 from finetune_assets.data.models import DEFAULT_MODEL, save_pretrained_model
 from finetune_assets.resources.storage import StorageResource
@@ -24,7 +25,7 @@ def pretrained_model(context: dg.AssetExecutionContext, config: PretrainedModelC
                      storage: StorageResource) -> dg.MaterializeResult:
     """Base BERT for 3-class review classification, saved with save_pretrained (safetensors)."""
     store = storage.storage()
-    with store.publish("pretrained_model") as staging:
+    with store.publish(PRETRAINED_MODEL) as staging:
         summary = save_pretrained_model(config.source, config.revision, staging.local_dir, seed=config.seed)
         staging.data_version = hash_tree(staging.local_dir)
         staging.metadata = {"source": config.source, "revision": config.revision}

@@ -1,4 +1,4 @@
-"""``raw_reviews[v]``: the validated reviews of one dataset version, with the rejected rows beside them."""
+"""``raw_reviews[v]``: the validated reviews of one dataset version (each with its split), the rejected rows beside them."""
 
 
 import json
@@ -10,15 +10,12 @@ from pydantic import Field
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError
 from finetune_assets.data.sources import HF_PREFIX, SAMPLE_SOURCE, SourceError, SourceSpec, list_source, read_source
-from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.contracts import LABELS_FILE, RAW_REVIEWS, REJECTED_FILE, REVIEWS_FILE
+from finetune_assets.data.validate import SplitRule, ValidationRules, validate
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.storage import StorageResource
 from finetune_assets.storage import hash_tree
 from finetune_assets.versions import read_version
-
-REVIEWS_FILE = "reviews.parquet"
-REJECTED_FILE = "rejected.parquet"
-LABELS_FILE = "labels.json"  # the version's LabelSet; also in the publication's metadata["labels"]
 
 
 class RawReviewsConfig(dg.Config):
@@ -32,6 +29,8 @@ class RawReviewsConfig(dg.Config):
     label_mapping: dict[str, str] | None = Field(
         None, description="raw label -> class name of the version's label set (overrides its recorded mapping)")
     max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
+    validation_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in validation")
+    test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
 
 
 def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpec:
@@ -58,15 +57,19 @@ def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpe
 )
 def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
                 storage: StorageResource) -> dg.MaterializeResult:
-    """Validated reviews (text, class of the version's label set) of one dataset version; bad rows quarantined."""
+    """Validated reviews (text, class of the version's label set, split) of one dataset version; bad rows quarantined."""
     version = version_of(context)
     store = storage.storage()
     spec = resolve_source(config, store, version)
     record = read_version(store, version)
     labels = (record.label_set if record is not None else None) or DEFAULT_LABEL_SET
     try:
+        split = SplitRule(config.validation_fraction, config.test_fraction)
+    except ValueError as err:
+        raise dg.Failure(f"raw_reviews config validation_fraction/test_fraction: {err}") from err
+    try:
         rules = ValidationRules(max_text_chars=config.max_text_chars, labels=labels,
-                                label_mapping=config.label_mapping or None)
+                                label_mapping=config.label_mapping or None, split=split)
     except LabelError as err:
         raise dg.Failure(f"raw_reviews config label_mapping: {err}") from err
     context.log.info(f"reading {spec.uri} for dataset version {version}")
@@ -85,7 +88,7 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
             f"rejected.parquet with reason duplicate / conflicting_duplicate): {result.cross_file_duplicates}")
     if result.accepted.num_rows == 0:
         raise dg.Failure(f"{spec.uri}: no valid reviews ({raw.num_rows} rows, rejected: {result.reasons})")
-    with store.publish("raw_reviews", version) as staging:
+    with store.publish(RAW_REVIEWS, version) as staging:
         pq.write_table(result.accepted, staging.local_dir / REVIEWS_FILE, compression="zstd")
         pq.write_table(result.rejected, staging.local_dir / REJECTED_FILE, compression="zstd")
         (staging.local_dir / LABELS_FILE).write_text(json.dumps(rules.labels.to_dict(), ensure_ascii=False))

@@ -5,7 +5,8 @@ import dagster as dg
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
-from finetune_assets.assets.tokenized import read_tokens, tokenized_reviews
+from finetune_assets.assets.tokenized import tokenized_reviews
+from finetune_assets.contracts import MDS_SHARDS, TOKENIZED_REVIEWS, read_tokens
 from finetune_assets.data.shards import COMPRESSION, read_back_count, write_splits
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.storage import StorageResource
@@ -29,9 +30,9 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     """MDS shards (zstd) per split, streamable with StreamingDataset from the storage root."""
     version = version_of(context)
     store = storage.storage()
-    tokenized = store.require("tokenized_reviews", version)
+    tokenized = store.require(TOKENIZED_REVIEWS, version)
     tokens = read_tokens(tokenized.url, store.fs)
-    with store.publish("mds_shards", version) as staging:
+    with store.publish(MDS_SHARDS, version) as staging:
         results = write_splits(tokens, staging.local_dir, config.size_limit,
                                progress=lambda split, n: context.log.info(f"{split}: wrote {n} samples"))
         for split, r in results.items():
@@ -50,7 +51,8 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
             "splits": markdown_table(("split", "samples", "shards", "bytes"),
                                      [(s, r.samples, r.shards, r.bytes) for s, r in results.items()]),
             "samples_per_split": dg.MetadataValue.json({s: r.samples for s, r in results.items()}),
-            # label id -> samples per split, also in each split's split_stats.json (the trainer reads that)
+            # label id -> samples per split, also in each split's split_stats.json (finetuned_model puts the train
+            # split's into the trainer config)
             "label_counts_per_split": dg.MetadataValue.json({s: r.label_counts for s, r in results.items()}),
             "shards": sum(r.shards for r in results.values()),
             "bytes": sum(r.bytes for r in results.values()),

@@ -1,4 +1,4 @@
-"""``tokenized_reviews[v]``: unpadded token ids, integer labels and a stable split, as Arrow IPC."""
+"""``tokenized_reviews[v]``: unpadded token ids, integer labels and raw_reviews' split, as Arrow IPC."""
 
 
 import json
@@ -6,32 +6,33 @@ import json
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.assets.pretrained import pretrained_model
-from finetune_assets.assets.raw import REVIEWS_FILE, raw_reviews
+from finetune_assets.assets.raw import raw_reviews
+from finetune_assets.contracts import (
+    LABELS_FILE,
+    PRETRAINED_MODEL,
+    RAW_REVIEWS,
+    SPLITS,
+    TOKEN_STATS_FILE,
+    TOKENIZED_REVIEWS,
+    TOKENS_FILE,
+    TokenStats,
+    read_reviews,
+)
 from finetune_assets.data.labels import labels_from_metadata
 from finetune_assets.data.models import position_limit
-from finetune_assets.data.tokenize import SPLITS, SplitRule, length_stats, tokenize_table
+from finetune_assets.data.tokenize import length_stats, tokenize_table
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.storage import StorageResource
 from finetune_assets.storage import hash_tree
 
-TOKENS_FILE = "tokens.arrow"
-
 
 class TokenizeConfig(dg.Config):
     max_length: int = Field(512, description="truncate longer reviews to this many tokens (incl. specials)")
-    validation_fraction: float = Field(0.1, description="share of reviews (by text hash) in validation")
-    test_fraction: float = Field(0.1, description="share of reviews (by text hash) in test")
     batch_size: int = Field(2048, description="texts per fast-tokenizer batch")
-
-
-def read_tokens(url: str, fs) -> pa.Table:
-    with fs.open(f"{url}/{TOKENS_FILE}", "rb") as f:
-        return pa.ipc.open_file(pa.BufferReader(f.read())).read_all()
 
 
 @dg.asset(
@@ -44,15 +45,14 @@ def read_tokens(url: str, fs) -> pa.Table:
 )
 def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
                       storage: StorageResource) -> dg.MaterializeResult:
-    """Token ids per review (unpadded), label id and a train/validation/test split fixed by the text's hash."""
+    """Token ids per review (unpadded), label id and the train/validation/test split raw_reviews assigned."""
     from transformers import AutoConfig, AutoTokenizer
 
     version = version_of(context)
     store = storage.storage()
-    raw = store.require("raw_reviews", version)
-    model = store.pinned("pretrained_model", context.run.run_id)  # the run's base model, leased (issue 17)
-    with store.fs.open(f"{raw.url}/{REVIEWS_FILE}", "rb") as f:
-        accepted = pq.read_table(f)
+    raw = store.require(RAW_REVIEWS, version)
+    model = store.pinned(PRETRAINED_MODEL, context.run.run_id)  # the run's base model, leased (issue 17)
+    accepted = read_reviews(raw.url, store.fs, columns=["text", "label", "split"])
     with store.local_copy(model.url) as model_dir:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
         model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
@@ -66,17 +66,16 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
         context.log.info(f"tokenized {done}/{total} reviews")
 
     table = tokenize_table(accepted, tokenizer, max_length,
-                           SplitRule(config.validation_fraction, config.test_fraction),
                            batch_size=config.batch_size, progress=progress, labels=labels)
     stats = length_stats(table, max_length)
     splits = table.column("split").cast(pa.string())
     counts = {s: int(pc.sum(pc.equal(splits, s)).as_py() or 0) for s in SPLITS}
-    with store.publish("tokenized_reviews", version) as staging:
+    with store.publish(TOKENIZED_REVIEWS, version) as staging:
         options = pa.ipc.IpcWriteOptions(compression="zstd")
         with pa.ipc.new_file(str(staging.local_dir / TOKENS_FILE), table.schema, options=options) as w:
             w.write_table(table)
-        (staging.local_dir / "stats.json").write_text(json.dumps({"splits": counts, "lengths": stats}))
-        (staging.local_dir / "labels.json").write_text(json.dumps(labels.to_dict(), ensure_ascii=False))
+        (staging.local_dir / TOKEN_STATS_FILE).write_text(TokenStats(splits=counts, lengths=stats).to_json())
+        (staging.local_dir / LABELS_FILE).write_text(json.dumps(labels.to_dict(), ensure_ascii=False))
         staging.data_version = hash_tree(staging.local_dir)
         staging.metadata = {"rows": table.num_rows, "max_length": max_length, "labels": labels.to_dict()}
     return dg.MaterializeResult(

@@ -141,26 +141,3 @@ def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed
         architecture=type(model).__name__,
         max_position_embeddings=position_limit(model.config),
     )
-
-
-def build_tiny_bert(out_dir: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
-    """A tiny BertForSequenceClassification with the packaged model's real WordPiece tokenizer (tests)."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    tokenizer = AutoTokenizer.from_pretrained(packaged_model_dir(), use_fast=True)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        intermediate_size=hidden * 2,
-        max_position_embeddings=512,
-        num_labels=DEFAULT_LABEL_SET.num_labels,
-        id2label=DEFAULT_LABEL_SET.id2label,
-        label2id=DEFAULT_LABEL_SET.label2id,
-    )
-    torch.manual_seed(seed)
-    BertForSequenceClassification(config).save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir

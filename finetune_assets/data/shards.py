@@ -16,16 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from finetune_assets.data.tokenize import SPLITS
+from finetune_assets.contracts import SPLIT_STATS_FILE, SPLITS, SplitStats, mds_columns
 
 COMPRESSION = "zstd"
-# Written beside each split's index.json: what readers need up front without decoding a sample
-# (the trainer's class weights and split sizes). StreamingDataset ignores files it does not index.
-SPLIT_STATS = "split_stats.json"
-
-
-def mds_columns(id_dtype: np.dtype) -> dict[str, str]:
-    return {"input_ids": f"ndarray:{np.dtype(id_dtype).name}", "label": "int8"}
 
 
 @dataclass(frozen=True)
@@ -46,7 +39,7 @@ def write_split(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
     offsets = ids.offsets.to_numpy()
     labels = table.column("label").to_numpy()
     out_dir.mkdir(parents=True, exist_ok=True)
-    with MDSWriter(out=str(out_dir), columns=mds_columns(flat.dtype), compression=COMPRESSION,
+    with MDSWriter(out=str(out_dir), columns=mds_columns(np.dtype(flat.dtype).name), compression=COMPRESSION,
                    size_limit=size_limit, progress_bar=False) as writer:
         for i in range(len(labels)):
             writer.write({"input_ids": flat[offsets[i]:offsets[i + 1]], "label": int(labels[i])})
@@ -56,16 +49,15 @@ def write_split(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
     shards = sorted(out_dir.glob("shard.*.mds*"))
     return SplitShards(split=out_dir.name, samples=len(labels), shards=len(shards),
                        bytes=sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()),
-                       label_counts=stats["label_counts"])
+                       label_counts={str(k): v for k, v in stats.label_counts.items()})
 
 
-def write_split_stats(out_dir: Path, labels: np.ndarray) -> dict:
-    """``split_stats.json``: samples and samples per label id, computed once where the labels are at hand."""
-    import json
-
+def write_split_stats(out_dir: Path, labels: np.ndarray) -> SplitStats:
+    """``split_stats.json`` beside the split's index.json (StreamingDataset ignores files it does not index):
+    samples and samples per label id, computed once where the labels are at hand; the trainer config carries them."""
     ids, counts = np.unique(np.asarray(labels, dtype=np.int64), return_counts=True)
-    stats = {"samples": int(len(labels)), "label_counts": {str(int(i)): int(c) for i, c in zip(ids, counts)}}
-    (out_dir / SPLIT_STATS).write_text(json.dumps(stats, sort_keys=True))
+    stats = SplitStats(samples=int(len(labels)), label_counts={int(i): int(c) for i, c in zip(ids, counts)})
+    (out_dir / SPLIT_STATS_FILE).write_text(stats.to_json())
     return stats
 
 

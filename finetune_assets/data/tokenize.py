@@ -1,4 +1,4 @@
-"""Batched fast-tokenizer encoding into unpadded token ids, with a split that never moves.
+"""Batched fast-tokenizer encoding into unpadded token ids; the split comes with the rows from raw_reviews.
 
 Padding is the trainer's job (per batch, to the longest sequence), so nothing is stored padded.
 Texts are encoded in full and truncated here, which keeps the original length for the
@@ -7,38 +7,13 @@ Texts are encoded in full and truncated here, which keeps the original length fo
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
-from finetune_assets.data.validate import normalize_text
-
-SPLITS = ("train", "validation", "test")
-
-
-@dataclass(frozen=True)
-class SplitRule:
-    """Fractions of the hash space; a review's split depends only on its normalized text."""
-
-    validation: float = 0.1
-    test: float = 0.1
-    salt: str = "finetune_assets/v1"
-
-    def __post_init__(self):
-        if not (0 <= self.validation < 1 and 0 <= self.test < 1 and self.validation + self.test < 1):
-            raise ValueError("validation and test fractions must be in [0, 1) and sum to less than 1")
-
-    def assign(self, texts: list[str]) -> list[str]:
-        out = []
-        for t in texts:
-            digest = hashlib.blake2b(f"{self.salt}\x00{normalize_text(t)}".encode(), digest_size=8).digest()
-            u = int.from_bytes(digest, "big") / 2**64
-            out.append("test" if u < self.test else "validation" if u < self.test + self.validation else "train")
-        return out
+from finetune_assets.data.validate import split_column
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -70,12 +45,11 @@ def tokenize_table(
     accepted: pa.Table,
     tokenizer,
     max_length: int,
-    split_rule: SplitRule,
     batch_size: int = 2048,
     progress: Callable[[int, int], None] | None = None,
     labels: LabelSet = DEFAULT_LABEL_SET,
 ) -> pa.Table:
-    """``accepted`` (text, label) -> input_ids (list of uint), length, label (int8 id in ``labels``), split."""
+    """``accepted`` (text, label, split) -> input_ids (list of uint), length, label (int8 id in ``labels``), split."""
     if max_length < 2:
         raise ValueError("max_length must be at least 2 (room for [CLS] and [SEP])")
     backend = tokenizer.backend_tokenizer
@@ -109,7 +83,7 @@ def tokenize_table(
         "length": pa.array(lengths),
         "full_length": pa.array(full_lengths.astype(np.int32)),
         "label": pa.array(label_ids),
-        "split": pa.array(split_rule.assign(texts), pa.string()).dictionary_encode(),
+        "split": split_column(accepted),
     })
 
 

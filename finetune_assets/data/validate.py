@@ -5,6 +5,7 @@ Nothing is dropped silently: ``accepted.num_rows + rejected.num_rows == raw.num_
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 from collections import Counter
@@ -14,26 +15,7 @@ import pyarrow as pa
 
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 
-REASONS = ("malformed_row", "empty_text", "non_text", "too_long", "unknown_label", "duplicate",
-           "conflicting_duplicate")
-
-ACCEPTED_SCHEMA = pa.schema([
-    ("text", pa.string()),
-    ("label", pa.string()),
-    ("source_file", pa.string()),
-    ("source_row", pa.int64()),
-])
-REJECTED_SCHEMA = pa.schema([
-    ("text", pa.string()),
-    ("label", pa.string()),
-    ("source_file", pa.string()),
-    ("source_row", pa.int64()),
-    ("reason", pa.string()),
-    ("detail", pa.string()),
-    ("source_line", pa.int64()),  # physical lines of the record in its file (CSV/TSV/JSONL)
-    ("source_line_end", pa.int64()),
-    ("raw", pa.string()),  # a malformed record's raw text (bounded prefix): recoverable by hand
-])
+from finetune_assets.contracts import ACCEPTED_SCHEMA, REJECTED_SCHEMA, SPLITS
 
 # Code points removed before validation and duplicate detection (documented in docs/reliability.md):
 # format characters (Unicode category Cf: zero-width space/joiners, LRM/RLM, bidi embeddings and
@@ -56,10 +38,47 @@ NULL_MARKERS = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-Na
 
 
 @dataclass(frozen=True)
+class SplitRule:
+    """Fractions of the hash space; a review's split depends only on its normalized text."""
+
+    validation: float = 0.1
+    test: float = 0.1
+    salt: str = "finetune_assets/v1"
+
+    def __post_init__(self):
+        if not (0 <= self.validation < 1 and 0 <= self.test < 1 and self.validation + self.test < 1):
+            raise ValueError("validation and test fractions must be in [0, 1) and sum to less than 1")
+
+    def of_key(self, key: str) -> str:
+        """The split of a review whose :func:`normalize_text` is ``key``."""
+        digest = hashlib.blake2b(f"{self.salt}\x00{key}".encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, "big") / 2**64
+        return "test" if u < self.test else "validation" if u < self.test + self.validation else "train"
+
+    def assign(self, texts: list[str]) -> list[str]:
+        return [self.of_key(normalize_text(t)) for t in texts]
+
+
+def split_column(accepted: pa.Table) -> pa.Array:
+    """The ``split`` column raw_reviews stored (dictionary-encoded); a table without one is an error."""
+    if "split" not in accepted.column_names:
+        raise ValueError("the reviews have no 'split' column: they must come from raw_reviews (data.validate), "
+                         "which assigns each review its split; re-materialize raw_reviews")
+    column = accepted.column("split").combine_chunks()
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(pa.string())
+    unknown = set(column.unique().to_pylist()) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"split column holds {sorted(map(str, unknown))}, not only {list(SPLITS)}")
+    return column.dictionary_encode()
+
+
+@dataclass(frozen=True)
 class ValidationRules:
     label_mapping: dict[str, str] | None = None  # overrides the label set's raw-value mapping (same classes)
     max_text_chars: int = 20_000
     labels: LabelSet = field(default_factory=lambda: DEFAULT_LABEL_SET)  # the version's classes
+    split: SplitRule = field(default_factory=SplitRule)  # each accepted review's train/validation/test
 
     def __post_init__(self):
         if self.label_mapping is not None:  # raises LabelError (a ValueError) for unknown class names
@@ -135,7 +154,7 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
                    f"kept copy: {copy}" if same else f"first seen as {first_label} ({copy}, kept)", *where)
             continue
         seen[key] = (mapped, file, f"line {line}" if line is not None else f"row {row}")
-        for k, v in zip(ACCEPTED_SCHEMA.names, (text, mapped, file, row)):
+        for k, v in zip(ACCEPTED_SCHEMA.names, (text, mapped, file, row, rules.split.of_key(key))):
             accepted[k].append(v)
     return Validated(
         accepted=pa.table(accepted, schema=ACCEPTED_SCHEMA),

@@ -73,15 +73,6 @@ def process_tree(pid: int) -> dict[int, int]:
     return tree
 
 
-def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal every process group in the tree of ``pid`` (torchrun, its workers, their loader workers)."""
-    for pgid in sorted(set(process_tree(pid).values())):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            continue
-
-
 def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM torchrun (it stops its workers), then SIGKILL every process group of the tree that is left."""
     tree = process_tree(proc.pid)

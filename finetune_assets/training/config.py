@@ -53,6 +53,9 @@ class DataConfig:
     predownload: int | None = None
     # Length bucketing: sort windows of this many batches by length before batching (1: off).
     bucket_batches: int = 1
+    # Samples per label id in the train split (mds_shards' train/split_stats.json, carried here by
+    # finetuned_model): class_weights "balanced" needs them; the trainer never counts the shards.
+    train_label_counts: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("train_url", "validation_url", "test_url"):
@@ -175,6 +178,15 @@ class TrainerConfig:
         if self.accelerator == "cpu" and self.precision == "16-mixed":
             raise ConfigError("precision '16-mixed' needs a GPU; use '32' or 'bf16-mixed' on CPU")
 
+    def train_label_counts(self) -> list[int]:
+        """The train split's samples per label id that class_weights 'balanced' needs (checked here, not counted)."""
+        counts = self.data.train_label_counts
+        if counts is None or len(counts) != len(self.labels) or min(counts) < 0:
+            raise ConfigError(f"class_weights 'balanced' needs data.train_label_counts with one count per label "
+                              f"({len(self.labels)}), got {counts}: finetuned_model fills it from mds_shards' "
+                              "train/split_stats.json (or set class_weights 'none')")
+        return list(counts)
+
     # -- (de)serialisation -------------------------------------------------------------------
 
     @classmethod
@@ -205,7 +217,7 @@ class TrainerConfig:
                 continue
             if isinstance(value, dict):
                 for sub, v in value.items():
-                    if not sub.endswith(("_url", "_dir")):
+                    if not sub.endswith(("_url", "_dir")) and sub != "train_label_counts":  # data, not a knob
                         flat[f"{key}.{sub}"] = v
             else:
                 flat[key] = value

@@ -30,7 +30,7 @@ from streaming import StreamingDataLoader, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 from torch.utils.data import DataLoader, Dataset
 
-from finetune_assets.data.shards import SPLIT_STATS, open_streaming_dataset
+from finetune_assets.data.shards import open_streaming_dataset
 from finetune_assets.training import files
 from finetune_assets.training.collate import DynamicPaddingCollator
 from finetune_assets.training.config import DataConfig
@@ -203,54 +203,6 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         self._pending = dict(obj)  # applied when the next epoch iterator starts
-
-
-def label_counts(url: str, num_classes: int) -> list[int]:
-    """Samples per label id in one MDS split, from its ``split_stats.json`` (written once by ``mds_shards``).
-
-    Every rank reads the same small file: no decoding, no process group. Shards written before the
-    file existed are decoded once instead (:func:`decode_label_counts`), with a warning.
-    """
-    base = files.local_path(url).rstrip("/")
-    path = f"{base}/{SPLIT_STATS}"
-    if not files.exists(path):
-        log.warning("%s has no %s (shards written by an older version): decoding the split to count labels; "
-                    "re-materialize mds_shards to skip this", url, SPLIT_STATS)
-        return decode_label_counts(url, num_classes)
-    stats = files.read_json(path)
-    counts = [0] * num_classes
-    for label, count in stats["label_counts"].items():
-        if not 0 <= int(label) < num_classes:
-            raise ValueError(f"{path}: label {label} outside 0..{num_classes - 1}")
-        counts[int(label)] = int(count)
-    return counts
-
-
-def decode_label_counts(url: str, num_classes: int) -> list[int]:
-    """Samples per label, decoding every sample of the split (legacy shards without ``split_stats.json``)."""
-    import fsspec
-    import numpy as np
-    from streaming.base.compression import decompress
-    from streaming.base.format import reader_from_json
-
-    base = files.local_path(url).rstrip("/")
-    index = read_index(url, "train")
-    counts = [0] * num_classes
-    for obj in index.get("shards", []):
-        reader = reader_from_json(base, None, obj)
-        info = obj["zip_data"] or obj["raw_data"]
-        with fsspec.open(f"{base}/{info['basename']}", "rb") as f:
-            data = f.read()
-        if obj["zip_data"]:
-            data = decompress(obj["compression"], data)
-        n = int(np.frombuffer(data[:4], np.uint32)[0])
-        offsets = np.frombuffer(data[4 : 4 * (n + 2)], np.uint32)
-        for i in range(n):
-            label = int(reader.decode_sample(data[offsets[i] : offsets[i + 1]])["label"])
-            if not 0 <= label < num_classes:
-                raise ValueError(f"{url}: label {label} outside 0..{num_classes - 1}")
-            counts[label] += 1
-    return counts
 
 
 def balanced_class_weights(counts: list[int]) -> list[float]:

@@ -19,7 +19,8 @@ from transformers import AutoTokenizer
 from finetune_assets.training import files
 from finetune_assets.training.callbacks import HuggingFaceCheckpointer, Progress, Throughput, trainer_tracking_uri
 from finetune_assets.training.config import TrainerConfig
-from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights, label_counts
+from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
+from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 
@@ -300,7 +301,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                                pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(), attempt=attempt)
     weights = None
     if config.class_weights == "balanced":
-        counts = label_counts(config.data.train_url, len(config.labels))
+        counts = config.train_label_counts()  # carried by the config (mds_shards' split_stats.json)
         weights = balanced_class_weights(counts)
         if rank == 0:
             log.info("train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights])
@@ -366,5 +367,6 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     finally:
         export.cleanup()
     metrics["wall_seconds"] = time.time() - t0
-    files.write_json_atomic(config.output_dir.rstrip("/") + "/metrics.json", metrics)
+    result = TrainingResult.model_validate(metrics)  # the contract finetuned_model reads
+    files.write_json_atomic(f"{config.output_dir.rstrip('/')}/{TRAINING_RESULT_FILE}", result.model_dump(mode="json"))
     return metrics

@@ -117,7 +117,7 @@ def test_sigkill_mid_write_keeps_previous_complete_version(hang_in, asset, previ
         rows = store.require("tokenized_reviews", "v1").metadata["rows"]
         assert sum(read_back_count(Path(after.url) / s) for s in ("train", "validation", "test")) == rows
     else:
-        from finetune_assets.assets.tokenized import read_tokens
+        from finetune_assets.contracts import read_tokens
 
         assert read_tokens(after.url, store.fs).num_rows == store.require("raw_reviews", "v1").metadata["rows"]
 

@@ -11,9 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from finetune_assets.contracts import SPLITS
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import SPLITS, SplitRule, length_stats, token_dtype, tokenize_table
-from finetune_assets.data.validate import ValidationRules, normalize_text, validate
+from finetune_assets.data.tokenize import length_stats, token_dtype, tokenize_table
+from finetune_assets.data.validate import SplitRule, ValidationRules, normalize_text, validate
 from finetune_assets_tests.data.conftest import count_csv_rows, csv_rows
 
 POLARITY = {"1": "Positive", "-1": "Negative", "0": "Mixed"}
@@ -99,8 +100,10 @@ def test_splits_are_stable_across_versions_sharing_rows(arabic_reviews: Path, to
     rule = SplitRule()
 
     def splits_by_text(uri: str) -> dict[str, str]:
-        accepted = validate(read_source(SourceSpec(uri=uri)), ValidationRules()).accepted
-        table = tokenize_table(accepted, tokenizer, 64, rule)
+        accepted = validate(read_source(SourceSpec(uri=uri)), ValidationRules(split=rule)).accepted
+        table = tokenize_table(accepted, tokenizer, 64)
+        # tokenized_reviews carries raw_reviews' split unchanged, row for row
+        assert table.column("split").cast(pa.string()).to_pylist() == accepted.column("split").to_pylist()
         return dict(zip(accepted.column("text").to_pylist(), table.column("split").cast(pa.string()).to_pylist()))
 
     v1 = splits_by_text(str(arabic_reviews / "PROD.csv"))
@@ -118,7 +121,7 @@ def test_tokenize_real_reviews_matches_hf_truncation(arabic_reviews: Path, token
     accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "RES2.csv"))), ValidationRules()).accepted
     accepted = accepted.slice(0, 400)
     max_length = 64
-    table = tokenize_table(accepted, tokenizer, max_length, SplitRule(), batch_size=100)
+    table = tokenize_table(accepted, tokenizer, max_length, batch_size=100)
     texts = accepted.column("text").to_pylist()
     expected = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     got = table.column("input_ids").to_pylist()
@@ -142,7 +145,7 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path
     from finetune_assets.data.shards import read_back_count, write_splits
 
     accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()).accepted
-    table = tokenize_table(accepted, tokenizer, 128, SplitRule())
+    table = tokenize_table(accepted, tokenizer, 128)
     out = tmp_path / "shards"
     results = write_splits(table, out, size_limit=1 << 16)  # small shards: several per split
     assert results["train"].shards > 1
@@ -174,8 +177,9 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path
 def test_empty_split_writes_and_reads_back_as_zero(tokenizer, tmp_path: Path):
     from finetune_assets.data.shards import read_back_count, write_splits
 
-    accepted = pa.table({"text": ["one good review", "another fine review"], "label": ["Positive", "Mixed"]})
-    table = tokenize_table(accepted, tokenizer, 32, SplitRule(validation=0.0, test=0.0))
+    accepted = pa.table({"text": ["one good review", "another fine review"], "label": ["Positive", "Mixed"],
+                         "split": ["train", "train"]})
+    table = tokenize_table(accepted, tokenizer, 32)
     results = write_splits(table, tmp_path / "shards")
     assert results["train"].samples == 2
     assert results["validation"].samples == results["test"].samples == 0
@@ -188,6 +192,13 @@ def test_split_rule_rejects_bad_fractions():
         SplitRule(validation=0.6, test=0.5)
 
 
+def test_tokenize_refuses_reviews_without_raw_reviews_split(tokenizer):
+    with pytest.raises(ValueError, match="no 'split' column"):
+        tokenize_table(pa.table({"text": ["x"], "label": ["Positive"]}), tokenizer, 16)
+    with pytest.raises(ValueError, match="split column holds"):
+        tokenize_table(pa.table({"text": ["x"], "label": ["Positive"], "split": ["dev"]}), tokenizer, 16)
+
+
 def test_tokenize_rejects_too_small_max_length(tokenizer):
     with pytest.raises(ValueError, match="max_length"):
-        tokenize_table(pa.table({"text": ["x"], "label": ["Positive"]}), tokenizer, 1, SplitRule())
+        tokenize_table(pa.table({"text": ["x"], "label": ["Positive"], "split": ["train"]}), tokenizer, 1)

@@ -8,7 +8,7 @@ from finetune_assets.data.baseline import BaselineModel, beats_baseline
 from finetune_assets.data.evaluate import LabelSetMismatch, majority_scores, map_labels, scores
 from finetune_assets.data.labels import LABELS
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import SplitRule
+from finetune_assets.data.validate import SplitRule
 from finetune_assets.data.validate import ValidationRules, validate
 
 

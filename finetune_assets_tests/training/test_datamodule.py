@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from streaming import StreamingDataset
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.training.collate import DynamicPaddingCollator
 from finetune_assets.training.config import DataConfig
 from finetune_assets.training.datamodule import (
@@ -16,7 +17,6 @@ from finetune_assets.training.datamodule import (
     clean_stale_streaming_memory,
     balanced_class_weights,
     cache_root,
-    label_counts,
     split_locations,
 )
 from finetune_assets_tests.training.fixtures import write_split
@@ -123,9 +123,9 @@ def test_cache_root_is_shared_by_ranks_and_fresh_per_run_and_attempt(tmp_path, m
 
 
 def test_label_counts_and_balanced_weights(synthetic_split, tmp_path):
-    assert label_counts(str(synthetic_split), 3) == [68, 68, 67]  # labels i % 3 over 203 samples
+    assert read_split_stats(str(synthetic_split)).counts(3) == [68, 68, 67]  # labels i % 3 over 203 samples
     skewed = write_split(tmp_path / "skewed", [[101, 7, 102]] * 10, [0] * 7 + [1] * 2 + [2])
-    counts = label_counts(str(skewed), 3)
+    counts = read_split_stats(str(skewed)).counts(3)
     assert counts == [7, 2, 1]
     weights = balanced_class_weights(counts)
     assert weights == pytest.approx([10 / 21, 10 / 6, 10 / 3])  # n / (classes * count)

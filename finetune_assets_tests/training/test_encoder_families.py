@@ -18,10 +18,12 @@ import pyarrow as pa
 import pytest
 import torch
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.data.models import WeightsMismatch, load_sequence_classifier, position_limit
 from finetune_assets.data.shards import write_splits
-from finetune_assets.data.tokenize import SplitRule, tokenize_table
+from finetune_assets.data.tokenize import tokenize_table
+from finetune_assets.data.validate import SplitRule
 from finetune_assets.training.config import OptimConfig, TrainerConfig
 from finetune_assets.training.module import ReviewClassifier, export_classifier, load_classifier
 from finetune_assets_tests.training.encoder_families import CLASSES, FAMILIES, XLMR_VOCAB, build_family
@@ -114,8 +116,8 @@ def test_tokenize_keeps_the_models_special_tokens_within_its_position_limit(fami
     limit = position_limit(config)
     assert limit == {"roberta": 64, "xlm-roberta": 128}.get(family, config.max_position_embeddings)
     long = " ".join(t for t, _ in _reviews()[:40])  # hundreds of tokens
-    accepted = pa.table({"text": [long, "Great phone!"], "label": ["Positive", "Positive"]})
-    table = tokenize_table(accepted, tok, limit, SplitRule(), labels=LABELS)
+    accepted = pa.table({"text": [long, "Great phone!"], "label": ["Positive", "Positive"], "split": ["train"] * 2})
+    table = tokenize_table(accepted, tok, limit, labels=LABELS)
     ids = table.column("input_ids").to_pylist()
     first, last = tok("x")["input_ids"][0], tok("x")["input_ids"][-1]  # <s>/</s> or [CLS]/[SEP]
     assert len(ids[0]) == limit and table.column("full_length").to_pylist()[0] > limit
@@ -134,10 +136,11 @@ def _shards(model_dir: Path, out: Path) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
     rows = _reviews()
-    accepted = pa.table({"text": [t for t, _ in rows], "label": [lab for _, lab in rows]})
+    texts = [t for t, _ in rows]
+    accepted = pa.table({"text": texts, "label": [lab for _, lab in rows], "split": SplitRule().assign(texts)})
     tok = AutoTokenizer.from_pretrained(model_dir)
     limit = min(64, position_limit(AutoConfig.from_pretrained(model_dir)))
-    write_splits(tokenize_table(accepted, tok, limit, SplitRule(0.1, 0.1), labels=LABELS), out)
+    write_splits(tokenize_table(accepted, tok, limit, labels=LABELS), out)
     return out
 
 
@@ -154,7 +157,9 @@ def _config(root: Path, model_dir: Path, shards: Path, mlflow_root: Path | None 
         "accelerator": "cpu", "epochs": 1, "limit_train_batches": 4, "limit_val_batches": 2,
         "log_every_n_steps": 2, "labels": list(LABELS.names), "class_weights": "balanced",
         "optim": {"lr": 1e-3, "warmup_ratio": 0.0},
-        "data": {"train_url": str(shards / "train"), "validation_url": str(shards / "validation"),
+        "data": {"train_url": str(shards / "train"),
+                 "train_label_counts": read_split_stats(str(shards / "train")).counts(len(LABELS.names)),
+                 "validation_url": str(shards / "validation"),
                  "test_url": str(shards / "test"), "batch_size": 8, "max_length": 64},
         "mlflow": {"tracking_uri": f"sqlite:///{mlflow_root}/mlflow.db",
                    "artifact_location": str(mlflow_root / "mlartifacts"), "log_model": False},
@@ -167,7 +172,7 @@ def _check_trained_model(out: Path, family: str, metrics: dict) -> None:
     """Saved with its own class and the version's names; pipeline and predict return those names."""
     import transformers
 
-    from finetune_assets.cli import Classifier
+    from finetune_assets.inference import Classifier
 
     assert json.loads((out / "model" / "config.json").read_text())["architectures"] == [CLASSES[family]]
     assert metrics["labels"] == ["Negative", "Positive"]

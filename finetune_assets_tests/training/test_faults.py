@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.launchers.base import TrainingJob, torchrun_command
-from finetune_assets.launchers.local import LocalTorchrunLauncher, _proc_table, kill_tree, process_tree
+from finetune_assets.launchers.local import LocalTorchrunLauncher, _proc_table, process_tree
+from finetune_assets_tests.processes import kill_tree
 from finetune_assets.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource

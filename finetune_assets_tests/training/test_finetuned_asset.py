@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 
 from finetune_assets.assets.finetuned import finetuned_model
+from finetune_assets.contracts import TrainingResult
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
@@ -60,13 +61,15 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
     assert (storage_root / "mlflow" / "artifacts").is_dir()  # artifacts under the root, not ./mlruns
 
 
-def _metrics(**overrides):
+def _metrics(**overrides) -> TrainingResult:
     metrics = {
         "accuracy": 0.5, "macro_f1": 0.4, "f1_per_class": {"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
         "confusion_matrix": [[3, 1, 0], [1, 2, 0], [0, 1, 1]], "test_samples": 9, "samples_seen": 96,
-        "samples_per_sec": 10.0, "tokens_per_sec": 100.0, "global_step": 12, "world_size": 1,
+        "tokens_seen": 960, "train_seconds": 9.6, "samples_per_sec": 10.0, "tokens_per_sec": 100.0,
+        "global_step": 12, "epochs": 1, "world_size": 1, "labels": ["Positive", "Negative", "Mixed"],
+        "wall_seconds": 12.0,
     }
-    return {**metrics, **overrides}
+    return TrainingResult(**{**metrics, **overrides})
 
 
 def test_a_plotting_error_never_fails_the_materialization(monkeypatch, caplog):

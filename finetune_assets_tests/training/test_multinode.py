@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.launchers.base import torchrun_command
-from finetune_assets.launchers.local import kill_tree
+from finetune_assets_tests.processes import kill_tree
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.datamodule import read_index
 from finetune_assets.training.module import WorldSizeChanged
@@ -54,7 +55,8 @@ def config(root: Path, name: str, model: Path, shards: Path, **overrides) -> Pat
     cfg = {
         "model_dir": str(model), "output_dir": str(root / "out"), "checkpoint_dir": str(root / "ckpt"),
         "accelerator": "cpu", "epochs": 1, "checkpoint_every_n_steps": 3, "log_every_n_steps": 2,
-        "data": {"train_url": str(shards / "train"), "validation_url": str(shards / "validation"),
+        "data": {"train_url": str(shards / "train"), "train_label_counts": read_split_stats(str(shards / "train")).counts(3),
+                 "validation_url": str(shards / "validation"),
                  "test_url": str(shards / "test"), "batch_size": 4},
         "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
                    "log_model": False},

@@ -8,7 +8,6 @@ refusal of a resume on another world size.
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -21,15 +20,14 @@ import pytest
 import torch
 from streaming import StreamingDataset
 
-from finetune_assets.training.config import DataConfig, OptimConfig, TrainerConfig
+from finetune_assets.training.config import ConfigError, DataConfig, OptimConfig, TrainerConfig
+from finetune_assets.contracts import ContractError, read_split_stats
 from finetune_assets.training.datamodule import (
     PAD_LABEL,
     RankBlock,
     cache_limit_bytes,
     canonical_nodes,
     clean_stale_streaming_memory,
-    decode_label_counts,
-    label_counts,
     read_index,
 )
 from finetune_assets.training.files import AtomicCheckpointIO
@@ -66,19 +64,25 @@ def test_eval_blocks_read_every_sample_exactly_once_with_equal_lengths(split, tm
     assert starts == sorted(starts)  # contiguous blocks: a node reads its own share of the shards
 
 
-def test_class_weights_come_from_split_stats_and_match_decoding(split, caplog):
-    assert label_counts(str(split), 3) == decode_label_counts(str(split), 3) == [13, 12, 12]
-    (split / "split_stats.json").unlink()  # shards written before the stats file existed
-    with caplog.at_level(logging.WARNING):
-        assert label_counts(str(split), 3) == [13, 12, 12]
-    assert "re-materialize mds_shards" in caplog.text
-    with pytest.raises(ValueError, match="outside 0..1"):
-        decode_label_counts(str(split), 2)
+def test_train_label_counts_come_from_split_stats_never_from_decoding(split):
+    assert read_split_stats(str(split)).counts(3) == [13, 12, 12]
+    with pytest.raises(ContractError, match=r"split_stats.json: label 2 outside 0..1"):
+        read_split_stats(str(split)).counts(2, where=str(split / "split_stats.json"))
+    (split / "split_stats.json").unlink()  # shards written before the stats file existed: no silent decoding
+    with pytest.raises(ContractError, match="re-materialize mds_shards"):
+        read_split_stats(str(split))
 
 
-def test_split_stats_label_outside_the_classes_is_an_error(split):
-    with pytest.raises(ValueError, match=r"split_stats.json: label 2 outside 0..1"):
-        label_counts(str(split), 2)
+def test_balanced_class_weights_need_the_counts_the_config_carries():
+    data = DataConfig(train_url="/t", validation_url="/v", test_url="/e")
+    config = TrainerConfig(model_dir="/m", output_dir="/o", checkpoint_dir="/c", data=data)
+    with pytest.raises(ConfigError, match="train_label_counts"):
+        config.train_label_counts()
+    data.train_label_counts = [3, 2]  # one count short of the three labels
+    with pytest.raises(ConfigError, match="one count per label"):
+        config.train_label_counts()
+    data.train_label_counts = [3, 2, 1]
+    assert config.train_label_counts() == [3, 2, 1]
 
 
 def test_cache_limit_is_a_node_share_of_the_split_and_canonical_nodes_cover_the_nodes(split):

@@ -13,8 +13,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.launchers.base import TrainingFailed, TrainingJob, torchrun_command
-from finetune_assets.launchers.local import LocalTorchrunLauncher, kill_tree
+from finetune_assets.launchers.local import LocalTorchrunLauncher
+from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import write_mds_splits
 
 pytestmark = pytest.mark.slow
@@ -32,6 +34,7 @@ def write_config(root: Path, name: str, model_dir: Path, shards: Path, **overrid
         "log_every_n_steps": 2,
         "data": {
             "train_url": str(shards / "train"),
+            "train_label_counts": read_split_stats(str(shards / "train")).counts(3),
             "validation_url": str(shards / "validation"),
             "test_url": str(shards / "test"),
             "num_workers": 0,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.training.config import OptimConfig, TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule
 from finetune_assets.training.module import ReviewClassifier, load_classifier
@@ -27,6 +28,7 @@ def trainer_config(root: Path, model_dir: Path, shards: Path, **overrides) -> Tr
         "log_every_n_steps": 2,
         "data": {
             "train_url": str(shards / "train"),
+            "train_label_counts": read_split_stats(str(shards / "train")).counts(3),
             "validation_url": str(shards / "validation"),
             "test_url": str(shards / "test"),
             "num_workers": 0,
