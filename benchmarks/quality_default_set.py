@@ -15,6 +15,7 @@ Runs exactly the README's commands in a fresh ``DAGSTER_HOME`` and storage root 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -32,6 +33,12 @@ def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, text=True, capture_output=True)
 
 
+@contextlib.contextmanager
+def _existing(path: str):
+    Path(path).mkdir(parents=True, exist_ok=True)
+    yield path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", default=DEFAULT_SOURCE)
@@ -39,14 +46,16 @@ def main() -> None:
     parser.add_argument("--finetune-config", default=None,
                         help='finetuned_model config overrides as JSON, e.g. \'{"lr": 1e-4}\' (default: none)')
     parser.add_argument("--out", default="benchmarks/results/quality_default_set.json")
+    parser.add_argument("--workdir", default=None, help="reuse this folder (DAGSTER_HOME + root) instead of a temp "
+                        "one: a run killed mid-training resumes from its checkpoint (wall time: this run's part)")
     args = parser.parse_args()
     bin_dir = Path(sys.executable).parent
     overrides = json.loads(args.finetune_config) if args.finetune_config else {}
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with (tempfile.TemporaryDirectory() if args.workdir is None else _existing(args.workdir)) as tmp:
         env = {**os.environ, "DAGSTER_HOME": f"{tmp}/dagster_home", "FINETUNE_ASSETS_ROOT": f"{tmp}/root",
                "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
-        Path(env["DAGSTER_HOME"]).mkdir()
+        Path(env["DAGSTER_HOME"]).mkdir(exist_ok=True)
         load_before = os.getloadavg()
         started = time.time()
         add = run(["finetune-assets", "versions", "add", args.key, "--source", args.source], env)
@@ -72,6 +81,7 @@ def main() -> None:
                     "load_average_before": [round(x, 2) for x in load_before],
                     "load_average_after": [round(x, 2) for x in os.getloadavg()]},
         "source": args.source,
+        "resumed_in": args.workdir,
         "finetune_config_overrides": overrides,
         "materialize_exit_code": mat.returncode,
         "wall_seconds_add_and_materialize": round(wall, 1),
