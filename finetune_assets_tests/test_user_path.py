@@ -92,8 +92,10 @@ def test_readme_path_through_the_cli(user_env, tiny_model_dir):
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string=f"tags.dataset_version = '{VERSION}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    versions = client.search_model_versions("name = 'review-classifier'")
+    # The registered name carries a non-default label set (here review-classifier-negative-positive).
+    versions = client.search_model_versions("name LIKE 'review-classifier%'")
     assert versions, "no registered model version"
+    (name,) = {v.name for v in versions}
     out = sh(user_env, "finetune-assets", "predict", "--model-uri",
-             f"models:/review-classifier/{max(int(v.version) for v in versions)}", "--json", "good")
+             f"models:/{name}/{max(int(v.version) for v in versions)}", "--json", "good")
     assert json.loads(out)["label"] in LABELS
