@@ -647,7 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     vsub = versions.add_subparsers(dest="versions_command", required=True)
     add = vsub.add_parser("add", help="register a dataset version and where its reviews come from")
     add.add_argument("key", help="version key, e.g. 2026-11-29 or v3")
-    add.add_argument("--source", required=True, help="file/folder/fsspec URL, hf:owner/name, or builtin:sample")
+    add.add_argument("--source", required=True, help="file/folder/fsspec URL, hf:owner/name, or builtin:NAME (rotten_tomatoes, imdb, sample)")
     add.add_argument("--revision")
     add.add_argument("--text-column")
     add.add_argument("--label-column")

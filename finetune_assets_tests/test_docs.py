@@ -47,5 +47,19 @@ def test_the_github_workflow_runs_the_tests_and_materializes_what_the_readme_say
 
 def test_the_readme_shows_both_launch_commands():
     readme = (REPO / "README.md").read_text()
-    assert "dagster asset materialize -m finetune_assets.definitions --select '*' --partition sample" in readme
-    assert "dg launch -m finetune_assets.definitions --assets '*' --partition sample" in readme
+    assert "dagster asset materialize -m finetune_assets.definitions --select '*' --partition rotten_tomatoes" in readme
+    assert "dg launch -m finetune_assets.definitions --assets '*' --partition rotten_tomatoes" in readme
+
+
+def test_readme_first_command_trains_on_the_real_default_set_and_ends_with_its_summary():
+    from finetune_assets.data.builtin import DEFAULT_SOURCE, check_builtin
+
+    readme = (REPO / "README.md").read_text()
+    first = re.search(r"Materialize the whole graph on the defaults.*?```bash\n(.+?)\n```", readme, re.S).group(1)
+    add = re.search(r"finetune-assets versions add (\S+) --source (\S+) &&", first)
+    assert add, first
+    key, source = add.groups()
+    assert source == DEFAULT_SOURCE and source != "builtin:sample"  # real reviews, not the generated sentences
+    check_builtin(source)  # a known set whose package is installed
+    assert f"--select '*' --partition {key};" in first
+    assert first.rstrip().endswith(f"finetune-assets summary {key}")

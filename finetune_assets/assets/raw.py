@@ -9,7 +9,7 @@ from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError
-from finetune_assets.data.sources import HF_PREFIX, SAMPLE_SOURCE, SourceError, SourceSpec, list_source, read_source
+from finetune_assets.data.sources import HF_PREFIX, SourceError, SourceSpec, is_builtin, list_source, read_source
 from finetune_assets.contracts import LABELS_FILE, RAW_REVIEWS, REJECTED_FILE, REVIEWS_FILE
 from finetune_assets.data.validate import SplitRule, ValidationRules, validate
 from finetune_assets.partitions import dataset_versions
@@ -21,7 +21,7 @@ from finetune_assets.versions import read_version
 class RawReviewsConfig(dg.Config):
     """Overrides for the registered source of a version; empty fields keep the registered value."""
 
-    source: str | None = Field(None, description="file/folder/fsspec URL, hf:owner/name, or builtin:sample")
+    source: str | None = Field(None, description="file/folder/fsspec URL, hf:owner/name, or builtin:NAME (rotten_tomatoes, imdb, sample)")
     revision: str | None = Field(None, description="Hugging Face dataset revision")
     text_column: str | None = None
     label_column: str | None = None
@@ -128,7 +128,7 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
 
 def _files_metadata(context: dg.AssetExecutionContext, spec: SourceSpec) -> dict:
     """Which files of a folder are read and which are ignored (and why): never a silent skip."""
-    if spec.uri == SAMPLE_SOURCE or spec.uri.startswith(HF_PREFIX):
+    if is_builtin(spec.uri) or spec.uri.startswith(HF_PREFIX):
         return {}
     try:
         listing = list_source(spec.uri)

@@ -1,7 +1,8 @@
 """Read one dataset version from its source into a raw table, naming the file and the problem on failure.
 
 A source is a file or folder of CSV / TSV / JSONL / Parquet (local path or fsspec URL), a
-Hugging Face dataset id (``hf:owner/name``), or the built-in sample (``builtin:sample``).
+Hugging Face dataset id (``hf:owner/name``), or a built-in set (``builtin:rotten_tomatoes``, ``builtin:sample``:
+:mod:`finetune_assets.data.builtin`).
 Every record read is kept: records the parser cannot use are returned too, flagged ``malformed``
 (with their lines and raw text), so that validation can quarantine them and the counts always add up.
 :func:`read_file` is the one reader for any input file (sources, ``predict``, evaluation sets).
@@ -24,7 +25,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from finetune_assets.data.delimited import RAW_PREFIX_CHARS, HeaderError, split_records
-from finetune_assets.data.sample import SAMPLE_SOURCE, make_sample_reviews
+from finetune_assets.data.builtin import BuiltinSourceError, check_builtin, is_builtin, read_builtin
 
 HF_PREFIX = "hf:"
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -167,9 +168,12 @@ def _format_or_raise(path: str, in_folder: str | None = None) -> str:
 
 def read_source(spec: SourceSpec) -> pa.Table:
     """All rows of a source as :data:`RAW_SCHEMA` (labels as strings, exactly as found)."""
-    if spec.uri == SAMPLE_SOURCE:
-        table = make_sample_reviews()
-        return _to_raw(table, "text", "label", SAMPLE_SOURCE)
+    if is_builtin(spec.uri):
+        try:
+            table = read_builtin(spec.uri)
+        except BuiltinSourceError as err:
+            raise SourceError(str(err)) from err
+        return _to_raw(table, "text", "label", spec.uri)
     if spec.uri.startswith(HF_PREFIX):
         return _read_hf(spec)
     tables = [read_file(path, spec) for path in list_files(spec.uri)]
@@ -179,10 +183,16 @@ def read_source(spec: SourceSpec) -> pa.Table:
 def check_source(spec: SourceSpec, sample_bytes: int = 1 << 20) -> dict[str, int]:
     """Fail now, not at materialization: every file opens, its columns are found and a sample parses.
 
-    Returns the sampled good rows per file. The built-in sample and Hugging Face ids are not probed
-    (no network at registration).
+    Returns the sampled good rows per file. Hugging Face ids are not probed (no network at registration);
+    a built-in set is only located (its package installed, its name known).
     """
-    if spec.uri == SAMPLE_SOURCE or spec.uri.startswith(HF_PREFIX):
+    if is_builtin(spec.uri):
+        try:
+            check_builtin(spec.uri)
+        except BuiltinSourceError as err:
+            raise SourceError(str(err)) from err
+        return {}
+    if spec.uri.startswith(HF_PREFIX):
         return {}
     sampled = {}
     for path in list_files(spec.uri):
