@@ -22,7 +22,7 @@ from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 
 RAW, TOKENIZED, SHARDS, FINETUNED = "raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model"
-REVIEWS_FILE, REJECTED_FILE, TOKENS_FILE = "reviews.parquet", "rejected.parquet", "tokens.arrow"
+REVIEWS_FILE, REJECTED_FILE = "reviews.parquet", "rejected.parquet"
 DUPLICATE_REASONS = ("duplicate", "conflicting_duplicate")
 EXAMPLES = 5
 
@@ -171,8 +171,9 @@ def mds_shards_integrity(context: dg.AssetCheckExecutionContext, storage: Storag
     store = storage.storage()
     shards = store.require(SHARDS, version)
     tokens = store.require(TOKENIZED, version)
-    with store.fs.open(f"{tokens.url}/{TOKENS_FILE}", "rb") as f:
-        split_col = pa.ipc.open_file(pa.BufferReader(f.read())).read_all().column("split").cast(pa.string())
+    from finetune_assets.assets.tokenized import read_tokens
+
+    split_col = read_tokens(tokens.url, store.fs, columns=["split"]).column("split").cast(pa.string())
     expected = {s: int(pc.sum(pc.equal(split_col, s)).as_py() or 0) for s in SPLITS}
     seen: dict[str, int | None] = {}
     errors: dict[str, str] = {}

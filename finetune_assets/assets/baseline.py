@@ -52,7 +52,7 @@ def split_reviews(store: Storage, version: str) -> dict[str, tuple[list[str], li
     tokens = store.require("tokenized_reviews", version)
     with store.fs.open(f"{raw.url}/{REVIEWS_FILE}", "rb") as f:
         reviews = pq.read_table(f, columns=["text", "label"])
-    splits = read_tokens(tokens.url, store.fs).column("split").cast(pa.string())
+    splits = read_tokens(tokens.url, store.fs, columns=["split"]).column("split").cast(pa.string())
     if len(splits) != reviews.num_rows:
         raise dg.Failure(f"tokenized_reviews[{version}] has {len(splits)} rows but raw_reviews[{version}] has "
                          f"{reviews.num_rows}: re-materialize tokenized_reviews[{version}]")
