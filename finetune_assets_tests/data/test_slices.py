@@ -181,3 +181,50 @@ def test_local_runner_names_the_failed_indexes_and_their_last_lines(tmp_path):
             FanOut("t", [sys.executable, "-c", _WORKER, str(tmp_path), "1"], 3, {"X": "1"}), lambda _: None)
     assert err.value.failed.keys() == {1} and err.value.failed[1][0] == 3
     assert "index 1 exited 3" in str(err.value) and "slice 1 is broken" in str(err.value)
+
+
+# -- through Dagster: a failed slice publishes nothing ---------------------------------------------------------
+class CrashingSliceRunner:
+    """Test double of a fan-out runner: the real LocalFanOutRunner and real slice workers, except that
+    slice 1's process prints a line and exits 7 before doing any work (a crashed pod / OOM-killed worker).
+    It fakes only which process dies; ordering, concurrency and the other slices' output are real."""
+
+    def __init__(self):
+        self.workers = 2
+
+    def run(self, job, log):
+        import dataclasses
+
+        crash = ("import os, runpy, sys\n"
+                 "if os.environ['JOB_COMPLETION_INDEX'] == '1':\n"
+                 "    print('slice 1 killed', flush=True); sys.exit(7)\n"
+                 "sys.argv = ['slices', *sys.argv[1:]]\n"
+                 "runpy.run_module('finetune_assets.data.slices', run_name='__main__')\n")
+        command = [job.command[0], "-c", crash, *job.command[3:]]  # job.command = [python, -m, module, ...]
+        LocalFanOutRunner(self.workers).run(dataclasses.replace(job, command=command), log)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("asset", ["tokenized_reviews", "mds_shards"])
+def test_a_failed_slice_fails_the_step_and_publishes_nothing(asset, storage_root, instance, tiny_model_dir,
+                                                             arabic_reviews, monkeypatch):
+    import finetune_assets.launchers.select as select
+    from finetune_assets.storage import ATTEMPTS, Storage
+    from finetune_assets.versions import register_version
+    from finetune_assets_tests.test_assets_data import _failure_message, materialize
+
+    store = Storage(str(storage_root))
+    materialize(storage_root, instance, ["pretrained_model"], tiny_model_dir=tiny_model_dir)
+    register_version(instance, store, "v1", SourceSpec(uri=str(arabic_reviews / "RES2.csv")))
+    upstream = ["raw_reviews", "tokenized_reviews"][: 1 if asset == "tokenized_reviews" else 2]
+    materialize(storage_root, instance, upstream, "v1", raw_config={"batch_rows": 300})
+    assert asset == "tokenized_reviews" or store.require("tokenized_reviews", "v1").metadata["parts"] >= 2
+    monkeypatch.setattr(select, "fanout_runner_from_env", lambda **kw: CrashingSliceRunner())
+    result = materialize(storage_root, instance, [asset], "v1", raise_on_error=False,
+                         extra_ops={"tokenized_reviews": {"config": {"max_length": 128, "workers": 2}}})
+    assert not result.success
+    message = _failure_message(result)
+    assert "index 1 exited 7" in message and "slice 1 killed" in message
+    assert store.current(asset, "v1") is None
+    attempts = storage_root / asset / "v1" / ATTEMPTS
+    assert not attempts.exists() or not any(attempts.iterdir())  # the parts the other slices wrote are gone
