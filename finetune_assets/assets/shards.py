@@ -41,9 +41,10 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     runner = fanout_runner_from_env(workers=config.workers)
     with store.publish("mds_shards", version) as staging:
         spec_url = f"{staging.url}/_work/spec.json"
-        slices.write_spec(spec_url, slices.ShardsSpec(tokens=tokenized.url, out=staging.url, count=count,
+        groups = slices.group_parts(count, getattr(runner, "workers", count) or count)
+        slices.write_spec(spec_url, slices.ShardsSpec(tokens=tokenized.url, out=staging.url, groups=groups,
                                                       size_limit=config.size_limit))
-        _fan_out(context, runner, f"mds-{version}", spec_url, count)
+        _fan_out(context, runner, f"mds-{version}", spec_url, len(groups))
         store.fs.rm(f"{staging.url}/_work", recursive=True)
         merged = slices.merge_shards(staging.url, staging.local_dir, count)
         results = {s: SplitShards(split=s, **m) for s, m in merged.items()}

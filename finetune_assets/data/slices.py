@@ -8,7 +8,8 @@ write only through storage URLs (fsspec), one part per slice, a re-run slice ove
 
 - ``tokenize``: row groups ``[start, stop)`` of ``reviews.parquet`` -> ``{out}/parts/{i:05d}.arrow`` (token
   ids, lengths, label id, split) + ``{i:05d}.json`` (counts, token-length histogram, cache reuse).
-- ``shards``: token part ``i`` -> one MDS sub-dataset per split, ``{out}/{split}/{i:05d}/``, then the asset
+- ``shards``: token parts ``[start, stop)`` -> one MDS sub-dataset per part and split, ``{out}/{split}/{part:05d}/``
+  (a worker takes several parts: streaming's import costs seconds), then the asset
   joins them with streaming's ``merge_index`` into ``{out}/{split}/index.json`` (as llm-foundry's converters do).
 
 **Order.** Slices are contiguous ranges of ``reviews.parquet`` row groups and each worker keeps row
@@ -31,7 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import fsspec
@@ -72,9 +73,20 @@ class TokenizeSpec:
 class ShardsSpec:
     tokens: str  # URL of the tokenized_reviews attempt (its parts/)
     out: str  # staging URL of the mds_shards attempt
-    count: int
+    groups: list[list[int]]  # per index: the token parts [start, stop) it writes, one sub-dataset per part
     size_limit: str | int = "64mb"
     stage: str = "shards"
+
+    @property
+    def count(self) -> int:
+        return len(self.groups)
+
+
+def group_parts(parts: int, workers: int) -> list[list[int]]:
+    """Contiguous ranges of token parts, one per shard worker (a worker pays streaming's import once)."""
+    count = max(1, min(parts, workers))
+    cuts = [round(k * parts / count) for k in range(count + 1)]
+    return [[a, b] for a, b in zip(cuts, cuts[1:])]
 
 
 def plan_slices(row_group_rows: list[int], workers: int, slice_rows: int) -> list[list[int]]:
@@ -213,7 +225,12 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
 
 
 # -- shards ------------------------------------------------------------------------------------------------------
-def shard_slice(spec: ShardsSpec, index: int, log=print) -> dict:
+def shard_slice(spec: ShardsSpec, index: int, log=print) -> list[dict]:
+    """Index ``index`` of a shards fan-out: each of its token parts becomes its own MDS sub-dataset."""
+    return [shard_part(spec, part, log) for part in range(*spec.groups[index])]
+
+
+def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
     from streaming import MDSWriter
 
     from finetune_assets.data.shards import COMPRESSION, mds_columns
@@ -268,7 +285,7 @@ def shard_slice(spec: ShardsSpec, index: int, log=print) -> dict:
             shutil.rmtree(tmp, ignore_errors=True)
     stats["seconds"] = round(time.perf_counter() - t0, 3)
     _put_json(f"{spec.out}/{PARTS}/{name}.json", stats)
-    log(f"slice {index}: {sum(samples.values())} samples written in {stats['seconds']} s")
+    log(f"part {index}: {sum(samples.values())} samples written in {stats['seconds']} s")
     return stats
 
 
@@ -333,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no slice index: set ${INDEX_ENV} (the fan-out runner does) or pass --index")
     spec = read_spec(args.spec)
     index = int(index)
-    count = len(spec.slices) if isinstance(spec, TokenizeSpec) else spec.count
+    count = len(spec.slices) if isinstance(spec, TokenizeSpec) else len(spec.groups)
     if not 0 <= index < count:
         parser.error(f"slice index {index} is outside 0..{count - 1} of {args.spec}")
     log = lambda msg: print(msg, flush=True)  # noqa: E731

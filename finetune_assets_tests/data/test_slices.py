@@ -96,8 +96,8 @@ def _samples(split_dir: Path) -> list[tuple[tuple[int, ...], int]]:
 
 def _shards(tmp_path: Path, name: str, tokens: str, count: int) -> tuple[Path, dict]:
     out = tmp_path / name
-    spec = slices.ShardsSpec(tokens=tokens, out=str(out), count=count, size_limit=1 << 12)
-    for i in range(count):
+    spec = slices.ShardsSpec(tokens=tokens, out=str(out), groups=slices.group_parts(count, 2), size_limit=1 << 12)
+    for i in range(spec.count):
         slices.shard_slice(spec, i, log=lambda m: None)
     return out, slices.merge_shards(str(out), out, count)
 
