@@ -30,6 +30,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     """MDS shards (zstd) per split, streamable with StreamingDataset from the storage root."""
     from finetune_assets.assets.tokenized import _digest, _fan_out
     from finetune_assets.data import slices
+    from finetune_assets.launchers.fanout import runner_width
     from finetune_assets.launchers.select import fanout_runner_from_env
 
     version = version_of(context)
@@ -41,7 +42,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     runner = fanout_runner_from_env(workers=config.workers)
     with store.publish("mds_shards", version) as staging:
         spec_url = f"{staging.url}/_work/spec.json"
-        groups = slices.group_parts(count, getattr(runner, "workers", count) or count)
+        groups = slices.group_parts(count, runner_width(runner) or count)
         slices.write_spec(spec_url, slices.ShardsSpec(tokens=tokenized.url, out=staging.url, groups=groups,
                                                       size_limit=config.size_limit))
         _fan_out(context, runner, f"mds-{version}", spec_url, len(groups))

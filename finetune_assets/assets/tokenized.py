@@ -60,6 +60,7 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
 
     from finetune_assets.data import slices
     from finetune_assets.data.token_cache import CACHE_DIR, tokenizer_hash
+    from finetune_assets.launchers.fanout import runner_width
     from finetune_assets.launchers.select import fanout_runner_from_env
 
     version = version_of(context)
@@ -87,7 +88,7 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
         meta = pq.ParquetFile(f).metadata
         group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     runner = fanout_runner_from_env(workers=config.workers)
-    plan = slices.plan_slices(group_rows, getattr(runner, "workers", 1) or 1, config.slice_rows)
+    plan = slices.plan_slices(group_rows, runner_width(runner) or 1, config.slice_rows)
     with store.publish("tokenized_reviews", version) as staging:
         work = f"{staging.url}/_work"
         store.write_atomic(f"{work}/tokenizer.json", tokenizer_json.encode())

@@ -26,17 +26,30 @@ class FanOut:
     name: str  # unique per launch, DNS-1123 safe (<= 52 chars), e.g. "tok-<version>-<runid8>"
     command: list[str]  # run once per index; the index arrives as env JOB_COMPLETION_INDEX
     count: int  # indexes 0..count-1
-    env: dict[str, str] = field(default_factory=dict)  # extra environment (storage root, etc.)
+    env: dict[str, str]  # extra environment (storage root, etc.)
 
 
 class FanOutError(RuntimeError):
     """Some indexes failed: the message names them and quotes the last lines of their logs."""
 
-    def __init__(self, name: str, failed: dict[int, tuple[int, list[str]]]):
-        self.failed = failed  # index -> (exit code, last log lines)
+    def __init__(self, message: str, failed: dict[int, tuple[int, list[str]]] | None = None):
+        super().__init__(message)
+        self.failed = failed or {}  # index -> (exit code, last log lines), where the runner knows them
+
+    @classmethod
+    def of(cls, name: str, failed: dict[int, tuple[int, list[str]]]) -> FanOutError:
         parts = [f"{name}: index {i} exited {code}:\n" + "\n".join(f"    {ln}" for ln in tail)
                  for i, (code, tail) in sorted(failed.items())]
-        super().__init__(f"{len(failed)} of the fan-out's indexes failed ({sorted(failed)}):\n" + "\n".join(parts))
+        return cls(f"{len(failed)} of the fan-out's indexes failed ({sorted(failed)}):\n" + "\n".join(parts), failed)
+
+
+def runner_width(runner: FanOutRunner) -> int | None:
+    """How many indexes a runner runs at once (``workers`` / ``parallelism``), None when unbounded or unknown."""
+    for attr in ("workers", "parallelism"):
+        value = getattr(runner, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 class FanOutRunner(Protocol):
@@ -102,7 +115,7 @@ class LocalFanOutRunner:
                 _kill(proc)
             raise
         if failed:
-            raise FanOutError(job.name, failed)
+            raise FanOutError.of(job.name, failed)
 
     @staticmethod
     def _wait_any(running: dict) -> int:

@@ -50,5 +50,5 @@ def fanout_runner_from_env(environ: dict[str, str] | None = None, workers: int |
     if kind == "k8s":
         from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner  # the Kubernetes runner (issue 15)
 
-        return K8sFanOutRunner.from_env(env)
+        return K8sFanOutRunner(launcher=launcher_from_env(env))
     raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")
