@@ -172,7 +172,9 @@ def tokenizer_alone(root: Path, version: str, limit: int = 100_000) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="100000,1000000,5000000")
-    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--workers", default="1,2", help="worker counts, in the order they run")
+    parser.add_argument("--incremental", default="", help="sizes that also get the +5%% version (after the "
+                                                         "first worker count's full run, with that count)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--work", type=Path, default=Path("/tmp/scale-bench"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
@@ -180,18 +182,28 @@ def main() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process: the workers are the parallelism
     sizes = [int(s) for s in args.sizes.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
-    results: dict = {
+    incremental_sizes = {int(s) for s in args.incremental.split(",") if s}
+    # results of earlier invocations (other sizes) are kept; an entry of a size measured again is replaced
+    results: dict = json.loads(args.out.read_text()) if args.out.exists() else {"versions": [], "incremental": []}
+    results["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "usable_cores": len(os.sched_getaffinity(0))}
+    results.setdefault("runs", []).append({
         "command": "nice -n 10 python benchmarks/scale.py " + " ".join(sys.argv[1:]),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "usable_cores": len(os.sched_getaffinity(0))},
-        "versions": [],
-    }
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]})
+    results["versions"] = [e for e in results["versions"] if e["reviews"] not in sizes]
+    results["incremental"] = [e for e in results.get("incremental", []) if e["reviews_base"] not in incremental_sizes]
     base_root = args.work / "model-root"
     if not (base_root / "pretrained_model").exists():
         run_step(base_root, "-", Path("-"), "pretrained_model", {})
 
     def save():
+        results["versions"].sort(key=lambda e: e["reviews"])
+        rss = {e["reviews"]: e["peak_rss_mb_max_over_steps"] for e in results["versions"]
+               if "peak_rss_mb_max_over_steps" in e}
+        if len(rss) > 1:
+            results["rss_largest_vs_smallest"] = round(rss[max(rss)] / rss[min(rss)], 2)
+        results["load_avg_at_last_save"] = [round(x, 2) for x in os.getloadavg()]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2) + "\n")
 
@@ -206,8 +218,10 @@ def main() -> None:
         os.symlink(base_root / "pretrained_model", root / "pretrained_model")
         version = f"r{size}"
         entry: dict = {"reviews": size, "steps": {}}
+        results["versions"].append(entry)
         entry["steps"]["raw_reviews"] = run_step(root, version, source, "raw_reviews", {})
-        for w in workers:
+        save()
+        for n, w in enumerate(workers):
             shutil.rmtree(root / "token_cache", ignore_errors=True)  # cold cache: a full run
             tok = run_step(root, version, source, "tokenized_reviews", {"workers": w})
             mds = run_step(root, version, source, "mds_shards", {"workers": w})
@@ -215,46 +229,47 @@ def main() -> None:
             entry["steps"][f"workers_{w}"] = {
                 "tokenized_reviews": tok, "mds_shards": mds,
                 "tokenize_plus_shard_reviews_per_s": round(rows / (tok["wall_s"] + mds["wall_s"])),
-                "tokenize_reviews_per_s": round(rows / tok["wall_s"])}
-        if len(workers) > 1:
-            one, two = (entry["steps"][f"workers_{w}"]["tokenize_plus_shard_reviews_per_s"] for w in workers[:2])
-            entry["speedup_2_vs_1"] = round(two / one, 2)
-        entry["tokenizer_alone_1_thread"] = tokenizer_alone(root, version)
-        w1 = entry["steps"][f"workers_{workers[0]}"]["tokenize_reviews_per_s"]
-        entry["tokenizer_alone_vs_tokenize_step_1_worker"] = round(
-            entry["tokenizer_alone_1_thread"]["reviews_per_s"] / w1, 2)
-        entry["peak_rss_mb_max_over_steps"] = max(
-            [entry["steps"]["raw_reviews"]["peak_rss_mb"]]
-            + [entry["steps"][f"workers_{w}"][s]["peak_rss_mb"] for w in workers for s in STEPS[1:]])
-        results["versions"].append(entry)
-        save()
-        if size == (1_000_000 if 1_000_000 in sizes else max(sizes)):
-            # +5% new rows on top of this version: shared rows come from the cache the last full run filled
-            more = args.work / "sources" / f"r{size}-plus5"
-            shutil.rmtree(more, ignore_errors=True)
-            shutil.copytree(source, more)
-            (more / "_SUCCESS").unlink()
-            copies = len(list(source.glob("copy-*.csv")))
-            make_version(args.data, more / "new", size // 20, first_copy=copies)
-            (more / "new" / "_SUCCESS").unlink()
-            plus = f"r{size}-plus5"
-            w = workers[-1]
-            incremental = {"base_version": version, "reviews": size + size // 20, "workers": w,
-                           "raw_reviews": run_step(root, plus, more, "raw_reviews", {}),
-                           "tokenized_reviews": run_step(root, plus, more, "tokenized_reviews", {"workers": w}),
-                           "mds_shards": run_step(root, plus, more, "mds_shards", {"workers": w})}
-            full = entry["steps"][f"workers_{w}"]["tokenized_reviews"]["wall_s"]
-            incremental["tokenize_time_vs_full_run"] = round(incremental["tokenized_reviews"]["wall_s"] / full, 3)
-            results["incremental"] = incremental
+                "tokenize_reviews_per_s": round(rows / tok["wall_s"]),
+                "tokenize_plus_shard_cpu_s": round(tok["cpu_s_incl_startup"] + mds["cpu_s_incl_startup"], 1)}
+            entry["peak_rss_mb_max_over_steps"] = max(
+                [entry["steps"]["raw_reviews"]["peak_rss_mb"]]
+                + [entry["steps"][k][s]["peak_rss_mb"] for k in entry["steps"] if k != "raw_reviews"
+                   for s in STEPS[1:]])
+            if {"workers_1", "workers_2"} <= entry["steps"].keys():
+                one, two = (entry["steps"][k]["tokenize_plus_shard_reviews_per_s"] for k in ("workers_1", "workers_2"))
+                entry["speedup_2_vs_1_wall"] = round(two / one, 2)
+            if "workers_1" in entry["steps"] and "tokenizer_alone_1_thread" not in entry:
+                entry["tokenizer_alone_1_thread"] = tokenizer_alone(root, version)
+                entry["tokenizer_alone_vs_tokenize_step_1_worker"] = round(
+                    entry["tokenizer_alone_1_thread"]["reviews_per_s"] / entry["steps"]["workers_1"][
+                        "tokenize_reviews_per_s"], 2)
             save()
-            shutil.rmtree(more, ignore_errors=True)
+            if n == 0 and size in incremental_sizes:
+                results["incremental"].append(incremental(args.data, args.work, root, source, version, size, w,
+                                                          tok["wall_s"]))
+                save()
         shutil.rmtree(root, ignore_errors=True)
-    rss = {e["reviews"]: e["peak_rss_mb_max_over_steps"] for e in results["versions"]}
-    if len(rss) > 1:
-        results["rss_largest_vs_smallest"] = round(rss[max(rss)] / rss[min(rss)], 2)
-    results["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    save()
     print(json.dumps({k: v for k, v in results.items() if k != "versions"}, indent=2))
+
+
+def incremental(data: Path, work: Path, root: Path, source: Path, version: str, size: int, w: int,
+                full_s: float) -> dict:
+    """+5% new rows on top of ``version``: its shared rows come from the cache its full run just filled."""
+    more = work / "sources" / f"r{size}-plus5"
+    shutil.rmtree(more, ignore_errors=True)
+    shutil.copytree(source, more)
+    (more / "_SUCCESS").unlink()
+    copies = len(list(source.glob("copy-*.csv")))
+    make_version(data, more / "new", size // 20, first_copy=copies)
+    (more / "new" / "_SUCCESS").unlink()
+    plus = f"r{size}-plus5"
+    out = {"reviews_base": size, "reviews": size + size // 20, "workers": w,
+           "raw_reviews": run_step(root, plus, more, "raw_reviews", {}),
+           "tokenized_reviews": run_step(root, plus, more, "tokenized_reviews", {"workers": w}),
+           "full_run_tokenized_wall_s": full_s}
+    out["tokenize_time_vs_full_run"] = round(out["tokenized_reviews"]["wall_s"] / full_s, 3)
+    shutil.rmtree(more, ignore_errors=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -172,7 +172,8 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
     fs, path = fsspec.core.url_to_fs(spec.reviews)
     with fs.open(path, "rb") as raw_file:
         reviews = pq.ParquetFile(raw_file)
-        keys = text_keys(reviews.read_row_groups(groups, columns=["text"]).column("text").to_pylist())
+        keys = np.concatenate([text_keys(b.column(0).to_pylist()) for b in reviews.iter_batches(
+            batch_size=spec.batch_size, row_groups=groups, columns=["text"])] or [np.empty((0, 16), np.uint8)])
         hits = cache.lookup(keys, dtype) if cache is not None else None
         cached = dict(zip(hits.rows.tolist(), zip(hits.ids, hits.full.tolist()))) if hits is not None else {}
         hist = np.zeros(0, dtype=np.int64)
