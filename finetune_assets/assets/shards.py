@@ -42,7 +42,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     runner = fanout_runner_from_env(workers=config.workers)
     with store.publish("mds_shards", version) as staging:
         spec_url = f"{staging.url}/_work/spec.json"
-        groups = slices.group_parts(count, runner_width(runner) or count)
+        groups = slices.group_parts(count, runner_width(runner) or count, tokenized.metadata.get("rows"))
         slices.write_spec(spec_url, slices.ShardsSpec(tokens=tokenized.url, out=staging.url, groups=groups,
                                                       size_limit=config.size_limit))
         _fan_out(context, runner, f"mds-{version}", spec_url, len(groups))

@@ -82,9 +82,14 @@ class ShardsSpec:
         return len(self.groups)
 
 
-def group_parts(parts: int, workers: int) -> list[list[int]]:
-    """Contiguous ranges of token parts, one per shard worker (a worker pays streaming's import once)."""
-    count = max(1, min(parts, workers))
+SHARD_ROWS_PER_WORKER = 200_000  # below this a second shard worker costs more (streaming imports torch) than it saves
+
+
+def group_parts(parts: int, workers: int, rows: int | None = None) -> list[list[int]]:
+    """Contiguous ranges of token parts, one per shard worker (a worker pays streaming's import once:
+    seconds of CPU and ~0.5 GB, so a small version gets fewer workers than ``workers``)."""
+    useful = workers if rows is None else max(1, rows // SHARD_ROWS_PER_WORKER)
+    count = max(1, min(parts, workers, useful))
     cuts = [round(k * parts / count) for k in range(count + 1)]
     return [[a, b] for a, b in zip(cuts, cuts[1:])]
 

@@ -126,6 +126,13 @@ def test_output_is_the_same_samples_in_the_same_order_whatever_the_slicing(arabi
         assert stats["samples"] == len(b)
         assert stats["label_counts"] == {str(k): v for k, v in
                                          zip(*np.unique([lbl for _, lbl in b], return_counts=True))}
+    # the trainer's readers of a split: split_stats.json and decoding the merged index's shards agree
+    from finetune_assets.training.datamodule import decode_label_counts, label_counts, read_index
+
+    for split in SPLITS:
+        if merged3[split]["samples"]:
+            assert label_counts(str(dir3 / split), 3) == decode_label_counts(str(dir3 / split), 3)
+            assert all("/" in s["zip_data"]["basename"] for s in read_index(str(dir3 / split), split)["shards"])
     mask = expected.column("split").cast(pa.string()).to_pylist()
     train = [(tuple(ids), lbl) for ids, lbl, s in zip(expected.column("input_ids").to_pylist(),
                                                        expected.column("label").to_pylist(), mask) if s == "train"]
