@@ -169,6 +169,45 @@ def tokenizer_alone(root: Path, version: str, limit: int = 100_000) -> dict:
     return {"rows": len(texts), "seconds": round(seconds, 2), "reviews_per_s": round(len(texts) / seconds)}
 
 
+def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000) -> dict:
+    """CPU seconds of one slice worker (``tokenize_slice``, cold cache) vs the fast tokenizer's ``encode_batch``
+    alone on the same texts, in this process: the worker's own overhead, whatever the machine's load."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from finetune_assets.data import slices
+    from finetune_assets.data.labels import DEFAULT_LABEL_SET
+    from finetune_assets.data.models import packaged_model_dir
+    from finetune_assets.data.tokenize import token_dtype
+
+    tok = AutoTokenizer.from_pretrained(packaged_model_dir(), use_fast=True)
+    backend = tok.backend_tokenizer
+    backend.no_truncation()
+    backend.no_padding()
+    with tempfile.TemporaryDirectory() as tmp:
+        table = pq.read_table(reviews).slice(0, rows)
+        pq.write_table(table, f"{tmp}/r.parquet", row_group_size=65_536)
+        (Path(tmp) / "tok.json").write_text(backend.to_str())
+        texts = table.column("text").to_pylist()
+        c0 = time.process_time()
+        for i in range(0, len(texts), 2048):
+            backend.encode_batch(texts[i:i + 2048])
+        alone = time.process_time() - c0
+        groups = pq.ParquetFile(f"{tmp}/r.parquet").metadata.num_row_groups
+        spec = slices.TokenizeSpec(reviews=f"{tmp}/r.parquet", out=f"{tmp}/out", slices=[[0, groups]],
+                                   tokenizer=f"{tmp}/tok.json", dtype=token_dtype(len(tok)).name, max_length=512,
+                                   labels=DEFAULT_LABEL_SET.to_dict(), cache=f"{tmp}/cache")
+        c0 = time.process_time()
+        slices.tokenize_slice(spec, 0, log=lambda m: None)
+        worker = time.process_time() - c0
+    return {"rows": len(texts), "tokenizer_alone_cpu_s": round(alone, 2), "slice_worker_cpu_s": round(worker, 2),
+            "worker_vs_tokenizer": round(worker / alone, 2),
+            "tokenizer_alone_reviews_per_cpu_s": round(len(texts) / alone),
+            "load_avg": round(os.getloadavg()[0], 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="100000,1000000,5000000")
@@ -275,5 +314,12 @@ def incremental(data: Path, work: Path, root: Path, source: Path, version: str, 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_step":
         _step(*sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_cpu":  # _cpu REVIEWS_PARQUET OUT_JSON: add the CPU comparison
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        out = Path(sys.argv[3])
+        results = json.loads(out.read_text())
+        results["worker_vs_tokenizer_cpu"] = worker_vs_tokenizer_cpu(Path(sys.argv[2]))
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        print(results["worker_vs_tokenizer_cpu"])
     else:
         main()

@@ -146,7 +146,10 @@ def _fan_out(context: dg.AssetExecutionContext, runner, kind: str, spec_url: str
     from finetune_assets.data.slices import WORKER_ENV
     from finetune_assets.launchers.fanout import FanOut, FanOutError, python_module
 
-    name = f"{kind}-{context.run.run_id[:8]}"[-52:].lower().strip("-")
+    import re
+
+    # DNS-1123 (a Kubernetes Job name): lower-case alphanumerics and "-", <= 52 characters, the run id kept
+    name = re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{context.run.run_id[:8]}".lower())[-52:].strip("-")
     job = FanOut(name=name, command=python_module("finetune_assets.data.slices", "work", "--spec", spec_url),
                  count=count, env={**WORKER_ENV, "PYTHONPATH": _pythonpath()})
     try:

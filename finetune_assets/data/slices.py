@@ -25,6 +25,7 @@ Dagster-free (test_layers.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -137,13 +138,28 @@ def read_part_stats(out: str, count: int) -> list[dict]:
 
 
 # -- output helpers: a part appears whole or not at all --------------------------------------------------
-def _put_file(local: Path, url: str) -> None:
+@contextlib.contextmanager
+def writing(url: str):
+    """A local path to write ``url``'s content to; on success it replaces ``url`` in one step.
+
+    Local: a hidden temp file in the target folder (same filesystem), then ``os.replace``. Remote: a temp
+    file, then one upload (atomic on object stores). On failure nothing appears at ``url``.
+    """
     fs, path = fsspec.core.url_to_fs(url)
-    if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(local, path)
-    else:
-        fs.put_file(str(local), path)
+    local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
+    folder = Path(path).parent if local else Path(tempfile.gettempdir())
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=f".{Path(path).name}.")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        if local:
+            os.replace(tmp, path)
+        else:
+            fs.put_file(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _put_json(url: str, data: dict) -> None:
@@ -180,34 +196,40 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
         keys = np.concatenate([text_keys(b.column(0).to_pylist()) for b in reviews.iter_batches(
             batch_size=spec.batch_size, row_groups=groups, columns=["text"])] or [np.empty((0, 16), np.uint8)])
         hits = cache.lookup(keys, dtype) if cache is not None else None
-        cached = dict(zip(hits.rows.tolist(), zip(hits.ids, hits.full.tolist()))) if hits is not None else {}
+        # slice row -> index into the hits' compact token buffer (-1: tokenize it)
+        where = np.full(len(keys), -1, dtype=np.int64)
+        if hits is not None and len(hits.rows):
+            where[hits.rows] = np.arange(len(hits.rows))
+            hit_flat = hits.ids.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+            hit_offsets = hits.ids.offsets.to_numpy()
         hist = np.zeros(0, dtype=np.int64)
         split_counts = dict.fromkeys(SPLITS, 0)
-        new_rows: list[int] = []
-        new_ids: list[np.ndarray] = []
-        new_full: list[int] = []
+        new_rows: list[np.ndarray] = []  # per batch, compact: row positions, token lists, full lengths
+        new_ids: list[pa.Array] = []
+        new_full: list[np.ndarray] = []
         row = 0
-        with tempfile.TemporaryDirectory(prefix="tokens-part-") as tmp:
-            local = Path(tmp) / "part.arrow"
+        with writing(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local:
             options = pa.ipc.IpcWriteOptions(compression="zstd")
             writer = None
             for batch in reviews.iter_batches(batch_size=spec.batch_size, row_groups=groups, columns=["text", "label"]):
+                n = batch.num_rows
+                at = where[row:row + n]
+                miss = np.flatnonzero(at < 0)
                 texts = batch.column("text").to_pylist()
-                n = len(texts)
-                miss = [j for j in range(n) if row + j not in cached]
                 pieces: list = [None] * n
-                full = [0] * n
+                full = np.zeros(n, dtype=np.int32)
                 encoded, lengths = encode_texts(backend, [texts[j] for j in miss], spec.max_length, dtype)
                 for j, ids, length in zip(miss, encoded, lengths):
                     pieces[j], full[j] = ids, length
-                    new_rows.append(row + j)
-                    new_ids.append(ids)
-                    new_full.append(length)
-                for j in range(n):
-                    if pieces[j] is None:
-                        pieces[j], full[j] = cached.pop(row + j)
+                for j in np.flatnonzero(at >= 0):
+                    k = at[j]
+                    pieces[j], full[j] = hit_flat[hit_offsets[k]:hit_offsets[k + 1]], hits.full[k]
                 splits = _splits(batch, rule)
                 out = token_batch(pieces, full, label_ids(batch.column("label").to_pylist(), labels), splits, dtype)
+                if len(miss):
+                    new_rows.append(row + miss)
+                    new_ids.append(out.column("input_ids").take(pa.array(miss)))
+                    new_full.append(full[miss])
                 if writer is None:
                     writer = pa.ipc.new_file(str(local), out.schema, options=options)
                 writer.write_batch(out)
@@ -220,10 +242,10 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
                 empty = token_batch([], [], np.empty(0, np.int8), [], dtype)
                 writer = pa.ipc.new_file(str(local), empty.schema, options=options)
             writer.close()
-            _put_file(local, f"{spec.out}/{PARTS}/{part_name(index)}.arrow")
-    if cache is not None and new_rows:
-        cache.add(keys[np.asarray(new_rows)], new_ids, new_full)
-    stats = {"rows": row, "reused": row - len(new_rows), "new": len(new_rows), "splits": split_counts,
+    new_count = int(sum(len(r) for r in new_rows))
+    if cache is not None and new_count:
+        cache.add(keys[np.concatenate(new_rows)], pa.concat_arrays(new_ids), np.concatenate(new_full))
+    stats = {"rows": row, "reused": row - new_count, "new": new_count, "splits": split_counts,
              "length_histogram": hist.tolist(), "seconds": round(time.perf_counter() - t0, 3)}
     _put_json(f"{spec.out}/{PARTS}/{part_name(index)}.json", stats)
     log(f"slice {index}: {row} rows tokenized ({stats['reused']} from the cache) in {stats['seconds']} s")

@@ -46,7 +46,7 @@ class Hits:
     """Cached rows of a lookup: ``ids[j]``/``full[j]`` belong to the looked-up row ``rows[j]``."""
 
     rows: np.ndarray
-    ids: list[np.ndarray]
+    ids: pa.ListArray  # compact: one buffer of token ids for all hits
     full: np.ndarray
 
 
@@ -70,7 +70,7 @@ class TokenCache:
     def lookup(self, keys: np.ndarray, dtype: np.dtype) -> Hits:
         """Rows of ``keys`` already in the cache, with their tokens (each segment read at most once)."""
         if len(keys) == 0:
-            return Hits(np.empty(0, np.int64), [], np.empty(0, np.int32))
+            return Hits(np.empty(0, np.int64), pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), np.empty(0, np.int32))
         hi, lo = _halves(keys)
         order = np.argsort(hi, kind="stable")
         hi_sorted = hi[order]
@@ -86,41 +86,37 @@ class TokenCache:
             match = (hi[cand] == seg_hi) & (lo[cand] == seg_lo) & ~found[cand]
             if not match.any():
                 continue
-            with self.fs.open(seg + ".arrow", "rb") as f:
-                table = pa.ipc.open_file(pa.BufferReader(f.read())).read_all()
             seg_rows = np.flatnonzero(match)
-            taken = table.take(pa.array(seg_rows))
-            col = taken.column("input_ids").combine_chunks()
-            flat = col.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-            offsets = col.offsets.to_numpy()
             target = cand[match]
-            keep = ~found[target]  # a text twice in the looked-up keys cannot happen (deduplicated), but be safe
+            _, first = np.unique(target, return_index=True)  # a key twice in one segment: take it once
+            seg_rows, target = seg_rows[first], target[first]
+            with self.fs.open(seg + ".arrow", "rb") as f:
+                table = pa.ipc.open_file(f).read_all().take(pa.array(seg_rows))
             found[target] = True
-            for j in np.flatnonzero(keep):
-                rows.append(int(target[j]))
-                ids.append(flat[offsets[j]:offsets[j + 1]])
-                full.append(int(taken.column("full_length")[j].as_py()))
-        return Hits(np.asarray(rows, dtype=np.int64), ids, np.asarray(full, dtype=np.int32))
+            rows.append(target)
+            ids.append(table.column("input_ids").combine_chunks().cast(pa.list_(pa.from_numpy_dtype(dtype))))
+            full.append(table.column("full_length").to_numpy())
+        if not rows:
+            return Hits(np.empty(0, np.int64), pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), np.empty(0, np.int32))
+        return Hits(np.concatenate(rows).astype(np.int64), pa.concat_arrays(ids), np.concatenate(full).astype(np.int32))
 
-    def add(self, keys: np.ndarray, ids: list[np.ndarray], full: list[int]) -> str | None:
-        """Store newly tokenized rows as one segment; returns its name (None for no rows)."""
-        from finetune_assets.storage import write_bytes_atomic
+    def add(self, keys: np.ndarray, ids: pa.ListArray, full: np.ndarray) -> str | None:
+        """Store newly tokenized rows (``ids[i]`` is the text of ``keys[i]``) as one segment; returns its name."""
+        from finetune_assets.data.slices import writing
 
         if len(ids) == 0:
             return None
         keys = np.ascontiguousarray(keys, dtype=np.uint8)
-        lengths = np.fromiter((len(p) for p in ids), dtype=np.int32, count=len(ids))
-        offsets = np.zeros(len(ids) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
         table = pa.table({
-            "key": pa.FixedSizeBinaryArray.from_buffers(pa.binary(KEY_BYTES), len(ids), [None, pa.py_buffer(keys.tobytes())]),
-            "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(ids))),
+            "key": pa.FixedSizeBinaryArray.from_buffers(pa.binary(KEY_BYTES), len(ids),
+                                                        [None, pa.py_buffer(keys.tobytes())]),
+            "input_ids": ids,
             "full_length": pa.array(np.asarray(full, dtype=np.int32)),
         })
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
-            w.write_table(table)
         name = hashlib.sha256(keys.tobytes()).hexdigest()[:32]
-        write_bytes_atomic(f"{self.url}/{name}.arrow", sink.getvalue().to_pybytes())
-        write_bytes_atomic(f"{self.url}/{name}.keys", keys.tobytes())
+        with writing(f"{self.url}/{name}.arrow") as tmp:  # the tokens first, then the keys that make them visible
+            with pa.ipc.new_file(str(tmp), table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+                w.write_table(table)
+        with writing(f"{self.url}/{name}.keys") as tmp:
+            tmp.write_bytes(keys.tobytes())
         return name
