@@ -227,6 +227,7 @@ def test_a_failed_slice_fails_the_step_and_publishes_nothing(asset, storage_root
     materialize(storage_root, instance, upstream, "v1", raw_config={"batch_rows": 300})
     assert asset == "tokenized_reviews" or store.require("tokenized_reviews", "v1").metadata["parts"] >= 2
     monkeypatch.setattr(select, "fanout_runner_from_env", lambda **kw: CrashingSliceRunner())
+    monkeypatch.setattr(slices, "SHARD_ROWS_PER_WORKER", 1)  # a small version still gets 2 shard workers
     result = materialize(storage_root, instance, [asset], "v1", raise_on_error=False,
                          extra_ops={"tokenized_reviews": {"config": {"max_length": 128, "workers": 2}}})
     assert not result.success
