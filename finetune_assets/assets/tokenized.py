@@ -151,22 +151,11 @@ def _fan_out(context: dg.AssetExecutionContext, runner, kind: str, spec_url: str
     # DNS-1123 (a Kubernetes Job name): lower-case alphanumerics and "-", <= 52 characters, the run id kept
     name = re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{context.run.run_id[:8]}".lower())[-52:].strip("-")
     job = FanOut(name=name, command=python_module("finetune_assets.data.slices", "work", "--spec", spec_url),
-                 count=count, env={**WORKER_ENV, "PYTHONPATH": _pythonpath()})
+                 count=count, env=dict(WORKER_ENV))  # code: the same interpreter/image, cwd and PYTHONPATH
     try:
         runner.run(job, context.log.info)
     except FanOutError as err:
         raise dg.Failure(str(err)) from err
-
-
-def _pythonpath() -> str:
-    """This code location first on the workers' path (a checkout, not only the installed package)."""
-    import os
-    from pathlib import Path
-
-    import finetune_assets
-
-    here = str(Path(finetune_assets.__file__).resolve().parents[1])
-    return os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def _merged_histogram(parts: list[dict]):
