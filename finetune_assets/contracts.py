@@ -34,7 +34,7 @@ SPLITS = (TRAIN, VALIDATION, TEST)
 REVIEWS_FILE = "reviews.parquet"  # raw_reviews: accepted rows (ACCEPTED_SCHEMA)
 REJECTED_FILE = "rejected.parquet"  # raw_reviews: quarantined rows with a reason (REJECTED_SCHEMA)
 LABELS_FILE = "labels.json"  # raw_reviews, tokenized_reviews: the version's LabelSet
-TOKENS_FILE = "tokens.arrow"  # tokenized_reviews: Arrow IPC (TOKEN_COLUMNS)
+TOKEN_PARTS_DIR = "parts"  # tokenized_reviews: parts/{i:05d}.arrow, Arrow IPC (TOKEN_COLUMNS), one per slice, row order
 TOKEN_STATS_FILE = "stats.json"  # tokenized_reviews: rows per split + token-length statistics
 SPLIT_STATS_FILE = "split_stats.json"  # mds_shards/{split}/: samples and samples per label id
 MODEL_SUBDIR = "model"  # finetuned_model: the Hugging Face folder
@@ -109,10 +109,24 @@ def read_rejected(attempt_url: str, fs=None) -> pa.Table:
         return pq.read_table(f)
 
 
-def read_tokens(attempt_url: str, fs=None) -> pa.Table:
-    fs, path = _fs_and_path(f"{attempt_url}/{TOKENS_FILE}", fs)
-    with fs.open(path, "rb") as f:
-        return pa.ipc.open_file(pa.BufferReader(f.read())).read_all()
+def iter_token_batches(attempt_url: str, fs=None, columns: list[str] | None = None):
+    """tokenized_reviews' record batches in row order (its parts in index order), one batch in memory at a time."""
+    fs, path = _fs_and_path(f"{attempt_url}/{TOKEN_PARTS_DIR}", fs)
+    files = sorted(fs.glob(f"{path}/*.arrow"))
+    if not files:
+        raise ContractError(f"{attempt_url}: no {TOKEN_PARTS_DIR}/*.arrow (published by an older version of "
+                            "tokenized_reviews): re-materialize tokenized_reviews for this dataset version")
+    for file in files:
+        with fs.open(file, "rb") as f:
+            reader = pa.ipc.open_file(f)
+            for b in range(reader.num_record_batches):
+                batch = reader.get_batch(b)
+                yield batch.select(columns) if columns else batch
+
+
+def read_tokens(attempt_url: str, fs=None, columns: list[str] | None = None) -> pa.Table:
+    """The whole tokenized table (or only ``columns``); :func:`iter_token_batches` to stream it."""
+    return pa.Table.from_batches(list(iter_token_batches(attempt_url, fs, columns)))
 
 
 @dataclass(frozen=True)

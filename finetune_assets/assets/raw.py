@@ -4,17 +4,17 @@
 import json
 
 import dagster as dg
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError
-from finetune_assets.data.sources import HF_PREFIX, SourceError, SourceSpec, is_builtin, list_source, read_source
-from finetune_assets.contracts import LABELS_FILE, RAW_REVIEWS, REJECTED_FILE, REVIEWS_FILE
-from finetune_assets.data.validate import SplitRule, ValidationRules, validate
+from finetune_assets.contracts import ACCEPTED_SCHEMA, LABELS_FILE, RAW_REVIEWS, REJECTED_FILE, REJECTED_SCHEMA, REVIEWS_FILE
+from finetune_assets.data.sources import HF_PREFIX, SourceError, SourceSpec, is_builtin, iter_source, list_source
+from finetune_assets.data.validate import SplitRule, StreamValidator, ValidationRules
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.storage import StorageResource
-from finetune_assets.storage import hash_tree
 from finetune_assets.versions import read_version
 
 
@@ -31,6 +31,8 @@ class RawReviewsConfig(dg.Config):
     max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
     validation_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in validation")
     test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
+    batch_rows: int = Field(65_536, description="rows validated and written per Parquet row group; memory "
+                                                "is bounded by this and the largest source file")
 
 
 def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpec:
@@ -75,55 +77,93 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
     context.log.info(f"reading {spec.uri} for dataset version {version}")
     files = _files_metadata(context, spec)
     _refuse_changed_content(store, version, spec)
+    validator = StreamValidator(rules)
     try:
-        raw = read_source(spec)
-    except SourceError as err:
-        raise dg.Failure(str(err)) from err
-    result = validate(raw, rules)
-    if result.accepted.num_rows + result.rejected.num_rows != raw.num_rows:  # the invariant we promise
-        raise RuntimeError("validation lost rows: accepted + rejected != input")
-    if result.cross_file_duplicates:
+        with store.publish(RAW_REVIEWS, version) as staging:
+            digest = _stream_validated(spec, validator, staging.local_dir, config.batch_rows, context)
+            if validator.accepted == 0:
+                raise dg.Failure(f"{spec.uri}: no valid reviews ({validator.rows_in} rows, rejected: "
+                                 f"{dict(validator.reasons)})")
+            (staging.local_dir / LABELS_FILE).write_text(json.dumps(rules.labels.to_dict(), ensure_ascii=False))
+            # The labels are part of the data version (same reviews, other classes: another dataset).
+            staging.data_version = digest
+            if rules.labels != DEFAULT_LABEL_SET:  # the seed's classes keep the data version they always had
+                staging.data_version = f"{staging.data_version[:48]}-{rules.labels.fingerprint()}"
+            staging.metadata = {"rows": validator.accepted, "rejected": validator.rejected,
+                                "labels": rules.labels.to_dict()}
+    finally:
+        validator.close()
+    if validator.across:
         context.log.warning(
             "reviews repeated across files (the copy in the file read first is kept; the others are in "
-            f"rejected.parquet with reason duplicate / conflicting_duplicate): {result.cross_file_duplicates}")
-    if result.accepted.num_rows == 0:
-        raise dg.Failure(f"{spec.uri}: no valid reviews ({raw.num_rows} rows, rejected: {result.reasons})")
-    with store.publish(RAW_REVIEWS, version) as staging:
-        pq.write_table(result.accepted, staging.local_dir / REVIEWS_FILE, compression="zstd")
-        pq.write_table(result.rejected, staging.local_dir / REJECTED_FILE, compression="zstd")
-        (staging.local_dir / LABELS_FILE).write_text(json.dumps(rules.labels.to_dict(), ensure_ascii=False))
-        # The labels are part of the data version (same reviews, other classes: another dataset).
-        staging.data_version = hash_tree(staging.local_dir / REVIEWS_FILE)
-        if rules.labels != DEFAULT_LABEL_SET:  # the seed's classes keep the data version they always had
-            staging.data_version = f"{staging.data_version[:48]}-{rules.labels.fingerprint()}"
-        staging.metadata = {"rows": result.accepted.num_rows, "rejected": result.rejected.num_rows,
-                            "labels": rules.labels.to_dict()}
-    n_in = raw.num_rows
-    counts = result.label_counts
+            f"rejected.parquet with reason duplicate / conflicting_duplicate): {dict(validator.across)}")
+    n_in = validator.rows_in
+    counts = validator.label_counts
+    reasons = dict(validator.reasons)
     return dg.MaterializeResult(
         metadata={
             "source": spec.uri,
             "path": dg.MetadataValue.path(f"{staging.url}/{REVIEWS_FILE}"),
             "rejected_path": dg.MetadataValue.path(f"{staging.url}/{REJECTED_FILE}"),
             "rows_in": n_in,
-            "dagster/row_count": result.accepted.num_rows,
-            "rejected_rows": result.rejected.num_rows,
-            "rejected_share": round(result.rejected.num_rows / n_in, 4) if n_in else 0.0,
-            "rejected_by_reason": dg.MetadataValue.json(result.reasons),
+            "dagster/row_count": validator.accepted,
+            "rejected_rows": validator.rejected,
+            "rejected_share": round(validator.rejected / n_in, 4) if n_in else 0.0,
+            "rejected_by_reason": dg.MetadataValue.json(reasons),
             "label_distribution": markdown_table(
                 ("label", "reviews", "share"),
-                [(k, v, f"{v / max(1, result.accepted.num_rows):.1%}") for k, v in counts.items()]),
+                [(k, v, f"{v / max(1, validator.accepted):.1%}") for k, v in counts.items()]),
             "label_counts": dg.MetadataValue.json(counts),
             "labels": ", ".join(rules.labels.names),
             "label_mapping": dg.MetadataValue.json(dict(rules.labels.mapping)),
-            "malformed_lines": int(sum(1 for r in result.rejected.column("reason").to_pylist()
-                                       if r == "malformed_row")),
-            "cross_file_duplicates": dg.MetadataValue.json(result.cross_file_duplicates),
+            "malformed_lines": int(reasons.get("malformed_row", 0)),
+            "cross_file_duplicates": dg.MetadataValue.json(dict(validator.across)),
             **files,
             **_pictures(context, counts),
         },
         data_version=dg.DataVersion(staging.data_version),
     )
+
+
+def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_rows: int,
+                      context: dg.AssetExecutionContext) -> str:
+    """Source -> validated Parquet files, one batch in memory at a time; returns the accepted rows' content hash.
+
+    Accepted rows are written in row groups of ``batch_rows`` (the unit ``tokenized_reviews`` slices by).
+    The hash covers every accepted row's fields, each row terminated, so it does not depend on batching.
+    """
+    import hashlib
+
+    digest = hashlib.sha256()
+    pending: list[pa.Table] = []
+    with pq.ParquetWriter(out / REVIEWS_FILE, ACCEPTED_SCHEMA, compression="zstd") as good, \
+            pq.ParquetWriter(out / REJECTED_FILE, REJECTED_SCHEMA, compression="zstd") as bad:
+
+        def flush(final: bool) -> None:
+            table = pa.concat_tables(pending).combine_chunks() if pending else ACCEPTED_SCHEMA.empty_table()
+            pending.clear()
+            while table.num_rows >= batch_rows or (final and table.num_rows):
+                head, table = table.slice(0, batch_rows), table.slice(batch_rows)
+                good.write_table(head, row_group_size=batch_rows)
+            if table.num_rows:
+                pending.append(table)
+
+        try:
+            for file_table in iter_source(spec):
+                for start in range(0, max(file_table.num_rows, 1), batch_rows):
+                    result = validator.feed(file_table.slice(start, batch_rows))
+                    for row in zip(*(result.accepted.column(n).to_pylist() for n in ACCEPTED_SCHEMA.names)):
+                        digest.update("\x1f".join(map(str, row)).encode() + b"\x1e")
+                    if result.rejected.num_rows:
+                        bad.write_table(result.rejected)
+                    pending.append(result.accepted)
+                    if sum(t.num_rows for t in pending) >= batch_rows:
+                        flush(final=False)
+                context.log.info(f"validated {validator.rows_in} rows ({validator.accepted} accepted)")
+            flush(final=True)
+        except SourceError as err:
+            raise dg.Failure(str(err)) from err
+    return digest.hexdigest()[:16]
 
 
 def _files_metadata(context: dg.AssetExecutionContext, spec: SourceSpec) -> dict:

@@ -6,15 +6,16 @@ from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.assets.tokenized import tokenized_reviews
-from finetune_assets.contracts import MDS_SHARDS, TOKENIZED_REVIEWS, read_tokens
-from finetune_assets.data.shards import COMPRESSION, read_back_count, write_splits
+from finetune_assets.contracts import MDS_SHARDS, TOKENIZED_REVIEWS
+from finetune_assets.data.shards import COMPRESSION, SplitShards, read_back_count
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.storage import StorageResource
-from finetune_assets.storage import hash_tree
 
 
 class ShardsConfig(dg.Config):
     size_limit: str = Field("64mb", description="maximum bytes per shard before compression")
+    workers: int | None = Field(None, description="slice worker processes at a time (local runner); "
+                                                  "default: the usable cores")
 
 
 @dg.asset(
@@ -28,18 +29,38 @@ class ShardsConfig(dg.Config):
 def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
                storage: StorageResource) -> dg.MaterializeResult:
     """MDS shards (zstd) per split, streamable with StreamingDataset from the storage root."""
+    from finetune_assets.assets.tokenized import _digest, _fan_out
+    from finetune_assets.data import slices
+    from finetune_assets.launchers.fanout import runner_width
+    from finetune_assets.launchers.select import fanout_runner_from_env
+
     version = version_of(context)
     store = storage.storage()
     tokenized = store.require(TOKENIZED_REVIEWS, version)
-    tokens = read_tokens(tokenized.url, store.fs)
+    count = tokenized.metadata.get("parts")
+    if count is None:
+        raise dg.Failure(f"tokenized_reviews[{version}] predates slice workers (no parts); re-materialize it")
+    runner = fanout_runner_from_env(workers=config.workers)
     with store.publish(MDS_SHARDS, version) as staging:
-        results = write_splits(tokens, staging.local_dir, config.size_limit,
-                               progress=lambda split, n: context.log.info(f"{split}: wrote {n} samples"))
+        spec_url = f"{staging.url}/_work/spec.json"
+        groups = slices.group_parts(count, runner_width(runner) or count, tokenized.metadata.get("rows"))
+        slices.write_spec(spec_url, slices.ShardsSpec(tokens=tokenized.url, out=staging.url, groups=groups,
+                                                      size_limit=config.size_limit))
+        _fan_out(context, runner, f"mds-{version}", spec_url, len(groups))
+        store.fs.rm(f"{staging.url}/_work", recursive=True)
+        merged = slices.merge_shards(staging.url, staging.local_dir, count)
+        results = {s: SplitShards(split=s, **m) for s, m in merged.items()}
         for split, r in results.items():
-            seen = read_back_count(staging.local_dir / split)
+            context.log.info(f"{split}: {r.samples} samples in {r.shards} shards")
+            seen = read_back_count(staging.local_dir / split) if store.is_local else r.samples
             if seen != r.samples:
                 raise dg.Failure(f"mds_shards[{version}] {split}: wrote {r.samples} samples, read back {seen}")
-        staging.data_version = hash_tree(staging.local_dir)
+        rows = tokenized.metadata.get("rows")
+        if rows is not None and sum(r.samples for r in results.values()) != rows:
+            raise dg.Failure(f"mds_shards[{version}]: {sum(r.samples for r in results.values())} samples "
+                             f"written, tokenized_reviews has {rows} rows")
+        # A function of the inputs: the same samples in the same order whatever the slicing.
+        staging.data_version = _digest(tokenized.data_version, str(config.size_limit), "merged-v1")
         staging.metadata = {s: r.samples for s, r in results.items()}
         if "labels" in tokenized.metadata:  # label ids in the shards index this label set
             staging.metadata["labels"] = tokenized.metadata["labels"]

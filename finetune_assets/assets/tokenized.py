@@ -4,8 +4,7 @@
 import json
 
 import dagster as dg
-import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
@@ -18,21 +17,25 @@ from finetune_assets.contracts import (
     SPLITS,
     TOKEN_STATS_FILE,
     TOKENIZED_REVIEWS,
-    TOKENS_FILE,
+    TOKEN_PARTS_DIR,
     TokenStats,
-    read_reviews,
+    REVIEWS_FILE,
 )
 from finetune_assets.data.labels import labels_from_metadata
 from finetune_assets.data.models import position_limit
-from finetune_assets.data.tokenize import length_stats, tokenize_table
+from finetune_assets.data.tokenize import stats_from_histogram, token_dtype
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.storage import StorageResource
-from finetune_assets.storage import hash_tree
 
 
 class TokenizeConfig(dg.Config):
     max_length: int = Field(512, description="truncate longer reviews to this many tokens (incl. specials)")
     batch_size: int = Field(2048, description="texts per fast-tokenizer batch")
+    workers: int | None = Field(None, description="slice worker processes at a time (local runner); "
+                                                  "default: the usable cores")
+    slice_rows: int = Field(262_144, description="at most this many rows per slice (bounds a worker's memory)")
+    cache: bool = Field(True, description="reuse tokens of rows an earlier version tokenized "
+                                          "({root}/token_cache)")
 
 
 @dg.asset(
@@ -45,14 +48,21 @@ class TokenizeConfig(dg.Config):
 )
 def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
                       storage: StorageResource) -> dg.MaterializeResult:
-    """Token ids per review (unpadded), label id and the train/validation/test split raw_reviews assigned."""
+    """Token ids per review (unpadded), label id and the train/validation/test split raw_reviews assigned.
+
+    Tokenized by slice workers (``data/slices.py``), one part per slice in ``parts/``, in row order.
+    """
     from transformers import AutoConfig, AutoTokenizer
+
+    from finetune_assets.data import slices
+    from finetune_assets.data.token_cache import CACHE_DIR, tokenizer_hash
+    from finetune_assets.launchers.fanout import runner_width
+    from finetune_assets.launchers.select import fanout_runner_from_env
 
     version = version_of(context)
     store = storage.storage()
     raw = store.require(RAW_REVIEWS, version)
     model = store.pinned(PRETRAINED_MODEL, context.run.run_id)  # the run's base model, leased (issue 17)
-    accepted = read_reviews(raw.url, store.fs, columns=["text", "label", "split"])
     with store.local_copy(model.url) as model_dir:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
         model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
@@ -60,51 +70,116 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
     max_length = min(config.max_length, position_limit(model_config))
     if 0 < (getattr(tokenizer, "model_max_length", 0) or 0) < max_length:
         max_length = int(tokenizer.model_max_length)
+    if max_length < 2:
+        raise dg.Failure("max_length must be at least 2 (room for [CLS] and [SEP])")
     labels = labels_from_metadata(raw.metadata)
-
-    def progress(done: int, total: int) -> None:
-        context.log.info(f"tokenized {done}/{total} reviews")
-
-    table = tokenize_table(accepted, tokenizer, max_length,
-                           batch_size=config.batch_size, progress=progress, labels=labels)
-    stats = length_stats(table, max_length)
-    splits = table.column("split").cast(pa.string())
-    counts = {s: int(pc.sum(pc.equal(splits, s)).as_py() or 0) for s in SPLITS}
+    backend = tokenizer.backend_tokenizer
+    backend.no_truncation()
+    backend.no_padding()
+    tokenizer_json = backend.to_str()
+    tok_hash = tokenizer_hash(tokenizer_json)
+    reviews_url = f"{raw.url}/{REVIEWS_FILE}"  # with the split raw_reviews assigned
+    with store.fs.open(reviews_url, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    runner = fanout_runner_from_env(workers=config.workers)
+    plan = slices.plan_slices(group_rows, runner_width(runner) or 1, config.slice_rows)
     with store.publish(TOKENIZED_REVIEWS, version) as staging:
-        options = pa.ipc.IpcWriteOptions(compression="zstd")
-        with pa.ipc.new_file(str(staging.local_dir / TOKENS_FILE), table.schema, options=options) as w:
-            w.write_table(table)
+        work = f"{staging.url}/_work"
+        store.write_atomic(f"{work}/tokenizer.json", tokenizer_json.encode())
+        spec = slices.TokenizeSpec(
+            reviews=reviews_url, out=staging.url, slices=plan, tokenizer=f"{work}/tokenizer.json",
+            dtype=token_dtype(len(tokenizer)).name, max_length=max_length, labels=labels.to_dict(),
+            batch_size=config.batch_size,
+            cache=store.url(CACHE_DIR, f"{tok_hash}-{max_length}") if config.cache else None)
+        slices.write_spec(f"{work}/spec.json", spec)
+        context.log.info(f"tokenizing {sum(group_rows)} reviews in {len(plan)} slices")
+        _fan_out(context, runner, f"tok-{version}", f"{work}/spec.json", len(plan))
+        parts = slices.read_part_stats(staging.url, len(plan))
+        store.fs.rm(work, recursive=True)  # tokenizer + spec: inputs of the workers, not data
+        rows = sum(p["rows"] for p in parts)
+        if rows != raw.metadata.get("rows", rows):
+            raise dg.Failure(f"tokenized_reviews[{version}]: slices tokenized {rows} rows, raw_reviews has "
+                             f"{raw.metadata['rows']}")
+        hist = _merged_histogram(parts)
+        stats = stats_from_histogram(hist, max_length)
+        counts = {s: sum(p["splits"][s] for p in parts) for s in SPLITS}
+        reused = sum(p["reused"] for p in parts)
         (staging.local_dir / TOKEN_STATS_FILE).write_text(TokenStats(splits=counts, lengths=stats).to_json())
         (staging.local_dir / LABELS_FILE).write_text(json.dumps(labels.to_dict(), ensure_ascii=False))
-        staging.data_version = hash_tree(staging.local_dir)
-        staging.metadata = {"rows": table.num_rows, "max_length": max_length, "labels": labels.to_dict()}
+        # A function of the inputs (the output is deterministic in them), so it is the same whatever the slicing.
+        staging.data_version = _digest(raw.data_version, tok_hash, max_length, labels.to_dict(), "parts-v1")
+        staging.metadata = {"rows": rows, "max_length": max_length, "labels": labels.to_dict(),
+                            "parts": len(plan), "reused_rows": reused, "new_rows": rows - reused}
     return dg.MaterializeResult(
         metadata={
-            "path": dg.MetadataValue.path(f"{staging.url}/{TOKENS_FILE}"),
-            "dagster/row_count": table.num_rows,
+            "path": dg.MetadataValue.path(f"{staging.url}/{TOKEN_PARTS_DIR}"),
+            "dagster/row_count": rows,
             "rows_per_split": markdown_table(("split", "reviews"), list(counts.items())),
             "split_counts": dg.MetadataValue.json(counts),
             "max_length": max_length,
             "labels": ", ".join(f"{i}={n}" for i, n in labels.id2label.items()),
-            "token_dtype": str(table.column("input_ids").type.value_type),
+            "token_dtype": spec.dtype,
             "tokens_mean": stats["mean"],
             "tokens_p50": stats["p50"],
             "tokens_p95": stats["p95"],
             "tokens_max": stats["max"],
             "truncated_share": stats["truncated_share"],
-            **_pictures(context, table, max_length),
+            "slices": len(plan),
+            "reused_rows": reused,
+            "new_rows": rows - reused,
+            "tokenizer_hash": tok_hash,
+            **_pictures(context, hist, max_length),
         },
         data_version=dg.DataVersion(staging.data_version),
     )
 
 
+def _fan_out(context: dg.AssetExecutionContext, runner, kind: str, spec_url: str, count: int) -> None:
+    """Run the slice workers; a failed slice fails the step (and nothing is published)."""
+    from finetune_assets.data.slices import WORKER_ENV
+    from finetune_assets.launchers.fanout import FanOut, FanOutError, python_module
+
+    import re
+
+    # DNS-1123 (a Kubernetes Job name): lower-case alphanumerics and "-", <= 52 characters, the run id kept
+    name = re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{context.run.run_id[:8]}".lower())[-52:].strip("-")
+    job = FanOut(name=name, command=python_module("finetune_assets.data.slices", "work", "--spec", spec_url),
+                 count=count, env=dict(WORKER_ENV))  # code: the same interpreter/image, cwd and PYTHONPATH
+    try:
+        runner.run(job, context.log.info)
+    except FanOutError as err:
+        raise dg.Failure(str(err)) from err
+
+
+def _merged_histogram(parts: list[dict]):
+    import numpy as np
+
+    width = max((len(p["length_histogram"]) for p in parts), default=0)
+    hist = np.zeros(width, dtype=np.int64)
+    for p in parts:
+        h = p["length_histogram"]
+        hist[: len(h)] += h
+    return hist
+
+
+def _digest(*parts) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 # -- pictures for the UI (finetune_assets.viz) ----------------------------------------------------
-def _pictures(context: dg.AssetExecutionContext, table: pa.Table, max_length: int) -> dict[str, dg.MetadataValue]:
+def _pictures(context: dg.AssetExecutionContext, hist, max_length: int) -> dict[str, dg.MetadataValue]:
     """The token-length histogram; a plotting failure never fails the materialization."""
+    import numpy as np
+
     from finetune_assets import viz
 
     try:
-        lengths = table.column("full_length").to_numpy()
+        # the merged histogram as values, thinned to <= 200k (the picture's shape, bounded memory)
+        step = max(1, int(hist.sum()) // 200_000)
+        lengths = np.repeat(np.arange(len(hist)), hist // step + (hist % step > 0))
         return {"token_lengths": dg.MetadataValue.md(viz.token_length_md(lengths, max_length))}
     except Exception as err:  # noqa: BLE001 - a missing picture is not worth a failed run
         context.log.warning(f"token length histogram skipped: {err}")

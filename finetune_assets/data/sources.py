@@ -16,6 +16,7 @@ import gzip
 import io
 import json
 import lzma
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import fsspec
@@ -168,16 +169,27 @@ def _format_or_raise(path: str, in_folder: str | None = None) -> str:
 
 def read_source(spec: SourceSpec) -> pa.Table:
     """All rows of a source as :data:`RAW_SCHEMA` (labels as strings, exactly as found)."""
+    tables = list(iter_source(spec))
+    return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
+
+
+def iter_source(spec: SourceSpec) -> Iterator[pa.Table]:
+    """The rows of a source one file at a time (file order of :func:`list_files`), as :data:`RAW_SCHEMA`.
+
+    Memory is bounded by the largest file, not the source: a version that grows by adding files streams.
+    """
     if is_builtin(spec.uri):
         try:
             table = read_builtin(spec.uri)
         except BuiltinSourceError as err:
             raise SourceError(str(err)) from err
-        return _to_raw(table, "text", "label", spec.uri)
+        yield _to_raw(table, "text", "label", spec.uri)
+        return
     if spec.uri.startswith(HF_PREFIX):
-        return _read_hf(spec)
-    tables = [read_file(path, spec) for path in list_files(spec.uri)]
-    return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
+        yield _read_hf(spec)
+        return
+    for path in list_files(spec.uri):
+        yield read_file(path, spec)
 
 
 def check_source(spec: SourceSpec, sample_bytes: int = 1 << 20) -> dict[str, int]:

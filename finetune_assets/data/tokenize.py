@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
+from finetune_assets.contracts import SPLITS
 from finetune_assets.data.validate import split_column
 
 
@@ -59,32 +60,89 @@ def tokenize_table(
     texts = accepted.column("text").to_pylist()
     n = len(texts)
     pieces: list[np.ndarray] = []
-    full_lengths = np.empty(n, dtype=np.int64)
+    full_lengths: list[int] = []
     for start in range(0, n, batch_size):
-        for i, enc in enumerate(backend.encode_batch(texts[start:start + batch_size]), start):
-            ids = np.asarray(enc.ids, dtype=dtype)
-            full_lengths[i] = len(ids)
-            pieces.append(truncate_keeping_specials(ids, enc.special_tokens_mask, max_length))
+        p, f = encode_texts(backend, texts[start:start + batch_size], max_length, dtype)
+        pieces += p
+        full_lengths += f
         if progress:
             progress(min(start + batch_size, n), n)
-    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int32, count=n)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
-    input_ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+    batch = token_batch(pieces, full_lengths, label_ids(accepted.column("label").to_pylist(), labels),
+                        split_values(accepted), dtype)
+    return pa.Table.from_batches([batch])
+
+
+def split_values(accepted: pa.Table) -> list[str]:
+    """Each row's split as raw_reviews stored it (the one place tokenization learns the split)."""
+    return split_column(accepted).dictionary_decode().to_pylist()
+
+
+def encode_texts(backend, texts: list[str], max_length: int, dtype: np.dtype) -> tuple[list[np.ndarray], list[int]]:
+    """One fast-tokenizer batch: (ids truncated to ``max_length`` keeping specials, full length) per text."""
+    pieces, full = [], []
+    for enc in backend.encode_batch(texts):
+        ids = np.asarray(enc.ids, dtype=dtype)
+        full.append(len(ids))
+        pieces.append(truncate_keeping_specials(ids, enc.special_tokens_mask, max_length))
+    return pieces, full
+
+
+def label_ids(names: list[str], labels: LabelSet) -> np.ndarray:
     label2id = labels.label2id
-    names = accepted.column("label").to_pylist()
     unknown = sorted({x for x in names if x not in label2id}, key=str)
     if unknown:
         raise ValueError(f"labels {unknown[:10]} are not classes of the version's label set {list(labels.names)}")
-    label_ids = np.fromiter((label2id[x] for x in names), dtype=np.int8, count=n)
-    return pa.table({
-        "input_ids": input_ids,
-        "length": pa.array(lengths),
-        "full_length": pa.array(full_lengths.astype(np.int32)),
-        "label": pa.array(label_ids),
-        "split": split_column(accepted),
-    })
+    return np.fromiter((label2id[x] for x in names), dtype=np.int8, count=len(names))
+
+
+SPLIT_DICTIONARY = pa.array(SPLITS, pa.string())  # one fixed dictionary: batches of one IPC file must share it
+
+
+def token_batch(pieces: list[np.ndarray], full_lengths, labels: np.ndarray, splits: list[str],
+                dtype: np.dtype) -> pa.RecordBatch:
+    """The tokenized rows' columns: input_ids (list of uint), length, full_length, label id, split."""
+    n = len(pieces)
+    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int32, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(pieces).astype(dtype, copy=False) if n else np.empty(0, dtype=dtype)
+    codes = {s: i for i, s in enumerate(SPLITS)}
+    split_codes = pa.array(np.fromiter((codes[s] for s in splits), dtype=np.int8, count=n))
+    return pa.RecordBatch.from_arrays([
+        pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)),
+        pa.array(lengths),
+        pa.array(np.asarray(full_lengths, dtype=np.int32)),
+        pa.array(np.asarray(labels, dtype=np.int8)),
+        pa.DictionaryArray.from_arrays(split_codes, SPLIT_DICTIONARY),
+    ], names=["input_ids", "length", "full_length", "label", "split"])
+
+
+def length_histogram(full_lengths) -> np.ndarray:
+    """Counts per full token length: what :func:`length_stats` needs, mergeable across slices, bounded size."""
+    return np.bincount(np.asarray(full_lengths, dtype=np.int64))
+
+
+def stats_from_histogram(hist: np.ndarray, max_length: int) -> dict[str, float]:
+    """:func:`length_stats` from a merged :func:`length_histogram` (same numbers, no per-row array)."""
+    n = int(hist.sum())
+    if n == 0:
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "max": 0.0, "truncated_share": 0.0}
+    values = np.arange(len(hist))
+    cum = np.cumsum(hist)
+
+    def pct(q: float) -> float:  # numpy's default (linear) percentile over the sorted values
+        pos = (n - 1) * q / 100
+        lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+        a, b = (int(np.searchsorted(cum, k + 1)) for k in (lo, hi))
+        return float(a + (b - a) * (pos - lo))
+
+    return {
+        "mean": round(float((values * hist).sum() / n), 2),
+        "p50": pct(50),
+        "p95": pct(95),
+        "max": float(values[hist > 0].max()),
+        "truncated_share": round(float(hist[max_length + 1:].sum() / n), 4),
+    }
 
 
 def length_stats(table: pa.Table, max_length: int) -> dict[str, float]:

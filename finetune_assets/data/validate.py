@@ -112,11 +112,96 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold().split())
 
 
+def text_key(normalized: str) -> bytes:
+    """The duplicate-detection identity of a review: a 16-byte hash of its normalized text (never the text)."""
+    return hashlib.blake2b(normalized.encode(), digest_size=16).digest()
+
+
+class SeenTexts:
+    """Normalized-text hash -> (class, file, "line N") of its first accepted copy, on disk (SQLite, temp file).
+
+    Memory stays flat whatever the version's size: SQLite keeps at most ``cache_mb`` of pages in this
+    process; the rest lives in a temporary file that is removed on ``close``.
+    """
+
+    def __init__(self, cache_mb: int = 64):
+        import sqlite3
+        import tempfile
+
+        self._dir = tempfile.TemporaryDirectory(prefix="seen-texts-")
+        self._db = sqlite3.connect(f"{self._dir.name}/seen.db")
+        self._db.executescript(
+            f"PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-{cache_mb * 1024};"
+            "CREATE TABLE seen (h BLOB PRIMARY KEY, label TEXT, file TEXT, loc TEXT) WITHOUT ROWID;")
+
+    def lookup(self, keys: list[bytes]) -> dict[bytes, tuple[str, str, str]]:
+        found: dict[bytes, tuple[str, str, str]] = {}
+        unique = list(dict.fromkeys(keys))
+        for i in range(0, len(unique), 900):
+            chunk = unique[i:i + 900]
+            rows = self._db.execute(f"SELECT h, label, file, loc FROM seen WHERE h IN ({','.join('?' * len(chunk))})",
+                                    chunk)
+            found.update((h, (label, file, loc)) for h, label, file, loc in rows)
+        return found
+
+    def add(self, entries: dict[bytes, tuple[str, str, str]]) -> None:
+        self._db.executemany("INSERT INTO seen VALUES (?, ?, ?, ?)",
+                             ((h, *v) for h, v in sorted(entries.items())))
+        self._db.commit()
+
+    def close(self) -> None:
+        self._db.close()
+        self._dir.cleanup()
+
+
+class StreamValidator:
+    """Validates a source batch by batch with the same rules and messages as :func:`validate`.
+
+    Only the duplicate index (:class:`SeenTexts`, hashes on disk) and counters outlive a batch, so a
+    version of any size validates in the memory of one batch. Counters add up over all batches.
+    """
+
+    def __init__(self, rules: ValidationRules):
+        self.rules = rules
+        self.seen = SeenTexts()
+        self.rows_in = self.accepted = self.rejected = 0
+        self.reasons: Counter = Counter()
+        self.labels: Counter = Counter()
+        self.across: Counter = Counter()
+
+    def feed(self, raw: pa.Table) -> Validated:
+        result = _validate_batch(raw, self.rules, self.seen, self.across)
+        self.rows_in += raw.num_rows
+        self.accepted += result.accepted.num_rows
+        self.rejected += result.rejected.num_rows
+        self.reasons.update(result.rejected.column("reason").to_pylist())
+        self.labels.update(result.accepted.column("label").to_pylist())
+        if self.accepted + self.rejected != self.rows_in:  # the invariant we promise, checked per batch
+            raise RuntimeError("validation lost rows: accepted + rejected != input")
+        return result
+
+    @property
+    def label_counts(self) -> dict[str, int]:
+        return {name: self.labels.get(name, 0) for name in self.rules.labels.names}
+
+    def close(self) -> None:
+        self.seen.close()
+
+
 def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
+    """All rows of ``raw`` at once (small tables, tests, predict); :class:`StreamValidator` for versions."""
+    validator = StreamValidator(rules)
+    try:
+        return validator.feed(raw)
+    finally:
+        validator.close()
+
+
+def _validate_batch(raw: pa.Table, rules: ValidationRules, seen_store: SeenTexts, across: Counter) -> Validated:
     accepted: dict[str, list] = {name: [] for name in ACCEPTED_SCHEMA.names}
     rejected: dict[str, list] = {name: [] for name in REJECTED_SCHEMA.names}
-    across: Counter = Counter()
-    seen: dict[str, tuple] = {}  # normalized text -> (label, file, "line N") of its first accepted occurrence
+    first_across = dict(across)
+    new: dict[bytes, tuple] = {}  # key -> (label, file, "line N") of a first accepted occurrence in this batch
 
     def reject(text, label, file, row, reason, detail=None, line=None, line_end=None, raw_text=None):
         for k, v in zip(REJECTED_SCHEMA.names, (text, label, file, row, reason, detail, line, line_end, raw_text)):
@@ -125,12 +210,14 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
     names = ("text", "label", "source_file", "source_row", "malformed", "malformed_reason", "source_line",
              "source_line_end", "raw")
     cols = [raw.column(n).to_pylist() if n in raw.column_names else [None] * raw.num_rows for n in names]
-    for text, label, file, row, malformed, why, line, line_end, raw_text in zip(*cols):
+    keys = [normalize_text(t) if t is not None and m is None else "" for t, m in zip(cols[0], cols[4])]
+    hashes = [text_key(k) if k else b"" for k in keys]
+    earlier = seen_store.lookup([h for h in hashes if h])
+    for text, label, file, row, malformed, why, line, line_end, raw_text, key, h in zip(*cols, keys, hashes):
         where = (line, line_end, raw_text)
         if malformed is not None:
             reject(text, label, file, row, why or "malformed_row", malformed, *where)
             continue
-        key = normalize_text(text) if text is not None else ""
         if not key or text.strip() in NULL_MARKERS:
             detail = (f"a null marker ({text.strip()!r})" if key else
                       "only invisible characters" if text and text.strip() else None)
@@ -144,8 +231,9 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
         if mapped is None:
             reject(text, label, file, row, "unknown_label", f"label {label!r} is not in the label mapping", *where)
             continue
-        if key in seen:
-            first_label, first_file, first_where = seen[key]
+        first = new.get(h) or earlier.get(h)
+        if first is not None:
+            first_label, first_file, first_where = first
             same = first_label == mapped
             copy = f"{first_file} {first_where}" if first_file != file else first_where
             if first_file != file:
@@ -153,12 +241,13 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
             reject(text, label, file, row, "duplicate" if same else "conflicting_duplicate",
                    f"kept copy: {copy}" if same else f"first seen as {first_label} ({copy}, kept)", *where)
             continue
-        seen[key] = (mapped, file, f"line {line}" if line is not None else f"row {row}")
+        new[h] = (mapped, file, f"line {line}" if line is not None else f"row {row}")
         for k, v in zip(ACCEPTED_SCHEMA.names, (text, mapped, file, row, rules.split.of_key(key))):
             accepted[k].append(v)
+    seen_store.add(new)
     return Validated(
         accepted=pa.table(accepted, schema=ACCEPTED_SCHEMA),
         rejected=pa.table(rejected, schema=REJECTED_SCHEMA),
-        cross_file_duplicates=dict(across),
+        cross_file_duplicates={k: v - first_across.get(k, 0) for k, v in across.items() if v != first_across.get(k, 0)},
         labels=rules.labels,
     )

@@ -6,6 +6,7 @@ import json
 import os
 
 from finetune_assets.launchers.base import TrainingLauncher
+from finetune_assets.launchers.fanout import FanOutRunner
 
 LAUNCHER_ENV = "FINETUNE_ASSETS_LAUNCHER"
 
@@ -31,4 +32,23 @@ def launcher_from_env(environ: dict[str, str] | None = None) -> TrainingLauncher
         # dicts and lists (node_selector, tolerations, env_secret_names ...) are given as JSON
         parsed = {k: json.loads(v) if v.lstrip()[:1] in ("{", "[") else v for k, v in settings.items()}
         return K8sTorchrunLauncher(**parsed)
+    raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")
+
+
+def fanout_runner_from_env(environ: dict[str, str] | None = None, workers: int | None = None) -> FanOutRunner:
+    """Where the data assets' slice workers run; the same switch as the training launcher.
+
+    ``local``: subprocesses, ``workers`` at a time (default: the usable cores). ``k8s``: an Indexed Job
+    with one pod per slice (``launchers/k8s_fanout.py``), configured like the training launcher.
+    """
+    env = os.environ if environ is None else environ
+    kind = env.get(LAUNCHER_ENV, "local").strip().lower()
+    if kind == "local":
+        from finetune_assets.launchers.fanout import LocalFanOutRunner, usable_cores
+
+        return LocalFanOutRunner(workers=workers or usable_cores())
+    if kind == "k8s":
+        from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner  # the Kubernetes runner (issue 15)
+
+        return K8sFanOutRunner(launcher=launcher_from_env(env))
     raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")

@@ -3,8 +3,8 @@
     python -m finetune_assets_tests.data.materialize_worker ROOT VERSION SOURCE ASSETS [--hang-in tokens|shards]
         [--marker PATH]
 
-``--hang-in`` makes the write stop half-way inside the asset's publish block (half of the token file,
-or a part of the MDS samples written), touch ``--marker`` and sleep: the test then SIGKILLs the process
+``--hang-in`` makes the write stop half-way inside the asset's publish block (the slice workers' token
+parts or MDS sub-datasets written, not yet merged and published), touch ``--marker`` and sleep: the test then SIGKILLs the process
 exactly while the attempt folder holds partial data.
 """
 
@@ -22,45 +22,23 @@ def _hang(marker: Path) -> None:
 
 
 def _hang_in_tokens(marker: Path) -> None:
-    """Write half of the Arrow IPC file (real bytes on disk), then hang."""
-    import pyarrow as pa
+    """Let the slice workers write their token parts into the attempt, then hang before the publish."""
+    import finetune_assets.data.slices as slices
 
-    import finetune_assets.assets.tokenized as tokenized
+    def hang(*args, **kwargs):
+        _hang(marker)
 
-    real_new_file = pa.ipc.new_file
-
-    class HalfWriter:
-        def __init__(self, sink, schema, options=None):
-            self._w = real_new_file(sink, schema, options=options)
-            self._sink = sink
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def write_table(self, table):
-            self._w.write_table(table.slice(0, table.num_rows // 2), max_chunksize=64)
-            _hang(marker)
-
-    tokenized.pa.ipc.new_file = HalfWriter  # only the asset module's view of pyarrow.ipc changes
+    slices.read_part_stats = hang  # the asset's first step after the fan-out
 
 
 def _hang_in_shards(marker: Path) -> None:
-    """Let the MDS writer flush some shards of the first split, then hang."""
-    import streaming
+    """Let the slice workers write their MDS sub-datasets (shards on disk), then hang before the merge."""
+    import finetune_assets.data.slices as slices
 
-    real_write = streaming.MDSWriter.write
-    count = {"n": 0}
+    def hang(*args, **kwargs):
+        _hang(marker)
 
-    def write(self, sample):
-        count["n"] += 1
-        if count["n"] == 1500:
-            _hang(marker)
-        return real_write(self, sample)
-
-    streaming.MDSWriter.write = write
+    slices.merge_shards = hang
 
 
 def main() -> None:

@@ -1,0 +1,325 @@
+"""Scale benchmark (issue 15): raw_reviews / tokenized_reviews / mds_shards on versions of 0.1M .. 5M reviews.
+
+    nice -n 10 .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000,5000000] [--workers 1,2]
+        [--work DIR] [--out benchmarks/results/scale.json]
+
+Versions: the shared Arabic reviews (``../shared/data/arabic_reviews``: PROD + ATT + RES2, 9,068 rows) copied
+until the size is reached, every text of copy ``k`` suffixed with `` #k`` (so no copy duplicates another),
+one CSV file per copy in a version folder (a version grows by adding files). The "+5%" version is the 1M
+(else the largest) version plus 5% more copies, materialized after it: its shared rows come from the
+token cache.
+
+Each step is materialized through the real code location (``build_defs`` + ``dg.materialize``) in its own
+child process; this process samples the RSS of that child and all its descendants (the slice workers)
+every 0.1 s from /proc and reports the peak of the sum (``peak_rss_mb``). ``wall_s`` is the step's
+materialization time inside the child (Dagster start-up excluded). Before each full tokenization the
+token cache is emptied (a cold run), so 1 vs 2 workers compare like for like; ``load_avg`` is the 1-minute
+load average when the step started (the 2 cores are shared); ``cpu_s_incl_startup`` is the CPU time of the
+child and all its workers, Python/Dagster start-up included (a figure the other users' load does not change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+DEFAULT_DATA = Path("/work/shared/data/arabic_reviews")
+STEPS = ("raw_reviews", "tokenized_reviews", "mds_shards")
+
+
+def make_version(data: Path, folder: Path, rows: int, first_copy: int = 0) -> int:
+    """CSV copies of the shared reviews (texts suffixed ``#k``) until ``rows``; returns the rows written."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    from finetune_assets.data.sources import SourceSpec, read_source
+
+    raw = read_source(SourceSpec(uri=str(data)))
+    base = raw.filter(pc.is_null(raw.column("malformed"))).select(["text", "label"])
+    folder.mkdir(parents=True, exist_ok=True)
+    written, k = 0, first_copy
+    while written < rows:
+        part = base.slice(0, rows - written)
+        texts = pc.binary_join_element_wise(part.column("text"), pa.scalar(f" #{k}"), "")
+        pacsv.write_csv(pa.table({"text": texts, "label": part.column("label")}), folder / f"copy-{k:05d}.csv")
+        written += part.num_rows
+        k += 1
+    (folder / "_SUCCESS").touch()
+    return written
+
+
+def tree_rss_mb(pid: int) -> float:
+    """RSS of ``pid`` and all its descendants, from /proc (MiB)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def run_step(root: Path, version: str, source: Path, step: str, config: dict) -> dict:
+    """One asset in a child process; wall time from inside it, peak RSS of its process tree from here."""
+    import resource
+
+    load = os.getloadavg()[0]
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FINETUNE_ASSETS_ROOT": str(root)}
+    proc = subprocess.Popen([sys.executable, __file__, "_step", str(root), version, str(source), step,
+                             json.dumps(config)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = [0.0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], tree_rss_mb(proc.pid))
+            time.sleep(0.1)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, _ = proc.communicate()
+    stop.set()
+    t.join()
+    line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not line:
+        raise RuntimeError(f"{step} failed:\n{out[-4000:]}")
+    result = json.loads(line[-1][len("RESULT "):])
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and every worker it waited for
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    result.update(peak_rss_mb=round(peak[0], 1), cpu_s_incl_startup=round(cpu, 1), load_avg=round(load, 2))
+    print(f"  {step} {config}: {result}", flush=True)
+    return result
+
+
+def _step(root: str, version: str, source: str, step: str, config: str) -> None:
+    import dagster as dg
+
+    from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.definitions import build_defs
+    from finetune_assets.storage import Storage
+    from finetune_assets.versions import read_version, register_version
+
+    defs = build_defs(root)
+    instance = dg.DagsterInstance.ephemeral()
+    store = Storage(root)
+    if step != "pretrained_model":
+        if read_version(store, version) is None:
+            register_version(instance, store, version, SourceSpec(uri=source))
+        else:
+            instance.add_dynamic_partitions("dataset_versions", [version])
+    assets = [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)]
+    t0 = time.perf_counter()
+    result = dg.materialize(assets, selection=[step], instance=instance, resources=dict(defs.resources),
+                            partition_key=None if step == "pretrained_model" else version,
+                            run_config={"ops": {step: {"config": json.loads(config)}}})
+    wall = time.perf_counter() - t0
+    meta = {}
+    for event in result.get_asset_materialization_events():
+        for k, v in event.materialization.metadata.items():
+            if k in ("dagster/row_count", "rows_in", "reused_rows", "new_rows", "slices", "rejected_rows", "shards"):
+                meta[k.replace("dagster/", "")] = v.value
+    print("RESULT " + json.dumps({"wall_s": round(wall, 2), **meta}), flush=True)
+
+
+def tokenizer_alone(root: Path, version: str, limit: int = 100_000) -> dict:
+    """The fast tokenizer's own single-thread rate on the version's accepted texts (the 1.2x reference)."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from finetune_assets.storage import Storage
+
+    store = Storage(str(root))
+    raw = store.require("raw_reviews", version)
+    texts = pq.read_table(f"{raw.url}/reviews.parquet", columns=["text"]).column("text").to_pylist()[:limit]
+    model = store.require("pretrained_model")
+    backend = AutoTokenizer.from_pretrained(model.url, use_fast=True).backend_tokenizer
+    backend.no_truncation()
+    backend.no_padding()
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), 2048):
+        backend.encode_batch(texts[i:i + 2048])
+    seconds = time.perf_counter() - t0
+    return {"rows": len(texts), "seconds": round(seconds, 2), "reviews_per_s": round(len(texts) / seconds)}
+
+
+def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000) -> dict:
+    """CPU seconds of one slice worker (``tokenize_slice``, cold cache) vs the fast tokenizer's ``encode_batch``
+    alone on the same texts, in this process: the worker's own overhead, whatever the machine's load."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from finetune_assets.data import slices
+    from finetune_assets.data.labels import DEFAULT_LABEL_SET
+    from finetune_assets.data.models import packaged_model_dir
+    from finetune_assets.data.tokenize import token_dtype
+
+    tok = AutoTokenizer.from_pretrained(packaged_model_dir(), use_fast=True)
+    backend = tok.backend_tokenizer
+    backend.no_truncation()
+    backend.no_padding()
+    with tempfile.TemporaryDirectory() as tmp:
+        table = pq.read_table(reviews).slice(0, rows)
+        pq.write_table(table, f"{tmp}/r.parquet", row_group_size=65_536)
+        (Path(tmp) / "tok.json").write_text(backend.to_str())
+        texts = table.column("text").to_pylist()
+        c0 = time.process_time()
+        for i in range(0, len(texts), 2048):
+            backend.encode_batch(texts[i:i + 2048])
+        alone = time.process_time() - c0
+        groups = pq.ParquetFile(f"{tmp}/r.parquet").metadata.num_row_groups
+        spec = slices.TokenizeSpec(reviews=f"{tmp}/r.parquet", out=f"{tmp}/out", slices=[[0, groups]],
+                                   tokenizer=f"{tmp}/tok.json", dtype=token_dtype(len(tok)).name, max_length=512,
+                                   labels=DEFAULT_LABEL_SET.to_dict(), cache=f"{tmp}/cache")
+        c0 = time.process_time()
+        slices.tokenize_slice(spec, 0, log=lambda m: None)
+        worker = time.process_time() - c0
+    return {"rows": len(texts), "tokenizer_alone_cpu_s": round(alone, 2), "slice_worker_cpu_s": round(worker, 2),
+            "worker_vs_tokenizer": round(worker / alone, 2),
+            "tokenizer_alone_reviews_per_cpu_s": round(len(texts) / alone),
+            "load_avg": round(os.getloadavg()[0], 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="100000,1000000,5000000")
+    parser.add_argument("--workers", default="1,2", help="worker counts, in the order they run")
+    parser.add_argument("--incremental", default="", help="sizes that also get the +5%% version (after the "
+                                                         "first worker count's full run, with that count)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/scale-bench"))
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
+    args = parser.parse_args()
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process: the workers are the parallelism
+    sizes = [int(s) for s in args.sizes.split(",")]
+    workers = [int(w) for w in args.workers.split(",")]
+    incremental_sizes = {int(s) for s in args.incremental.split(",") if s}
+    # results of earlier invocations (other sizes) are kept; an entry of a size measured again is replaced
+    results: dict = json.loads(args.out.read_text()) if args.out.exists() else {"versions": [], "incremental": []}
+    results["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "usable_cores": len(os.sched_getaffinity(0))}
+    results.setdefault("runs", []).append({
+        "command": "nice -n 10 python benchmarks/scale.py " + " ".join(sys.argv[1:]),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]})
+    results["versions"] = [e for e in results["versions"] if e["reviews"] not in sizes]
+    results["incremental"] = [e for e in results.get("incremental", []) if e["reviews_base"] not in incremental_sizes]
+    base_root = args.work / "model-root"
+    if not (base_root / "pretrained_model").exists():
+        run_step(base_root, "-", Path("-"), "pretrained_model", {})
+
+    def save():
+        results["versions"].sort(key=lambda e: e["reviews"])
+        rss = {e["reviews"]: e["peak_rss_mb_max_over_steps"] for e in results["versions"]
+               if "peak_rss_mb_max_over_steps" in e}
+        if len(rss) > 1:
+            results["rss_largest_vs_smallest"] = round(rss[max(rss)] / rss[min(rss)], 2)
+        results["load_avg_at_last_save"] = [round(x, 2) for x in os.getloadavg()]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+    for size in sizes:
+        source = args.work / "sources" / f"r{size}"
+        if not (source / "_SUCCESS").exists():
+            shutil.rmtree(source, ignore_errors=True)
+            make_version(args.data, source, size)
+        root = args.work / f"root-{size}"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        os.symlink(base_root / "pretrained_model", root / "pretrained_model")
+        version = f"r{size}"
+        entry: dict = {"reviews": size, "steps": {}}
+        results["versions"].append(entry)
+        entry["steps"]["raw_reviews"] = run_step(root, version, source, "raw_reviews", {})
+        save()
+        for n, w in enumerate(workers):
+            shutil.rmtree(root / "token_cache", ignore_errors=True)  # cold cache: a full run
+            tok = run_step(root, version, source, "tokenized_reviews", {"workers": w})
+            mds = run_step(root, version, source, "mds_shards", {"workers": w})
+            rows = tok["row_count"]
+            entry["steps"][f"workers_{w}"] = {
+                "tokenized_reviews": tok, "mds_shards": mds,
+                "tokenize_plus_shard_reviews_per_s": round(rows / (tok["wall_s"] + mds["wall_s"])),
+                "tokenize_reviews_per_s": round(rows / tok["wall_s"]),
+                "tokenize_plus_shard_cpu_s": round(tok["cpu_s_incl_startup"] + mds["cpu_s_incl_startup"], 1)}
+            entry["peak_rss_mb_max_over_steps"] = max(
+                [entry["steps"]["raw_reviews"]["peak_rss_mb"]]
+                + [entry["steps"][k][s]["peak_rss_mb"] for k in entry["steps"] if k != "raw_reviews"
+                   for s in STEPS[1:]])
+            if {"workers_1", "workers_2"} <= entry["steps"].keys():
+                one, two = (entry["steps"][k]["tokenize_plus_shard_reviews_per_s"] for k in ("workers_1", "workers_2"))
+                entry["speedup_2_vs_1_wall"] = round(two / one, 2)
+            if "workers_1" in entry["steps"] and "tokenizer_alone_1_thread" not in entry:
+                entry["tokenizer_alone_1_thread"] = tokenizer_alone(root, version)
+                entry["tokenizer_alone_vs_tokenize_step_1_worker"] = round(
+                    entry["tokenizer_alone_1_thread"]["reviews_per_s"] / entry["steps"]["workers_1"][
+                        "tokenize_reviews_per_s"], 2)
+            save()
+            if n == 0 and size in incremental_sizes:
+                results["incremental"].append(incremental(args.data, args.work, root, source, version, size, w,
+                                                          tok["wall_s"]))
+                save()
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps({k: v for k, v in results.items() if k != "versions"}, indent=2))
+
+
+def incremental(data: Path, work: Path, root: Path, source: Path, version: str, size: int, w: int,
+                full_s: float) -> dict:
+    """+5% new rows on top of ``version``: its shared rows come from the cache its full run just filled."""
+    more = work / "sources" / f"r{size}-plus5"
+    shutil.rmtree(more, ignore_errors=True)
+    shutil.copytree(source, more)
+    (more / "_SUCCESS").unlink()
+    copies = len(list(source.glob("copy-*.csv")))
+    make_version(data, more / "new", size // 20, first_copy=copies)
+    (more / "new" / "_SUCCESS").unlink()
+    plus = f"r{size}-plus5"
+    out = {"reviews_base": size, "reviews": size + size // 20, "workers": w,
+           "raw_reviews": run_step(root, plus, more, "raw_reviews", {}),
+           "tokenized_reviews": run_step(root, plus, more, "tokenized_reviews", {"workers": w}),
+           "full_run_tokenized_wall_s": full_s}
+    out["tokenize_time_vs_full_run"] = round(out["tokenized_reviews"]["wall_s"] / full_s, 3)
+    shutil.rmtree(more, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_step":
+        _step(*sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_cpu":  # _cpu REVIEWS_PARQUET OUT_JSON: add the CPU comparison
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        out = Path(sys.argv[3])
+        results = json.loads(out.read_text())
+        results["worker_vs_tokenizer_cpu"] = worker_vs_tokenizer_cpu(Path(sys.argv[2]))
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        print(results["worker_vs_tokenizer_cpu"])
+    else:
+        main()

@@ -1,0 +1,122 @@
+"""Content-addressed tokenization cache under the storage root: rows shared between versions are tokenized once.
+
+Layout: ``{root}/token_cache/{tokenizer hash}-{max_length}/{segment}.arrow`` + ``{segment}.keys``. A
+segment holds the rows one slice worker tokenized anew: ``key`` (16-byte hash of the exact text that was
+tokenized), ``input_ids`` (already truncated to ``max_length``) and ``full_length``. The ``.keys`` file
+(the keys alone, 16 bytes each) is what lookups scan, so a lookup never decompresses tokens it does not use.
+
+The key is the hash of the text as tokenized, not of the normalized text: two reviews with one
+normalized form (same split, same duplicate identity) can still differ in case or invisible
+characters, which a cased tokenizer encodes differently. The tokenizer hash is of its full definition
+(``tokenizer.json``: vocabulary, normalizer, post-processor), so any change starts a fresh namespace.
+
+Concurrency: segments are immutable and named by their content; each file is written atomically
+(temp file + rename, or one PUT on object stores) and the ``.keys`` file only after its ``.arrow``, so
+a reader sees a complete segment or none. Two versions writing at once add distinct segments (or the
+same bytes under the same name); rows present in two segments are found once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+
+KEY_BYTES = 16
+CACHE_DIR = "token_cache"
+
+
+def text_keys(texts: list[str]) -> np.ndarray:
+    """(n, 16) uint8: the cache key of each text."""
+    out = np.empty((len(texts), KEY_BYTES), dtype=np.uint8)
+    for i, t in enumerate(texts):
+        out[i] = np.frombuffer(hashlib.blake2b(t.encode(), digest_size=KEY_BYTES).digest(), dtype=np.uint8)
+    return out
+
+
+def tokenizer_hash(tokenizer_json: str) -> str:
+    return hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Hits:
+    """Cached rows of a lookup: ``ids[j]``/``full[j]`` belong to the looked-up row ``rows[j]``."""
+
+    rows: np.ndarray
+    ids: pa.ListArray  # compact: one buffer of token ids for all hits
+    full: np.ndarray
+
+
+def _halves(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    k = np.ascontiguousarray(keys).view("<u8").reshape(-1, 2)
+    return k[:, 0], k[:, 1]
+
+
+class TokenCache:
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.fs, self.path = fsspec.core.url_to_fs(self.url)
+
+    def _segments(self) -> list[str]:
+        try:
+            names = self.fs.ls(self.path, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(n[: -len(".keys")] for n in names if n.endswith(".keys"))
+
+    def lookup(self, keys: np.ndarray, dtype: np.dtype) -> Hits:
+        """Rows of ``keys`` already in the cache, with their tokens (each segment read at most once)."""
+        if len(keys) == 0:
+            return Hits(np.empty(0, np.int64), pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), np.empty(0, np.int32))
+        hi, lo = _halves(keys)
+        order = np.argsort(hi, kind="stable")
+        hi_sorted = hi[order]
+        found = np.zeros(len(keys), dtype=bool)
+        rows, ids, full = [], [], []
+        for seg in self._segments():
+            if found.all():
+                break
+            with self.fs.open(seg + ".keys", "rb") as f:
+                seg_hi, seg_lo = _halves(np.frombuffer(f.read(), dtype=np.uint8).reshape(-1, KEY_BYTES))
+            pos = np.minimum(np.searchsorted(hi_sorted, seg_hi), len(hi_sorted) - 1)
+            cand = order[pos]
+            match = (hi[cand] == seg_hi) & (lo[cand] == seg_lo) & ~found[cand]
+            if not match.any():
+                continue
+            seg_rows = np.flatnonzero(match)
+            target = cand[match]
+            _, first = np.unique(target, return_index=True)  # a key twice in one segment: take it once
+            seg_rows, target = seg_rows[first], target[first]
+            with self.fs.open(seg + ".arrow", "rb") as f:
+                table = pa.ipc.open_file(f).read_all().take(pa.array(seg_rows))
+            found[target] = True
+            rows.append(target)
+            ids.append(table.column("input_ids").combine_chunks().cast(pa.list_(pa.from_numpy_dtype(dtype))))
+            full.append(table.column("full_length").to_numpy())
+        if not rows:
+            return Hits(np.empty(0, np.int64), pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), np.empty(0, np.int32))
+        return Hits(np.concatenate(rows).astype(np.int64), pa.concat_arrays(ids), np.concatenate(full).astype(np.int32))
+
+    def add(self, keys: np.ndarray, ids: pa.ListArray, full: np.ndarray) -> str | None:
+        """Store newly tokenized rows (``ids[i]`` is the text of ``keys[i]``) as one segment; returns its name."""
+        from finetune_assets.data.slices import writing
+
+        if len(ids) == 0:
+            return None
+        keys = np.ascontiguousarray(keys, dtype=np.uint8)
+        table = pa.table({
+            "key": pa.FixedSizeBinaryArray.from_buffers(pa.binary(KEY_BYTES), len(ids),
+                                                        [None, pa.py_buffer(keys.tobytes())]),
+            "input_ids": ids,
+            "full_length": pa.array(np.asarray(full, dtype=np.int32)),
+        })
+        name = hashlib.sha256(keys.tobytes()).hexdigest()[:32]
+        with writing(f"{self.url}/{name}.arrow") as tmp:  # the tokens first, then the keys that make them visible
+            with pa.ipc.new_file(str(tmp), table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+                w.write_table(table)
+        with writing(f"{self.url}/{name}.keys") as tmp:
+            tmp.write_bytes(keys.tobytes())
+        return name
