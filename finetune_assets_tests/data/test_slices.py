@@ -19,8 +19,9 @@ from finetune_assets import contracts
 from finetune_assets.data import slices
 from finetune_assets.data.labels import DEFAULT_LABEL_SET
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import SPLITS, SplitRule, token_dtype, tokenize_table
-from finetune_assets.data.validate import ACCEPTED_SCHEMA, StreamValidator, ValidationRules, validate
+from finetune_assets.contracts import ACCEPTED_SCHEMA, SPLITS
+from finetune_assets.data.tokenize import token_dtype, tokenize_table
+from finetune_assets.data.validate import SplitRule, StreamValidator, ValidationRules, validate
 from finetune_assets.launchers.fanout import FanOut, FanOutError, LocalFanOutRunner
 
 
@@ -109,7 +110,7 @@ def test_output_is_the_same_samples_in_the_same_order_whatever_the_slicing(arabi
     three, stats = _tokenize(tmp_path, "tok3", reviews, tokenizer, workers=3)
     assert len(stats) == 3 and sum(s["rows"] for s in stats) == 900
     # the concatenated parts are exactly what the one-process tokenize_table gives, row for row
-    expected = tokenize_table(pq.read_table(reviews), tokenizer, 64, SplitRule())
+    expected = tokenize_table(pq.read_table(reviews), tokenizer, 64)
     for url in (one, three):
         got = pa.Table.from_batches(list(contracts.iter_token_batches(url)))
         assert got.column("input_ids").to_pylist() == expected.column("input_ids").to_pylist()
