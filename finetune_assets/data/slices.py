@@ -318,7 +318,7 @@ def merge_shards(out: str, local_dir: Path, count: int) -> dict[str, dict]:
     """
     from streaming.base.util import merge_index
 
-    from finetune_assets.data.shards import SPLIT_STATS
+    from finetune_assets.contracts import SPLIT_STATS_FILE, SplitStats
 
     fs, out_path = fsspec.core.url_to_fs(out)
     parts = read_part_stats(out, count)
@@ -337,8 +337,8 @@ def merge_shards(out: str, local_dir: Path, count: int) -> dict[str, dict]:
             for k, v in p[split]["label_counts"].items():
                 label_counts[k] = label_counts.get(k, 0) + v
         samples = sum(p[split]["samples"] for p in parts)
-        (local_dir / split / SPLIT_STATS).write_text(json.dumps(
-            {"samples": samples, "label_counts": dict(sorted(label_counts.items()))}, sort_keys=True))
+        stats = SplitStats(samples=samples, label_counts={int(k): v for k, v in label_counts.items()})
+        (local_dir / split / SPLIT_STATS_FILE).write_text(stats.to_json())
         result[split] = {"samples": samples, "label_counts": dict(sorted(label_counts.items())),
                          "shards": sum(p[split]["shards"] for p in parts),
                          "bytes": sum(p[split]["bytes"] for p in parts)}
