@@ -591,7 +591,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
         image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else None
         return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, image
 
-    def _remove_live_gangs(self, log, api, key: str | None) -> None:
+    def _remove_live_gangs(self, log, api, key: str | None, what: str = "training Job") -> None:
         """Delete unfinished gangs of the same asset + partition: two would write one checkpoint folder and MLflow run.
 
         Deleted rather than adopted: the left-over gang may run another config, and the new gang resumes
@@ -605,7 +605,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
             if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
                 continue
             left_by = (other.metadata.labels or {}).get("dagster/run-id", "?")
-            log.warning(f"Deleting live training Job {ns}/{other.metadata.name} of the same asset and partition "
+            log.warning(f"Deleting live {what} {ns}/{other.metadata.name} of the same asset and partition "
                         f"(left by run {left_by}) before starting a new gang")
             self._cleanup(log, api, other.metadata.name, has_service=True)
             self._wait_pods_gone(log, api, other.metadata.name)
@@ -802,8 +802,11 @@ def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -
 
 def latest_pod(pods: Sequence[Any], index: int):
     """The newest pod of a completion index (the Job controller replaces failed and disrupted ones), or None."""
-    mine = [p for p in pods if _completion_index(p) == index]
-    return max(mine, key=lambda p: p.metadata.creation_timestamp or 0, default=None)
+    def newest(p) -> tuple[float, bool]:  # creation times have 1 s resolution: an unfinished pod wins a tie
+        created = p.metadata.creation_timestamp
+        return (created.timestamp() if created else 0.0, not (p.status and p.status.phase in ("Succeeded", "Failed")))
+
+    return max((p for p in pods if _completion_index(p) == index), key=newest, default=None)
 
 
 def _completion_index(pod) -> int:

@@ -27,6 +27,7 @@ Needs Kubernetes >= 1.29 (``backoffLimitPerIndex``, ``FailIndex``; GA in 1.33).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -36,7 +37,9 @@ from typing import Any
 
 from finetune_assets.launchers.fanout import FanOut, FanOutError
 from finetune_assets.launchers.k8s import (
+    API_TIMEOUT_S,
     CONTAINER_NAME,
+    JOB_LABEL,
     K8sTorchrunLauncher,
     Verdict,
     _condition,
@@ -51,6 +54,7 @@ from finetune_assets.launchers.k8s import (
 )
 
 COMPONENT = "finetune-data-worker"
+MAX_INDEXES = 100_000  # the API server's limit on completions when backoffLimitPerIndex is set
 OOM_EXIT_CODE = 137  # 128 + SIGKILL: what the runtime reports for an OOM-killed container
 WORKER_SETTINGS = {"gpus_per_node": 0, "nproc_per_node": 1, "nnodes": 1}  # data workers: CPU, one process
 
@@ -89,8 +93,9 @@ class K8sFanOutRunner:
 
     def render(self, job: FanOut, name: str, image: str | None = None) -> dict[str, Any]:
         """The Indexed Job as an API-ready dict (camelCase, no secrets)."""
-        if job.count < 1:
-            raise ValueError(f"fan-out {job.name!r}: count={job.count}, need at least one index")
+        if not 1 <= job.count <= MAX_INDEXES:
+            raise ValueError(f"fan-out {job.name!r}: count={job.count}; a Job with per-index retries takes 1 to "
+                             f"{MAX_INDEXES} indexes: use fewer, larger slices")
         workers = self.workers
         pod_spec, container = workers.pod_parts(self.command(job), workers._env(job.env, "FanOut.env"))
         job_spec = {
@@ -118,7 +123,7 @@ class K8sFanOutRunner:
         api = workers.api()
         owner, owner_image = workers._owner_reference(lines, api)
         image = workers.image or owner_image
-        workers._remove_live_gangs(lines, api, self.dedupe_key(job))
+        workers._remove_live_gangs(lines, api, self.dedupe_key(job), "fan-out Job")
         name = k8s_name(job.name)
         manifest = self.render(job, name, image)
         parallelism = manifest["spec"]["parallelism"]
@@ -133,6 +138,9 @@ class K8sFanOutRunner:
         )
 
     def _fail(self, log, api, name: str, status, pods: Sequence[Any], why: str) -> None:
+        with contextlib.suppress(Exception):  # the pods as of (not before) the status that failed the index
+            pods = api.core_api.list_namespaced_pod(
+                self.launcher.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S).items
         failed = indexes(status.failed_indexes if status else None)
         done = indexes(status.completed_indexes if status else None)
         # the last pod of each failed index; without one (timeout, stuck pods), every unfinished pod

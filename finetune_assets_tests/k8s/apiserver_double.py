@@ -737,9 +737,13 @@ class KubeApiDouble:
 
     def _inject_faults(self, pod: _Pod) -> None:
         """``faults.preempt`` / ``faults.oom_kill``: the pod's first attempts die right after they start running."""
-        if pod.attempt < self.faults.preempt.get(pod.index, 0):
+        preempt, oom = pod.attempt < self.faults.preempt.get(pod.index, 0), pod.attempt < self.faults.oom_kill.get(pod.index, 0)
+        deadline = time.monotonic() + 5.0
+        while (preempt or oom) and pod.main_pid() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # `unshare` blocks SIGTERM until it has forked the pod's process: hit that process
+        if preempt:
             self.evict(pod.name, "PreemptionByScheduler")
-        elif pod.attempt < self.faults.oom_kill.get(pod.index, 0) and pod.proc is not None:
+        elif oom and pod.proc is not None:
             pod.oom_killed = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pod.proc.pid, signal.SIGKILL)
@@ -765,7 +769,7 @@ class KubeApiDouble:
                 return
             status, spec = job["status"], job["spec"]
             action = self._failure_action(spec, pod, code) if code != 0 else None
-            if action != "Ignore" and pod.deleting:
+            if code != 0 and action != "Ignore" and pod.deleting:  # killed by a deletion; a pod that exits 0 counts
                 return
             status["active"] -= 1
             per_index = "backoffLimitPerIndex" in spec

@@ -16,7 +16,8 @@ import pytest
 from finetune_assets.launchers.fanout import FanOut, FanOutError
 from finetune_assets.launchers.k8s import GANG_LABEL, JOB_LABEL, K8sTorchrunLauncher
 from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner, assess_fanout, indexes
-from finetune_assets_tests.k8s.conftest import Cluster
+from finetune_assets_tests.k8s.conftest import HARNESS_AGENT, Cluster
+from finetune_assets_tests.k8s.test_launcher_api import LAUNCHER_VERBS
 from finetune_assets_tests.k8s.test_manifests import K8S_VERSIONS, SECRET
 
 # One part per index, written atomically (a preempted first pod may leave a .tmp behind, never a part).
@@ -87,12 +88,15 @@ def test_fanout_manifest_shape() -> None:
     assert labels["dagster/asset"] == "tokenized_reviews" and labels["app.kubernetes.io/component"] == "finetune-data-worker"
 
 
-def test_fanout_refuses_credentials_as_plain_env() -> None:
+def test_fanout_refuses_credentials_as_plain_env_and_impossible_counts() -> None:
     runner = K8sFanOutRunner(K8sTorchrunLauncher(image="img"))
     job = FanOut(name="tok", command=["python", "-c", "pass"], count=1, env={"AWS_SECRET_ACCESS_KEY": SECRET})
     with pytest.raises(ValueError, match="env_secret_names") as err:
         runner.render(job, "tok-1")
     assert SECRET not in str(err.value)
+    for count in (0, 100_001):
+        with pytest.raises(ValueError, match="use fewer, larger slices"):
+            runner.render(FanOut(name="tok", command=["python"], count=count, env={}), "tok-1")
 
 
 def test_completed_and_failed_indexes_parse() -> None:
@@ -128,10 +132,11 @@ def test_three_pods_run_every_index_despite_a_late_pod(cluster: Cluster, double,
     text = "\n".join(lines)
     assert re.search(r"\[\S+-0-\w{5}\] worker 0 wrote part-0.txt", text), text  # index 0's log streamed
     assert "3/3 index(es) succeeded" in text and "all 3 index(es) succeeded" in text
+    # deploy/rbac.yaml grants the training launcher's verbs; the fan-out needs no more
+    assert {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT} <= LAUNCHER_VERBS
 
 
 @pytest.mark.k8s
-@pytest.mark.slow
 def test_a_preempted_and_an_oom_killed_index_are_retried(cluster: Cluster, double, faults, tmp_path) -> None:
     """Index 1's first pod is preempted (replaced, not counted), index 2's is OOM-killed (counted, retried)."""
     faults.preempt, faults.oom_kill = {1: 1}, {2: 1}
@@ -143,7 +148,6 @@ def test_a_preempted_and_an_oom_killed_index_are_retried(cluster: Cluster, doubl
 
 
 @pytest.mark.k8s
-@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "says", "pods"), [
     ("exit", "worker 1: slice 1 is unreadable", 1),  # the worker's own error: FailIndex, not retried
     ("oom", "exit code 137 (OOMKilled)", 2),  # OOM every time: retried once (retries_per_index=1), then failed
@@ -159,6 +163,18 @@ def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(cluster: Cluster
     assert re.search(r"--- pod \S+-1-\w{5} \(index 1\) Failed", message), message  # its log tail, by index
     name = re.search(r"fan-out Job [^/\s]+/(\S+):", message).group(1)
     assert double.indexes[(cluster.namespace, name)].attempts[1] == pods
+
+
+@pytest.mark.k8s
+def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(cluster: Cluster, double, tmp_path) -> None:
+    """A run pod died mid fan-out (no owner here: launched from outside the cluster); its retry replaces the Job."""
+    runner = K8sFanOutRunner(cluster.launcher(timeout_s=90), labels=LABELS)
+    left = runner.render(FanOut(name="tok-v1-deadrun", command=["python", "-c", "import time; time.sleep(600)"],
+                                count=3, env={}), "tok-v1-deadrun-abc123")
+    cluster.create_job(left)
+    lines, _ = run(cluster, fanout(f"file://{tmp_path}"))
+    assert any(line.startswith(f"Deleting live fan-out Job {cluster.namespace}/tok-v1-deadrun-abc123") for line in lines)
+    assert cluster.leftovers("tok-v1-deadrun-abc123") == {} and len(parts(tmp_path)) == 3
 
 
 def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:
@@ -203,7 +219,8 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(cluster: 
         runner.run(job, print)
         subsets = sorted(p.parent for p in out.rglob("index.json"))
         assert len(subsets) >= 3, f"{where}: {subsets}"
-        samples[where] = {str(d.relative_to(out)): [dict(s) for s in LocalDataset(local=str(d))] for d in subsets}
+        samples[where] = {str(d.relative_to(out)): [{k: getattr(v, "tolist", lambda v=v: v)() for k, v in s.items()}
+                                                    for s in LocalDataset(local=str(d))] for d in subsets}
     assert samples["k8s"] == samples["local"] and sum(map(len, samples["local"].values())) > 0
 
 
