@@ -133,11 +133,11 @@ class K8sFanOutRunner:
         workers.run_job(
             lines, api, manifest, owner, what="Fan-out Job",
             assess_fn=lambda status, pods: assess_fanout(status, pods, job.count, parallelism),
-            fail_fn=lambda status, pods, why: self._fail(lines, api, name, status, pods, why),
+            fail_fn=lambda status, pods, why: self._fail(lines, api, name, job.count, status, pods, why),
             progress=_Progress(lines, f"Fan-out Job {ns}/{name}", job.count),
         )
 
-    def _fail(self, log, api, name: str, status, pods: Sequence[Any], why: str) -> None:
+    def _fail(self, log, api, name: str, count: int, status, pods: Sequence[Any], why: str) -> None:
         with contextlib.suppress(Exception):  # the pods as of (not before) the status that failed the index
             pods = api.core_api.list_namespaced_pod(
                 self.launcher.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S).items
@@ -147,8 +147,9 @@ class K8sFanOutRunner:
         culprits = [p for i in sorted(failed) if (p := latest_pod(pods, i)) is not None] or \
             [p for p in pods if _completion_index(p) not in done]
         report = self.workers.failure_report(log, api, name, culprits, unit="index")
+        unfinished = sorted(set(range(count)) - done)
         which = f"failed index(es) {sorted(failed)}" if failed else \
-            f"unfinished index(es) {sorted({_completion_index(p) for p in culprits})}"
+            f"unfinished index(es) {unfinished[:20]}" + (f" and {len(unfinished) - 20} more" if len(unfinished) > 20 else "")
         raise FanOutError(f"fan-out Job {self.launcher.namespace}/{name}: {why}; {which}\n{report}")
 
 

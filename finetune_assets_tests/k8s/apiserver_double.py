@@ -33,7 +33,8 @@ What it plays besides the API server:
   ``env`` including ``valueFrom.fieldRef``/``secretKeyRef``, and ``$(VAR)`` expansion of env values,
   command and args exactly like the kubelet: ``$$`` escapes, unknown references stay literal).
   ``emptyDir`` mounts become per-pod folders: env values under a mount (``HOME=/tmp``,
-  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder; ``/dev/shm`` is a private tmpfs per
+  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder, unless they name an existing host path
+  below the mount (a test's storage root under ``/tmp``: the shared storage); ``/dev/shm`` is a private tmpfs per
   pod (``unshare`` mount namespace, when the host allows it; see ``private_shm``), and
   the host filesystem plays the shared storage (paths in args and config files are not rewritten). Phase
   Pending -> Running -> Succeeded/Failed from the exit code (signal N -> exit code 128+N).
@@ -695,9 +696,9 @@ class KubeApiDouble:
     @staticmethod
     def _remap(value: str, mounts: dict[str, Path]) -> str:
         for mount, local in mounts.items():
-            if value == mount or value.startswith(mount + "/"):
+            if value == mount or (value.startswith(mount + "/") and not Path(value).exists()):
                 return str(local) + value[len(mount):]
-        return value
+        return value  # an existing host path (a storage root under /tmp) plays the shared storage
 
     def _dns(self, ns: str, value: str) -> str:
         """Fallback without isolation: Service names become pod 0's address at start (kinder than CoreDNS)."""

@@ -1,7 +1,8 @@
 """The data fan-out as a Kubernetes Indexed Job (``K8sFanOutRunner``): manifests offline, 3 pods through the API double.
 
-The worker is a few lines of Python that write one part per ``JOB_COMPLETION_INDEX`` through fsspec, as
-the slice workers do; the host filesystem plays the object-store root (see the double's docstring).
+The worker is a few lines of Python that write one part per ``JOB_COMPLETION_INDEX`` through fsspec under
+the root its environment names, as the slice workers do; the host filesystem plays the object-store root
+(see the double's docstring).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from finetune_assets_tests.k8s.test_manifests import K8S_VERSIONS, SECRET
 WORKER = """
 import os, sys, time, fsspec
 i = int(os.environ["JOB_COMPLETION_INDEX"])
-root, failing = sys.argv[1], sys.argv[2].split(",")
+root, failing = os.environ["FANOUT_OUT"], sys.argv[1].split(",")
 print(f"worker {i} starts", flush=True)
 if str(i) in failing:
     print(f"worker {i}: slice {i} is unreadable", file=sys.stderr, flush=True)
@@ -41,8 +42,8 @@ LABELS = {"dagster/run-id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "dagster/ass
 
 
 def fanout(out: str, count: int = 3, failing: str = "") -> FanOut:
-    return FanOut(name="tok-v1-0f1e2d3c", command=[sys.executable, "-c", WORKER, out, failing], count=count,
-                  env={"FANOUT_TOTAL": str(count)})
+    return FanOut(name="tok-v1-0f1e2d3c", command=[sys.executable, "-c", WORKER, failing], count=count,
+                  env={"FANOUT_TOTAL": str(count), "FANOUT_OUT": out})
 
 
 # -- manifests (offline) --------------------------------------------------------------------------
@@ -106,9 +107,9 @@ def test_completed_and_failed_indexes_parse() -> None:
 # -- 3 pods through the API double ------------------------------------------------------------------
 
 
-def run(cluster: Cluster, job: FanOut, **fields) -> tuple[list[str], str]:
+def run(cluster: Cluster, job: FanOut, timeout_s: int = 90, **fields) -> tuple[list[str], str]:
     lines: list[str] = []
-    runner = K8sFanOutRunner(cluster.launcher(timeout_s=90), labels=LABELS, **fields)
+    runner = K8sFanOutRunner(cluster.launcher(timeout_s=timeout_s), labels=LABELS, **fields)
     try:
         runner.run(job, lines.append)
     finally:
@@ -127,7 +128,7 @@ def parts(out: Path) -> dict[str, str]:
 def test_three_pods_run_every_index_despite_a_late_pod(cluster: Cluster, double, faults, tmp_path) -> None:
     """Index 2's pod waits for its node: the others finish first; each index writes its own part."""
     faults.pending_s = {2: 2.0}
-    lines, _ = run(cluster, fanout(f"file://{tmp_path}"))
+    lines, _ = run(cluster, fanout(str(tmp_path)))
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     text = "\n".join(lines)
     assert re.search(r"\[\S+-0-\w{5}\] worker 0 wrote part-0.txt", text), text  # index 0's log streamed
@@ -140,7 +141,7 @@ def test_three_pods_run_every_index_despite_a_late_pod(cluster: Cluster, double,
 def test_a_preempted_and_an_oom_killed_index_are_retried(cluster: Cluster, double, faults, tmp_path) -> None:
     """Index 1's first pod is preempted (replaced, not counted), index 2's is OOM-killed (counted, retried)."""
     faults.preempt, faults.oom_kill = {1: 1}, {2: 1}
-    lines, name = run(cluster, fanout(f"file://{tmp_path}"), retries_per_index=1)
+    lines, name = run(cluster, fanout(str(tmp_path)), retries_per_index=1)
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     books = double.indexes[(cluster.namespace, name)]
     assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and dict(books.failures) == {2: 1}  # preemption not counted
@@ -157,12 +158,20 @@ def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(cluster: Cluster
     if fault == "oom":
         faults.oom_kill = {1: 99}
     with pytest.raises(FanOutError) as err:
-        run(cluster, fanout(f"file://{tmp_path}", failing="1" if fault == "exit" else ""), retries_per_index=1)
+        run(cluster, fanout(str(tmp_path), failing="1" if fault == "exit" else ""), retries_per_index=1)
     message = str(err.value)
     assert "failed index(es) [1]" in message and says in message, message
     assert re.search(r"--- pod \S+-1-\w{5} \(index 1\) Failed", message), message  # its log tail, by index
     name = re.search(r"fan-out Job [^/\s]+/(\S+):", message).group(1)
     assert double.indexes[(cluster.namespace, name)].attempts[1] == pods
+
+
+@pytest.mark.k8s
+def test_a_hung_index_fails_the_fanout_at_the_deadline_naming_it(cluster: Cluster, double) -> None:
+    hang = "import os, time; time.sleep(600 if os.environ['JOB_COMPLETION_INDEX'] == '2' else 0)"
+    with pytest.raises(FanOutError) as err:
+        run(cluster, FanOut(name="tok-hang", command=["python", "-c", hang], count=3, env={}), timeout_s=3)
+    assert "timed out after 3s" in str(err.value) and "unfinished index(es) [2]" in str(err.value), str(err.value)
 
 
 @pytest.mark.k8s
@@ -172,7 +181,7 @@ def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(cluster: Clust
     left = runner.render(FanOut(name="tok-v1-deadrun", command=["python", "-c", "import time; time.sleep(600)"],
                                 count=3, env={}), "tok-v1-deadrun-abc123")
     cluster.create_job(left)
-    lines, _ = run(cluster, fanout(f"file://{tmp_path}"))
+    lines, _ = run(cluster, fanout(str(tmp_path)))
     assert any(line.startswith(f"Deleting live fan-out Job {cluster.namespace}/tok-v1-deadrun-abc123") for line in lines)
     assert cluster.leftovers("tok-v1-deadrun-abc123") == {} and len(parts(tmp_path)) == 3
 
