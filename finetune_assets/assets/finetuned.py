@@ -13,7 +13,7 @@ import fsspec
 from pydantic import Field
 
 from finetune_assets import viz
-from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.contracts import (
     FINETUNED_MODEL,
     MDS_SHARDS,
@@ -247,7 +247,7 @@ def finetuned_model(
             TrainingJob(
                 name=job_name(version, run_id),
                 config_url=config_url,
-                labels={"dagster/run-id": run_id, "dagster/asset": FINETUNED_MODEL, "dagster/partition": version},
+                labels=launch_labels(context, FINETUNED_MODEL, version),
             ),
         )
         result = read_training_result(output_dir)

@@ -4,7 +4,7 @@
 import dagster as dg
 from pydantic import Field
 
-from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.contracts import MDS_SHARDS, TOKENIZED_REVIEWS
 from finetune_assets.data.shards import COMPRESSION, SplitShards, read_back_count
@@ -40,7 +40,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     count = tokenized.metadata.get("parts")
     if count is None:
         raise dg.Failure(f"tokenized_reviews[{version}] predates slice workers (no parts); re-materialize it")
-    runner = fanout_runner_from_env(workers=config.workers)
+    runner = fanout_runner_from_env(workers=config.workers, labels=launch_labels(context, MDS_SHARDS, version))
     with store.publish(MDS_SHARDS, version) as staging:
         spec_url = f"{staging.url}/_work/spec.json"
         groups = slices.group_parts(count, runner_width(runner) or count, tokenized.metadata.get("rows"))

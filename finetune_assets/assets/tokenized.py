@@ -7,7 +7,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.contracts import (
@@ -82,7 +82,7 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
     with store.fs.open(reviews_url, "rb") as f:
         meta = pq.ParquetFile(f).metadata
         group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    runner = fanout_runner_from_env(workers=config.workers)
+    runner = fanout_runner_from_env(workers=config.workers, labels=launch_labels(context, TOKENIZED_REVIEWS, version))
     plan = slices.plan_slices(group_rows, runner_width(runner) or 1, config.slice_rows)
     with store.publish(TOKENIZED_REVIEWS, version) as staging:
         work = f"{staging.url}/_work"

@@ -285,21 +285,21 @@ class K8sTorchrunLauncher(TrainingLauncher):
         )
         return pod0_hosts_the_store(cmd, self.rdzv_port)
 
-    def _labels(self, job: TrainingJob, name: str) -> dict[str, str]:
-        labels = {**self.labels, **job.labels}
+    def _labels(self, extra: Mapping[str, str], name: str, gang: str | None) -> dict[str, str]:
+        labels = {**self.labels, **extra}
         for key in labels:
             if not _LABEL_KEY.match(key):
                 raise ValueError(f"invalid Kubernetes label key {key!r}")
         out = {k: sanitize_label_value(v) for k, v in labels.items()}
         out[JOB_LABEL] = name
-        if (key := gang_key(job)) is not None:
-            out[GANG_LABEL] = key
+        if gang is not None:
+            out[GANG_LABEL] = gang
         return out
 
-    def _env(self, job: TrainingJob) -> list[dict[str, Any]]:
+    def _env(self, extra: Mapping[str, str], where: str) -> list[dict[str, Any]]:
         _check_plain_env(self.env, "K8sTorchrunLauncher.env")
-        _check_plain_env(job.env, "TrainingJob.env")
-        merged = {**POD_ENV, **self.env, **job.env}
+        _check_plain_env(extra, where)
+        merged = {**POD_ENV, **self.env, **extra}
         # JOB_COMPLETION_INDEX is added to every container by the Job controller (Indexed mode).
         env = [{"name": k, "value": str(v)} for k, v in merged.items()]
         return env
@@ -357,14 +357,9 @@ class K8sTorchrunLauncher(TrainingLauncher):
             requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(self.gpus_per_node)
         return {"requests": requests, "limits": limits}
 
-    def render(self, job: TrainingJob, name: str, image: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        """The Service (None for one node) and the Job as API-ready dicts (camelCase, no secrets)."""
-        image = image or self.image
-        if not image:
-            raise ValueError("K8sTorchrunLauncher.image is not set and there is no launching pod to take it from: set image")
-        from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
-
-        labels = self._labels(job, name)
+    def pod_parts(self, command: list[str], env: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The pod spec and its one container (security, scratch and storage volumes, /dev/shm, resources):
+        the same for training pods and data fan-out pods."""
         volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.sizing()["shm_size"]}}]
         volumes += [{"name": v, "emptyDir": {"sizeLimit": self.scratch_size}} for v in SCRATCH_MOUNTS]
         mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
@@ -390,8 +385,6 @@ class K8sTorchrunLauncher(TrainingLauncher):
             },
             "volumes": volumes,
         }
-        if self.nnodes > 1:
-            pod_spec["subdomain"] = name  # hostname <job>-<i> + subdomain = DNS record via the Service
         if self.node_selector:
             pod_spec["nodeSelector"] = dict(self.node_selector)
         if self.tolerations:
@@ -400,8 +393,8 @@ class K8sTorchrunLauncher(TrainingLauncher):
             pod_spec["imagePullSecrets"] = [{"name": s} for s in self.image_pull_secrets]
         container = {
             "name": CONTAINER_NAME,
-            "command": self.command(job, name),
-            "env": self._env(job),
+            "command": command,
+            "env": env,
             "volumeMounts": mounts,
             "resources": self._resources(),
             "securityContext": {
@@ -411,7 +404,13 @@ class K8sTorchrunLauncher(TrainingLauncher):
                 "capabilities": {"drop": ["ALL"]},
             },
         }
+        return pod_spec, container
+
+    def render(self, job: TrainingJob, name: str, image: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """The Service (None for one node) and the Job as API-ready dicts (camelCase, no secrets)."""
+        pod_spec, container = self.pod_parts(self.command(job, name), self._env(job.env, "TrainingJob.env"))
         if self.nnodes > 1:
+            pod_spec["subdomain"] = name  # hostname <job>-<i> + subdomain = DNS record via the Service
             container["ports"] = [{"name": "c10d", "containerPort": self.rdzv_port, "protocol": "TCP"}]
         job_spec = {
             "completionMode": "Indexed",
@@ -428,28 +427,8 @@ class K8sTorchrunLauncher(TrainingLauncher):
             "activeDeadlineSeconds": self.timeout_s,
             "ttlSecondsAfterFinished": self.ttl_seconds_after_finished,
         }
-        manifest = construct_dagster_k8s_job(
-            job_config=DagsterK8sJobConfig(
-                job_image=image,
-                image_pull_policy=PullPolicy(self.image_pull_policy).value,
-                service_account_name=self.service_account_name,
-                env_secrets=list(self.env_secret_names),  # envFrom secretRef, by name only
-            ),
-            args=None,
-            job_name=name,
-            pod_name=name,
-            component=COMPONENT,
-            labels=labels,
-            user_defined_k8s_config=UserDefinedDagsterK8sConfig.from_dict({
-                "container_config": container,
-                "pod_spec_config": pod_spec,
-                "job_spec_config": job_spec,
-                "job_metadata": {"namespace": self.namespace},
-            }),
-        )
-        job_dict = kubernetes.client.ApiClient().sanitize_for_serialization(manifest)
-        # The Job controller adds the completion index to each pod; the template may not name pods.
-        job_dict["spec"]["template"]["metadata"].pop("name", None)
+        job_dict = self.job_manifest(name, image, self._labels(job.labels, name, gang_key(job.labels)),
+                                     pod_spec, container, job_spec, COMPONENT)
         service = None
         if self.nnodes > 1:
             service = {
@@ -464,6 +443,38 @@ class K8sTorchrunLauncher(TrainingLauncher):
                 },
             }
         return service, job_dict
+
+    def job_manifest(self, name: str, image: str | None, labels: dict[str, str], pod_spec: dict[str, Any],
+                     container: dict[str, Any], job_spec: dict[str, Any], component: str) -> dict[str, Any]:
+        """A Job as an API-ready dict through Dagster's builder (common labels, snake/camel conversion)."""
+        image = image or self.image
+        if not image:
+            raise ValueError("K8sTorchrunLauncher.image is not set and there is no launching pod to take it from: set image")
+        from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+
+        manifest = construct_dagster_k8s_job(
+            job_config=DagsterK8sJobConfig(
+                job_image=image,
+                image_pull_policy=PullPolicy(self.image_pull_policy).value,
+                service_account_name=self.service_account_name,
+                env_secrets=list(self.env_secret_names),  # envFrom secretRef, by name only
+            ),
+            args=None,
+            job_name=name,
+            pod_name=name,
+            component=component,
+            labels=labels,
+            user_defined_k8s_config=UserDefinedDagsterK8sConfig.from_dict({
+                "container_config": container,
+                "pod_spec_config": pod_spec,
+                "job_spec_config": job_spec,
+                "job_metadata": {"namespace": self.namespace},
+            }),
+        )
+        job_dict = kubernetes.client.ApiClient().sanitize_for_serialization(manifest)
+        # The Job controller adds the completion index to each pod; the template may not name pods.
+        job_dict["spec"]["template"]["metadata"].pop("name", None)
+        return job_dict
 
     # -- the API ------------------------------------------------------------------------------
 
@@ -491,7 +502,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
         api = self.api()
         owner, owner_image = self._owner_reference(log, api)
         image = self.image or owner_image
-        self._remove_live_gangs(log, api, job)
+        self._remove_live_gangs(log, api, gang_key(job.labels))
         for attempt in range(self.max_resubmissions + 1):
             try:
                 self._run_gang(log, api, job, owner, image)
@@ -505,20 +516,30 @@ class K8sTorchrunLauncher(TrainingLauncher):
                             "the trainer resumes from its last checkpoint")
 
     def _run_gang(self, log, api, job: TrainingJob, owner: dict[str, Any] | None, image: str | None) -> None:
-        """One Job (+ Service): create, supervise, always delete."""
-        from dagster_k8s.client import k8s_api_retry_creation_mutation
-
         name = k8s_name(job.name)
         service, manifest = self.render(job, name, image)
-        if owner is not None:  # the launching pod dies -> Kubernetes' garbage collector deletes the gang
-            manifest["metadata"]["ownerReferences"] = [owner]
         log.info(
             f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x {self.processes} "
             f"process(es), image {image}, command: {' '.join(self.command(job, name))}"
         )
+        self.run_job(log, api, manifest, owner, service=service, what="Training Job",
+                     assess_fn=lambda status, pods: assess(status, pods, self.nnodes),
+                     fail_fn=lambda status, pods, why: self._fail(log, api, name, pods, why))
+
+    def run_job(self, log, api, manifest: dict[str, Any], owner: dict[str, Any] | None, *,
+                what: str, assess_fn, fail_fn, service: dict[str, Any] | None = None, progress=None) -> None:
+        """One Job (+ Service): create, supervise (see :meth:`_supervise`), always delete.
+
+        Shared by the training gang and the data fan-out (``k8s_fanout.py``): they differ only in the
+        manifest, the verdict (``assess_fn``), the error (``fail_fn``) and the per-poll ``progress`` report.
+        """
+        from dagster_k8s.client import k8s_api_retry_creation_mutation
+
+        name, ns = manifest["metadata"]["name"], self.namespace
+        if owner is not None:  # the launching pod dies -> Kubernetes' garbage collector deletes the Job
+            manifest["metadata"]["ownerReferences"] = [owner]
         # Names of Secrets only; the manifest carries no secret values by construction.
         log.debug("Rendered manifests:\n" + yaml.safe_dump_all([m for m in (service, manifest) if m], sort_keys=False))
-        ns = self.namespace
         follower: _LogFollower | None = None
         try:
             k8s_api_retry_creation_mutation(
@@ -532,7 +553,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
                     lambda: api.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=1.0
                 )
             follower = _LogFollower(api, ns)
-            self._supervise(log, api, name, follower)
+            self._supervise(log, api, name, follower, what, assess_fn, fail_fn, progress)
         except GangDisrupted:
             # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank 0
             # could still write a checkpoint while the new gang loads it.
@@ -571,13 +592,12 @@ class K8sTorchrunLauncher(TrainingLauncher):
         image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else None
         return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, image
 
-    def _remove_live_gangs(self, log, api, job: TrainingJob) -> None:
+    def _remove_live_gangs(self, log, api, key: str | None, what: str = "training Job") -> None:
         """Delete unfinished gangs of the same asset + partition: two would write one checkpoint folder and MLflow run.
 
         Deleted rather than adopted: the left-over gang may run another config, and the new gang resumes
         from the same checkpoint, so a restart costs one rendezvous and one checkpoint load.
         """
-        key = gang_key(job)
         if key is None:
             return
         ns = self.namespace
@@ -586,12 +606,12 @@ class K8sTorchrunLauncher(TrainingLauncher):
             if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
                 continue
             left_by = (other.metadata.labels or {}).get("dagster/run-id", "?")
-            log.warning(f"Deleting live training Job {ns}/{other.metadata.name} of the same asset and partition "
+            log.warning(f"Deleting live {what} {ns}/{other.metadata.name} of the same asset and partition "
                         f"(left by run {left_by}) before starting a new gang")
             self._cleanup(log, api, other.metadata.name, has_service=True)
             self._wait_pods_gone(log, api, other.metadata.name)
 
-    def _supervise(self, log, api, name: str, follower: _LogFollower) -> None:
+    def _supervise(self, log, api, name: str, follower: _LogFollower, what: str, assess_fn, fail_fn, progress) -> None:
         ns = self.namespace
         now = time.monotonic()
         deadline, start_deadline = now + self.timeout_s, now + self.start_timeout_s
@@ -601,23 +621,25 @@ class K8sTorchrunLauncher(TrainingLauncher):
         while True:
             follower.drain(log)
             pods = api.core_api.list_namespaced_pod(ns, label_selector=selector, _request_timeout=API_TIMEOUT_S).items
-            pod0 = next((p for p in pods if _completion_index(p) == 0), None)
+            pod0 = latest_pod(pods, 0)  # a retried index has several pods: follow the newest
             if pod0 is not None and pod0.status and pod0.status.phase in ("Running", "Succeeded", "Failed"):
                 follower.start(pod0.metadata.name)
             status = api.batch_api.read_namespaced_job(name, ns, _request_timeout=API_TIMEOUT_S).status
-            verdict = assess(status, pods, self.nnodes)
+            verdict = assess_fn(status, pods)
+            if progress is not None:
+                progress(status, pods)
             if verdict.kind == "complete":
                 follower.start(pod0.metadata.name if pod0 is not None else None)
                 follower.wait(timeout=30)
                 follower.drain(log)
-                log.info(f"Training Job {ns}/{name}: all {self.nnodes} pod(s) succeeded")
+                log.info(f"{what} {ns}/{name}: {verdict.why}")
                 return
             if verdict.kind == "disrupted":
-                raise GangDisrupted(f"training Job {ns}/{name} disrupted: {verdict.why}")
+                raise GangDisrupted(f"{what} {ns}/{name} disrupted: {verdict.why}")
             if verdict.reason == "DeadlineExceeded":
-                self._fail(log, api, name, pods, f"timed out after {self.timeout_s}s (activeDeadlineSeconds)")
+                fail_fn(status, pods, f"timed out after {self.timeout_s}s (activeDeadlineSeconds)")
             if verdict.kind in ("failed", "stuck"):
-                self._fail(log, api, name, pods, verdict.why)
+                fail_fn(status, pods, verdict.why)
             now = time.monotonic()
             started = started or verdict.kind == "running"
             if verdict.kind == "waiting" and now - events_read > EVENTS_EVERY_S:
@@ -625,27 +647,30 @@ class K8sTorchrunLauncher(TrainingLauncher):
             note = verdict.why + (f"; events: {events}" if events and verdict.kind == "waiting" else "")
             if note and note != last_note:  # say it once, when it changes; ContainerCreating is only info
                 trouble = events or verdict.kind == "running" or "Unschedulable" in note
-                (log.warning if trouble else log.info)(f"Training Job {ns}/{name}: {note}")
+                (log.warning if trouble else log.info)(f"{what} {ns}/{name}: {note}")
             last_note = note
             if not started and now > start_deadline:
-                self._fail(log, api, name, pods, f"pods did not all start within start_timeout_s={self.start_timeout_s}: {note}")
+                fail_fn(status, pods, f"pods did not all start within start_timeout_s={self.start_timeout_s}: {note}")
             if now > deadline:
-                self._fail(log, api, name, pods, f"timed out after {self.timeout_s}s")
+                fail_fn(status, pods, f"timed out after {self.timeout_s}s")
             time.sleep(self.poll_interval_s)
 
-    def _fail(self, log, api, name: str, pods: Sequence[Any], why: str) -> None:
-        """Copy every pod's log tail (failed ones first) and the Warning events into the log; raise TrainingFailed."""
+    def failure_report(self, log, api, name: str, pods: Sequence[Any], unit: str = "node") -> str:
+        """Copy each given pod's log tail (failed ones first) and the Warning events into the log; return them."""
         parts = []
         failed_first = sorted(pods, key=lambda p: (not _is_failed(p), _completion_index(p)))
         for pod in failed_first:
             tail = _safe_logs(api, pod.metadata.name, self.namespace, self.log_tail_lines)
             state = _pod_state(pod)
-            log.error(f"Pod {pod.metadata.name} (node {_completion_index(pod)}) {state}; last log lines:\n{tail}")
-            parts.append(f"--- pod {pod.metadata.name} (node {_completion_index(pod)}) {state} ---\n{tail}")
+            log.error(f"Pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state}; last log lines:\n{tail}")
+            parts.append(f"--- pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state} ---\n{tail}")
         events = _warning_events(api, self.namespace, [name, *(p.metadata.name for p in pods)])
         if events:
             parts.append(f"--- events ---\n{events}")
-        raise TrainingFailed(f"training Job {self.namespace}/{name}: {why}\n" + "\n".join(parts))
+        return "\n".join(parts)
+
+    def _fail(self, log, api, name: str, pods: Sequence[Any], why: str) -> None:
+        raise TrainingFailed(f"training Job {self.namespace}/{name}: {why}\n" + self.failure_report(log, api, name, pods))
 
     def _cleanup(self, log, api, name: str, has_service: bool) -> None:
         ns = self.namespace
@@ -690,7 +715,7 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
     if disrupted:
         return Verdict("disrupted", "; ".join(
             f"pod {p.metadata.name}: {c.reason or 'DisruptionTarget'}: {c.message or ''}".rstrip(": ") for p, c in disrupted))
-    conditions = {c.type: c for c in (status.conditions or []) if c.status == "True"} if status else {}
+    conditions = job_conditions(status)
     failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
     if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":
         return Verdict("failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason)
@@ -698,21 +723,33 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
         return Verdict("failed", "pod(s) failed")
     if failed_cond is not None:
         return Verdict("failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason or "")
+    verdict = stuck_or_waiting(pods, nnodes)
+    if verdict.kind != "stuck" and ("Complete" in conditions or (status and (status.succeeded or 0) >= nnodes)):
+        return Verdict("complete", f"all {nnodes} pod(s) succeeded")
+    return verdict
+
+
+def job_conditions(status) -> dict[str, Any]:
+    """The Job's conditions that are true, by type."""
+    return {c.type: c for c in (status.conditions or []) if c.status == "True"} if status else {}
+
+
+def stuck_or_waiting(pods: Sequence[Any], expected: int) -> Verdict:
+    """For pods that have not finished: stuck (a waiting reason that will not fix itself), waiting
+    (pods missing or Pending, with the scheduler's / kubelet's reasons) or running."""
     stuck = [(p, r) for p in pods if (r := _fatal_waiting_reason(p))]
     if stuck:
         return Verdict("stuck", "cannot start its pods: " + "; ".join(f"{p.metadata.name}: {r}" for p, r in stuck))
-    if "Complete" in conditions or (status and (status.succeeded or 0) >= nnodes):
-        return Verdict("complete")
     notes = [f"pod {p.metadata.name}: {w}" for p in sorted(pods, key=_completion_index) if (w := _pod_wait(p))]
-    waiting = len(pods) < nnodes or any(p.status is None or p.status.phase == "Pending" for p in pods)
-    if len(pods) < nnodes:
-        notes.insert(0, f"{nnodes - len(pods)} of {nnodes} pod(s) not created")
+    waiting = len(pods) < expected or any(p.status is None or p.status.phase == "Pending" for p in pods)
+    if len(pods) < expected:
+        notes.insert(0, f"{expected - len(pods)} of {expected} pod(s) not created")
     return Verdict("waiting" if waiting else "running", "; ".join(notes))
 
 
-def gang_key(job: TrainingJob) -> str | None:
+def gang_key(labels: Mapping[str, str]) -> str | None:
     """One label value per asset + partition (hashed: partition keys need not be valid label values)."""
-    asset, partition = job.labels.get("dagster/asset"), job.labels.get("dagster/partition")
+    asset, partition = labels.get("dagster/asset"), labels.get("dagster/partition")
     if asset is None:
         return None
     return hashlib.sha256(f"{asset}\0{partition or ''}".encode()).hexdigest()[:40]
@@ -764,6 +801,15 @@ def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -
     return "; ".join(list(seen.values())[-limit:])
 
 
+def latest_pod(pods: Sequence[Any], index: int):
+    """The newest pod of a completion index (the Job controller replaces failed and disrupted ones), or None."""
+    def newest(p) -> tuple[float, bool]:  # creation times have 1 s resolution: an unfinished pod wins a tie
+        created = p.metadata.creation_timestamp
+        return (created.timestamp() if created else 0.0, not (p.status and p.status.phase in ("Succeeded", "Failed")))
+
+    return max((p for p in pods if _completion_index(p) == index), key=newest, default=None)
+
+
 def _completion_index(pod) -> int:
     meta = pod.metadata
     raw = (meta.annotations or {}).get(COMPLETION_INDEX_ANNOTATION) or (meta.labels or {}).get(COMPLETION_INDEX_ANNOTATION)
@@ -798,7 +844,7 @@ def _safe_logs(api, pod_name: str, namespace: str, tail_lines: int) -> str:
 
 
 class _LogFollower:
-    """Follows one pod's log on a background thread; the caller drains lines into ``context.log``.
+    """Follows one pod's log at a time on a background thread; the caller drains lines into ``context.log``.
 
     Lines go through a queue so that only the launching thread touches the Dagster logger. A stream
     that ends or breaks while the pod still runs (API server restart, kubelet hiccup, idle timeout of a
@@ -816,13 +862,14 @@ class _LogFollower:
         self.pod: str | None = None
 
     def start(self, pod: str | None) -> None:
-        if self._thread is not None or pod is None:
+        """Follow ``pod``; a different pod (a retried index) once the previous stream has ended."""
+        if pod is None or pod == self.pod or (self._thread is not None and self._thread.is_alive()):
             return
         self.pod = pod
-        self._thread = threading.Thread(target=self._run, name=f"logs-{pod}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(pod,), name=f"logs-{pod}", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, pod: str) -> None:
         delivered, failures = 0, 0
         while failures < self._max_reconnects:  # consecutive re-opens without a new line
             if self._stop.is_set():
@@ -830,7 +877,7 @@ class _LogFollower:
             buf, n, before = b"", 0, delivered
             try:
                 response = self._api.core_api.read_namespaced_pod_log(
-                    self.pod, self._ns, container=CONTAINER_NAME, follow=True, _preload_content=False
+                    pod, self._ns, container=CONTAINER_NAME, follow=True, _preload_content=False
                 )
                 for chunk in response.stream(4096):
                     if self._stop.is_set():
@@ -840,11 +887,11 @@ class _LogFollower:
                     for line in lines:
                         n += 1
                         if n > delivered:
-                            self._lines.put(line.decode("utf-8", "replace"))
+                            self._lines.put(f"[{pod}] " + line.decode("utf-8", "replace"))
                             delivered = n
-                if self._finished():  # a clean end of a finished container: flush the unterminated last line
+                if self._finished(pod):  # a clean end of a finished container: flush the unterminated last line
                     if buf and n + 1 > delivered:
-                        self._lines.put(buf.decode("utf-8", "replace"))
+                        self._lines.put(f"[{pod}] " + buf.decode("utf-8", "replace"))
                     return
             except kubernetes.client.ApiException as e:
                 if e.status == 404:  # the pod is gone
@@ -854,11 +901,11 @@ class _LogFollower:
                     return
             failures = 0 if delivered > before else failures + 1
             time.sleep(min(5.0, 0.2 * (failures + 1)))  # 400 (not started yet) or a broken stream: re-open
-        self._lines.put(f"<log stream of {self.pod} given up after {self._max_reconnects} reconnects>")
+        self._lines.put(f"[{pod}] <log stream given up after {self._max_reconnects} reconnects>")
 
-    def _finished(self) -> bool:
+    def _finished(self, pod_name: str) -> bool:
         try:
-            pod = self._api.core_api.read_namespaced_pod(self.pod, self._ns, _request_timeout=API_TIMEOUT_S)
+            pod = self._api.core_api.read_namespaced_pod(pod_name, self._ns, _request_timeout=API_TIMEOUT_S)
         except kubernetes.client.ApiException as e:
             return e.status == 404
         except Exception:
@@ -871,7 +918,8 @@ class _LogFollower:
                 line = self._lines.get_nowait()
             except queue.Empty:
                 return
-            log_trainer_line(log, line, source=f"[{self.pod}]")
+            source, _, text = line.partition("] ")  # lines carry their pod: "[pod] text"
+            log_trainer_line(log, text, source=source + "]")
 
     def wait(self, timeout: float) -> None:
         if self._thread is not None:

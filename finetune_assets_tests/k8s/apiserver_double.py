@@ -18,15 +18,23 @@ What it plays besides the API server:
 - **Job controller** (``completionMode: Indexed``): one pod per index up to ``parallelism``, named
   ``<job>-<i>-<rand>``, labelled ``job-name`` / ``batch.kubernetes.io/job-completion-index`` and
   annotated with the index, ``spec.hostname = <job>-<i>``, ``JOB_COMPLETION_INDEX`` injected into
-  the container env; ``backoffLimit``, the ``FailJob`` on-exit-code ``podFailurePolicy`` rule and
-  ``activeDeadlineSeconds`` fail the Job and terminate the remaining pods; all indexes succeeded
-  -> ``Complete``; delete with Background/Foreground propagation terminates and removes the pods.
+  the container env; a finished pod frees its slot for the next index. ``podFailurePolicy`` rules
+  (first match wins: ``onPodConditions`` ``DisruptionTarget``, ``onExitCodes`` In/NotIn; actions
+  ``Ignore`` = replace the pod uncounted, ``Count``, ``FailIndex``, ``FailJob``), then either the
+  Job-wide ``backoffLimit`` or, with ``backoffLimitPerIndex``, per-index retries (a new pod for the
+  index, annotated ``job-index-failure-count``), ``maxFailedIndexes`` and the ``FailedIndexes`` end;
+  ``status.succeeded/failed/active``, ``completedIndexes`` and ``failedIndexes`` ("0-2,5");
+  ``activeDeadlineSeconds``. A failed Job terminates its remaining pods; all indexes succeeded ->
+  ``Complete``; delete with Background/Foreground propagation terminates and removes the pods.
+  NOT played: ``successPolicy``, ``suspend``, pod ``restartPolicy: OnFailure``, the exponential
+  back-off delay before a replacement pod (replacements start at once: kinder), ``uncountedTerminatedPods``.
 - **Kubelet**: runs each pod's container ``command + args`` as a separate process group, with the
   environment a container would get (image ``PATH``, ``HOSTNAME=<job>-<i>``, ``envFrom`` Secrets,
   ``env`` including ``valueFrom.fieldRef``/``secretKeyRef``, and ``$(VAR)`` expansion of env values,
   command and args exactly like the kubelet: ``$$`` escapes, unknown references stay literal).
   ``emptyDir`` mounts become per-pod folders: env values under a mount (``HOME=/tmp``,
-  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder; ``/dev/shm`` is a private tmpfs per
+  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder, unless they name an existing host path
+  below the mount (a test's storage root under ``/tmp``: the shared storage); ``/dev/shm`` is a private tmpfs per
   pod (``unshare`` mount namespace, when the host allows it; see ``private_shm``), and
   the host filesystem plays the shared storage (paths in args and config files are not rewritten). Phase
   Pending -> Running -> Succeeded/Failed from the exit code (signal N -> exit code 128+N).
@@ -52,7 +60,10 @@ What it plays besides the API server:
   pull failure (``ErrImagePull`` + Event), cut log streams; and :meth:`KubeApiDouble.evict` (Eviction
   API: ``DisruptionTarget`` condition, SIGTERM, the pod object goes away) and
   :meth:`KubeApiDouble.node_not_ready` (processes die silently, ``Ready=False``, then the taint
-  manager's eviction).
+  manager's eviction); per index, the first N pods preempted (``faults.preempt``: ``DisruptionTarget``
+  ``PreemptionByScheduler``, SIGTERM, the pod goes away) or OOM-killed (``faults.oom_kill``: SIGKILL,
+  exit code 137, terminated reason ``OOMKilled``) as soon as they run, so a retried index's first pod
+  may have half-written its output. Memory limits themselves are NOT enforced.
 - **Garbage collector**: deleting an object deletes, in the background, every object whose
   ``ownerReferences`` name its uid (Job -> Service, run pod -> Job -> pods).
 - ``v1`` Events: list (``fieldSelector`` on ``involvedObject.name``/``kind``); ``v1`` Pods: also
@@ -76,6 +87,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -113,6 +125,9 @@ class Faults:
     refuse_pods: str | None = None  # the admission/quota message; the Job controller cannot create pods
     image_pull_error: str | None = None  # the kubelet's pull error; containers wait in ErrImagePull
     log_cut_s: float | None = None  # follow streams end after this long (API server / kubelet hiccup)
+    # per completion index: how many of its first pods are preempted / OOM-killed as soon as they run
+    preempt: dict[int, int] = field(default_factory=dict)
+    oom_kill: dict[int, int] = field(default_factory=dict)
 
 
 class ApiError(Exception):
@@ -138,6 +153,8 @@ class _Pod:
         self.ip = "127.0.0.1"
         self.disrupted = False  # evicted: the Job controller does not count it as a failure (Ignore rule)
         self.silent = False  # on a NotReady node: status no longer updated
+        self.oom_killed = False  # killed by the kernel at the memory limit: terminated reason OOMKilled
+        self.attempt = 0  # pods of the same Job and index created before this one
         self.main_depth = 0  # how far below the Popen process the container's main process is
         self.hosts_path = root / "hosts"
 
@@ -200,6 +217,7 @@ class KubeApiDouble:
         self.faults = Faults()
         self._next_ip = 2
         self.dns: dict[str, str] = {}  # published "<host>.<svc>.<ns>.svc" -> pod IP (CoreDNS)
+        self.indexes: dict[tuple[str, str], _Indexes] = {}  # (ns, job) -> the Job controller's per-index books
         # Own hostname, PID 1, /dev/shm and /etc/hosts per pod when the host allows it (see docstring).
         self.isolated = _isolation_flags() is not None
         self.private_shm = self.isolated
@@ -352,6 +370,7 @@ class KubeApiDouble:
                 obj["data"] = data
             if res == "jobs":
                 obj["status"] = {"startTime": _now(), "active": 0, "succeeded": 0, "failed": 0}
+                self.indexes[(ns, name)] = _Indexes()
             self.objects[(res, ns, name)] = obj
         if res == "jobs":
             self._start_job(ns, obj)
@@ -450,10 +469,8 @@ class KubeApiDouble:
         spec = job["spec"]
         if spec.get("completionMode") != "Indexed":
             raise ApiError(422, "Invalid", "the double only runs Indexed Jobs")
-        n = min(int(spec.get("parallelism", 1)), int(spec.get("completions", 1)))
         name = job["metadata"]["name"]
-        for i in range(n):
-            self._create_pod(ns, job, i)
+        self._fill(ns, name)
         deadline = spec.get("activeDeadlineSeconds")
         if deadline:
             def expire() -> None:
@@ -462,6 +479,20 @@ class KubeApiDouble:
             timer = threading.Timer(float(deadline), expire)
             timer.daemon = True
             timer.start()
+
+    def _fill(self, ns: str, name: str) -> None:
+        """Pods for the indexes that are neither done, failed nor running, up to ``parallelism`` at once."""
+        with self.lock:
+            job, books = self.objects.get(("jobs", ns, name)), self.indexes.get((ns, name))
+            if job is None or books is None or self._job_finished(ns, name):
+                return
+            spec = job["spec"]
+            running = {p.index for (pns, _), p in self.pods.items() if pns == ns and not p.done.is_set()
+                       and p.obj["metadata"]["labels"].get("job-name") == name}
+            todo = [i for i in range(int(spec.get("completions", 1)))
+                    if i not in books.completed | books.failed | running]
+            for i in todo[:max(0, int(spec.get("parallelism", 1)) - len(running))]:
+                self._create_pod(ns, job, i)
 
     def _create_pod(self, ns: str, job: dict[str, Any], index: int) -> None:
         job_name, uid = job["metadata"]["name"], job["metadata"]["uid"]
@@ -492,10 +523,16 @@ class KubeApiDouble:
                 {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
                  "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}} for c in spec["containers"]]},
         }
+        if "backoffLimitPerIndex" in job["spec"]:
+            obj["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] = \
+                str(self.indexes[(ns, job_name)].failures[index])
         root = self.sandbox / pod_name
         root.mkdir(parents=True)
         pod = _Pod(obj, root)
         with self.lock:
+            key = (ns, job_name)
+            pod.attempt = self.indexes[key].attempts[index]
+            self.indexes[key].attempts[index] += 1
             pod.ip = f"127.0.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
             self._next_ip += 1
             self.pods[(ns, pod_name)] = pod
@@ -555,6 +592,7 @@ class KubeApiDouble:
                 pod.obj["status"]["containerStatuses"][0].update(
                     ready=True, started=True, state={"running": {"startedAt": started}})
             self._publish_dns_later(ns, pod)
+            self._inject_faults(pod)
             rc = pod.proc.wait()
         code = 128 - rc if rc < 0 else rc  # killed by signal N -> 128 + N, as the container runtime reports
         if pod.silent:  # a NotReady node reports nothing; the taint manager's eviction follows
@@ -563,7 +601,7 @@ class KubeApiDouble:
         with self.lock:
             pod.obj["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
             pod.obj["status"]["containerStatuses"][0].update(ready=False, started=False, state={"terminated": {
-                "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                "exitCode": code, "reason": "Completed" if code == 0 else "OOMKilled" if pod.oom_killed else "Error",
                 "startedAt": pod.obj["status"].get("startTime"), "finishedAt": _now()}})
         pod.done.set()
         self._on_pod_finished(ns, job_name, pod, code)
@@ -658,9 +696,9 @@ class KubeApiDouble:
     @staticmethod
     def _remap(value: str, mounts: dict[str, Path]) -> str:
         for mount, local in mounts.items():
-            if value == mount or value.startswith(mount + "/"):
+            if value == mount or (value.startswith(mount + "/") and not Path(value).exists()):
                 return str(local) + value[len(mount):]
-        return value
+        return value  # an existing host path (a storage root under /tmp) plays the shared storage
 
     def _dns(self, ns: str, value: str) -> str:
         """Fallback without isolation: Service names become pod 0's address at start (kinder than CoreDNS)."""
@@ -698,46 +736,75 @@ class KubeApiDouble:
             job = self.objects.get(("jobs", ns, name))
             return job is None or any(c["type"] in ("Complete", "Failed") for c in job["status"].get("conditions", []))
 
+    def _inject_faults(self, pod: _Pod) -> None:
+        """``faults.preempt`` / ``faults.oom_kill``: the pod's first attempts die right after they start running."""
+        preempt, oom = pod.attempt < self.faults.preempt.get(pod.index, 0), pod.attempt < self.faults.oom_kill.get(pod.index, 0)
+        deadline = time.monotonic() + 5.0
+        while (preempt or oom) and pod.main_pid() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # `unshare` blocks SIGTERM until it has forked the pod's process: hit that process
+        if preempt:
+            self.evict(pod.name, "PreemptionByScheduler")
+        elif oom and pod.proc is not None:
+            pod.oom_killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.proc.pid, signal.SIGKILL)
+
+    @staticmethod
+    def _failure_action(spec: dict[str, Any], pod: _Pod, code: int) -> str:
+        """The first ``podFailurePolicy`` rule that matches a failed pod (``Count`` when none does)."""
+        for rule in (spec.get("podFailurePolicy") or {}).get("rules", []):
+            conditions, codes = rule.get("onPodConditions") or [], rule.get("onExitCodes")
+            if pod.disrupted and any(c.get("type") == "DisruptionTarget" for c in conditions):
+                return rule["action"]
+            if codes and (codes["operator"] == "In") == (code in codes["values"]):
+                return rule["action"]
+        return "Count"
+
     def _on_pod_finished(self, ns: str, job_name: str, pod: _Pod, code: int) -> None:
+        """The Job controller's books for one finished pod: per-index retries (``backoffLimitPerIndex``,
+        ``maxFailedIndexes``) or the Job-wide ``backoffLimit``, the pod failure policy, replacements."""
+        verdict = None
         with self.lock:
-            job = self.objects.get(("jobs", ns, job_name))
-            if job is None or self._job_finished(ns, job_name):
+            job, books = self.objects.get(("jobs", ns, job_name)), self.indexes.get((ns, job_name))
+            if job is None or books is None or self._job_finished(ns, job_name):
                 return
             status, spec = job["status"], job["spec"]
-            rules = (spec.get("podFailurePolicy") or {}).get("rules", [])
-            if pod.disrupted and code != 0 and any(
-                    r.get("action") == "Ignore" and any(c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", []))
-                    for r in rules):
-                status["active"] -= 1
-                recreate = True  # not counted: the controller replaces the index
-            else:
-                recreate = False
-        if recreate:
-            self._create_pod(ns, job, pod.index)
-            return
-        with self.lock:
-            if pod.deleting:
+            action = self._failure_action(spec, pod, code) if code != 0 else None
+            if code != 0 and action != "Ignore" and pod.deleting:  # killed by a deletion; a pod that exits 0 counts
                 return
             status["active"] -= 1
+            per_index = "backoffLimitPerIndex" in spec
+            completions = int(spec.get("completions", 1))
             if code == 0:
                 status["succeeded"] += 1
-                if status["succeeded"] >= int(spec.get("completions", 1)):
-                    self._set_condition(job, "Complete", "CompletionsReached", "Reached expected number of succeeded pods")
-                    status["completionTime"] = _now()
+                books.completed.add(pod.index)
+            elif action == "FailJob":
+                status["failed"] += 1
+                verdict = ("PodFailurePolicy", f"Container {pod.obj['spec']['containers'][0]['name']} for pod "
+                           f"{ns}/{pod.name} failed with exit code {code} matching FailJob rule")
+            elif action != "Ignore":  # Ignore: not counted, the index gets a new pod
+                status["failed"] += 1
+                books.failures[pod.index] += 1
+                if per_index and (action == "FailIndex" or books.failures[pod.index] > int(spec["backoffLimitPerIndex"])):
+                    books.failed.add(pod.index)
+                    limit = spec.get("maxFailedIndexes")
+                    if limit is not None and len(books.failed) > int(limit):
+                        verdict = ("MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes")
+                elif not per_index and status["failed"] > int(spec.get("backoffLimit", 6)):
+                    verdict = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            status["completedIndexes"] = _ranges(books.completed)
+            if per_index:
+                status["failedIndexes"] = _ranges(books.failed)
+            if verdict is None and len(books.completed) >= completions:
+                self._set_condition(job, "Complete", "CompletionsReached", "Reached expected number of succeeded pods")
+                status["completionTime"] = _now()
                 return
-            status["failed"] += 1
-            reason = None
-            for rule in (spec.get("podFailurePolicy") or {}).get("rules", []):
-                codes = rule.get("onExitCodes")
-                if rule.get("action") == "FailJob" and codes and (
-                        (codes["operator"] == "In") == (code in codes["values"])):
-                    reason, message = "PodFailurePolicy", f"Container {pod.obj['spec']['containers'][0]['name']} for pod {ns}/{pod.name} failed with exit code {code} matching FailJob rule"
-                    break
-            if reason is None and status["failed"] > int(spec.get("backoffLimit", 6)):
-                reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
-            if reason is None:
-                return  # the double never re-creates failed pods (launcher Jobs use backoffLimit 0)
-        self._finish_job(ns, job_name, "Failed", reason, message)
+            if verdict is None and books.failed and len(books.completed | books.failed) >= completions:
+                verdict = ("FailedIndexes", "Job has failed indexes")
+        if verdict is not None:
+            self._finish_job(ns, job_name, "Failed", *verdict)
+        else:
+            self._fill(ns, job_name)
 
     def _finish_job(self, ns: str, name: str, ctype: str, reason: str, message: str) -> None:
         with self.lock:
@@ -768,6 +835,27 @@ class KubeApiDouble:
         if pod.proc is None:
             raise ApiError(400, "BadRequest", f'container in pod "{name}" is waiting to start: ContainerCreating')
         return pod
+
+
+@dataclass
+class _Indexes:
+    """The Job controller's per-index books (the real one keeps them in annotations and status)."""
+
+    completed: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    failures: Counter = field(default_factory=Counter)  # counted pod failures per index
+    attempts: Counter = field(default_factory=Counter)  # pods created per index
+
+
+def _ranges(done: set[int]) -> str:
+    """``{0, 1, 2, 5}`` -> ``"0-2,5"``, the format of ``completedIndexes`` / ``failedIndexes``."""
+    out: list[str] = []
+    for i in sorted(done):
+        if out and int(out[-1].split("-")[-1]) == i - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ",".join(out)
 
 
 _ISOLATION_PROBE: list[str] | None | bool = False

@@ -1,0 +1,239 @@
+"""The data fan-out as a Kubernetes Indexed Job (``K8sFanOutRunner``): manifests offline, 3 pods through the API double.
+
+The worker is a few lines of Python that write one part per ``JOB_COMPLETION_INDEX`` through fsspec under
+the root its environment names, as the slice workers do; the host filesystem plays the object-store root
+(see the double's docstring).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from finetune_assets.launchers.fanout import FanOut, FanOutError
+from finetune_assets.launchers.k8s import GANG_LABEL, JOB_LABEL, K8sTorchrunLauncher
+from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner, assess_fanout, indexes
+from finetune_assets_tests.k8s.conftest import HARNESS_AGENT, Cluster
+from finetune_assets_tests.k8s.test_launcher_api import LAUNCHER_VERBS
+from finetune_assets_tests.k8s.test_manifests import K8S_VERSIONS, SECRET
+
+# One part per index, written atomically (a preempted first pod may leave a .tmp behind, never a part).
+WORKER = """
+import os, sys, time, fsspec
+i = int(os.environ["JOB_COMPLETION_INDEX"])
+root, failing = os.environ["FANOUT_OUT"], sys.argv[1].split(",")
+print(f"worker {i} starts", flush=True)
+if str(i) in failing:
+    print(f"worker {i}: slice {i} is unreadable", file=sys.stderr, flush=True)
+    sys.exit(3)
+time.sleep(0.5)
+fs, path = fsspec.core.url_to_fs(f"{root}/part-{i}.txt")
+with fs.open(path + ".tmp", "w") as f:
+    f.write(f"slice {i} of {os.environ['FANOUT_TOTAL']}\\n")
+fs.mv(path + ".tmp", path)
+print(f"worker {i} wrote part-{i}.txt", flush=True)
+"""
+LABELS = {"dagster/run-id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "dagster/asset": "tokenized_reviews",
+          "dagster/partition": "v1"}
+
+
+def fanout(out: str, count: int = 3, failing: str = "") -> FanOut:
+    return FanOut(name="tok-v1-0f1e2d3c", command=[sys.executable, "-c", WORKER, failing], count=count,
+                  env={"FANOUT_TOTAL": str(count), "FANOUT_OUT": out})
+
+
+# -- manifests (offline) --------------------------------------------------------------------------
+
+
+def render(**runner_fields):
+    launcher = K8sTorchrunLauncher(
+        image="registry.example.com/finetune-assets:1.0", namespace="ml-train", nnodes=2, gpus_per_node=8,
+        env_secret_names=["finetune-s3"], service_account_name="finetune-trainer",
+        node_selector={"pool": "batch"}, storage_pvc_name="finetune-storage")
+    runner = K8sFanOutRunner(launcher, labels=LABELS, **runner_fields)
+    return runner, runner.render(fanout("s3://bucket/finetune/slices/tok-v1"), "tok-v1-abc123")
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("fields", [{}, {"parallelism": 2, "retries_per_index": 0}], ids=["all-at-once", "2-at-a-time"])
+def test_fanout_manifest_validates(version: str, fields) -> None:
+    _, job = render(**fields)
+    kubernetes_validate.validate(job, version, strict=True)
+
+
+def test_fanout_manifest_shape() -> None:
+    runner, job = render(parallelism=2, retries_per_index=4)
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == 3 and spec["parallelism"] == 2
+    assert spec["backoffLimitPerIndex"] == 4 and spec["maxFailedIndexes"] == 0  # retry per slice, fail fast after
+    rules = spec["podFailurePolicy"]["rules"]
+    assert [r["action"] for r in rules] == ["Ignore", "Count", "FailIndex"]
+    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    assert rules[1]["onExitCodes"]["values"] == [137]  # OOMKilled gets its retries
+    # the training launcher's settings, but no GPU and one process per worker pod; no Service
+    assert "nvidia.com/gpu" not in container["resources"]["requests"] and "subdomain" not in pod
+    assert pod["nodeSelector"] == {"pool": "batch"} and pod["serviceAccountName"] == "finetune-trainer"
+    assert [e["secretRef"]["name"] for e in container["envFrom"]] == ["finetune-s3"]
+    assert any(v.get("persistentVolumeClaim", {}).get("claimName") == "finetune-storage" for v in pod["volumes"])
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True and pod["automountServiceAccountToken"] is False
+    # the local interpreter path becomes the image's python; the index arrives from the Job controller
+    assert container["command"][:2] == ["python", "-c"]
+    assert {"name": "FANOUT_TOTAL", "value": "3"} in container["env"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert labels[JOB_LABEL] == "tok-v1-abc123" and labels[GANG_LABEL] == runner.dedupe_key(fanout("x"))
+    assert labels["dagster/asset"] == "tokenized_reviews" and labels["app.kubernetes.io/component"] == "finetune-data-worker"
+
+
+def test_fanout_refuses_credentials_as_plain_env_and_impossible_counts() -> None:
+    runner = K8sFanOutRunner(K8sTorchrunLauncher(image="img"))
+    job = FanOut(name="tok", command=["python", "-c", "pass"], count=1, env={"AWS_SECRET_ACCESS_KEY": SECRET})
+    with pytest.raises(ValueError, match="env_secret_names") as err:
+        runner.render(job, "tok-1")
+    assert SECRET not in str(err.value)
+    for count in (0, 100_001):
+        with pytest.raises(ValueError, match="use fewer, larger slices"):
+            runner.render(FanOut(name="tok", command=["python"], count=count, env={}), "tok-1")
+
+
+def test_completed_and_failed_indexes_parse() -> None:
+    assert indexes("0-2,5,7-8") == {0, 1, 2, 5, 7, 8} and indexes(None) == set() and indexes("") == set()
+
+
+# -- 3 pods through the API double ------------------------------------------------------------------
+
+
+def run(cluster: Cluster, job: FanOut, timeout_s: int = 90, **fields) -> tuple[list[str], str]:
+    lines: list[str] = []
+    runner = K8sFanOutRunner(cluster.launcher(timeout_s=timeout_s), labels=LABELS, **fields)
+    try:
+        runner.run(job, lines.append)
+    finally:
+        text = "\n".join(lines)
+        name = re.search(r"Launching fan-out Job [^/\s]+/(\S+):", text).group(1)
+        assert cluster.leftovers(name) == {}, "the Job and its pods are deleted however the fan-out ends"
+    return lines, name
+
+
+def parts(out: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(out.glob("part-*.txt"))}
+
+
+@pytest.mark.k8s
+@pytest.mark.slow
+def test_three_pods_run_every_index_despite_a_late_pod(cluster: Cluster, double, faults, tmp_path) -> None:
+    """Index 2's pod waits for its node: the others finish first; each index writes its own part."""
+    faults.pending_s = {2: 2.0}
+    lines, _ = run(cluster, fanout(str(tmp_path)))
+    assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
+    text = "\n".join(lines)
+    assert re.search(r"\[\S+-0-\w{5}\] worker 0 wrote part-0.txt", text), text  # index 0's log streamed
+    assert "3/3 index(es) succeeded" in text and "all 3 index(es) succeeded" in text
+    # deploy/rbac.yaml grants the training launcher's verbs; the fan-out needs no more
+    assert {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT} <= LAUNCHER_VERBS
+
+
+@pytest.mark.k8s
+def test_a_preempted_and_an_oom_killed_index_are_retried(cluster: Cluster, double, faults, tmp_path) -> None:
+    """Index 1's first pod is preempted (replaced, not counted), index 2's is OOM-killed (counted, retried)."""
+    faults.preempt, faults.oom_kill = {1: 1}, {2: 1}
+    lines, name = run(cluster, fanout(str(tmp_path)), retries_per_index=1)
+    assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
+    books = double.indexes[(cluster.namespace, name)]
+    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and dict(books.failures) == {2: 1}  # preemption not counted
+    assert re.search(r"index 2: pod \S+ Failed, exit code 137 \(OOMKilled\)", "\n".join(lines)), lines
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize(("fault", "says", "pods"), [
+    ("exit", "worker 1: slice 1 is unreadable", 1),  # the worker's own error: FailIndex, not retried
+    ("oom", "exit code 137 (OOMKilled)", 2),  # OOM every time: retried once (retries_per_index=1), then failed
+])
+def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(cluster: Cluster, double, faults, tmp_path,
+                                                                 fault, says, pods) -> None:
+    if fault == "oom":
+        faults.oom_kill = {1: 99}
+    with pytest.raises(FanOutError) as err:
+        run(cluster, fanout(str(tmp_path), failing="1" if fault == "exit" else ""), retries_per_index=1)
+    message = str(err.value)
+    assert "failed index(es) [1]" in message and says in message, message
+    assert re.search(r"--- pod \S+-1-\w{5} \(index 1\) Failed", message), message  # its log tail, by index
+    name = re.search(r"fan-out Job [^/\s]+/(\S+):", message).group(1)
+    assert double.indexes[(cluster.namespace, name)].attempts[1] == pods
+
+
+@pytest.mark.k8s
+def test_a_hung_index_fails_the_fanout_at_the_deadline_naming_it(cluster: Cluster, double) -> None:
+    hang = "import os, time; time.sleep(600 if os.environ['JOB_COMPLETION_INDEX'] == '2' else 0)"
+    with pytest.raises(FanOutError) as err:
+        run(cluster, FanOut(name="tok-hang", command=["python", "-c", hang], count=3, env={}), timeout_s=3)
+    assert "timed out after 3s" in str(err.value) and "unfinished index(es) [2]" in str(err.value), str(err.value)
+
+
+@pytest.mark.k8s
+def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(cluster: Cluster, double, tmp_path) -> None:
+    """A run pod died mid fan-out (no owner here: launched from outside the cluster); its retry replaces the Job."""
+    runner = K8sFanOutRunner(cluster.launcher(timeout_s=90), labels=LABELS)
+    left = runner.render(FanOut(name="tok-v1-deadrun", command=["python", "-c", "import time; time.sleep(600)"],
+                                count=3, env={}), "tok-v1-deadrun-abc123")
+    cluster.create_job(left)
+    lines, _ = run(cluster, fanout(str(tmp_path)))
+    assert any(line.startswith(f"Deleting live fan-out Job {cluster.namespace}/tok-v1-deadrun-abc123") for line in lines)
+    assert cluster.leftovers("tok-v1-deadrun-abc123") == {} and len(parts(tmp_path)) == 3
+
+
+def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:
+    from types import SimpleNamespace as NS
+
+    def status(done="", failed=""):
+        return NS(conditions=[], completed_indexes=done, failed_indexes=failed)
+
+    def pod(i, phase):
+        return NS(metadata=NS(name=f"j-{i}", annotations={"batch.kubernetes.io/job-completion-index": str(i)},
+                              labels={}, creation_timestamp=None),
+                  status=NS(phase=phase, conditions=[], container_statuses=[]))
+
+    # a failed pod whose index still has retries is not a failure of the fan-out
+    assert assess_fanout(status("0"), [pod(0, "Succeeded"), pod(1, "Failed"), pod(1, "Running")], 2, 2).kind == "running"
+    assert assess_fanout(status("0", "1"), [pod(1, "Failed")], 2, 2).why == "index(es) [1] failed"
+    assert assess_fanout(status("0-1"), [], 2, 2).kind == "complete"
+
+
+# -- issue 15 acceptance: the 3-pod fan-out produces the same MDS samples as the local run ------------
+
+
+@pytest.mark.k8s
+@pytest.mark.slow
+def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(cluster: Cluster, double, tmp_path) -> None:
+    """ASSUMES of ``finetune_assets.data.slices`` (adapt at merge) only:
+    ``slices.plan_fanout(source_url, out_url, count) -> FanOut`` writes the spec under ``out_url`` and
+    returns the ``work --spec URL`` job; each index writes one MDS sub-dataset somewhere under ``out_url``;
+    and the local runner is ``finetune_assets.launchers.fanout.LocalFanOutRunner()``."""
+    slices = pytest.importorskip("finetune_assets.data.slices")
+    from streaming import LocalDataset
+
+    from finetune_assets.launchers import fanout as fanout_module
+
+    source = _reviews_csv(tmp_path / "reviews.csv")
+    samples = {}
+    for where, runner in (("local", fanout_module.LocalFanOutRunner()),
+                          ("k8s", K8sFanOutRunner(cluster.launcher(timeout_s=300), labels=LABELS))):
+        out = tmp_path / where
+        job = slices.plan_fanout(str(source), f"file://{out}", 3)
+        assert job.count == 3 and "work" in job.command and "--spec" in job.command
+        runner.run(job, print)
+        subsets = sorted(p.parent for p in out.rglob("index.json"))
+        assert len(subsets) >= 3, f"{where}: {subsets}"
+        samples[where] = {str(d.relative_to(out)): [{k: getattr(v, "tolist", lambda v=v: v)() for k, v in s.items()}
+                                                    for s in LocalDataset(local=str(d))] for d in subsets}
+    assert samples["k8s"] == samples["local"] and sum(map(len, samples["local"].values())) > 0
+
+
+def _reviews_csv(path: Path) -> Path:
+    rows = [f'"review {i}: {"great" if i % 2 else "awful"} stay, room {i}",{i % 2}' for i in range(60)]
+    path.write_text("text,label\n" + "\n".join(rows) + "\n")
+    return path
