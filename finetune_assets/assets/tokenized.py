@@ -2,6 +2,7 @@
 
 
 import json
+from typing import ClassVar
 
 import dagster as dg
 import pyarrow as pa
@@ -23,6 +24,8 @@ TOKENS_FILE = "tokens.arrow"
 
 
 class TokenizeConfig(dg.Config):
+    unversioned: ClassVar[tuple[str, ...]] = ("batch_size",)  # same tokens whatever the batch (staleness.py)
+
     max_length: int = Field(512, description="truncate longer reviews to this many tokens (incl. specials)")
     validation_fraction: float = Field(0.1, description="share of reviews (by text hash) in validation")
     test_fraction: float = Field(0.1, description="share of reviews (by text hash) in test")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune_assets.training.config import OptimConfig, TrainerConfig
+from finetune_assets.training.config import HyperParameters, TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.run import train
@@ -25,12 +25,12 @@ def trainer_config(root: Path, model_dir: Path, shards: Path, **overrides) -> Tr
         "epochs": 1,
         "checkpoint_every_n_steps": 5,
         "log_every_n_steps": 2,
+        "num_workers": 0,
+        "batch_size": 8,
         "data": {
             "train_url": str(shards / "train"),
             "validation_url": str(shards / "validation"),
             "test_url": str(shards / "test"),
-            "num_workers": 0,
-            "batch_size": 8,
         },
         "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
                    "log_model": False},
@@ -55,7 +55,7 @@ def test_training_never_writes_into_the_published_shards(tmp_path, tiny_model_di
     before = snapshot(shards)
     assert any(name.endswith(".mds.zstd") for name in before) and not any(name.endswith(".mds") for name in before)
     config = trainer_config(tmp_path, tiny_model_dir, shards)
-    derived_cache = Path(MdsDataModule(config.data, run_key=config.checkpoint_dir).cache_dir)
+    derived_cache = Path(MdsDataModule(config, run_key=config.checkpoint_dir).cache_dir)
 
     metrics = train(config)
 
@@ -93,16 +93,16 @@ def test_balanced_class_weights_change_the_training_loss(tiny_model_dir):
     logits = torch.tensor([[2.0, 0.1, -1.0], [0.5, 1.5, 0.0], [0.2, 0.3, 0.1], [1.0, 0.0, 0.5]])
     labels = torch.tensor([0, 0, 1, 2])
     model = load_classifier(str(tiny_model_dir))
-    plain = ReviewClassifier(model, OptimConfig()).train_loss(logits, labels)
+    plain = ReviewClassifier(model, HyperParameters()).train_loss(logits, labels)
     weights = [0.5, 2.0, 3.0]
-    weighted = ReviewClassifier(model, OptimConfig(), class_weights=weights).train_loss(logits, labels)
+    weighted = ReviewClassifier(model, HyperParameters(), class_weights=weights).train_loss(logits, labels)
     per_sample = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
     w = torch.tensor(weights)[labels]
     assert plain == pytest.approx(per_sample.mean().item())
     assert weighted == pytest.approx((w * per_sample).sum().item() / w.sum().item())
     assert abs(weighted.item() - plain.item()) > 0.05
     with pytest.raises(ValueError, match="needs 3 values"):
-        ReviewClassifier(model, OptimConfig(), class_weights=[1.0, 2.0])
+        ReviewClassifier(model, HyperParameters(), class_weights=[1.0, 2.0])
 
 
 def test_balanced_class_weights_reach_the_trainer(tmp_path, tiny_model_dir, shards):
