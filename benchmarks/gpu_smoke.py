@@ -99,9 +99,10 @@ def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, c
         "accelerator": "cpu" if cpu else "gpu", "precision": "32" if cpu else "bf16-mixed",
         "strategy": strategy, "gradient_clip_val": 1.0, "epochs": 1, "max_steps": steps,
         "checkpoint_every_n_steps": max(1, steps // 2), "log_every_n_steps": 10, "class_weights": "balanced",
-        "optim": {"name": "adamw", "lr": 5e-5, "weight_decay": 0.01, "warmup_ratio": 0.1},
+        "optimizer": "adamw", "lr": 5e-5, "weight_decay": 0.01, "warmup_ratio": 0.1,
+        "batch_size": batch, "num_workers": 2, "max_length": 256,
         "data": {"train_url": str(data / "train"), "validation_url": str(data / "validation"),
-                 "test_url": str(data / "test"), "batch_size": batch, "num_workers": 2, "max_length": 256},
+                 "test_url": str(data / "test")},
         "mlflow": {"tracking_uri": f"sqlite:///{work}/mlflow.db", "artifact_location": str(work / "mlartifacts"),
                    "log_model": False},
     }
