@@ -13,7 +13,7 @@ Predict: the trained default model classifies the test texts with ``--batch-size
 old way) and in length-sorted batches (``finetune_assets.data.batching``, what ``predict`` now does), in
 fp32; labels must agree. Run (about 10 minutes on 2 idle cores; far longer on a loaded machine):
 
-    nice -n 10 python benchmarks/defaults.py [--steps 40] [--test-batches 25] [--predict-texts 256]
+    nice -n 10 python benchmarks/defaults.py [--steps 30] [--test-batches 16] [--predict-texts 160]
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arab
 if not REVIEWS.exists():
     REVIEWS = Path("/work/shared/data/arabic_reviews")
 
-RUNS = {  # name -> (bucket_batches, precision)
-    "dynamic_fp32": (1, "32"),
+RUNS = {  # name -> (bucket_batches, precision); old and new defaults first, then one change at a time
+    "dynamic_fp32 (old defaults)": (1, "32"),
+    "bucketed_bf16 (new defaults here)": (16, "bf16-mixed"),
     "bucketed_fp32": (16, "32"),
     "dynamic_bf16": (1, "bf16-mixed"),
-    "bucketed_bf16 (new defaults here)": (16, "bf16-mixed"),
 }
 
 
@@ -121,9 +121,9 @@ def predict_rates(model_dir: Path, texts: list[str], batch_size: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--test-batches", type=int, default=25, help="test batches of 8 (the same samples per run)")
-    parser.add_argument("--predict-texts", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--test-batches", type=int, default=16, help="test batches of 8 (the same samples per run)")
+    parser.add_argument("--predict-texts", type=int, default=160)
     parser.add_argument("--predict-batch-size", type=int, default=32)
     parser.add_argument("--out", default="benchmarks/results/defaults.json")
     args = parser.parse_args()
@@ -157,7 +157,7 @@ def main() -> None:
             result["training"]["runs"][name] = train_run(root, name, bucket, precision, args.steps, args.test_batches)
             write(args.out, result)  # partial results survive an interrupted run
         runs = result["training"]["runs"]
-        base = runs["dynamic_fp32"]
+        base = runs["dynamic_fp32 (old defaults)"]
         result["training"]["vs_dynamic_fp32"] = {
             name: {"speedup": round(r["samples_per_sec"] / base["samples_per_sec"], 2),
                    "macro_f1_delta": round(r["test"]["macro_f1"] - base["test"]["macro_f1"], 4),

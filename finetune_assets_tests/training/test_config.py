@@ -111,3 +111,35 @@ def test_auto_precision_is_bf16_only_where_the_hardware_has_it(monkeypatch):
     assert precision.resolve_precision("auto", "cpu") == "32-true"  # cpu forced: the CPU decides
     assert precision.resolve_precision("32", "gpu") == "32-true"  # explicit choices pass through
     assert precision.resolve_precision("16-mixed", "gpu") == "16-mixed"
+
+
+@pytest.mark.parametrize(("config", "needle"), [({"epochs": 0}, "epochs"), ({"precision": "8-bit"}, "precision"),
+                                                 ({"lr": -1.0}, "lr")])
+def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_runs(config, needle, tmp_path):
+    """Choices are checked by Dagster's schema, bounds by the same pydantic model when the step starts,
+    before any input is read or a launcher called (the launcher here would fail the test if reached)."""
+    import dagster as dg
+
+    from finetune_assets.assets.finetuned import finetuned_model
+    from finetune_assets.launchers.base import TrainingLauncher
+    from finetune_assets.resources.mlflow import MlflowResource
+    from finetune_assets.resources.storage import StorageResource
+
+    class Unreachable(TrainingLauncher):
+        def launch(self, context, job) -> None:
+            raise AssertionError("launched despite a bad config")
+
+    run_config = {"ops": {"finetuned_model": {"config": config}}}
+    resources = {"storage": StorageResource(root=str(tmp_path)), "mlflow": MlflowResource(), "launcher": Unreachable()}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("dataset_versions", ["v1"])
+        try:
+            result = dg.materialize([finetuned_model], partition_key="v1", instance=instance, run_config=run_config,
+                                    resources=resources, raise_on_error=False)
+        except dg.DagsterInvalidConfigError as err:  # a choice outside the Enum: refused at launch
+            assert needle in str(err)
+            return
+    assert not result.success
+    failure = result.get_step_failure_events()[0].event_specific_data.error
+    text = failure.to_string()  # the pydantic error is the step error's cause
+    assert f"validation error for FinetuneConfig\n{needle}\n" in text
