@@ -221,6 +221,8 @@ def _metadata(metrics: dict[str, Any], mlflow: MlflowResource, url: str, config_
         meta["class_weights"] = dg.MetadataValue.json(dict(zip(_labels(metrics), metrics["class_weights"])))
     for name, value in per_class.items():
         meta[f"f1_{name}"] = dg.MetadataValue.float(float(value))
+    if metrics.get("precision"):  # as resolved on the training machine (precision "auto")
+        meta["precision"] = str(metrics["precision"])
     if metrics.get("resumed_at_step") is not None:
         meta["resumed_at_step"] = int(metrics["resumed_at_step"])
     if info.get("run_id"):

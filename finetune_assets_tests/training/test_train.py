@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 
 from finetune_assets.training.config import HyperParameters, TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule
+from finetune_assets.training.precision import resolve_precision
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.run import train
 from finetune_assets_tests.training.fixtures import write_mds_splits, write_split
@@ -60,6 +62,13 @@ def test_training_never_writes_into_the_published_shards(tmp_path, tiny_model_di
     metrics = train(config)
 
     assert metrics["samples_seen"] == 48 and metrics["test_samples"] == 12
+    # "auto" is resolved on the training machine and recorded, in metrics.json and the MLflow params
+    assert metrics["precision"] == resolve_precision("auto", "cpu") in ("bf16-mixed", "32-true")
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["precision"] == metrics["precision"]
+    from mlflow import MlflowClient
+
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(metrics["mlflow"]["run_id"])
+    assert run.data.params["precision"] == metrics["precision"]
     assert snapshot(shards) == before  # no decompressed .mds, no index rewrite, nothing added or changed
     assert not derived_cache.exists() and not derived_cache.parent.exists()  # removed after a successful run
 
