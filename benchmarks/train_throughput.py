@@ -114,15 +114,15 @@ def loader_rate(mds: Path, collate, batch_size: int, num_workers: int, batches: 
 
 
 # Whole-run recipes on builtin:sample: overrides of the trainer's defaults.
-SEED = {"optim": {"name": "adadelta", "lr": 1.0, "gamma": 0.7, "warmup_ratio": 0.0}}
+SEED = {"optimizer": "adadelta", "lr": 1.0, "gamma": 0.7, "warmup_ratio": 0.0}
 RECIPES: dict[str, dict] = {
-    "seed_adadelta": {**SEED, "data": {"num_workers": 2}},
-    "seed_adadelta_workers0": {**SEED, "data": {"num_workers": 0}},
-    "adamw_5e-5": {"optim": {"name": "adamw", "lr": 5e-5, "warmup_ratio": 0.1}, "data": {"num_workers": 0}},
-    "adamw_1e-4": {"optim": {"name": "adamw", "lr": 1e-4, "warmup_ratio": 0.1}, "data": {"num_workers": 0}},
-    "adamw_1e-4_workers2": {"optim": {"name": "adamw", "lr": 1e-4, "warmup_ratio": 0.1}, "data": {"num_workers": 2}},
-    "adamw_1e-4_balanced": {"optim": {"name": "adamw", "lr": 1e-4, "warmup_ratio": 0.1}, "class_weights": "balanced",
-                            "data": {"num_workers": 0}},
+    "seed_adadelta": {**SEED, "num_workers": 2},
+    "seed_adadelta_workers0": {**SEED, "num_workers": 0},
+    "adamw_5e-5": {"optimizer": "adamw", "lr": 5e-5, "warmup_ratio": 0.1, "num_workers": 0},
+    "adamw_1e-4": {"optimizer": "adamw", "lr": 1e-4, "warmup_ratio": 0.1, "num_workers": 0},
+    "adamw_1e-4_workers2": {"optimizer": "adamw", "lr": 1e-4, "warmup_ratio": 0.1, "num_workers": 2},
+    "adamw_1e-4_balanced": {"optimizer": "adamw", "lr": 1e-4, "warmup_ratio": 0.1, "class_weights": "balanced",
+                            "num_workers": 0},
 }
 
 
@@ -154,8 +154,7 @@ def run_recipe(root: Path, name: str, model_dir: Path) -> dict:
                     "train_label_counts": read_split_stats(str(root / "shards" / "train")).counts(3)},
            "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
                       "registered_model_name": "bench"}}
-    for key, value in RECIPES[name].items():
-        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    cfg.update(RECIPES[name])
     config = TrainerConfig.from_dict(cfg)  # the trainer's defaults fill in everything else
     run.mkdir(parents=True)
     (run / "config.json").write_text(config.to_json())
@@ -170,8 +169,8 @@ def run_recipe(root: Path, name: str, model_dir: Path) -> dict:
         raise RuntimeError(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     m = json.loads((run / "out" / "metrics.json").read_text())
     return {
-        "recipe": RECIPES[name], "optim": config.optim.__dict__, "epochs": config.epochs,
-        "batch_size": config.data.batch_size, "num_workers": config.data.num_workers,
+        "recipe": RECIPES[name], "hyper_parameters": config.hyper_parameters(), "epochs": config.epochs,
+        "batch_size": config.batch_size, "num_workers": config.num_workers,
         "class_weights": config.class_weights, "checkpoint_every_n_steps": config.checkpoint_every_n_steps,
         "wall_seconds_torchrun": round(wall, 1), "phases_seconds": {k: round(v, 1) for k, v in m["timings"].items()},
         "train_seconds": round(m["train_seconds"], 1), "samples_per_sec": round(m["samples_per_sec"], 1),

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -388,11 +388,6 @@ def _escape_tsv(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n")
 
 
-def _batches(texts: Sequence[str], size: int) -> Iterator[Sequence[str]]:
-    for start in range(0, len(texts), size):
-        yield texts[start:start + size]
-
-
 def _print_json(obj) -> None:
     import json
 
@@ -437,13 +432,13 @@ def cmd_predict(args) -> int:
         from tqdm import tqdm
 
         bar = tqdm(total=len(todo), unit="text", desc="classifying", file=sys.stderr, dynamic_ncols=True)
-    results: dict[int, tuple] = {}
+    from finetune_assets.data.batching import predict_in_length_order
+
     try:
-        for batch in _batches(todo, args.batch_size):
-            for row, out in zip(batch, classifier.predict([r.text for r in batch], args.max_length)):
-                results[id(row)] = out
-            if bar is not None:
-                bar.update(len(batch))
+        outputs = predict_in_length_order(lambda batch: classifier.predict(batch, args.max_length),
+                                          [r.text for r in todo], args.batch_size,
+                                          on_batch=bar.update if bar is not None else None)
+        results = {id(row): out for row, out in zip(todo, outputs)}
     finally:
         if bar is not None:
             bar.close()
@@ -505,9 +500,10 @@ def cmd_evaluate(args) -> int:
     texts, raw_labels = read_labelled(spec)
     classifier = load_classifier(args)
     truth = map_labels(raw_labels, mapping, classifier.labels, where=args.file)
-    predicted: list[str] = []
-    for batch in _batches(texts, args.batch_size):
-        predicted += [label for label, _, _ in classifier.predict(batch, args.max_length)]
+    from finetune_assets.data.batching import predict_in_length_order
+
+    predicted = [label for label, _, _ in predict_in_length_order(
+        lambda batch: classifier.predict(batch, args.max_length), texts, args.batch_size)]
     result = {"model": classifier.source, "file": args.file, **scores(truth, predicted, classifier.labels)}
     if args.json:
         _print_json(result)

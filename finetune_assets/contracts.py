@@ -200,6 +200,7 @@ class TrainingResult(BaseModel):
     resumed_from: str | None = None
     resumed_at_step: int | None = None
     world_size: int
+    precision: str | None = None  # what "auto" resolved to on the training machine
     class_weights: list[float] | None = None
     train_shards_cached_per_node: list[int | None] | None = None
     labels: list[str]  # class names in id order

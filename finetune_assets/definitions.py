@@ -20,6 +20,7 @@ from finetune_assets.resources.landing import LandingZoneResource
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
 from finetune_assets.sensors import sensors
+from finetune_assets.staleness import with_config_versions
 from finetune_assets.storage import default_root
 from finetune_assets.vocab_check import vocabulary_fit
 
@@ -31,8 +32,8 @@ def build_defs(storage_root: str | None = None, launcher: TrainingLauncher | Non
     ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or ``k8s``).
     """
     return dg.Definitions(
-        assets=[raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model, champion_model,
-                baseline_model, benchmark_scores],
+        assets=with_config_versions([raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model,
+                                     champion_model, baseline_model, benchmark_scores]),
         asset_checks=[*asset_checks, vocabulary_fit],
         jobs=jobs,
         sensors=sensors,

@@ -93,6 +93,33 @@ def test_predict_batching_does_not_change_scores(capsys, tmp_path, tiny_model_di
     assert scores[0] == pytest.approx(scores[1], abs=1e-5)
 
 
+def test_predict_batches_by_length_and_answers_in_input_order(capsys, monkeypatch, tmp_path, tiny_model_dir):
+    """The model sees batches of similar length (little padding); each answer still lands on its own line."""
+    from finetune_assets.cli import Classifier
+
+    rng = __import__("random").Random(0)
+    texts = [f"r{i} " + "word " * rng.randrange(0, 40) for i in range(23)]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    seen: list[list[str]] = []
+    real = Classifier.predict
+
+    def spy(self, batch, max_length):
+        seen.append(list(batch))
+        return real(self, batch, max_length)
+
+    monkeypatch.setattr(Classifier, "predict", spy)
+    code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir), "--file", str(path),
+                             "--batch-size", "4", "--json", "--no-progress")
+    assert code == 0, err
+    assert [json.loads(line)["text"] for line in out.splitlines()] == texts
+    flat = [t for batch in seen for t in batch]
+    assert sorted(flat) == sorted(texts) and [len(t) for t in flat] == sorted(map(len, texts), reverse=True)
+    monkeypatch.setattr(Classifier, "predict", real)
+    one_by_one = [real(Classifier.from_folder(tiny_model_dir), [t], 512)[0][1] for t in texts[:5]]
+    assert [json.loads(line)["score"] for line in out.splitlines()[:5]] == pytest.approx(one_by_one, abs=1e-5)
+
+
 def test_predict_reads_stdin(capsys, monkeypatch, tiny_model_dir):
     monkeypatch.setattr(sys, "stdin", io.StringIO("first\n\nsecond\n"))
     code, out, err = run_cli(capsys, "predict", "--model", str(tiny_model_dir))

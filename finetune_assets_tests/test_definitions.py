@@ -15,8 +15,23 @@ from finetune_assets.definitions import build_defs, defs
 SNAPSHOT = Path(__file__).parent / "snapshots" / "definitions.json"
 
 
+def launchpad_schema(assets_def: dg.AssetsDefinition) -> dict | None:
+    """The asset's config as the launchpad shows it: per field its type (or choices), default and whether required."""
+    field = assets_def.op.config_field
+    if field is None or not hasattr(field.config_type, "fields"):  # no config (Dagster shows Any)
+        return None
+    out = {}
+    for name, f in field.config_type.fields.items():
+        t = getattr(f.config_type, "inner_type", f.config_type)  # Noneable wraps the type
+        kind = [v.config_value for v in t.enum_values] if hasattr(t, "enum_values") else t.given_name or t.key
+        out[name] = {"type": kind, "default": f.default_value if f.default_provided else None,
+                     "required": f.is_required}
+    return out
+
+
 def graph_snapshot(d: dg.Definitions) -> dict:
     graph = d.resolve_asset_graph()
+    schemas = {k.to_user_string(): launchpad_schema(a) for a in d.assets or () for k in a.keys}
     assets = {}
     for key in sorted(graph.get_all_asset_keys(), key=lambda k: k.to_user_string()):
         node = graph.get(key)
@@ -29,6 +44,7 @@ def graph_snapshot(d: dg.Definitions) -> dict:
             "owners": list(node.owners),
             "has_description": bool(node.description),
             "automation": type(node.automation_condition).__name__ if node.automation_condition else None,
+            "launchpad": schemas.get(key.to_user_string()),
         }
     checks = sorted(
         f"{k.asset_key.to_user_string()}:{k.name}:{'blocking' if graph.get_check_spec(k).blocking else 'non-blocking'}"

@@ -22,6 +22,7 @@ import pytest
     "finetune_assets.data.shards",
     "finetune_assets.data.baseline",
     "finetune_assets.data.evaluate",
+    "finetune_assets.data.batching",
     "finetune_assets.data.vocab_fit",
     "finetune_assets.benchmark_sets",
 ])

@@ -11,21 +11,29 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
+from finetune_assets.assets.baseline import BaselineConfig
+from finetune_assets.assets.champion import PromotionConfig
 from finetune_assets.assets.finetuned import FinetuneConfig, finetuned_model
-from finetune_assets.assets.pretrained import pretrained_model
-from finetune_assets.assets.raw import raw_reviews
-from finetune_assets.assets.shards import mds_shards
-from finetune_assets.assets.tokenized import tokenized_reviews
+from finetune_assets.assets.pretrained import PretrainedModelConfig, pretrained_model
+from finetune_assets.assets.raw import RawReviewsConfig, raw_reviews
+from finetune_assets.assets.shards import ShardsConfig, mds_shards
+from finetune_assets.assets.tokenized import TokenizeConfig, tokenized_reviews
+from finetune_assets.definitions import build_defs
 from finetune_assets.data.sources import SourceSpec
 from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
 from finetune_assets.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
-from finetune_assets.staleness import config_code_version
+from finetune_assets.staleness import config_class, with_config_versions
 from finetune_assets.storage import Storage
 from finetune_assets.versions import write_version
 
 CHAIN = ["raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model"]
+
+
+def _chain_assets():
+    """The five assets the way the code location builds them: config defaults folded into code versions."""
+    return with_config_versions([raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model])
 
 
 class CopyLauncher(TrainingLauncher):
@@ -65,7 +73,7 @@ def _base(source: Path, seed: int) -> dg.RunConfig:
 
 @pytest.fixture
 def built(instance, storage_root, tiny_model_dir, arabic_reviews):
-    assets = [raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model]
+    assets = _chain_assets()
     write_version(Storage(str(storage_root)), "v1", SourceSpec(uri=str(arabic_reviews / "PROD.csv")))
     instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
     _materialize(assets, instance, storage_root, dg.AssetSelection.assets("pretrained_model"),
@@ -104,24 +112,72 @@ def test_rebuilding_an_identical_base_model_marks_nothing_stale(built, instance,
     assert set(_status(built, instance).values()) == {StaleStatus.FRESH}
 
 
-def test_new_hyper_parameter_default_marks_only_the_model_stale(built, instance):
-    class NewDefaults(FinetuneConfig):
-        lr: float = 0.5
-
-    assert config_code_version(NewDefaults, "1") != config_code_version(FinetuneConfig, "1")
-    changed = finetuned_model.map_asset_specs(
-        lambda spec: spec.replace_attributes(code_version=config_code_version(NewDefaults, "1")))
-    assets = [a for a in built if a is not finetuned_model] + [changed]
-    assert _status(assets, instance) == {
-        "pretrained_model": StaleStatus.FRESH, "raw_reviews": StaleStatus.FRESH,
-        "tokenized_reviews": StaleStatus.FRESH, "mds_shards": StaleStatus.FRESH,
-        "finetuned_model": StaleStatus.STALE}
+ALL = {"pretrained_model", *CHAIN}
+FRESH_ALL = dict.fromkeys(ALL, StaleStatus.FRESH)
 
 
-def test_finetuned_code_version_follows_its_config_defaults():
-    version = finetuned_model.code_versions_by_key[dg.AssetKey("finetuned_model")]
-    assert version is not None and version.rsplit("-", 1)[-1] == config_code_version(
-        FinetuneConfig, "x", exclude=("run_name", "num_workers", "log_every_n_steps")).rsplit("-", 1)[-1]
+def _change_default(monkeypatch, config_cls, field: str, value) -> None:
+    """Edit one default as a person would in the source (the class is rebuilt by nobody: its field info changes)."""
+    monkeypatch.setattr(config_cls.model_fields[field], "default", value)
+
+
+# (config class, field, new default, assets Dagster then marks stale). Only the asset whose default changed:
+# its descendants follow once it is rebuilt *and* its content (the data version is a content hash) changes,
+# as the base-model test above shows; a rebuild that writes the same bytes leaves them fresh.
+DEFAULT_CHANGES = [
+    (RawReviewsConfig, "max_text_chars", 10_000, {"raw_reviews"}),
+    (PretrainedModelConfig, "seed", 1, {"pretrained_model"}),
+    (TokenizeConfig, "max_length", 256, {"tokenized_reviews"}),
+    (TokenizeConfig, "batch_size", 64, set()),  # same tokens whatever the batch: unversioned
+    (ShardsConfig, "size_limit", "32mb", {"mds_shards"}),
+    (FinetuneConfig, "lr", 1e-4, {"finetuned_model"}),
+    (FinetuneConfig, "bucket_batches", 1, {"finetuned_model"}),
+    (FinetuneConfig, "num_workers", 2, set()),  # cannot change the model: unversioned
+]
+
+
+def test_changing_one_default_at_a_time_marks_exactly_the_expected_assets_stale(built, instance, monkeypatch):
+    for config_cls, field, value, expected in DEFAULT_CHANGES:
+        with monkeypatch.context() as m:
+            _change_default(m, config_cls, field, value)
+            status = _status(_chain_assets(), instance)  # rebuilt like the code location rebuilds on reload
+        stale = {k for k, v in status.items() if v == StaleStatus.STALE}
+        assert stale == expected, f"{config_cls.__name__}.{field}: stale {sorted(stale)}, expected {sorted(expected)}"
+        assert {k for k, v in status.items() if v != StaleStatus.STALE} == ALL - expected
+    assert _status(_chain_assets(), instance) == FRESH_ALL  # every change undone: fresh again
+
+
+def _code_versions(tmp_path) -> dict[str, str]:
+    graph = build_defs(str(tmp_path)).resolve_asset_graph()
+    return {k.to_user_string(): graph.get(k).code_version for k in graph.get_all_asset_keys()}
+
+
+def test_every_configurable_asset_versions_each_default_except_the_unversioned(tmp_path, monkeypatch):
+    """Over the whole code location, every field of every asset's config, one at a time: a versioned default
+    changes exactly its own asset's code version; an ``unversioned`` one (cannot change the output) changes none."""
+    before = _code_versions(tmp_path)
+    defs = build_defs(str(tmp_path))
+    configs = {a.key.to_user_string(): config_class(a) for a in defs.assets if config_class(a) is not None}
+    assert set(configs) == {"raw_reviews", "pretrained_model", "tokenized_reviews", "mds_shards", "finetuned_model",
+                            "champion_model", "baseline_model"}
+    assert configs["champion_model"] is PromotionConfig and configs["baseline_model"] is BaselineConfig
+    for key, config_cls in configs.items():
+        assert before[key].startswith("1-")  # the code revision, then the hash of the defaults
+        for field in config_cls.model_fields:
+            with monkeypatch.context() as m:
+                _change_default(m, config_cls, field, "another default")
+                changed = {k for k, v in _code_versions(tmp_path).items() if v != before[k]}
+            expected = set() if field in getattr(config_cls, "unversioned", ()) else {key}
+            assert changed == expected, f"{config_cls.__name__}.{field}: {sorted(changed)} != {sorted(expected)}"
+    assert before["benchmark_scores"] == "1"  # no config: the code revision alone
+
+
+def test_a_code_revision_bump_changes_the_code_version(tmp_path):
+    bumped = tokenized_reviews.map_asset_specs(lambda spec: spec.replace_attributes(code_version="2"))
+    (old,), (new,) = (with_config_versions([a]) for a in (tokenized_reviews, bumped))
+    key = dg.AssetKey("tokenized_reviews")
+    assert new.code_versions_by_key[key].startswith("2-") and old.code_versions_by_key[key].startswith("1-")
+    assert new.code_versions_by_key[key][2:] == old.code_versions_by_key[key][2:]  # same defaults, same hash
 
 
 # -- data versions hash content, not the writing library (issue 17) -------------------------------------

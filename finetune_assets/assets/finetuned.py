@@ -6,7 +6,7 @@ import json
 import re
 from importlib import metadata as importlib_metadata
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 import fsspec
@@ -30,79 +30,21 @@ from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
 from finetune_assets.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage import StorageResource
-from finetune_assets.staleness import config_code_version
 from finetune_assets.storage import Storage, hash_tree
-from finetune_assets.training.config import TrainerConfig
+from finetune_assets.training.config import HyperParameters, TrainerConfig
 
 
-class FinetuneConfig(dg.Config):
-    """Hyper-parameters a person may change in the launchpad; validated by ``TrainerConfig`` before launch."""
+class FinetuneConfig(dg.Config, HyperParameters):
+    """The trainer's ``HyperParameters`` (fields, bounds, choices, defaults: training/config.py) plus the run name."""
 
-    epochs: int = Field(1, description="passes over the training split (1: the README default set beats its "
-                                       "baseline in one epoch on CPU, benchmarks/README.md)")
-    batch_size: int = Field(8, description="per device (per torchrun worker)")
-    optimizer: str = Field("adamw", description="adamw (linear warmup/decay) or adadelta (the seed's recipe: "
-                                                "lr 1.0, warmup_ratio 0, StepLR gamma per epoch)")
-    lr: float = Field(5e-5, description="5e-5 for adamw; the seed used 1.0 with adadelta")
-    gamma: float = Field(0.7, description="StepLR decay per epoch (adadelta)")
-    weight_decay: float = 0.0
-    warmup_ratio: float = Field(0.1, description="fraction of steps with linear warmup (adamw)")
-    precision: str = Field("32", description="32, bf16-mixed or 16-mixed (GPU)")
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = None
-    strategy: str = Field("ddp", description="ddp or fsdp")
-    accelerator: str = Field("auto", description="auto, cpu or gpu")
-    max_steps: int = Field(-1, description="-1: all epochs")
-    seed: int = 42
-    class_weights: str = Field("balanced", description="balanced: loss weights n / (classes * count) from the train "
-                                                       "split's label counts (rare classes count, macro-F1); or none")
-    num_workers: int = Field(0, description="data loader workers per device (0: in-process; raise it on GPUs)")
-    shuffle: bool = True
-    max_length: int = 512
-    bucket_batches: int = Field(1, description="length bucketing window in batches (1: off; e.g. 16 for less padding)")
-    checkpoint_every_n_steps: int = 200
-    log_every_n_steps: int = 10
-    limit_train_batches: int | None = Field(None, description="cap batches per epoch (smoke runs)")
-    limit_val_batches: int | None = None
-    limit_test_batches: int | None = None
+    # Fields that cannot change the trained model: left out of the code version (staleness.py).
+    unversioned: ClassVar[tuple[str, ...]] = ("run_name", "num_workers", "log_every_n_steps", "checkpoint_every_n_steps",
+                                             "progress_every_seconds")
+
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
 
 
 TRAINING_POOL = "training"
-
-
-def trainer_settings(config: FinetuneConfig) -> dict[str, Any]:
-    """The trainer-relevant part of the Dagster config, in ``TrainerConfig``'s shape (no paths)."""
-    return {
-        "epochs": config.epochs,
-        "max_steps": config.max_steps,
-        "precision": config.precision,
-        "accumulate_grad_batches": config.accumulate_grad_batches,
-        "gradient_clip_val": config.gradient_clip_val,
-        "strategy": config.strategy,
-        "accelerator": config.accelerator,
-        "seed": config.seed,
-        "class_weights": config.class_weights,
-        "log_every_n_steps": config.log_every_n_steps,
-        "checkpoint_every_n_steps": config.checkpoint_every_n_steps,
-        "limit_train_batches": config.limit_train_batches,
-        "limit_val_batches": config.limit_val_batches,
-        "limit_test_batches": config.limit_test_batches,
-        "optim": {
-            "name": config.optimizer,
-            "lr": config.lr,
-            "gamma": config.gamma,
-            "weight_decay": config.weight_decay,
-            "warmup_ratio": config.warmup_ratio,
-        },
-        "data": {
-            "batch_size": config.batch_size,
-            "num_workers": config.num_workers,
-            "shuffle": config.shuffle,
-            "max_length": config.max_length,
-            "bucket_batches": config.bucket_batches,
-        },
-    }
 
 
 @dataclass(frozen=True)
@@ -168,26 +110,26 @@ def build_trainer_config(
     # The base model this run started with (pinned and leased for the run), not whatever CURRENT is now.
     pretrained = store.pinned(PRETRAINED_MODEL, tags["dagster_run_id"])
     labels = labels_from_metadata(shards.metadata)
-    settings = trainer_settings(config)
+    settings = config.hyper_parameters()
     key = {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version}
     if labels.names != DEFAULT_LABEL_SET.names:  # the seed's classes keep their checkpoint keys
         key["labels"] = list(labels.names)
     key = json.dumps(key, sort_keys=True)
     config_hash = hashlib.sha256(key.encode()).hexdigest()[:16]
-    settings["data"].update(
-        train_url=f"{shards.url}/train",
-        validation_url=f"{shards.url}/validation",
-        test_url=f"{shards.url}/test",
-        # None: each worker node caches the shards in a temp folder keyed by the checkpoint dir and
-        # the shard indexes (the published shards are the remote, never read in place).
-        local_cache_dir=None,
-        # Forward only: the trainer gets the train split's label counts from here, never by counting the shards.
-        train_label_counts=read_split_stats(f"{shards.url}/{TRAIN}", store.fs).counts(
-            len(labels.names), where=f"{MDS_SHARDS}[{version}]/{TRAIN}"),
-    )
     trainer = TrainerConfig.from_dict(
         {
             **settings,
+            "data": {
+                "train_url": f"{shards.url}/train",
+                "validation_url": f"{shards.url}/validation",
+                "test_url": f"{shards.url}/test",
+                # None: each worker node caches the shards in a temp folder keyed by the checkpoint dir and
+                # the shard indexes (the published shards are the remote, never read in place).
+                "local_cache_dir": None,
+                # Forward only: the trainer gets the train split's label counts from here, never by counting.
+                "train_label_counts": read_split_stats(f"{shards.url}/{TRAIN}", store.fs).counts(
+                    len(labels.names), where=f"{MDS_SHARDS}[{version}]/{TRAIN}"),
+            },
             "model_dir": pretrained.url,
             "labels": list(labels.names),
             "output_dir": output_dir,
@@ -216,9 +158,7 @@ def build_trainer_config(
     kinds={"pytorch", "mlflow"},
     owners=OWNERS,
     pool=TRAINING_POOL,  # limit concurrent trainings (CPU/GPU memory, the embedded store): docs/reliability.md
-    # Changing a default hyper-parameter marks every partition stale (docs/retrain.md); fields that cannot
-    # change the model are left out. Bump "1" for a change of the training code itself.
-    code_version=config_code_version(FinetuneConfig, "1", exclude=("run_name", "num_workers", "log_every_n_steps")),
+    code_version="1",  # bump for a change of the training code; config defaults are folded in (staleness.py)
 )
 def finetuned_model(
     context: dg.AssetExecutionContext,
@@ -288,6 +228,8 @@ def _metadata(result: TrainingResult, mlflow: MlflowResource, url: str, config_h
         meta["class_weights"] = dg.MetadataValue.json(dict(zip(result.labels, result.class_weights)))
     for name, value in result.f1_per_class.items():
         meta[f"f1_{name}"] = dg.MetadataValue.float(float(value))
+    if result.precision:  # as resolved on the training machine (precision "auto")
+        meta["precision"] = result.precision
     if result.resumed_at_step is not None:
         meta["resumed_at_step"] = result.resumed_at_step
     if info.get("run_id"):

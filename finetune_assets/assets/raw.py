@@ -3,6 +3,8 @@
 
 import json
 
+from typing import ClassVar
+
 import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,6 +22,8 @@ from finetune_assets.versions import read_version
 
 class RawReviewsConfig(dg.Config):
     """Overrides for the registered source of a version; empty fields keep the registered value."""
+
+    unversioned: ClassVar[tuple[str, ...]] = ("batch_rows",)  # the data version hashes rows, not row groups
 
     source: str | None = Field(None, description="file/folder/fsspec URL, hf:owner/name, or builtin:NAME (rotten_tomatoes, imdb, sample)")
     revision: str | None = Field(None, description="Hugging Face dataset revision")

@@ -1,6 +1,8 @@
 """``mds_shards[v]``: one MosaicML MDS dataset per split, verified by reading it back."""
 
 
+from typing import ClassVar
+
 import dagster as dg
 from pydantic import Field
 
@@ -13,6 +15,8 @@ from finetune_assets.resources.storage import StorageResource
 
 
 class ShardsConfig(dg.Config):
+    unversioned: ClassVar[tuple[str, ...]] = ("workers",)  # the same samples whatever the worker count (staleness.py)
+
     size_limit: str = Field("64mb", description="maximum bytes per shard before compression")
     workers: int | None = Field(None, description="slice worker processes at a time (local runner); "
                                                   "default: the usable cores")

@@ -2,6 +2,7 @@
 
 
 import json
+from typing import ClassVar
 
 import dagster as dg
 import pyarrow.parquet as pq
@@ -29,6 +30,9 @@ from finetune_assets.resources.storage import StorageResource
 
 
 class TokenizeConfig(dg.Config):
+    # Same tokens whatever the batch, slicing, worker count or cache (staleness.py; tests/data/test_slices.py).
+    unversioned: ClassVar[tuple[str, ...]] = ("batch_size", "workers", "slice_rows", "cache")
+
     max_length: int = Field(512, description="truncate longer reviews to this many tokens (incl. specials)")
     batch_size: int = Field(2048, description="texts per fast-tokenizer batch")
     workers: int | None = Field(None, description="slice worker processes at a time (local runner); "

@@ -1,182 +1,167 @@
-"""The trainer's whole input as one typed, validated file.
+"""The trainer's whole input, written once as pydantic models.
 
-The ``finetuned_model`` asset (or a person) writes it as JSON; every torchrun worker reads it with
-``TrainerConfig.from_json(path_or_url)``. Unknown keys are errors, not silently ignored typos.
-No Dagster here: this runs inside pods.
+``HyperParameters`` is what a person tunes: the ``finetuned_model`` launchpad config *is* this model
+(``FinetuneConfig(dg.Config, HyperParameters)``), so every field, bound, choice and default lives here
+and only here. ``TrainerConfig`` adds what one run is wired to (paths, shard URLs, labels, MLflow). The
+asset writes it as JSON; every torchrun worker validates the same model when it reads it, so a
+typo fails fast with the key's path instead of being ignored. No Dagster here: this runs inside pods.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
-import typing
-from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import fsspec
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from finetune_assets.data.labels import LABELS
 
-Optimizer = Literal["adadelta", "adamw"]
-Precision = Literal["32", "32-true", "bf16-mixed", "16-mixed"]
+Optimizer = Literal["adamw", "adadelta"]
+# "auto": bf16-mixed where the CPU (AVX512-BF16 / AMX) or GPU supports bf16, else 32 (training/precision.py).
+Precision = Literal["auto", "32", "32-true", "bf16-mixed", "16-mixed"]
 Strategy = Literal["ddp", "fsdp", "auto"]
 Accelerator = Literal["auto", "cpu", "gpu"]
-ClassWeights = Literal["none", "balanced"]
+ClassWeights = Literal["balanced", "none"]
 
 
 class ConfigError(ValueError):
     """A trainer config that cannot be used; the message names the offending key."""
 
 
-@dataclass
-class DataConfig:
-    """The three MDS splits and how they are streamed."""
+class _Strict(BaseModel):
+    """Unknown keys are errors; no silent str -> int coercion (``"2"`` is not an epoch count)."""
 
-    train_url: str
-    validation_url: str
-    test_url: str
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class HyperParameters(_Strict):
+    """What a person may change per run (the launchpad shows exactly these fields, with these defaults).
+
+    AdamW lr 5e-5 with 10% linear warmup then linear decay is the usual recipe for fine-tuning a
+    pretrained BERT; the seed's recipe stays one setting away: ``optimizer="adadelta", lr=1.0,
+    warmup_ratio=0`` (StepLR ``gamma`` per epoch). On the offline sample (benchmarks/README.md,
+    "Training") Adadelta reached test macro-F1 0.44 (Mixed never predicted) where AdamW reached 1.00.
+    """
+
+    epochs: int = Field(1, ge=1, description="passes over the training split (one beats the TF-IDF baseline by "
+                                             "9.6 accuracy points on the default set: benchmarks/README.md)")
+    max_steps: int = Field(-1, ge=-1, description="-1: all epochs; else stop after this many optimizer steps")
+    batch_size: int = Field(8, ge=1, description="per device (per torchrun worker)")
+    optimizer: Optimizer = Field("adamw", description="adamw (linear warmup/decay) or adadelta (the seed's recipe: "
+                                                      "lr 1.0, warmup_ratio 0, StepLR gamma per epoch)")
+    lr: float = Field(5e-5, gt=0, description="5e-5 for adamw; the seed used 1.0 with adadelta")
+    gamma: float = Field(0.7, gt=0, le=1, description="StepLR decay per epoch (adadelta)")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="fraction of steps with linear warmup (adamw)")
+    precision: Precision = Field("auto", description="auto: bf16-mixed where the CPU or GPU supports bf16, else 32 "
+                                                     "(the run records what it used); 32, bf16-mixed, 16-mixed (GPU)")
+    accumulate_grad_batches: int = Field(1, ge=1)
+    gradient_clip_val: float | None = Field(None, gt=0, description="clip gradients to this norm (null: off)")
+    strategy: Strategy = Field("ddp", description="ddp or fsdp")
+    accelerator: Accelerator = Field("auto", description="auto, cpu or gpu")
+    seed: int = 42
+    class_weights: ClassWeights = Field("balanced", description="balanced: loss weights n / (classes * count) from "
+                                        "the train split's label counts (rare classes count, macro-F1); or none")
+    num_workers: int = Field(0, ge=0, description="data loader workers per device (0: in-process; raise it on GPUs)")
+    shuffle: bool = True
+    max_length: int = Field(512, ge=2, le=8192, description="longer token sequences are cut (keeping [SEP])")
+    # benchmarks/results/train_throughput.json: 16 gave 6.22x vs 3.82x without, over the seed's pad-to-512.
+    bucket_batches: int = Field(16, ge=1, description="length bucketing: sort windows of this many batches by "
+                                                      "length before batching (less padding); 1: off")
+    checkpoint_every_n_steps: int = Field(200, ge=1)
+    log_every_n_steps: int = Field(10, ge=1)
+    progress_every_seconds: float = Field(30.0, ge=1, description="rank 0's progress line (Dagster log + MLflow): "
+                                                                  "a steady pace on any hardware")
+    limit_train_batches: int | None = Field(None, ge=1, description="cap batches per epoch (smoke runs)")
+    limit_val_batches: int | None = Field(None, ge=1)
+    limit_test_batches: int | None = Field(None, ge=1)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_number(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value  # 32 == "32"
+
+    @model_validator(mode="after")
+    def _gpu_only_precision(self) -> HyperParameters:
+        if self.accelerator == "cpu" and self.precision == "16-mixed":
+            raise ValueError("precision '16-mixed' needs a GPU; use 'auto', '32' or 'bf16-mixed' on CPU")
+        return self
+
+    def hyper_parameters(self) -> dict[str, Any]:
+        """Only this model's fields (a subclass such as the Dagster config may carry more)."""
+        return {name: getattr(self, name) for name in HyperParameters.model_fields}
+
+
+class DataConfig(_Strict):
+    """The three MDS splits and how they are streamed (wiring, not tuning: not in the launchpad)."""
+
+    train_url: str = Field(min_length=1)
+    validation_url: str = Field(min_length=1)
+    test_url: str = Field(min_length=1)
     # Where the splits are copied (and decompressed) for reading, one sub-folder per split; the
     # published shards are never read in place. None: a per-run folder under the temp dir, removed
     # after a successful run. A folder given here is kept (e.g. a persistent volume).
     local_cache_dir: str | None = None
-    batch_size: int = 8  # per device; StreamingDataset and DataLoader get the same value
-    num_workers: int = 0  # reviews are short: the loader runs >100x faster than a CPU step in-process
-    prefetch_factor: int = 2  # batches (windows) each worker reads ahead, with num_workers > 0
-    shuffle: bool = True
+    prefetch_factor: int = Field(2, ge=1)  # batches (windows) each worker reads ahead, with num_workers > 0
     shuffle_seed: int = 9176
-    download_retry: int = 2
+    download_retry: int = Field(2, ge=0)
     # None: the run's node count, so each node streams and caches only its share of the shards. Saved
     # in every checkpoint's loader state and restored on resume (a world-size change is refused).
-    num_canonical_nodes: int | None = None
-    max_length: int = 512
+    num_canonical_nodes: int | None = Field(None, ge=1)
     predownload: int | None = None
-    # Length bucketing: sort windows of this many batches by length before batching (1: off).
-    bucket_batches: int = 1
     # Samples per label id in the train split (mds_shards' train/split_stats.json, carried here by
     # finetuned_model): class_weights "balanced" needs them; the trainer never counts the shards.
     train_label_counts: list[int] | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("train_url", "validation_url", "test_url"):
-            if not getattr(self, name):
-                raise ConfigError(f"data.{name} must be a non-empty path or URL")
-        if self.local_cache_dir and "://" in self.local_cache_dir and not self.local_cache_dir.startswith("file://"):
-            raise ConfigError(f"data.local_cache_dir must be a local folder, got {self.local_cache_dir!r}")
-        _positive("data.batch_size", self.batch_size)
-        if self.num_canonical_nodes is not None:
-            _positive("data.num_canonical_nodes", self.num_canonical_nodes)
-        _positive("data.prefetch_factor", self.prefetch_factor)
-        _positive("data.bucket_batches", self.bucket_batches)
-        _non_negative("data.num_workers", self.num_workers)
-        _non_negative("data.download_retry", self.download_retry)
-        if not 2 <= self.max_length <= 8192:
-            raise ConfigError(f"data.max_length must be in [2, 8192], got {self.max_length}")
+    @field_validator("local_cache_dir")
+    @classmethod
+    def _local(cls, value: str | None) -> str | None:
+        if value and "://" in value and not value.startswith("file://"):
+            raise ValueError(f"must be a local folder, got {value!r}")
+        return value
 
 
-@dataclass
-class OptimConfig:
-    """AdamW lr 5e-5, 10% linear warmup then linear decay: the usual recipe for fine-tuning a pretrained BERT.
-
-    The seed's recipe stays one setting away: ``name="adadelta", lr=1.0`` (StepLR ``gamma`` 0.7 per
-    epoch). On the offline sample (benchmarks/README.md, "Training") it reached test macro-F1 0.44
-    (Mixed never predicted) where AdamW 5e-5 reached 1.00 in the same 2 epochs and the same time.
-    """
-
-    name: Optimizer = "adamw"
-    lr: float = 5e-5
-    gamma: float = 0.7  # StepLR decay per epoch (adadelta)
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.1  # fraction of total steps for linear warmup, then linear decay (adamw)
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
-        if not 0 < self.gamma <= 1:
-            raise ConfigError(f"optim.gamma must be in (0, 1], got {self.gamma}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-
-
-@dataclass
-class MlflowConfig:
+class MlflowConfig(_Strict):
     """Where rank 0 records the run. Empty ``tracking_uri`` means ``MLFLOW_TRACKING_URI`` or mlflow's default."""
 
     tracking_uri: str | None = None
-    experiment_name: str = "review-classifier"
+    experiment_name: str = Field("review-classifier", min_length=1)
     artifact_location: str | None = None  # used only when the experiment is created
     registered_model_name: str | None = "review-classifier"
     run_name: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)  # dataset_version, shard_data_version, code_version...
+    tags: dict[str, str] = Field(default_factory=dict)  # dataset_version, shard_data_version, code_version...
     log_model: bool = True
     # Rank 0's logging + registration after training; past it the run fails (a re-run resumes at the end).
-    timeout_seconds: float = 900.0
+    timeout_seconds: float = Field(900.0, gt=0)
 
-    def __post_init__(self) -> None:
-        if not self.experiment_name:
-            raise ConfigError("mlflow.experiment_name must not be empty")
-        if not self.timeout_seconds > 0:
-            raise ConfigError(f"mlflow.timeout_seconds must be > 0, got {self.timeout_seconds}")
-        for key in self.tags:
+    @field_validator("tags")
+    @classmethod
+    def _no_secrets(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key in tags:
             if any(s in key.lower() for s in ("token", "secret", "password", "key")):
-                raise ConfigError(f"mlflow.tags[{key!r}] looks like a secret; secrets are never logged")
+                raise ValueError(f"tag {key!r} looks like a secret; secrets are never logged")
+        return tags
 
 
-@dataclass
-class TrainerConfig:
-    """One training run: inputs, outputs, hyper-parameters and tracking."""
+class TrainerConfig(HyperParameters):
+    """One training run: the hyper-parameters plus inputs, outputs and tracking."""
 
-    model_dir: str  # HF folder of the pretrained model (weights + tokenizer)
-    output_dir: str  # rank 0 writes model/ and metrics.json here
-    checkpoint_dir: str  # stable across restarts of the same inputs: resume reads last.ckpt here
+    model_dir: str = Field(min_length=1)  # HF folder of the pretrained model (weights + tokenizer)
+    output_dir: str = Field(min_length=1)  # rank 0 writes model/ and metrics.json here
+    checkpoint_dir: str = Field(min_length=1)  # stable across restarts of the same inputs: resume reads last.ckpt
     data: DataConfig
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
-    epochs: int = 2
-    max_steps: int = -1  # -1: run all epochs
-    precision: Precision = "32"
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = None
-    strategy: Strategy = "ddp"
-    accelerator: Accelerator = "auto"
-    seed: int = 42
-    # "balanced": cross-entropy weights n / (classes * count) from the train split's label counts, so
-    # a rare class (Mixed, Negative on real reviews: 81% are Positive) is not ignored for the majority
-    # (macro-F1 is the metric that promotes models). "none": plain cross-entropy.
-    class_weights: ClassWeights = "balanced"
-    log_every_n_steps: int = 10
-    checkpoint_every_n_steps: int = 200
-    progress_every_seconds: float = 30.0  # rank 0's progress line (log + MLflow): a steady pace on any hardware
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     # The dataset version's classes in label-id order (the shards' labels are ids into this list);
     # they become the model's num_labels / id2label / label2id. Default: the seed's three classes.
-    labels: list[str] = field(default_factory=lambda: list(LABELS))
-    # Test aids: cap the batches per epoch / per evaluation (None: all).
-    limit_train_batches: int | None = None
-    limit_val_batches: int | None = None
-    limit_test_batches: int | None = None
+    labels: list[str] = Field(default_factory=lambda: list(LABELS))
 
-    def __post_init__(self) -> None:
-        for name in ("model_dir", "output_dir", "checkpoint_dir"):
-            if not getattr(self, name):
-                raise ConfigError(f"{name} must be a non-empty path or URL")
-        _positive("epochs", self.epochs)
-        if self.max_steps != -1 and self.max_steps < 1:
-            raise ConfigError(f"max_steps must be -1 or >= 1, got {self.max_steps}")
-        _positive("accumulate_grad_batches", self.accumulate_grad_batches)
-        if self.gradient_clip_val is not None and self.gradient_clip_val <= 0:
-            raise ConfigError(f"gradient_clip_val must be > 0 or null, got {self.gradient_clip_val}")
-        _positive("log_every_n_steps", self.log_every_n_steps)
-        _positive("progress_every_seconds", self.progress_every_seconds)
-        _positive("checkpoint_every_n_steps", self.checkpoint_every_n_steps)
-        for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if len(self.labels) < 2 or len({n.casefold() for n in self.labels}) != len(self.labels):
-            raise ConfigError(f"labels must be at least two distinct class names, got {self.labels}")
-        if self.accelerator == "cpu" and self.precision == "16-mixed":
-            raise ConfigError("precision '16-mixed' needs a GPU; use '32' or 'bf16-mixed' on CPU")
+    @field_validator("labels")
+    @classmethod
+    def _distinct(cls, labels: list[str]) -> list[str]:
+        if len(labels) < 2 or len({n.casefold() for n in labels}) != len(labels):
+            raise ValueError(f"must be at least two distinct class names, got {labels}")
+        return labels
 
     def train_label_counts(self) -> list[int]:
         """The train split's samples per label id that class_weights 'balanced' needs (checked here, not counted)."""
@@ -190,8 +175,11 @@ class TrainerConfig:
     # -- (de)serialisation -------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, obj: dict[str, Any]) -> TrainerConfig:
-        return _build(cls, obj, "")
+    def from_dict(cls, obj: Any) -> TrainerConfig:
+        try:
+            return cls.model_validate(obj)
+        except ValidationError as err:
+            raise ConfigError(explain(err)) from None
 
     @classmethod
     def from_json(cls, path_or_url: str) -> TrainerConfig:
@@ -201,110 +189,34 @@ class TrainerConfig:
                 obj = json.load(f)
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{path_or_url}: not valid JSON: {err}") from err
-        return cls.from_dict(obj)
+        try:
+            return cls.from_dict(obj)
+        except ConfigError as err:
+            raise ConfigError(f"{path_or_url}: {err}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump(mode="json")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     def hparams(self) -> dict[str, Any]:
-        """Flat, secret-free hyper-parameters for MLflow params (paths and tracking left out)."""
-        flat: dict[str, Any] = {}
-        for key, value in self.to_dict().items():
-            if key in ("mlflow", "model_dir", "output_dir", "checkpoint_dir"):
-                continue
-            if isinstance(value, dict):
-                for sub, v in value.items():
-                    if not sub.endswith(("_url", "_dir")) and sub != "train_label_counts":  # data, not a knob
-                        flat[f"{key}.{sub}"] = v
-            else:
-                flat[key] = value
-        return flat
+        """Flat, secret-free parameters for MLflow (paths and tracking left out)."""
+        data = self.data.model_dump(exclude={"train_url", "validation_url", "test_url", "local_cache_dir",
+                                             "train_label_counts"})  # data, not a knob
+        return {**self.hyper_parameters(), "labels": list(self.labels), **{f"data.{k}": v for k, v in data.items()}}
 
 
-def _positive(name: str, value: int) -> None:
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")
-
-
-def _non_negative(name: str, value: int) -> None:
-    if value < 0:
-        raise ConfigError(f"{name} must be >= 0, got {value}")
-
-
-def _build(cls: type, obj: Any, where: str) -> Any:
-    """Build dataclass ``cls`` from a dict, rejecting unknown keys and wrongly typed values."""
-    label = where or "config"
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{label}: expected an object, got {type(obj).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(obj) - set(fields))
-    if unknown:
-        raise ConfigError(
-            f"unknown key {_path(where, unknown[0])!r} (known keys of {label}: {', '.join(sorted(fields))})"
-        )
-    missing = [
-        name for name, f in fields.items()
-        if name not in obj and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ConfigError(f"missing required key {_path(where, missing[0])!r}")
-    kwargs = {name: _coerce(hints[name], value, _path(where, name)) for name, value in obj.items()}
-    return cls(**kwargs)
-
-
-def _path(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
-
-
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, where)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if errors else f"{where}: must not be null")
-    if origin is Literal:
-        if isinstance(value, int) and not isinstance(value, bool) and str(value) in args:
-            value = str(value)  # precision: 32 and "32" mean the same
-        if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return [_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise ConfigError(f"{where}: expected an object of strings to strings")
-        return dict(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported type {tp}")  # pragma: no cover - a bug in this module
+def explain(err: ValidationError) -> str:
+    """One line per problem, each naming the key's dotted path (``unknown key 'data.batchsize'``)."""
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key {where!r}")
+        elif e["type"] == "missing":
+            lines.append(f"missing required key {where!r}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: {msg} (got {e['input']!r})" if where != "config" else msg)
+    return "; ".join(lines)

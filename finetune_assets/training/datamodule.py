@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from finetune_assets.data.shards import open_streaming_dataset
 from finetune_assets.training import files
 from finetune_assets.training.collate import DynamicPaddingCollator
-from finetune_assets.training.config import DataConfig
+from finetune_assets.training.config import DataConfig, TrainerConfig
 
 SPLITS = ("train", "validation", "test")
 log = logging.getLogger(__name__)
@@ -378,7 +378,7 @@ class MdsDataModule(pl.LightningDataModule):
     Evaluation splits are read by index, one contiguous block per rank (:class:`RankBlock`).
     """
 
-    def __init__(self, config: DataConfig, pad_token_id: int = 0, pad_to: int | None = None, run_key: str = "",
+    def __init__(self, config: TrainerConfig, pad_token_id: int = 0, pad_to: int | None = None, run_key: str = "",
                  pin_memory: bool = False, attempt: str | None = None):
         super().__init__()
         self.config = config
@@ -389,12 +389,12 @@ class MdsDataModule(pl.LightningDataModule):
         self.indexes = {split: read_index(self.url(split), split) for split in SPLITS}
         self.sizes = {split: num_samples(index) for split, index in self.indexes.items()}
         if not self.sizes["train"]:
-            raise ValueError(f"train split at {config.train_url} has no samples: nothing to train on")
+            raise ValueError(f"train split at {config.data.train_url} has no samples: nothing to train on")
         key = json.dumps({"run": run_key, "indexes": self.indexes}, sort_keys=True)
-        self.cache_dir, self._owned_cache = cache_root(config, key, attempt)
+        self.cache_dir, self._owned_cache = cache_root(config.data, key, attempt)
 
     def url(self, split: str) -> str:
-        return getattr(self.config, f"{split}_url")
+        return getattr(self.config.data, f"{split}_url")
 
     def is_empty(self, split: str) -> bool:
         return self.sizes[split] == 0
@@ -446,18 +446,18 @@ class MdsDataModule(pl.LightningDataModule):
         remote, local = split_locations(self.url(split), self.cache_dir, split)
         train = split == "train"
         batch_size = c.batch_size * (c.bucket_batches if train else 1)
-        nodes = canonical_nodes(c, self._world()[2])
+        nodes = canonical_nodes(c.data, self._world()[2])
         return open_streaming_dataset(
             remote=remote,
             local=local,
             # per device, equal to what the DataLoader reads at once (a bucketing window for train)
             batch_size=batch_size,
             shuffle=c.shuffle and train,
-            shuffle_seed=c.shuffle_seed,
+            shuffle_seed=c.data.shuffle_seed,
             num_canonical_nodes=nodes,
-            download_retry=c.download_retry,
+            download_retry=c.data.download_retry,
             # streaming's own defaults, given explicitly: it logs a notice per dataset for each one left unset
-            predownload=c.predownload if c.predownload is not None else 8 * batch_size,
+            predownload=c.data.predownload if c.data.predownload is not None else 8 * batch_size,
             shuffle_block_size=max(4_000_000 // nodes, 1 << 18),
             cache_limit=self._limits()[split],
         )
@@ -466,7 +466,7 @@ class MdsDataModule(pl.LightningDataModule):
         c = self.config
         kwargs: dict[str, Any] = dict(num_workers=c.num_workers, pin_memory=self.pin_memory, drop_last=False)
         if c.num_workers > 0:  # llm-foundry's set-up: workers stay up across epochs and read ahead
-            kwargs.update(persistent_workers=True, prefetch_factor=c.prefetch_factor)
+            kwargs.update(persistent_workers=True, prefetch_factor=c.data.prefetch_factor)
         return kwargs
 
     def _eval_loader(self, split: str) -> DataLoader:
@@ -481,11 +481,11 @@ class MdsDataModule(pl.LightningDataModule):
         epoch_fn = (lambda: self.trainer.current_epoch) if self.trainer is not None else (lambda: 0)
         dataset = self.datasets["train"]
         rank, _, nodes = self._world()
-        repeated = repeated_positions(dataset.num_samples, canonical_nodes(c, nodes), nodes, world // nodes, rank,
+        repeated = repeated_positions(dataset.num_samples, canonical_nodes(c.data, nodes), nodes, world // nodes, rank,
                                       c.batch_size * c.bucket_batches, dataset.partition_algo)
         self._train_loader = ResumableStreamingDataLoader(
             dataset, batch_size=c.batch_size, collate_fn=self.collate, epoch_fn=epoch_fn, world_size=world,
-            bucket_batches=c.bucket_batches, seed=c.shuffle_seed, repeated=repeated, num_nodes=nodes,
+            bucket_batches=c.bucket_batches, seed=c.data.shuffle_seed, repeated=repeated, num_nodes=nodes,
             **self._loader_kwargs()
         )
         return self._train_loader

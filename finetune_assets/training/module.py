@@ -18,7 +18,7 @@ from transformers import AutoModelForSequenceClassification, PretrainedConfig, P
 
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.data.models import load_sequence_classifier
-from finetune_assets.training.config import OptimConfig
+from finetune_assets.training.config import HyperParameters
 from finetune_assets.training.datamodule import PAD_LABEL
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class ReviewClassifier(pl.LightningModule):
     """Owns loss, metrics and optimizers; the HF model is injected so tests and benchmarks can share it."""
 
     def __init__(
-        self, model: PreTrainedModel, optim: OptimConfig, class_weights: list[float] | None = None, seed: int = 0
+        self, model: PreTrainedModel, optim: HyperParameters, class_weights: list[float] | None = None, seed: int = 0
     ):
         super().__init__()
         self.seed = seed
@@ -176,7 +176,7 @@ class ReviewClassifier(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim
-        if o.name == "adadelta":  # the seed's recipe
+        if o.optimizer == "adadelta":  # the seed's recipe
             optimizer = torch.optim.Adadelta(self.parameters(), lr=o.lr, weight_decay=o.weight_decay)
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=o.gamma)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}

@@ -23,6 +23,7 @@ from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.training.module import ReviewClassifier, load_classifier
+from finetune_assets.training.precision import resolve_precision
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -293,11 +294,16 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     rank, world, _ = _world()
     t0 = time.time()
     quiet_known_notices()
+    # "auto" decided on the machine that trains; MLflow params and metrics.json record what ran.
+    resolved = resolve_precision(config.precision, config.accelerator)
+    if rank == 0 and resolved != config.precision:
+        log.info("precision %s -> %s on this machine", config.precision, resolved)
+    config = config.model_copy(update={"precision": resolved})
     attempt = _init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
     # Reads every split's index first: a missing or empty train split fails here, with its URL.
-    datamodule = MdsDataModule(config.data, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir,
+    datamodule = MdsDataModule(config, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir,
                                pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(), attempt=attempt)
     weights = None
     if config.class_weights == "balanced":
@@ -305,7 +311,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         weights = balanced_class_weights(counts)
         if rank == 0:
             log.info("train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights])
-    module = ReviewClassifier(load_classifier(config.model_dir, LabelSet(tuple(config.labels))), config.optim,
+    module = ReviewClassifier(load_classifier(config.model_dir, LabelSet(tuple(config.labels))), config,
                               class_weights=weights, seed=config.seed)
     if datamodule.is_empty("validation") and rank == 0:
         log.warning("validation split %s is empty: training without validation", config.data.validation_url)
@@ -351,6 +357,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "resumed_from": resume,
             "resumed_at_step": throughput.start_step if resume else None,
             "world_size": world,
+            "precision": config.precision,  # as resolved on this machine ("auto" never appears here)
             "class_weights": weights,
             "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
             "labels": list(config.labels),  # class names in id order: f1_per_class, confusion matrix rows/columns

@@ -24,7 +24,7 @@ from finetune_assets.data.models import WeightsMismatch, load_sequence_classifie
 from finetune_assets.data.shards import write_splits
 from finetune_assets.data.tokenize import tokenize_table
 from finetune_assets.data.validate import SplitRule
-from finetune_assets.training.config import OptimConfig, TrainerConfig
+from finetune_assets.training.config import HyperParameters, TrainerConfig
 from finetune_assets.training.module import ReviewClassifier, export_classifier, load_classifier
 from finetune_assets_tests.training.encoder_families import CLASSES, FAMILIES, XLMR_VOCAB, build_family
 
@@ -64,7 +64,7 @@ def test_round_trip_own_class_no_missing_weights_identical_logits(family, family
     model = load_classifier(str(family_dirs[family]), THREE)  # a new 3-class head on the 2-class checkpoint
     assert type(model).__name__ == CLASSES[family]
     assert model.config.id2label == {0: "Negative", 1: "Mixed", 2: "Positive"}
-    module = ReviewClassifier(model, OptimConfig()).eval()
+    module = ReviewClassifier(model, HyperParameters()).eval()
     with torch.no_grad():  # train a little so the export cannot pass by re-reading the pretrained weights
         for p in module.model.parameters():
             p.add_(0.01 * torch.randn_like(p))
@@ -156,11 +156,9 @@ def _config(root: Path, model_dir: Path, shards: Path, mlflow_root: Path | None 
         "model_dir": str(model_dir), "output_dir": str(root / "out"), "checkpoint_dir": str(root / "ckpt"),
         "accelerator": "cpu", "epochs": 1, "limit_train_batches": 4, "limit_val_batches": 2,
         "log_every_n_steps": 2, "labels": list(LABELS.names), "class_weights": "balanced",
-        "optim": {"lr": 1e-3, "warmup_ratio": 0.0},
-        "data": {"train_url": str(shards / "train"),
-                 "train_label_counts": read_split_stats(str(shards / "train")).counts(len(LABELS.names)),
-                 "validation_url": str(shards / "validation"),
-                 "test_url": str(shards / "test"), "batch_size": 8, "max_length": 64},
+        "lr": 1e-3, "warmup_ratio": 0.0, "batch_size": 8, "max_length": 64,
+        "data": {"train_url": str(shards / "train"), "train_label_counts": read_split_stats(str(shards / "train")).counts(len(LABELS.names)), "validation_url": str(shards / "validation"),
+                 "test_url": str(shards / "test")},
         "mlflow": {"tracking_uri": f"sqlite:///{mlflow_root}/mlflow.db",
                    "artifact_location": str(mlflow_root / "mlartifacts"), "log_model": False},
     }

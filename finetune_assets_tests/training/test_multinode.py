@@ -55,9 +55,9 @@ def config(root: Path, name: str, model: Path, shards: Path, **overrides) -> Pat
     cfg = {
         "model_dir": str(model), "output_dir": str(root / "out"), "checkpoint_dir": str(root / "ckpt"),
         "accelerator": "cpu", "epochs": 1, "checkpoint_every_n_steps": 3, "log_every_n_steps": 2,
-        "data": {"train_url": str(shards / "train"), "train_label_counts": read_split_stats(str(shards / "train")).counts(3),
-                 "validation_url": str(shards / "validation"),
-                 "test_url": str(shards / "test"), "batch_size": 4},
+        "batch_size": 4,
+        "data": {"train_url": str(shards / "train"), "train_label_counts": read_split_stats(str(shards / "train")).counts(3), "validation_url": str(shards / "validation"),
+                 "test_url": str(shards / "test")},
         "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
                    "log_model": False},
         **overrides,

@@ -20,7 +20,7 @@ import pytest
 import torch
 from streaming import StreamingDataset
 
-from finetune_assets.training.config import ConfigError, DataConfig, OptimConfig, TrainerConfig
+from finetune_assets.training.config import ConfigError, DataConfig, HyperParameters, TrainerConfig
 from finetune_assets.contracts import ContractError, read_split_stats
 from finetune_assets.training.datamodule import (
     PAD_LABEL,
@@ -155,7 +155,7 @@ def test_decay_groups_by_name_survive_flat_parameters(tiny_model_dir):
     for name in ("model.bert.encoder.layer.0.output.LayerNorm.weight", "model.classifier.bias",
                  "model.layers.0.attn_norm.weight", "model.transformer.layer.0.sa_layer_norm.weight"):
         assert not decays(name), name
-    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), OptimConfig(weight_decay=0.01))
+    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters(weight_decay=0.01))
     module._trainer = SimpleNamespace(datamodule=None, estimated_stepping_batches=10)
     matrices = sum(1 for p in module.parameters() if p.ndim >= 2)  # the weights to decay, seen before flattening
     with torch.no_grad():  # what FSDP with use_orig_params shows: 1-D flat views of every weight
@@ -196,7 +196,7 @@ def test_checkpoints_keep_object_store_urls(tmp_path):
 
 
 def test_resume_on_another_world_size_is_refused_clearly(tiny_model_dir):
-    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), OptimConfig())
+    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
     module._trainer = SimpleNamespace(world_size=1)
     module.on_load_checkpoint({"review_classifier": {"world_size": 1, "samples_seen": 8}})  # same: fine
     module.on_load_checkpoint({"review_classifier": {"samples_seen": 8}})  # written before it was recorded
@@ -206,7 +206,7 @@ def test_resume_on_another_world_size_is_refused_clearly(tiny_model_dir):
 
 def test_fp32_class_weighted_loss_under_bf16_logits(tiny_model_dir):
     weights = [0.3333, 1.6667, 3.1234]
-    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), OptimConfig(), class_weights=weights)
+    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters(), class_weights=weights)
     logits = torch.randn(6, 3).to(torch.bfloat16)
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     loss = module.train_loss(logits, labels)

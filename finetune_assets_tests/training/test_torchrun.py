@@ -32,13 +32,13 @@ def write_config(root: Path, name: str, model_dir: Path, shards: Path, **overrid
         "accelerator": "cpu",
         "checkpoint_every_n_steps": 3,
         "log_every_n_steps": 2,
+        "num_workers": 0,
+        "batch_size": 4,
         "data": {
             "train_url": str(shards / "train"),
             "train_label_counts": read_split_stats(str(shards / "train")).counts(3),
             "validation_url": str(shards / "validation"),
             "test_url": str(shards / "test"),
-            "num_workers": 0,
-            "batch_size": 4,
         },
         "mlflow": {
             "tracking_uri": f"sqlite:///{root}/mlflow.db",
@@ -115,7 +115,7 @@ def test_two_process_run_is_recorded_in_mlflow(full_run):
     client = MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
     run = client.get_run(info["run_id"])
     assert run.info.status == "FINISHED"
-    assert run.data.params["optim.name"] == "adamw"
+    assert run.data.params["optimizer"] == "adamw"
     assert {"train/loss_step", "val/accuracy", "test/macro_f1", "throughput/samples_per_sec"} <= set(run.data.metrics)
     assert len(client.get_metric_history(info["run_id"], "train/loss_step")) > 3  # per-step history
     assert run.data.tags["dataset_version"] == "v1"

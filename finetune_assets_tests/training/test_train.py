@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from finetune_assets.contracts import read_split_stats
-from finetune_assets.training.config import OptimConfig, TrainerConfig
+from finetune_assets.training.config import HyperParameters, TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule
+from finetune_assets.training.precision import resolve_precision
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.run import train
 from finetune_assets_tests.training.fixtures import write_mds_splits, write_split
@@ -26,13 +28,13 @@ def trainer_config(root: Path, model_dir: Path, shards: Path, **overrides) -> Tr
         "epochs": 1,
         "checkpoint_every_n_steps": 5,
         "log_every_n_steps": 2,
+        "num_workers": 0,
+        "batch_size": 8,
         "data": {
             "train_url": str(shards / "train"),
             "train_label_counts": read_split_stats(str(shards / "train")).counts(3),
             "validation_url": str(shards / "validation"),
             "test_url": str(shards / "test"),
-            "num_workers": 0,
-            "batch_size": 8,
         },
         "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
                    "log_model": False},
@@ -57,11 +59,18 @@ def test_training_never_writes_into_the_published_shards(tmp_path, tiny_model_di
     before = snapshot(shards)
     assert any(name.endswith(".mds.zstd") for name in before) and not any(name.endswith(".mds") for name in before)
     config = trainer_config(tmp_path, tiny_model_dir, shards)
-    derived_cache = Path(MdsDataModule(config.data, run_key=config.checkpoint_dir).cache_dir)
+    derived_cache = Path(MdsDataModule(config, run_key=config.checkpoint_dir).cache_dir)
 
     metrics = train(config)
 
     assert metrics["samples_seen"] == 48 and metrics["test_samples"] == 12
+    # "auto" is resolved on the training machine and recorded, in metrics.json and the MLflow params
+    assert metrics["precision"] == resolve_precision("auto", "cpu") in ("bf16-mixed", "32-true")
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["precision"] == metrics["precision"]
+    from mlflow import MlflowClient
+
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(metrics["mlflow"]["run_id"])
+    assert run.data.params["precision"] == metrics["precision"]
     assert snapshot(shards) == before  # no decompressed .mds, no index rewrite, nothing added or changed
     assert not derived_cache.exists() and not derived_cache.parent.exists()  # removed after a successful run
 
@@ -95,16 +104,16 @@ def test_balanced_class_weights_change_the_training_loss(tiny_model_dir):
     logits = torch.tensor([[2.0, 0.1, -1.0], [0.5, 1.5, 0.0], [0.2, 0.3, 0.1], [1.0, 0.0, 0.5]])
     labels = torch.tensor([0, 0, 1, 2])
     model = load_classifier(str(tiny_model_dir))
-    plain = ReviewClassifier(model, OptimConfig()).train_loss(logits, labels)
+    plain = ReviewClassifier(model, HyperParameters()).train_loss(logits, labels)
     weights = [0.5, 2.0, 3.0]
-    weighted = ReviewClassifier(model, OptimConfig(), class_weights=weights).train_loss(logits, labels)
+    weighted = ReviewClassifier(model, HyperParameters(), class_weights=weights).train_loss(logits, labels)
     per_sample = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
     w = torch.tensor(weights)[labels]
     assert plain == pytest.approx(per_sample.mean().item())
     assert weighted == pytest.approx((w * per_sample).sum().item() / w.sum().item())
     assert abs(weighted.item() - plain.item()) > 0.05
     with pytest.raises(ValueError, match="needs 3 values"):
-        ReviewClassifier(model, OptimConfig(), class_weights=[1.0, 2.0])
+        ReviewClassifier(model, HyperParameters(), class_weights=[1.0, 2.0])
 
 
 def test_balanced_class_weights_reach_the_trainer(tmp_path, tiny_model_dir, shards):
