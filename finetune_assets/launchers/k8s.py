@@ -71,8 +71,9 @@ GANG_LABEL = "finetune-assets/gang"
 EVENTS_EVERY_S = 5.0
 API_TIMEOUT_S = 30  # every API read is bounded: a hung connection must not hang the supervision loop
 GONE_TIMEOUT_S = 120  # a deleted gang's pods: terminationGracePeriodSeconds (30) plus slack
-# Environment names that must come from a Kubernetes Secret, never from a plain `env` value.
-_SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|API_KEY)", re.I)
+# Environment names that must come from a Kubernetes Secret, never from a plain `env` value
+# (TOKENIZERS_PARALLELISM, which the data fan-out sets on every worker, is a switch, not a token).
+_SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN(?!IZER)|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|API_KEY)", re.I)
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # Waiting reasons that will not fix themselves while we wait (CreateContainerConfigError: usually a

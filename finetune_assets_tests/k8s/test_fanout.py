@@ -95,6 +95,9 @@ def test_fanout_refuses_credentials_as_plain_env_and_impossible_counts() -> None
     with pytest.raises(ValueError, match="env_secret_names") as err:
         runner.render(job, "tok-1")
     assert SECRET not in str(err.value)
+    from finetune_assets.data.slices import WORKER_ENV  # what every data fan-out sets: switches, not credentials
+
+    runner.render(FanOut(name="tok", command=["python"], count=1, env=dict(WORKER_ENV)), "tok-1")
     for count in (0, 100_001):
         with pytest.raises(ValueError, match="use fewer, larger slices"):
             runner.render(FanOut(name="tok", command=["python"], count=count, env={}), "tok-1")
@@ -208,32 +211,70 @@ def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:
 
 @pytest.mark.k8s
 @pytest.mark.slow
-def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(cluster: Cluster, double, tmp_path) -> None:
-    """ASSUMES of ``finetune_assets.data.slices`` (adapt at merge) only:
-    ``slices.plan_fanout(source_url, out_url, count) -> FanOut`` writes the spec under ``out_url`` and
-    returns the ``work --spec URL`` job; each index writes one MDS sub-dataset somewhere under ``out_url``;
-    and the local runner is ``finetune_assets.launchers.fanout.LocalFanOutRunner()``."""
-    slices = pytest.importorskip("finetune_assets.data.slices")
-    from streaming import LocalDataset
+def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(cluster: Cluster, double, arabic_reviews,
+                                                                        tmp_path, monkeypatch) -> None:
+    """Both stages as the assets run them (``_fan_out``: the real ``python -m finetune_assets.data.slices work``
+    command and ``WORKER_ENV``), once through 2 local workers and once as 3 pods: the merged MDS samples of
+    every split are the same, in the same order. 120 validated reviews in 6 row groups, 3 tokenize slices."""
+    import json
 
-    from finetune_assets.launchers import fanout as fanout_module
+    import pyarrow.parquet as pq
+    import tokenizers
 
-    source = _reviews_csv(tmp_path / "reviews.csv")
-    samples = {}
-    for where, runner in (("local", fanout_module.LocalFanOutRunner()),
-                          ("k8s", K8sFanOutRunner(cluster.launcher(timeout_s=300), labels=LABELS))):
-        out = tmp_path / where
-        job = slices.plan_fanout(str(source), f"file://{out}", 3)
-        assert job.count == 3 and "work" in job.command and "--spec" in job.command
-        runner.run(job, print)
-        subsets = sorted(p.parent for p in out.rglob("index.json"))
-        assert len(subsets) >= 3, f"{where}: {subsets}"
-        samples[where] = {str(d.relative_to(out)): [{k: getattr(v, "tolist", lambda v=v: v)() for k, v in s.items()}
-                                                    for s in LocalDataset(local=str(d))] for d in subsets}
-    assert samples["k8s"] == samples["local"] and sum(map(len, samples["local"].values())) > 0
+    from finetune_assets.contracts import SPLITS
+    from finetune_assets.data import slices
+    from finetune_assets.data.labels import DEFAULT_LABEL_SET
+    from finetune_assets.data.models import packaged_model_dir
+    from finetune_assets.data.sources import SourceSpec, read_source
+    from finetune_assets.data.tokenize import token_dtype
+    from finetune_assets.data.validate import ValidationRules, validate
+    from finetune_assets.launchers.fanout import LocalFanOutRunner, python_module, runner_width
+    from finetune_assets_tests.data.test_slices import _samples
 
+    accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()).accepted
+    reviews = tmp_path / "reviews.parquet"  # raw_reviews' file: text, label, ..., split
+    pq.write_table(accepted.slice(0, 120), reviews, row_group_size=20)
+    group_rows = [pq.ParquetFile(reviews).metadata.row_group(i).num_rows for i in range(6)]
+    tokenizer_json = Path(packaged_model_dir()) / "tokenizer.json"  # the real WordPiece vocabulary
+    vocab = tokenizers.Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
+    monkeypatch.setattr(slices, "SHARD_ROWS_PER_WORKER", 1)  # a small version still gets several shard workers
 
-def _reviews_csv(path: Path) -> Path:
-    rows = [f'"review {i}: {"great" if i % 2 else "awful"} stay, room {i}",{i % 2}' for i in range(60)]
-    path.write_text("text,label\n" + "\n".join(rows) + "\n")
-    return path
+    def fan_out(runner, kind: str, spec: slices.TokenizeSpec | slices.ShardsSpec, count: int) -> str | None:
+        """``assets.tokenized._fan_out`` without Dagster; returns the Kubernetes Job's name (None: local)."""
+        slices.write_spec(f"{spec.out}/_work/spec.json", spec)
+        job = FanOut(name=f"{kind}-v1-0f1e2d3c", count=count, env=dict(slices.WORKER_ENV),
+                     command=python_module("finetune_assets.data.slices", "work", "--spec", f"{spec.out}/_work/spec.json"))
+        if isinstance(runner, LocalFanOutRunner):
+            runner.run(job, print)
+            return None
+        _, name = run(cluster, job, timeout_s=120)  # checks that the Job and its pods are gone afterwards
+        return name
+
+    merged, samples = {}, {}
+    for where, runner in (("local", LocalFanOutRunner(workers=2)),
+                          ("k8s", K8sFanOutRunner(cluster.launcher(timeout_s=120), labels=LABELS))):
+        width = runner_width(runner)
+        plan = slices.plan_slices(group_rows, width or 1, slice_rows=40)
+        assert len(plan) == 3, plan
+        tokens = str(tmp_path / where / "tokenized")
+        tok_job = fan_out(runner, "tok", slices.TokenizeSpec(
+            reviews=str(reviews), out=tokens, slices=plan, tokenizer=str(tokenizer_json),
+            dtype=token_dtype(vocab).name, max_length=64, labels=DEFAULT_LABEL_SET.to_dict(), batch_size=7), len(plan))
+        rows = sum(p["rows"] for p in slices.read_part_stats(tokens, len(plan)))
+        assert rows == 120, f"{where}: {rows} rows tokenized"
+        if tok_job is not None:  # one pod per slice really ran, each once
+            assert dict(double.indexes[(cluster.namespace, tok_job)].attempts) == {0: 1, 1: 1, 2: 1}
+        shards = tmp_path / where / "mds"
+        groups = slices.group_parts(len(plan), width or len(plan), rows)
+        assert len(groups) == (2 if where == "local" else 3), groups  # other groupings, the same samples
+        fan_out(runner, "mds", slices.ShardsSpec(tokens=tokens, out=str(shards), groups=groups, size_limit=1 << 12),
+                len(groups))
+        merged[where] = slices.merge_shards(str(shards), shards, len(plan))
+        samples[where] = {split: _samples(shards / split) for split in SPLITS}
+        assert all(samples[where][s] for s in SPLITS), {s: len(v) for s, v in samples[where].items()}
+        assert {s: len(v) for s, v in samples[where].items()} == {s: m["samples"] for s, m in merged[where].items()}
+        assert all("/" in s["zip_data"]["basename"] for split in SPLITS
+                   for s in json.loads((shards / split / "index.json").read_text())["shards"])
+    assert samples["k8s"] == samples["local"]
+    assert {s: (m["samples"], m["label_counts"]) for s, m in merged["k8s"].items()} == \
+        {s: (m["samples"], m["label_counts"]) for s, m in merged["local"].items()}
