@@ -500,10 +500,7 @@ def cmd_evaluate(args) -> int:
     texts, raw_labels = read_labelled(spec)
     classifier = load_classifier(args)
     truth = map_labels(raw_labels, mapping, classifier.labels, where=args.file)
-    from finetune_assets.data.batching import predict_in_length_order
-
-    predicted = [label for label, _, _ in predict_in_length_order(
-        lambda batch: classifier.predict(batch, args.max_length), texts, args.batch_size)]
+    predicted = classifier.predict_labels(texts, args.max_length, args.batch_size)
     result = {"model": classifier.source, "file": args.file, **scores(truth, predicted, classifier.labels)}
     if args.json:
         _print_json(result)

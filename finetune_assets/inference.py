@@ -75,10 +75,7 @@ class Classifier:
 
     def predict_labels(self, texts: Sequence[str], max_length: int = 512, batch_size: int = 32) -> list[str]:
         """The predicted class name per text, in input order; batches of similar length (less padding)."""
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out: list[str] = [""] * len(texts)
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            for i, (label, _, _) in zip(idx, self.predict([texts[i] for i in idx], max_length)):
-                out[i] = label
-        return out
+        from finetune_assets.data.batching import predict_in_length_order
+
+        results = predict_in_length_order(lambda batch: self.predict(batch, max_length), texts, batch_size)
+        return [label for label, _, _ in results]

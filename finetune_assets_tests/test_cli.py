@@ -95,7 +95,7 @@ def test_predict_batching_does_not_change_scores(capsys, tmp_path, tiny_model_di
 
 def test_predict_batches_by_length_and_answers_in_input_order(capsys, monkeypatch, tmp_path, tiny_model_dir):
     """The model sees batches of similar length (little padding); each answer still lands on its own line."""
-    from finetune_assets.cli import Classifier
+    from finetune_assets.inference import Classifier
 
     rng = __import__("random").Random(0)
     texts = [f"r{i} " + "word " * rng.randrange(0, 40) for i in range(23)]
