@@ -83,7 +83,8 @@ class BaselineModel:
         pipeline = build_pipeline(settings).fit(list(texts), list(labels))
         return cls(pipeline, order_labels(list(label_set or []) + list(classes)), settings)
 
-    def predict_labels(self, texts: Sequence[str]) -> list[str]:
+    def predict_labels(self, texts: Sequence[str], max_length: int | None = None, batch_size: int | None = None) -> list[str]:
+        """The class per text; the signature of ``inference.Classifier.predict_labels`` (no tokenizer, no batches)."""
         return [str(x) for x in self.pipeline.predict(list(texts))] if len(texts) else []
 
     def predict(self, texts: Sequence[str], max_length: int | None = None) -> list[tuple[str, float, dict]]:

@@ -22,7 +22,7 @@ def test_defaults_fine_tune_with_adamw_bucketing_and_auto_precision(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(_cfg()))
     c = TrainerConfig.from_json(str(path))
-    assert (c.optimizer, c.lr, c.warmup_ratio, c.epochs, c.batch_size) == ("adamw", 5e-5, 0.1, 2, 8)
+    assert (c.optimizer, c.lr, c.warmup_ratio, c.epochs, c.batch_size) == ("adamw", 5e-5, 0.1, 1, 8)  # one epoch: benchmarks/README.md
     assert c.class_weights == "balanced" and c.num_workers == 0
     assert (c.precision, c.bucket_batches) == ("auto", 16)  # the measured fast defaults (benchmarks/defaults.py)
     seed = TrainerConfig.from_dict(_cfg(optimizer="adadelta", lr=1.0, warmup_ratio=0.0))

@@ -50,7 +50,7 @@ def test_the_local_launcher_forwards_progress_as_info(tmp_path):
 def test_the_k8s_log_follower_forwards_progress_as_info():
     follower = _LogFollower(api=None, namespace="ns")
     follower.pod = "finetune-0"
-    follower._lines.put(WORKER_LINE)
+    follower._lines.put(f"[finetune-0] {WORKER_LINE}")  # the follower's reader tags each line with its pod
     log = _Log()
     follower.drain(log)
     assert log.records == [("info", f"[finetune-0] {MESSAGE}")]
