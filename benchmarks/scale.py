@@ -124,7 +124,7 @@ def _step(root: str, version: str, source: str, step: str, config: str) -> None:
     from finetune_assets.data.sources import SourceSpec
     from finetune_assets.definitions import build_defs
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import read_version, register_version
+    from finetune_assets.dataset_versions.registry import read_version, register_version
 
     defs = build_defs(root)
     instance = dg.DagsterInstance.ephemeral()

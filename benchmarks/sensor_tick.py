@@ -19,7 +19,7 @@ import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 
 from finetune_assets.resources.landing import LandingZoneResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.sensors import evaluate_landing
 from finetune_assets.storage import Storage
 

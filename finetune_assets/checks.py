@@ -27,10 +27,10 @@ from finetune_assets.contracts import (
     read_token_stats,
 )
 from finetune_assets.data.labels import labels_from_metadata, registered_model_name
-from finetune_assets.partitions import dataset_versions
+from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.viz import markdown_table
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 
 RAW, TOKENIZED, SHARDS, FINETUNED = RAW_REVIEWS, TOKENIZED_REVIEWS, MDS_SHARDS, FINETUNED_MODEL
 DUPLICATE_REASONS = ("duplicate", "conflicting_duplicate")
@@ -44,7 +44,7 @@ def _spec(name: str, asset: str, description: str, blocking: bool, reads=()) -> 
 
 
 def _version(context) -> str:
-    from finetune_assets.partitions import validate_version_key
+    from finetune_assets.dataset_versions.partitions import validate_version_key
 
     return validate_version_key(context.partition_key)
 

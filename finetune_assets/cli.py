@@ -75,7 +75,7 @@ def _instance():
 def cmd_versions_add(args) -> int:
     from finetune_assets.data.labels import LabelError, label_set_of_source, parse_labels_flag, parse_mapping_flag
     from finetune_assets.data.sources import SourceError, SourceSpec, check_source
-    from finetune_assets.versions import register_version, source_fingerprint
+    from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
 
     uri = args.source
     if "://" not in uri and not uri.startswith(("hf:", "builtin:")):  # a local path: valid from any folder later
@@ -98,7 +98,7 @@ def cmd_versions_add(args) -> int:
 
 
 def cmd_versions_remove(args) -> int:
-    from finetune_assets.versions import remove_version
+    from finetune_assets.dataset_versions.registry import remove_version
 
     storage = _storage(args, write=True)
     kept = remove_version(_instance(), storage, args.key, force=args.force)
@@ -108,8 +108,8 @@ def cmd_versions_remove(args) -> int:
 
 
 def cmd_versions_list(args) -> int:
-    from finetune_assets.partitions import DATASET_VERSIONS
-    from finetune_assets.versions import read_version
+    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+    from finetune_assets.dataset_versions.registry import read_version
 
     storage = _storage(args)
     rows = []
@@ -206,7 +206,7 @@ def _failed_last_run(instance, version: str):
 
 
 def cmd_versions_status(args) -> int:
-    from finetune_assets.partitions import DATASET_VERSIONS
+    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 
     instance = _instance()
     known = instance.get_dynamic_partitions(DATASET_VERSIONS)
@@ -281,14 +281,14 @@ def load_classifier(args):
 
 def _classifier_for_version(args):
     from finetune_assets.contracts import FINETUNED_MODEL
-    from finetune_assets.partitions import validate_version_key
+    from finetune_assets.dataset_versions.partitions import validate_version_key
     from finetune_assets.storage import Storage
 
     version = validate_version_key(args.version)
     storage = Storage(_root(args))
     published = storage.current(FINETUNED_MODEL, version)
     if published is None:
-        from finetune_assets.versions import read_version
+        from finetune_assets.dataset_versions.registry import read_version
 
         hint = ("it is registered but finetuned_model has not been materialized; run "
                 f"`dagster asset materialize -m finetune_assets.definitions --select '*' --partition {version}`"
@@ -310,7 +310,7 @@ def _baseline_for_version(args):
     """baseline_model[v]: TF-IDF + logistic regression, with the same ``predict`` as ``inference.Classifier``."""
     from finetune_assets.contracts import BASELINE_MODEL
     from finetune_assets.data.baseline import BaselineModel
-    from finetune_assets.partitions import validate_version_key
+    from finetune_assets.dataset_versions.partitions import validate_version_key
     from finetune_assets.storage import Storage
 
     version = validate_version_key(args.version)
@@ -513,7 +513,7 @@ def cmd_evaluate(args) -> int:
 def cmd_benchmarks_add(args) -> int:
     from finetune_assets.benchmark_sets import add_benchmark_set
     from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.partitions import validate_version_key
+    from finetune_assets.dataset_versions.partitions import validate_version_key
 
     name = validate_version_key(args.name)  # the same rule as version keys: it becomes a path
     spec = SourceSpec(uri=args.source, text_column=args.text_column, label_column=args.label_column,
@@ -610,7 +610,7 @@ def format_summary(s: dict) -> str:
 
 
 def cmd_summary(args) -> int:
-    from finetune_assets.partitions import validate_version_key
+    from finetune_assets.dataset_versions.partitions import validate_version_key
 
     version = validate_version_key(args.version)
     storage = _storage(args)

@@ -18,7 +18,7 @@ from finetune_assets.launchers import TrainingLauncher
 from finetune_assets.launchers.select import launcher_from_env
 from finetune_assets.resources.landing import LandingZoneResource
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.sensors import sensors
 from finetune_assets.staleness import with_config_versions
 from finetune_assets.storage import default_root

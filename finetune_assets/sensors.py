@@ -31,10 +31,10 @@ from finetune_assets.data.labels import LabelError, read_manifest
 from finetune_assets.data.sources import SourceError, SourceSpec, list_files
 from finetune_assets.contracts import PRETRAINED_MODEL
 from finetune_assets.jobs import VERSION_CHAIN, finetuned_model, pretrained_model, retrain_job
-from finetune_assets.partitions import DATASET_VERSIONS, InvalidVersionKey, validate_version_key
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, InvalidVersionKey, validate_version_key
 from finetune_assets.resources.landing import LandedEntry, LandingZoneResource, fingerprint, strip_format_suffix
-from finetune_assets.resources.storage import StorageResource
-from finetune_assets.versions import read_version, write_version
+from finetune_assets.resources.storage_root import StorageResource
+from finetune_assets.dataset_versions.registry import read_version, write_version
 
 CURSOR_VERSION = 1
 RUN_KEY_TAG = "dagster/run_key"

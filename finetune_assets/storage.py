@@ -34,7 +34,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from finetune_assets.version_keys import validate_version_key
+from finetune_assets.dataset_versions.keys import validate_version_key
 
 STORAGE_ROOT_ENV = "FINETUNE_ASSETS_ROOT"
 DEFAULT_ROOT = ".finetune_assets"

@@ -10,8 +10,8 @@ import dagster as dg
 from pydantic import Field
 
 from finetune_assets.contracts import PRETRAINED_MODEL, RAW_REVIEWS, TOKENIZED_REVIEWS, read_reviews, read_token_stats
-from finetune_assets.partitions import dataset_versions, validate_version_key
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.dataset_versions.partitions import dataset_versions, validate_version_key
+from finetune_assets.resources.storage_root import StorageResource
 
 
 class VocabularyFitConfig(dg.Config):

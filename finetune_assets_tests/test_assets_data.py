@@ -12,7 +12,7 @@ import pytest
 from finetune_assets.data.sources import SourceSpec
 from finetune_assets.definitions import build_defs
 from finetune_assets.storage import ATTEMPTS, Storage, join
-from finetune_assets.versions import register_version
+from finetune_assets.dataset_versions.registry import register_version
 
 DATA_ASSETS = ("raw_reviews", "tokenized_reviews", "mds_shards")
 ALL_DATA_ASSETS = ("pretrained_model", *DATA_ASSETS)
@@ -117,7 +117,7 @@ def test_four_data_assets_materialize_for_a_dataset_version(storage_root, instan
 
 
 def test_bad_version_key_is_rejected_with_a_clear_error(storage_root, instance, arabic_reviews: Path):
-    from finetune_assets.partitions import InvalidVersionKey
+    from finetune_assets.dataset_versions.partitions import InvalidVersionKey
 
     store = Storage(str(storage_root))
     for key in ("../escape", "v 1", "a/b"):

@@ -18,11 +18,11 @@ from finetune_assets.data.labels import LABEL2ID
 from finetune_assets.data.sources import SourceSpec
 from finetune_assets.gate import TestSet
 from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
-from finetune_assets.versions import write_version
+from finetune_assets.dataset_versions.registry import write_version
 
 ALL = [raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model, champion_model,
        raw_reviews_contract, mds_shards_integrity, quality_gate]

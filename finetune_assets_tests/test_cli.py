@@ -151,7 +151,7 @@ def test_predict_unknown_version_says_so(capsys, storage_root):
 def test_predict_registered_but_untrained_version_says_how_to_train(capsys, storage_root):
     from finetune_assets.data.sources import SourceSpec
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import write_version
+    from finetune_assets.dataset_versions.registry import write_version
 
     write_version(Storage(str(storage_root)), "v2", SourceSpec(uri="builtin:sample"))
     code, _, err = run_cli(capsys, "--root", str(storage_root), "predict", "--version", "v2", "text")
@@ -399,7 +399,7 @@ def test_concurrent_registrations_of_one_key_have_one_winner(storage_root, insta
 
     from finetune_assets.data.sources import SourceSpec
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import VersionConflict, read_version, register_version
+    from finetune_assets.dataset_versions.registry import VersionConflict, read_version, register_version
 
     store = Storage(str(storage_root))
     sources = [_csv(tmp_path / f"s{i}.csv", [(f"review {i}", "1"), (f"bad {i}", "-1"), (f"meh {i}", "0")])

@@ -121,7 +121,7 @@ def _partitions() -> list[str]:
     import dagster as dg
 
     from finetune_assets.cli import _instance
-    from finetune_assets.partitions import DATASET_VERSIONS
+    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 
     _instance()
     return list(dg.DagsterInstance.get().get_dynamic_partitions(DATASET_VERSIONS))
@@ -181,7 +181,7 @@ def test_versions_add_refuses_a_class_without_reviews(capsys, dagster_home, stor
 
 def test_a_landing_folder_carries_its_labels_in_a_manifest(instance, storage_root, tmp_path, binary_reviews_tsv):
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import read_version
+    from finetune_assets.dataset_versions.registry import read_version
     from finetune_assets_tests.test_sensors import Daemon, _folder, _publish_base
 
     landing = tmp_path / "landing"

@@ -24,7 +24,7 @@ def _shown(setup: str, warn: str) -> str:
 
 
 def test_the_same_preview_warning_from_elsewhere_still_shows():
-    out = _shown("import dagster as dg, finetune_assets.partitions",
+    out = _shown("import dagster as dg, finetune_assets.dataset_versions.partitions",
                  "warnings.warn('Specifying a partitions_def on an AssetCheckSpec is currently in preview', "
                  "dg.PreviewWarning)")
     assert "PreviewWarning: Specifying a partitions_def" in out

@@ -17,7 +17,7 @@ from finetune_assets.data.labels import STARS_LABEL_SET, LabelSet, label_set_of_
 from finetune_assets.data.sources import SourceSpec
 from finetune_assets.definitions import build_defs
 from finetune_assets.storage import Storage
-from finetune_assets.versions import register_version
+from finetune_assets.dataset_versions.registry import register_version
 from finetune_assets_tests.test_user_path import QUICK_TRAINING, sh, user_env  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]

@@ -20,7 +20,7 @@ from finetune_assets.definitions import build_defs
 from finetune_assets.contracts import FINETUNED_MODEL as FINETUNED, PRETRAINED_MODEL as PRETRAINED
 from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
 from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.storage import Storage
 
@@ -215,7 +215,7 @@ def test_a_retried_finetuned_model_reuses_its_registered_version(storage_root, i
     """A retry (same inputs + config) resumes the finished checkpoint and finds its version by training key:
     exactly one registered version, and the alias it holds does not move."""
     from finetune_assets.assets.finetuned import finetuned_model
-    from finetune_assets.resources.storage import StorageResource
+    from finetune_assets.resources.storage_root import StorageResource
     from finetune_assets_tests.training.fixtures import publish_upstream
 
     store = Storage(str(storage_root))

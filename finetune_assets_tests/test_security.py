@@ -8,9 +8,9 @@ import pytest
 from finetune_assets.data.models import save_pretrained_model
 from finetune_assets.data.sources import SourceSpec
 from finetune_assets.definitions import build_defs
-from finetune_assets.partitions import InvalidVersionKey, validate_version_key
+from finetune_assets.dataset_versions.partitions import InvalidVersionKey, validate_version_key
 from finetune_assets.storage import Storage
-from finetune_assets.versions import register_version
+from finetune_assets.dataset_versions.registry import register_version
 
 HOSTILE_KEYS = ["../etc", "..", "a/b", "a b", "", "x" * 64, "-lead", "trail.", "v1\n", "a\\b", "%2e%2e"]
 

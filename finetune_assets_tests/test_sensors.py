@@ -11,12 +11,12 @@ import pytest
 from finetune_assets.data.sources import SourceSpec, read_source
 from finetune_assets.contracts import CHAMPION_MODEL as CHAMPION, FINETUNED_MODEL as FINETUNED, PRETRAINED_MODEL as PRETRAINED
 from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
-from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.landing import LandingZoneResource, fingerprint
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.sensors import LandingCursor, landing_zone_sensor
 from finetune_assets.storage import Storage
-from finetune_assets.versions import read_version
+from finetune_assets.dataset_versions.registry import read_version
 
 VERSION_CHAIN = tuple(a.key.to_user_string() for a in CHAIN_ASSETS)  # names, in flow order
 

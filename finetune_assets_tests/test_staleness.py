@@ -20,13 +20,13 @@ from finetune_assets.assets.shards import ShardsConfig, mds_shards
 from finetune_assets.assets.tokenized import TokenizeConfig, tokenized_reviews
 from finetune_assets.definitions import build_defs
 from finetune_assets.data.sources import SourceSpec
-from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
-from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.launchers.base import TrainingSpec, TrainingLauncher
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.staleness import config_class, with_config_versions
 from finetune_assets.storage import Storage
-from finetune_assets.versions import write_version
+from finetune_assets.dataset_versions.registry import write_version
 
 CHAIN = ["raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model"]
 
@@ -39,7 +39,7 @@ def _chain_assets():
 class CopyLauncher(TrainingLauncher):
     """Stands in for torchrun: 'trains' by copying the base model and writing the metrics file."""
 
-    def launch(self, context, job: TrainingJob) -> None:
+    def launch(self, context, job: TrainingSpec) -> None:
         cfg = json.loads(Path(job.config_url).read_text())
         out = Path(cfg["output_dir"])
         shutil.copytree(cfg["model_dir"], out / "model")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.partitions import InvalidVersionKey
+from finetune_assets.dataset_versions.partitions import InvalidVersionKey
 from finetune_assets.storage import ATTEMPTS, POINTER, Storage, hash_tree, join
 
 

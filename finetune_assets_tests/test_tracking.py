@@ -55,7 +55,7 @@ def test_markdown_table_escapes_cells_that_would_break_a_row():
 
 
 def test_the_storage_root_default_has_one_place(monkeypatch):
-    from finetune_assets.resources.storage import StorageResource
+    from finetune_assets.resources.storage_root import StorageResource
     from finetune_assets.storage import DEFAULT_ROOT, default_root
 
     monkeypatch.delenv("FINETUNE_ASSETS_ROOT", raising=False)

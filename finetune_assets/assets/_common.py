@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from finetune_assets import viz
-from finetune_assets.partitions import validate_version_key
+from finetune_assets.dataset_versions.partitions import validate_version_key
 
 OWNERS = ["team:ml-platform"]
 

@@ -18,9 +18,9 @@ from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.contracts import BASELINE_MODEL, RAW_REVIEWS, SPLITS, read_reviews
 from finetune_assets.data.baseline import INFO_FILE, MODEL_FILE, BaselineModel, BaselineSettings
 from finetune_assets.data.evaluate import majority_scores, order_labels
-from finetune_assets.partitions import dataset_versions
+from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
 
 

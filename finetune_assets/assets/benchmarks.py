@@ -14,9 +14,9 @@ import dagster as dg
 from finetune_assets import viz
 from finetune_assets.contracts import BASELINE_MODEL, FINETUNED_MODEL
 from finetune_assets.assets._common import OWNERS, version_of
-from finetune_assets.partitions import dataset_versions
+from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
 
 SCORES = "benchmark_scores"

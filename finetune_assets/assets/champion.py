@@ -12,9 +12,9 @@ from pydantic import Field
 from finetune_assets.assets._common import OWNERS, version_of
 from finetune_assets.assets.finetuned import finetuned_model, recorded_model
 from finetune_assets.checks import FloorConfig
-from finetune_assets.partitions import dataset_versions
+from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 
 PROMOTION_POOL = "promotion"
 

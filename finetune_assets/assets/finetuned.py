@@ -26,10 +26,10 @@ from finetune_assets.contracts import (
     read_training_result,
 )
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, labels_from_metadata, registered_model_name
-from finetune_assets.launchers.base import TrainingJob, TrainingLauncher
-from finetune_assets.partitions import dataset_versions
+from finetune_assets.launchers.base import TrainingSpec, TrainingLauncher
+from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
 from finetune_assets.training.config import HyperParameters, TrainerConfig
 
@@ -184,7 +184,7 @@ def finetuned_model(
         context.log.info(f"trainer config {config_url}; checkpoints {trainer.checkpoint_dir}")
         launcher.launch(
             context,
-            TrainingJob(
+            TrainingSpec(
                 name=job_name(version, run_id),
                 config_url=config_url,
                 labels=launch_labels(context, FINETUNED_MODEL, version),

@@ -7,7 +7,7 @@ from pydantic import Field
 from finetune_assets.contracts import PRETRAINED_MODEL
 from finetune_assets.assets._common import OWNERS
 from finetune_assets.data.models import DEFAULT_MODEL, save_pretrained_model
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import hash_tree
 
 

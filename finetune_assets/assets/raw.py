@@ -15,9 +15,9 @@ from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError
 from finetune_assets.contracts import ACCEPTED_SCHEMA, LABELS_FILE, RAW_REVIEWS, REJECTED_FILE, REJECTED_SCHEMA, REVIEWS_FILE
 from finetune_assets.data.sources import HF_PREFIX, SourceError, SourceSpec, is_builtin, iter_source, list_source
 from finetune_assets.data.validate import SplitRule, StreamValidator, ValidationRules
-from finetune_assets.partitions import dataset_versions
-from finetune_assets.resources.storage import StorageResource
-from finetune_assets.versions import read_version
+from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.resources.storage_root import StorageResource
+from finetune_assets.dataset_versions.registry import read_version
 
 
 class RawReviewsConfig(dg.Config):
@@ -186,7 +186,7 @@ def _files_metadata(context: dg.AssetExecutionContext, spec: SourceSpec) -> dict
 
 def _refuse_changed_content(store, version: str, spec: SourceSpec) -> None:
     """A version is immutable: its registered source must still hold the content fingerprinted at registration."""
-    from finetune_assets.versions import content_changed
+    from finetune_assets.dataset_versions.registry import content_changed
 
     problem = content_changed(store, version, spec)
     if problem:

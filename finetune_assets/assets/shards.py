@@ -10,8 +10,8 @@ from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table
 from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.contracts import MDS_SHARDS, TOKENIZED_REVIEWS
 from finetune_assets.data.shards import COMPRESSION, SplitShards, read_back_count
-from finetune_assets.partitions import dataset_versions
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.resources.storage_root import StorageResource
 
 
 class ShardsConfig(dg.Config):

@@ -25,8 +25,8 @@ from finetune_assets.contracts import (
 from finetune_assets.data.labels import labels_from_metadata
 from finetune_assets.data.models import position_limit
 from finetune_assets.data.tokenize import stats_from_histogram, token_dtype
-from finetune_assets.partitions import dataset_versions
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.resources.storage_root import StorageResource
 
 
 class TokenizeConfig(dg.Config):

@@ -15,7 +15,7 @@ TRAINER_MODULE = "finetune_assets.training"
 
 
 @dataclass(frozen=True)
-class TrainingJob:
+class TrainingSpec:
     """One training run, as the ``finetuned_model`` asset hands it to a launcher."""
 
     name: str  # unique per Dagster run and partition; DNS-1123 safe (used for k8s names, rdzv id)
@@ -78,10 +78,10 @@ def torchrun_command(
 
 
 class TrainingLauncher(dg.ConfigurableResource, ABC):
-    """Runs a :class:`TrainingJob` to completion or raises :class:`TrainingFailed`."""
+    """Runs a :class:`TrainingSpec` to completion or raises :class:`TrainingFailed`."""
 
     nproc_per_node: int = 1
     max_restarts: int = 0
 
     @abstractmethod
-    def launch(self, context: dg.AssetExecutionContext, job: TrainingJob) -> None: ...
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None: ...

@@ -54,7 +54,7 @@ from pydantic import Field
 from finetune_assets.launchers.base import (
     TRAINER_MODULE,
     TrainingFailed,
-    TrainingJob,
+    TrainingSpec,
     TrainingLauncher,
     log_trainer_line,
     torchrun_command,
@@ -265,7 +265,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
         """Pod 0's DNS name through the headless Service (``<job>-0.<service>.<ns>.svc``)."""
         return f"{name}-0.{name}.{self.namespace}.svc"
 
-    def command(self, job: TrainingJob, name: str) -> list[str]:
+    def command(self, job: TrainingSpec, name: str) -> list[str]:
         """The container command: the same torchrun command as the local launcher, per node."""
         if self.nnodes == 1:
             return torchrun_command(
@@ -407,9 +407,9 @@ class K8sTorchrunLauncher(TrainingLauncher):
         }
         return pod_spec, container
 
-    def render(self, job: TrainingJob, name: str, image: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    def render(self, job: TrainingSpec, name: str, image: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """The Service (None for one node) and the Job as API-ready dicts (camelCase, no secrets)."""
-        pod_spec, container = self.pod_parts(self.command(job, name), self._env(job.env, "TrainingJob.env"))
+        pod_spec, container = self.pod_parts(self.command(job, name), self._env(job.env, "TrainingSpec.env"))
         if self.nnodes > 1:
             pod_spec["subdomain"] = name  # hostname <job>-<i> + subdomain = DNS record via the Service
             container["ports"] = [{"name": "c10d", "containerPort": self.rdzv_port, "protocol": "TCP"}]
@@ -498,7 +498,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
 
     # -- launching ----------------------------------------------------------------------------
 
-    def launch(self, context: dg.AssetExecutionContext, job: TrainingJob) -> None:
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
         log = context.log
         api = self.api()
         owner, owner_image = self._owner_reference(log, api)
@@ -516,7 +516,7 @@ class K8sTorchrunLauncher(TrainingLauncher):
                 log.warning(f"{e}: resubmitting the gang ({attempt + 1}/{self.max_resubmissions}); "
                             "the trainer resumes from its last checkpoint")
 
-    def _run_gang(self, log, api, job: TrainingJob, owner: dict[str, Any] | None, image: str | None) -> None:
+    def _run_gang(self, log, api, job: TrainingSpec, owner: dict[str, Any] | None, image: str | None) -> None:
         name = k8s_name(job.name)
         service, manifest = self.render(job, name, image)
         log.info(

@@ -16,7 +16,7 @@ import dagster as dg
 
 from finetune_assets.launchers.base import (
     TrainingFailed,
-    TrainingJob,
+    TrainingSpec,
     TrainingLauncher,
     log_trainer_line,
     torchrun_command,
@@ -104,7 +104,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
     cwd: str | None = None
     omp_num_threads: int | None = None  # per worker; default: cores / nproc_per_node
 
-    def command(self, job: TrainingJob) -> list[str]:
+    def command(self, job: TrainingSpec) -> list[str]:
         return torchrun_command(
             job.config_url,
             nproc_per_node=self.nproc_per_node,
@@ -112,7 +112,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
             python=self.python,
         )
 
-    def launch(self, context: dg.AssetExecutionContext, job: TrainingJob) -> None:
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
         cmd = self.command(job)
         with tempfile.TemporaryDirectory(prefix=f"{job.name[:40]}-") as tmp:
             error_dir = Path(tmp)

@@ -57,7 +57,7 @@ def main() -> None:
     from finetune_assets.data.sources import SourceSpec
     from finetune_assets.definitions import build_defs
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import register_version
+    from finetune_assets.dataset_versions.registry import register_version
 
     if args.hang_in == "tokens":
         _hang_in_tokens(args.marker)

@@ -41,7 +41,7 @@ def _run(root: Path, version: str, source: Path, assets) -> None:
 
 def _run_here(root: Path, instance, version: str, source: Path, assets) -> None:
     """In this process (cheaper than a worker), with the worker's config, so content hashes compare."""
-    from finetune_assets.versions import register_version
+    from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets_tests.test_assets_data import materialize
 
     register_version(instance, Storage(str(root)), version, SourceSpec(uri=str(source)))

@@ -334,7 +334,7 @@ def test_bad_input_through_dagster(name: str, arabic_reviews: Path, tmp_path: Pa
     """The same cases through ``raw_reviews``: a Failure naming file + problem and nothing published,
     or a published quarantine whose metadata counts add up to the input rows."""
     from finetune_assets.storage import ATTEMPTS, Storage
-    from finetune_assets.versions import register_version
+    from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets_tests.test_assets_data import _failure_message, _metadata, materialize
 
     case = CASES[name](arabic_reviews, tmp_path)

@@ -78,7 +78,7 @@ def test_reading_does_not_import_the_package_modules():
 def test_versions_add_registers_the_default_set_with_its_label_set(tmp_path, monkeypatch, capsys):
     from finetune_assets.cli import main
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import read_version
+    from finetune_assets.dataset_versions.registry import read_version
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     root = tmp_path / "root"

@@ -137,7 +137,7 @@ def test_corrupt_compressed_file_names_the_file(tmp_path: Path):
 def test_through_dagster_counts_add_up_and_files_are_listed(tmp_path: Path, storage_root: Path, instance):
     """raw_reviews on a hostile folder: metadata rows_in = generated records; read and ignored files listed."""
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import register_version
+    from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets_tests.test_assets_data import _metadata, materialize
 
     folder = tmp_path / "drop"
@@ -158,7 +158,7 @@ def test_changed_content_under_a_registered_key_is_refused_on_materialization(tm
                                                                               instance):
     """The CLI path records a fingerprint like the sensor; raw_reviews refuses to read other content under the key."""
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import register_version, source_fingerprint
+    from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
     from finetune_assets_tests.test_assets_data import _failure_message, materialize
 
     path = tmp_path / "reviews.csv"

@@ -220,7 +220,7 @@ def test_a_failed_slice_fails_the_step_and_publishes_nothing(asset, storage_root
                                                              arabic_reviews, monkeypatch):
     import finetune_assets.launchers.select as select
     from finetune_assets.storage import ATTEMPTS, Storage
-    from finetune_assets.versions import register_version
+    from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets_tests.test_assets_data import _failure_message, materialize
 
     store = Storage(str(storage_root))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from finetune_assets.launchers import TrainingJob, TrainingLauncher
+from finetune_assets.launchers import TrainingSpec, TrainingLauncher
 
 
 @dataclass
@@ -28,7 +28,7 @@ def launch_in_dagster(
 ) -> Launched:
     @dg.asset(name="trained")
     def trained(context: dg.AssetExecutionContext, launcher: TrainingLauncher) -> None:
-        launcher.launch(context, TrainingJob(
+        launcher.launch(context, TrainingSpec(
             name=f"trained-{partition}-{context.run.run_id[:8]}",
             config_url=config_url,
             labels={"dagster/run-id": context.run.run_id, "dagster/asset": "trained", "dagster/partition": partition},

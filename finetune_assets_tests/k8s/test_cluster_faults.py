@@ -120,11 +120,11 @@ def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> 
                              memory_request="256Mi", cpu_request="100m"))
     code = f"""
 import json, logging, sys
-from finetune_assets.launchers import TrainingJob
+from finetune_assets.launchers import TrainingSpec
 from finetune_assets.launchers.k8s import K8sTorchrunLauncher
 class C: log = logging.getLogger("launcher")
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingJob(name="abandoned", config_url="standin:sleep=600",
+K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingSpec(name="abandoned", config_url="standin:sleep=600",
     labels={{"dagster/asset": "trained", "dagster/partition": {partition!r}, "dagster/run-id": "dead-run"}}))
 """
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -151,10 +151,10 @@ def test_the_launching_pod_dying_garbage_collects_the_gang(cluster: Cluster, dou
 
 def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(cluster: Cluster, double, instance) -> None:
     """A gang left running by a dead attempt (created here directly, as that attempt rendered it)."""
-    from finetune_assets.launchers import TrainingJob
+    from finetune_assets.launchers import TrainingSpec
 
     name = "left-over-gang"
-    _, job = cluster.launcher(nnodes=1).render(TrainingJob(name=name, config_url="standin:sleep=600", labels={
+    _, job = cluster.launcher(nnodes=1).render(TrainingSpec(name=name, config_url="standin:sleep=600", labels={
         "dagster/asset": "trained", "dagster/partition": "dedup", "dagster/run-id": "dead-run"}), name)
     cluster.create_job(job)
     launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="dedup")

@@ -11,9 +11,9 @@ import dagster as dg
 import pytest
 
 from finetune_assets.assets.finetuned import finetuned_model
-from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage
 from finetune_assets_tests.k8s.conftest import Cluster, free_port
 from finetune_assets_tests.training.fixtures import publish_upstream as _publish_upstream

@@ -14,7 +14,7 @@ import uuid
 import pytest
 from dagster._core.errors import DagsterExecutionInterruptedError
 
-from finetune_assets.launchers import TrainingJob
+from finetune_assets.launchers import TrainingSpec
 from finetune_assets_tests.k8s.conftest import HARNESS_AGENT, Cluster, free_port
 from finetune_assets_tests.k8s.helpers import launch_in_dagster
 
@@ -96,7 +96,7 @@ class _Context:
 def test_interruption_deletes_the_job(cluster: Cluster) -> None:
     context = _Context()
     with pytest.raises(DagsterExecutionInterruptedError):
-        cluster.launcher(nnodes=1).launch(context, TrainingJob(name="interrupted", config_url="standin:sleep=600"))
+        cluster.launcher(nnodes=1).launch(context, TrainingSpec(name="interrupted", config_url="standin:sleep=600"))
     name = re.search(r"Launching training Job [^/]+/(\S+):", "\n".join(context.log.lines)).group(1)
     assert any(line.startswith(f"Deleted Job {cluster.namespace}/{name}") for line in context.log.lines)
     assert cluster.leftovers(name) == {}

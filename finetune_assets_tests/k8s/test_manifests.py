@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from finetune_assets.launchers import TrainingJob
+from finetune_assets.launchers import TrainingSpec
 from finetune_assets.launchers.k8s import CONTAINER_NAME, JOB_LABEL, K8sTorchrunLauncher, Toleration
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -37,7 +37,7 @@ CONFIGS = {
 
 def render(name: str, **fields):
     launcher = K8sTorchrunLauncher(image="registry.example.com/finetune-assets:1.0", namespace="ml-train", **fields)
-    job = TrainingJob(
+    job = TrainingSpec(
         name="finetuned_model/v2024.01 (retry)",
         config_url="s3://bucket/finetune/configs/run.json",
         labels={"dagster/run-id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "dagster/asset": "finetuned_model",
@@ -125,7 +125,7 @@ def test_no_secret_values_in_manifests(monkeypatch) -> None:
 def test_credentials_as_plain_env_are_refused(where: str) -> None:
     env = {"AWS_SECRET_ACCESS_KEY": SECRET}
     launcher = K8sTorchrunLauncher(image="img", env=env if where == "launcher" else {})
-    job = TrainingJob(name="x", config_url="c", env=env if where == "job" else {})
+    job = TrainingSpec(name="x", config_url="c", env=env if where == "job" else {})
     with pytest.raises(ValueError, match="env_secret_names") as err:
         launcher.render(job, "x-1")
     assert SECRET not in str(err.value)
@@ -140,7 +140,7 @@ def test_names_and_labels_are_kubernetes_safe() -> None:
     assert sanitize_label_value("2024-01-01/ünï code") == "2024-01-01--n--code"
     assert sanitize_label_value("-x-" * 40) == ("-x-" * 40)[:63].strip("-")
     with pytest.raises(ValueError, match="label key"):
-        K8sTorchrunLauncher(image="img", labels={"bad key": "v"}).render(TrainingJob(name="x", config_url="c"), "x-1")
+        K8sTorchrunLauncher(image="img", labels={"bad key": "v"}).render(TrainingSpec(name="x", config_url="c"), "x-1")
 
 
 # -- deploy/ --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from finetune_assets.data.sources import SourceSpec
 from finetune_assets.definitions import build_defs
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.storage import Storage
-from finetune_assets.versions import register_version
+from finetune_assets.dataset_versions.registry import register_version
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "ar-prod"

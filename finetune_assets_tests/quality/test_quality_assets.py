@@ -26,11 +26,11 @@ from finetune_assets.cli import main
 from finetune_assets.data.sample import SAMPLE_SOURCE
 from finetune_assets.data.sources import SourceSpec, read_source
 from finetune_assets.data.validate import ValidationRules, validate
-from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
-from finetune_assets.versions import write_version
+from finetune_assets.dataset_versions.registry import write_version
 from finetune_assets.vocab_check import vocabulary_fit
 
 ASSETS = [raw_reviews, pretrained_model, tokenized_reviews, baseline_model, benchmark_scores, vocabulary_fit]

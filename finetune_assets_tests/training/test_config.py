@@ -123,7 +123,7 @@ def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_run
     from finetune_assets.assets.finetuned import finetuned_model
     from finetune_assets.launchers.base import TrainingLauncher
     from finetune_assets.resources.mlflow import MlflowResource
-    from finetune_assets.resources.storage import StorageResource
+    from finetune_assets.resources.storage_root import StorageResource
 
     class Unreachable(TrainingLauncher):
         def launch(self, context, job) -> None:

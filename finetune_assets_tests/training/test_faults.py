@@ -23,12 +23,12 @@ import pytest
 from safetensors.torch import load_file
 
 from finetune_assets.assets.finetuned import finetuned_model
-from finetune_assets.launchers.base import TrainingJob, torchrun_command
+from finetune_assets.launchers.base import TrainingSpec, torchrun_command
 from finetune_assets.launchers.local import LocalTorchrunLauncher, _proc_table, process_tree
 from finetune_assets_tests.processes import kill_tree
-from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage
 from finetune_assets_tests.training.fixtures import publish_upstream, write_mds_splits
 from finetune_assets_tests.training.test_torchrun import write_config
@@ -120,7 +120,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one
 class KillWholeRunLauncher(LocalTorchrunLauncher):
     """Like a node loss: SIGKILL torchrun and every worker once a checkpoint exists (the asset then fails)."""
 
-    def launch(self, context: dg.AssetExecutionContext, job: TrainingJob) -> None:
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
         checkpoint_dir = Path(json.loads(Path(job.config_url).read_text())["checkpoint_dir"])
         done = threading.Event()
 

@@ -11,9 +11,9 @@ import pytest
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.contracts import TrainingResult
 from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage import StorageResource
+from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
 from finetune_assets_tests.training.fixtures import publish_upstream
 

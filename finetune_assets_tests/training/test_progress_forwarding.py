@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
-from finetune_assets.launchers.base import TrainingJob, log_trainer_line
+from finetune_assets.launchers.base import TrainingSpec, log_trainer_line
 from finetune_assets.launchers.k8s import _LogFollower
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.training import PROGRESS
@@ -42,7 +42,7 @@ class _EchoLauncher(LocalTorchrunLauncher):
 
 def test_the_local_launcher_forwards_progress_as_info(tmp_path):
     log = _Log()
-    _EchoLauncher().launch(SimpleNamespace(log=log), TrainingJob(name="echo", config_url=str(tmp_path / "c.json")))
+    _EchoLauncher().launch(SimpleNamespace(log=log), TrainingSpec(name="echo", config_url=str(tmp_path / "c.json")))
     assert ("info", MESSAGE) in log.records
     assert [m for lvl, m in log.records if m.startswith(PROGRESS)] == [MESSAGE]
 

@@ -14,7 +14,7 @@ import dagster as dg
 import pytest
 
 from finetune_assets.contracts import read_split_stats
-from finetune_assets.launchers.base import TrainingFailed, TrainingJob, torchrun_command
+from finetune_assets.launchers.base import TrainingFailed, TrainingSpec, torchrun_command
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import write_mds_splits
@@ -157,7 +157,7 @@ def test_trainer_crash_fails_the_launcher_with_a_readable_error(tmp_path, tiny_m
     launcher = LocalTorchrunLauncher(nproc_per_node=2, cwd=str(REPO))
     context = dg.build_asset_context()
     with pytest.raises(TrainingFailed) as err:
-        launcher.launch(context, TrainingJob(name="crash-test", config_url=str(config)))
+        launcher.launch(context, TrainingSpec(name="crash-test", config_url=str(config)))
     message = str(err.value)
     assert "crash-test" in message and "exit code" in message
     assert "no MDS dataset" in message and str(tmp_path / "missing") in message
@@ -187,7 +187,7 @@ def test_cancellation_kills_torchrun_and_every_worker(world):
         signal.signal(signal.SIGALRM, arm)
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         with pytest.raises(KeyboardInterrupt):
-            launcher.launch(context, TrainingJob(name="cancel-test", config_url=str(config)))
+            launcher.launch(context, TrainingSpec(name="cancel-test", config_url=str(config)))
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

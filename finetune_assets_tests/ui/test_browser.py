@@ -146,9 +146,9 @@ def prepared(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
 
     from finetune_assets.assets.pretrained import pretrained_model
     from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.resources.storage import StorageResource
+    from finetune_assets.resources.storage_root import StorageResource
     from finetune_assets.storage import Storage
-    from finetune_assets.versions import register_version
+    from finetune_assets.dataset_versions.registry import register_version
 
     home, root = tmp_path / "dagster_home", tmp_path / "root"
     home.mkdir()

@@ -6,7 +6,7 @@ import warnings
 
 import dagster as dg
 
-from finetune_assets.version_keys import InvalidVersionKey, validate_version_key
+from finetune_assets.dataset_versions.keys import InvalidVersionKey, validate_version_key
 
 __all__ = ["DATASET_VERSIONS", "InvalidVersionKey", "dataset_versions", "validate_version_key"]
 

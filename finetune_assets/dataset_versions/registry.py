@@ -22,7 +22,7 @@ import dagster as dg
 from finetune_assets.contracts import PARTITIONED_ASSETS
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError, LabelSet
 from finetune_assets.data.sources import HF_PREFIX, SourceSpec, is_builtin
-from finetune_assets.partitions import DATASET_VERSIONS, validate_version_key
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, validate_version_key
 from finetune_assets.storage import Storage
 
 LOCK_STALE_S = 120.0  # a lock older than this was left by a killed process
