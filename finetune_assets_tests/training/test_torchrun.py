@@ -30,6 +30,7 @@ def write_config(root: Path, name: str, model_dir: Path, shards: Path, **overrid
         "output_dir": str(run / "out"),
         "checkpoint_dir": str(run / "ckpt"),
         "accelerator": "cpu",
+        "epochs": 2,  # the runs below count samples over two epochs (the product default is one)
         "checkpoint_every_n_steps": 3,
         "log_every_n_steps": 2,
         "num_workers": 0,
