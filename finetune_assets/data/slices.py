@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -309,6 +310,28 @@ def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
     return stats
 
 
+class _MergeNotices(logging.Filter):
+    """merge_index's two notices per split (its temp folder; the output folder exists, which it must)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("A temporary folder") or "exists and not empty" in message)
+
+
+@contextlib.contextmanager
+def _quiet_merge_notices():
+    """Drop only those notices, only during the merge, on the two loggers streaming emits them on."""
+    loggers = [logging.getLogger(), logging.getLogger("streaming.base.storage.upload")]
+    drop = _MergeNotices()
+    for logger in loggers:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(drop)
+
+
 def merge_shards(out: str, local_dir: Path, count: int) -> dict[str, dict]:
     """Join the slices' MDS sub-datasets into one dataset per split with ``streaming.base.util.merge_index``.
 
@@ -331,7 +354,8 @@ def merge_shards(out: str, local_dir: Path, count: int) -> dict[str, dict]:
                 local_index.parent.mkdir(parents=True, exist_ok=True)
                 fs.get_file(f"{out_path}/{split}/{part_name(i)}/index.json", str(local_index))
             indexes.append(str(local_index))
-        merge_index(indexes, str(local_dir / split), keep_local=True)
+        with _quiet_merge_notices():
+            merge_index(indexes, str(local_dir / split), keep_local=True)
         label_counts: dict[str, int] = {}
         for p in parts:
             for k, v in p[split]["label_counts"].items():
