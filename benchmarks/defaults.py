@@ -36,7 +36,7 @@ from finetune_assets.data.batching import predict_in_length_order
 from finetune_assets.data.models import DEFAULT_MODEL, packaged_model_dir, save_pretrained_model
 from finetune_assets.data.shards import write_splits
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import SplitRule, tokenize_table
+from finetune_assets.data.tokenize import tokenize_table
 from finetune_assets.data.validate import ValidationRules, validate
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.precision import cpu_supports_bf16, resolve_precision
@@ -147,8 +147,7 @@ def main() -> None:
         root = Path(tmp)
         summary = save_pretrained_model(DEFAULT_MODEL, None, root / "model")
         validated = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules())
-        table = tokenize_table(validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512,
-                               SplitRule())
+        table = tokenize_table(validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512)
         write_splits(table, root / "shards")
         split = table.column("split").cast(pa.string()).to_pylist()
         lengths = [len(x) for x in table.column("input_ids").to_pylist()]
@@ -181,9 +180,9 @@ def main() -> None:
 
 
 def test_texts(limit: int) -> list[str]:
-    """The first ``limit`` texts of the test split, as the assets split them (by the text's hash)."""
+    """The first ``limit`` texts of the test split, as raw_reviews split them (by the normalized text's hash)."""
     validated = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules())
-    table = tokenize_table(validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512, SplitRule())
+    table = tokenize_table(validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512)
     split = table.column("split").cast(pa.string()).to_pylist()
     return [t for t, s in zip(validated.accepted.column("text").to_pylist(), split) if s == "test"][:limit]
 
