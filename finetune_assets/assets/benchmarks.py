@@ -25,7 +25,6 @@ SCORES_FILE = "scores.json"
 
 def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512) -> dict:
     """Scores of one classifier on one set, or ``{"refused": reason}`` when the label sets do not match."""
-    from finetune_assets.data.batching import predict_in_length_order
     from finetune_assets.data.evaluate import LabelSetMismatch, map_labels, scores
 
     try:
@@ -33,8 +32,7 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
                            where=f"benchmark set {bench.name}")
     except LabelSetMismatch as err:
         return {"refused": str(err)}
-    predicted = [p[0] for p in predict_in_length_order(lambda batch: classifier.predict(batch, max_length),
-                                                       bench.texts, batch_size)]
+    predicted = classifier.predict_labels(bench.texts, max_length, batch_size)
     result = scores(truth, predicted, classifier.labels)
     return {k: result[k] for k in ("samples", "accuracy", "macro_f1", "f1_per_class", "confusion_matrix", "labels")}
 

@@ -2,6 +2,7 @@
 
 
 import json
+import re
 from typing import ClassVar
 
 import dagster as dg
@@ -143,8 +144,6 @@ def _fan_out(context: dg.AssetExecutionContext, runner, kind: str, spec_url: str
     """Run the slice workers; a failed slice fails the step (and nothing is published)."""
     from finetune_assets.data.slices import WORKER_ENV
     from finetune_assets.launchers.fanout import FanOut, FanOutError, python_module
-
-    import re
 
     # DNS-1123 (a Kubernetes Job name): lower-case alphanumerics and "-", <= 52 characters, the run id kept
     name = re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{context.run.run_id[:8]}".lower())[-52:].strip("-")
