@@ -35,7 +35,7 @@ class RawReviewsConfig(dg.Config):
     max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
     validation_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in validation")
     test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
-    batch_rows: int = Field(65_536, description="rows validated and written per Parquet row group; memory "
+    batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group; memory "
                                                 "is bounded by this and the largest source file")
 
 

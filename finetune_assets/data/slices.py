@@ -44,7 +44,8 @@ import pyarrow.parquet as pq
 
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.contracts import SPLITS, TOKEN_PARTS_DIR
-from finetune_assets.data.tokenize import encode_texts, label_ids, length_histogram, split_values, token_batch
+from finetune_assets.data.tokenize import encode_texts, label_ids, length_histogram, token_batch
+from finetune_assets.data.validate import split_column
 
 INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by the fan-out runner, as a Kubernetes Indexed Job sets it
 PARTS = TOKEN_PARTS_DIR
@@ -82,12 +83,12 @@ class ShardsSpec:
         return len(self.groups)
 
 
-SHARD_ROWS_PER_WORKER = 200_000  # below this a second shard worker costs more (streaming imports torch) than it saves
+SHARD_ROWS_PER_WORKER = 50_000  # below this a second shard worker costs more (streaming's import: ~1.6 s) than it saves
 
 
 def group_parts(parts: int, workers: int, rows: int | None = None) -> list[list[int]]:
-    """Contiguous ranges of token parts, one per shard worker (a worker pays streaming's import once:
-    seconds of CPU and ~0.5 GB, so a small version gets fewer workers than ``workers``)."""
+    """Contiguous ranges of token parts, one per shard worker (a worker pays streaming's import once, so a
+    small version gets fewer workers than ``workers``). Parts are about equal in rows (:func:`plan_slices`)."""
     useful = workers if rows is None else max(1, rows // SHARD_ROWS_PER_WORKER)
     count = max(1, min(parts, workers, useful))
     cuts = [round(k * parts / count) for k in range(count + 1)]
@@ -95,13 +96,19 @@ def group_parts(parts: int, workers: int, rows: int | None = None) -> list[list[
 
 
 def plan_slices(row_group_rows: list[int], workers: int, slice_rows: int) -> list[list[int]]:
-    """Contiguous row-group ranges of about equal rows: at least ``workers`` (all cores busy) and at most
-    ``slice_rows`` rows each where row groups allow (a worker's memory), never more than the row groups."""
+    """Contiguous row-group ranges of about equal rows: at least ``workers`` (all cores busy), at most
+    ``slice_rows`` rows each where row groups allow (a worker's memory), never more than the row groups.
+
+    The count is a multiple of ``workers`` where row groups allow, so no worker idles through a last
+    round (5 slices on 2 workers would leave one core idle for a fifth of the step).
+    """
     groups = len(row_group_rows)
     if groups == 0:
         return []
     total = int(sum(row_group_rows))
-    count = min(groups, max(1, workers, math.ceil(total / max(1, slice_rows))))
+    workers = max(1, workers)
+    wanted = max(workers, math.ceil(total / max(1, slice_rows)))
+    count = min(groups, math.ceil(wanted / workers) * workers)
     cum = np.cumsum(row_group_rows)
     cuts = [0]
     for k in range(1, count):
@@ -186,58 +193,64 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
     fs, path = fsspec.core.url_to_fs(spec.reviews)
     with fs.open(path, "rb") as raw_file:
         reviews = pq.ParquetFile(raw_file)
-        keys = np.concatenate([text_keys(b.column(0).to_pylist()) for b in reviews.iter_batches(
-            batch_size=spec.batch_size, row_groups=groups, columns=["text"])] or [np.empty((0, 16), np.uint8)])
-        hits = cache.lookup(keys, dtype) if cache is not None else None
-        # slice row -> index into the hits' compact token buffer (-1: tokenize it)
-        where = np.full(len(keys), -1, dtype=np.int64)
+        # A cache with no segment yet (a first version) is not looked up: no first pass over the texts.
+        hits = None
+        if cache is not None and cache.has_segments():
+            keys = np.concatenate([text_keys(b.column(0).to_pylist()) for b in reviews.iter_batches(
+                batch_size=spec.batch_size, row_groups=groups, columns=["text"])] or [np.empty((0, 16), np.uint8)])
+            hits = cache.lookup(keys, dtype)
+        # slice row -> index into the hits' compact token array (-1: tokenize it)
+        where = None
         if hits is not None and len(hits.rows):
+            where = np.full(len(keys), -1, dtype=np.int64)
             where[hits.rows] = np.arange(len(hits.rows))
-            hit_flat = hits.ids.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-            hit_offsets = hits.ids.offsets.to_numpy()
         hist = np.zeros(0, dtype=np.int64)
         split_counts = dict.fromkeys(SPLITS, 0)
-        new_rows: list[np.ndarray] = []  # per batch, compact: row positions, token lists, full lengths
+        new_keys: list[np.ndarray] = []  # per batch, the rows tokenized anew: keys, tokens, full lengths
         new_ids: list[pa.Array] = []
         new_full: list[np.ndarray] = []
-        row = 0
+        row = new_count = 0
         with writing(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local:
             options = pa.ipc.IpcWriteOptions(compression="zstd")
             writer = None
             for batch in reviews.iter_batches(batch_size=spec.batch_size, row_groups=groups, columns=["text", "label", "split"]):
                 n = batch.num_rows
-                at = where[row:row + n]
-                miss = np.flatnonzero(at < 0)
                 texts = batch.column("text").to_pylist()
-                pieces: list = [None] * n
-                full = np.zeros(n, dtype=np.int32)
-                encoded, lengths = encode_texts(backend, [texts[j] for j in miss], spec.max_length, dtype)
-                for j, ids, length in zip(miss, encoded, lengths):
-                    pieces[j], full[j] = ids, length
-                for j in np.flatnonzero(at >= 0):
-                    k = at[j]
-                    pieces[j], full[j] = hit_flat[hit_offsets[k]:hit_offsets[k + 1]], hits.full[k]
-                splits = split_values(pa.Table.from_batches([batch]))  # raw_reviews stored it
-                out = token_batch(pieces, full, label_ids(batch.column("label").to_pylist(), labels), splits, dtype)
-                if len(miss):
-                    new_rows.append(row + miss)
-                    new_ids.append(out.column("input_ids").take(pa.array(miss)))
+                at = where[row:row + n] if where is not None else np.full(n, -1, dtype=np.int64)
+                miss = np.flatnonzero(at < 0)
+                if len(miss) == n:
+                    ids, full = encode_texts(backend, texts, spec.max_length, dtype)
+                else:  # cached rows and new ones, put back in row order with one take
+                    fresh, fresh_full = encode_texts(backend, [texts[j] for j in miss], spec.max_length, dtype)
+                    hit = np.flatnonzero(at >= 0)
+                    position = np.empty(n, dtype=np.int64)
+                    position[miss] = np.arange(len(miss))
+                    position[hit] = len(miss) + np.arange(len(hit))
+                    both = pa.concat_arrays([fresh, hits.ids.take(pa.array(at[hit]))])
+                    ids = both.take(pa.array(position))
+                    full = np.concatenate([fresh_full, hits.full[at[hit]]])[position]
+                new_count += len(miss)
+                if cache is not None and len(miss):
+                    new_keys.append(text_keys([texts[j] for j in miss]))
+                    new_ids.append(ids.take(pa.array(miss)) if len(miss) < n else ids)
                     new_full.append(full[miss])
+                splits = split_column(pa.Table.from_batches([batch]))  # raw_reviews stored it
+                out = token_batch(ids, full, label_ids(batch.column("label"), labels), splits, dtype)
                 if writer is None:
                     writer = pa.ipc.new_file(str(local), out.schema, options=options)
                 writer.write_batch(out)
                 h = length_histogram(full)
                 hist = np.pad(hist, (0, max(0, len(h) - len(hist)))) + np.pad(h, (0, max(0, len(hist) - len(h))))
-                for s in splits:
-                    split_counts[s] += 1
+                for s, c in zip(*np.unique(out.column("split").indices.to_numpy(), return_counts=True)):
+                    split_counts[SPLITS[s]] += int(c)
                 row += n
             if writer is None:  # an empty slice still has a (schema-only) part
-                empty = token_batch([], [], np.empty(0, np.int8), [], dtype)
+                empty = token_batch(pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), [], np.empty(0, np.int8),
+                                    pa.array([], pa.string()), dtype)
                 writer = pa.ipc.new_file(str(local), empty.schema, options=options)
             writer.close()
-    new_count = int(sum(len(r) for r in new_rows))
-    if cache is not None and new_count:
-        cache.add(keys[np.concatenate(new_rows)], pa.concat_arrays(new_ids), np.concatenate(new_full))
+    if new_keys:
+        cache.add(np.concatenate(new_keys), pa.concat_arrays(new_ids), np.concatenate(new_full))
     stats = {"rows": row, "reused": row - new_count, "new": new_count, "splits": split_counts,
              "length_histogram": hist.tolist(), "seconds": round(time.perf_counter() - t0, 3)}
     _put_json(f"{spec.out}/{PARTS}/{part_name(index)}.json", stats)
@@ -252,9 +265,9 @@ def shard_slice(spec: ShardsSpec, index: int, log=print) -> list[dict]:
 
 
 def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
-    from streaming import MDSWriter
+    from finetune_assets.data.shards import COMPRESSION, mds_columns, streaming_module
 
-    from finetune_assets.data.shards import COMPRESSION, mds_columns
+    MDSWriter = streaming_module("streaming.base.format.mds.writer").MDSWriter
 
     t0 = time.perf_counter()
     name = part_name(index)
@@ -339,8 +352,9 @@ def merge_shards(out: str, local_dir: Path, count: int) -> dict[str, dict]:
     staging folder); shard basenames become ``{i:05d}/shard...``, in slice order. Returns per split:
     samples, shards, bytes, label_counts (summed from the parts' stats).
     """
-    from streaming.base.util import merge_index
+    from finetune_assets.data.shards import streaming_module
 
+    merge_index = streaming_module("streaming.base.util").merge_index
     from finetune_assets.contracts import SPLIT_STATS_FILE, SplitStats
 
     fs, out_path = fsspec.core.url_to_fs(out)

@@ -31,10 +31,8 @@ CACHE_DIR = "token_cache"
 
 def text_keys(texts: list[str]) -> np.ndarray:
     """(n, 16) uint8: the cache key of each text."""
-    out = np.empty((len(texts), KEY_BYTES), dtype=np.uint8)
-    for i, t in enumerate(texts):
-        out[i] = np.frombuffer(hashlib.blake2b(t.encode(), digest_size=KEY_BYTES).digest(), dtype=np.uint8)
-    return out
+    digests = b"".join(hashlib.blake2b(t.encode(), digest_size=KEY_BYTES).digest() for t in texts)
+    return np.frombuffer(digests, dtype=np.uint8).reshape(len(texts), KEY_BYTES).copy()
 
 
 def tokenizer_hash(tokenizer_json: str) -> str:
@@ -66,6 +64,9 @@ class TokenCache:
         except FileNotFoundError:
             return []
         return sorted(n[: -len(".keys")] for n in names if n.endswith(".keys"))
+
+    def has_segments(self) -> bool:
+        return bool(self._segments())
 
     def lookup(self, keys: np.ndarray, dtype: np.dtype) -> Hits:
         """Rows of ``keys`` already in the cache, with their tokens (each segment read at most once)."""

@@ -8,9 +8,11 @@ Texts are encoded in full and truncated here, which keeps the original length fo
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.contracts import SPLITS
@@ -59,17 +61,14 @@ def tokenize_table(
     dtype = token_dtype(len(tokenizer))
     texts = accepted.column("text").to_pylist()
     n = len(texts)
-    pieces: list[np.ndarray] = []
-    full_lengths: list[int] = []
-    for start in range(0, n, batch_size):
-        p, f = encode_texts(backend, texts[start:start + batch_size], max_length, dtype)
-        pieces += p
-        full_lengths += f
+    batches = []
+    for start in range(0, max(n, 1), batch_size):
+        part = accepted.slice(start, batch_size)
+        ids, full = encode_texts(backend, texts[start:start + batch_size], max_length, dtype)
+        batches.append(token_batch(ids, full, label_ids(part.column("label"), labels), split_column(part), dtype))
         if progress:
             progress(min(start + batch_size, n), n)
-    batch = token_batch(pieces, full_lengths, label_ids(accepted.column("label").to_pylist(), labels),
-                        split_values(accepted), dtype)
-    return pa.Table.from_batches([batch])
+    return pa.Table.from_batches(batches)
 
 
 def split_values(accepted: pa.Table) -> list[str]:
@@ -77,43 +76,54 @@ def split_values(accepted: pa.Table) -> list[str]:
     return split_column(accepted).dictionary_decode().to_pylist()
 
 
-def encode_texts(backend, texts: list[str], max_length: int, dtype: np.dtype) -> tuple[list[np.ndarray], list[int]]:
-    """One fast-tokenizer batch: (ids truncated to ``max_length`` keeping specials, full length) per text."""
-    pieces, full = [], []
-    for enc in backend.encode_batch(texts):
-        ids = np.asarray(enc.ids, dtype=dtype)
-        full.append(len(ids))
-        pieces.append(truncate_keeping_specials(ids, enc.special_tokens_mask, max_length))
-    return pieces, full
+def encode_texts(backend, texts: list[str], max_length: int, dtype: np.dtype) -> tuple[pa.ListArray, np.ndarray]:
+    """One fast-tokenizer batch: token ids truncated to ``max_length`` keeping specials, and each full length.
+
+    ``encode_batch_fast`` (tokenizers >= 0.20) skips the character offsets nothing here uses. The ids go
+    into one flat buffer in one pass; only the rows that need truncating are touched one by one.
+    """
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    encodings = encode(texts)
+    rows = [e.ids for e in encodings]
+    full = np.fromiter(map(len, rows), dtype=np.int32, count=len(rows))
+    for i in np.flatnonzero(full > max_length):
+        rows[i] = truncate_keeping_specials(np.asarray(rows[i]), encodings[i].special_tokens_mask, max_length)
+    lengths = np.minimum(full, max_length)
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter(chain.from_iterable(rows), dtype=dtype, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)), full
 
 
-def label_ids(names: list[str], labels: LabelSet) -> np.ndarray:
-    label2id = labels.label2id
-    unknown = sorted({x for x in names if x not in label2id}, key=str)
-    if unknown:
+def label_ids(names, labels: LabelSet) -> np.ndarray:
+    """Class names (a list or an Arrow string array) -> int8 ids in ``labels``; an unknown name is an error."""
+    names = pa.array(names, pa.string()) if isinstance(names, list) else names
+    names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
+    ids = pc.index_in(names, value_set=pa.array(list(labels.names), pa.string()))
+    if ids.null_count:
+        unknown = sorted(set(pc.filter(names, pc.is_null(ids)).to_pylist()), key=str)
         raise ValueError(f"labels {unknown[:10]} are not classes of the version's label set {list(labels.names)}")
-    return np.fromiter((label2id[x] for x in names), dtype=np.int8, count=len(names))
+    return ids.to_numpy().astype(np.int8)
 
 
 SPLIT_DICTIONARY = pa.array(SPLITS, pa.string())  # one fixed dictionary: batches of one IPC file must share it
 
 
-def token_batch(pieces: list[np.ndarray], full_lengths, labels: np.ndarray, splits: list[str],
+def token_batch(ids: pa.ListArray, full_lengths, labels: np.ndarray, splits: pa.Array,
                 dtype: np.dtype) -> pa.RecordBatch:
     """The tokenized rows' columns: input_ids (list of uint), length, full_length, label id, split."""
-    n = len(pieces)
-    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int32, count=n)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(pieces).astype(dtype, copy=False) if n else np.empty(0, dtype=dtype)
-    codes = {s: i for i, s in enumerate(SPLITS)}
-    split_codes = pa.array(np.fromiter((codes[s] for s in splits), dtype=np.int8, count=n))
+    ids = ids.cast(pa.list_(pa.from_numpy_dtype(dtype)))
+    if pa.types.is_dictionary(splits.type):
+        splits = splits.cast(pa.string())
+    codes = pc.index_in(splits, value_set=SPLIT_DICTIONARY)
+    if codes.null_count:
+        raise ValueError(f"split values other than {list(SPLITS)}")
     return pa.RecordBatch.from_arrays([
-        pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)),
-        pa.array(lengths),
+        ids,
+        pc.list_value_length(ids).cast(pa.int32()),
         pa.array(np.asarray(full_lengths, dtype=np.int32)),
         pa.array(np.asarray(labels, dtype=np.int8)),
-        pa.DictionaryArray.from_arrays(split_codes, SPLIT_DICTIONARY),
+        pa.DictionaryArray.from_arrays(codes.cast(pa.int8()), SPLIT_DICTIONARY),
     ], names=["input_ids", "length", "full_length", "label", "split"])
 
 
