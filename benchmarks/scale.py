@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -85,21 +86,70 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def run_step(root: Path, version: str, source: Path, step: str, config: dict) -> dict:
-    """One asset in a child process; wall time from inside it, peak RSS of its process tree from here."""
+class MemoryCgroup:
+    """A cgroup (v1 memory controller) holding one step's process tree, with a hard limit like a pod's.
+
+    The kernel counts each page once for the whole tree, which summing per-process RSS does not
+    (shared libraries, torch's among them, count once per process there). ``anon`` is the tree's
+    anonymous memory (``total_rss``: what the code holds, what a version's size could grow);
+    ``working_set`` is usage minus inactive file cache, the figure the kubelet evicts and OOM-kills on.
+    With ``limit_bytes`` the step runs under that limit; the page cache is reclaimed under it, a step
+    that needs more anonymous memory is OOM-killed (exit -9), as in a pod.
+    """
+
+    def __init__(self, name: str, limit_bytes: int | None):
+        own = next(ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                   if ln.split(":")[1] == "memory")
+        self.path = Path("/sys/fs/cgroup/memory" + own.rstrip("/")) / name
+        self.path.mkdir(exist_ok=True)
+        if limit_bytes:
+            (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        self.limit = limit_bytes
+
+    @staticmethod
+    def available() -> bool:
+        return Path("/sys/fs/cgroup/memory/cgroup.procs").exists() and os.access("/sys/fs/cgroup/memory", os.W_OK)
+
+    def join(self) -> None:  # in the child, before exec
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def sample(self) -> tuple[float, float]:
+        stat = dict(ln.split() for ln in (self.path / "memory.stat").read_text().splitlines())
+        usage = int((self.path / "memory.usage_in_bytes").read_text())
+        return int(stat["total_rss"]) / 2**20, (usage - int(stat["total_inactive_file"])) / 2**20
+
+    def close(self) -> dict:
+        out = {"failcnt": int((self.path / "memory.failcnt").read_text()), "limit_mb": (self.limit or 0) // 2**20}
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                break
+            except OSError:  # the last processes are still leaving
+                time.sleep(0.1)
+        return out
+
+
+def run_step(root: Path, version: str, source: Path, step: str, config: dict, limit_bytes: int | None = None) -> dict:
+    """One asset in a child process; wall time from inside it; peak memory of its process tree from here:
+    the cgroup's anonymous memory and working set (when cgroups are writable), and the sum of RSS."""
     import resource
 
     load = os.getloadavg()[0]
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     env = {**os.environ, "PYTHONPATH": str(REPO), "FINETUNE_ASSETS_ROOT": str(root)}
+    cgroup = MemoryCgroup(f"scale-bench-{os.getpid()}", limit_bytes) if MemoryCgroup.available() else None
     proc = subprocess.Popen([sys.executable, __file__, "_step", str(root), version, str(source), step,
-                             json.dumps(config)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = [0.0]
+                             json.dumps(config)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=cgroup.join if cgroup else None)
+    peak = {"rss_sum": 0.0, "anon": 0.0, "working_set": 0.0}
     stop = threading.Event()
 
     def sample():
         while not stop.is_set():
-            peak[0] = max(peak[0], tree_rss_mb(proc.pid))
+            peak["rss_sum"] = max(peak["rss_sum"], tree_rss_mb(proc.pid))
+            if cgroup is not None:
+                anon, working = cgroup.sample()
+                peak["anon"], peak["working_set"] = max(peak["anon"], anon), max(peak["working_set"], working)
             time.sleep(0.1)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -107,13 +157,18 @@ def run_step(root: Path, version: str, source: Path, step: str, config: dict) ->
     out, _ = proc.communicate()
     stop.set()
     t.join()
+    memory = cgroup.close() if cgroup is not None else {}
     line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
-        raise RuntimeError(f"{step} failed:\n{out[-4000:]}")
+        killed = " (killed: over its memory limit?)" if proc.returncode in (-9, 137) else ""
+        raise RuntimeError(f"{step} failed{killed}: {memory}\n{out[-4000:]}")
     result = json.loads(line[-1][len("RESULT "):])
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and every worker it waited for
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    result.update(peak_rss_mb=round(peak[0], 1), cpu_s_incl_startup=round(cpu, 1), load_avg=round(load, 2))
+    result.update(peak_rss_mb=round(peak["rss_sum"], 1), cpu_s_incl_startup=round(cpu, 1), load_avg=round(load, 2))
+    if cgroup is not None:
+        result.update(peak_anon_mb=round(peak["anon"], 1), peak_working_set_mb=round(peak["working_set"], 1),
+                      memory_limit_mb=memory["limit_mb"], limit_hits=memory["failcnt"])
     print(f"  {step} {config}: {result}", flush=True)
     return result
 
@@ -148,8 +203,17 @@ def _step(root: str, version: str, source: str, step: str, config: str) -> None:
     print("RESULT " + json.dumps({"wall_s": round(wall, 2), **meta}), flush=True)
 
 
+def _encode_all(backend, texts: list[str], method: str, clock=time.perf_counter) -> float:
+    encode = getattr(backend, method)
+    t0 = clock()
+    for i in range(0, len(texts), 2048):
+        encode(texts[i:i + 2048])
+    return clock() - t0
+
+
 def tokenizer_alone(root: Path, version: str, limit: int = 100_000) -> dict:
-    """The fast tokenizer's own single-thread rate on the version's accepted texts (the 1.2x reference)."""
+    """The fast tokenizer's own single-thread rate on the version's accepted texts (the 1.2x reference):
+    ``encode_batch`` and ``encode_batch_fast`` (no character offsets, what the workers call); the faster counts."""
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
@@ -162,16 +226,16 @@ def tokenizer_alone(root: Path, version: str, limit: int = 100_000) -> dict:
     backend = AutoTokenizer.from_pretrained(model.url, use_fast=True).backend_tokenizer
     backend.no_truncation()
     backend.no_padding()
-    t0 = time.perf_counter()
-    for i in range(0, len(texts), 2048):
-        backend.encode_batch(texts[i:i + 2048])
-    seconds = time.perf_counter() - t0
-    return {"rows": len(texts), "seconds": round(seconds, 2), "reviews_per_s": round(len(texts) / seconds)}
+    seconds = {m: _encode_all(backend, texts, m) for m in ("encode_batch", "encode_batch_fast")}
+    fastest = min(seconds.values())
+    return {"rows": len(texts), **{f"{m}_s": round(v, 2) for m, v in seconds.items()},
+            "reviews_per_s": round(len(texts) / fastest)}
 
 
 def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000) -> dict:
-    """CPU seconds of one slice worker (``tokenize_slice``, cold cache) vs the fast tokenizer's ``encode_batch``
-    alone on the same texts, in this process: the worker's own overhead, whatever the machine's load."""
+    """CPU seconds of one slice worker (``tokenize_slice``, cold cache) vs the fast tokenizer alone on the same
+    texts (the faster of ``encode_batch`` / ``encode_batch_fast``), in this process: the worker's own overhead
+    (reading, hashing, truncation, Arrow, the cache), whatever the machine's load."""
     import tempfile
 
     import pyarrow.parquet as pq
@@ -188,13 +252,10 @@ def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000) -> dict:
     backend.no_padding()
     with tempfile.TemporaryDirectory() as tmp:
         table = pq.read_table(reviews).slice(0, rows)
-        pq.write_table(table, f"{tmp}/r.parquet", row_group_size=65_536)
+        pq.write_table(table, f"{tmp}/r.parquet", row_group_size=16_384)
         (Path(tmp) / "tok.json").write_text(backend.to_str())
         texts = table.column("text").to_pylist()
-        c0 = time.process_time()
-        for i in range(0, len(texts), 2048):
-            backend.encode_batch(texts[i:i + 2048])
-        alone = time.process_time() - c0
+        alone = {m: _encode_all(backend, texts, m, time.process_time) for m in ("encode_batch", "encode_batch_fast")}
         groups = pq.ParquetFile(f"{tmp}/r.parquet").metadata.num_row_groups
         spec = slices.TokenizeSpec(reviews=f"{tmp}/r.parquet", out=f"{tmp}/out", slices=[[0, groups]],
                                    tokenizer=f"{tmp}/tok.json", dtype=token_dtype(len(tok)).name, max_length=512,
@@ -202,9 +263,10 @@ def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000) -> dict:
         c0 = time.process_time()
         slices.tokenize_slice(spec, 0, log=lambda m: None)
         worker = time.process_time() - c0
-    return {"rows": len(texts), "tokenizer_alone_cpu_s": round(alone, 2), "slice_worker_cpu_s": round(worker, 2),
-            "worker_vs_tokenizer": round(worker / alone, 2),
-            "tokenizer_alone_reviews_per_cpu_s": round(len(texts) / alone),
+    fastest = min(alone.values())
+    return {"rows": len(texts), **{f"tokenizer_{m}_cpu_s": round(v, 2) for m, v in alone.items()},
+            "slice_worker_cpu_s": round(worker, 2), "worker_vs_tokenizer": round(worker / fastest, 2),
+            "tokenizer_alone_reviews_per_cpu_s": round(len(texts) / fastest),
             "load_avg": round(os.getloadavg()[0], 2)}
 
 
@@ -217,7 +279,10 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--work", type=Path, default=Path("/tmp/scale-bench"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
+    parser.add_argument("--memory-limit-mb", type=int, default=2048,
+                        help="each step runs in a memory cgroup with this hard limit, as in a pod (0: none)")
     args = parser.parse_args()
+    step = functools.partial(run_step, limit_bytes=args.memory_limit_mb * 2**20 or None)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process: the workers are the parallelism
     sizes = [int(s) for s in args.sizes.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
@@ -234,14 +299,15 @@ def main() -> None:
     results["incremental"] = [e for e in results.get("incremental", []) if e["reviews_base"] not in incremental_sizes]
     base_root = args.work / "model-root"
     if not (base_root / "pretrained_model").exists():
-        run_step(base_root, "-", Path("-"), "pretrained_model", {})
+        step(base_root, "-", Path("-"), "pretrained_model", {})
 
     def save():
         results["versions"].sort(key=lambda e: e["reviews"])
-        rss = {e["reviews"]: e["peak_rss_mb_max_over_steps"] for e in results["versions"]
-               if "peak_rss_mb_max_over_steps" in e}
-        if len(rss) > 1:
-            results["rss_largest_vs_smallest"] = round(rss[max(rss)] / rss[min(rss)], 2)
+        for figure in ("peak_rss_mb", "peak_anon_mb", "peak_working_set_mb"):
+            peaks = {e["reviews"]: e[f"{figure}_max_over_steps"] for e in results["versions"]
+                     if e.get(f"{figure}_max_over_steps")}
+            if len(peaks) > 1:
+                results[f"{figure}_largest_vs_smallest_version"] = round(peaks[max(peaks)] / peaks[min(peaks)], 2)
         results["load_avg_at_last_save"] = [round(x, 2) for x in os.getloadavg()]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2) + "\n")
@@ -258,22 +324,28 @@ def main() -> None:
         version = f"r{size}"
         entry: dict = {"reviews": size, "steps": {}}
         results["versions"].append(entry)
-        entry["steps"]["raw_reviews"] = run_step(root, version, source, "raw_reviews", {})
+        entry["steps"]["raw_reviews"] = step(root, version, source, "raw_reviews", {})
+        if "worker_vs_tokenizer_cpu" not in results or size == min(sizes):
+            from finetune_assets.storage import Storage
+
+            reviews = Storage(str(root)).require("raw_reviews", version).url + "/reviews.parquet"
+            results["worker_vs_tokenizer_cpu"] = worker_vs_tokenizer_cpu(Path(reviews))
         save()
         for n, w in enumerate(workers):
             shutil.rmtree(root / "token_cache", ignore_errors=True)  # cold cache: a full run
-            tok = run_step(root, version, source, "tokenized_reviews", {"workers": w})
-            mds = run_step(root, version, source, "mds_shards", {"workers": w})
+            tok = step(root, version, source, "tokenized_reviews", {"workers": w})
+            mds = step(root, version, source, "mds_shards", {"workers": w})
             rows = tok["row_count"]
             entry["steps"][f"workers_{w}"] = {
                 "tokenized_reviews": tok, "mds_shards": mds,
                 "tokenize_plus_shard_reviews_per_s": round(rows / (tok["wall_s"] + mds["wall_s"])),
                 "tokenize_reviews_per_s": round(rows / tok["wall_s"]),
                 "tokenize_plus_shard_cpu_s": round(tok["cpu_s_incl_startup"] + mds["cpu_s_incl_startup"], 1)}
-            entry["peak_rss_mb_max_over_steps"] = max(
-                [entry["steps"]["raw_reviews"]["peak_rss_mb"]]
-                + [entry["steps"][k][s]["peak_rss_mb"] for k in entry["steps"] if k != "raw_reviews"
-                   for s in STEPS[1:]])
+            for figure in ("peak_rss_mb", "peak_anon_mb", "peak_working_set_mb"):
+                entry[f"{figure}_max_over_steps"] = max(
+                    [entry["steps"]["raw_reviews"].get(figure, 0)]
+                    + [entry["steps"][k][s].get(figure, 0) for k in entry["steps"] if k != "raw_reviews"
+                       for s in STEPS[1:]])
             if {"workers_1", "workers_2"} <= entry["steps"].keys():
                 one, two = (entry["steps"][k]["tokenize_plus_shard_reviews_per_s"] for k in ("workers_1", "workers_2"))
                 entry["speedup_2_vs_1_wall"] = round(two / one, 2)
@@ -284,14 +356,14 @@ def main() -> None:
                         "tokenize_reviews_per_s"], 2)
             save()
             if n == 0 and size in incremental_sizes:
-                results["incremental"].append(incremental(args.data, args.work, root, source, version, size, w,
+                results["incremental"].append(incremental(step, args.data, args.work, root, source, version, size, w,
                                                           tok["wall_s"]))
                 save()
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps({k: v for k, v in results.items() if k != "versions"}, indent=2))
 
 
-def incremental(data: Path, work: Path, root: Path, source: Path, version: str, size: int, w: int,
+def incremental(step, data: Path, work: Path, root: Path, source: Path, version: str, size: int, w: int,
                 full_s: float) -> dict:
     """+5% new rows on top of ``version``: its shared rows come from the cache its full run just filled."""
     more = work / "sources" / f"r{size}-plus5"
@@ -303,8 +375,8 @@ def incremental(data: Path, work: Path, root: Path, source: Path, version: str, 
     (more / "new" / "_SUCCESS").unlink()
     plus = f"r{size}-plus5"
     out = {"reviews_base": size, "reviews": size + size // 20, "workers": w,
-           "raw_reviews": run_step(root, plus, more, "raw_reviews", {}),
-           "tokenized_reviews": run_step(root, plus, more, "tokenized_reviews", {"workers": w}),
+           "raw_reviews": step(root, plus, more, "raw_reviews", {}),
+           "tokenized_reviews": step(root, plus, more, "tokenized_reviews", {"workers": w}),
            "full_run_tokenized_wall_s": full_s}
     out["tokenize_time_vs_full_run"] = round(out["tokenized_reviews"]["wall_s"] / full_s, 3)
     shutil.rmtree(more, ignore_errors=True)

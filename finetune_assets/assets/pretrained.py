@@ -20,7 +20,7 @@ class PretrainedModelConfig(dg.Config):
     seed: int = Field(0, description="seed for the freshly initialised classification head")
 
 
-@dg.asset(group_name="models", kinds={"pytorch", "huggingface"}, owners=OWNERS, code_version="1")
+@dg.asset(group_name="models", kinds={"pytorch", "huggingface"}, owners=OWNERS, code_version="2")
 def pretrained_model(context: dg.AssetExecutionContext, config: PretrainedModelConfig,
                      storage: StorageResource) -> dg.MaterializeResult:
     """Base BERT for 3-class review classification, saved with save_pretrained (safetensors)."""

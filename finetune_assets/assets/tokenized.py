@@ -22,9 +22,9 @@ from finetune_assets.contracts import (
     TOKEN_PARTS_DIR,
     TokenStats,
     REVIEWS_FILE,
+    read_tokenization,
 )
 from finetune_assets.data.labels import labels_from_metadata
-from finetune_assets.data.models import position_limit
 from finetune_assets.data.tokenize import stats_from_histogram, token_dtype
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.storage_root import StorageResource
@@ -57,9 +57,8 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
 
     Tokenized by slice workers (``data/slices.py``), one part per slice in ``parts/``, in row order.
     """
-    from transformers import AutoConfig, AutoTokenizer
-
     from finetune_assets.data import slices
+    from finetune_assets.data.models import load_tokenization
     from finetune_assets.data.token_cache import CACHE_DIR, tokenizer_hash
     from finetune_assets.launchers.fanout import runner_width
     from finetune_assets.launchers.select import fanout_runner_from_env
@@ -68,20 +67,16 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
     store = storage.storage()
     raw = store.require(RAW_REVIEWS, version)
     model = store.pinned(PRETRAINED_MODEL, context.run.run_id)  # the run's base model, leased (issue 17)
-    with store.local_copy(model.url) as model_dir:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
-        model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    # Never longer than the model's position embeddings allow (a tokenizer's model_max_length may be unset).
-    max_length = min(config.max_length, position_limit(model_config))
-    if 0 < (getattr(tokenizer, "model_max_length", 0) or 0) < max_length:
-        max_length = int(tokenizer.model_max_length)
+    tokenization = read_tokenization(model.url, store.fs)
+    if tokenization is None:  # published before tokenization.json: load it the slow way
+        with store.local_copy(model.url) as model_dir:
+            tokenization = load_tokenization(str(model_dir))
+    # Never longer than the model takes (position embeddings, the tokenizer's model_max_length).
+    max_length = min(config.max_length, tokenization.max_input_tokens)
     if max_length < 2:
         raise dg.Failure("max_length must be at least 2 (room for [CLS] and [SEP])")
     labels = labels_from_metadata(raw.metadata)
-    backend = tokenizer.backend_tokenizer
-    backend.no_truncation()
-    backend.no_padding()
-    tokenizer_json = backend.to_str()
+    tokenizer_json = tokenization.tokenizer_json
     tok_hash = tokenizer_hash(tokenizer_json)
     reviews_url = f"{raw.url}/{REVIEWS_FILE}"  # with the split raw_reviews assigned
     with store.fs.open(reviews_url, "rb") as f:
@@ -94,7 +89,7 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
         store.write_atomic(f"{work}/tokenizer.json", tokenizer_json.encode())
         spec = slices.TokenizeSpec(
             reviews=reviews_url, out=staging.url, slices=plan, tokenizer=f"{work}/tokenizer.json",
-            dtype=token_dtype(len(tokenizer)).name, max_length=max_length, labels=labels.to_dict(),
+            dtype=token_dtype(tokenization.vocab_size).name, max_length=max_length, labels=labels.to_dict(),
             batch_size=config.batch_size,
             cache=store.url(CACHE_DIR, f"{tok_hash}-{max_length}") if config.cache else None)
         slices.write_spec(f"{work}/spec.json", spec)

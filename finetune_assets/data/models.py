@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from finetune_assets.contracts import TOKENIZATION_FILE
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 
 DEFAULT_MODEL = "packaged:all-MiniLM-L6-v2"
@@ -64,6 +65,31 @@ def position_limit(config) -> int:
     if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "data2vec-text"):
         limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
     return limit
+
+
+def tokenization_of(tokenizer, config):
+    """:class:`~finetune_assets.contracts.Tokenization` of a loaded fast tokenizer and model config: the
+    longest input is the position limit, or the tokenizer's ``model_max_length`` where that is smaller
+    (it may be unset: a huge sentinel)."""
+    import copy
+
+    from finetune_assets.contracts import Tokenization
+
+    limit = position_limit(config)
+    if 0 < (getattr(tokenizer, "model_max_length", 0) or 0) < limit:
+        limit = int(tokenizer.model_max_length)
+    backend = copy.deepcopy(tokenizer.backend_tokenizer)
+    backend.no_truncation()
+    backend.no_padding()
+    return Tokenization(tokenizer_json=backend.to_str(), vocab_size=len(tokenizer), max_input_tokens=limit)
+
+
+def load_tokenization(model_dir: str):
+    """The same facts for a model folder without ``tokenization.json`` (published before it existed)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
+    return tokenization_of(tokenizer, AutoConfig.from_pretrained(model_dir, trust_remote_code=False))
 
 
 def _encoder_keys(model, keys) -> list[str]:
@@ -132,6 +158,7 @@ def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed
     model = load_sequence_classifier(resolved, labels, revision=revision, local_only=local_only)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    (Path(out_dir) / TOKENIZATION_FILE).write_text(tokenization_of(tokenizer, model.config).to_json())
     return ModelSummary(
         source=source,
         revision=revision,

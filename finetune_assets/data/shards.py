@@ -40,6 +40,7 @@ def streaming_module(name: str):
             sys.modules[package] = importlib.util.module_from_spec(importlib.util.find_spec(package))
             bare.append(package)
     try:
+        importlib.import_module("streaming.base.format")  # first, as streaming.base does: util <-> format is circular
         return importlib.import_module(name)
     finally:
         for package in bare:
