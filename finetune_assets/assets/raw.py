@@ -36,7 +36,7 @@ class RawReviewsConfig(dg.Config):
     validation_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in validation")
     test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
     batch_rows: int = Field(65_536, description="rows validated and written per Parquet row group; memory "
-                                                "is bounded by this and the largest source file")
+                                                "is bounded by this and the source block size (sources.BLOCK_BYTES)")
 
 
 def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpec:
