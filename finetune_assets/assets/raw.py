@@ -35,8 +35,9 @@ class RawReviewsConfig(dg.Config):
     max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
     validation_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in validation")
     test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
-    batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group; memory "
-                                                "is bounded by this and the largest source file")
+    batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group (the unit "
+                                                "tokenized_reviews slices by); memory is bounded by this and the "
+                                                "source block size (sources.BLOCK_BYTES)")
 
 
 def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpec:

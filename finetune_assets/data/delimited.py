@@ -13,6 +13,11 @@ parsing resumes on the next line, so the records after a stray quote are read no
 that parses but has the wrong number of fields is reported whole (its boundaries are sound).
 Every physical line ends up in exactly one of: the header, a record, a reported bad record, or
 a blank line; :func:`split_records` checks that sum against ``text.count("\\n")``.
+
+Streaming (a file too large for memory, :func:`finetune_assets.data.sources.iter_file`): the text comes in
+blocks; ``split_records(block, final=False)`` stops before the first record that may continue in the next
+block and says where (``consumed``); the caller prepends the rest to the next block and passes the result
+as ``after``, so the header, record numbers and line numbers continue exactly as in a whole-file read.
 """
 
 from __future__ import annotations
@@ -45,7 +50,11 @@ class Records:
     end_line: list[int] = field(default_factory=list)
     bad: list[Bad] = field(default_factory=list)
     blank_lines: int = 0
-    physical_lines: int = 0
+    physical_lines: int = 0  # lines of the text parsed (up to ``consumed``)
+    first_line: int = 1  # physical line the text starts on
+    consumed: int = 0  # where the text not parsed yet (a record the next block may continue) starts
+    next_line: int = 1  # line and record number of that text
+    next_record: int = 0
 
     @property
     def records(self) -> int:
@@ -56,21 +65,40 @@ class HeaderError(ValueError):
     """The header line itself cannot be parsed."""
 
 
+class RecordTooLong(ValueError):
+    """Streaming: one physical line longer than ``max_record`` (no line end to resynchronise on)."""
+
+
 def _field_pattern(delimiter: str) -> re.Pattern:
     d = re.escape(delimiter)
     # quoted (unrolled loop: fast on megabyte values, no recursion), else unquoted (possibly empty)
     return re.compile(rf'"([^"]*(?:""[^"]*)*)"|([^"{d}\n]*)')
 
 
-def split_records(text: str, delimiter: str) -> Records:
-    """Every record of ``text`` (header first), good rows column-wise, bad records with their lines."""
-    if "\n" not in text and "\r" in text:  # classic Mac line ends (old spreadsheet exports)
+def split_records(text: str, delimiter: str, *, final: bool = True, after: Records | None = None,
+                  max_record: int | None = None) -> Records:
+    """Every record of ``text`` (header first), good rows column-wise, bad records with their lines.
+
+    ``final=False``: ``text`` is one block of a longer file; a record whose parse reaches the end of ``text``
+    (it may go on in the next block) is left unparsed from ``consumed`` on. ``after``: the previous block's
+    result (its header, next line and record number are continued). A record still open after ``max_record``
+    characters is not carried on (memory stays bounded): it costs its first physical line, like any broken
+    record, so rows in still equal accepted + rejected; :class:`RecordTooLong` if that one line is longer.
+    """
+    if final and after is None and "\n" not in text and "\r" in text:  # classic Mac line ends (old exports)
         text = text.replace("\r", "\n")
     match = _field_pattern(delimiter).match
     n = len(text)
-    pos, line = 0, 1
+    pos = 0
+    line = after.next_line if after is not None else 1
+    record_no = after.next_record if after is not None else 0
+    first_line = line
     out: Records | None = None
-    blank = record_no = ncols = 0
+    blank = ncols = 0
+    if after is not None and after.header:
+        out = Records(header=after.header, header_line=after.header_line, columns=[[] for _ in after.header],
+                      header_end_line=after.header_end_line)
+        ncols = len(after.header)
     while pos < n:
         start, start_line = pos, line
         problem = quoted = None
@@ -80,8 +108,17 @@ def split_records(text: str, delimiter: str) -> Records:
             end = stop - 1 if stop > pos and text[stop - 1] == "\r" else stop
             fields = text[pos:end].split(delimiter)
             pos = stop + 1
+            open_end = stop == n
         else:
-            fields, end, pos, problem, quoted = _parse_record(text, pos, delimiter, match)
+            fields, end, pos, problem, quoted, open_end = _parse_record(text, pos, delimiter, match)
+            open_end = open_end or (problem is not None and stop == n)
+        if open_end and not final:
+            if max_record is None or n - start <= max_record:
+                pos, line = start, start_line  # carried into the next block
+                break
+            if stop == n:
+                raise RecordTooLong(f"line {start_line}: no line end within {max_record} characters")
+            problem = problem or f"a record still open after {max_record} characters (an unclosed quote?)"
         if problem is not None:  # grammar broken: only the first physical line is given up
             if out is None:
                 raise HeaderError(f"line {start_line}: the header cannot be parsed: {problem}")
@@ -113,13 +150,20 @@ def split_records(text: str, delimiter: str) -> Records:
     if out is None:
         out = Records(header=[], header_line=0, columns=[])
     out.blank_lines = blank
-    out.physical_lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+    out.first_line, out.next_line, out.next_record = first_line, line, record_no
+    out.consumed = min(pos, n)
+    if final:
+        out.physical_lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+    else:  # a consumed block ends with its last record's line end
+        out.physical_lines = text.count("\n", 0, out.consumed)
     _check_accounting(out)
     return out
 
 
-def _parse_record(text: str, pos: int, delimiter: str, match) -> tuple[list[str], int, int, str | None, bool]:
-    """One record with quotes in it: (fields, end of its content, next position, problem, last field quoted)."""
+def _parse_record(text: str, pos: int, delimiter: str,
+                  match) -> tuple[list[str], int, int, str | None, bool, bool]:
+    """One record with quotes in it: (fields, end of its content, next position, problem, last field quoted,
+    open end: the outcome depends on the end of ``text``, so more text could change it)."""
     fields: list[str] = []
     while True:
         m = match(text, pos)
@@ -133,9 +177,9 @@ def _parse_record(text: str, pos: int, delimiter: str, match) -> tuple[list[str]
         if c == "\n" or c == "":
             if quoted is None and plain.endswith("\r"):
                 fields[-1] = plain[:-1]
-            return fields, end, end + 1, None, quoted is not None
+            return fields, end, end + 1, None, quoted is not None, c == ""
         if c == "\r" and text[end + 1:end + 2] in ("\n", ""):
-            return fields, end, end + 2, None, quoted is not None
+            return fields, end, end + 2, None, quoted is not None, end + 2 > len(text)
         k = len(fields)
         if quoted is None and plain == "":
             problem = f"field {k} opens a quote that is never closed"
@@ -144,15 +188,17 @@ def _parse_record(text: str, pos: int, delimiter: str, match) -> tuple[list[str]
         else:
             problem = (f"text after the closing quote of field {k} (an undoubled quote inside a quoted field, "
                        "or a stray quote)")
-        return fields, end, end, problem, False
+        # A quote after a quoted field, or a field opening a quote, means the quoted pattern found no closing
+        # quote (it only backtracks after scanning to the end of the text): more text may close it.
+        return fields, end, end, problem, False, c == '"' and (quoted is not None or plain == "")
 
 
 def _check_accounting(r: Records) -> None:
     """Every physical line is the header, part of a record, a bad record's line, or blank."""
     if not r.header:
         return
-    used = (r.header_end_line - r.header_line + 1) + r.blank_lines
+    used = (r.header_end_line - r.header_line + 1 if r.header_line >= r.first_line else 0) + r.blank_lines
     used += sum(r.end_line) - sum(r.line) + len(r.line)
     used += sum(b.end_line - b.line + 1 for b in r.bad)
     if used != r.physical_lines:
-        raise AssertionError(f"line accounting broken: {used} lines accounted, {r.physical_lines} in the file")
+        raise AssertionError(f"line accounting broken: {used} lines accounted, {r.physical_lines} in the text")

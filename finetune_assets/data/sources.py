@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import contextlib
 import gzip
 import io
+import itertools
 import json
 import lzma
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import fsspec
 import pyarrow as pa
@@ -25,12 +27,12 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from finetune_assets.data.delimited import RAW_PREFIX_CHARS, HeaderError, split_records
+from finetune_assets.data.delimited import RAW_PREFIX_CHARS, HeaderError, Records, RecordTooLong, split_records
 from finetune_assets.data.builtin import BuiltinSourceError, check_builtin, is_builtin, read_builtin
 
 HF_PREFIX = "hf:"
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
-COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # single-file streams, read in full
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # single-file streams, decompressed as read
 ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".7z", ".rar")  # refused: unpack them into the folder
 # Column names looked for, in order; a file's names are compared lower-cased with spaces/dashes as "_".
 TEXT_COLUMNS = ("text", "review", "content", "sentence", "review_text", "reviewtext", "review_body", "body",
@@ -47,6 +49,15 @@ IGNORED_DIRS = ("__MACOSX",)
 IGNORED_FILES = ("Thumbs.db", "desktop.ini", "_SUCCESS", "_labels.json")  # _labels.json: a drop's label set
 DOC_SUFFIXES = (".md", ".txt", ".rst", ".pdf")
 DOC_PREFIXES = ("readme", "license", "notice")
+
+# Streaming (issue 15, bounded memory): a file is read in blocks of this many (decompressed) input bytes, so
+# one huge file costs a block, not the file. The first block is at least HEAD_BYTES (the encoding checks);
+# a record still open after MAX_RECORD_BLOCKS blocks is not carried further (split_records' max_record);
+# Parquet batches hold block / PARQUET_ROW_BYTES rows (about a review's size).
+BLOCK_BYTES = 16 << 20  # parsed rows cost ~10x their bytes in Python objects: ~160 MB peak
+HEAD_BYTES = 4096
+MAX_RECORD_BLOCKS = 16
+PARQUET_ROW_BYTES = 1024
 
 # Columns of the raw table handed to validation.
 RAW_SCHEMA = pa.schema([
@@ -173,10 +184,11 @@ def read_source(spec: SourceSpec) -> pa.Table:
     return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
 
 
-def iter_source(spec: SourceSpec) -> Iterator[pa.Table]:
-    """The rows of a source one file at a time (file order of :func:`list_files`), as :data:`RAW_SCHEMA`.
+def iter_source(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.Table]:
+    """The rows of a source in bounded blocks (file order of :func:`list_files`), as :data:`RAW_SCHEMA`.
 
-    Memory is bounded by the largest file, not the source: a version that grows by adding files streams.
+    Each file is streamed (:func:`iter_file`), so memory is bounded by ``block_bytes``, not by the largest
+    file: a version that is one 5 GB CSV reads like one of many small files.
     """
     if is_builtin(spec.uri):
         try:
@@ -189,7 +201,7 @@ def iter_source(spec: SourceSpec) -> Iterator[pa.Table]:
         yield _read_hf(spec)
         return
     for path in list_files(spec.uri):
-        yield read_file(path, spec)
+        yield from iter_file(path, spec, block_bytes=block_bytes)
 
 
 def check_source(spec: SourceSpec, sample_bytes: int = 1 << 20) -> dict[str, int]:
@@ -221,60 +233,144 @@ def check_source(spec: SourceSpec, sample_bytes: int = 1 << 20) -> dict[str, int
 
 def read_bytes(path: str) -> bytes:
     """A file's bytes, decompressed by its suffix (.gz / .bz2 / .xz / .zst)."""
+    return b"".join(chunk for chunk, _ in _chunks(path, BLOCK_BYTES))
+
+
+def _open_failed(path: str, compression: str | None, err: Exception) -> SourceError:
+    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return SourceError(f"{path}: cannot open: {err.strerror or err}")
+    return SourceError(f"{path}: cannot decompress as {compression}: {err} (a truncated or mislabelled "
+                       "download? check the file, or rename it to its real type)")
+
+
+def _decompressed(f, compression: str | None):
+    """A file object reading ``f`` decompressed as a stream (never the whole file at once)."""
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    if compression == "bz2":
+        return bz2.BZ2File(f)
+    if compression == "xz":
+        return lzma.LZMAFile(f)
+    if compression == "zstd":
+        return pa.CompressedInputStream(pa.PythonFile(f, mode="r"), "zstd")
+    return contextlib.nullcontext(f)
+
+
+def _chunks(path: str, block_bytes: int, max_bytes: int | None = None) -> Iterator[tuple[bytes, bool]]:
+    """A file's decompressed bytes as (block, last) pairs of ``block_bytes``.
+
+    The first block holds at least :data:`HEAD_BYTES` and is not all whitespace unless the file is (the
+    empty-file, disguised-file and UTF-16 checks look at it). ``max_bytes``: one block, the prefix cut
+    after its last full line (a sample).
+    """
     _, compression = _split_suffix(path)
     try:
-        with fsspec.open(path, "rb") as f:
-            data = f.read()
-        if compression == "gzip":
-            return gzip.decompress(data)
-        if compression == "bz2":
-            return bz2.decompress(data)
-        if compression == "xz":
-            return lzma.decompress(data)
-        if compression == "zstd":
-            return pa.CompressedInputStream(pa.BufferReader(data), "zstd").read()
-        return data
+        with fsspec.open(path, "rb") as raw, _decompressed(raw, compression) as f:
+            if max_bytes is not None:
+                data = f.read(max_bytes + 1)
+                if len(data) > max_bytes:
+                    cut = data.rfind(b"\n", 0, max_bytes)
+                    data = data[: cut + 1] if cut > 0 else data[:max_bytes]
+                yield data, True
+                return
+            block = f.read(max(block_bytes, HEAD_BYTES))
+            while block and not block.strip() and len(block) < MAX_RECORD_BLOCKS * block_bytes:
+                more = f.read(block_bytes)
+                if not more:
+                    break
+                block += more
+            while True:
+                following = f.read(block_bytes)
+                yield block, not following
+                if not following:
+                    return
+                block = following
     except (OSError, EOFError, lzma.LZMAError, pa.ArrowException) as err:
-        if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
-            raise SourceError(f"{path}: cannot open: {err.strerror or err}") from err
-        raise SourceError(f"{path}: cannot decompress as {compression}: {err} (a truncated or mislabelled "
-                          "download? check the file, or rename it to its real type)") from err
+        raise _open_failed(path, compression, err) from err
 
 
 def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require_label: bool = True) -> pa.Table:
     """One file as :data:`RAW_SCHEMA`; ``max_bytes`` reads only a prefix (a sample, for checks).
 
     The public reader for any input file (sources, ``predict``, evaluation sets); without
-    ``require_label`` the label column is optional (null when absent).
+    ``require_label`` the label column is optional (null when absent). Streamed (:func:`iter_file`) and
+    concatenated.
+    """
+    tables = list(iter_file(path, spec, max_bytes=max_bytes, require_label=require_label))
+    return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
+
+
+def iter_file(path: str, spec: SourceSpec, block_bytes: int = BLOCK_BYTES, max_bytes: int | None = None,
+              require_label: bool = True) -> Iterator[pa.Table]:
+    """One file as :data:`RAW_SCHEMA` tables of about ``block_bytes`` input bytes each, in file order.
+
+    Concatenated, the tables equal a whole-file read row for row (``source_row`` and lines continue across
+    blocks): CSV/TSV blocks end on record boundaries (:func:`split_records` carries an unfinished record
+    over), text is decoded incrementally (a character split across blocks decodes whole), compressed files
+    are decompressed as a stream, JSON Lines blocks end on line ends, Parquet is read in batches of about
+    ``block_bytes / PARQUET_ROW_BYTES`` rows. A JSON array file (``[...]``) is read whole: it has no lines
+    to cut on. Where a block could differ from the whole file, the first block decides: the columns of a
+    JSON Lines file (later blocks get the first block's columns, null where absent) and classic-Mac
+    (CR-only) line ends.
     """
     fmt = _format_or_raise(path)
-    data = read_bytes(path)
-    if max_bytes is not None and fmt != "parquet" and len(data) > max_bytes:
-        cut = data.rfind(b"\n", 0, max_bytes)
-        data = data[: cut + 1] if cut > 0 else data[:max_bytes]
-    if not data.strip():
+    if fmt == "parquet":
+        yield from _parquet_tables(path, spec, block_bytes, require_label)
+        return
+    chunks = _chunks(path, block_bytes, max_bytes)
+    first, final = next(chunks)
+    if final and not first.strip():
         raise SourceError(f"{path}: file is empty")
-    _refuse_disguised(path, data, fmt)
-    try:
-        if fmt in ("csv", "tsv"):
-            return _read_delimited(path, data, fmt, spec, require_label)
-        if fmt == "jsonl":
+    _refuse_disguised(path, first, fmt)
+    chunks = itertools.chain([(first, final)], chunks)
+    limit = MAX_RECORD_BLOCKS * max(block_bytes, HEAD_BYTES)
+    if fmt in ("csv", "tsv"):
+        yield from _delimited_tables(path, chunks, fmt, spec, require_label, limit)
+    elif first.removeprefix(codecs.BOM_UTF8).lstrip().startswith(b"["):
+        data = b"".join(c for c, _ in chunks)  # a JSON array: one document, read whole
+        try:
             table = _read_json(path, data)
-        else:
-            table = pq.read_table(io.BytesIO(data))
+        except pa.ArrowInvalid as err:
+            raise SourceError(f"{path}: cannot read as {fmt}: {err}") from err
+        table, text_col = _text_columns(table, spec.text_column, path)
+        yield _to_raw(table, text_col, _pick_label(table, spec, path, require_label), path)
+    else:
+        yield from _jsonl_tables(path, chunks, spec, require_label, limit)
+
+
+def _parquet_tables(path: str, spec: SourceSpec, block_bytes: int, require_label: bool) -> Iterator[pa.Table]:
+    """Parquet in record batches (``source_row`` continuing); a compressed Parquet file is read whole."""
+    _, compression = _split_suffix(path)
+    try:
+        with contextlib.ExitStack() as stack:
+            f = (io.BytesIO(read_bytes(path)) if compression else stack.enter_context(fsspec.open(path, "rb")))
+            head = f.read(64)
+            if len(head) < 64 and not head.strip():
+                raise SourceError(f"{path}: file is empty")
+            f.seek(0)
+            pf = pq.ParquetFile(f)
+            rows_per_batch = max(1, block_bytes // PARQUET_ROW_BYTES)
+            tables = (pa.Table.from_batches([b]) for b in pf.iter_batches(batch_size=rows_per_batch))
+            row = 0
+            for table in tables if pf.metadata.num_rows else [pf.schema_arrow.empty_table()]:  # columns checked
+                table, text_col = _text_columns(table, spec.text_column, path)
+                raw = _to_raw(table, text_col, _pick_label(table, spec, path, require_label), path)
+                yield _renumber(raw, row)
+                row += raw.num_rows
     except pa.ArrowInvalid as err:
-        if fmt == "jsonl" and not data.lstrip().startswith(b"["):
-            return _read_jsonl_lines(path, data, spec, require_label)
-        raise SourceError(f"{path}: cannot read as {fmt}: {err}") from err
-    table, text_col = _text_columns(table, spec.text_column, path)
-    label_col = _pick_label(table, spec, path, require_label)
-    raw = _to_raw(table, text_col, label_col, path)
-    if fmt == "jsonl" and not data.lstrip().startswith(b"["):
-        lines = [i + 1 for i, ln in enumerate(data.split(b"\n")) if ln.strip()]
-        if len(lines) == raw.num_rows:  # one object per line: keep the line numbers
-            raw = raw.set_column(raw.schema.get_field_index("source_line"), "source_line", pa.array(lines, pa.int64()))
-            raw = raw.set_column(raw.schema.get_field_index("source_line_end"), "source_line_end",
-                                 pa.array(lines, pa.int64()))
+        raise SourceError(f"{path}: cannot read as parquet: {err}") from err
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as err:
+        raise _open_failed(path, compression, err) from err
+
+
+def _renumber(raw: pa.Table, first_row: int, first_line: int | None = None) -> pa.Table:
+    """A block's rows numbered on from ``first_row`` (and lines from ``first_line``) in the whole file."""
+    cols = {"source_row": first_row} | ({"source_line": first_line - 1, "source_line_end": first_line - 1}
+                                        if first_line is not None else {})
+    for name, add in cols.items():
+        if add:
+            i = raw.schema.get_field_index(name)
+            raw = raw.set_column(i, name, pc.add(raw.column(i), add))
     return raw
 
 
@@ -296,29 +392,66 @@ def _refuse_disguised(path: str, data: bytes, fmt: str) -> None:
 
 def decode(path: str, data: bytes, encoding: str) -> str:
     """Bytes to text: a byte-order mark wins over ``encoding``; an error names the line and a likely encoding."""
-    for bom, enc in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"),
-                     (codecs.BOM_UTF16_BE, "utf-16-be")):
-        if data.startswith(bom):
-            data, encoding = data[len(bom):], enc
-            break
-    head = data[:4000]
-    if encoding.replace("_", "-").lower() in ("utf-8", "utf8") and head.count(b"\x00") > len(head) // 4:
-        line = data.count(b"\n", 0, data.index(b"\x00")) + 1
-        raise SourceError(f"{path}: line {line}: not valid utf-8 text (every other byte is NUL: UTF-16 without a "
-                          "byte-order mark); set the source encoding, e.g. encoding='utf-16' (CLI --encoding "
-                          "utf-16, raw_reviews config `encoding`)")
-    try:
-        return data.decode(encoding)
-    except LookupError as err:  # an encoding name Python does not know
-        raise SourceError(f"{path}: unknown encoding {encoding!r}: {err} (set a valid encoding: "
-                          "CLI --encoding, raw_reviews config `encoding`, e.g. cp1256, cp1252, utf-16)") from err
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        guess = _guess_encoding(data)
-        raise SourceError(
-            f"{path}: line {line}: not valid {encoding} (byte {data[err.start:err.start + 1].hex()} at offset "
-            f"{err.start}); set the source encoding, e.g. encoding='{guess}' (CLI --encoding {guess}, "
-            f"raw_reviews config `encoding`)") from err
+    return _Decoder(path, encoding)(data, final=True)
+
+
+class _Decoder:
+    """A file's bytes to text block by block, as :func:`decode` on the whole file would give.
+
+    The byte-order mark and the UTF-16-without-BOM check are decided on the first block (at least
+    :data:`HEAD_BYTES`); an incremental decoder keeps a character split across blocks whole; a decode
+    error names its line and offset in the whole file.
+    """
+
+    def __init__(self, path: str, encoding: str):
+        self.path, self.encoding = path, encoding
+        self.decoder = None
+        self.head = b""  # the first bytes, for the encoding guess in an error message
+        self.fed = self.newlines = 0  # bytes (after the BOM) and line ends decoded so far
+
+    def __call__(self, data: bytes, final: bool) -> str:
+        if self.decoder is None:
+            self._start(data)
+            data = data[self.bom:]
+        if len(self.head) < 200_000:
+            self.head += data[:200_000 - len(self.head)]
+        pending = self.decoder.getstate()[0]
+        pending = pending if isinstance(pending, bytes) else b""
+        try:
+            text = self.decoder.decode(data, final)
+        except UnicodeDecodeError as err:
+            blob = pending + data
+            line = self.newlines - pending.count(b"\n") + blob.count(b"\n", 0, err.start) + 1
+            guess = _guess_encoding(self.head)
+            raise SourceError(
+                f"{self.path}: line {line}: not valid {self.encoding} (byte {blob[err.start:err.start + 1].hex()} "
+                f"at offset {self.fed - len(pending) + err.start}); set the source encoding, e.g. encoding='{guess}' "
+                f"(CLI --encoding {guess}, raw_reviews config `encoding`)") from err
+        self.fed += len(data)
+        self.newlines += data.count(b"\n")
+        return text
+
+    def _start(self, first: bytes) -> None:
+        """The encoding (a byte-order mark wins), refusing UTF-16 read as UTF-8 (every other byte NUL)."""
+        self.bom = 0
+        for bom, enc in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"),
+                         (codecs.BOM_UTF16_BE, "utf-16-be")):
+            if first.startswith(bom):
+                self.bom, self.encoding = len(bom), enc
+                break
+        head = first[self.bom:self.bom + 4000]
+        if self.encoding.replace("_", "-").lower() in ("utf-8", "utf8") and head.count(b"\x00") > len(head) // 4:
+            line = head.count(b"\n", 0, head.index(b"\x00")) + 1
+            raise SourceError(f"{self.path}: line {line}: not valid utf-8 text (every other byte is NUL: UTF-16 "
+                              "without a byte-order mark); set the source encoding, e.g. encoding='utf-16' (CLI "
+                              "--encoding utf-16, raw_reviews config `encoding`)")
+        try:
+            if not getattr(codecs.lookup(self.encoding), "_is_text_encoding", True):
+                raise LookupError(f"{self.encoding!r} is not a text encoding")
+            self.decoder = codecs.getincrementaldecoder(self.encoding)()
+        except LookupError as err:  # an encoding name Python does not know
+            raise SourceError(f"{self.path}: unknown encoding {self.encoding!r}: {err} (set a valid encoding: "
+                              "CLI --encoding, raw_reviews config `encoding`, e.g. cp1256, cp1252, utf-16)") from err
 
 
 def _guess_encoding(data: bytes) -> str:
@@ -337,31 +470,79 @@ def _guess_encoding(data: bytes) -> str:
 
 
 def _read_json(path: str, data: bytes) -> pa.Table:
-    """One JSON array (a ``.json`` export) of objects or strings, or JSON Lines of objects (pyarrow)."""
-    body = decode(path, data, "utf-8").lstrip()
-    if body[:1] == "[":
-        try:
-            rows = json.loads(body)
-        except json.JSONDecodeError as err:
-            raise SourceError(f"{path}: line {err.lineno}: not valid JSON ({err.msg})") from err
-        if all(isinstance(r, str) for r in rows):
-            return pa.table({"text": pa.array(rows, pa.string())})
-        if not all(isinstance(r, dict) for r in rows):
-            raise SourceError(f"{path}: expected JSON objects (one per review) or strings, found a mix")
-        return pa.Table.from_pylist(rows)
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    # block as large as the file: one long review never fails with "straddling object" block errors
-    return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
+    """One JSON array (a ``.json`` export) of objects or strings."""
+    try:
+        rows = json.loads(decode(path, data, "utf-8"))
+    except json.JSONDecodeError as err:
+        raise SourceError(f"{path}: line {err.lineno}: not valid JSON ({err.msg})") from err
+    if all(isinstance(r, str) for r in rows):
+        return pa.table({"text": pa.array(rows, pa.string())})
+    if not all(isinstance(r, dict) for r in rows):
+        raise SourceError(f"{path}: expected JSON objects (one per review) or strings, found a mix")
+    return pa.Table.from_pylist(rows)
 
 
-def _read_jsonl_lines(path: str, data: bytes, spec: SourceSpec, require_label: bool) -> pa.Table:
+def _jsonl_tables(path: str, chunks: Iterator[tuple[bytes, bool]], spec: SourceSpec, require_label: bool,
+                  limit: int) -> Iterator[pa.Table]:
+    """JSON Lines in blocks cut after a line end: pyarrow per block, line by line where it refuses one."""
+    decoder = _Decoder(path, "utf-8")
+    carry, line, record, names = b"", 1, 0, None
+    for data, final in chunks:
+        buf = carry + data
+        cut = len(buf) if final else buf.rfind(b"\n") + 1
+        if len(buf) - cut > limit:
+            at = line + buf.count(b"\n", 0, cut)
+            raise SourceError(f"{path}: line {at}: no line end within {limit} bytes (not JSON Lines?)")
+        block, carry = buf[:cut], buf[cut:]
+        if not block:
+            continue
+        first, lines = decoder.decoder is None, block.count(b"\n")
+        text = decoder(block, final)  # validates the text and names a bad line; pyarrow reads the bytes
+        raw = None
+        if text.strip():
+            raw, found = _jsonl_block(path, block.removeprefix(codecs.BOM_UTF8) if first else block, text, spec,
+                                      require_label, names)
+            names = names or found
+        buf = block = text = data = None  # not held while the consumer has the block
+        if raw is not None:
+            yield _renumber(raw, record, line)
+            record += raw.num_rows
+        line += lines
+
+
+def _jsonl_block(path: str, data: bytes, text: str, spec: SourceSpec, require_label: bool,
+                 names: list[str] | None) -> tuple[pa.Table, list[str]]:
+    """One block of JSON Lines (records and lines numbered from the block start) and its column names.
+
+    ``names``: the first block's columns, added as nulls where a later block lacks them, so that the text
+    and label columns are chosen as on the first block (a whole-file read sees every column)."""
+    try:
+        # block as large as the data: one long review never fails with "straddling object" block errors
+        table = pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(
+            block_size=max(1 << 20, len(data) + 1)))
+    except pa.ArrowInvalid:
+        return _read_jsonl_lines(path, text, spec, require_label, names)
+    found = table.column_names[:]
+    for name in names or ():
+        if name not in found:
+            table = table.append_column(name, pa.nulls(table.num_rows))
+    table, text_col = _text_columns(table, spec.text_column, path)
+    raw = _to_raw(table, text_col, _pick_label(table, spec, path, require_label), path)
+    lines = [i + 1 for i, ln in enumerate(data.split(b"\n")) if ln.strip()]
+    if len(lines) == raw.num_rows:  # one object per line: keep the line numbers
+        for name in ("source_line", "source_line_end"):
+            raw = raw.set_column(raw.schema.get_field_index(name), name, pa.array(lines, pa.int64()))
+    return raw, found
+
+
+def _read_jsonl_lines(path: str, text: str, spec: SourceSpec, require_label: bool,
+                      names: list[str] | None = None) -> tuple[pa.Table, list[str]]:
     """JSON Lines that pyarrow refuses (a cut line, mixed types, plain strings): line by line, each bad line
     quarantined with its number and raw text, like a broken CSV record."""
     good: list[tuple[int, int, dict | str]] = []  # (record number, line, object or plain string)
     bad: list[tuple[int, int, str, str]] = []  # (record number, line, problem, raw)
     record = 0
-    for n, line in enumerate(decode(path, data, "utf-8").split("\n"), 1):
+    for n, line in enumerate(text.split("\n"), 1):
         line = line[:-1] if line.endswith("\r") else line
         if not line.strip():
             continue
@@ -375,8 +556,8 @@ def _read_jsonl_lines(path: str, data: bytes, spec: SourceSpec, require_label: b
             else:
                 bad.append((record, n, f"a JSON {type(obj).__name__}, not an object", line[:RAW_PREFIX_CHARS]))
         record += 1
-    names = list(dict.fromkeys(k for _, _, o in good if isinstance(o, dict) for k in o)) or ["text"]
-    header = pa.table({name: pa.nulls(0) for name in names})
+    found = list(dict.fromkeys(k for _, _, o in good if isinstance(o, dict) for k in o)) or ["text"]
+    header = pa.table({name: pa.nulls(0) for name in dict.fromkeys(found + (names or []))})
     text_col = _pick(header, spec.text_column, TEXT_COLUMNS, "text", path)
     label_col = _pick_label(header, spec, path, require_label)
     texts, problems, labels = [], [], []
@@ -404,16 +585,45 @@ def _read_jsonl_lines(path: str, data: bytes, spec: SourceSpec, require_label: b
         "source_line_end": pa.array([ln for _, ln, _ in good] + [b[1] for b in bad], pa.int64()),
         "raw": pa.array([None] * len(good) + [b[3] for b in bad], pa.string()),
     }, schema=RAW_SCHEMA)
-    return table.sort_by("source_row")
+    return table.sort_by("source_row"), found
 
 
-def _read_delimited(path: str, data: bytes, fmt: str, spec: SourceSpec, require_label: bool = True) -> pa.Table:
-    """CSV/TSV through :mod:`finetune_assets.data.delimited`: bad records quarantined with their lines."""
-    text = decode(path, data, spec.encoding)
-    try:
-        recs = split_records(text, "\t" if fmt == "tsv" else ",")
-    except HeaderError as err:
-        raise SourceError(f"{path}: {err}") from err
+def _delimited_tables(path: str, chunks: Iterator[tuple[bytes, bool]], fmt: str, spec: SourceSpec,
+                      require_label: bool, limit: int) -> Iterator[pa.Table]:
+    """CSV/TSV through :mod:`finetune_assets.data.delimited`, block by block: bad records quarantined with their
+    lines; a record the block may cut is carried into the next (``limit``: how far, see :func:`split_records`).
+
+    Classic-Mac line ends (CR only) are decided on the first text holding a line end: no LF in it, a CR
+    before its end.
+    """
+    decoder = _Decoder(path, spec.encoding)
+    carry, recs, mac, yielded = "", None, None, False
+    for data, final in chunks:
+        text = carry + decoder(data, final)
+        if mac is None and "\n" in text:
+            mac = False
+        elif mac is None and "\r" in text[:-1]:
+            mac = True
+        if mac:
+            text = text.replace("\r", "\n")
+        try:
+            # undecided line ends: nothing parsed yet, so the text is the file so far (split_records decides)
+            recs = split_records(text, "\t" if fmt == "tsv" else ",", final=final,
+                                 after=recs if mac is not None else None, max_record=limit)
+        except (HeaderError, RecordTooLong) as err:
+            raise SourceError(f"{path}: {err}") from err
+        carry, text, data = text[recs.consumed:], None, None
+        table = _records_table(path, recs, spec, require_label) if recs.records or final else None
+        # the next block needs only the header and where to go on: drop this block's Python rows now
+        recs = replace(recs, columns=[], index=[], line=[], end_line=[], bad=[])
+        if table is not None and (table.num_rows or (final and not yielded)):
+            yielded = True
+            yield table
+        table = None
+
+
+def _records_table(path: str, recs: Records, spec: SourceSpec, require_label: bool) -> pa.Table:
+    """Parsed records as :data:`RAW_SCHEMA`, good and bad rows in file order."""
     names = recs.header
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
