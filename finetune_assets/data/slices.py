@@ -83,7 +83,7 @@ class ShardsSpec:
         return len(self.groups)
 
 
-SHARD_ROWS_PER_WORKER = 50_000  # below this a second shard worker costs more (streaming's import: ~1.6 s) than it saves
+SHARD_ROWS_PER_WORKER = 32_000  # a shard worker pays streaming's import (~1.6 s, ~50 µs a sample): worth it from ~64k rows
 
 
 def group_parts(parts: int, workers: int, rows: int | None = None) -> list[list[int]]:
@@ -109,10 +109,13 @@ def plan_slices(row_group_rows: list[int], workers: int, slice_rows: int) -> lis
     workers = max(1, workers)
     wanted = max(workers, math.ceil(total / max(1, slice_rows)))
     count = min(groups, math.ceil(wanted / workers) * workers)
-    cum = np.cumsum(row_group_rows)
+    cum = np.concatenate([[0], np.cumsum(row_group_rows)])  # cum[i]: rows before row group i
     cuts = [0]
     for k in range(1, count):
-        i = int(np.searchsorted(cum, total * k / count)) + 1
+        target = total * k / count
+        i = int(np.searchsorted(cum, target))  # cum[i - 1] < target <= cum[i]: cut at the nearer boundary
+        if i > 0 and target - cum[i - 1] < cum[min(i, groups)] - target:
+            i -= 1
         cuts.append(min(max(i, cuts[-1] + 1), groups - (count - k)))
     cuts.append(groups)
     return [[a, b] for a, b in zip(cuts, cuts[1:])]

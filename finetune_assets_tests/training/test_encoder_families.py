@@ -20,7 +20,7 @@ import torch
 
 from finetune_assets.contracts import read_split_stats
 from finetune_assets.data.labels import LabelSet
-from finetune_assets.data.models import WeightsMismatch, load_sequence_classifier, position_limit
+from finetune_assets.data.models import WeightsMismatch, load_sequence_classifier, position_limit, tokenization_of
 from finetune_assets.data.shards import write_splits
 from finetune_assets.data.tokenize import tokenize_table
 from finetune_assets.data.validate import SplitRule
@@ -122,6 +122,9 @@ def test_tokenize_keeps_the_models_special_tokens_within_its_position_limit(fami
     first, last = tok("x")["input_ids"][0], tok("x")["input_ids"][-1]  # <s>/</s> or [CLS]/[SEP]
     assert len(ids[0]) == limit and table.column("full_length").to_pylist()[0] > limit
     assert ids[0][0] == first and ids[0][-1] == last and ids[1][0] == first and ids[1][-1] == last
+    assert ids == tok([long, "Great phone!"], truncation=True, max_length=limit)["input_ids"]  # HF's own truncation
+    facts = tokenization_of(tok, config)  # what pretrained_model publishes for tokenized_reviews
+    assert facts.max_input_tokens == min(limit, tok.model_max_length) and facts.vocab_size == len(tok)
     vocab = len(tok)  # the narrowest unsigned type that holds every id (XLM-R's 70k needs 32 bits)
     expected_dtype = pa.uint8() if vocab <= 2**8 else pa.uint16() if vocab <= 2**16 else pa.uint32()
     assert table.column("input_ids").type.value_type == expected_dtype
