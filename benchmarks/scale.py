@@ -1,7 +1,7 @@
 """Scale benchmark (issue 15): raw_reviews / tokenized_reviews / mds_shards on versions of 0.1M .. 5M reviews.
 
-    nice -n 10 .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000,5000000] [--workers 1,2]
-        [--work DIR] [--out benchmarks/results/scale.json]
+    .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000,5000000] [--workers 2,1]
+        [--incremental 1000000] [--work DIR] [--out benchmarks/results/scale.json]
 
 Versions: the shared Arabic reviews (``../shared/data/arabic_reviews``: PROD + ATT + RES2, 9,068 rows) copied
 until the size is reached, every text of copy ``k`` suffixed with `` #k`` (so no copy duplicates another),
@@ -10,12 +10,18 @@ one CSV file per copy in a version folder (a version grows by adding files). The
 token cache.
 
 Each step is materialized through the real code location (``build_defs`` + ``dg.materialize``) in its own
-child process; this process samples the RSS of that child and all its descendants (the slice workers)
-every 0.1 s from /proc and reports the peak of the sum (``peak_rss_mb``). ``wall_s`` is the step's
-materialization time inside the child (Dagster start-up excluded). Before each full tokenization the
-token cache is emptied (a cold run), so 1 vs 2 workers compare like for like; ``load_avg`` is the 1-minute
-load average when the step started (the 2 cores are shared); ``cpu_s_incl_startup`` is the CPU time of the
-child and all its workers, Python/Dagster start-up included (a figure the other users' load does not change).
+child process, inside its own memory cgroup with a hard 2 GiB limit (``--memory-limit-mb``), as a pod's
+container would be: a step that needs more is OOM-killed and the benchmark fails. Memory figures, sampled
+every 0.1 s: ``peak_anon_mb``, the anonymous memory of the child and all its slice workers, each page
+counted once (what the code holds, the figure that must not grow with the version); ``peak_working_set_mb``
+(usage minus inactive page cache: what the kubelet evicts on); ``peak_rss_mb``, the sum of the processes'
+RSS (an over-count: shared libraries count once per process). ``wall_s`` is the step's materialization
+time inside the child (Dagster start-up excluded). Before each full tokenization the token cache is
+emptied (a cold run), so 1 vs 2 workers compare like for like; ``load_avg`` is the 1-minute load average
+when the step started; ``cpu_s_incl_startup`` is the CPU time of the child and all its workers, Python
+and Dagster start-up included. ``invariants``: rows in = accepted + rejected, and no review changed split
+against the smallest version. ``worker_vs_tokenizer_cpu``: one slice worker's CPU time against the fast
+tokenizer alone on the same 100k texts (the 1.2x target).
 """
 
 from __future__ import annotations
@@ -203,6 +209,27 @@ def _step(root: str, version: str, source: str, step: str, config: str) -> None:
     print("RESULT " + json.dumps({"wall_s": round(wall, 2), **meta}), flush=True)
 
 
+def invariants(root: Path, version: str, raw_step: dict, reference: Path) -> dict:
+    """What must hold at every size: rows in = accepted + rejected, and each review's split is the one it
+    had in the smallest version (joined on the text; the first call writes the reference)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from finetune_assets.storage import Storage
+
+    out = {"rows_in_eq_accepted_plus_rejected": raw_step["rows_in"] == raw_step["row_count"] + raw_step["rejected_rows"]}
+    raw = Storage(str(root)).require("raw_reviews", version)
+    table = pq.read_table(f"{raw.url}/reviews.parquet", columns=["text", "split"])
+    table = table.set_column(1, "split", table.column("split").cast("string"))
+    if not reference.exists():
+        pq.write_table(table, reference)
+        return out
+    joined = pq.read_table(reference).join(table, "text", join_type="inner", right_suffix="_here")
+    out["reviews_compared_with_smallest_version"] = joined.num_rows
+    out["split_changes"] = int(pc.sum(pc.not_equal(joined.column("split"), joined.column("split_here"))).as_py() or 0)
+    return out
+
+
 def _encode_all(backend, texts: list[str], method: str, clock=time.perf_counter) -> float:
     encode = getattr(backend, method)
     t0 = clock()
@@ -292,7 +319,7 @@ def main() -> None:
     results["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "usable_cores": len(os.sched_getaffinity(0))}
     results.setdefault("runs", []).append({
-        "command": "nice -n 10 python benchmarks/scale.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]), "nice": os.nice(0),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]})
     results["versions"] = [e for e in results["versions"] if e["reviews"] not in sizes]
@@ -330,6 +357,10 @@ def main() -> None:
 
             reviews = Storage(str(root)).require("raw_reviews", version).url + "/reviews.parquet"
             results["worker_vs_tokenizer_cpu"] = worker_vs_tokenizer_cpu(Path(reviews))
+        if size == min(sizes):
+            (args.work / "splits-reference.parquet").unlink(missing_ok=True)
+        entry["invariants"] = invariants(root, version, entry["steps"]["raw_reviews"],
+                                         args.work / "splits-reference.parquet")
         save()
         for n, w in enumerate(workers):
             shutil.rmtree(root / "token_cache", ignore_errors=True)  # cold cache: a full run
@@ -378,6 +409,7 @@ def incremental(step, data: Path, work: Path, root: Path, source: Path, version:
            "raw_reviews": step(root, plus, more, "raw_reviews", {}),
            "tokenized_reviews": step(root, plus, more, "tokenized_reviews", {"workers": w}),
            "full_run_tokenized_wall_s": full_s}
+    out["invariants"] = invariants(root, plus, out["raw_reviews"], work / "splits-reference.parquet")
     out["tokenize_time_vs_full_run"] = round(out["tokenized_reviews"]["wall_s"] / full_s, 3)
     shutil.rmtree(more, ignore_errors=True)
     return out

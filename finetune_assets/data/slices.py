@@ -209,11 +209,10 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
             where[hits.rows] = np.arange(len(hits.rows))
         hist = np.zeros(0, dtype=np.int64)
         split_counts = dict.fromkeys(SPLITS, 0)
-        new_keys: list[np.ndarray] = []  # per batch, the rows tokenized anew: keys, tokens, full lengths
-        new_ids: list[pa.Array] = []
-        new_full: list[np.ndarray] = []
         row = new_count = 0
-        with writing(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local:
+        # rows tokenized anew go to the cache batch by batch, published as one segment when the slice is done
+        with writing(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local, \
+                (cache.segment() if cache is not None else contextlib.nullcontext()) as segment:
             options = pa.ipc.IpcWriteOptions(compression="zstd")
             writer = None
             for batch in reviews.iter_batches(batch_size=spec.batch_size, row_groups=groups, columns=["text", "label", "split"]):
@@ -233,10 +232,9 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
                     ids = both.take(pa.array(position))
                     full = np.concatenate([fresh_full, hits.full[at[hit]]])[position]
                 new_count += len(miss)
-                if cache is not None and len(miss):
-                    new_keys.append(text_keys([texts[j] for j in miss]))
-                    new_ids.append(ids.take(pa.array(miss)) if len(miss) < n else ids)
-                    new_full.append(full[miss])
+                if segment is not None and len(miss):
+                    fresh_ids = ids.take(pa.array(miss)) if len(miss) < n else ids
+                    segment.write(text_keys([texts[j] for j in miss]), fresh_ids, full[miss])
                 splits = split_column(pa.Table.from_batches([batch]))  # raw_reviews stored it
                 out = token_batch(ids, full, label_ids(batch.column("label"), labels), splits, dtype)
                 if writer is None:
@@ -252,8 +250,6 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
                                     pa.array([], pa.string()), dtype)
                 writer = pa.ipc.new_file(str(local), empty.schema, options=options)
             writer.close()
-    if new_keys:
-        cache.add(np.concatenate(new_keys), pa.concat_arrays(new_ids), np.concatenate(new_full))
     stats = {"rows": row, "reused": row - new_count, "new": new_count, "splits": split_counts,
              "length_histogram": hist.tolist(), "seconds": round(time.perf_counter() - t0, 3)}
     _put_json(f"{spec.out}/{PARTS}/{part_name(index)}.json", stats)

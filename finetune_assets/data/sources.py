@@ -56,7 +56,7 @@ DOC_PREFIXES = ("readme", "license", "notice")
 # Parquet batches hold block / PARQUET_ROW_BYTES rows (about a review's size).
 BLOCK_BYTES = 16 << 20  # parsed rows cost ~10x their bytes in Python objects: ~160 MB peak
 HEAD_BYTES = 4096
-MAX_RECORD_BLOCKS = 16
+MAX_RECORD_BLOCKS = 4  # 64 MiB: far above any review, and a stray quote costs at most 4 rescans
 PARQUET_ROW_BYTES = 1024
 
 # Columns of the raw table handed to validation.

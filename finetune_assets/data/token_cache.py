@@ -18,7 +18,11 @@ same bytes under the same name); rows present in two segments are found once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import fsspec
@@ -91,33 +95,79 @@ class TokenCache:
             target = cand[match]
             _, first = np.unique(target, return_index=True)  # a key twice in one segment: take it once
             seg_rows, target = seg_rows[first], target[first]
+            order_in_seg = np.argsort(seg_rows, kind="stable")
+            seg_rows, target = seg_rows[order_in_seg], target[order_in_seg]
             with self.fs.open(seg + ".arrow", "rb") as f:
-                table = pa.ipc.open_file(f).read_all().take(pa.array(seg_rows))
+                reader = pa.ipc.open_file(f)
+                start = 0
+                for b in range(reader.num_record_batches):  # one decompressed batch at a time
+                    batch = reader.get_batch(b)
+                    first_row, end_row = np.searchsorted(seg_rows, [start, start + batch.num_rows])
+                    if end_row > first_row:
+                        taken = batch.take(pa.array(seg_rows[first_row:end_row] - start))
+                        ids.append(taken.column("input_ids").cast(pa.list_(pa.from_numpy_dtype(dtype))))
+                        full.append(taken.column("full_length").to_numpy())
+                        rows.append(target[first_row:end_row])
+                    start += batch.num_rows
             found[target] = True
-            rows.append(target)
-            ids.append(table.column("input_ids").combine_chunks().cast(pa.list_(pa.from_numpy_dtype(dtype))))
-            full.append(table.column("full_length").to_numpy())
         if not rows:
             return Hits(np.empty(0, np.int64), pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), np.empty(0, np.int32))
         return Hits(np.concatenate(rows).astype(np.int64), pa.concat_arrays(ids), np.concatenate(full).astype(np.int32))
 
     def add(self, keys: np.ndarray, ids: pa.ListArray, full: np.ndarray) -> str | None:
         """Store newly tokenized rows (``ids[i]`` is the text of ``keys[i]``) as one segment; returns its name."""
-        from finetune_assets.data.slices import writing
+        with self.segment() as segment:
+            segment.write(keys, ids, full)
+        return segment.name
 
+    def segment(self) -> "SegmentWriter":
+        return SegmentWriter(self)
+
+
+class SegmentWriter:
+    """One slice's newly tokenized rows, written batch by batch (a worker holds one batch of tokens, not the
+    slice's), published as one segment on a clean exit: the tokens, then the keys that make them visible."""
+
+    def __init__(self, cache: TokenCache):
+        self.cache = cache
+        self.keys: list[bytes] = []  # 16 bytes a row: a slice's keys stay small
+        self.name: str | None = None
+        self._tmp = tempfile.NamedTemporaryFile(prefix=".segment-", suffix=".arrow", delete=False)
+        self._tmp.close()
+        self._writer = None
+
+    def write(self, keys: np.ndarray, ids: pa.ListArray, full: np.ndarray) -> None:
         if len(ids) == 0:
-            return None
+            return
         keys = np.ascontiguousarray(keys, dtype=np.uint8)
-        table = pa.table({
+        batch = pa.record_batch({
             "key": pa.FixedSizeBinaryArray.from_buffers(pa.binary(KEY_BYTES), len(ids),
                                                         [None, pa.py_buffer(keys.tobytes())]),
             "input_ids": ids,
             "full_length": pa.array(np.asarray(full, dtype=np.int32)),
         })
-        name = hashlib.sha256(keys.tobytes()).hexdigest()[:32]
-        with writing(f"{self.url}/{name}.arrow") as tmp:  # the tokens first, then the keys that make them visible
-            with pa.ipc.new_file(str(tmp), table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
-                w.write_table(table)
-        with writing(f"{self.url}/{name}.keys") as tmp:
-            tmp.write_bytes(keys.tobytes())
-        return name
+        if self._writer is None:
+            self._writer = pa.ipc.new_file(self._tmp.name, batch.schema,
+                                           options=pa.ipc.IpcWriteOptions(compression="zstd"))
+        self._writer.write_batch(batch)
+        self.keys.append(keys.tobytes())
+
+    def __enter__(self) -> "SegmentWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        from finetune_assets.data.slices import writing
+
+        try:
+            if self._writer is not None:
+                self._writer.close()
+            if exc_type is None and self.keys:
+                keys = b"".join(self.keys)
+                self.name = hashlib.sha256(keys).hexdigest()[:32]
+                with writing(f"{self.cache.url}/{self.name}.arrow") as tmp:
+                    shutil.move(self._tmp.name, tmp)
+                with writing(f"{self.cache.url}/{self.name}.keys") as tmp:
+                    tmp.write_bytes(keys)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp.name)
