@@ -38,7 +38,8 @@ class TokenizeConfig(dg.Config):
     batch_size: int = Field(2048, description="texts per fast-tokenizer batch")
     workers: int | None = Field(None, description="slice worker processes at a time (local runner); "
                                                   "default: the usable cores")
-    slice_rows: int = Field(262_144, description="at most this many rows per slice (bounds a worker's memory)")
+    slice_rows: int = Field(131_072, description="at most this many rows per slice (bounds a worker's memory); "
+                                                 "a worker tokenizes several slices in turn")
     cache: bool = Field(True, description="reuse tokens of rows an earlier version tokenized "
                                           "({root}/token_cache)")
 
@@ -91,10 +92,11 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
             reviews=reviews_url, out=staging.url, slices=plan, tokenizer=f"{work}/tokenizer.json",
             dtype=token_dtype(tokenization.vocab_size).name, max_length=max_length, labels=labels.to_dict(),
             batch_size=config.batch_size,
-            cache=store.url(CACHE_DIR, f"{tok_hash}-{max_length}") if config.cache else None)
+            cache=store.url(CACHE_DIR, f"{tok_hash}-{max_length}") if config.cache else None,
+            groups=slices.group_parts(len(plan), runner_width(runner) or len(plan)))
         slices.write_spec(f"{work}/spec.json", spec)
-        context.log.info(f"tokenizing {sum(group_rows)} reviews in {len(plan)} slices")
-        _fan_out(context, runner, f"tok-{version}", f"{work}/spec.json", len(plan))
+        context.log.info(f"tokenizing {sum(group_rows)} reviews in {len(plan)} slices by {spec.count} workers")
+        _fan_out(context, runner, f"tok-{version}", f"{work}/spec.json", spec.count)
         parts = slices.read_part_stats(staging.url, len(plan))
         store.fs.rm(work, recursive=True)  # tokenizer + spec: inputs of the workers, not data
         rows = sum(p["rows"] for p in parts)

@@ -68,6 +68,14 @@ class TokenizeSpec:
     batch_size: int = 2048
     cache: str | None = None  # TokenCache URL ({root}/token_cache/{tokenizer hash}-{max_length}) or None
     stage: str = "tokenize"
+    groups: list[list[int]] | None = None  # per index: the slices [start, stop) it tokenizes; None: one each
+
+    @property
+    def count(self) -> int:
+        return len(self.groups) if self.groups is not None else len(self.slices)
+
+    def slices_of(self, index: int) -> range:
+        return range(*self.groups[index]) if self.groups is not None else range(index, index + 1)
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,9 @@ SHARD_ROWS_PER_WORKER = 32_000  # a shard worker pays streaming's import (~1.6 s
 
 
 def group_parts(parts: int, workers: int, rows: int | None = None) -> list[list[int]]:
-    """Contiguous ranges of token parts, one per shard worker (a worker pays streaming's import once, so a
-    small version gets fewer workers than ``workers``). Parts are about equal in rows (:func:`plan_slices`)."""
+    """Contiguous ranges of parts (slices), one per worker: a worker pays its imports once, however many parts
+    it takes. Shard workers pass ``rows``: streaming's import is worth a second worker only from
+    :data:`SHARD_ROWS_PER_WORKER` rows each. Parts are about equal in rows (:func:`plan_slices`)."""
     useful = workers if rows is None else max(1, rows // SHARD_ROWS_PER_WORKER)
     count = max(1, min(parts, workers, useful))
     cuts = [round(k * parts / count) for k in range(count + 1)]
@@ -178,6 +187,12 @@ def _put_json(url: str, data: dict) -> None:
 
 
 # -- tokenize ------------------------------------------------------------------------------------------------
+def tokenize_group(spec: TokenizeSpec, index: int, log=print) -> list[dict]:
+    """Index ``index`` of a tokenize fan-out: its slices one after the other, each its own part (a worker
+    pays its imports once, however many slices it takes; a slice bounds its memory)."""
+    return [tokenize_slice(spec, i, log) for i in spec.slices_of(index)]
+
+
 def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
     import tokenizers
 
@@ -395,11 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no slice index: set ${INDEX_ENV} (the fan-out runner does) or pass --index")
     spec = read_spec(args.spec)
     index = int(index)
-    count = len(spec.slices) if isinstance(spec, TokenizeSpec) else len(spec.groups)
+    count = spec.count
     if not 0 <= index < count:
         parser.error(f"slice index {index} is outside 0..{count - 1} of {args.spec}")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    (tokenize_slice if isinstance(spec, TokenizeSpec) else shard_slice)(spec, index, log)
+    (tokenize_group if isinstance(spec, TokenizeSpec) else shard_slice)(spec, index, log)
     return 0
 
 
