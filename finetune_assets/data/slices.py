@@ -230,7 +230,9 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
                 (cache.segment() if cache is not None else contextlib.nullcontext()) as segment:
             options = pa.ipc.IpcWriteOptions(compression="zstd")
             writer = None
-            for batch in reviews.iter_batches(batch_size=spec.batch_size, row_groups=groups, columns=["text", "label", "split"]):
+            batches = reviews.iter_batches(batch_size=spec.batch_size, row_groups=groups,
+                                           columns=["text", "label", "split"])
+            for batch in batches:
                 n = batch.num_rows
                 texts = batch.column("text").to_pylist()
                 at = where[row:row + n] if where is not None else np.full(n, -1, dtype=np.int64)
@@ -249,7 +251,8 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
                 new_count += len(miss)
                 if segment is not None and len(miss):
                     fresh_ids = ids.take(pa.array(miss)) if len(miss) < n else ids
-                    segment.write(text_keys([texts[j] for j in miss]), fresh_ids, full[miss])
+                    fresh_keys = keys[row + miss] if hits is not None else text_keys([texts[j] for j in miss])
+                    segment.write(fresh_keys, fresh_ids, full[miss])
                 splits = split_column(pa.Table.from_batches([batch]))  # raw_reviews stored it
                 out = token_batch(ids, full, label_ids(batch.column("label"), labels), splits, dtype)
                 if writer is None:

@@ -161,6 +161,31 @@ def test_cache_reuses_shared_rows_and_gives_identical_tokens(arabic_reviews, tok
     assert sum(s["reused"] for s in stats) == 320
 
 
+def test_a_cache_segment_appears_whole_after_its_slice_or_not_at_all(tmp_path):
+    """Segments are written batch by batch but published only when the slice is done: a worker killed or
+    failing mid-slice leaves nothing a later lookup could half-read."""
+    from finetune_assets.data.token_cache import TokenCache, text_keys
+
+    cache = TokenCache(str(tmp_path / "ns"))
+    texts = [f"review {i}" for i in range(10)]
+    ids = pa.array([[101, i, 102] for i in range(10)], pa.list_(pa.uint16()))
+    full = np.full(10, 3, dtype=np.int32)
+    with pytest.raises(RuntimeError):
+        with cache.segment() as segment:
+            segment.write(text_keys(texts[:5]), ids.slice(0, 5), full[:5])
+            raise RuntimeError("worker failed mid-slice")
+    assert not cache.has_segments()
+    assert not (tmp_path / "ns").exists() or not any((tmp_path / "ns").iterdir())  # no partial file either
+    with cache.segment() as segment:
+        for start, stop in ((0, 4), (4, 7), (7, 10)):  # three batches, one segment
+            segment.write(text_keys(texts[start:stop]), ids.slice(start, stop - start), full[start:stop])
+    assert sorted(p.suffix for p in (tmp_path / "ns").iterdir()) == [".arrow", ".keys"]
+    hits = cache.lookup(text_keys(["unknown", *texts[::-1]]), np.dtype(np.uint16))
+    assert sorted(hits.rows.tolist()) == list(range(1, 11))
+    by_row = dict(zip(hits.rows.tolist(), hits.ids.to_pylist()))
+    assert all(by_row[1 + j] == [101, 9 - j, 102] for j in range(10))
+
+
 # -- the local fan-out runner ---------------------------------------------------------------------------------
 _WORKER = r"""
 import os, sys, time, pathlib
