@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from finetune_assets.contracts import TOKENIZATION_FILE
+from finetune_assets.contracts import TOKENIZATION_FILE, Tokenization
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 
 DEFAULT_MODEL = "packaged:all-MiniLM-L6-v2"
@@ -67,13 +67,11 @@ def position_limit(config) -> int:
     return limit
 
 
-def tokenization_of(tokenizer, config):
+def tokenization_of(tokenizer, config) -> Tokenization:
     """:class:`~finetune_assets.contracts.Tokenization` of a loaded fast tokenizer and model config: the
     longest input is the position limit, or the tokenizer's ``model_max_length`` where that is smaller
     (it may be unset: a huge sentinel)."""
     import copy
-
-    from finetune_assets.contracts import Tokenization
 
     limit = position_limit(config)
     if 0 < (getattr(tokenizer, "model_max_length", 0) or 0) < limit:
@@ -84,7 +82,7 @@ def tokenization_of(tokenizer, config):
     return Tokenization(tokenizer_json=backend.to_str(), vocab_size=len(tokenizer), max_input_tokens=limit)
 
 
-def load_tokenization(model_dir: str):
+def load_tokenization(model_dir: str) -> Tokenization:
     """The same facts for a model folder without ``tokenization.json`` (published before it existed)."""
     from transformers import AutoConfig, AutoTokenizer
 

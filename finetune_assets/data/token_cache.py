@@ -114,13 +114,8 @@ class TokenCache:
             return Hits(np.empty(0, np.int64), pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), np.empty(0, np.int32))
         return Hits(np.concatenate(rows).astype(np.int64), pa.concat_arrays(ids), np.concatenate(full).astype(np.int32))
 
-    def add(self, keys: np.ndarray, ids: pa.ListArray, full: np.ndarray) -> str | None:
-        """Store newly tokenized rows (``ids[i]`` is the text of ``keys[i]``) as one segment; returns its name."""
-        with self.segment() as segment:
-            segment.write(keys, ids, full)
-        return segment.name
-
     def segment(self) -> "SegmentWriter":
+        """Where a slice's newly tokenized rows go (a context manager: published on a clean exit)."""
         return SegmentWriter(self)
 
 

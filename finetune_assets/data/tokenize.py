@@ -71,11 +71,6 @@ def tokenize_table(
     return pa.Table.from_batches(batches)
 
 
-def split_values(accepted: pa.Table) -> list[str]:
-    """Each row's split as raw_reviews stored it (the one place tokenization learns the split)."""
-    return split_column(accepted).dictionary_decode().to_pylist()
-
-
 def encode_texts(backend, texts: list[str], max_length: int, dtype: np.dtype) -> tuple[pa.ListArray, np.ndarray]:
     """One fast-tokenizer batch: token ids truncated to ``max_length`` keeping specials, and each full length.
 
@@ -95,9 +90,8 @@ def encode_texts(backend, texts: list[str], max_length: int, dtype: np.dtype) ->
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)), full
 
 
-def label_ids(names, labels: LabelSet) -> np.ndarray:
-    """Class names (a list or an Arrow string array) -> int8 ids in ``labels``; an unknown name is an error."""
-    names = pa.array(names, pa.string()) if isinstance(names, list) else names
+def label_ids(names: pa.Array | pa.ChunkedArray, labels: LabelSet) -> np.ndarray:
+    """Class names (an Arrow string column) -> int8 ids in ``labels``; an unknown name is an error."""
     names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
     ids = pc.index_in(names, value_set=pa.array(list(labels.names), pa.string()))
     if ids.null_count:
@@ -111,10 +105,9 @@ SPLIT_DICTIONARY = pa.array(SPLITS, pa.string())  # one fixed dictionary: batche
 
 def token_batch(ids: pa.ListArray, full_lengths, labels: np.ndarray, splits: pa.Array,
                 dtype: np.dtype) -> pa.RecordBatch:
-    """The tokenized rows' columns: input_ids (list of uint), length, full_length, label id, split."""
+    """The tokenized rows' columns: input_ids (list of uint), length, full_length, label id, split (``splits``:
+    the plain strings :func:`~finetune_assets.data.validate.split_column` gives)."""
     ids = ids.cast(pa.list_(pa.from_numpy_dtype(dtype)))
-    if pa.types.is_dictionary(splits.type):
-        splits = splits.cast(pa.string())
     codes = pc.index_in(splits, value_set=SPLIT_DICTIONARY)
     if codes.null_count:
         raise ValueError(f"split values other than {list(SPLITS)}")
