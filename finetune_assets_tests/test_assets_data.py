@@ -94,6 +94,9 @@ def test_four_data_assets_materialize_for_a_dataset_version(storage_root, instan
     assert sum(tok_md["split_counts"].values()) == tok_md["dagster/row_count"]
     assert tok_md["token_dtype"] == "uint16" and tok_md["max_length"] == 128
     assert 0 < tok_md["tokens_p50"] <= tok_md["tokens_p95"] <= tok_md["tokens_max"]
+    # a cold cache: every row tokenized anew, then indexed for the next version
+    assert (tok_md["reused_rows"], tok_md["new_rows"]) == (0, tok_md["dagster/row_count"])
+    assert tok_md["token_cache_index_rows"] == tok_md["dagster/row_count"]
 
     shards_md = _metadata(result, "mds_shards")
     assert shards_md["samples_per_split"] == tok_md["split_counts"]
@@ -112,8 +115,12 @@ def test_four_data_assets_materialize_for_a_dataset_version(storage_root, instan
 
     # the same inputs give the same data versions (content hashes, not run ids)
     before = {a: store.require(a, "v1").data_version for a in ("raw_reviews", "tokenized_reviews")}
-    materialize(storage_root, instance, ["raw_reviews", "tokenized_reviews"], "v1")
+    again = _metadata(materialize(storage_root, instance, ["raw_reviews", "tokenized_reviews"], "v1"),
+                      "tokenized_reviews")
     assert {a: store.require(a, "v1").data_version for a in before} == before
+    # ... and every row now comes from the cache, through its index (nothing new to merge into it)
+    assert (again["reused_rows"], again["new_rows"]) == (tok_md["dagster/row_count"], 0)
+    assert again["token_cache_index_rows"] == tok_md["dagster/row_count"]
 
 
 def test_bad_version_key_is_rejected_with_a_clear_error(storage_root, instance, arabic_reviews: Path):

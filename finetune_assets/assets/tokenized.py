@@ -38,7 +38,7 @@ class TokenizeConfig(dg.Config):
     batch_size: int = Field(2048, description="texts per fast-tokenizer batch")
     workers: int | None = Field(None, description="slice worker processes at a time (local runner); "
                                                   "default: the usable cores")
-    slice_rows: int = Field(131_072, description="at most this many rows per slice (bounds a worker's memory); "
+    slice_rows: int = Field(65_536, description="at most this many rows per slice (bounds a worker's memory); "
                                                  "a worker tokenizes several slices in turn")
     cache: bool = Field(True, description="reuse tokens of rows an earlier version tokenized "
                                           "({root}/token_cache)")
@@ -99,6 +99,7 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
         _fan_out(context, runner, f"tok-{version}", f"{work}/spec.json", spec.count)
         parts = slices.read_part_stats(staging.url, len(plan))
         store.fs.rm(work, recursive=True)  # tokenizer + spec: inputs of the workers, not data
+        index = _index_cache(context, spec.cache)
         rows = sum(p["rows"] for p in parts)
         if rows != raw.metadata.get("rows", rows):
             raise dg.Failure(f"tokenized_reviews[{version}]: slices tokenized {rows} rows, raw_reviews has "
@@ -130,6 +131,7 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
             "slices": len(plan),
             "reused_rows": reused,
             "new_rows": rows - reused,
+            **index,
             "tokenizer_hash": tok_hash,
             **_pictures(context, hist, max_length),
         },
@@ -150,6 +152,23 @@ def _fan_out(context: dg.AssetExecutionContext, runner, kind: str, spec_url: str
         runner.run(job, context.log.info)
     except FanOutError as err:
         raise dg.Failure(str(err)) from err
+
+
+def _index_cache(context: dg.AssetExecutionContext, cache_url: str | None) -> dict:
+    """Merge this version's new cache segments into the cache's index, so the next version's lookups are one
+    binary search per row. The cache only speeds things up: a failed merge is a warning (the segments stay
+    searchable one by one), never a failed version."""
+    if cache_url is None:
+        return {}
+    from finetune_assets.data.token_cache import TokenCache
+
+    try:
+        counts = TokenCache(cache_url).compact()
+    except Exception as err:  # noqa: BLE001 - see above
+        context.log.warning(f"token cache index not updated ({type(err).__name__}: {err}); "
+                            "the next version searches its segments one by one")
+        return {}
+    return {"token_cache_index_rows": counts["index_rows"]}
 
 
 def _merged_histogram(parts: list[dict]):

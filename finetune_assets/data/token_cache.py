@@ -1,29 +1,42 @@
 """Content-addressed tokenization cache under the storage root: rows shared between versions are tokenized once.
 
-Layout: ``{root}/token_cache/{tokenizer hash}-{max_length}/{segment}.arrow`` + ``{segment}.keys``. A
-segment holds the rows one slice worker tokenized anew: ``key`` (16-byte hash of the exact text that was
-tokenized), ``input_ids`` (already truncated to ``max_length``) and ``full_length``. The ``.keys`` file
-(the keys alone, 16 bytes each) is what lookups scan, so a lookup never decompresses tokens it does not use.
+Layout under ``{root}/token_cache/{tokenizer hash}-{max_length}/``:
+
+- ``{segment}.arrow`` + ``{segment}.keys``: the rows one slice worker tokenized anew: ``key`` (16-byte hash
+  of the exact text that was tokenized), ``input_ids`` (already truncated to ``max_length``) and
+  ``full_length``; the ``.keys`` file holds the keys alone, 16 bytes each, in the segment's row order.
+- ``index/{name}.idx`` + ``{name}.json``: every key of the segments the JSON lists, sorted, with the
+  segment and row that hold it. The asset merges each version's new segments into it (:meth:`TokenCache.compact`,
+  bounded memory: a key range at a time), so a lookup is a binary search per row into one file (memory-mapped,
+  only the pages it touches) instead of a scan of every segment: a slice's lookup costs O(slice x log cache),
+  not O(cache), and the number of slices no longer multiplies the cache's size. Segments no index lists yet
+  (a version still tokenizing, a compaction that failed) are searched one by one, as before.
 
 The key is the hash of the text as tokenized, not of the normalized text: two reviews with one
 normalized form (same split, same duplicate identity) can still differ in case or invisible
 characters, which a cased tokenizer encodes differently. The tokenizer hash is of its full definition
 (``tokenizer.json``: vocabulary, normalizer, post-processor), so any change starts a fresh namespace.
 
-Concurrency: segments are immutable and named by their content; each file is written atomically
-(temp file + rename, or one PUT on object stores) and the ``.keys`` file only after its ``.arrow``, so
-a reader sees a complete segment or none. Two versions writing at once add distinct segments (or the
-same bytes under the same name); rows present in two segments are found once.
+Concurrency: segments and indexes are immutable and named by their content; each file is written atomically
+(temp file + rename, or one PUT on object stores), a segment's ``.keys`` only after its ``.arrow`` and an
+index's ``.json`` only after its ``.idx``, so a reader sees a complete one or none. Two versions writing at
+once add distinct segments (or the same bytes under the same name); two compacting at once each publish an
+index, and the next compaction merges from the larger one. An index is deleted only once a published one
+lists all its segments; a reader that loses that race looks again. A cache is only ever an accelerator: a
+segment or index that cannot be read makes rows misses (tokenized anew), never wrong tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import math
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import fsspec
 import numpy as np
@@ -31,6 +44,12 @@ import pyarrow as pa
 
 KEY_BYTES = 16
 CACHE_DIR = "token_cache"
+INDEX_DIR = "index"
+INDEX_FORMAT = 1
+# Index columns, stored one after the other (``hi`` is what binary searches read, contiguous):
+# key halves as little-endian uint64 (sort order: hi, then lo), segment number (into the JSON's list), row.
+_COLUMNS = (("hi", np.dtype("<u8")), ("lo", np.dtype("<u8")), ("seg", np.dtype("<u4")), ("row", np.dtype("<u4")))
+MERGE_CHUNK_ROWS = 1 << 19  # index entries merged at a time (about 12 MB of columns, 50 MB while sorting)
 
 
 def text_keys(texts: list[str]) -> np.ndarray:
@@ -57,66 +76,290 @@ def _halves(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return k[:, 0], k[:, 1]
 
 
+@dataclass(frozen=True)
+class _Run:
+    """Keys sorted by (hi, lo) with where each is held: an index (memory-mapped) or one segment (in memory)."""
+
+    hi: np.ndarray
+    lo: np.ndarray
+    seg: np.ndarray
+    row: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+    @classmethod
+    def of_segment(cls, keys: np.ndarray, seg: int) -> "_Run":
+        hi, lo = _halves(keys)
+        order = np.lexsort((lo, hi))
+        return cls(hi[order], lo[order], np.full(len(order), seg, np.uint32), order.astype(np.uint32))
+
+    def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """Position of each (hi, lo) in the run, -1 where absent: one binary search each (a memory-mapped run
+        reads only the pages the searches touch)."""
+        n = len(self.hi)
+        if n == 0 or len(hi) == 0:
+            return np.full(len(hi), -1, np.int64)
+        order = np.argsort(hi)  # sorted probes walk the run's pages in order (10x fewer cache misses)
+        pos = np.empty(len(hi), np.int64)
+        pos[order] = np.searchsorted(self.hi, hi[order])
+        inside = pos < n
+        p = np.where(inside, pos, 0)
+        same_hi = inside & (self.hi[p] == hi)
+        exact = same_hi & (self.lo[p] == lo)
+        # the same 64-bit hi twice in a run (~n^2/2^65: rare): walk its equal-hi entries (sorted by lo)
+        for j in np.flatnonzero(same_hi & ~exact):
+            k = p[j] + 1
+            while k < n and self.hi[k] == hi[j] and self.lo[k] <= lo[j]:
+                if self.lo[k] == lo[j]:
+                    p[j], exact[j] = k, True
+                    break
+                k += 1
+        return np.where(exact, p, -1)
+
+
+@dataclass(frozen=True)
+class _Index:
+    name: str
+    segments: list[str]
+    rows: int
+
+
+def _open_index(path: str, rows: int) -> _Run:
+    """The columns of an index file, memory-mapped (file pages: nothing is read until searched)."""
+    columns, offset = {}, 0
+    for column, dtype in _COLUMNS:
+        columns[column] = (np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(rows,)) if rows
+                           else np.empty(0, dtype))
+        offset += rows * dtype.itemsize
+    return _Run(**columns)
+
+
 class TokenCache:
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.fs, self.path = fsspec.core.url_to_fs(self.url)
+        self.local = isinstance(self.fs, fsspec.implementations.local.LocalFileSystem)
+        self._downloads: dict[str, str] = {}  # remote index name -> a local copy (one download per process)
+        self._scratch: tempfile.TemporaryDirectory | None = None  # where those copies live (removed with self)
 
     def _segments(self) -> list[str]:
         try:
             names = self.fs.ls(self.path, detail=False)
         except FileNotFoundError:
             return []
-        return sorted(n[: -len(".keys")] for n in names if n.endswith(".keys"))
+        return sorted(Path(n).name[: -len(".keys")] for n in names if n.endswith(".keys"))
 
     def has_segments(self) -> bool:
         return bool(self._segments())
 
+    def _seg_url(self, name: str, suffix: str) -> str:
+        return f"{self.path}/{name}{suffix}"
+
+    # -- index ---------------------------------------------------------------------------------------------------
+    def _indexes(self) -> list[_Index]:
+        try:
+            names = self.fs.ls(f"{self.path}/{INDEX_DIR}", detail=False)
+        except FileNotFoundError:
+            return []
+        found = []
+        for n in sorted(names):
+            if not n.endswith(".json") or Path(n).name.startswith("."):
+                continue
+            try:
+                with self.fs.open(n, "r") as f:
+                    meta = json.load(f)
+            except (FileNotFoundError, ValueError):  # deleted meanwhile by a compaction that superseded it
+                continue
+            if meta.get("format") == INDEX_FORMAT:
+                found.append(_Index(Path(n).name[: -len(".json")], meta["segments"], int(meta["rows"])))
+        return found
+
+    def _best_index(self, segments: list[str]) -> _Index | None:
+        present = set(segments)
+        indexes = [i for i in self._indexes() if set(i.segments) <= present]  # every segment it names exists
+        return max(indexes, key=lambda i: (i.rows, i.name), default=None)
+
+    def _index_run(self, index: _Index) -> _Run:
+        url = f"{self.path}/{INDEX_DIR}/{index.name}.idx"
+        if self.local:
+            return _open_index(url, index.rows)
+        if index.name not in self._downloads:
+            if self._scratch is None:
+                self._scratch = tempfile.TemporaryDirectory(prefix="token-index-")
+            local = f"{self._scratch.name}/{index.name}.idx"
+            self.fs.get_file(url, local)
+            self._downloads[index.name] = local
+        return _open_index(self._downloads[index.name], index.rows)
+
+    def _runs(self) -> tuple[list[str], list[_Run], list[str]]:
+        """(segment names, runs to search in order, segments searched one by one): the largest index, then
+        every segment it does not list. An index deleted between listing and opening: look again once."""
+        for attempt in range(2):
+            segments = self._segments()
+            index = self._best_index(segments)
+            try:
+                runs = [self._index_run(index)] if index is not None else []
+                break
+            except FileNotFoundError:
+                if attempt:
+                    index, runs = None, []
+        names = list(index.segments) if index is not None else []
+        listed = set(names)
+        loose = [s for s in segments if s not in listed]
+        return names, runs, loose
+
+    def _segment_run(self, name: str, seg: int) -> _Run | None:
+        try:
+            with self.fs.open(self._seg_url(name, ".keys"), "rb") as f:
+                keys = np.frombuffer(f.read(), dtype=np.uint8).reshape(-1, KEY_BYTES)
+        except FileNotFoundError:
+            return None
+        return _Run.of_segment(keys, seg)
+
+    # -- lookup --------------------------------------------------------------------------------------------------
     def lookup(self, keys: np.ndarray, dtype: np.dtype) -> Hits:
         """Rows of ``keys`` already in the cache, with their tokens (each segment read at most once)."""
+        list_type = pa.list_(pa.from_numpy_dtype(dtype))
+        empty = Hits(np.empty(0, np.int64), pa.array([], list_type), np.empty(0, np.int32))
         if len(keys) == 0:
-            return Hits(np.empty(0, np.int64), pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), np.empty(0, np.int32))
+            return empty
         hi, lo = _halves(keys)
-        order = np.argsort(hi, kind="stable")
-        hi_sorted = hi[order]
-        found = np.zeros(len(keys), dtype=bool)
-        rows, ids, full = [], [], []
-        for seg in self._segments():
-            if found.all():
+        seg_of = np.full(len(keys), -1, np.int64)  # looked-up row -> segment number (into ``names``)
+        row_of = np.zeros(len(keys), np.int64)
+        names, runs, loose = self._runs()
+
+        def search(run: _Run) -> None:
+            todo = np.flatnonzero(seg_of < 0)
+            pos = run.find(hi[todo], lo[todo])
+            ok = pos >= 0
+            seg_of[todo[ok]] = run.seg[pos[ok]]
+            row_of[todo[ok]] = run.row[pos[ok]]
+
+        for run in runs:
+            search(run)
+        for name in loose:
+            if (seg_of >= 0).all():
                 break
-            with self.fs.open(seg + ".keys", "rb") as f:
-                seg_hi, seg_lo = _halves(np.frombuffer(f.read(), dtype=np.uint8).reshape(-1, KEY_BYTES))
-            pos = np.minimum(np.searchsorted(hi_sorted, seg_hi), len(hi_sorted) - 1)
-            cand = order[pos]
-            match = (hi[cand] == seg_hi) & (lo[cand] == seg_lo) & ~found[cand]
-            if not match.any():
+            run = self._segment_run(name, len(names))
+            names.append(name)
+            if run is not None:
+                search(run)
+        rows, ids, full = [], [], []
+        hit = np.flatnonzero(seg_of >= 0)
+        hit = hit[np.lexsort((row_of[hit], seg_of[hit]))]  # by segment, then row: each segment read once, in order
+        segs, starts = np.unique(seg_of[hit], return_index=True)
+        for seg, target in zip(segs, np.split(hit, starts[1:])):
+            try:
+                self._read_rows(names[seg], row_of[target], target, list_type, rows, ids, full)
+            except FileNotFoundError:  # a segment gone: its rows are misses, tokenized anew
                 continue
-            seg_rows = np.flatnonzero(match)
-            target = cand[match]
-            _, first = np.unique(target, return_index=True)  # a key twice in one segment: take it once
-            seg_rows, target = seg_rows[first], target[first]
-            order_in_seg = np.argsort(seg_rows, kind="stable")
-            seg_rows, target = seg_rows[order_in_seg], target[order_in_seg]
-            with self.fs.open(seg + ".arrow", "rb") as f:
-                reader = pa.ipc.open_file(f)
-                start = 0
-                for b in range(reader.num_record_batches):  # one decompressed batch at a time
-                    batch = reader.get_batch(b)
-                    first_row, end_row = np.searchsorted(seg_rows, [start, start + batch.num_rows])
-                    if end_row > first_row:
-                        taken = batch.take(pa.array(seg_rows[first_row:end_row] - start))
-                        ids.append(taken.column("input_ids").cast(pa.list_(pa.from_numpy_dtype(dtype))))
-                        full.append(taken.column("full_length").to_numpy())
-                        rows.append(target[first_row:end_row])
-                    start += batch.num_rows
-            found[target] = True
         if not rows:
-            return Hits(np.empty(0, np.int64), pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), np.empty(0, np.int32))
+            return empty
         return Hits(np.concatenate(rows).astype(np.int64), pa.concat_arrays(ids), np.concatenate(full).astype(np.int32))
+
+    def _read_rows(self, name: str, seg_rows: np.ndarray, target: np.ndarray, list_type: pa.DataType,
+                   rows: list, ids: list, full: list) -> None:
+        """Rows ``seg_rows`` (ascending) of a segment, for looked-up rows ``target``, one decompressed batch at a time."""
+        got_rows, got_ids, got_full = [], [], []
+        with self.fs.open(self._seg_url(name, ".arrow"), "rb") as f:
+            reader = pa.ipc.open_file(f)
+            start = 0
+            for b in range(reader.num_record_batches):
+                batch = reader.get_batch(b)
+                first, end = np.searchsorted(seg_rows, [start, start + batch.num_rows])
+                if end > first:
+                    taken = batch.take(pa.array(seg_rows[first:end] - start))
+                    got_ids.append(taken.column("input_ids").cast(list_type))
+                    got_full.append(taken.column("full_length").to_numpy())
+                    got_rows.append(target[first:end])
+                start += batch.num_rows
+        rows += got_rows  # all of a segment or none of it
+        ids += got_ids
+        full += got_full
+
+    # -- compaction ----------------------------------------------------------------------------------------------
+    def compact(self, chunk_rows: int = MERGE_CHUNK_ROWS) -> dict:
+        """Merge the segments no index lists into a new index (with the largest one's entries), publish it and
+        drop the indexes it supersedes. Bounded memory: the inputs are sorted runs on disk, merged a key range
+        at a time. Safe to run concurrently and to re-run. Returns counts for the asset's metadata."""
+        names, runs, loose = self._runs()
+        if not loose:
+            return {"index_rows": sum(len(r) for r in runs), "indexed_segments": len(names), "merged_segments": 0}
+        with tempfile.TemporaryDirectory(prefix="token-index-") as tmp:
+            for name in loose:  # each new segment as a sorted run on local disk
+                run = self._segment_run(name, len(names))
+                if run is None:
+                    continue
+                path = f"{tmp}/{len(names)}.run"
+                _write_columns(path, run)
+                runs.append(_open_index(path, len(run)))
+                names.append(name)
+            total = sum(len(r) for r in runs)
+            out = f"{tmp}/index.idx"
+            merged = _open_output(out, total)
+            chunks = max(1, math.ceil(total / chunk_rows))
+            bounds = [(k << 64) // chunks for k in range(chunks)]  # keys are hashes: equal hi ranges, equal sizes
+            at = 0
+            for k, start in enumerate(bounds):
+                pieces = []
+                for run in runs:
+                    a = int(np.searchsorted(run.hi, np.uint64(start)))
+                    b = int(np.searchsorted(run.hi, np.uint64(bounds[k + 1]))) if k + 1 < chunks else len(run)
+                    if b > a:
+                        pieces.append(_Run(run.hi[a:b], run.lo[a:b], run.seg[a:b], run.row[a:b]))
+                if not pieces:
+                    continue
+                hi = np.concatenate([p.hi for p in pieces])
+                lo = np.concatenate([p.lo for p in pieces])
+                order = np.lexsort((lo, hi))
+                m = len(order)
+                merged["hi"][at:at + m] = hi[order]
+                merged["lo"][at:at + m] = lo[order]
+                del hi, lo
+                merged["seg"][at:at + m] = np.concatenate([p.seg for p in pieces])[order]
+                merged["row"][at:at + m] = np.concatenate([p.row for p in pieces])[order]
+                at += m
+            for column in merged.values():
+                column.flush()
+            del merged, runs
+            name = hashlib.sha256("\n".join(names).encode()).hexdigest()[:32]
+            from finetune_assets.data.slices import writing
+            from finetune_assets.storage import write_bytes_atomic
+
+            with writing(f"{self.url}/{INDEX_DIR}/{name}.idx") as target:
+                shutil.move(out, target)
+            write_bytes_atomic(f"{self.url}/{INDEX_DIR}/{name}.json",
+                               json.dumps({"format": INDEX_FORMAT, "rows": total, "segments": names}).encode())
+        listed = set(names)
+        for old in self._indexes():  # superseded: every segment it lists is in the new one
+            if old.name != name and set(old.segments) <= listed:
+                for suffix in (".json", ".idx"):  # the JSON first: no reader picks it any more
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm(f"{self.path}/{INDEX_DIR}/{old.name}{suffix}")
+        return {"index_rows": total, "indexed_segments": len(names), "merged_segments": len(loose)}
 
     def segment(self) -> "SegmentWriter":
         """Where a slice's newly tokenized rows go (a context manager: published on a clean exit)."""
         return SegmentWriter(self)
+
+
+def _open_output(path: str, rows: int) -> dict[str, np.ndarray]:
+    size = rows * sum(d.itemsize for _, d in _COLUMNS)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    columns, offset = {}, 0
+    for column, dtype in _COLUMNS:
+        columns[column] = (np.memmap(path, dtype=dtype, mode="r+", offset=offset, shape=(rows,)) if rows
+                           else np.empty(0, dtype))
+        offset += rows * dtype.itemsize
+    return columns
+
+
+def _write_columns(path: str, run: _Run) -> None:
+    with open(path, "wb") as f:
+        for column, dtype in _COLUMNS:
+            f.write(np.ascontiguousarray(getattr(run, column), dtype=dtype).tobytes())
 
 
 class SegmentWriter:

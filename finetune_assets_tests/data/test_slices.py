@@ -7,6 +7,7 @@ slicing invariance and cache reuse are checked in seconds; the subprocess path h
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -184,6 +185,118 @@ def test_a_cache_segment_appears_whole_after_its_slice_or_not_at_all(tmp_path):
     assert sorted(hits.rows.tolist()) == list(range(1, 11))
     by_row = dict(zip(hits.rows.tolist(), hits.ids.to_pylist()))
     assert all(by_row[1 + j] == [101, 9 - j, 102] for j in range(10))
+
+
+def _segment(cache, texts: list[str], first_token: int = 0) -> None:
+    """One published segment: text ``j`` -> ids ``[101, first_token + j, 102]``."""
+    from finetune_assets.data.token_cache import text_keys
+
+    ids = pa.array([[101, first_token + j, 102] for j in range(len(texts))], pa.list_(pa.uint16()))
+    with cache.segment() as segment:
+        segment.write(text_keys(texts), ids, np.full(len(texts), 3, np.int32))
+
+
+def _looked_up(cache, texts: list[str]) -> dict[int, list[int]]:
+    from finetune_assets.data.token_cache import text_keys
+
+    hits = cache.lookup(text_keys(texts), np.dtype(np.uint16))
+    return dict(zip(hits.rows.tolist(), hits.ids.to_pylist()))
+
+
+@pytest.mark.parametrize("root", ["local", "memory"])
+def test_the_cache_index_finds_what_the_segments_hold_and_supersedes_older_indexes(tmp_path, root):
+    """compact() merges new segments into one sorted index (in key-range chunks: 7 entries a chunk here);
+    lookups through it give the tokens the segments hold; a segment no index lists yet is still found; the
+    next compaction lists both and drops the index it supersedes. ``memory``: an object-store root, where a
+    worker downloads the index once instead of memory-mapping it."""
+    import fsspec
+
+    from finetune_assets.data.token_cache import INDEX_DIR, TokenCache
+
+    url = str(tmp_path / "ns") if root == "local" else f"memory://cache-{tmp_path.name}/ns"
+    cache = TokenCache(url)
+    first = [f"review {i}" for i in range(40)]
+    second = [f"other {i}" for i in range(25)]
+    _segment(cache, first[:30])
+    _segment(cache, first[30:], first_token=30)
+    assert cache.compact(chunk_rows=7) == {"index_rows": 40, "indexed_segments": 2, "merged_segments": 2}
+    fs, path = fsspec.core.url_to_fs(url)
+    index_files = sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{path}/{INDEX_DIR}", detail=False))
+    assert [f.rsplit(".", 1)[1] for f in index_files] == ["idx", "json"]
+    # the index is sorted by key and holds every (segment, row) once
+    names, runs, loose = cache._runs()
+    assert loose == [] and len(runs) == 1
+    run = runs[0]
+    assert np.all((run.hi[1:] > run.hi[:-1]) | ((run.hi[1:] == run.hi[:-1]) & (run.lo[1:] >= run.lo[:-1])))
+    held = sorted((names[seg], row) for seg, row in zip(run.seg.tolist(), run.row.tolist()))
+    sizes = sorted(sum(1 for n, _ in held if n == name) for name in names)
+    assert sizes == [10, 30] and held == sorted({(n, r) for n, r in held})  # each (segment, row) once
+    assert all(sorted(r for n, r in held if n == name) == list(range(size)) for name, size in
+               ((name, sum(1 for n, _ in held if n == name)) for name in names))
+    got = _looked_up(cache, ["unknown", *first[::-1]])
+    assert sorted(got) == list(range(1, 41)) and all(got[1 + j] == [101, 39 - j, 102] for j in range(40))
+    _segment(cache, second, first_token=100)  # a version after the compaction: a loose segment
+    got = _looked_up(cache, [second[3], first[5], "unknown"])
+    assert got == {0: [101, 103, 102], 1: [101, 5, 102]}
+    assert cache.compact(chunk_rows=7) == {"index_rows": 65, "indexed_segments": 3, "merged_segments": 1}
+    assert len(fs.ls(f"{path}/{INDEX_DIR}", detail=False)) == 2  # the older index is gone
+    assert cache._runs()[2] == []
+    assert _looked_up(cache, [second[3], first[5], "unknown"]) == {0: [101, 103, 102], 1: [101, 5, 102]}
+    assert cache.compact() == {"index_rows": 65, "indexed_segments": 3, "merged_segments": 0}  # re-run: no-op
+
+
+def test_the_cache_index_tells_keys_apart_that_share_their_first_half(tmp_path):
+    """Binary search is on the keys' first 8 bytes; keys equal there must still be told apart by the rest."""
+    from finetune_assets.data.token_cache import KEY_BYTES, TokenCache, _Run
+
+    keys = np.zeros((6, KEY_BYTES), np.uint8)
+    keys[:, 8] = [5, 1, 9, 3, 7, 2]  # the same hi, lo differs
+    keys[5, 0] = 1  # one with another hi
+    run = _Run.of_segment(keys, seg=0)
+    probe = np.concatenate([keys[[2, 0, 3, 5]], np.zeros((1, KEY_BYTES), np.uint8)])  # last: lo 0, absent
+    from finetune_assets.data.token_cache import _halves
+
+    pos = run.find(*_halves(probe))
+    assert run.row[pos[:4]].tolist() == [2, 0, 3, 5] and pos[4] == -1
+    cache = TokenCache(str(tmp_path / "ns"))
+    ids = pa.array([[101, j, 102] for j in range(6)], pa.list_(pa.uint16()))
+    with cache.segment() as segment:
+        segment.write(keys, ids, np.full(6, 3, np.int32))
+    cache.compact(chunk_rows=2)
+    hits = cache.lookup(probe, np.dtype(np.uint16))
+    assert dict(zip(hits.rows.tolist(), hits.ids.to_pylist())) == {0: [101, 2, 102], 1: [101, 0, 102],
+                                                                   2: [101, 3, 102], 3: [101, 5, 102]}
+
+
+def test_indexes_published_concurrently_are_merged_and_a_missing_segment_is_a_miss(tmp_path):
+    """Two versions compacting at once publish two indexes, neither listing the other's segment: lookups use
+    the larger plus the other's segment as loose; the next compaction supersedes both. A segment whose tokens
+    are gone makes its rows misses (tokenized anew), not an error; an index naming a segment that is gone
+    is not used."""
+    from finetune_assets.data.token_cache import INDEX_DIR, TokenCache
+
+    a, b = [f"a {i}" for i in range(10)], [f"b {i}" for i in range(5)]
+    left, right = tmp_path / "left", tmp_path / "right"
+    _segment(TokenCache(str(left)), a)
+    _segment(TokenCache(str(right)), b, first_token=50)
+    TokenCache(str(left)).compact()
+    TokenCache(str(right)).compact()
+    b_segment = next(right.glob("*.arrow")).stem
+    ns = tmp_path / "ns"  # both writers' files in one cache, as two concurrent versions would leave them
+    shutil.copytree(left, ns)
+    shutil.copytree(right, ns, dirs_exist_ok=True)
+    cache = TokenCache(str(ns))
+    names, runs, loose = cache._runs()
+    assert len(runs) == 1 and len(runs[0]) == 10 and len(loose) == 1  # the larger index, the other segment loose
+    assert len(_looked_up(cache, a + b)) == 15
+    assert cache.compact()["merged_segments"] == 1
+    assert len(list((ns / INDEX_DIR).iterdir())) == 2  # both older indexes superseded
+    assert len(_looked_up(cache, a + b)) == 15
+    (ns / f"{b_segment}.arrow").unlink()
+    assert sorted(_looked_up(cache, a + b)) == list(range(10))  # b's rows: misses
+    (ns / f"{b_segment}.keys").unlink()
+    assert cache._runs()[1] == []  # the index names a segment that is gone: not used
+    assert sorted(_looked_up(cache, a + b)) == list(range(10))  # a's segment, searched loose
 
 
 # -- the local fan-out runner ---------------------------------------------------------------------------------
