@@ -204,7 +204,8 @@ def _step(root: str, version: str, source: str, step: str, config: str) -> None:
     meta = {}
     for event in result.get_asset_materialization_events():
         for k, v in event.materialization.metadata.items():
-            if k in ("dagster/row_count", "rows_in", "reused_rows", "new_rows", "slices", "rejected_rows", "shards"):
+            if k in ("dagster/row_count", "rows_in", "reused_rows", "new_rows", "slices", "rejected_rows", "shards",
+                     "token_cache_index_rows"):
                 meta[k.replace("dagster/", "")] = v.value
     print("RESULT " + json.dumps({"wall_s": round(wall, 2), **meta}), flush=True)
 

@@ -17,7 +17,8 @@ order, so part ``i`` precedes part ``i + 1`` and a split's samples are in ``revi
 whatever the number of slices or workers: the same samples in the same order (shard boundaries differ).
 
 **Memory.** A worker holds one slice's keys and cached tokens plus one batch, bounded by ``slice_rows``
-and ``batch_size``, not by the version's size. One process per core: the fast tokenizer's own thread
+and ``batch_size``, not by the version's size; the token cache's index is searched memory-mapped (page
+cache, only the pages its binary searches touch), never loaded. One process per core: the fast tokenizer's own thread
 pool is switched off (``TOKENIZERS_PARALLELISM=false``), parallelism comes from the workers.
 Dagster-free (test_layers.py).
 """
@@ -190,10 +191,13 @@ def _put_json(url: str, data: dict) -> None:
 def tokenize_group(spec: TokenizeSpec, index: int, log=print) -> list[dict]:
     """Index ``index`` of a tokenize fan-out: its slices one after the other, each its own part (a worker
     pays its imports once, however many slices it takes; a slice bounds its memory)."""
-    return [tokenize_slice(spec, i, log) for i in spec.slices_of(index)]
+    from finetune_assets.data.token_cache import TokenCache
+
+    cache = TokenCache(spec.cache) if spec.cache else None  # one per worker: a remote index is downloaded once
+    return [tokenize_slice(spec, i, log, cache) for i in spec.slices_of(index)]
 
 
-def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
+def tokenize_slice(spec: TokenizeSpec, index: int, log=print, cache=None) -> dict:
     import tokenizers
 
     from finetune_assets.data.token_cache import TokenCache, text_keys
@@ -207,7 +211,8 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print) -> dict:
         backend = tokenizers.Tokenizer.from_str(f.read())
     backend.no_truncation()
     backend.no_padding()
-    cache = TokenCache(spec.cache) if spec.cache else None
+    if cache is None and spec.cache:
+        cache = TokenCache(spec.cache)
     fs, path = fsspec.core.url_to_fs(spec.reviews)
     with fs.open(path, "rb") as raw_file:
         reviews = pq.ParquetFile(raw_file)
