@@ -125,14 +125,18 @@ class _Index:
     rows: int
 
 
-def _open_index(path: str, rows: int) -> _Run:
-    """The columns of an index file, memory-mapped (file pages: nothing is read until searched)."""
+def _columns(path: str, rows: int, mode: str = "r") -> dict[str, np.ndarray]:
+    """An index file's columns, memory-mapped (file pages: nothing is read until searched)."""
     columns, offset = {}, 0
     for column, dtype in _COLUMNS:
-        columns[column] = (np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(rows,)) if rows
+        columns[column] = (np.memmap(path, dtype=dtype, mode=mode, offset=offset, shape=(rows,)) if rows
                            else np.empty(0, dtype))
         offset += rows * dtype.itemsize
-    return _Run(**columns)
+    return columns
+
+
+def _open_index(path: str, rows: int) -> _Run:
+    return _Run(**_columns(path, rows))
 
 
 class TokenCache:
@@ -345,15 +349,9 @@ class TokenCache:
 
 
 def _open_output(path: str, rows: int) -> dict[str, np.ndarray]:
-    size = rows * sum(d.itemsize for _, d in _COLUMNS)
     with open(path, "wb") as f:
-        f.truncate(size)
-    columns, offset = {}, 0
-    for column, dtype in _COLUMNS:
-        columns[column] = (np.memmap(path, dtype=dtype, mode="r+", offset=offset, shape=(rows,)) if rows
-                           else np.empty(0, dtype))
-        offset += rows * dtype.itemsize
-    return columns
+        f.truncate(rows * sum(d.itemsize for _, d in _COLUMNS))
+    return _columns(path, rows, mode="r+")
 
 
 def _write_columns(path: str, run: _Run) -> None:
