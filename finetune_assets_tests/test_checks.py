@@ -275,12 +275,24 @@ def test_gate_and_promotion_act_on_the_recorded_model_not_current(instance, stor
 
 # -- promotion semantics on a real (SQLite) registry, no training: gate.promote is what champion_model runs ------
 
+@pytest.fixture(scope="module")
+def _migrated_registry_db(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store with its schema already created (MLflow's migrations take seconds on
+    two cores); each registry test gets its own copy, so the tests stay as isolated as with a fresh file."""
+    import mlflow
+
+    db = tmp_path_factory.mktemp("mlflow-template") / "registry.db"
+    mlflow.MlflowClient(f"sqlite:///{db}", registry_uri=f"sqlite:///{db}").search_registered_models()
+    return db
+
+
 class _Registry:
     """A real MLflow SQLite registry with versions whose scores are cached on the test data (no model needed)."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, template: Path):
         import mlflow
 
+        shutil.copy(template, tmp_path / "registry.db")
         self.uri = f"sqlite:///{tmp_path}/registry.db"
         self.client = mlflow.MlflowClient(self.uri, registry_uri=self.uri)
         self.test = TestSet.build(["good", "bad"], ["Positive", "Negative"])
@@ -325,12 +337,12 @@ class _FlakyClient:
 
 
 @pytest.mark.parametrize("code", ["TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "PERMISSION_DENIED"])
-def test_registry_errors_fail_promotion_and_leave_the_alias(tmp_path, code):
+def test_registry_errors_fail_promotion_and_leave_the_alias(tmp_path, _migrated_registry_db, code):
     from mlflow.exceptions import MlflowException
 
     from finetune_assets import gate
 
-    reg = _Registry(tmp_path)
+    reg = _Registry(tmp_path, _migrated_registry_db)
     champ = reg.version(0.5)
     reg.client.set_registered_model_alias("m", "champion", champ)
     challenger = reg.version(0.2)
@@ -342,18 +354,18 @@ def test_registry_errors_fail_promotion_and_leave_the_alias(tmp_path, code):
     assert flaky.sets == 0 and reg.champion() == champ
 
 
-def test_only_not_found_means_no_champion(tmp_path):
+def test_only_not_found_means_no_champion(tmp_path, _migrated_registry_db):
     from finetune_assets import gate
 
-    reg = _Registry(tmp_path)
+    reg = _Registry(tmp_path, _migrated_registry_db)
     assert gate.current_champion(reg.client, "never-registered", reg.test) is None  # RESOURCE_DOES_NOT_EXIST
     assert gate.current_champion(reg.client, "m", reg.test) is None  # registered, no alias yet
     first = reg.version(0.3)
     assert "first model" in gate.describe(reg.promote(first, 0.3)) and reg.champion() == first
 
 
-def test_a_tie_or_a_retry_keeps_the_champion(tmp_path):
-    reg = _Registry(tmp_path)
+def test_a_tie_or_a_retry_keeps_the_champion(tmp_path, _migrated_registry_db):
+    reg = _Registry(tmp_path, _migrated_registry_db)
     champ = reg.version(0.4)
     reg.promote(champ, 0.4)
     twin = reg.version(0.4)  # a retry that registered a byte-identical model
@@ -362,14 +374,14 @@ def test_a_tie_or_a_retry_keeps_the_champion(tmp_path):
     assert reg.promote(champ, 0.4).holds_alias and reg.champion() == champ
 
 
-def test_concurrent_promotions_cannot_let_a_worse_model_win(tmp_path):
+def test_concurrent_promotions_cannot_let_a_worse_model_win(tmp_path, _migrated_registry_db):
     """Barrier between read and set: the worse challenger reads first and sets after the better one. Without a critical
     section both compare with the old champion and the finish order decides (worse wins)."""
     import threading
 
     from finetune_assets.storage import Storage
 
-    reg = _Registry(tmp_path)
+    reg = _Registry(tmp_path, _migrated_registry_db)
     old = reg.version(0.2)
     reg.promote(old, 0.2)
     worse, better = reg.version(0.3), reg.version(0.5)

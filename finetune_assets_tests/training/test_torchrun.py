@@ -152,9 +152,9 @@ def test_killed_run_resumes_without_repeating_or_skipping(world, full_run):
     assert resumed["global_step"] == reference["global_step"]
 
 
-def test_trainer_crash_fails_the_launcher_with_a_readable_error(tmp_path, tiny_model_dir, arabic_reviews):
-    shards = write_mds_splits(tmp_path / "shards", tiny_model_dir, arabic_reviews / "PROD.csv")
-    config = write_config(tmp_path, "crash", tiny_model_dir, shards, data={"validation_url": str(tmp_path / "missing")})
+def test_trainer_crash_fails_the_launcher_with_a_readable_error(tmp_path, world):
+    _, model, shards = world  # the module's shards and model (read-only here): only validation_url is broken
+    config = write_config(tmp_path, "crash", model, shards, data={"validation_url": str(tmp_path / "missing")})
     launcher = LocalTorchrunLauncher(nproc_per_node=2, cwd=str(REPO))
     context = dg.build_asset_context()
     with pytest.raises(TrainingFailed) as err:
