@@ -18,8 +18,9 @@ whatever the number of slices or workers: the same samples in the same order (sh
 
 **Memory.** A worker holds one slice's keys and cached tokens plus one batch, bounded by ``slice_rows``
 and ``batch_size``, not by the version's size; the token cache's index is searched memory-mapped (page
-cache, only the pages its binary searches touch), never loaded. One process per core: the fast tokenizer's own thread
-pool is switched off (``TOKENIZERS_PARALLELISM=false``), parallelism comes from the workers.
+cache, only the pages its binary searches touch), never loaded. One process per core: the fast
+tokenizer's own thread pool is switched off (``TOKENIZERS_PARALLELISM=false``), parallelism comes from
+the workers.
 Dagster-free (test_layers.py).
 """
 

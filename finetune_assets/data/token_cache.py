@@ -290,6 +290,7 @@ class TokenCache:
         names, runs, loose = self._runs()
         if not loose:
             return {"index_rows": sum(len(r) for r in runs), "indexed_segments": len(names), "merged_segments": 0}
+        indexed = len(names)
         with tempfile.TemporaryDirectory(prefix="token-index-") as tmp:
             for name in loose:  # each new segment as a sorted run on local disk
                 run = self._segment_run(name, len(names))
@@ -341,7 +342,7 @@ class TokenCache:
                 for suffix in (".json", ".idx"):  # the JSON first: no reader picks it any more
                     with contextlib.suppress(FileNotFoundError):
                         self.fs.rm(f"{self.path}/{INDEX_DIR}/{old.name}{suffix}")
-        return {"index_rows": total, "indexed_segments": len(names), "merged_segments": len(loose)}
+        return {"index_rows": total, "indexed_segments": len(names), "merged_segments": len(names) - indexed}
 
     def segment(self) -> "SegmentWriter":
         """Where a slice's newly tokenized rows go (a context manager: published on a clean exit)."""
