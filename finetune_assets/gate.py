@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from finetune_assets.data.evaluate import macro_f1
 from finetune_assets.data.labels import LABELS
 
 CHAMPION_ALIAS = "champion"
@@ -46,23 +47,12 @@ class TestSet:
                    digest.hexdigest()[:16], tuple(names))
 
 
-def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int = len(LABELS)) -> float:
-    """Mean F1 over all classes (a class absent from both truth and predictions scores 0, like torchmetrics)."""
-    scores = []
-    for c in range(num_classes):
-        tp = int(np.sum((y_pred == c) & (y_true == c)))
-        fp = int(np.sum((y_pred == c) & (y_true != c)))
-        fn = int(np.sum((y_pred != c) & (y_true == c)))
-        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
-    return float(np.mean(scores))
-
-
 def majority_baseline(test: TestSet) -> float:
     """Macro-F1 of always predicting the most frequent test class: the floor any model must clear."""
     if len(test.labels) == 0:
         return 0.0
     majority = int(np.bincount(test.labels, minlength=len(test.names)).argmax())
-    return macro_f1(test.labels, np.full_like(test.labels, majority), len(test.names))
+    return macro_f1(test.labels, np.full_like(test.labels, majority))
 
 
 def score_model(root: Path, test: TestSet, max_length: int = 512, batch_size: int = 32) -> float:
@@ -77,7 +67,7 @@ def score_model(root: Path, test: TestSet, max_length: int = 512, batch_size: in
         raise ValueError(f"{root}: the model predicts {unknown}, not classes of the test data {list(test.names)}")
     predicted = classifier.predict_labels(test.texts, max_length, batch_size)
     preds = np.fromiter((label2id[name] for name in predicted), dtype=np.int64, count=len(predicted))
-    return macro_f1(test.labels, preds, len(test.names))
+    return macro_f1(test.labels, preds)
 
 
 @dataclass(frozen=True)

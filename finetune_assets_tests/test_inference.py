@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from finetune_assets import gate
+from finetune_assets.data.evaluate import macro_f1
 from finetune_assets.inference import Classifier, ModelFolderError
 
 TEXTS = ["a", "a much longer review that needs more tokens than the others", "fine", "not good at all"]
@@ -37,7 +38,7 @@ def test_gate_scores_with_the_same_classifier(tiny_model_dir: Path):
     names = ("Positive", "Negative", "Mixed")
     test = gate.TestSet.build(TEXTS, ["Positive", "Negative", "Mixed", "Negative"], names)
     predicted = Classifier.from_folder(tiny_model_dir).predict_labels(test.texts)
-    want = gate.macro_f1(test.labels, np.asarray([names.index(p) for p in predicted]), 3)
+    want = macro_f1(test.labels, np.asarray([names.index(p) for p in predicted]))
     assert gate.score_model(tiny_model_dir, test) == pytest.approx(want)
 
 

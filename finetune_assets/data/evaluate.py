@@ -1,7 +1,7 @@
 """Scores of a classifier on labelled texts: one definition for the baseline, the CLI and benchmark sets.
 
-Macro-F1 averages over *every* class of the label set (a class with no support and no prediction scores
-0), the same rule as the trainer's torchmetrics and ``gate.macro_f1``, so numbers are comparable.
+Every macro-F1 outside the trainer comes from here (scikit-learn underneath), with the trainer's
+torchmetrics rule, so the numbers are comparable (a test checks the two on the same predictions).
 """
 
 from __future__ import annotations
@@ -31,20 +31,41 @@ def scores(y_true: Sequence[str], y_pred: Sequence[str], labels: Sequence[str]) 
         raise LabelSetMismatch(f"labels {unknown} are not in the label set {list(labels)}")
     t = np.fromiter((index[y] for y in y_true), dtype=np.int64, count=len(y_true))
     p = np.fromiter((index[y] for y in y_pred), dtype=np.int64, count=len(y_pred))
-    k = len(labels)
-    cm = np.bincount(t * k + p, minlength=k * k).reshape(k, k) if len(t) else np.zeros((k, k), dtype=np.int64)
-    f1 = {}
-    for i, name in enumerate(labels):
-        tp, fp, fn = int(cm[i, i]), int(cm[:, i].sum() - cm[i, i]), int(cm[i, :].sum() - cm[i, i])
-        f1[name] = 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+    from sklearn.metrics import confusion_matrix  # not at import: definitions stay sklearn-free
+
+    per_class = f1_per_class(t, p, len(labels))
     return {
         "samples": int(len(t)),
         "accuracy": float((t == p).mean()) if len(t) else 0.0,
-        "macro_f1": float(np.mean(list(f1.values()))) if f1 else 0.0,
-        "f1_per_class": f1,
+        "macro_f1": macro_f1(t, p),
+        "f1_per_class": {name: float(f) for name, f in zip(labels, per_class)},
         "labels": list(labels),
-        "confusion_matrix": cm.tolist(),
+        "confusion_matrix": confusion_matrix(t, p, labels=range(len(labels))).tolist(),
     }
+
+
+def f1_per_class(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
+    """scikit-learn's F1 of each class id in ``range(num_classes)`` (0 for a class never seen)."""
+    from sklearn.metrics import f1_score
+
+    if num_classes == 0:
+        return np.zeros(0)
+    return f1_score(y_true, y_pred, labels=list(range(num_classes)), average=None, zero_division=0.0)
+
+
+def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Mean F1 over the classes present in the truth or the predictions.
+
+    A class with neither support nor predictions has no F1 (0/0); scikit-learn's default and the
+    trainer's torchmetrics both leave it out of the mean, so this does too.
+    """
+    from sklearn.metrics import f1_score
+
+    y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
+    present = np.union1d(y_true, y_pred)
+    if len(present) == 0:
+        return 0.0
+    return float(f1_score(y_true, y_pred, labels=present, average="macro", zero_division=0.0))
 
 
 def majority_scores(train_labels: Sequence[str], y_true: Sequence[str], labels: Sequence[str]) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -13,6 +14,7 @@ from collections import deque
 from pathlib import Path
 
 import dagster as dg
+import psutil
 
 from finetune_assets.launchers.base import (
     TrainingFailed,
@@ -42,35 +44,29 @@ def _error_from_files(error_dir: Path) -> str | None:
     return None
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, pgid) from /proc (Linux; torchrun workers run on Linux)."""
-    table: dict[int, tuple[int, int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        table[int(entry.name)] = (int(fields[1]), int(fields[2]))
-    return table
-
-
 def process_tree(pid: int) -> dict[int, int]:
     """``pid`` and all its descendants, each with its process group.
 
     torchrun starts every worker in a new session (its own process group), so killing torchrun's
     group alone would orphan the workers; the tree is captured before anything is signalled.
     """
-    table = _proc_table()
-    tree, frontier = {}, [pid]
-    while frontier:
-        p = frontier.pop()
-        if p in table:
-            tree[p] = table[p][1]
-        frontier += [c for c, (ppid, _) in table.items() if ppid == p and c not in tree]
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    tree = {}
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            tree[proc.pid] = os.getpgid(proc.pid)
     return tree
+
+
+def _alive_in_group(pid: int, pgid: int) -> bool:
+    try:
+        return psutil.Process(pid).is_running() and os.getpgid(pid) == pgid
+    except (psutil.NoSuchProcess, ProcessLookupError):
+        return False
 
 
 def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -81,9 +77,8 @@ def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         proc.wait(timeout=grace_s)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
-    current = _proc_table()
     for pgid in sorted(set(tree.values())):
-        if any(pid in current and current[pid][1] == pgid for pid, g in tree.items() if g == pgid):
+        if any(_alive_in_group(pid, g) for pid, g in tree.items() if g == pgid):
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import psutil
 import pytest
 from safetensors.torch import load_file
 
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.launchers.base import TrainingSpec, torchrun_command
-from finetune_assets.launchers.local import LocalTorchrunLauncher, _proc_table, process_tree
+from finetune_assets.launchers.local import LocalTorchrunLauncher, process_tree
 from finetune_assets_tests.processes import kill_tree
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
@@ -127,10 +128,10 @@ class KillWholeRunLauncher(LocalTorchrunLauncher):
         def killer() -> None:
             while not done.is_set():
                 if (checkpoint_dir / "last.ckpt").exists():
-                    for pid, (_, pgid) in _proc_table().items():
-                        if job.config_url in _cmdline(pid):
+                    for proc in psutil.process_iter():
+                        if job.config_url in _cmdline(proc.pid):
                             try:
-                                os.killpg(pgid, signal.SIGKILL)
+                                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
                             except (ProcessLookupError, PermissionError):
                                 pass
                     return
