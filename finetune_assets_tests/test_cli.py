@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.cli import _normalize_model_uri, main
+from finetune_assets.cli import main
+from finetune_assets.cli.models import _normalize_model_uri
 from finetune_assets.data.labels import LABELS
 
 

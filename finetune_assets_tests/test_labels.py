@@ -120,7 +120,7 @@ def dagster_home(tmp_path: Path, monkeypatch) -> Path:
 def _partitions() -> list[str]:
     import dagster as dg
 
-    from finetune_assets.cli import _instance
+    from finetune_assets.cli.common import open_instance as _instance
     from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 
     _instance()

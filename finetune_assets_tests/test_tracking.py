@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets import cli, tracking, viz
+from finetune_assets import tracking, viz
+from finetune_assets.cli import common as cli_common
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.storage import Storage
 from finetune_assets.training.callbacks import trainer_tracking_uri
@@ -34,12 +35,12 @@ def test_resource_cli_and_trainer_agree(tmp_path, monkeypatch):
     root = tmp_path / "root"
     expected = f"sqlite:///{root}/mlflow/mlflow.db"
     assert MlflowResource().resolve_tracking_uri(Storage(str(root))) == expected
-    assert cli._tracking_uri(argparse.Namespace(tracking_uri=None, root=str(root))) == expected
+    assert cli_common.tracking_uri_of(argparse.Namespace(tracking_uri=None, root=str(root))) == expected
     trainer = TrainerConfig.from_dict({"model_dir": "m", "output_dir": str(root / "mlflow"), "checkpoint_dir": "c",
                                        "data": {"train_url": "t", "validation_url": "v", "test_url": "e"}})
     assert trainer_tracking_uri(trainer) == expected  # standalone: the store beside its output
-    with pytest.raises(cli.CliError, match="pass --tracking-uri"):
-        cli._tracking_uri(argparse.Namespace(tracking_uri=None, root="s3://bucket/prefix"))
+    with pytest.raises(cli_common.CliError, match="pass --tracking-uri"):
+        cli_common.tracking_uri_of(argparse.Namespace(tracking_uri=None, root="s3://bucket/prefix"))
 
 
 def test_credentials_never_leave_in_a_uri_or_link():
@@ -60,5 +61,5 @@ def test_the_storage_root_default_has_one_place(monkeypatch):
 
     monkeypatch.delenv("FINETUNE_ASSETS_ROOT", raising=False)
     assert StorageResource().root == DEFAULT_ROOT == default_root()
-    assert cli._root(argparse.Namespace(root=None)) == DEFAULT_ROOT
+    assert cli_common.root_of(argparse.Namespace(root=None)) == DEFAULT_ROOT
     assert Path(DEFAULT_ROOT).name == ".finetune_assets"

@@ -1,0 +1,197 @@
+"""`versions add/remove/list/status`: dataset versions, the partitions of the graph."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from finetune_assets.cli.common import (
+    CliError,
+    open_instance,
+    open_storage,
+    print_json,
+    when,
+)
+
+def cmd_versions_add(args) -> int:
+    from finetune_assets.data.labels import LabelError, label_set_of_source, parse_labels_flag, parse_mapping_flag
+    from finetune_assets.data.sources import SourceError, SourceSpec, check_source
+    from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
+
+    uri = args.source
+    if "://" not in uri and not uri.startswith(("hf:", "builtin:")):  # a local path: valid from any folder later
+        uri = str(Path(uri).expanduser().resolve())
+    spec = SourceSpec(uri=uri, revision=args.revision, text_column=args.text_column,
+                      label_column=args.label_column, encoding=args.encoding)
+    storage = open_storage(args, write=True)
+    try:  # source and label set are checked now: a bad or ambiguous one is refused before anything is written
+        sampled = check_source(spec)
+        labels = label_set_of_source(spec, parse_labels_flag(args.labels) if args.labels else None,
+                                     parse_mapping_flag(args.label_mapping) if args.label_mapping else None)
+        fingerprint = source_fingerprint(spec)
+        record = register_version(open_instance(), storage, args.key, spec, fingerprint=fingerprint,
+                                  replace=args.replace, labels=labels)
+    except (LabelError, SourceError) as err:
+        raise CliError(f"{args.source}: {err} (nothing registered)") from err
+    checked = f" ({len(sampled)} file(s) checked)" if sampled else ""
+    print(f"registered dataset version {record.key} <- {spec.uri}{checked}; labels: {labels.describe()}")
+    return 0
+
+
+def cmd_versions_remove(args) -> int:
+    from finetune_assets.dataset_versions.registry import remove_version
+
+    storage = open_storage(args, write=True)
+    kept = remove_version(open_instance(), storage, args.key, force=args.force)
+    print(f"removed dataset version {args.key}"
+          + (f" (published files of {', '.join(kept)} kept under {storage.root})" if kept else ""))
+    return 0
+
+
+def cmd_versions_list(args) -> int:
+    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+    from finetune_assets.dataset_versions.registry import read_version
+
+    storage = open_storage(args)
+    rows = []
+    for key in open_instance().get_dynamic_partitions(DATASET_VERSIONS):
+        record = read_version(storage, key)
+        rows.append({"version": key, "source": record.source.uri if record else None,
+                     "registered_at": when(record.registered_at) if record and record.registered_at else None,
+                     "labels": (record.labels or {}).get("names") if record else None})
+    if args.json:
+        print_json(rows)
+    else:
+        for r in rows:
+            print(f"{r['version']}\t{r['source'] or '(no source recorded)'}\t{r['registered_at'] or ''}".rstrip())
+    return 0
+
+
+def _latest(instance, asset: str, partition: str | None):
+    import dagster as dg
+
+    key = dg.AssetKey(asset)
+    target = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
+    records = instance.fetch_materializations(target, limit=1).records
+    return records[0] if records else None
+
+
+def _data_version(record) -> str | None:
+    mat = record.asset_materialization if record is not None else None
+    return mat.tags.get("dagster/data_version") if mat is not None and mat.tags else None
+
+
+def _stale_inputs(instance, record, partition: str | None) -> list[str]:
+    """Upstream assets whose latest data version differs from the one this materialization consumed.
+
+    Dagster records, per input, a pointer to the upstream event it read
+    (``dagster/input_event_pointer/<asset>``); comparing that event's data version with the
+    upstream's latest is cheap and needs no code location.
+    """
+    import dagster as dg
+
+    prefix = "dagster/input_event_pointer/"
+    stale = []
+    tags = (record.asset_materialization.tags or {}) if record.asset_materialization else {}
+    for tag, pointer in tags.items():
+        if not tag.startswith(prefix):
+            continue
+        upstream = tag[len(prefix):]
+        latest = _latest(instance, upstream, partition) or _latest(instance, upstream, None)
+        if latest is None or str(latest.storage_id) == pointer:
+            continue
+        consumed = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey.from_user_string(upstream), storage_ids=[int(pointer)]),
+            limit=1).records
+        if not consumed or _data_version(consumed[0]) != _data_version(latest):
+            stale.append(upstream)
+    return stale
+
+
+def version_status(instance, versions: Sequence[str]) -> list[dict]:
+    """One row per (version, asset): materialized / stale / missing, when, data version, run."""
+    from finetune_assets.sensors import STATUS_TAG
+
+    from finetune_assets.contracts import PARTITIONED_ASSETS, PRETRAINED_MODEL
+
+    rows = []
+    # The graph as users see it in `versions status`: the unpartitioned base model, then per version.
+    cells = [(None, PRETRAINED_MODEL)] + [(v, a) for v in versions for a in PARTITIONED_ASSETS]
+    failed = {v: _failed_last_run(instance, v) for v in versions}
+    for version, asset in cells:
+        record = _latest(instance, asset, version)
+        row = {"version": version or "-", "asset": asset, "status": "missing", "materialized_at": None,
+               "data_version": None, "run_id": None, "stale_because": []}
+        if record is not None:
+            stale = _stale_inputs(instance, record, version)
+            row.update(status="stale" if stale else "materialized", materialized_at=when(record.timestamp),
+                       data_version=_data_version(record), run_id=record.run_id, stale_because=stale)
+        elif version is not None and failed.get(version) is not None:
+            run = failed[version]  # never materialized and the version's latest run failed: say so, not "missing"
+            row.update(status="failed", run_id=run.run_id, detail=run.tags.get(STATUS_TAG, ""))
+        rows.append(row)
+    return rows
+
+
+def _failed_last_run(instance, version: str):
+    """The version's most recent run if it failed or was cancelled (the sensor's retry rule may tag it)."""
+    import dagster as dg
+
+    records = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": version}), limit=1)
+    run = records[0].dagster_run if records else None
+    return run if run is not None and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) else None
+
+
+def cmd_versions_status(args) -> int:
+    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+
+    instance = open_instance()
+    known = instance.get_dynamic_partitions(DATASET_VERSIONS)
+    unknown = [v for v in args.versions if v not in known]
+    if unknown:
+        raise CliError(f"dataset version(s) not registered: {', '.join(unknown)} "
+                       f"(registered: {', '.join(known) or 'none'}; add one with `finetune-assets versions add`)")
+    rows = version_status(instance, args.versions or known)
+    if args.json:
+        print_json(rows)
+        return 0
+    header = ("version", "asset", "status", "materialized_at", "data_version", "run")
+    table = [header] + [(r["version"], r["asset"],
+                         r["status"] + (f" ({', '.join(r['stale_because'])} changed)" if r["stale_because"] else ""),
+                         r["materialized_at"] or "-", r["data_version"] or "-", (r["run_id"] or "-")[:8])
+                        for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def register(sub) -> None:
+    """The `versions` group."""
+    versions = sub.add_parser("versions", help="dataset versions (the partitions of the graph)")
+    vsub = versions.add_subparsers(dest="versions_command", required=True)
+    add = vsub.add_parser("add", help="register a dataset version and where its reviews come from")
+    add.add_argument("key", help="version key, e.g. 2026-11-29 or v3")
+    add.add_argument("--source", required=True, help="file/folder/fsspec URL, hf:owner/name, or builtin:NAME (rotten_tomatoes, imdb, sample)")
+    add.add_argument("--revision")
+    add.add_argument("--text-column")
+    add.add_argument("--label-column")
+    add.add_argument("--encoding", default="utf-8")
+    add.add_argument("--replace", action="store_true",
+                     help="point an already registered key at a different source (only if nothing is materialized)")
+    add.add_argument("--labels", help="class names in id order, e.g. Negative,Positive (default: inferred "
+                                      "from the label values; see README 'Labels')")
+    add.add_argument("--label-mapping", help="raw label -> class, e.g. 0=Negative,1=Positive; "
+                                             "stars-to-sentiment maps 1-5 stars to Negative,Neutral,Positive")
+    add.set_defaults(func=cmd_versions_add)
+    rm = vsub.add_parser("remove", help="unregister a dataset version (its published files are kept)")
+    rm.add_argument("key")
+    rm.add_argument("--force", action="store_true", help="remove even though assets of it are materialized")
+    rm.set_defaults(func=cmd_versions_remove)
+    ls = vsub.add_parser("list", help="registered versions and their sources")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.set_defaults(func=cmd_versions_list)
+    st = vsub.add_parser("status", help="per version and asset: materialized / stale / missing, when, data version")
+    st.add_argument("versions", nargs="*", help="versions to show (default: all registered)")
+    st.add_argument("--json", action="store_true", help="one JSON object per line")
+    st.set_defaults(func=cmd_versions_status)
