@@ -55,7 +55,7 @@ def test_readme_first_command_trains_on_the_real_default_set_and_ends_with_its_s
     from finetune_assets.data.builtin import DEFAULT_SOURCE, check_builtin
 
     readme = (REPO / "README.md").read_text()
-    first = re.search(r"Materialize the whole graph on the defaults.*?```bash\n(.+?)\n```", readme, re.S).group(1)
+    first = re.search(r"Train on the defaults.*?```bash\n(.+?)\n```", readme, re.S).group(1)
     add = re.search(r"finetune-assets versions add (\S+) --source (\S+) &&", first)
     assert add, first
     key, source = add.groups()
