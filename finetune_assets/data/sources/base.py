@@ -41,3 +41,6 @@ class SourceSpec:
     text_column: str | None = None  # None: first of TEXT_COLUMNS present; "title,body": joined (TEXT_JOIN)
     label_column: str | None = None  # None: first of LABEL_COLUMNS present
     encoding: str = "utf-8"
+    where: str | None = None  # delta: / sql: row filter (SQL predicate), part of the version
+    query: str | None = None  # sql: a table name or a SELECT statement
+    snapshot: str | None = None  # sql: what registration read (content hash, database snapshot marker)
