@@ -25,6 +25,10 @@ DELTA_PREFIX = "delta:"
 SESSION = {"datafusion.execution.target_partitions": "1"}
 
 
+class VersionGone(SourceError):
+    """The table version's data files were vacuumed away: it can never be read again."""
+
+
 @dataclass(frozen=True)
 class DeltaRef:
     """A parsed ``delta:`` URI: the table, and at most one of a version or a timestamp."""
@@ -133,7 +137,8 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
     except SourceError:
         raise
     except Exception as err:  # noqa: BLE001 - a bad predicate, a vacuumed file, a lost connection
-        raise SourceError(f"{spec.uri}: {_read_problem(spec, err)}") from None
+        problem = _read_problem(spec, err)
+        raise (VersionGone if "vacuumed" in problem else SourceError)(f"{spec.uri}: {problem}") from None
 
 
 def _batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.RecordBatch]:
@@ -152,8 +157,8 @@ def _plain_strings(table: pa.Table) -> pa.Table:
 
 
 def _read_problem(spec: SourceSpec, err: Exception) -> str:
-    text = _first_line(err)
-    if "not found" in text.lower() or "no such file" in text.lower():
+    text, full = _first_line(err), str(err).lower()
+    if "not found" in full or "no such file" in full:
         return (f"a data file of this table version is gone (vacuumed?): {text}; the version cannot be read "
                 "again: register a version the table still holds")
     if spec.where and any(w in text for w in ("Schema error", "SQL error", "sql parser", "evaluating filter")):
