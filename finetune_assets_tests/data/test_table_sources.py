@@ -158,7 +158,7 @@ def sqlite_db(tmp_path, reviews, monkeypatch) -> Path:
 
 
 def test_sql_query_through_the_data_graph_without_leaking_the_url(capsys, home, storage_root, sqlite_db,
-                                                                    tmp_path):
+                                                                    reviews):
     import sqlite3
 
     code, out, err = _add(capsys, home, "s1", "--source", "sql:REVIEWS_DB_URL",
@@ -178,6 +178,11 @@ def test_sql_query_through_the_data_graph_without_leaking_the_url(capsys, home, 
     for root in (storage_root, Path(instance.root_directory)):
         for f in root.rglob("*"):
             assert not f.is_file() or SECRET.encode() not in f.read_bytes(), f
+
+    # a table name and a row filter read the same way
+    negatives = read_source(SourceSpec(uri="sql:REVIEWS_DB_URL", query="reviews", where="sentiment = 'Negative'"))
+    assert set(negatives.column("label").to_pylist()) == {"Negative"}
+    assert negatives.num_rows == sum(lab == "Negative" for _, lab in reviews[:50] + [reviews[3]]) + 1
 
     # the rows changed: the version is refused at the end of the read, nothing published
     before = Storage(str(storage_root)).current("raw_reviews", "s1").attempt
