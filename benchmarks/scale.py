@@ -21,9 +21,10 @@ emptied (a cold run), so 1 vs 2 workers compare like for like; ``load_avg`` is t
 when the step started; ``cpu_s_incl_startup`` is the CPU time of the child and all its workers, Python
 and Dagster start-up included. ``invariants``: rows in = accepted + rejected, and no review changed split
 against the smallest version. ``worker_vs_tokenizer_cpu``: one slice worker's CPU time against the fast
-tokenizer alone on the same 100k texts (the 1.2x target). ``--delta SIZES``: the same CSV copies written
-as one Delta table (``deltalake``, streamed), ``raw_reviews`` read from ``delta:TABLE`` under the same
-limit; its entry (``delta``) sits beside the file source's ``raw_reviews`` of that size where measured.
+tokenizer alone on the same 100k texts (the 1.2x target). ``--delta SIZES``: the same CSV copies
+written as one Delta table (``deltalake``, streamed), ``raw_reviews`` read from ``delta:TABLE``
+under the same limit; its entry (``delta``) sits beside the file source's ``raw_reviews`` of that
+size where measured.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def make_delta_table(csv_folder: Path, table: Path) -> int:
 
     files = sorted(str(f) for f in csv_folder.glob("copy-*.csv"))
     csv = pds.CsvFileFormat(parse_options=pacsv.ParseOptions(newlines_in_values=True))
-    write_deltalake(table, pds.dataset(files, format=csv).scanner(batch_size=65_536).to_reader(), mode="overwrite")
+    batches = pds.dataset(files, format=csv).scanner(batch_size=65_536).to_reader()
+    write_deltalake(table, batches, mode="overwrite")
     return DeltaTable(table).version()
 
 
@@ -95,9 +97,10 @@ def delta_row(step, args, base_root: Path, size: int, results: dict) -> dict:
     root.mkdir(parents=True)
     os.symlink(base_root / "pretrained_model", root / "pretrained_model")
     raw = step(root, f"d{size}", f"delta:{table}", "raw_reviews", {})
-    entry = {"reviews": size, "raw_reviews": raw,
-             "rows_in_eq_accepted_plus_rejected": raw["rows_in"] == raw["row_count"] + raw["rejected_rows"]}
-    files = next((e["steps"]["raw_reviews"] for e in results["versions"] if e["reviews"] == size), None)
+    entry = {"reviews": size, "raw_reviews": raw, "rows_in_eq_accepted_plus_rejected":
+             raw["rows_in"] == raw["row_count"] + raw["rejected_rows"]}
+    files = next((e["steps"]["raw_reviews"] for e in results["versions"] if e["reviews"] == size),
+                 None)
     if files is not None:
         entry["file_source_raw_reviews"] = files
         entry["same_rows_as_file_source"] = (raw["row_count"], raw["rejected_rows"]) == (
@@ -350,7 +353,8 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="worker counts, in the order they run")
     parser.add_argument("--incremental", default="", help="sizes that also get the +5%% version (after the "
                                                          "first worker count's full run, with that count)")
-    parser.add_argument("--delta", default="", help="sizes whose raw_reviews is also read from a Delta table")
+    parser.add_argument("--delta", default="",
+                        help="sizes whose raw_reviews is also read from a Delta table")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--work", type=Path, default=Path("/tmp/scale-bench"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")

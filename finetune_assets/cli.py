@@ -85,8 +85,8 @@ def _source_uri(uri: str) -> str:
 
 def cmd_versions_add(args) -> int:
     from finetune_assets.data.labels import LabelError, label_set_of_source, parse_labels_flag, parse_mapping_flag
-    from finetune_assets.data.sources import (DELTA_PREFIX, SQL_PREFIX, SourceError, SourceSpec, check_source,
-                                              pin_source)
+    from finetune_assets.data.sources import (DELTA_PREFIX, SQL_PREFIX, SourceError, SourceSpec,
+                                              check_source, pin_source)
     from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
 
     uri = _source_uri(args.source)
@@ -95,11 +95,12 @@ def cmd_versions_add(args) -> int:
     if args.query and not uri.startswith(SQL_PREFIX):
         raise CliError("--query belongs to sql: sources only (nothing registered)")
     spec = SourceSpec(uri=uri, revision=args.revision, text_column=args.text_column,
-                      label_column=args.label_column, encoding=args.encoding, where=args.where, query=args.query)
+                      label_column=args.label_column, encoding=args.encoding, where=args.where,
+                      query=args.query)
     storage = _storage(args, write=True)
     try:  # source and label set are checked now: a bad or ambiguous one is refused before anything is written
         sampled = check_source(spec)
-        spec = pin_source(spec)  # a Delta table's version, a SQL query's content hash: what the key names
+        spec = pin_source(spec)  # a Delta version, a SQL content hash: what the key names
         labels = label_set_of_source(spec, parse_labels_flag(args.labels) if args.labels else None,
                                      parse_mapping_flag(args.label_mapping) if args.label_mapping else None)
         fingerprint = source_fingerprint(spec)
@@ -107,9 +108,11 @@ def cmd_versions_add(args) -> int:
                                   replace=args.replace, labels=labels)
     except (LabelError, SourceError) as err:
         raise CliError(f"{args.source}: {err} (nothing registered)") from err
-    checked = f" ({len(sampled)} file(s) checked)" if sampled and not spec.uri.startswith(SQL_PREFIX) else ""
+    files = sampled and not spec.uri.startswith(SQL_PREFIX)
+    checked = f" ({len(sampled)} file(s) checked)" if files else ""
     pinned = f" ({spec.snapshot.split(';db=')[0]})" if spec.snapshot else ""
-    print(f"registered dataset version {record.key} <- {spec.uri}{pinned}{checked}; labels: {labels.describe()}")
+    print(f"registered dataset version {record.key} <- {spec.uri}{pinned}{checked}; "
+          f"labels: {labels.describe()}")
     return 0
 
 
@@ -656,10 +659,11 @@ def build_parser() -> argparse.ArgumentParser:
     vsub = versions.add_subparsers(dest="versions_command", required=True)
     add = vsub.add_parser("add", help="register a dataset version and where its reviews come from")
     add.add_argument("key", help="version key, e.g. 2026-11-29 or v3")
-    add.add_argument("--source", required=True, help="file/folder/fsspec URL, hf:owner/name, builtin:NAME "
-                     "(rotten_tomatoes, imdb, sample), delta:PATH_OR_URL[@version=N|@timestamp=ISO] "
-                     "or sql:ENV_NAME (a variable holding the database URL)")
-    add.add_argument("--where", help="delta:/sql: row filter, a SQL predicate (part of the version)")
+    add.add_argument("--source", required=True, help=(
+        "file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
+        "delta:PATH_OR_URL[@version=N|@timestamp=ISO] or sql:ENV_NAME (a variable holding the "
+        "database URL)"))
+    add.add_argument("--where", help="delta:/sql: row filter, a SQL predicate (in the version)")
     add.add_argument("--query", help="sql: a table name or a SELECT statement")
     add.add_argument("--revision")
     add.add_argument("--text-column")

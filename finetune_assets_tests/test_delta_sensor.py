@@ -13,8 +13,12 @@ from finetune_assets_tests.test_sensors import Daemon, _publish_base
 
 
 def _rows(start: int, n: int) -> pa.Table:
-    return pa.table({"text": [f"review number {i}, quite good" for i in range(start, start + n)],
-                     "label": ["Positive" if i % 2 else "Negative" for i in range(start, start + n)]})
+    return pa.table(
+        {
+            "text": [f"review number {i}, quite good" for i in range(start, start + n)],
+            "label": ["Positive" if i % 2 else "Negative" for i in range(start, start + n)],
+        }
+    )
 
 
 def test_one_version_per_row_adding_commit(instance, tmp_path: Path, storage_root: Path):
@@ -25,7 +29,9 @@ def test_one_version_per_row_adding_commit(instance, tmp_path: Path, storage_roo
     _publish_base(storage_root)
     daemon = Daemon(instance, tmp_path / "landing", storage_root)
     daemon.resources["landing"] = LandingZoneResource(
-        url=str(tmp_path / "landing"), delta_tables=[WatchedDeltaTable(name="reviews", table=str(table))])
+        url=str(tmp_path / "landing"),
+        delta_tables=[WatchedDeltaTable(name="reviews", table=str(table))],
+    )
 
     added, runs, _ = daemon.tick()
     assert added == ["reviews-v0"] and [r.partition_key for r in runs] == ["reviews-v0"]
@@ -40,16 +46,24 @@ def test_one_version_per_row_adding_commit(instance, tmp_path: Path, storage_roo
     assert record.source.uri == f"delta:{table}@version=2"
 
     DeltaTable(table).optimize.compact()  # 3: rewrites files, adds no rows
-    DeltaTable(table).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)  # 4, 5
+    DeltaTable(table).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False
+    )  # 4, 5
     DeltaTable(table).delete("text = 'review number 0, quite good'")  # 6: removes rows only
     assert daemon.tick()[:2] == ([], [])
 
     write_deltalake(table, _rows(20, 1), mode="append")  # 7
-    write_deltalake(table, _rows(21, 1), mode="append")  # 8, vacuumed away before the sensor sees it
+    write_deltalake(
+        table, _rows(21, 1), mode="append"
+    )  # 8, vacuumed away before the sensor sees it
     write_deltalake(table, _rows(22, 1), mode="overwrite")  # 9
-    DeltaTable(table).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)  # 10, 11
+    DeltaTable(table).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False
+    )  # 10, 11
     added, _, skip = daemon.tick()
-    assert added == ["reviews-v9"]  # 7 and 8 cannot be read any more: said in the log, not registered
+    assert added == [
+        "reviews-v9"
+    ]  # 7 and 8 cannot be read any more: said in the log, not registered
     assert daemon.tick()[:2] == ([], [])
 
 
@@ -66,13 +80,25 @@ def test_min_new_rows_batches_commits(tmp_path: Path):
     assert (due, seen, carried) == ([3, 6], 6, 0)  # 12 rows by version 3, 12 more by version 6
 
 
-@pytest.mark.parametrize("commit, rows", [
-    ({"operation": "WRITE", "operationMetrics": {"num_added_rows": 3}}, 3),  # delta-rs
-    ({"operation": "WRITE", "operationMetrics": {"numOutputRows": "7"}}, 7),  # Spark
-    ({"operation": "MERGE", "operationMetrics": {"numTargetRowsInserted": "2", "numOutputRows": "90"}}, 2),
-    ({"operation": "OPTIMIZE", "operationMetrics": {"numAddedFiles": "1"}}, 0),
-    ({"operation": "VACUUM END", "operationMetrics": {}}, 0),
-    ({"operation": "SOMETHING NEW"}, None),  # unknown: counted as adding rows, never silently skipped
-])
+@pytest.mark.parametrize(
+    "commit, rows",
+    [
+        ({"operation": "WRITE", "operationMetrics": {"num_added_rows": 3}}, 3),  # delta-rs
+        ({"operation": "WRITE", "operationMetrics": {"numOutputRows": "7"}}, 7),  # Spark
+        (
+            {
+                "operation": "MERGE",
+                "operationMetrics": {"numTargetRowsInserted": "2", "numOutputRows": "90"},
+            },
+            2,
+        ),
+        ({"operation": "OPTIMIZE", "operationMetrics": {"numAddedFiles": "1"}}, 0),
+        ({"operation": "VACUUM END", "operationMetrics": {}}, 0),
+        (
+            {"operation": "SOMETHING NEW"},
+            None,
+        ),  # unknown: counted as adding rows, never silently skipped
+    ],
+)
 def test_rows_added_by_engine_metrics(commit, rows):
     assert rows_added(commit) == rows

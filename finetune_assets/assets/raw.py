@@ -13,8 +13,8 @@ from pydantic import Field
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError
 from finetune_assets.contracts import ACCEPTED_SCHEMA, LABELS_FILE, RAW_REVIEWS, REJECTED_FILE, REJECTED_SCHEMA, REVIEWS_FILE
-from finetune_assets.data.sources import (SourceError, SourceSpec, describe_source, is_file_source, iter_source,
-                                          list_source)
+from finetune_assets.data.sources import (SourceError, SourceSpec, describe_source, is_file_source,
+                                          iter_source, list_source)
 from finetune_assets.data.validate import SplitRule, StreamValidator, ValidationRules
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.storage_root import StorageResource
@@ -26,8 +26,9 @@ class RawReviewsConfig(dg.Config):
 
     unversioned: ClassVar[tuple[str, ...]] = ("batch_rows",)  # the data version hashes rows, not row groups
 
-    source: str | None = Field(None, description="file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
-                               "delta:PATH_OR_URL[@version=N] or sql:ENV_NAME (registered versions are pinned)")
+    source: str | None = Field(None, description=(
+        "file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
+        "delta:PATH_OR_URL[@version=N] or sql:ENV_NAME (registered versions are pinned)"))
     revision: str | None = Field(None, description="Hugging Face dataset revision")
     text_column: str | None = None
     label_column: str | None = None
@@ -174,19 +175,20 @@ def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_r
 
 
 def _files_metadata(context: dg.AssetExecutionContext, spec: SourceSpec) -> dict:
-    """Which files of a folder are read and which are ignored (and why): never a silent skip; for a table,
-    which version of it (or which content) is read."""
+    """Which files of a folder are read and which are ignored (and why): never a silent skip; for
+    a table, which version of it (or which content) is read."""
     if not is_file_source(spec.uri):
         try:
             described = {k: v for k, v in describe_source(spec).items() if v is not None}
         except SourceError as err:
             raise dg.Failure(str(err)) from err
         if "delta_version" in described:
-            latest = described["delta_latest_version"]
-            context.log.info(f"reading Delta table {described['delta_table']} at version "
-                             f"{described['delta_version']}, as registered (time travel: the table is now at "
-                             f"version {latest})" if latest != described["delta_version"] else
-                             f"reading Delta table {described['delta_table']} at version {latest} (its latest)")
+            table, pinned, latest = (described[k] for k in ("delta_table", "delta_version",
+                                                            "delta_latest_version"))
+            now = (f"time travel: the table is now at version {latest}" if latest != pinned
+                   else "its latest")
+            context.log.info(f"reading Delta table {table} at version {pinned}, as registered "
+                             f"({now})")
         return described
     try:
         listing = list_source(spec.uri)

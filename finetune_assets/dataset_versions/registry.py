@@ -68,8 +68,8 @@ def write_version(storage: Storage, key: str, source: SourceSpec, fingerprint: s
 
 
 def source_fingerprint(source: SourceSpec) -> str | None:
-    """The content hash the sensor records too (None where the spec itself pins the content: built-in
-    sets, Hugging Face ids, Delta versions, SQL content hashes)."""
+    """The content hash the sensor records too (None where the spec itself pins the content:
+    built-in sets, Hugging Face ids, Delta versions, SQL content hashes)."""
     if not is_file_source(source.uri):
         return None
     from finetune_assets.resources.landing import fingerprint

@@ -1,8 +1,9 @@
-"""Delta tables and SQL databases as sources: registered through the CLI, materialized through Dagster.
+"""Delta tables and SQL databases as sources: registered through the CLI, materialized through
+Dagster.
 
-Real reviews (the shared Arabic PROD.csv) plus a few hostile rows, written with ``deltalake`` and into a
-real SQLite file, go through the same intake as files: exact accounting, quarantine, duplicates.
-"""
+Real reviews (the shared Arabic PROD.csv) plus a few hostile rows, written with ``deltalake`` and
+into a real SQLite file, go through the same intake as files: exact accounting, quarantine,
+duplicates. """
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from finetune_assets.data.sources import SourceSpec, read_source
 from finetune_assets.storage import Storage
 from finetune_assets_tests.conftest import _real_rows
 from finetune_assets_tests.test_assets_data import materialize
-from finetune_assets_tests.test_cli import dagster_home, run_cli  # noqa: F401 - a fixture
+from finetune_assets_tests.test_cli import run_cli
 
-# Rows the intake must reject, one reason each (validate.py): a blank text, an unknown label, a repeat.
+# Rows the intake must reject, one reason each (validate.py): a blank text, an unknown label, a
+# repeat.
 HOSTILE = [("   ", "Positive"), ("a review with a label nobody knows", "Stellar")]
 
 
@@ -31,17 +33,27 @@ def reviews(arabic_reviews: Path) -> list[tuple[str, str]]:
 
 
 def _table(rows: list[tuple[str, str]]) -> pa.Table:
-    return pa.table({"review_text": [t for t, _ in rows], "polarity": [lab for _, lab in rows],
-                     "stars": list(range(len(rows)))})
+    return pa.table(
+        {
+            "review_text": [t for t, _ in rows],
+            "polarity": [lab for _, lab in rows],
+            "stars": list(range(len(rows))),
+        }
+    )
 
 
 @pytest.fixture
-def home(dagster_home, storage_root: Path) -> dict:
+def home(tmp_path: Path, storage_root: Path, monkeypatch) -> dict:
+    """The CLI's Dagster home and storage root (as a user's shell would have them)."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     return {"root": ("--root", str(storage_root)), "store": Storage(str(storage_root))}
 
 
-def _add(capsys, home: dict, key: str, *args: str, labels: str = "Positive,Negative,Mixed") -> tuple[int, str, str]:
-    """``versions add`` with the seed's classes, so that an unknown label is quarantined, not a class."""
+def _add(
+    capsys, home: dict, key: str, *args: str, labels: str = "Positive,Negative,Mixed"
+) -> tuple[int, str, str]:
+    """``versions add`` with the seed's classes, so that an unknown label is quarantined, not a
+    class."""
     return run_cli(capsys, *home["root"], "versions", "add", key, *args, "--labels", labels)
 
 
@@ -57,14 +69,18 @@ def _raw(storage_root: Path, key: str) -> tuple[dict, pa.Table]:
 
 
 def test_delta_version_is_pinned_and_time_travels(capsys, home, storage_root, tmp_path, reviews):
-    """Registered at version 1, re-materialized identically after an append and a delete; a key at the
-    latest version sees both."""
+    """Registered at version 1, re-materialized identically after an append and a delete; a key at
+    the latest version sees both."""
     from deltalake import DeltaTable, write_deltalake
 
     path = tmp_path / "reviews_delta"
     write_deltalake(path, _table(reviews[:30] + HOSTILE))  # version 0
-    write_deltalake(path, _table(reviews[30:60] + reviews[:1]), mode="append")  # 1: a repeat of row 0
-    code, out, err = _add(capsys, home, "k1", "--source", f"delta:{path}", "--text-column", "review_text")
+    write_deltalake(
+        path, _table(reviews[30:60] + reviews[:1]), mode="append"
+    )  # 1: a repeat of row 0
+    code, out, err = _add(
+        capsys, home, "k1", "--source", f"delta:{path}", "--text-column", "review_text"
+    )
     assert code == 0, err
     assert f"delta:{path}@version=1" in out
     record = json.loads(Path(home["store"].url("versions", "k1.json")).read_text())
@@ -82,8 +98,10 @@ def test_delta_version_is_pinned_and_time_travels(capsys, home, storage_root, tm
     assert again.equals(first)  # the same rows, in the same order, with the same splits
     assert (again_meta["delta_version"], again_meta["delta_latest_version"]) == (1, 3)
 
-    code, out, err = _add(capsys, home, "k2", "--source", f"delta:{path}", "--text-column", "review_text")
-    assert code == 0 and f"@version=3" in out, err
+    code, out, err = _add(
+        capsys, home, "k2", "--source", f"delta:{path}", "--text-column", "review_text"
+    )
+    assert code == 0 and "@version=3" in out, err
     latest_meta, latest = _raw(storage_root, "k2")
     texts = set(latest.column("text").to_pylist())
     assert not texts & set(deleted) and {t for t, _ in reviews[60:90]} <= texts
@@ -95,8 +113,18 @@ def test_delta_filter_and_columns_are_part_of_the_version(capsys, home, tmp_path
 
     path = tmp_path / "t"
     write_deltalake(path, _table(reviews[:40]))
-    code, out, err = _add(capsys, home, "pos", "--source", f"delta:{path}@version=0",
-                          "--where", "polarity <> 'Mixed'", "--text-column", "review_text", labels="Positive,Negative")
+    code, out, err = _add(
+        capsys,
+        home,
+        "pos",
+        "--source",
+        f"delta:{path}@version=0",
+        "--where",
+        "polarity <> 'Mixed'",
+        "--text-column",
+        "review_text",
+        labels="Positive,Negative",
+    )
     assert code == 0, err
     record = json.loads(Path(home["store"].url("versions", "pos.json")).read_text())
     spec = SourceSpec(**record["source"])
@@ -105,14 +133,24 @@ def test_delta_filter_and_columns_are_part_of_the_version(capsys, home, tmp_path
     assert set(read.column("label").to_pylist()) == {"Positive", "Negative"}
     assert read.num_rows == sum(lab != "Mixed" for _, lab in reviews[:40])
     # another filter under the same key is another dataset: refused
-    code, _, err = _add(capsys, home, "pos", "--source", f"delta:{path}@version=0",
-                        "--where", "polarity <> 'Mixed' AND stars > 0", "--text-column", "review_text",
-                        labels="Positive,Negative")
+    code, _, err = _add(
+        capsys,
+        home,
+        "pos",
+        "--source",
+        f"delta:{path}@version=0",
+        "--where",
+        "polarity <> 'Mixed' AND stars > 0",
+        "--text-column",
+        "review_text",
+        labels="Positive,Negative",
+    )
     assert code != 0 and "other options" in err
 
 
-@pytest.mark.parametrize("case", ["missing table", "bad version", "wrong column", "bad filter", "vacuumed",
-                                  "bad url"])
+@pytest.mark.parametrize(
+    "case", ["missing table", "bad version", "wrong column", "bad filter", "vacuumed", "bad url"]
+)
 def test_delta_problems_are_one_line_and_register_nothing(capsys, home, tmp_path, reviews, case):
     from deltalake import DeltaTable, write_deltalake
 
@@ -129,8 +167,11 @@ def test_delta_problems_are_one_line_and_register_nothing(capsys, home, tmp_path
     }[case]
     if case == "vacuumed":
         DeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
-    code, out, err = _add(capsys, home, "k", "--source", *args, "--text-column", "review_text") \
-        if case != "wrong column" else _add(capsys, home, "k", "--source", *args)
+    code, out, err = (
+        _add(capsys, home, "k", "--source", *args, "--text-column", "review_text")
+        if case != "wrong column"
+        else _add(capsys, home, "k", "--source", *args)
+    )
     assert code != 0 and expect in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not Path(home["store"].url("versions", "k.json")).exists()
@@ -138,12 +179,15 @@ def test_delta_problems_are_one_line_and_register_nothing(capsys, home, tmp_path
 
 # -- SQL ------------------------------------------------------------------------------------------
 
-SECRET = "s3cr3t-t0ken-7f1c"  # stands in for a password: it is in the URL's path, so SQLite accepts it
+SECRET = (
+    "s3cr3t-t0ken-7f1c"  # stands in for a password: it is in the URL's path, so SQLite accepts it
+)
 
 
 @pytest.fixture
 def sqlite_db(tmp_path, reviews, monkeypatch) -> Path:
-    """A real SQLite file whose URL (in $REVIEWS_DB_URL) holds a secret that must never be written."""
+    """A real SQLite file whose URL (in $REVIEWS_DB_URL) holds a secret that must never be
+    written."""
     import sqlite3
 
     folder = tmp_path / SECRET
@@ -151,18 +195,28 @@ def sqlite_db(tmp_path, reviews, monkeypatch) -> Path:
     db = folder / "reviews.db"
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TABLE reviews (id INTEGER PRIMARY KEY, body TEXT, sentiment TEXT)")
-        conn.executemany("INSERT INTO reviews (body, sentiment) VALUES (?, ?)",
-                         reviews[:50] + HOSTILE + [reviews[3], (None, "Negative")])
+        conn.executemany(
+            "INSERT INTO reviews (body, sentiment) VALUES (?, ?)",
+            reviews[:50] + HOSTILE + [reviews[3], (None, "Negative")],
+        )
     monkeypatch.setenv("REVIEWS_DB_URL", f"sqlite:///{db}")
     return db
 
 
-def test_sql_query_through_the_data_graph_without_leaking_the_url(capsys, home, storage_root, sqlite_db,
-                                                                    reviews):
+def test_sql_query_through_the_data_graph_without_leaking_the_url(
+    capsys, home, storage_root, sqlite_db, reviews
+):
     import sqlite3
 
-    code, out, err = _add(capsys, home, "s1", "--source", "sql:REVIEWS_DB_URL",
-                          "--query", "SELECT body, sentiment FROM reviews ORDER BY id")
+    code, out, err = _add(
+        capsys,
+        home,
+        "s1",
+        "--source",
+        "sql:REVIEWS_DB_URL",
+        "--query",
+        "SELECT body, sentiment FROM reviews ORDER BY id",
+    )
     assert code == 0, err
     assert "rows=54" in out
     meta, table = _raw(storage_root, "s1")
@@ -172,17 +226,24 @@ def test_sql_query_through_the_data_graph_without_leaking_the_url(capsys, home, 
 
     # the credential is nowhere: stdout/stderr, version file, metadata, run logs, any file written
     instance = dg.DagsterInstance.get()
-    logs = " ".join(str(e.message) + json.dumps(str(e.dagster_event)) for run in instance.get_runs()
-                    for e in instance.all_logs(run.run_id))
+    logs = " ".join(
+        str(e.message) + json.dumps(str(e.dagster_event))
+        for run in instance.get_runs()
+        for e in instance.all_logs(run.run_id)
+    )
     assert SECRET not in out + err + json.dumps(meta, default=str) + logs
     for root in (storage_root, Path(instance.root_directory)):
         for f in root.rglob("*"):
             assert not f.is_file() or SECRET.encode() not in f.read_bytes(), f
 
     # a table name and a row filter read the same way
-    negatives = read_source(SourceSpec(uri="sql:REVIEWS_DB_URL", query="reviews", where="sentiment = 'Negative'"))
+    negatives = read_source(
+        SourceSpec(uri="sql:REVIEWS_DB_URL", query="reviews", where="sentiment = 'Negative'")
+    )
     assert set(negatives.column("label").to_pylist()) == {"Negative"}
-    assert negatives.num_rows == sum(lab == "Negative" for _, lab in reviews[:50] + [reviews[3]]) + 1
+    assert (
+        negatives.num_rows == sum(lab == "Negative" for _, lab in reviews[:50] + [reviews[3]]) + 1
+    )
 
     # the rows changed: the version is refused at the end of the read, nothing published
     before = Storage(str(storage_root)).current("raw_reviews", "s1").attempt
@@ -193,13 +254,18 @@ def test_sql_query_through_the_data_graph_without_leaking_the_url(capsys, home, 
     assert Storage(str(storage_root)).current("raw_reviews", "s1").attempt == before
 
 
-@pytest.mark.parametrize("case", ["no variable", "missing table", "wrong column", "missing database",
-                                  "not a url"])
+@pytest.mark.parametrize(
+    "case", ["no variable", "missing table", "wrong column", "missing database", "not a url"]
+)
 def test_sql_problems_are_one_line_without_the_url(capsys, home, sqlite_db, monkeypatch, case):
     args = ["--source", "sql:REVIEWS_DB_URL", "--query", "reviews"]
-    expect = {"no variable": "REVIEWS_DB_URL is not set", "missing table": "no such table",
-              "wrong column": "no text column 'nope'", "missing database": "does not exist",
-              "not a url": "not a database URL"}[case]
+    expect = {
+        "no variable": "REVIEWS_DB_URL is not set",
+        "missing table": "no such table",
+        "wrong column": "no text column 'nope'",
+        "missing database": "does not exist",
+        "not a url": "not a database URL",
+    }[case]
     if case == "no variable":
         monkeypatch.delenv("REVIEWS_DB_URL")
     elif case == "missing table":

@@ -43,4 +43,4 @@ class SourceSpec:
     encoding: str = "utf-8"
     where: str | None = None  # delta: / sql: row filter (SQL predicate), part of the version
     query: str | None = None  # sql: a table name or a SELECT statement
-    snapshot: str | None = None  # sql: what registration read (content hash, database snapshot marker)
+    snapshot: str | None = None  # sql: what registration read (content hash, snapshot marker)

@@ -1,11 +1,11 @@
-"""``delta:PATH_OR_URL[@version=N|@timestamp=ISO]`` sources: a Delta Lake table through ``deltalake``.
+"""``delta:PATH_OR_URL[@version=N|@timestamp=ISO]`` sources: a Delta Lake table through
+``deltalake``.
 
 Registration pins the exact table version (:func:`pin_delta` rewrites the URI to ``@version=N``), so
-a dataset version reads the same rows forever (time travel), whatever was committed since. The text and
-label columns are the only columns read, and ``SourceSpec.where`` (a SQL predicate, as in
-``DeltaTable.delete``) is evaluated by delta-rs' DataFusion engine, which skips files by their statistics.
-Rows stream in record batches: memory is bounded like the file sources.
-"""
+a dataset version reads the same rows forever (time travel), whatever was committed since. The text
+and label columns are the only columns read, and ``SourceSpec.where`` (a SQL predicate, as in
+``DeltaTable.delete``) is evaluated by delta-rs' DataFusion engine, which skips files by their
+statistics. Rows stream in record batches: memory is bounded like the file sources. """
 
 from __future__ import annotations
 
@@ -15,13 +15,25 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from finetune_assets.data.sources.base import BLOCK_BYTES, PARQUET_ROW_BYTES, SourceError, SourceSpec
-from finetune_assets.data.sources.columns import (TEXT_COLUMNS, pick_column, pick_label, renumber,
-                                                  text_columns, to_raw)
+from finetune_assets.data.sources.base import (
+    BLOCK_BYTES,
+    PARQUET_ROW_BYTES,
+    SourceError,
+    SourceSpec,
+)
+from finetune_assets.data.sources.columns import (
+    TEXT_COLUMNS,
+    pick_column,
+    pick_label,
+    renumber,
+    text_columns,
+    to_raw,
+)
 
 DELTA_PREFIX = "delta:"
-# One DataFusion partition: files are scanned one after another in the snapshot's order, so one table
-# version gives its rows in one order every time (several partitions interleave them by timing).
+# One DataFusion partition: files are scanned one after another in the snapshot's order, so one
+# table version gives its rows in one order every time (several partitions interleave them by
+# timing).
 SESSION = {"datafusion.execution.target_partitions": "1"}
 
 
@@ -42,25 +54,30 @@ class DeltaRef:
 
 
 def parse_delta(uri: str) -> DeltaRef:
-    body = uri[len(DELTA_PREFIX):]
-    table, _, pin = body.rpartition("@") if "@version=" in body or "@timestamp=" in body else (body, "", "")
+    body = uri[len(DELTA_PREFIX) :]
+    table, _, pin = (
+        body.rpartition("@") if "@version=" in body or "@timestamp=" in body else (body, "", "")
+    )
     if not table:
-        raise SourceError(f"{uri}: no table path or URL (expected delta:PATH_OR_URL[@version=N|@timestamp=ISO])")
+        raise SourceError(
+            f"{uri}: no table path or URL (expected delta:PATH_OR_URL[@version=N|@timestamp=ISO])"
+        )
     if pin.startswith("version="):
         try:
-            version = int(pin[len("version="):])
+            version = int(pin[len("version=") :])
         except ValueError:
             version = -1
         if version < 0:
             raise SourceError(f"{uri}: @version must be a table version number (0, 1, 2 ...)")
         return DeltaRef(table, version=version)
     if pin.startswith("timestamp="):
-        return DeltaRef(table, timestamp=pin[len("timestamp="):])
+        return DeltaRef(table, timestamp=pin[len("timestamp=") :])
     return DeltaRef(table)
 
 
 def open_table(uri: str):
-    """The ``DeltaTable`` at the URI's version (latest without one); any failure is one line naming it."""
+    """The ``DeltaTable`` at the URI's version (latest without one); any failure is one line naming
+    it."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -70,10 +87,13 @@ def open_table(uri: str):
         if ref.timestamp is not None:
             table.load_as_version(ref.timestamp)
     except TableNotFoundError:
-        raise SourceError(f"{uri}: no Delta table at {ref.table} (no _delta_log there; check the path or URL)") \
-            from None
-    except Exception as err:  # noqa: BLE001 - delta-rs raises plain errors for bad URLs, versions, credentials
-        raise SourceError(f"{uri}: cannot open the Delta table{_latest_hint(ref)}: {_first_line(err)}") from None
+        raise SourceError(
+            f"{uri}: no Delta table at {ref.table} (no _delta_log there; check the path or URL)"
+        ) from None
+    except Exception as err:  # noqa: BLE001 - plain errors: bad URLs, versions, credentials
+        raise SourceError(
+            f"{uri}: cannot open the Delta table{_latest_hint(ref)}: {_first_line(err)}"
+        ) from None
     return table
 
 
@@ -84,7 +104,9 @@ def _latest_hint(ref: DeltaRef) -> str:
     from deltalake import DeltaTable
 
     try:
-        return f" at the requested version (its latest version is {DeltaTable(ref.table).version()})"
+        return (
+            f" at the requested version (its latest version is {DeltaTable(ref.table).version()})"
+        )
     except Exception:  # noqa: BLE001 - the table itself cannot be opened: the error says why
         return ""
 
@@ -102,11 +124,16 @@ def describe_delta(spec: SourceSpec) -> dict:
 
 
 def _columns(table, spec: SourceSpec) -> list[str]:
-    """The table's columns that hold the text and the label, picked by name from the schema as for files."""
+    """The table's columns that hold the text and the label, picked by name from the schema as for
+    files."""
     empty = pa.schema(table.schema().to_arrow()).empty_table()
     wanted = spec.text_column
     if wanted is not None and "," in wanted and wanted not in empty.column_names:
-        texts = [pick_column(empty, w.strip(), TEXT_COLUMNS, "text", spec.uri) for w in wanted.split(",") if w.strip()]
+        texts = [
+            pick_column(empty, w.strip(), TEXT_COLUMNS, "text", spec.uri)
+            for w in wanted.split(",")
+            if w.strip()
+        ]
     else:
         texts = [pick_column(empty, wanted, TEXT_COLUMNS, "text", spec.uri)]
     return list(dict.fromkeys([*texts, pick_label(empty, spec, spec.uri, required=True)]))
@@ -117,15 +144,20 @@ def _quoted(name: str) -> str:
 
 
 def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.Table]:
-    """The pinned table version's rows as :data:`RAW_SCHEMA` tables of about ``block_bytes`` each."""
+    """The pinned table version's rows as :data:`RAW_SCHEMA` tables of about ``block_bytes``
+    each."""
     from deltalake import QueryBuilder
 
     table = open_table(spec.uri)
     columns = _columns(table, spec)
     rows = max(1, block_bytes // PARQUET_ROW_BYTES)
-    sql = f"SELECT {', '.join(map(_quoted, columns))} FROM src" + (f" WHERE {spec.where}" if spec.where else "")
+    sql = f"SELECT {', '.join(map(_quoted, columns))} FROM src" + (
+        f" WHERE {spec.where}" if spec.where else ""
+    )
     try:
-        qb = QueryBuilder({**SESSION, "datafusion.execution.batch_size": str(rows)}).register("src", table)
+        qb = QueryBuilder({**SESSION, "datafusion.execution.batch_size": str(rows)}).register(
+            "src", table
+        )
         reader = pa.RecordBatchReader.from_stream(qb.execute(sql))
         row = 0
         for batch in _batches(reader, rows):
@@ -138,18 +170,22 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
         raise
     except Exception as err:  # noqa: BLE001 - a bad predicate, a vacuumed file, a lost connection
         problem = _read_problem(spec, err)
-        raise (VersionGone if "vacuumed" in problem else SourceError)(f"{spec.uri}: {problem}") from None
+        raise (VersionGone if "vacuumed" in problem else SourceError)(
+            f"{spec.uri}: {problem}"
+        ) from None
 
 
 def _batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.RecordBatch]:
-    """The reader's batches, cut to at most ``rows`` (DataFusion may hand a whole file's rows at once)."""
+    """The reader's batches, cut to at most ``rows`` (DataFusion may hand a whole file's rows at
+    once)."""
     for batch in reader:
         for start in range(0, batch.num_rows, rows):
             yield batch.slice(start, rows)
 
 
 def _plain_strings(table: pa.Table) -> pa.Table:
-    """DataFusion hands strings as ``string_view``: as plain strings (and binaries), like every other reader."""
+    """DataFusion hands strings as ``string_view``: as plain strings (and binaries), like every
+    other reader."""
     views = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
     if not any(f.type in views for f in table.schema):
         return table
@@ -159,21 +195,27 @@ def _plain_strings(table: pa.Table) -> pa.Table:
 def _read_problem(spec: SourceSpec, err: Exception) -> str:
     text, full = _first_line(err), str(err).lower()
     if "not found" in full or "no such file" in full:
-        return (f"a data file of this table version is gone (vacuumed?): {text}; the version cannot be read "
-                "again: register a version the table still holds")
-    if spec.where and any(w in text for w in ("Schema error", "SQL error", "sql parser", "evaluating filter")):
+        return (
+            f"a data file of this table version is gone (vacuumed?): {text}; the version cannot "
+            "be read again: register a version the table still holds"
+        )
+    if spec.where and any(
+        w in text for w in ("Schema error", "SQL error", "sql parser", "evaluating filter")
+    ):
         return f"row filter (--where) {spec.where!r} cannot be evaluated: {text}"
     return f"cannot read the Delta table: {text}"
 
 
 def check_delta(spec: SourceSpec, sample_bytes: int) -> dict[str, int]:
-    """The table version opens, its columns are found and the filter parses: the first batch is read."""
+    """The table version opens, its columns are found and the filter parses: the first batch is
+    read."""
     first = next(iter_delta(spec, block_bytes=max(PARQUET_ROW_BYTES, sample_bytes)), None)
     return {spec.uri: 0 if first is None else first.column("malformed").null_count}
 
 
 def _first_line(err: Exception) -> str:
     """The first lines of a delta-rs error, without its terminal colours."""
-    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if ln.strip()]
+    lines = [
+        ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if ln.strip()
+    ]
     return " ".join(lines[:2])[:400] if lines else type(err).__name__
-
