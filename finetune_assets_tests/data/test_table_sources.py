@@ -3,7 +3,8 @@ Dagster.
 
 Real reviews (the shared Arabic PROD.csv) plus a few hostile rows, written with ``deltalake`` and
 into a real SQLite file, go through the same intake as files: exact accounting, quarantine,
-duplicates. """
+duplicates.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ Registration pins the exact table version (:func:`pin_delta` rewrites the URI to
 a dataset version reads the same rows forever (time travel), whatever was committed since. The text
 and label columns are the only columns read, and ``SourceSpec.where`` (a SQL predicate, as in
 ``DeltaTable.delete``) is evaluated by delta-rs' DataFusion engine, which skips files by their
-statistics. Rows stream in record batches: memory is bounded like the file sources. """
+statistics. Rows stream in record batches of about ``block_bytes``; the Parquet reader underneath
+holds one row group's column chunks, so the table writer's row-group size bounds memory
+(benchmarks/README.md).
+"""
 
 from __future__ import annotations
 
@@ -76,8 +79,7 @@ def parse_delta(uri: str) -> DeltaRef:
 
 
 def open_table(uri: str):
-    """The ``DeltaTable`` at the URI's version (latest without one); any failure is one line naming
-    it."""
+    """The ``DeltaTable`` at the URI's version (latest without one); a failure is one line."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -124,8 +126,7 @@ def describe_delta(spec: SourceSpec) -> dict:
 
 
 def _columns(table, spec: SourceSpec) -> list[str]:
-    """The table's columns that hold the text and the label, picked by name from the schema as for
-    files."""
+    """The columns holding the text and the label, picked by name from the schema as for files."""
     empty = pa.schema(table.schema().to_arrow()).empty_table()
     wanted = spec.text_column
     if wanted is not None and "," in wanted and wanted not in empty.column_names:

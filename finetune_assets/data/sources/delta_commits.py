@@ -63,7 +63,8 @@ def due_versions(
 
     A version is due once ``min_new_rows`` rows were added since the last due one (1: every
     row-adding commit); commits that add no rows only move ``seen`` on. On first sight (``seen``
-    None) the table as it is now is due. """
+    None) the table as it is now is due.
+    """
     dt = open_table(DELTA_PREFIX + table)
     latest = dt.version()
     if seen is None:

@@ -79,14 +79,16 @@ def iter_source(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa
     :data:`RAW_SCHEMA`.
 
     Each file is streamed (:func:`iter_file`), so memory is bounded by ``block_bytes``, not by the
-    largest file: a version that is one 5 GB CSV reads like one of many small files. """
+    largest file: a version that is one 5 GB CSV reads like one of many small files.
+    """
     yield from family_of(spec.uri).iter(spec, block_bytes)
 
 
 def check_source(spec: SourceSpec, sample_bytes: int = 1 << 20) -> dict[str, int]:
-    """Fail now, not at materialization: every file opens, its columns are found and a sample
-    parses.
+    """Fail now, not at materialization: every file (or the table) opens, its columns are found and
+    a sample parses.
 
     Returns the sampled good rows per file. Hugging Face ids are not probed (no network at
-    registration); a built-in set is only located (its package installed, its name known). """
+    registration); a built-in set is only located (its package installed, its name known).
+    """
     return family_of(spec.uri).check(spec, sample_bytes)

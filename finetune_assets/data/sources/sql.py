@@ -10,7 +10,8 @@ predicate.
 A database table has no version to travel back to, so registration records what was read: a content
 hash of the rows (independent of their order) and their count (``SourceSpec.snapshot``), plus the
 database's snapshot marker where it has one (PostgreSQL). Every read recomputes the hash while
-streaming and refuses the version at the end if the rows changed, before anything is published. """
+streaming and refuses the version at the end if the rows changed, before anything is published.
+"""
 
 from __future__ import annotations
 
