@@ -185,10 +185,7 @@ def _table(names: list[str], rows: list, uri: str) -> pa.Table:
     for name, values in zip(names, columns):
         try:
             arrays[name] = pa.array(values)
-        except (
-            pa.ArrowInvalid,
-            pa.ArrowTypeError,
-        ):  # mixed types in one column: each value as text
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types (SQLite): each value as text
             arrays[name] = pa.array([None if v is None else str(v) for v in values], pa.string())
     return pa.table(arrays)
 
