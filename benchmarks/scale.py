@@ -1,7 +1,7 @@
 """Scale benchmark (issue 15): raw_reviews / tokenized_reviews / mds_shards on versions of 0.1M .. 5M reviews.
 
     .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000,5000000] [--workers 2,1]
-        [--incremental 1000000] [--work DIR] [--out benchmarks/results/scale.json]
+        [--incremental 1000000] [--delta 1000000] [--work DIR] [--out benchmarks/results/scale.json]
 
 Versions: the shared Arabic reviews (``../shared/data/arabic_reviews``: PROD + ATT + RES2, 9,068 rows) copied
 until the size is reached, every text of copy ``k`` suffixed with `` #k`` (so no copy duplicates another),
@@ -21,7 +21,10 @@ emptied (a cold run), so 1 vs 2 workers compare like for like; ``load_avg`` is t
 when the step started; ``cpu_s_incl_startup`` is the CPU time of the child and all its workers, Python
 and Dagster start-up included. ``invariants``: rows in = accepted + rejected, and no review changed split
 against the smallest version. ``worker_vs_tokenizer_cpu``: one slice worker's CPU time against the fast
-tokenizer alone on the same 100k texts (the 1.2x target).
+tokenizer alone on the same 100k texts (the 1.2x target). ``--delta SIZES``: the same CSV copies
+written as one Delta table (``deltalake``, streamed), ``raw_reviews`` read from ``delta:TABLE``
+under the same limit; its entry (``delta``) sits beside the file source's ``raw_reviews`` of that
+size where measured.
 """
 
 from __future__ import annotations
@@ -65,6 +68,48 @@ def make_version(data: Path, folder: Path, rows: int, first_copy: int = 0) -> in
         k += 1
     (folder / "_SUCCESS").touch()
     return written
+
+
+def make_delta_table(csv_folder: Path, table: Path) -> int:
+    """A version's CSV copies as one Delta table, written from a stream of batches (one commit)."""
+    import pyarrow.csv as pacsv
+    import pyarrow.dataset as pds
+    from deltalake import DeltaTable, write_deltalake
+
+    files = sorted(str(f) for f in csv_folder.glob("copy-*.csv"))
+    csv = pds.CsvFileFormat(parse_options=pacsv.ParseOptions(newlines_in_values=True))
+    batches = pds.dataset(files, format=csv).scanner(batch_size=65_536).to_reader()
+    write_deltalake(table, batches, mode="overwrite")
+    return DeltaTable(table).version()
+
+
+def delta_row(step, args, base_root: Path, size: int, results: dict) -> dict:
+    """raw_reviews of a ``size``-row Delta table, next to the file source's figures of that size."""
+    source = args.work / "sources" / f"r{size}"
+    if not (source / "_SUCCESS").exists():
+        shutil.rmtree(source, ignore_errors=True)
+        make_version(args.data, source, size)
+    table = args.work / "delta" / f"r{size}"
+    if not (table / "_delta_log").exists():
+        make_delta_table(source, table)
+    root = args.work / f"root-delta-{size}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    os.symlink(base_root / "pretrained_model", root / "pretrained_model")
+    raw = step(root, f"d{size}", f"delta:{table}", "raw_reviews", {})
+    entry = {"reviews": size, "raw_reviews": raw, "rows_in_eq_accepted_plus_rejected":
+             raw["rows_in"] == raw["row_count"] + raw["rejected_rows"]}
+    files = next((e["steps"]["raw_reviews"] for e in results["versions"] if e["reviews"] == size),
+                 None)
+    if files is not None:
+        entry["file_source_raw_reviews"] = files
+        entry["same_rows_as_file_source"] = (raw["row_count"], raw["rejected_rows"]) == (
+            files["row_count"], files["rejected_rows"])
+        for figure in ("peak_anon_mb", "peak_rss_mb"):
+            if files.get(figure) and raw.get(figure):
+                entry[f"{figure}_delta_vs_files"] = round(raw[figure] / files[figure], 2)
+    shutil.rmtree(root, ignore_errors=True)
+    return entry
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -182,7 +227,7 @@ def run_step(root: Path, version: str, source: Path, step: str, config: dict, li
 def _step(root: str, version: str, source: str, step: str, config: str) -> None:
     import dagster as dg
 
-    from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.data.sources import SourceSpec, pin_source
     from finetune_assets.definitions import build_defs
     from finetune_assets.storage import Storage
     from finetune_assets.dataset_versions.registry import read_version, register_version
@@ -192,7 +237,7 @@ def _step(root: str, version: str, source: str, step: str, config: str) -> None:
     store = Storage(root)
     if step != "pretrained_model":
         if read_version(store, version) is None:
-            register_version(instance, store, version, SourceSpec(uri=source))
+            register_version(instance, store, version, pin_source(SourceSpec(uri=source)))
         else:
             instance.add_dynamic_partitions("dataset_versions", [version])
     assets = [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)]
@@ -308,6 +353,8 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="worker counts, in the order they run")
     parser.add_argument("--incremental", default="", help="sizes that also get the +5%% version (after the "
                                                          "first worker count's full run, with that count)")
+    parser.add_argument("--delta", default="",
+                        help="sizes whose raw_reviews is also read from a Delta table")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--work", type=Path, default=Path("/tmp/scale-bench"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
@@ -316,7 +363,7 @@ def main() -> None:
     args = parser.parse_args()
     step = functools.partial(run_step, limit_bytes=args.memory_limit_mb * 2**20 or None)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process: the workers are the parallelism
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
     workers = [int(w) for w in args.workers.split(",")]
     incremental_sizes = {int(s) for s in args.incremental.split(",") if s}
     # results of earlier invocations (other sizes) are kept; an entry of a size measured again is replaced
@@ -396,6 +443,10 @@ def main() -> None:
                                                           tok["wall_s"]))
                 save()
         shutil.rmtree(root, ignore_errors=True)
+    for size in (int(s) for s in args.delta.split(",") if s):
+        results["delta"] = [e for e in results.get("delta", []) if e["reviews"] != size]
+        results["delta"].append(delta_row(step, args, base_root, size, results))
+        save()
     print(json.dumps({k: v for k, v in results.items() if k != "versions"}, indent=2))
 
 

@@ -15,6 +15,11 @@ Idempotence, in layers:
   version re-landed with *different* content still runs (Dagster's run-key dedup is permanent);
 - a failed run is requested again under ``{version}:{fingerprint}:{attempt}`` by ``_follow_runs``' rule.
 
+A watched Delta table (``LandingZoneResource.delta_tables``) is followed by its commit history: each
+row-adding commit (or each ``min_new_rows`` rows) registers ``{name}-v{table version}`` pinned
+to it, under the same run-request rules; optimize and vacuum commits add no rows and register
+nothing.
+
 A problem with one entry (bad key, unsupported file, no data files, content changed after
 registration, an unreadable drop) is logged once and listed in the skip reason; it never blocks the
 other entries. A tick's work is bounded by ``LandingZoneResource.tick_budget_s``.
@@ -27,12 +32,14 @@ from dataclasses import dataclass, field
 import dagster as dg
 from dagster._core.storage.tags import WILL_RETRY_TAG
 
-from finetune_assets.data.labels import LabelError, read_manifest
-from finetune_assets.data.sources import SourceError, SourceSpec, list_files
+from finetune_assets.data.labels import LabelError, LabelSet, read_manifest
+from finetune_assets.data.sources import (DELTA_PREFIX, SourceError, SourceSpec, check_source,
+                                          list_files)
 from finetune_assets.contracts import PRETRAINED_MODEL
 from finetune_assets.jobs import VERSION_CHAIN, finetuned_model, pretrained_model, retrain_job
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, InvalidVersionKey, validate_version_key
-from finetune_assets.resources.landing import LandedEntry, LandingZoneResource, fingerprint, strip_format_suffix
+from finetune_assets.resources.landing import (LandedEntry, LandingZoneResource, WatchedDeltaTable,
+                                               fingerprint, strip_format_suffix)
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.dataset_versions.registry import read_version, write_version
 
@@ -58,6 +65,7 @@ class LandingCursor:
     reported: dict[str, str] = field(default_factory=dict)  # entry -> problem already logged
     runs: dict[str, dict] = field(default_factory=dict)  # key -> {fp, attempt, at}: requested, not yet succeeded
     failed: dict[str, str] = field(default_factory=dict)  # key -> why its run is given up (a person re-runs it)
+    tables: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> {seen, rows}
 
     @classmethod
     def parse(cls, raw: str | None) -> "LandingCursor":
@@ -71,12 +79,14 @@ class LandingCursor:
             return cls()
         return cls(registered=data.get("registered", {}), pending=data.get("pending", {}),
                    awaiting_base=data.get("awaiting_base", {}), base_run_key=data.get("base_run_key"),
-                   reported=data.get("reported", {}), runs=data.get("runs", {}), failed=data.get("failed", {}))
+                   reported=data.get("reported", {}), runs=data.get("runs", {}),
+                   failed=data.get("failed", {}), tables=data.get("tables", {}))
 
     def dumps(self) -> str:
         return json.dumps({"v": CURSOR_VERSION, "registered": self.registered, "pending": self.pending,
                            "awaiting_base": self.awaiting_base, "base_run_key": self.base_run_key,
-                           "reported": self.reported, "runs": self.runs, "failed": self.failed}, sort_keys=True)
+                           "reported": self.reported, "runs": self.runs, "failed": self.failed,
+                           "tables": self.tables}, sort_keys=True)
 
 
 def run_key(key: str, fp: str, attempt: int = 1) -> str:
@@ -135,6 +145,16 @@ def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneRe
                       rerequest)
         except Exception as err:  # noqa: BLE001 - an unreadable drop (deleted mid-read, permissions) is its own problem
             problems[e.name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
+
+    for watched in landing.delta_tables:
+        if clock() - started > landing.tick_budget_s:
+            deferred += 1
+            continue
+        try:
+            _consider_table(store, cursor, existing, watched, problems, new_partitions, ready)
+        except Exception as err:  # noqa: BLE001 - an unreachable table is its own problem
+            why = f"could not read it ({type(err).__name__}: {err}); retried next tick"
+            problems[DELTA_PREFIX + watched.table] = why
 
     # Files that vanished before they settled are forgotten; reports clear when the entry is fixed.
     cursor.pending = {k: v for k, v in cursor.pending.items() if k in seen_keys}
@@ -215,6 +235,39 @@ def _consider(landing, store, cursor: LandingCursor, existing, key, group, probl
     cursor.registered[key] = {"fp": fp, "sig": e.signature}
     new_partitions.append(key)
     ready.append((key, fp, e.uri))
+
+
+def _consider_table(store, cursor: LandingCursor, existing, watched: WatchedDeltaTable, problems,
+                    new_partitions, ready) -> None:
+    """A watched Delta table: a version per row-adding commit (or ``min_new_rows``), pinned."""
+    from finetune_assets.data.sources.delta import VersionGone
+    from finetune_assets.data.sources.delta_commits import due_versions
+
+    state = cursor.tables.get(watched.name, {})
+    due, seen, rows = due_versions(watched.table, state.get("seen"), state.get("rows", 0),
+                                   watched.min_new_rows)
+    labels = LabelSet(tuple(watched.labels)) if watched.labels else None
+    for version in due:
+        key, fp = f"{watched.name}-v{version}", f"delta-v{version}"
+        if key in existing:  # cursor reset, or registered by the CLI
+            continue
+        spec = SourceSpec(uri=f"{DELTA_PREFIX}{watched.table}@version={version}",
+                          text_column=watched.text_column, label_column=watched.label_column,
+                          where=watched.where)
+        try:
+            validate_version_key(key)
+            check_source(spec)
+        except VersionGone as err:  # vacuumed before this tick saw it; later ones may be readable
+            problems[f"{DELTA_PREFIX}{watched.table}@version={version}"] = str(err)
+            continue
+        except (InvalidVersionKey, SourceError) as err:
+            problems[DELTA_PREFIX + watched.table] = str(err)
+            return  # the cursor stays: the same versions are tried again once the config is fixed
+        write_version(store, key, spec, labels=labels)  # before the run can start
+        cursor.registered[key] = {"fp": fp, "sig": ""}
+        new_partitions.append(key)
+        ready.append((key, fp, spec.uri))
+    cursor.tables[watched.name] = {"seen": seen, "rows": rows}
 
 
 def _requests_with_base(cursor: LandingCursor, store, ready, waiting) -> list[dg.RunRequest]:

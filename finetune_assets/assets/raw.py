@@ -13,7 +13,8 @@ from pydantic import Field
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError
 from finetune_assets.contracts import ACCEPTED_SCHEMA, LABELS_FILE, RAW_REVIEWS, REJECTED_FILE, REJECTED_SCHEMA, REVIEWS_FILE
-from finetune_assets.data.sources import HF_PREFIX, SourceError, SourceSpec, is_builtin, iter_source, list_source
+from finetune_assets.data.sources import (SourceError, SourceSpec, describe_source, is_file_source,
+                                          iter_source, list_source)
 from finetune_assets.data.validate import SplitRule, StreamValidator, ValidationRules
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.storage_root import StorageResource
@@ -25,7 +26,9 @@ class RawReviewsConfig(dg.Config):
 
     unversioned: ClassVar[tuple[str, ...]] = ("batch_rows",)  # the data version hashes rows, not row groups
 
-    source: str | None = Field(None, description="file/folder/fsspec URL, hf:owner/name, or builtin:NAME (rotten_tomatoes, imdb, sample)")
+    source: str | None = Field(None, description=(
+        "file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
+        "delta:PATH_OR_URL[@version=N] or sql:ENV_NAME (registered versions are pinned)"))
     revision: str | None = Field(None, description="Hugging Face dataset revision")
     text_column: str | None = None
     label_column: str | None = None
@@ -37,7 +40,7 @@ class RawReviewsConfig(dg.Config):
     test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
     batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group (the unit "
                                                 "tokenized_reviews slices by); memory is bounded by this and the "
-                                                "source block size (sources.BLOCK_BYTES)")
+                                                "source block size (sources.base.BLOCK_BYTES)")
 
 
 def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpec:
@@ -172,9 +175,21 @@ def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_r
 
 
 def _files_metadata(context: dg.AssetExecutionContext, spec: SourceSpec) -> dict:
-    """Which files of a folder are read and which are ignored (and why): never a silent skip."""
-    if is_builtin(spec.uri) or spec.uri.startswith(HF_PREFIX):
-        return {}
+    """Which files of a folder are read and which are ignored (and why): never a silent skip; for
+    a table, which version of it (or which content) is read."""
+    if not is_file_source(spec.uri):
+        try:
+            described = {k: v for k, v in describe_source(spec).items() if v is not None}
+        except SourceError as err:
+            raise dg.Failure(str(err)) from err
+        if "delta_version" in described:
+            table, pinned, latest = (described[k] for k in ("delta_table", "delta_version",
+                                                            "delta_latest_version"))
+            now = (f"time travel: the table is now at version {latest}" if latest != pinned
+                   else "its latest")
+            context.log.info(f"reading Delta table {table} at version {pinned}, as registered "
+                             f"({now})")
+        return described
     try:
         listing = list_source(spec.uri)
     except SourceError as err:

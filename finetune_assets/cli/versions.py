@@ -13,19 +13,35 @@ from finetune_assets.cli.common import (
     when,
 )
 
+def _source_uri(uri: str) -> str:
+    """A local path made absolute (valid from any folder later), also inside ``delta:``."""
+    from finetune_assets.data.sources import DELTA_PREFIX, is_file_source
+
+    if uri.startswith(DELTA_PREFIX) and "://" not in uri:
+        return DELTA_PREFIX + str(Path(uri[len(DELTA_PREFIX):]).expanduser().resolve())
+    if "://" not in uri and is_file_source(uri):
+        return str(Path(uri).expanduser().resolve())
+    return uri
+
+
 def cmd_versions_add(args) -> int:
     from finetune_assets.data.labels import LabelError, label_set_of_source, parse_labels_flag, parse_mapping_flag
-    from finetune_assets.data.sources import SourceError, SourceSpec, check_source
+    from finetune_assets.data.sources import (DELTA_PREFIX, SQL_PREFIX, SourceError, SourceSpec,
+                                              check_source, pin_source)
     from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
 
-    uri = args.source
-    if "://" not in uri and not uri.startswith(("hf:", "builtin:")):  # a local path: valid from any folder later
-        uri = str(Path(uri).expanduser().resolve())
+    uri = _source_uri(args.source)
+    if args.where and not uri.startswith((DELTA_PREFIX, SQL_PREFIX)):
+        raise CliError("--where filters delta: and sql: sources only (nothing registered)")
+    if args.query and not uri.startswith(SQL_PREFIX):
+        raise CliError("--query belongs to sql: sources only (nothing registered)")
     spec = SourceSpec(uri=uri, revision=args.revision, text_column=args.text_column,
-                      label_column=args.label_column, encoding=args.encoding)
+                      label_column=args.label_column, encoding=args.encoding, where=args.where,
+                      query=args.query)
     storage = open_storage(args, write=True)
     try:  # source and label set are checked now: a bad or ambiguous one is refused before anything is written
         sampled = check_source(spec)
+        spec = pin_source(spec)  # a Delta version, a SQL content hash: what the key names
         labels = label_set_of_source(spec, parse_labels_flag(args.labels) if args.labels else None,
                                      parse_mapping_flag(args.label_mapping) if args.label_mapping else None)
         fingerprint = source_fingerprint(spec)
@@ -33,8 +49,11 @@ def cmd_versions_add(args) -> int:
                                   replace=args.replace, labels=labels)
     except (LabelError, SourceError) as err:
         raise CliError(f"{args.source}: {err} (nothing registered)") from err
-    checked = f" ({len(sampled)} file(s) checked)" if sampled else ""
-    print(f"registered dataset version {record.key} <- {spec.uri}{checked}; labels: {labels.describe()}")
+    files = sampled and not spec.uri.startswith(SQL_PREFIX)
+    checked = f" ({len(sampled)} file(s) checked)" if files else ""
+    pinned = f" ({spec.snapshot.split(';db=')[0]})" if spec.snapshot else ""
+    print(f"registered dataset version {record.key} <- {spec.uri}{pinned}{checked}; "
+          f"labels: {labels.describe()}")
     return 0
 
 
@@ -172,7 +191,12 @@ def register(sub) -> None:
     vsub = versions.add_subparsers(dest="versions_command", required=True)
     add = vsub.add_parser("add", help="register a dataset version and where its reviews come from")
     add.add_argument("key", help="version key, e.g. 2026-11-29 or v3")
-    add.add_argument("--source", required=True, help="file/folder/fsspec URL, hf:owner/name, or builtin:NAME (rotten_tomatoes, imdb, sample)")
+    add.add_argument("--source", required=True, help=(
+        "file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
+        "delta:PATH_OR_URL[@version=N|@timestamp=ISO] or sql:ENV_NAME (a variable holding the "
+        "database URL)"))
+    add.add_argument("--where", help="delta:/sql: row filter, a SQL predicate (in the version)")
+    add.add_argument("--query", help="sql: a table name or a SELECT statement")
     add.add_argument("--revision")
     add.add_argument("--text-column")
     add.add_argument("--label-column")

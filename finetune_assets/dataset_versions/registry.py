@@ -21,7 +21,7 @@ import dagster as dg
 
 from finetune_assets.contracts import PARTITIONED_ASSETS
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError, LabelSet
-from finetune_assets.data.sources import HF_PREFIX, SourceSpec, is_builtin
+from finetune_assets.data.sources import SourceSpec, is_file_source
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, validate_version_key
 from finetune_assets.storage import Storage
 
@@ -68,8 +68,9 @@ def write_version(storage: Storage, key: str, source: SourceSpec, fingerprint: s
 
 
 def source_fingerprint(source: SourceSpec) -> str | None:
-    """The content hash the sensor records too (None for built-in sets and Hugging Face ids)."""
-    if is_builtin(source.uri) or source.uri.startswith(HF_PREFIX):
+    """The content hash the sensor records too (None where the spec itself pins the content:
+    built-in sets, Hugging Face ids, Delta versions, SQL content hashes)."""
+    if not is_file_source(source.uri):
         return None
     from finetune_assets.resources.landing import fingerprint
 

@@ -8,6 +8,8 @@ A dataset version is one entry directly under the landing location:
   modification time have not changed between two sensor ticks (no marker needed for a plain copy).
 
 Entries whose name starts with ``.`` or ``_`` are in-progress uploads or bookkeeping and are ignored.
+Delta tables listed in ``delta_tables`` are watched too: each new row-adding commit (or each
+``min_new_rows`` new rows) becomes a version ``{name}-v{table version}`` pinned to that version.
 No Dagster logic beyond the resource itself: listing and fingerprinting are plain functions, tested directly.
 Both read listings only, never file contents, so a sensor tick stays cheap whatever the drops weigh.
 """
@@ -40,6 +42,22 @@ class LandedEntry:
     signature: str  # from the listing entry itself (size + mtime; a folder's own mtime where the store has one)
 
 
+class WatchedDeltaTable(dg.Config):
+    """A Delta table whose new commits become dataset versions ``{name}-v{table version}``."""
+
+    name: str = Field(description="prefix of the version keys, e.g. reviews -> reviews-v12")
+    table: str = Field(description="path or object-store URL of the Delta table")
+    min_new_rows: int = Field(default=1, ge=1, description=(
+        "a new version once this many rows were added since the last one (1: one per row-adding "
+        "commit); commits that add no rows (optimize, vacuum) never count"))
+    text_column: Optional[str] = None
+    label_column: Optional[str] = None
+    where: Optional[str] = Field(default=None,
+                                 description="row filter (SQL predicate), part of every version")
+    labels: Optional[list[str]] = Field(default=None,
+                                        description="class names in id order (default: the seed's)")
+
+
 class LandingZoneResource(dg.ConfigurableResource):
     """The landing location the sensor watches; default ``$FINETUNE_ASSETS_LANDING`` or ``./landing``."""
 
@@ -54,6 +72,8 @@ class LandingZoneResource(dg.ConfigurableResource):
     tick_budget_s: float = Field(
         default=20.0, description="seconds of work per sensor tick (Dagster times a tick out at 60 s); entries "
                                   "left over are handled by the next tick, progress is kept in the cursor")
+    delta_tables: list[WatchedDeltaTable] = Field(default=[], description=(
+        "Delta tables watched for new commits (delta-rs reads their commit history only)"))
 
     def location(self) -> str:
         """The resolved landing URL (local paths made absolute, so run logs show where to look)."""

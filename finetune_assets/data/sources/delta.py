@@ -1,0 +1,222 @@
+"""``delta:PATH_OR_URL[@version=N|@timestamp=ISO]`` sources: a Delta Lake table through
+``deltalake``.
+
+Registration pins the exact table version (:func:`pin_delta` rewrites the URI to ``@version=N``), so
+a dataset version reads the same rows forever (time travel), whatever was committed since. The text
+and label columns are the only columns read, and ``SourceSpec.where`` (a SQL predicate, as in
+``DeltaTable.delete``) is evaluated by delta-rs' DataFusion engine, which skips files by their
+statistics. Rows stream in record batches of about ``block_bytes``; the Parquet reader underneath
+holds one row group's column chunks, so the table writer's row-group size bounds memory
+(benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+
+from finetune_assets.data.sources.base import (
+    BLOCK_BYTES,
+    PARQUET_ROW_BYTES,
+    SourceError,
+    SourceSpec,
+)
+from finetune_assets.data.sources.columns import (
+    TEXT_COLUMNS,
+    pick_column,
+    pick_label,
+    renumber,
+    text_columns,
+    to_raw,
+)
+
+DELTA_PREFIX = "delta:"
+# One DataFusion partition: files are scanned one after another in the snapshot's order, so one
+# table version gives its rows in one order every time (several partitions interleave them by
+# timing).
+SESSION = {"datafusion.execution.target_partitions": "1"}
+
+
+class VersionGone(SourceError):
+    """The table version's data files were vacuumed away: it can never be read again."""
+
+
+@dataclass(frozen=True)
+class DeltaRef:
+    """A parsed ``delta:`` URI: the table, and at most one of a version or a timestamp."""
+
+    table: str
+    version: int | None = None
+    timestamp: str | None = None
+
+    def pinned(self, version: int) -> str:
+        return f"{DELTA_PREFIX}{self.table}@version={version}"
+
+
+def parse_delta(uri: str) -> DeltaRef:
+    body = uri[len(DELTA_PREFIX) :]
+    table, _, pin = (
+        body.rpartition("@") if "@version=" in body or "@timestamp=" in body else (body, "", "")
+    )
+    if not table:
+        raise SourceError(
+            f"{uri}: no table path or URL (expected delta:PATH_OR_URL[@version=N|@timestamp=ISO])"
+        )
+    if pin.startswith("version="):
+        try:
+            version = int(pin[len("version=") :])
+        except ValueError:
+            version = -1
+        if version < 0:
+            raise SourceError(f"{uri}: @version must be a table version number (0, 1, 2 ...)")
+        return DeltaRef(table, version=version)
+    if pin.startswith("timestamp="):
+        return DeltaRef(table, timestamp=pin[len("timestamp=") :])
+    return DeltaRef(table)
+
+
+def open_table(uri: str):
+    """The ``DeltaTable`` at the URI's version (latest without one); a failure is one line."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    ref = parse_delta(uri)
+    try:
+        table = DeltaTable(ref.table, version=ref.version)
+        if ref.timestamp is not None:
+            table.load_as_version(ref.timestamp)
+    except TableNotFoundError:
+        raise SourceError(
+            f"{uri}: no Delta table at {ref.table} (no _delta_log there; check the path or URL)"
+        ) from None
+    except Exception as err:  # noqa: BLE001 - plain errors: bad URLs, versions, credentials
+        raise SourceError(
+            f"{uri}: cannot open the Delta table{_latest_hint(ref)}: {_first_line(err)}"
+        ) from None
+    return table
+
+
+def _latest_hint(ref: DeltaRef) -> str:
+    """For a pinned version the table does not (or no longer) hold: which versions it has."""
+    if ref.version is None and ref.timestamp is None:
+        return ""
+    from deltalake import DeltaTable
+
+    try:
+        return (
+            f" at the requested version (its latest version is {DeltaTable(ref.table).version()})"
+        )
+    except Exception:  # noqa: BLE001 - the table itself cannot be opened: the error says why
+        return ""
+
+
+def pin_delta(spec: SourceSpec) -> SourceSpec:
+    """The spec at the exact table version that ``@timestamp`` or "latest" means now."""
+    return replace(spec, uri=parse_delta(spec.uri).pinned(open_table(spec.uri).version()))
+
+
+def describe_delta(spec: SourceSpec) -> dict:
+    """Which table version is read, and the latest one (time travel is said, not silent)."""
+    ref = parse_delta(spec.uri)
+    latest = open_table(DELTA_PREFIX + ref.table).version()
+    return {"delta_table": ref.table, "delta_version": ref.version, "delta_latest_version": latest}
+
+
+def _columns(table, spec: SourceSpec) -> list[str]:
+    """The columns holding the text and the label, picked by name from the schema as for files."""
+    empty = pa.schema(table.schema().to_arrow()).empty_table()
+    wanted = spec.text_column
+    if wanted is not None and "," in wanted and wanted not in empty.column_names:
+        texts = [
+            pick_column(empty, w.strip(), TEXT_COLUMNS, "text", spec.uri)
+            for w in wanted.split(",")
+            if w.strip()
+        ]
+    else:
+        texts = [pick_column(empty, wanted, TEXT_COLUMNS, "text", spec.uri)]
+    return list(dict.fromkeys([*texts, pick_label(empty, spec, spec.uri, required=True)]))
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.Table]:
+    """The pinned table version's rows as :data:`RAW_SCHEMA` tables of about ``block_bytes``
+    each."""
+    from deltalake import QueryBuilder
+
+    table = open_table(spec.uri)
+    columns = _columns(table, spec)
+    rows = max(1, block_bytes // PARQUET_ROW_BYTES)
+    sql = f"SELECT {', '.join(map(_quoted, columns))} FROM src" + (
+        f" WHERE {spec.where}" if spec.where else ""
+    )
+    try:
+        qb = QueryBuilder({**SESSION, "datafusion.execution.batch_size": str(rows)}).register(
+            "src", table
+        )
+        reader = pa.RecordBatchReader.from_stream(qb.execute(sql))
+        row = 0
+        for batch in _batches(reader, rows):
+            part = _plain_strings(pa.Table.from_batches([batch]))
+            part, text_col = text_columns(part, spec.text_column, spec.uri)
+            raw = to_raw(part, text_col, pick_label(part, spec, spec.uri, required=True), spec.uri)
+            yield renumber(raw, row)
+            row += raw.num_rows
+    except SourceError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a bad predicate, a vacuumed file, a lost connection
+        problem = _read_problem(spec, err)
+        raise (VersionGone if "vacuumed" in problem else SourceError)(
+            f"{spec.uri}: {problem}"
+        ) from None
+
+
+def _batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.RecordBatch]:
+    """The reader's batches, cut to at most ``rows`` (DataFusion may hand a whole file's rows at
+    once)."""
+    for batch in reader:
+        for start in range(0, batch.num_rows, rows):
+            yield batch.slice(start, rows)
+
+
+def _plain_strings(table: pa.Table) -> pa.Table:
+    """DataFusion hands strings as ``string_view``: as plain strings (and binaries), like every
+    other reader."""
+    views = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    if not any(f.type in views for f in table.schema):
+        return table
+    return table.cast(pa.schema([f.with_type(views.get(f.type, f.type)) for f in table.schema]))
+
+
+def _read_problem(spec: SourceSpec, err: Exception) -> str:
+    text, full = _first_line(err), str(err).lower()
+    if "not found" in full or "no such file" in full:
+        return (
+            f"a data file of this table version is gone (vacuumed?): {text}; the version cannot "
+            "be read again: register a version the table still holds"
+        )
+    if spec.where and any(
+        w in text for w in ("Schema error", "SQL error", "sql parser", "evaluating filter")
+    ):
+        return f"row filter (--where) {spec.where!r} cannot be evaluated: {text}"
+    return f"cannot read the Delta table: {text}"
+
+
+def check_delta(spec: SourceSpec, sample_bytes: int) -> dict[str, int]:
+    """The table version opens, its columns are found and the filter parses: the first batch is
+    read."""
+    first = next(iter_delta(spec, block_bytes=max(PARQUET_ROW_BYTES, sample_bytes)), None)
+    return {spec.uri: 0 if first is None else first.column("malformed").null_count}
+
+
+def _first_line(err: Exception) -> str:
+    """The first lines of a delta-rs error, without its terminal colours."""
+    lines = [
+        ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if ln.strip()
+    ]
+    return " ".join(lines[:2])[:400] if lines else type(err).__name__

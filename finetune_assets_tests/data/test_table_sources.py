@@ -1,0 +1,284 @@
+"""Delta tables and SQL databases as sources: registered through the CLI, materialized through
+Dagster.
+
+Real reviews (the shared Arabic PROD.csv) plus a few hostile rows, written with ``deltalake`` and
+into a real SQLite file, go through the same intake as files: exact accounting, quarantine,
+duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from finetune_assets.contracts import REVIEWS_FILE
+from finetune_assets.data.sources import SourceSpec, read_source
+from finetune_assets.storage import Storage
+from finetune_assets_tests.conftest import _real_rows
+from finetune_assets_tests.test_assets_data import materialize
+from finetune_assets_tests.test_cli import run_cli
+
+# Rows the intake must reject, one reason each (validate.py): a blank text, an unknown label, a
+# repeat.
+HOSTILE = [("   ", "Positive"), ("a review with a label nobody knows", "Stellar")]
+
+
+@pytest.fixture(scope="module")
+def reviews(arabic_reviews: Path) -> list[tuple[str, str]]:
+    return _real_rows(arabic_reviews / "PROD.csv")[:90]
+
+
+def _table(rows: list[tuple[str, str]]) -> pa.Table:
+    return pa.table(
+        {
+            "review_text": [t for t, _ in rows],
+            "polarity": [lab for _, lab in rows],
+            "stars": list(range(len(rows))),
+        }
+    )
+
+
+@pytest.fixture
+def home(tmp_path: Path, storage_root: Path, monkeypatch) -> dict:
+    """The CLI's Dagster home and storage root (as a user's shell would have them)."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    return {"root": ("--root", str(storage_root)), "store": Storage(str(storage_root))}
+
+
+def _add(
+    capsys, home: dict, key: str, *args: str, labels: str = "Positive,Negative,Mixed"
+) -> tuple[int, str, str]:
+    """``versions add`` with the seed's classes, so that an unknown label is quarantined, not a
+    class."""
+    return run_cli(capsys, *home["root"], "versions", "add", key, *args, "--labels", labels)
+
+
+def _raw(storage_root: Path, key: str) -> tuple[dict, pa.Table]:
+    """(metadata of the materialization, the accepted reviews) of raw_reviews[key]."""
+    result = materialize(storage_root, dg.DagsterInstance.get(), ["raw_reviews"], key)
+    [event] = result.get_asset_materialization_events()
+    meta = {k: v.value for k, v in event.materialization.metadata.items()}
+    published = Storage(str(storage_root)).current("raw_reviews", key)
+    table = pq.read_table(f"{published.url}/{REVIEWS_FILE}")
+    assert meta["rows_in"] == meta["dagster/row_count"] + meta["rejected_rows"]
+    return meta, table
+
+
+def test_delta_version_is_pinned_and_time_travels(capsys, home, storage_root, tmp_path, reviews):
+    """Registered at version 1, re-materialized identically after an append and a delete; a key at
+    the latest version sees both."""
+    from deltalake import DeltaTable, write_deltalake
+
+    path = tmp_path / "reviews_delta"
+    write_deltalake(path, _table(reviews[:30] + HOSTILE))  # version 0
+    write_deltalake(
+        path, _table(reviews[30:60] + reviews[:1]), mode="append"
+    )  # 1: a repeat of row 0
+    code, out, err = _add(
+        capsys, home, "k1", "--source", f"delta:{path}", "--text-column", "review_text"
+    )
+    assert code == 0, err
+    assert f"delta:{path}@version=1" in out
+    record = json.loads(Path(home["store"].url("versions", "k1.json")).read_text())
+    assert record["source"]["uri"] == f"delta:{path}@version=1"
+
+    meta, first = _raw(storage_root, "k1")
+    assert meta["rows_in"] == 63 and meta["dagster/row_count"] == 60
+    assert meta["rejected_by_reason"] == {"empty_text": 1, "unknown_label": 1, "duplicate": 1}
+    assert (meta["delta_version"], meta["delta_latest_version"]) == (1, 1)
+
+    write_deltalake(path, _table(reviews[60:90]), mode="append")  # version 2
+    deleted = [t for t, _ in reviews[:5]]
+    DeltaTable(path).delete(" OR ".join(f"review_text = '{t}'" for t in deleted))  # version 3
+    again_meta, again = _raw(storage_root, "k1")
+    assert again.equals(first)  # the same rows, in the same order, with the same splits
+    assert (again_meta["delta_version"], again_meta["delta_latest_version"]) == (1, 3)
+
+    code, out, err = _add(
+        capsys, home, "k2", "--source", f"delta:{path}", "--text-column", "review_text"
+    )
+    assert code == 0 and "@version=3" in out, err
+    latest_meta, latest = _raw(storage_root, "k2")
+    texts = set(latest.column("text").to_pylist())
+    assert not texts & set(deleted) and {t for t, _ in reviews[60:90]} <= texts
+    assert latest_meta["dagster/row_count"] == 85
+
+
+def test_delta_filter_and_columns_are_part_of_the_version(capsys, home, tmp_path, reviews):
+    from deltalake import write_deltalake
+
+    path = tmp_path / "t"
+    write_deltalake(path, _table(reviews[:40]))
+    code, out, err = _add(
+        capsys,
+        home,
+        "pos",
+        "--source",
+        f"delta:{path}@version=0",
+        "--where",
+        "polarity <> 'Mixed'",
+        "--text-column",
+        "review_text",
+        labels="Positive,Negative",
+    )
+    assert code == 0, err
+    record = json.loads(Path(home["store"].url("versions", "pos.json")).read_text())
+    spec = SourceSpec(**record["source"])
+    assert spec.where == "polarity <> 'Mixed'"
+    read = read_source(spec)
+    assert set(read.column("label").to_pylist()) == {"Positive", "Negative"}
+    assert read.num_rows == sum(lab != "Mixed" for _, lab in reviews[:40])
+    # another filter under the same key is another dataset: refused
+    code, _, err = _add(
+        capsys,
+        home,
+        "pos",
+        "--source",
+        f"delta:{path}@version=0",
+        "--where",
+        "polarity <> 'Mixed' AND stars > 0",
+        "--text-column",
+        "review_text",
+        labels="Positive,Negative",
+    )
+    assert code != 0 and "other options" in err
+
+
+@pytest.mark.parametrize(
+    "case", ["missing table", "bad version", "wrong column", "bad filter", "vacuumed", "bad url"]
+)
+def test_delta_problems_are_one_line_and_register_nothing(capsys, home, tmp_path, reviews, case):
+    from deltalake import DeltaTable, write_deltalake
+
+    path = tmp_path / "t"
+    write_deltalake(path, _table(reviews[:10]))
+    write_deltalake(path, _table(reviews[10:20]), mode="overwrite")
+    args, expect = {
+        "missing table": ([f"delta:{tmp_path / 'nope'}"], "no Delta table"),
+        "bad version": ([f"delta:{path}@version=7"], "its latest version is 1"),
+        "wrong column": ([f"delta:{path}", "--text-column", "body"], "no text column 'body'"),
+        "bad filter": ([f"delta:{path}", "--where", "no_such = 1"], "row filter (--where)"),
+        "vacuumed": ([f"delta:{path}@version=0"], "vacuumed"),
+        "bad url": (["delta:nosuchscheme://bucket/t"], "no Delta table at nosuchscheme://bucket/t"),
+    }[case]
+    if case == "vacuumed":
+        DeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    code, out, err = (
+        _add(capsys, home, "k", "--source", *args, "--text-column", "review_text")
+        if case != "wrong column"
+        else _add(capsys, home, "k", "--source", *args)
+    )
+    assert code != 0 and expect in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not Path(home["store"].url("versions", "k.json")).exists()
+
+
+# -- SQL ------------------------------------------------------------------------------------------
+
+SECRET = (
+    "s3cr3t-t0ken-7f1c"  # stands in for a password: it is in the URL's path, so SQLite accepts it
+)
+
+
+@pytest.fixture
+def sqlite_db(tmp_path, reviews, monkeypatch) -> Path:
+    """A real SQLite file whose URL (in $REVIEWS_DB_URL) holds a secret that must never be
+    written."""
+    import sqlite3
+
+    folder = tmp_path / SECRET
+    folder.mkdir()
+    db = folder / "reviews.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE reviews (id INTEGER PRIMARY KEY, body TEXT, sentiment TEXT)")
+        conn.executemany(
+            "INSERT INTO reviews (body, sentiment) VALUES (?, ?)",
+            reviews[:50] + HOSTILE + [reviews[3], (None, "Negative")],
+        )
+    monkeypatch.setenv("REVIEWS_DB_URL", f"sqlite:///{db}")
+    return db
+
+
+def test_sql_query_through_the_data_graph_without_leaking_the_url(
+    capsys, home, storage_root, sqlite_db, reviews
+):
+    import sqlite3
+
+    code, out, err = _add(
+        capsys,
+        home,
+        "s1",
+        "--source",
+        "sql:REVIEWS_DB_URL",
+        "--query",
+        "SELECT body, sentiment FROM reviews ORDER BY id",
+    )
+    assert code == 0, err
+    assert "rows=54" in out
+    meta, table = _raw(storage_root, "s1")
+    assert meta["rows_in"] == 54 and meta["dagster/row_count"] == 50
+    assert meta["rejected_by_reason"] == {"empty_text": 2, "unknown_label": 1, "duplicate": 1}
+    assert meta["sql_url_env"] == "REVIEWS_DB_URL"
+
+    # the credential is nowhere: stdout/stderr, version file, metadata, run logs, any file written
+    instance = dg.DagsterInstance.get()
+    logs = " ".join(
+        str(e.message) + json.dumps(str(e.dagster_event))
+        for run in instance.get_runs()
+        for e in instance.all_logs(run.run_id)
+    )
+    assert SECRET not in out + err + json.dumps(meta, default=str) + logs
+    for root in (storage_root, Path(instance.root_directory)):
+        for f in root.rglob("*"):
+            assert not f.is_file() or SECRET.encode() not in f.read_bytes(), f
+
+    # a table name and a row filter read the same way
+    negatives = read_source(
+        SourceSpec(uri="sql:REVIEWS_DB_URL", query="reviews", where="sentiment = 'Negative'")
+    )
+    assert set(negatives.column("label").to_pylist()) == {"Negative"}
+    assert (
+        negatives.num_rows == sum(lab == "Negative" for _, lab in reviews[:50] + [reviews[3]]) + 1
+    )
+
+    # the rows changed: the version is refused at the end of the read, nothing published
+    before = Storage(str(storage_root)).current("raw_reviews", "s1").attempt
+    with sqlite3.connect(sqlite_db) as conn:
+        conn.execute("INSERT INTO reviews (body, sentiment) VALUES ('late arrival', 'Positive')")
+    result = materialize(storage_root, instance, ["raw_reviews"], "s1", raise_on_error=False)
+    assert not result.success
+    assert Storage(str(storage_root)).current("raw_reviews", "s1").attempt == before
+
+
+@pytest.mark.parametrize(
+    "case", ["no variable", "missing table", "wrong column", "missing database", "not a url"]
+)
+def test_sql_problems_are_one_line_without_the_url(capsys, home, sqlite_db, monkeypatch, case):
+    args = ["--source", "sql:REVIEWS_DB_URL", "--query", "reviews"]
+    expect = {
+        "no variable": "REVIEWS_DB_URL is not set",
+        "missing table": "no such table",
+        "wrong column": "no text column 'nope'",
+        "missing database": "does not exist",
+        "not a url": "not a database URL",
+    }[case]
+    if case == "no variable":
+        monkeypatch.delenv("REVIEWS_DB_URL")
+    elif case == "missing table":
+        args[-1] = "old_reviews"
+    elif case == "wrong column":
+        args += ["--text-column", "nope"]
+    elif case == "missing database":
+        monkeypatch.setenv("REVIEWS_DB_URL", f"sqlite:///{sqlite_db.parent}/gone.db")
+    else:
+        monkeypatch.setenv("REVIEWS_DB_URL", f"{SECRET}@@not a url")
+    code, out, err = _add(capsys, home, "s", *args)
+    assert code != 0 and expect in err, err
+    assert len(err.strip().splitlines()) == 1 and SECRET not in err
+    assert not Path(home["store"].url("versions", "s.json")).exists()
+    assert not (sqlite_db.parent / "gone.db").exists()
