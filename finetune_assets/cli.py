@@ -85,8 +85,10 @@ def cmd_versions_add(args) -> int:
     storage = _storage(args, write=True)
     try:  # source and label set are checked now: a bad or ambiguous one is refused before anything is written
         sampled = check_source(spec)
+        notes: list[str] = []
         labels = label_set_of_source(spec, parse_labels_flag(args.labels) if args.labels else None,
-                                     parse_mapping_flag(args.label_mapping) if args.label_mapping else None)
+                                     parse_mapping_flag(args.label_mapping) if args.label_mapping else None,
+                                     notes=notes)
         fingerprint = source_fingerprint(spec)
         record = register_version(_instance(), storage, args.key, spec, fingerprint=fingerprint,
                                   replace=args.replace, labels=labels)
@@ -94,6 +96,8 @@ def cmd_versions_add(args) -> int:
         raise CliError(f"{args.source}: {err} (nothing registered)") from err
     checked = f" ({len(sampled)} file(s) checked)" if sampled else ""
     print(f"registered dataset version {record.key} <- {spec.uri}{checked}; labels: {labels.describe()}")
+    for note in notes:
+        print(f"  labels: {note}")
     return 0
 
 
@@ -742,8 +746,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+VALUE_FLAGS = ("--label-mapping", "--labels")  # values that may start with "-" ("-1=Negative,1=Positive")
+
+
+def _join_dash_values(argv: list[str]) -> list[str]:
+    """``--label-mapping -1=Negative`` as ``--label-mapping=-1=Negative``: argparse reads a value that
+    starts with ``-`` and is not a plain negative number as an option (and says "expected one argument")."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in VALUE_FLAGS:
+            value = next(it, None)
+            if value is not None and value.startswith("-") and not value.startswith("--"):
+                out.append(f"{arg}={value}")
+                continue
+            out.append(arg)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(_join_dash_values(argv))
     try:
         return args.func(args)
     except (CliError, ValueError, OSError) as err:  # input or environment mistakes: one line, no traceback

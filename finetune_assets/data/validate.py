@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from finetune_assets.data.label_values import is_missing
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 
 from finetune_assets.contracts import ACCEPTED_SCHEMA, REJECTED_SCHEMA, SPLITS
@@ -226,6 +227,11 @@ def _validate_batch(raw: pa.Table, rules: ValidationRules, seen_store: SeenTexts
         text = text.strip()
         if len(text) > rules.max_text_chars:
             reject(text, label, file, row, "too_long", f"{len(text)} characters > {rules.max_text_chars}", *where)
+            continue
+        if is_missing(label):
+            reject(text, label, file, row, "missing_label",
+                   f"no label ({label.strip()!r} is a missing-value marker)" if label and label.strip() else
+                   "no label", *where)
             continue
         mapped = rules.labels.map(label)
         if mapped is None:
