@@ -14,6 +14,12 @@ that parses but has the wrong number of fields is reported whole (its boundaries
 Every physical line ends up in exactly one of: the header, a record, a reported bad record, or
 a blank line; :func:`split_records` checks that sum against ``text.count("\\n")``.
 
+Record boundaries are never guessed: a record equal to the header (``cat a.csv b.csv``) is reported as
+``header_row``; in a file whose header ends with CRLF, a record ending with a bare LF (or the reverse) may
+be one line of a multi-line review written without quotes, so it and the record after it are reported
+as ``ambiguous_line_end`` with their raw text rather than published as two reviews. (A bare CR inside
+a line is text, as in any reader.)
+
 Streaming (a file too large for memory, :func:`finetune_assets.data.sources.iter_file`): the text comes in
 blocks; ``split_records(block, final=False)`` stops before the first record that may continue in the next
 block and says where (``consumed``); the caller prepends the rest to the next block and passes the result
@@ -37,6 +43,7 @@ class Bad:
     end_line: int
     problem: str
     raw: str
+    reason: str = "malformed_row"  # the quarantine reason: malformed_row / header_row / ambiguous_line_end
 
 
 @dataclass
@@ -55,6 +62,8 @@ class Records:
     consumed: int = 0  # where the text not parsed yet (a record the next block may continue) starts
     next_line: int = 1  # line and record number of that text
     next_record: int = 0
+    line_end: str = ""  # the header's line end ("\n" or "\r\n"): the file's record terminator
+    after_odd_end: bool = False  # the last record ended with another line end (the next one is ambiguous)
 
     @property
     def records(self) -> int:
@@ -93,11 +102,13 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
     line = after.next_line if after is not None else 1
     record_no = after.next_record if after is not None else 0
     first_line = line
+    header_key = None
     out: Records | None = None
     blank = ncols = 0
     if after is not None and after.header:
         out = Records(header=after.header, header_line=after.header_line, columns=[[] for _ in after.header],
-                      header_end_line=after.header_end_line)
+                      header_end_line=after.header_end_line, line_end=after.line_end,
+                      after_odd_end=after.after_odd_end)
         ncols = len(after.header)
     while pos < n:
         start, start_line = pos, line
@@ -122,6 +133,7 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
         if problem is not None:  # grammar broken: only the first physical line is given up
             if out is None:
                 raise HeaderError(f"line {start_line}: the header cannot be parsed: {problem}")
+            out.after_odd_end = False
             raw = text[start:stop - 1] if text[stop - 1:stop] == "\r" else text[start:stop]
             out.bad.append(Bad(record_no, start_line, start_line, problem, raw[:RAW_PREFIX_CHARS]))
             record_no += 1
@@ -132,12 +144,25 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
         if len(fields) == 1 and fields[0] == "" and not quoted:
             blank += 1
             continue
+        term = _line_end(text, pos)
         if out is None:
             out = Records(header=fields, header_line=start_line, columns=[[] for _ in fields])
-            out.header_end_line = end_line
+            out.header_end_line, out.line_end = end_line, term or ""
             ncols = len(fields)
+            header_key = _header_key(fields)
             continue
-        if len(fields) != ncols:
+        odd = term is not None and out.line_end != "" and term != out.line_end
+        ambiguous = _ambiguous(term, out) if odd else _FOLLOWS if out.after_odd_end else None
+        out.after_odd_end = odd
+        if header_key is None:
+            header_key = _header_key(out.header)
+        if len(fields) == ncols and len(fields[0]) < len(out.header[0]) + 8 and _header_key(fields) == header_key:
+            out.bad.append(Bad(record_no, start_line, end_line, "the header row again (files concatenated?)",
+                               text[start:end][:RAW_PREFIX_CHARS], "header_row"))
+        elif ambiguous is not None:
+            out.bad.append(Bad(record_no, start_line, end_line, ambiguous, text[start:end][:RAW_PREFIX_CHARS],
+                               "ambiguous_line_end"))
+        elif len(fields) != ncols:
             out.bad.append(Bad(record_no, start_line, end_line, f"expected {ncols} fields, found {len(fields)}",
                                text[start:end][:RAW_PREFIX_CHARS]))
         else:
@@ -158,6 +183,27 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
         out.physical_lines = text.count("\n", 0, out.consumed)
     _check_accounting(out)
     return out
+
+
+_NAMES = {"\n": "LF", "\r\n": "CRLF"}
+_FOLLOWS = ("follows a line end unlike the file's: it may be the rest of the review before it, "
+            "written without quotes")
+
+
+def _line_end(text: str, pos: int) -> str | None:
+    """The line end of a record whose next record starts at ``pos`` (None at the end of the text)."""
+    if pos > len(text) or text[pos - 1:pos] != "\n":
+        return None
+    return "\r\n" if text[pos - 2:pos - 1] == "\r" else "\n"
+
+
+def _ambiguous(term: str, out: Records) -> str:
+    return (f"ends with {_NAMES[term]} in a file whose lines end with {_NAMES[out.line_end]}: the line "
+            "break may be inside a review written without quotes")
+
+
+def _header_key(fields: list[str]) -> list[str]:
+    return [f.replace("\ufeff", "").strip().casefold() for f in fields]
 
 
 def _parse_record(text: str, pos: int, delimiter: str,

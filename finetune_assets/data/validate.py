@@ -51,8 +51,9 @@ class SplitRule:
             raise ValueError("validation and test fractions must be in [0, 1) and sum to less than 1")
 
     def of_key(self, key: str) -> str:
-        """The split of a review whose :func:`normalize_text` is ``key``."""
-        digest = hashlib.blake2b(f"{self.salt}\x00{key}".encode(), digest_size=8).digest()
+        """The split of a review whose :func:`normalize_text` is ``key``, decided on its
+        :func:`split_key`: near-duplicates (punctuation, spacing) never straddle splits."""
+        digest = hashlib.blake2b(f"{self.salt}\x00{split_key(key)}".encode(), digest_size=8).digest()
         u = int.from_bytes(digest, "big") / 2**64
         return "test" if u < self.test else "validation" if u < self.test + self.validation else "train"
 
@@ -111,6 +112,16 @@ def normalize_text(text: str) -> str:
     right-to-left mark is the same review (same split) as the plain one.
     """
     return " ".join(unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold().split())
+
+
+_NON_WORD = re.compile(r"[\W_]+")
+
+
+def split_key(normalized: str) -> str:
+    """Coarser than duplicate detection: everything but letters and digits removed (punctuation, spacing,
+    symbols, combining marks), so ``Great, phone!`` and ``great phone`` share a split though both are
+    kept; a review without letters or digits keeps its text."""
+    return _NON_WORD.sub("", normalized) or normalized
 
 
 def text_key(normalized: str) -> bytes:
