@@ -44,7 +44,7 @@ def read_labelled(spec: SourceSpec) -> tuple[list[str], list[str]]:
     for t, lab, f, r, m in zip(*cols):
         if m is not None:
             bad.append(f"{f} row {r}: {m}")
-        elif t is None or not t.strip():  # non-text cells arrive flagged in ``malformed`` (data/sources.py)
+        elif t is None or not t.strip():  # non-text cells arrive flagged in ``malformed`` (data/sources/)
             bad.append(f"{f} row {r}: empty review")
         elif lab is None or not str(lab).strip():
             bad.append(f"{f} row {r}: no label (choose the column with --label-column)")

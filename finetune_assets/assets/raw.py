@@ -37,7 +37,7 @@ class RawReviewsConfig(dg.Config):
     test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
     batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group (the unit "
                                                 "tokenized_reviews slices by); memory is bounded by this and the "
-                                                "source block size (sources.BLOCK_BYTES)")
+                                                "source block size (sources.base.BLOCK_BYTES)")
 
 
 def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpec:
