@@ -29,10 +29,10 @@ CAFE_DECOMPOSED = unicodedata.normalize("NFD", "Café")
 
 
 @pytest.mark.parametrize("spellings, key", [
-    (["neg", "NEG", "Negative", " negative ", "negative.", "[neg]", "-ve", "Négatif", "سلبي"], "negative"),
+    (["neg", "NEG", "Negative", " negative ", "negative.", "«neg»", "-ve", "Négatif", "سلبي"], "negative"),
     (["pos", "Positive!", "POSITIVE", "+ve", "'positive'", "إيجابي"], "positive"),
     (["1", "1.0", "+1", "１", '"1"', "1."], "1"),
-    (["-1", "-1.0", "(-1)", "−1".replace("−", "-")], "-1"),
+    (["-1", "-1.0", "'-1'", "-1."], "-1"),
     ([CAFE, CAFE_DECOMPOSED, "café", "\u200fCafé"], "café"),
 ])
 def test_spellings_of_one_value_have_one_key(spellings, key):

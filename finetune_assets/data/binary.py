@@ -25,21 +25,22 @@ FIX = ("export the reviews from it as CSV UTF-8 (a spreadsheet: File > Save As >
 def what_binary(head: bytes) -> str | None:
     """What a file starting with ``head`` is when it is not text, else None.
 
-    NUL bytes in every other position are UTF-16 text (left to the decoder's message); NUL bytes
-    otherwise, or many control bytes, are binary data of an unknown kind.
+    A byte-order mark means text; NUL bytes in every other position are UTF-16 text (left to the
+    decoder's message); NUL bytes otherwise, or many control bytes, are binary data of an unknown kind.
     """
     for magic, what in SIGNATURES:
         if head.startswith(magic):
             return what
-    sample = head[:4096]
-    if not sample:
+    if head.startswith((b"\xff\xfe", b"\xfe\xff", b"\xef\xbb\xbf")):  # a byte-order mark: text
         return None
+    sample = head[:4096]
     nul = sample.count(b"\x00")
-    utf16 = nul and (sample[1::2].count(b"\x00") > len(sample) // 3 or sample[0::2].count(b"\x00") > len(sample) // 3)
-    if nul and not utf16:
-        return "binary data"
-    control = sum(1 for b in sample if b < 9 or 13 < b < 32)
-    return "binary data" if control > len(sample) // 10 else None
+    if nul:
+        one_parity = max(sample[0::2].count(b"\x00"), sample[1::2].count(b"\x00"))
+        utf16 = nul > len(sample) // 4 and one_parity >= 0.9 * nul  # UTF-16 without a BOM: the decoder says
+        return None if utf16 else "binary data"
+    control = sum(1 for b in sample if b < 9 or 13 < b < 27 or 27 < b < 32)
+    return "binary data" if sample and control > len(sample) // 10 else None
 
 
 def refuse_binary(path: str, head: bytes, command: str) -> None:

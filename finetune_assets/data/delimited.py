@@ -15,10 +15,11 @@ Every physical line ends up in exactly one of: the header, a record, a reported 
 a blank line; :func:`split_records` checks that sum against ``text.count("\\n")``.
 
 Record boundaries are never guessed: a record equal to the header (``cat a.csv b.csv``) is reported as
-``header_row``; in a file whose header ends with CRLF, a record ending with a bare LF (or the reverse) may
-be one line of a multi-line review written without quotes, so it and the record after it are reported
-as ``ambiguous_line_end`` with their raw text rather than published as two reviews. (A bare CR inside
-a line is text, as in any reader.)
+``header_row``; a record whose line end (LF or CRLF) differs from the records on both sides of it
+(CRLF, LF, CRLF) may be the first line of a multi-line review written without quotes, so it and the
+record after it are reported as ``ambiguous_line_end`` with their raw text rather than published as two
+reviews. A file that switches line ends for good (``cat windows.csv unix.csv``) costs nothing. (A bare
+CR inside a line is text, as in any reader.)
 
 Streaming (a file too large for memory, :func:`finetune_assets.data.sources.iter_file`): the text comes in
 blocks; ``split_records(block, final=False)`` stops before the first record that may continue in the next
@@ -46,6 +47,22 @@ class Bad:
     reason: str = "malformed_row"  # the quarantine reason: malformed_row / header_row / ambiguous_line_end
 
 
+@dataclass(frozen=True)
+class _Held:
+    """A record whose line end differs from the previous one: the next record's line end decides it
+    (the same again: the file switched; the previous one again: the two are one review's lines)."""
+
+    good: bool  # appended to the good rows (else the last of ``bad``)
+    start: int  # offset in the text, line, record number: where to re-parse it from
+    line: int
+    end_line: int
+    record: int
+    line_end: str
+    before: str  # the line end before it
+    blank_lines: int  # blank lines counted before it
+    raw: str
+
+
 @dataclass
 class Records:
     header: list[str]
@@ -62,8 +79,8 @@ class Records:
     consumed: int = 0  # where the text not parsed yet (a record the next block may continue) starts
     next_line: int = 1  # line and record number of that text
     next_record: int = 0
-    line_end: str = ""  # the header's line end ("\n" or "\r\n"): the file's record terminator
-    after_odd_end: bool = False  # the last record ended with another line end (the next one is ambiguous)
+    line_end: str = ""  # the line end of the last record ("\n" or "\r\n")
+    held: _Held | None = None  # the last record, when its line end differs from the one before it
 
     @property
     def records(self) -> int:
@@ -107,8 +124,7 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
     blank = ncols = 0
     if after is not None and after.header:
         out = Records(header=after.header, header_line=after.header_line, columns=[[] for _ in after.header],
-                      header_end_line=after.header_end_line, line_end=after.line_end,
-                      after_odd_end=after.after_odd_end)
+                      header_end_line=after.header_end_line, line_end=after.line_end)
         ncols = len(after.header)
     while pos < n:
         start, start_line = pos, line
@@ -133,7 +149,9 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
         if problem is not None:  # grammar broken: only the first physical line is given up
             if out is None:
                 raise HeaderError(f"line {start_line}: the header cannot be parsed: {problem}")
-            out.after_odd_end = False
+            if out.held is not None:  # a broken record after an odd line end: both are given up
+                _ambiguous(out, out.held)
+                out.held = None
             raw = text[start:stop - 1] if text[stop - 1:stop] == "\r" else text[start:stop]
             out.bad.append(Bad(record_no, start_line, start_line, problem, raw[:RAW_PREFIX_CHARS]))
             record_no += 1
@@ -151,16 +169,18 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
             ncols = len(fields)
             header_key = _header_key(fields)
             continue
-        odd = term is not None and out.line_end != "" and term != out.line_end
-        ambiguous = _ambiguous(term, out) if odd else _FOLLOWS if out.after_odd_end else None
-        out.after_odd_end = odd
+        held, out.held = out.held, None
+        second = held is not None and term != held.line_end  # back to the line end before it (or EOF)
+        if second:
+            _ambiguous(out, held)
+        odd = not second and term is not None and out.line_end != "" and term != out.line_end
         if header_key is None:
             header_key = _header_key(out.header)
         if len(fields) == ncols and len(fields[0]) < len(out.header[0]) + 8 and _header_key(fields) == header_key:
             out.bad.append(Bad(record_no, start_line, end_line, "the header row again (files concatenated?)",
                                text[start:end][:RAW_PREFIX_CHARS], "header_row"))
-        elif ambiguous is not None:
-            out.bad.append(Bad(record_no, start_line, end_line, ambiguous, text[start:end][:RAW_PREFIX_CHARS],
+        elif second:
+            out.bad.append(Bad(record_no, start_line, end_line, _SECOND, text[start:end][:RAW_PREFIX_CHARS],
                                "ambiguous_line_end"))
         elif len(fields) != ncols:
             out.bad.append(Bad(record_no, start_line, end_line, f"expected {ncols} fields, found {len(fields)}",
@@ -171,7 +191,16 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
             out.index.append(record_no)
             out.line.append(start_line)
             out.end_line.append(end_line)
+        if odd:
+            out.held = _Held(good=not out.bad or out.bad[-1].index != record_no, start=start, line=start_line,
+                             end_line=end_line, record=record_no, line_end=term, before=out.line_end,
+                             blank_lines=blank, raw=text[start:end][:RAW_PREFIX_CHARS])
+        out.line_end = term or out.line_end
         record_no += 1
+    if out is not None and out.held is not None and not final:  # decided by the next block: re-parse it
+        held, out.held = out.held, None
+        _drop_last(out, held)
+        pos, line, record_no, blank, out.line_end = held.start, held.line, held.record, held.blank_lines, held.before
     if out is None:
         out = Records(header=[], header_line=0, columns=[])
     out.blank_lines = blank
@@ -186,8 +215,8 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
 
 
 _NAMES = {"\n": "LF", "\r\n": "CRLF"}
-_FOLLOWS = ("follows a line end unlike the file's: it may be the rest of the review before it, "
-            "written without quotes")
+_SECOND = ("follows a line end unlike those around it: it may be the rest of the review before it, "
+           "written without quotes")
 
 
 def _line_end(text: str, pos: int) -> str | None:
@@ -197,9 +226,27 @@ def _line_end(text: str, pos: int) -> str | None:
     return "\r\n" if text[pos - 2:pos - 1] == "\r" else "\n"
 
 
-def _ambiguous(term: str, out: Records) -> str:
-    return (f"ends with {_NAMES[term]} in a file whose lines end with {_NAMES[out.line_end]}: the line "
-            "break may be inside a review written without quotes")
+def _drop_last(out: Records, held: _Held) -> None:
+    """Take the held record (the last one parsed) out of ``out``."""
+    if held.good:
+        for col in out.columns:
+            col.pop()
+        out.index.pop()
+        out.line.pop()
+        out.end_line.pop()
+    else:
+        out.bad.pop()
+
+
+def _ambiguous(out: Records, held: _Held) -> None:
+    """The held record is one line of a review whose line break was taken for a record end: quarantined."""
+    if not held.good and out.bad[-1].reason == "header_row":
+        return
+    _drop_last(out, held)
+    out.bad.append(Bad(held.record, held.line, held.end_line,
+                       f"ends with {_NAMES[held.line_end]} between lines ending with {_NAMES[held.before]}: "
+                       "the line break may be inside a review written without quotes", held.raw,
+                       "ambiguous_line_end"))
 
 
 def _header_key(fields: list[str]) -> list[str]:

@@ -8,7 +8,8 @@ goes through :func:`label_key`, so spellings that people mean as one class are o
 2. a number is its value (``1.0`` and ``+1`` are ``1``);
 3. a known synonym or abbreviation of a sentiment class (:data:`SYNONYMS`, the table in
    ``docs/reliability.md``) is that class's key (``NEG`` -> ``negative``);
-4. otherwise surrounding punctuation is removed (``"positive."``, ``[neg]``), and step 3 applied again.
+4. otherwise surrounding punctuation and quotes are removed (``positive.``, ``'neg'``, ``«pos»``; not
+   brackets), and steps 2 and 3 applied again.
 
 Missing-value markers (:data:`MISSING`: empty, ``N/A``, ``NaN``, ``null``, ``-``, ``?`` ...) are not
 values at all: :func:`is_missing` rows are quarantined as ``missing_label`` and never become a class.
@@ -45,7 +46,8 @@ _INVISIBLE = re.compile("[\u00ad\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2
 
 
 def _is_punct(ch: str) -> bool:
-    return unicodedata.category(ch)[0] == "P"
+    """Sentence punctuation, quotes and dashes; not brackets (``[1]`` is a list, not the number 1)."""
+    return unicodedata.category(ch) in ("Po", "Pi", "Pf", "Pd")
 
 
 def folded(raw: object) -> str:

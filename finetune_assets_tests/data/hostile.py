@@ -257,7 +257,7 @@ def repeated_headers(rng: random.Random) -> Generated:
 
 
 SPELLINGS = {"Positive": ("pos", "POS", "Positive", "positive.", " positive ", "+ve"),
-             "Negative": ("neg", "NEG", "Negative", "[negative]", "-ve", "negative!"),
+             "Negative": ("neg", "NEG", "Negative", "«negative»", "-ve", "negative!"),
              "Mixed": ("mixed", "MIXED", "neutral", "Neu")}
 MISSING_MARKERS = ("N/A", "NA", "NaN", "null", "NULL", "None", "-", "?", "", "#N/A", "<NA>", "\\N")
 
@@ -299,8 +299,29 @@ def mixed_line_endings(rng: random.Random) -> Generated:
     return Generated("line_ends.csv", out_body.encode(), ",", expected)
 
 
+def jsonl_text_key_changes(rng: random.Random) -> Generated:
+    """A scraper's JSON Lines whose text key changes half-way (``review`` -> ``body``) and rows with no
+    text key at all: each row without the chosen key is ``missing_text_field`` (raw line kept)."""
+    import json
+
+    w = Writer(rng)
+    lines = []
+    for i in range(rng.randint(20, 40)):
+        token, text = w.text(delimiters=False)
+        lines.append(json.dumps({"review": text, "sentiment": rng.choice(LABELS)}, ensure_ascii=False))
+        w.expected.append((token, None))
+    for i in range(rng.randint(5, 15)):
+        token, text = w.text(delimiters=False)
+        key = rng.choice(("body", "Review Text", "comment_txt"))
+        lines.append(json.dumps({key: text, "sentiment": "1"}, ensure_ascii=False))
+        w.expected.append((token, "missing_text_field"))
+    lines.append(json.dumps({"review": None, "sentiment": "1"}))  # the key with no value: empty text
+    w.expected.append((None, "empty_text"))
+    return Generated("scraped.jsonl", ("\n".join(lines) + "\n").encode(), "", w.expected)
+
+
 GENERATORS = {f.__name__: f for f in (
     stray_quote, stray_quote_no_more_quotes, excel_export, mac_cr_export, scraper_rows, concatenated_exports,
     tsv_unclosed_quote, db_dump_tsv, utf16_unicode_text, cut_download, undoubled_quote_multiline,
-    repeated_headers, label_spellings, mixed_line_endings,
+    repeated_headers, label_spellings, mixed_line_endings, jsonl_text_key_changes,
 )}
