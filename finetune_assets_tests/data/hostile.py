@@ -320,8 +320,31 @@ def jsonl_text_key_changes(rng: random.Random) -> Generated:
     return Generated("scraped.jsonl", ("\n".join(lines) + "\n").encode(), "", w.expected)
 
 
+def conflicting_copies(rng: random.Random) -> Generated:
+    """Copies of one review with different labels: 3+ copies with a majority label keep one copy of it
+    (the first copy read may be the outvoted one); no majority (2 copies, or 2:2) quarantines every copy
+    as ``conflicting_duplicate``."""
+    w = Writer(rng)
+    w.header()
+    _mix(w, 10)
+    for _ in range(rng.randint(3, 6)):
+        token, text = w.text(delimiters=False)
+        kind = rng.choice(("majority_first", "majority_later", "pair", "tie"))
+        if kind.startswith("majority"):
+            labels = ["-1", "1", "1"] if kind == "majority_later" else ["1", "-1", "1"]
+            reasons = ({0: "conflicting_duplicate", 1: None, 2: "duplicate"} if kind == "majority_later" else
+                       {0: None, 1: "conflicting_duplicate", 2: "duplicate"})
+        else:
+            labels = ["1", "-1"] if kind == "pair" else ["1", "-1", "-1", "1"]
+            reasons = dict.fromkeys(range(len(labels)), "conflicting_duplicate")
+        for i, label in enumerate(labels):
+            w.raw(w.record([text, label]).rstrip("\n"), reasons[i], token)
+        _mix(w, rng.randint(1, 5))
+    return Generated("conflicts.csv", w.body().encode(), ",", w.expected)
+
+
 GENERATORS = {f.__name__: f for f in (
     stray_quote, stray_quote_no_more_quotes, excel_export, mac_cr_export, scraper_rows, concatenated_exports,
     tsv_unclosed_quote, db_dump_tsv, utf16_unicode_text, cut_download, undoubled_quote_multiline,
-    repeated_headers, label_spellings, mixed_line_endings, jsonl_text_key_changes,
+    repeated_headers, label_spellings, mixed_line_endings, jsonl_text_key_changes, conflicting_copies,
 )}

@@ -84,11 +84,19 @@ def test_an_unusable_storage_root_names_the_setting(tmp_path: Path):
     assert "$FINETUNE_ASSETS_ROOT (CLI --root, Dagster resource `storage` root)" in message
 
 
-def test_conflicting_copies_are_counted_in_validation():
-    """Kept here for the record of today's default until the majority rule lands (see docs)."""
+def test_conflicting_copies_majority_wins_else_all_quarantined_and_first_keeps_todays_rule():
     import pyarrow as pa
 
-    raw = pa.table({"text": ["same", "same", "other"], "label": ["1", "-1", "1"], "source_file": ["f"] * 3,
-                    "source_row": [0, 1, 2], "malformed": pa.nulls(3, pa.string())})
-    result = validate(raw, ValidationRules())
-    assert result.accepted.num_rows + result.rejected.num_rows == 3
+    def run(labels, **kw):
+        n = len(labels)
+        raw = pa.table({"text": ["same"] * n + ["other"], "label": labels + ["1"], "source_file": ["f"] * (n + 1),
+                        "source_row": list(range(n + 1)), "malformed": pa.nulls(n + 1, pa.string())})
+        result = validate(raw, ValidationRules(**kw))
+        assert result.accepted.num_rows + result.rejected.num_rows == n + 1
+        kept = [(r["source_row"], r["label"]) for r in result.accepted.to_pylist() if r["text"] == "same"]
+        return kept, sorted((r["source_row"], r["reason"]) for r in result.rejected.to_pylist())
+
+    assert run(["-1", "1", "1"]) == ([(1, "Positive")], [(0, "conflicting_duplicate"), (2, "duplicate")])
+    assert run(["1", "-1"]) == ([], [(0, "conflicting_duplicate"), (1, "conflicting_duplicate")])
+    assert run(["1", "-1", "-1", "1"])[0] == []
+    assert run(["1", "-1"], duplicate_conflicts="first") == ([(0, "Positive")], [(1, "conflicting_duplicate")])

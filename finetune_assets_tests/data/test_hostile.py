@@ -120,7 +120,7 @@ def test_cross_file_duplicates_name_the_kept_copy(tmp_path: Path):
     folder.mkdir()
     (folder / "a.csv").write_text("text,label\nsame review,1\nonly in a,1\n")
     (folder / "b.csv").write_text("text,label\nsame review,-1\nonly in b,1\n")
-    result = validate(read_source(SourceSpec(uri=str(folder))), ValidationRules())
+    result = validate(read_source(SourceSpec(uri=str(folder))), ValidationRules(duplicate_conflicts="first"))
     [row] = result.rejected.to_pylist()
     assert row["reason"] == "conflicting_duplicate" and row["source_file"] == str(folder / "b.csv")
     assert row["detail"] == f"first seen as Positive ({folder / 'a.csv'} line 2, kept)"
