@@ -140,10 +140,11 @@ class SeenTexts:
     """Normalized-text hash -> (class, file, "line N") of its first accepted copy, on disk (SQLite, temp file).
 
     Memory stays flat whatever the version's size: SQLite keeps at most ``cache_mb`` of pages in this
-    process; the rest lives in a temporary file that is removed on ``close``.
+    process (about 70 bytes a review: 64 MB filled at ~0.9M rows, a 1.2x rise over 0.1M, so 16 MB; the
+    rest of the file is served from the OS page cache, which is not the process's memory); the rest lives in a temporary file that is removed on ``close``.
     """
 
-    def __init__(self, cache_mb: int = 64):
+    def __init__(self, cache_mb: int = 16):
         import sqlite3
         import tempfile
 
