@@ -141,7 +141,8 @@ class SeenTexts:
 
     Memory stays flat whatever the version's size: SQLite keeps at most ``cache_mb`` of pages in this
     process (about 70 bytes a review: 64 MB filled at ~0.9M rows, a 1.2x rise over 0.1M, so 16 MB; the
-    rest of the file is served from the OS page cache, which is not the process's memory); the rest lives in a temporary file that is removed on ``close``.
+    rest of the file is served from the OS page cache, which is not the process's memory). The file is a
+    temporary one, removed on ``close``.
     """
 
     def __init__(self, cache_mb: int = 16):
