@@ -18,8 +18,10 @@ SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x1f\x8b", "gzip-compressed data"),
     (b"\x7fELF", "an executable"),
 )
-FIX = ("export the reviews from it as CSV UTF-8 (a spreadsheet: File > Save As > CSV UTF-8), or pass a "
-       "CSV/TSV/JSONL/JSON/Parquet file or plain text with one review per line")
+FIX = (
+    "export the reviews from it as CSV UTF-8 (a spreadsheet: File > Save As > CSV UTF-8), or pass a "
+    "CSV/TSV/JSONL/JSON/Parquet file or plain text with one review per line"
+)
 
 
 def what_binary(head: bytes) -> str | None:
@@ -37,7 +39,9 @@ def what_binary(head: bytes) -> str | None:
     nul = sample.count(b"\x00")
     if nul:
         one_parity = max(sample[0::2].count(b"\x00"), sample[1::2].count(b"\x00"))
-        utf16 = nul > len(sample) // 4 and one_parity >= 0.9 * nul  # UTF-16 without a BOM: the decoder says
+        utf16 = (
+            nul > len(sample) // 4 and one_parity >= 0.9 * nul
+        )  # UTF-16 without a BOM: the decoder says
         return None if utf16 else "binary data"
     control = sum(1 for b in sample if b < 9 or 13 < b < 27 or 27 < b < 32)
     return "binary data" if sample and control > len(sample) // 10 else None

@@ -25,9 +25,15 @@ POLICIES = ("majority", "first")
 class Plan:
     """Edits by global row position (accepted: its index in the accepted rows; rejected: likewise)."""
 
-    drop_accepted: dict[int, str] = field(default_factory=dict)  # accepted pos -> detail (quarantined)
-    promote: dict[int, str] = field(default_factory=dict)  # rejected pos -> class (becomes the accepted copy)
-    relabel: dict[int, tuple[str, str]] = field(default_factory=dict)  # rejected pos -> (reason, detail)
+    drop_accepted: dict[int, str] = field(
+        default_factory=dict
+    )  # accepted pos -> detail (quarantined)
+    promote: dict[int, str] = field(
+        default_factory=dict
+    )  # rejected pos -> class (becomes the accepted copy)
+    relabel: dict[int, tuple[str, str]] = field(
+        default_factory=dict
+    )  # rejected pos -> (reason, detail)
 
     def __bool__(self) -> bool:
         return bool(self.drop_accepted or self.promote or self.relabel)
@@ -63,25 +69,42 @@ def decide(copies: Iterable[tuple[bytes, str, int, str]]) -> Plan:
             plan.promote[promoted] = winner
         for lab, pos, kind in group:
             if kind == "r" and pos not in plan.promote:
-                plan.relabel[pos] = ("duplicate", f"{detail}; one copy kept") if lab == winner else (
-                    "conflicting_duplicate", f"outvoted: {detail}")
+                plan.relabel[pos] = (
+                    ("duplicate", f"{detail}; one copy kept")
+                    if lab == winner
+                    else ("conflicting_duplicate", f"outvoted: {detail}")
+                )
     return plan
 
 
-def promoted_rows(plan: Plan, rejected: Iterable[pa.Table], split_of, schema: pa.Schema) -> pa.Table:
+def promoted_rows(
+    plan: Plan, rejected: Iterable[pa.Table], split_of, schema: pa.Schema
+) -> pa.Table:
     """The rejected copies the plan accepts, as accepted rows (``split_of(text)``: their split)."""
     rows, pos = [], 0
     for table in rejected:
         for i in sorted(p - pos for p in plan.promote if pos <= p < pos + table.num_rows):
             row = table.slice(i, 1).to_pylist()[0]
-            rows.append({"text": row["text"].strip(), "label": plan.promote[pos + i], "split": split_of(row["text"]),
-                         "source_file": row["source_file"], "source_row": row["source_row"]})
+            rows.append(
+                {
+                    "text": row["text"].strip(),
+                    "label": plan.promote[pos + i],
+                    "split": split_of(row["text"]),
+                    "source_file": row["source_file"],
+                    "source_row": row["source_row"],
+                }
+            )
         pos += table.num_rows
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def accepted_after(plan: Plan, accepted: Iterable[pa.Table], promoted: pa.Table, moved: list[dict],
-                   rejected_schema: pa.Schema) -> Iterator[pa.Table]:
+def accepted_after(
+    plan: Plan,
+    accepted: Iterable[pa.Table],
+    promoted: pa.Table,
+    moved: list[dict],
+    rejected_schema: pa.Schema,
+) -> Iterator[pa.Table]:
     """The accepted rows without the ones the plan quarantines (appended to ``moved``), then ``promoted``."""
     pos = 0
     for table in accepted:
@@ -91,9 +114,14 @@ def accepted_after(plan: Plan, accepted: Iterable[pa.Table], promoted: pa.Table,
             for i in drop:
                 row = table.slice(i, 1).to_pylist()[0]
                 out = dict.fromkeys(rejected_schema.names)
-                out.update(text=row["text"], label=row["label"], source_file=row["source_file"],
-                           source_row=row["source_row"], reason="conflicting_duplicate",
-                           detail=plan.drop_accepted[pos + i])
+                out.update(
+                    text=row["text"],
+                    label=row["label"],
+                    source_file=row["source_file"],
+                    source_row=row["source_row"],
+                    reason="conflicting_duplicate",
+                    detail=plan.drop_accepted[pos + i],
+                )
                 moved.append(out)
             mask = [True] * n
             for i in drop:
@@ -105,8 +133,9 @@ def accepted_after(plan: Plan, accepted: Iterable[pa.Table], promoted: pa.Table,
         yield promoted
 
 
-def rejected_after(plan: Plan, rejected: Iterable[pa.Table], moved: list[dict],
-                   schema: pa.Schema) -> Iterator[pa.Table]:
+def rejected_after(
+    plan: Plan, rejected: Iterable[pa.Table], moved: list[dict], schema: pa.Schema
+) -> Iterator[pa.Table]:
     """The rejected rows relabelled by the plan, without the promoted ones, then the ``moved`` rows."""
     pos = 0
     for table in rejected:
@@ -117,8 +146,9 @@ def rejected_after(plan: Plan, rejected: Iterable[pa.Table], moved: list[dict],
             for i in sorted(touched):
                 if pos + i in plan.relabel:
                     rows[i]["reason"], rows[i]["detail"] = plan.relabel[pos + i]
-            table = pa.Table.from_pylist([r for i, r in enumerate(rows) if pos + i not in plan.promote],
-                                         schema=schema)
+            table = pa.Table.from_pylist(
+                [r for i, r in enumerate(rows) if pos + i not in plan.promote], schema=schema
+            )
         pos += n
         yield table
     if moved:

@@ -22,20 +22,63 @@ import unicodedata
 
 # Cells that spreadsheets, pandas, R, SQL dumps and survey tools write for "no value", compared on the
 # NFKC, case-folded, whitespace-collapsed value (documented in docs/reliability.md "Labels").
-MISSING = frozenset({
-    "", "-", "--", "?", "??", ".", "n/a", "na", "n.a.", "nan", "-nan", "null", "none", "nil", "<na>",
-    "#n/a", "#n/a n/a", "#na", "#null!", "#value!", "-1.#ind", "-1.#qnan", "1.#ind", "1.#qnan", "\\n",
-    "(blank)", "(empty)", "missing", "undefined",
-})
+MISSING = frozenset(
+    {
+        "",
+        "-",
+        "--",
+        "?",
+        "??",
+        ".",
+        "n/a",
+        "na",
+        "n.a.",
+        "nan",
+        "-nan",
+        "null",
+        "none",
+        "nil",
+        "<na>",
+        "#n/a",
+        "#n/a n/a",
+        "#na",
+        "#null!",
+        "#value!",
+        "-1.#ind",
+        "-1.#qnan",
+        "1.#ind",
+        "1.#qnan",
+        "\\n",
+        "(blank)",
+        "(empty)",
+        "missing",
+        "undefined",
+    }
+)
 
 # Known spellings of sentiment classes: spelling -> the class's key. The class names of inferred sets are
 # these keys capitalized. Extend it for a dataset with --label-mapping (or label_mapping in _labels.json /
 # the raw_reviews config): a mapping entry is looked up after this table.
 SYNONYMS: dict[str, str] = {
-    **dict.fromkeys(("negative", "neg", "negativ", "negatif", "négatif", "negativo", "-ve", "سلبي", "سلبية"),
-                    "negative"),
-    **dict.fromkeys(("positive", "pos", "positiv", "positif", "positivo", "+ve", "إيجابي", "ايجابي",
-                     "إيجابية", "ايجابية"), "positive"),
+    **dict.fromkeys(
+        ("negative", "neg", "negativ", "negatif", "négatif", "negativo", "-ve", "سلبي", "سلبية"),
+        "negative",
+    ),
+    **dict.fromkeys(
+        (
+            "positive",
+            "pos",
+            "positiv",
+            "positif",
+            "positivo",
+            "+ve",
+            "إيجابي",
+            "ايجابي",
+            "إيجابية",
+            "ايجابية",
+        ),
+        "positive",
+    ),
     **dict.fromkeys(("neutral", "neu", "neut", "neutre", "neutro", "محايد", "محايدة"), "neutral"),
     **dict.fromkeys(("mixed", "mix"), "mixed"),
     **dict.fromkeys(("very negative", "very neg", "v neg", "strongly negative"), "very negative"),
@@ -82,7 +125,7 @@ def label_key(raw: object) -> str:
     if key in SYNONYMS:
         return SYNONYMS[key]
     i, j = 0, len(key)
-    while i < j and _is_punct(key[i]) and not (key[i] == "-" and key[i + 1:i + 2].isdigit()):
+    while i < j and _is_punct(key[i]) and not (key[i] == "-" and key[i + 1 : i + 2].isdigit()):
         i += 1
     while j > i and _is_punct(key[j - 1]):
         j -= 1
