@@ -25,6 +25,10 @@ tokenizer alone on the same 100k texts (the 1.2x target). ``--delta SIZES``: the
 written as one Delta table (``deltalake``, streamed), ``raw_reviews`` read from ``delta:TABLE``
 under the same limit; its entry (``delta``) sits beside the file source's ``raw_reviews`` of that
 size where measured.
+
+``--one-big-file``: the other shape users export, the same copies written into *one* CSV (multi-line
+reviews, a distinct suffix per copy), ``raw_reviews`` only, per size: ``one_big_file`` in the results, with
+``peak_anon_mb_largest_vs_smallest`` (the target: within 1.2x from 0.1M to 5M rows, under 1 GiB).
 """
 
 from __future__ import annotations
@@ -110,6 +114,49 @@ def delta_row(step, args, base_root: Path, size: int, results: dict) -> dict:
                 entry[f"{figure}_delta_vs_files"] = round(raw[figure] / files[figure], 2)
     shutil.rmtree(root, ignore_errors=True)
     return entry
+
+
+def make_one_file(data: Path, path: Path, rows: int) -> int:
+    """One CSV of ``rows`` reviews: the shared reviews copied, copy ``k``'s texts suffixed `` #k``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    from finetune_assets.data.sources import SourceSpec, read_source
+
+    raw = read_source(SourceSpec(uri=str(data)))
+    base = raw.filter(pc.is_null(raw.column("malformed"))).select(["text", "label"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written, k = 0, 0
+    with pacsv.CSVWriter(path.with_suffix(".tmp"), pa.schema([("text", pa.string()), ("label", pa.string())])) as w:
+        while written < rows:
+            part = base.slice(0, rows - written)
+            texts = pc.binary_join_element_wise(part.column("text"), pa.scalar(f" #{k}"), "")
+            w.write_table(pa.table({"text": texts, "label": part.column("label")}))
+            written, k = written + part.num_rows, k + 1
+    path.with_suffix(".tmp").rename(path)
+    return written
+
+
+def one_big_file(step, data: Path, work: Path, sizes: list[int], results: dict, save) -> None:
+    """``raw_reviews`` on one CSV per size (the shape of a user's single export)."""
+    entries = {e["reviews"]: e for e in results.get("one_big_file", []) if e["reviews"] not in sizes}
+    for size in sizes:
+        source = work / "one-file" / f"reviews-{size}.csv"
+        if not source.exists():
+            make_one_file(data, source, size)
+        root = work / f"root-one-{size}"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        raw = step(root, f"one{size}", source, "raw_reviews", {})
+        entries[size] = {"reviews": size, "file_mb": round(source.stat().st_size / 2**20, 1), "raw_reviews": raw,
+                         "rows_in_eq_accepted_plus_rejected": raw["rows_in"] == raw["row_count"] + raw["rejected_rows"]}
+        results["one_big_file"] = [entries[k] for k in sorted(entries)]
+        peaks = {k: e["raw_reviews"].get("peak_anon_mb") for k, e in entries.items()}
+        if len(peaks) > 1 and all(peaks.values()):
+            results["one_big_file_peak_anon_mb_largest_vs_smallest"] = round(peaks[max(peaks)] / peaks[min(peaks)], 2)
+        save()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -358,6 +405,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--work", type=Path, default=Path("/tmp/scale-bench"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
+    parser.add_argument("--one-big-file", action="store_true", help="raw_reviews on one CSV per size instead")
     parser.add_argument("--memory-limit-mb", type=int, default=2048,
                         help="each step runs in a memory cgroup with this hard limit, as in a pod (0: none)")
     args = parser.parse_args()
@@ -374,6 +422,12 @@ def main() -> None:
         "command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]), "nice": os.nice(0),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]})
+    if args.one_big_file:
+        def save_one():
+            results["load_avg_at_last_save"] = [round(x, 2) for x in os.getloadavg()]
+            args.out.write_text(json.dumps(results, indent=2) + "\n")
+        one_big_file(step, args.data, args.work, sizes, results, save_one)
+        return
     results["versions"] = [e for e in results["versions"] if e["reviews"] not in sizes]
     results["incremental"] = [e for e in results.get("incremental", []) if e["reviews_base"] not in incremental_sizes]
     base_root = args.work / "model-root"

@@ -74,6 +74,25 @@ class Staging:
         self.metadata: dict[str, Any] = {}
 
 
+ROOT_SETTING = (f"set the storage root to a folder this user can write: ${STORAGE_ROOT_ENV} (CLI --root, "
+                "Dagster resource `storage` root)")
+
+
+class StorageRootError(OSError):
+    """The storage root cannot be written; the message names the setting that fixes it."""
+
+
+def make_dirs(path: Path, root: str, exist_ok: bool = True) -> None:
+    """``mkdir -p`` under the storage root; a failure (read-only or system path) names the root setting."""
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+    except FileExistsError:
+        raise
+    except OSError as err:
+        raise StorageRootError(f"storage root {root}: cannot create {path}: {err.strerror or err}; "
+                               f"{ROOT_SETTING}") from err
+
+
 def default_root() -> str:
     """``$FINETUNE_ASSETS_ROOT``, else ``./.finetune_assets``: one rule for Dagster, the CLI and scripts."""
     return os.environ.get(STORAGE_ROOT_ENV) or DEFAULT_ROOT
@@ -145,7 +164,7 @@ class Storage:
         url = join(prefix, ATTEMPTS, attempt)
         if self.is_local:
             local_dir = Path(url)
-            local_dir.mkdir(parents=True, exist_ok=False)
+            make_dirs(local_dir, self.root, exist_ok=False)
             tmp = None
         else:
             tmp = tempfile.mkdtemp(prefix=f"{asset}-")
@@ -300,7 +319,7 @@ class Storage:
         import fcntl
 
         path = Path(self.url(LOCKS, f"{name}.lock"))
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, self.root)
         with path.open("a") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:

@@ -79,7 +79,7 @@ def test_explicit_labels_and_mapping():
     ("Negative,Positive,Mixed", "0=Negative,1=Positive", r"no review in the source has the class \['Mixed'\]"),
     ("Negative,Positive", "0=Negative,1=Good", r"maps to \['Good'\], which are not among the labels"),
     ("Negative", "0=Negative", r"at least two classes"),
-    ("Bad,bad", None, r"unique"),
+    ("Bad,bad", None, r"ambiguous class names: \[.Bad., .bad.\] are one class"),
     (None, "0Negative", r"is not RAW=NAME"),
 ])
 def test_unusable_label_sets_are_clear_errors(labels, mapping, error):
@@ -191,7 +191,7 @@ def test_a_landing_folder_carries_its_labels_in_a_manifest(instance, storage_roo
     (good / "_labels.json").write_text(json.dumps({"labels": ["Negative", "Positive"],
                                                    "label_mapping": {"0": "Negative", "1": "Positive"}}))
     bad = _folder(landing, "typo", [binary_reviews_tsv])
-    (bad / "_labels.json").write_text(json.dumps({"labels": ["Negative", "Positive"], "label_mapping": {"0": "Neg"}}))
+    (bad / "_labels.json").write_text(json.dumps({"labels": ["Negative", "Positive"], "label_mapping": {"0": "Negtive"}}))
     added, _, _ = daemon.tick()
     assert added == ["binary"]
     record = read_version(Storage(str(storage_root)), "binary")

@@ -3,7 +3,7 @@
 
 import json
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import dagster as dg
 import pyarrow as pa
@@ -38,6 +38,9 @@ class RawReviewsConfig(dg.Config):
     max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
     validation_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in validation")
     test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
+    duplicate_conflicts: Literal["majority", "first"] = Field(
+        "majority", description="copies of a review with different labels: majority (3+ copies, more than "
+                                "half agree) wins, else all quarantined; first: the first copy read is kept")
     batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group (the unit "
                                                 "tokenized_reviews slices by); memory is bounded by this and the "
                                                 "source block size (sources.base.BLOCK_BYTES)")
@@ -79,7 +82,8 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
         raise dg.Failure(f"raw_reviews config validation_fraction/test_fraction: {err}") from err
     try:
         rules = ValidationRules(max_text_chars=config.max_text_chars, labels=labels,
-                                label_mapping=config.label_mapping or None, split=split)
+                                label_mapping=config.label_mapping or None, split=split,
+                                duplicate_conflicts=config.duplicate_conflicts)
     except LabelError as err:
         raise dg.Failure(f"raw_reviews config label_mapping: {err}") from err
     context.log.info(f"reading {spec.uri} for dataset version {version}")
@@ -89,6 +93,7 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
     try:
         with store.publish(RAW_REVIEWS, version) as staging:
             digest = _stream_validated(spec, validator, staging.local_dir, config.batch_rows, context)
+            digest = _resolve_conflicts(validator, staging.local_dir, config.batch_rows, context) or digest
             if validator.accepted == 0:
                 raise dg.Failure(f"{spec.uri}: no valid reviews ({validator.rows_in} rows, rejected: "
                                  f"{dict(validator.reasons)})")
@@ -160,8 +165,7 @@ def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_r
             for file_table in iter_source(spec):
                 for start in range(0, max(file_table.num_rows, 1), batch_rows):
                     result = validator.feed(file_table.slice(start, batch_rows))
-                    for row in zip(*(result.accepted.column(n).to_pylist() for n in ACCEPTED_SCHEMA.names)):
-                        digest.update("\x1f".join(map(str, row)).encode() + b"\x1e")
+                    _digest_rows(digest, result.accepted)
                     if result.rejected.num_rows:
                         bad.write_table(result.rejected)
                     pending.append(result.accepted)
@@ -171,6 +175,48 @@ def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_r
             flush(final=True)
         except SourceError as err:
             raise dg.Failure(str(err)) from err
+    return digest.hexdigest()[:16]
+
+
+def _digest_rows(digest, table: pa.Table) -> None:
+    for row in zip(*(table.column(n).to_pylist() for n in ACCEPTED_SCHEMA.names)):
+        digest.update("\x1f".join(map(str, row)).encode() + b"\x1e")
+
+
+def _resolve_conflicts(validator: StreamValidator, out, batch_rows: int, context) -> str | None:
+    """Apply the duplicate policy (data.conflicts) once every copy is seen: both files rewritten a row group
+    at a time, the counters and the content hash recomputed; None (nothing read again) without conflicts."""
+    import hashlib
+
+    from finetune_assets.data.conflicts import accepted_after, promoted_rows, rejected_after
+
+    plan = validator.conflicts()
+    if not plan:
+        return None
+    context.log.info(f"conflicting duplicates: {len(plan.drop_accepted)} first copies quarantined, "
+                     f"{len(plan.promote)} majority copies accepted instead")
+
+    def groups(name: str):
+        f = pq.ParquetFile(out / name)
+        return (f.read_row_group(i) for i in range(f.num_row_groups))
+
+    split_of = validator.rules.split.split_of_text
+    promoted = promoted_rows(plan, groups(REJECTED_FILE), split_of, ACCEPTED_SCHEMA)
+    moved: list[dict] = []
+    digest = hashlib.sha256()
+    first = True
+    with pq.ParquetWriter(out / f"{REVIEWS_FILE}.new", ACCEPTED_SCHEMA, compression="zstd") as good:
+        for table in accepted_after(plan, groups(REVIEWS_FILE), promoted, moved, REJECTED_SCHEMA):
+            _digest_rows(digest, table)
+            good.write_table(table, row_group_size=batch_rows)
+            validator.recount(table, REJECTED_SCHEMA.empty_table(), first)
+            first = False
+    with pq.ParquetWriter(out / f"{REJECTED_FILE}.new", REJECTED_SCHEMA, compression="zstd") as bad:
+        for table in rejected_after(plan, groups(REJECTED_FILE), moved, REJECTED_SCHEMA):
+            bad.write_table(table)
+            validator.recount(ACCEPTED_SCHEMA.empty_table(), table, first=False)
+    for name in (REVIEWS_FILE, REJECTED_FILE):
+        (out / f"{name}.new").replace(out / name)
     return digest.hexdigest()[:16]
 
 

@@ -27,8 +27,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+VALUE_FLAGS = ("--label-mapping", "--labels")  # values that may start with "-" ("-1=Negative,1=Positive")
+
+
+def _join_dash_values(argv: list[str]) -> list[str]:
+    """``--label-mapping -1=Negative`` as ``--label-mapping=-1=Negative``: argparse reads a value that
+    starts with ``-`` and is not a plain negative number as an option (and says "expected one argument")."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in VALUE_FLAGS:
+            value = next(it, None)
+            if value is not None and value.startswith("-") and not value.startswith("--"):
+                out.append(f"{arg}={value}")
+                continue
+            out.append(arg)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(_join_dash_values(argv))
     try:
         return args.func(args)
     except (CliError, ValueError, OSError) as err:  # input or environment mistakes: one line, no traceback

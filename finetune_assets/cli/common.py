@@ -42,6 +42,11 @@ def check_writable_dir(path: Path, what: str, fix: str) -> None:
         raise CliError(f"{what}: {probe} is a file, so the folder cannot be created; point {fix} at a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise CliError(f"{what}: {probe} is not writable by this user; point {fix} at a writable folder")
+    try:  # os.access says yes to root under /proc, /sys and read-only mounts: create it to be sure
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CliError(f"{what}: cannot create {path}: {err.strerror or err}; point {fix} at a writable "
+                       "folder") from err
 
 
 def open_instance():

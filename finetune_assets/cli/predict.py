@@ -27,12 +27,31 @@ def _check_text(row: InputRow) -> InputRow:
     return row
 
 
+def _refuse_binary_input(path: str, command: str) -> None:
+    """An image, spreadsheet or other binary file given as input: say what it is and how to get text."""
+    from finetune_assets.data.binary import refuse_binary
+    from finetune_assets.data.sources import COMPRESSIONS, file_format
+
+    local = Path(path)
+    if "://" in path or not local.is_file() or path.lower().endswith(tuple(COMPRESSIONS)):
+        return
+    if file_format(path) == "parquet":
+        return
+    with local.open("rb") as f:
+        head = f.read(4096)
+    try:
+        refuse_binary(path, head, command)
+    except ValueError as err:
+        raise CliError(str(err)) from err
+
+
 def _rows_from_file(path: Path, column: str | None, encoding: str) -> tuple[list[InputRow], int]:
     """Rows of --file, read by the same readers as dataset sources; (rows, blank lines skipped in TXT)."""
     from finetune_assets.data.sources import SourceError, SourceSpec, decode, file_format, read_bytes, read_file
 
     if not path.is_file():
         raise CliError(f"input file {path} does not exist" if not path.exists() else f"input {path} is not a file")
+    _refuse_binary_input(str(path), "predict")
     try:
         if file_format(str(path)) is None:  # plain text: one review per line
             text = decode(str(path), read_bytes(str(path)), encoding)
@@ -133,6 +152,7 @@ def cmd_evaluate(args) -> int:
     if args.batch_size < 1:
         raise CliError("--batch-size must be at least 1")
     mapping = parse_label_mapping(args.label_mapping)
+    _refuse_binary_input(args.file, "evaluate")
     spec = SourceSpec(uri=args.file, text_column=args.text_column, label_column=args.label_column,
                       encoding=args.encoding)
     texts, raw_labels = read_labelled(spec)

@@ -42,8 +42,10 @@ def cmd_versions_add(args) -> int:
     try:  # source and label set are checked now: a bad or ambiguous one is refused before anything is written
         sampled = check_source(spec)
         spec = pin_source(spec)  # a Delta version, a SQL content hash: what the key names
+        notes: list[str] = []
         labels = label_set_of_source(spec, parse_labels_flag(args.labels) if args.labels else None,
-                                     parse_mapping_flag(args.label_mapping) if args.label_mapping else None)
+                                     parse_mapping_flag(args.label_mapping) if args.label_mapping else None,
+                                     notes=notes)
         fingerprint = source_fingerprint(spec)
         record = register_version(open_instance(), storage, args.key, spec, fingerprint=fingerprint,
                                   replace=args.replace, labels=labels)
@@ -54,6 +56,8 @@ def cmd_versions_add(args) -> int:
     pinned = f" ({spec.snapshot.split(';db=')[0]})" if spec.snapshot else ""
     print(f"registered dataset version {record.key} <- {spec.uri}{pinned}{checked}; "
           f"labels: {labels.describe()}")
+    for note in notes:
+        print(f"  labels: {note}")
     return 0
 
 

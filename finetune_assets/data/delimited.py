@@ -14,6 +14,13 @@ that parses but has the wrong number of fields is reported whole (its boundaries
 Every physical line ends up in exactly one of: the header, a record, a reported bad record, or
 a blank line; :func:`split_records` checks that sum against ``text.count("\\n")``.
 
+Record boundaries are never guessed: a record equal to the header (``cat a.csv b.csv``) is reported as
+``header_row``; a record whose line end (LF or CRLF) differs from the records on both sides of it
+(CRLF, LF, CRLF) may be the first line of a multi-line review written without quotes, so it and the
+record after it are reported as ``ambiguous_line_end`` with their raw text rather than published as two
+reviews. A file that switches line ends for good (``cat windows.csv unix.csv``) costs nothing. (A bare
+CR inside a line is text, as in any reader.)
+
 Streaming (a file too large for memory, :func:`finetune_assets.data.sources.iter_file`): the text comes in
 blocks; ``split_records(block, final=False)`` stops before the first record that may continue in the next
 block and says where (``consumed``); the caller prepends the rest to the next block and passes the result
@@ -37,6 +44,23 @@ class Bad:
     end_line: int
     problem: str
     raw: str
+    reason: str = "malformed_row"  # the quarantine reason: malformed_row / header_row / ambiguous_line_end
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A record whose line end differs from the previous one: the next record's line end decides it
+    (the same again: the file switched; the previous one again: the two are one review's lines)."""
+
+    good: bool  # appended to the good rows (else the last of ``bad``)
+    start: int  # offset in the text, line, record number: where to re-parse it from
+    line: int
+    end_line: int
+    record: int
+    line_end: str
+    before: str  # the line end before it
+    blank_lines: int  # blank lines counted before it
+    raw: str
 
 
 @dataclass
@@ -55,6 +79,8 @@ class Records:
     consumed: int = 0  # where the text not parsed yet (a record the next block may continue) starts
     next_line: int = 1  # line and record number of that text
     next_record: int = 0
+    line_end: str = ""  # the line end of the last record ("\n" or "\r\n")
+    held: _Held | None = None  # the last record, when its line end differs from the one before it
 
     @property
     def records(self) -> int:
@@ -93,11 +119,12 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
     line = after.next_line if after is not None else 1
     record_no = after.next_record if after is not None else 0
     first_line = line
+    header_key = None
     out: Records | None = None
     blank = ncols = 0
     if after is not None and after.header:
         out = Records(header=after.header, header_line=after.header_line, columns=[[] for _ in after.header],
-                      header_end_line=after.header_end_line)
+                      header_end_line=after.header_end_line, line_end=after.line_end)
         ncols = len(after.header)
     while pos < n:
         start, start_line = pos, line
@@ -122,6 +149,9 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
         if problem is not None:  # grammar broken: only the first physical line is given up
             if out is None:
                 raise HeaderError(f"line {start_line}: the header cannot be parsed: {problem}")
+            if out.held is not None:  # a broken record after an odd line end: both are given up
+                _ambiguous(out, out.held)
+                out.held = None
             raw = text[start:stop - 1] if text[stop - 1:stop] == "\r" else text[start:stop]
             out.bad.append(Bad(record_no, start_line, start_line, problem, raw[:RAW_PREFIX_CHARS]))
             record_no += 1
@@ -132,12 +162,27 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
         if len(fields) == 1 and fields[0] == "" and not quoted:
             blank += 1
             continue
+        term = _line_end(text, pos)
         if out is None:
             out = Records(header=fields, header_line=start_line, columns=[[] for _ in fields])
-            out.header_end_line = end_line
+            out.header_end_line, out.line_end = end_line, term or ""
             ncols = len(fields)
+            header_key = _header_key(fields)
             continue
-        if len(fields) != ncols:
+        held, out.held = out.held, None
+        second = held is not None and term != held.line_end  # back to the line end before it (or EOF)
+        if second:
+            _ambiguous(out, held)
+        odd = not second and term is not None and out.line_end != "" and term != out.line_end
+        if header_key is None:
+            header_key = _header_key(out.header)
+        if len(fields) == ncols and len(fields[0]) < len(out.header[0]) + 8 and _header_key(fields) == header_key:
+            out.bad.append(Bad(record_no, start_line, end_line, "the header row again (files concatenated?)",
+                               text[start:end][:RAW_PREFIX_CHARS], "header_row"))
+        elif second:
+            out.bad.append(Bad(record_no, start_line, end_line, _SECOND, text[start:end][:RAW_PREFIX_CHARS],
+                               "ambiguous_line_end"))
+        elif len(fields) != ncols:
             out.bad.append(Bad(record_no, start_line, end_line, f"expected {ncols} fields, found {len(fields)}",
                                text[start:end][:RAW_PREFIX_CHARS]))
         else:
@@ -146,7 +191,16 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
             out.index.append(record_no)
             out.line.append(start_line)
             out.end_line.append(end_line)
+        if odd:
+            out.held = _Held(good=not out.bad or out.bad[-1].index != record_no, start=start, line=start_line,
+                             end_line=end_line, record=record_no, line_end=term, before=out.line_end,
+                             blank_lines=blank, raw=text[start:end][:RAW_PREFIX_CHARS])
+        out.line_end = term or out.line_end
         record_no += 1
+    if out is not None and out.held is not None and not final:  # decided by the next block: re-parse it
+        held, out.held = out.held, None
+        _drop_last(out, held)
+        pos, line, record_no, blank, out.line_end = held.start, held.line, held.record, held.blank_lines, held.before
     if out is None:
         out = Records(header=[], header_line=0, columns=[])
     out.blank_lines = blank
@@ -158,6 +212,45 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
         out.physical_lines = text.count("\n", 0, out.consumed)
     _check_accounting(out)
     return out
+
+
+_NAMES = {"\n": "LF", "\r\n": "CRLF"}
+_SECOND = ("follows a line end unlike those around it: it may be the rest of the review before it, "
+           "written without quotes")
+
+
+def _line_end(text: str, pos: int) -> str | None:
+    """The line end of a record whose next record starts at ``pos`` (None at the end of the text)."""
+    if pos > len(text) or text[pos - 1:pos] != "\n":
+        return None
+    return "\r\n" if text[pos - 2:pos - 1] == "\r" else "\n"
+
+
+def _drop_last(out: Records, held: _Held) -> None:
+    """Take the held record (the last one parsed) out of ``out``."""
+    if held.good:
+        for col in out.columns:
+            col.pop()
+        out.index.pop()
+        out.line.pop()
+        out.end_line.pop()
+    else:
+        out.bad.pop()
+
+
+def _ambiguous(out: Records, held: _Held) -> None:
+    """The held record is one line of a review whose line break was taken for a record end: quarantined."""
+    if not held.good and out.bad[-1].reason == "header_row":
+        return
+    _drop_last(out, held)
+    out.bad.append(Bad(held.record, held.line, held.end_line,
+                       f"ends with {_NAMES[held.line_end]} between lines ending with {_NAMES[held.before]}: "
+                       "the line break may be inside a review written without quotes", held.raw,
+                       "ambiguous_line_end"))
+
+
+def _header_key(fields: list[str]) -> list[str]:
+    return [f.replace("\ufeff", "").strip().casefold() for f in fields]
 
 
 def _parse_record(text: str, pos: int, delimiter: str,

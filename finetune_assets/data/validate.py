@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from finetune_assets.data.conflicts import POLICIES, Plan, accepted_after, decide, promoted_rows, rejected_after
+from finetune_assets.data.label_values import is_missing
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 
 from finetune_assets.contracts import ACCEPTED_SCHEMA, REJECTED_SCHEMA, SPLITS
@@ -50,10 +52,14 @@ class SplitRule:
             raise ValueError("validation and test fractions must be in [0, 1) and sum to less than 1")
 
     def of_key(self, key: str) -> str:
-        """The split of a review whose :func:`normalize_text` is ``key``."""
-        digest = hashlib.blake2b(f"{self.salt}\x00{key}".encode(), digest_size=8).digest()
+        """The split of a review whose :func:`normalize_text` is ``key``, decided on its
+        :func:`split_key`: near-duplicates (punctuation, spacing) never straddle splits."""
+        digest = hashlib.blake2b(f"{self.salt}\x00{split_key(key)}".encode(), digest_size=8).digest()
         u = int.from_bytes(digest, "big") / 2**64
         return "test" if u < self.test else "validation" if u < self.test + self.validation else "train"
+
+    def split_of_text(self, text: str) -> str:
+        return self.of_key(normalize_text(text))
 
     def assign(self, texts: list[str]) -> list[str]:
         return [self.of_key(normalize_text(t)) for t in texts]
@@ -79,8 +85,11 @@ class ValidationRules:
     max_text_chars: int = 20_000
     labels: LabelSet = field(default_factory=lambda: DEFAULT_LABEL_SET)  # the version's classes
     split: SplitRule = field(default_factory=SplitRule)  # each accepted review's train/validation/test
+    duplicate_conflicts: str = "majority"  # copies with different labels: data.conflicts (or "first")
 
     def __post_init__(self):
+        if self.duplicate_conflicts not in POLICIES:
+            raise ValueError(f"duplicate_conflicts must be one of {list(POLICIES)}, not {self.duplicate_conflicts!r}")
         if self.label_mapping is not None:  # raises LabelError (a ValueError) for unknown class names
             object.__setattr__(self, "labels", self.labels.with_mapping(self.label_mapping))
 
@@ -112,6 +121,16 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold().split())
 
 
+_NON_WORD = re.compile(r"[\W_]+")
+
+
+def split_key(normalized: str) -> str:
+    """Coarser than duplicate detection: everything but letters and digits removed (punctuation, spacing,
+    symbols, combining marks), so ``Great, phone!`` and ``great phone`` share a split though both are
+    kept; a review without letters or digits keeps its text."""
+    return _NON_WORD.sub("", normalized) or normalized
+
+
 def text_key(normalized: str) -> bytes:
     """The duplicate-detection identity of a review: a 16-byte hash of its normalized text (never the text)."""
     return hashlib.blake2b(normalized.encode(), digest_size=16).digest()
@@ -121,10 +140,12 @@ class SeenTexts:
     """Normalized-text hash -> (class, file, "line N") of its first accepted copy, on disk (SQLite, temp file).
 
     Memory stays flat whatever the version's size: SQLite keeps at most ``cache_mb`` of pages in this
-    process; the rest lives in a temporary file that is removed on ``close``.
+    process (about 70 bytes a review: 64 MB filled at ~0.9M rows, a 1.2x rise over 0.1M, so 16 MB; the
+    rest of the file is served from the OS page cache, which is not the process's memory). The file is a
+    temporary one, removed on ``close``.
     """
 
-    def __init__(self, cache_mb: int = 64):
+    def __init__(self, cache_mb: int = 16):
         import sqlite3
         import tempfile
 
@@ -132,22 +153,31 @@ class SeenTexts:
         self._db = sqlite3.connect(f"{self._dir.name}/seen.db")
         self._db.executescript(
             f"PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-{cache_mb * 1024};"
-            "CREATE TABLE seen (h BLOB PRIMARY KEY, label TEXT, file TEXT, loc TEXT) WITHOUT ROWID;")
+            "CREATE TABLE seen (h BLOB PRIMARY KEY, label TEXT, file TEXT, loc TEXT, pos INTEGER) WITHOUT ROWID;"
+            # every copy of a review that has more than one (decided by data.conflicts at the end)
+            "CREATE TABLE copies (h BLOB, label TEXT, pos INTEGER, kind TEXT, PRIMARY KEY (kind, pos));")
 
-    def lookup(self, keys: list[bytes]) -> dict[bytes, tuple[str, str, str]]:
-        found: dict[bytes, tuple[str, str, str]] = {}
+    def lookup(self, keys: list[bytes]) -> dict[bytes, tuple[str, str, str, int]]:
+        found: dict[bytes, tuple[str, str, str, int]] = {}
         unique = list(dict.fromkeys(keys))
         for i in range(0, len(unique), 900):
             chunk = unique[i:i + 900]
-            rows = self._db.execute(f"SELECT h, label, file, loc FROM seen WHERE h IN ({','.join('?' * len(chunk))})",
-                                    chunk)
-            found.update((h, (label, file, loc)) for h, label, file, loc in rows)
+            rows = self._db.execute(
+                f"SELECT h, label, file, loc, pos FROM seen WHERE h IN ({','.join('?' * len(chunk))})", chunk)
+            found.update((h, (label, file, loc, pos)) for h, label, file, loc, pos in rows)
         return found
 
-    def add(self, entries: dict[bytes, tuple[str, str, str]]) -> None:
-        self._db.executemany("INSERT INTO seen VALUES (?, ?, ?, ?)",
+    def add(self, entries: dict[bytes, tuple[str, str, str, int]], copies: list[tuple] = ()) -> None:
+        self._db.executemany("INSERT INTO seen VALUES (?, ?, ?, ?, ?)",
                              ((h, *v) for h, v in sorted(entries.items())))
+        self._db.executemany("INSERT OR IGNORE INTO copies VALUES (?, ?, ?, ?)", copies)
         self._db.commit()
+
+    def conflicting_copies(self) -> list[tuple[bytes, str, int, str]]:
+        """Every copy of the reviews whose copies carry more than one class."""
+        return self._db.execute(
+            "SELECT h, label, pos, kind FROM copies WHERE h IN "
+            "(SELECT h FROM copies GROUP BY h HAVING COUNT(DISTINCT label) > 1) ORDER BY h, kind, pos").fetchall()
 
     def close(self) -> None:
         self._db.close()
@@ -170,7 +200,7 @@ class StreamValidator:
         self.across: Counter = Counter()
 
     def feed(self, raw: pa.Table) -> Validated:
-        result = _validate_batch(raw, self.rules, self.seen, self.across)
+        result = _validate_batch(raw, self.rules, self.seen, self.across, (self.accepted, self.rejected))
         self.rows_in += raw.num_rows
         self.accepted += result.accepted.num_rows
         self.rejected += result.rejected.num_rows
@@ -184,6 +214,22 @@ class StreamValidator:
     def label_counts(self) -> dict[str, int]:
         return {name: self.labels.get(name, 0) for name in self.rules.labels.names}
 
+    def conflicts(self) -> Plan:
+        """What the duplicate policy changes now that every copy is seen (empty for ``first``)."""
+        if self.rules.duplicate_conflicts == "first":
+            return Plan()
+        return decide(self.seen.conflicting_copies())
+
+    def recount(self, accepted: pa.Table, rejected: pa.Table, first: bool) -> None:
+        """Counters from the rows after :meth:`conflicts` was applied (called per batch, ``first`` resets)."""
+        if first:
+            self.accepted = self.rejected = 0
+            self.reasons, self.labels = Counter(), Counter()
+        self.accepted += accepted.num_rows
+        self.rejected += rejected.num_rows
+        self.reasons.update(rejected.column("reason").to_pylist())
+        self.labels.update(accepted.column("label").to_pylist())
+
     def close(self) -> None:
         self.seen.close()
 
@@ -192,16 +238,27 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
     """All rows of ``raw`` at once (small tables, tests, predict); :class:`StreamValidator` for versions."""
     validator = StreamValidator(rules)
     try:
-        return validator.feed(raw)
+        result = validator.feed(raw)
+        plan = validator.conflicts()
+        if not plan:
+            return result
+        moved: list[dict] = []
+        promoted = promoted_rows(plan, [result.rejected], rules.split.split_of_text, ACCEPTED_SCHEMA)
+        accepted = pa.concat_tables(accepted_after(plan, [result.accepted], promoted, moved, REJECTED_SCHEMA))
+        rejected = pa.concat_tables(rejected_after(plan, [result.rejected], moved, REJECTED_SCHEMA))
+        return Validated(accepted, rejected, result.cross_file_duplicates, rules.labels)
     finally:
         validator.close()
 
 
-def _validate_batch(raw: pa.Table, rules: ValidationRules, seen_store: SeenTexts, across: Counter) -> Validated:
+def _validate_batch(raw: pa.Table, rules: ValidationRules, seen_store: SeenTexts, across: Counter,
+                    base: tuple[int, int] = (0, 0)) -> Validated:
+    """One batch; ``base``: the accepted and rejected rows before it (positions for data.conflicts)."""
     accepted: dict[str, list] = {name: [] for name in ACCEPTED_SCHEMA.names}
     rejected: dict[str, list] = {name: [] for name in REJECTED_SCHEMA.names}
     first_across = dict(across)
-    new: dict[bytes, tuple] = {}  # key -> (label, file, "line N") of a first accepted occurrence in this batch
+    new: dict[bytes, tuple] = {}  # key -> (label, file, "line N", pos) of a first accepted occurrence here
+    copies: list[tuple] = []  # (key, class, position, "a"/"r") of the copies of repeated reviews
 
     def reject(text, label, file, row, reason, detail=None, line=None, line_end=None, raw_text=None):
         for k, v in zip(REJECTED_SCHEMA.names, (text, label, file, row, reason, detail, line, line_end, raw_text)):
@@ -227,13 +284,19 @@ def _validate_batch(raw: pa.Table, rules: ValidationRules, seen_store: SeenTexts
         if len(text) > rules.max_text_chars:
             reject(text, label, file, row, "too_long", f"{len(text)} characters > {rules.max_text_chars}", *where)
             continue
+        if is_missing(label):
+            reject(text, label, file, row, "missing_label",
+                   f"no label ({label.strip()!r} is a missing-value marker)" if label and label.strip() else
+                   "no label", *where)
+            continue
         mapped = rules.labels.map(label)
         if mapped is None:
             reject(text, label, file, row, "unknown_label", f"label {label!r} is not in the label mapping", *where)
             continue
         first = new.get(h) or earlier.get(h)
         if first is not None:
-            first_label, first_file, first_where = first
+            first_label, first_file, first_where, first_pos = first
+            copies += [(h, first_label, first_pos, "a"), (h, mapped, base[1] + len(rejected["reason"]), "r")]
             same = first_label == mapped
             copy = f"{first_file} {first_where}" if first_file != file else first_where
             if first_file != file:
@@ -241,10 +304,10 @@ def _validate_batch(raw: pa.Table, rules: ValidationRules, seen_store: SeenTexts
             reject(text, label, file, row, "duplicate" if same else "conflicting_duplicate",
                    f"kept copy: {copy}" if same else f"first seen as {first_label} ({copy}, kept)", *where)
             continue
-        new[h] = (mapped, file, f"line {line}" if line is not None else f"row {row}")
+        new[h] = (mapped, file, f"line {line}" if line is not None else f"row {row}", base[0] + len(accepted["text"]))
         for k, v in zip(ACCEPTED_SCHEMA.names, (text, mapped, file, row, rules.split.of_key(key))):
             accepted[k].append(v)
-    seen_store.add(new)
+    seen_store.add(new, copies)
     return Validated(
         accepted=pa.table(accepted, schema=ACCEPTED_SCHEMA),
         rejected=pa.table(rejected, schema=REJECTED_SCHEMA),

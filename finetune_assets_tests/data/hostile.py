@@ -177,11 +177,11 @@ def scraper_rows(rng: random.Random) -> Generated:
 
 
 def concatenated_exports(rng: random.Random) -> Generated:
-    """``cat a.csv b.csv``: the second header is a record whose label is "polarity"."""
+    """``cat a.csv b.csv``: the second header is a ``header_row``, never a review in a class "polarity"."""
     w = Writer(rng)
     w.header()
     _mix(w, 30)
-    w.raw("text,polarity", "unknown_label")
+    w.raw("text,polarity", "header_row")
     _mix(w, 30)
     return Generated("concat.csv", w.body().encode(), ",", w.expected)
 
@@ -243,7 +243,108 @@ def undoubled_quote_multiline(rng: random.Random) -> Generated:
     return Generated("undoubled.csv", w.body().encode(), ",", w.expected)
 
 
+def repeated_headers(rng: random.Random) -> Generated:
+    """Several exports pasted together: headers repeated anywhere, one behind a BOM, one upper-cased, one
+    quoted, with CRLF line ends (each ``header_row``)."""
+    w = Writer(rng, newline="\r\n")
+    w.header()
+    repeats = ["text,polarity", "\ufefftext,polarity", "TEXT,Polarity", '"text","polarity"']
+    for line in rng.sample(repeats, len(repeats)):
+        _mix(w, rng.randint(3, 12))
+        w.raw(line, "header_row")
+    _mix(w, 5)
+    return Generated("headers.csv", w.body().encode(), ",", w.expected)
+
+
+SPELLINGS = {"Positive": ("pos", "POS", "Positive", "positive.", " positive ", "+ve"),
+             "Negative": ("neg", "NEG", "Negative", "«negative»", "-ve", "negative!"),
+             "Mixed": ("mixed", "MIXED", "neutral", "Neu")}
+MISSING_MARKERS = ("N/A", "NA", "NaN", "null", "NULL", "None", "-", "?", "", "#N/A", "<NA>", "\\N")
+
+
+def label_spellings(rng: random.Random) -> Generated:
+    """A label column mixing abbreviations, full words, case, punctuation and missing-value markers:
+    every spelling lands in its class (accepted), every marker is ``missing_label``."""
+    w = Writer(rng)
+    w.header()
+    for _ in range(60):
+        token, text = w.text(delimiters=False)
+        if rng.random() < 0.25:
+            w.raw(w.record([text, rng.choice(MISSING_MARKERS)]).rstrip("\n"), "missing_label", token)
+        else:
+            spelling = rng.choice(SPELLINGS[rng.choice(list(SPELLINGS))])
+            w.raw(w.record([text, spelling]).rstrip("\n"), None, token)
+    return Generated("spellings.csv", w.body().encode(), ",", w.expected)
+
+
+def mixed_line_endings(rng: random.Random) -> Generated:
+    """Line ends mixed in one file: a CRLF file where a review's inner line break is a bare LF (unquoted)
+    and an LF file where it is a CRLF; both lines are ``ambiguous_line_end``, never two reviews. A bare CR
+    inside a line stays text."""
+    out_body, expected, n = "", [], 0
+    for newline, odd in (("\r\n", "\n"), ("\n", "\r\n")):
+        w = Writer(rng, newline=newline)
+        w.n = n  # tokens stay unique across the two parts
+        if not out_body:
+            w.header()
+        for _ in range(rng.randint(2, 4)):
+            _mix(w, rng.randint(3, 10))
+            token, text = w.text(delimiters=False)
+            w.raw(f"{text} first line{odd}second line of it,1", "ambiguous_line_end", token)
+            w.expected.append((None, "ambiguous_line_end"))
+        token, text = w.text(delimiters=False)
+        w.raw(f"{text} with a bare\rCR inside,1", None, token)
+        _mix(w, 3)
+        out_body, expected, n = out_body + w.body(), expected + w.expected, w.n
+    return Generated("line_ends.csv", out_body.encode(), ",", expected)
+
+
+def jsonl_text_key_changes(rng: random.Random) -> Generated:
+    """A scraper's JSON Lines whose text key changes half-way (``review`` -> ``body``) and rows with no
+    text key at all: each row without the chosen key is ``missing_text_field`` (raw line kept)."""
+    import json
+
+    w = Writer(rng)
+    lines = []
+    for i in range(rng.randint(20, 40)):
+        token, text = w.text(delimiters=False)
+        lines.append(json.dumps({"review": text, "sentiment": rng.choice(LABELS)}, ensure_ascii=False))
+        w.expected.append((token, None))
+    for i in range(rng.randint(5, 15)):
+        token, text = w.text(delimiters=False)
+        key = rng.choice(("body", "Review Text", "comment_txt"))
+        lines.append(json.dumps({key: text, "sentiment": "1"}, ensure_ascii=False))
+        w.expected.append((token, "missing_text_field"))
+    lines.append(json.dumps({"review": None, "sentiment": "1"}))  # the key with no value: empty text
+    w.expected.append((None, "empty_text"))
+    return Generated("scraped.jsonl", ("\n".join(lines) + "\n").encode(), "", w.expected)
+
+
+def conflicting_copies(rng: random.Random) -> Generated:
+    """Copies of one review with different labels: 3+ copies with a majority label keep one copy of it
+    (the first copy read may be the outvoted one); no majority (2 copies, or 2:2) quarantines every copy
+    as ``conflicting_duplicate``."""
+    w = Writer(rng)
+    w.header()
+    _mix(w, 10)
+    for _ in range(rng.randint(3, 6)):
+        token, text = w.text(delimiters=False)
+        kind = rng.choice(("majority_first", "majority_later", "pair", "tie"))
+        if kind.startswith("majority"):
+            labels = ["-1", "1", "1"] if kind == "majority_later" else ["1", "-1", "1"]
+            reasons = ({0: "conflicting_duplicate", 1: None, 2: "duplicate"} if kind == "majority_later" else
+                       {0: None, 1: "conflicting_duplicate", 2: "duplicate"})
+        else:
+            labels = ["1", "-1"] if kind == "pair" else ["1", "-1", "-1", "1"]
+            reasons = dict.fromkeys(range(len(labels)), "conflicting_duplicate")
+        for i, label in enumerate(labels):
+            w.raw(w.record([text, label]).rstrip("\n"), reasons[i], token)
+        _mix(w, rng.randint(1, 5))
+    return Generated("conflicts.csv", w.body().encode(), ",", w.expected)
+
+
 GENERATORS = {f.__name__: f for f in (
     stray_quote, stray_quote_no_more_quotes, excel_export, mac_cr_export, scraper_rows, concatenated_exports,
     tsv_unclosed_quote, db_dump_tsv, utf16_unicode_text, cut_download, undoubled_quote_multiline,
+    repeated_headers, label_spellings, mixed_line_endings, jsonl_text_key_changes, conflicting_copies,
 )}

@@ -184,21 +184,30 @@ def extremely_long_texts(src: Path, tmp: Path) -> Case:
 
 
 def _reasons_of(rows: list[list[str]], skip: set[int]) -> dict[str, int]:
-    """Duplicates among rows (those not otherwise rejected), computed independently of validate()."""
+    """Duplicates among rows (those not otherwise rejected), computed independently of validate(): copies
+    with one label are duplicates; with different labels the majority (3+ copies, more than half) keeps
+    one copy, else every copy is a conflicting_duplicate (docs/reliability.md)."""
+    from collections import Counter
+
     from finetune_assets.data.validate import normalize_text
 
-    seen: dict[str, str] = {}
-    out: dict[str, int] = {}
+    groups: dict[str, list[str]] = {}
     for i, (text, label) in enumerate(rows):
         if i in skip or not text.strip():
             continue
-        key = normalize_text(text)
-        if key in seen:
-            reason = "duplicate" if seen[key] == label else "conflicting_duplicate"
-            out[reason] = out.get(reason, 0) + 1
+        groups.setdefault(normalize_text(text), []).append(label)
+    out: Counter = Counter()
+    for labels in groups.values():
+        counts = Counter(labels)
+        top, n = counts.most_common(1)[0]
+        if len(counts) == 1:
+            out["duplicate"] += n - 1
+        elif len(labels) >= 3 and 2 * n > len(labels):
+            out["duplicate"] += n - 1
+            out["conflicting_duplicate"] += len(labels) - n
         else:
-            seen[key] = label
-    return out
+            out["conflicting_duplicate"] += len(labels)
+    return {k: v for k, v in out.items() if v}
 
 
 def duplicated_rows(src: Path, tmp: Path) -> Case:
@@ -244,7 +253,7 @@ def parquet_float_labels_with_nan(src: Path, tmp: Path) -> Case:
     path = tmp / "nan_labels.parquet"
     pq.write_table(pa.table({"review": [r[0] for r in rows], "sentiment": labels}), path)
     base = _reasons_of([[t, l] for (t, _), l in zip(rows, labels)], skip=set(range(0, 100, 2)))
-    return Case(path, rows=len(rows), reasons={"unknown_label": 50, **base})
+    return Case(path, rows=len(rows), reasons={"missing_label": 50, **base})
 
 
 def parquet_corrupt(src: Path, tmp: Path) -> Case:

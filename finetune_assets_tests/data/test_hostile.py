@@ -120,7 +120,7 @@ def test_cross_file_duplicates_name_the_kept_copy(tmp_path: Path):
     folder.mkdir()
     (folder / "a.csv").write_text("text,label\nsame review,1\nonly in a,1\n")
     (folder / "b.csv").write_text("text,label\nsame review,-1\nonly in b,1\n")
-    result = validate(read_source(SourceSpec(uri=str(folder))), ValidationRules())
+    result = validate(read_source(SourceSpec(uri=str(folder))), ValidationRules(duplicate_conflicts="first"))
     [row] = result.rejected.to_pylist()
     assert row["reason"] == "conflicting_duplicate" and row["source_file"] == str(folder / "b.csv")
     assert row["detail"] == f"first seen as Positive ({folder / 'a.csv'} line 2, kept)"
@@ -279,12 +279,12 @@ def test_jsonl_with_broken_lines_quarantines_each_line(tmp_path: Path):
     lines[5] = lines[5][:-9]  # cut mid-object
     lines[9] = "[1, 2]"
     lines[12] = json.dumps({"review": 12345, "sentiment": 1})
-    lines[15] = json.dumps("R00015 a plain string")  # no label: unknown_label
+    lines[15] = json.dumps("R00015 a plain string")  # no label: missing_label
     path = tmp_path / "scraped.jsonl"
     path.write_bytes(("\r\n".join(lines) + "\r\n").encode())
     raw = read_source(SourceSpec(uri=str(path)))
     result = validate(raw, ValidationRules())
     assert raw.num_rows == 20 == result.accepted.num_rows + result.rejected.num_rows
-    assert result.reasons == {"malformed_row": 2, "non_text": 1, "unknown_label": 1}
+    assert result.reasons == {"malformed_row": 2, "non_text": 1, "missing_label": 1}
     bad = {r["source_line"]: r for r in result.rejected.to_pylist()}
     assert set(bad) == {6, 10, 13, 16} and bad[6]["raw"] == lines[5] and bad[10]["raw"] == "[1, 2]"

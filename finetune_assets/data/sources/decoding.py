@@ -11,6 +11,7 @@ import fsspec
 import fsspec.compression
 import pyarrow as pa
 
+from finetune_assets.data.binary import FIX as BINARY_FIX, what_binary
 from finetune_assets.data.sources.base import BLOCK_BYTES, HEAD_BYTES, MAX_RECORD_BLOCKS, SourceError
 from finetune_assets.data.sources.listing import split_suffix
 
@@ -85,6 +86,9 @@ def refuse_disguised(path: str, data: bytes, fmt: str) -> None:
             fix = (f"add {suffix} to its name" if suffix else
                    "export it as CSV/TSV, or name it .parquet" if "Parquet" in what else "unpack or export it as CSV")
             raise SourceError(f"{path}: the file is {what}, not {fmt} text; {fix}")
+    what = what_binary(data[:4096])  # an image, a document, an old Office file: say so, not "encoding"
+    if what is not None:
+        raise SourceError(f"{path}: this is {what}, not {fmt} text; {BINARY_FIX}")
 
 
 def decode(path: str, data: bytes, encoding: str) -> str:

@@ -149,7 +149,7 @@ def _records_table(path: str, recs: Records, spec: SourceSpec, require_label: bo
         "label": pa.nulls(len(recs.bad), pa.string()),
         "source_file": pa.array([path] * len(recs.bad), pa.string()),
         "malformed": pa.array([b.problem for b in recs.bad], pa.string()),
-        "malformed_reason": pa.array(["malformed_row"] * len(recs.bad), pa.string()),
+        "malformed_reason": pa.array([b.reason for b in recs.bad], pa.string()),  # malformed_row, header_row ...
         "raw": pa.array([b.raw for b in recs.bad], pa.string()),
         "source_row": pa.array([b.index for b in recs.bad], pa.int64()),
         "source_line": pa.array([b.line for b in recs.bad], pa.int64()),

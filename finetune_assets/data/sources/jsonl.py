@@ -79,6 +79,7 @@ def _jsonl_block(path: str, data: bytes, text: str, spec: SourceSpec, require_la
     if len(lines) == raw.num_rows:  # one object per line: keep the line numbers
         for name in ("source_line", "source_line_end"):
             raw = raw.set_column(raw.schema.get_field_index(name), name, pa.array(lines, pa.int64()))
+        raw = flag_missing_text(raw, text.split("\n"), text_col)
     return raw, found
 
 
@@ -132,4 +133,31 @@ def _read_jsonl_lines(path: str, text: str, spec: SourceSpec, require_label: boo
         "source_line_end": pa.array([ln for _, ln, _ in good] + [b[1] for b in bad], pa.int64()),
         "raw": pa.array([None] * len(good) + [b[3] for b in bad], pa.string()),
     }, schema=RAW_SCHEMA)
-    return table.sort_by("source_row"), found
+    return flag_missing_text(table, text.split("\n"), text_col).sort_by("source_row"), found
+
+
+def flag_missing_text(raw: pa.Table, lines: list[str], text_key: str) -> pa.Table:
+    """Rows of ``raw`` (numbered by ``source_line``, 1-based into ``lines``) whose object has no
+    ``text_key`` get ``malformed`` (the keys found), ``malformed_reason`` and ``raw`` (the line)."""
+    if text_key.startswith("\x00") or not raw.num_rows:  # several text columns joined: each is optional
+        return raw
+    cols = {n: raw.column(n).to_pylist() for n in ("text", "malformed", "malformed_reason", "raw",
+                                                   "source_line")}
+    changed = False
+    for i, (text, bad, line) in enumerate(zip(cols["text"], cols["malformed"], cols["source_line"])):
+        if text is not None or bad is not None or line is None or not 0 < line <= len(lines):
+            continue
+        try:
+            obj = json.loads(lines[line - 1])
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and text_key not in obj:
+            cols["malformed"][i] = f"no {text_key!r} key (keys: {sorted(obj)[:20]})"
+            cols["malformed_reason"][i] = "missing_text_field"
+            cols["raw"][i] = lines[line - 1].rstrip("\r")[:RAW_PREFIX_CHARS]
+            changed = True
+    if not changed:
+        return raw
+    for name in ("malformed", "malformed_reason", "raw"):
+        raw = raw.set_column(raw.schema.get_field_index(name), name, pa.array(cols[name], pa.string()))
+    return raw

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import fsspec
@@ -45,7 +46,11 @@ def list_source(uri: str) -> Listing:
     protocol = uri.split("://", 1)[0] + "://" if "://" in uri else ""
     base = path.rstrip("/")
     files, ignored = [], {}
-    for p in sorted(fs.find(path)):
+    if protocol in ("", "file://"):  # local: symlinked folders followed once (walk_local)
+        found, ignored = walk_local(path)
+    else:
+        found = sorted(fs.find(path))
+    for p in found:
         full = protocol + p if protocol and "://" not in p else p
         why = ignored_because(p[len(base):].lstrip("/"))
         if why:
@@ -57,6 +62,40 @@ def list_source(uri: str) -> Listing:
         raise SourceError(f"{uri}: folder holds no data files ({', '.join(_supported())})"
                           + (f"; ignored: {', '.join(sorted(ignored))}" if ignored else ""))
     return Listing(files, ignored)
+
+
+def walk_local(root: str) -> tuple[list[str], dict[str, str]]:
+    """(files, skipped path -> why): every file under ``root`` through symlinks, sorted; a second path to
+    a folder or file already reached, a symlink loop and a dangling link are skipped with the reason."""
+    files: dict[str, str] = {}  # real path -> first path reached
+    skipped: dict[str, str] = {}
+    seen_dirs = {os.path.realpath(root): root}
+
+    def visit(folder: str, ancestors: tuple[str, ...]) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as err:
+            skipped[folder] = f"cannot list: {err.strerror or err}"
+            return
+        for entry in entries:
+            path = entry.path
+            real = os.path.realpath(path)
+            if entry.is_symlink() and not os.path.exists(path):
+                skipped[path] = f"dangling symlink to {os.readlink(path)}"
+            elif entry.is_dir(follow_symlinks=True):
+                if real in ancestors:
+                    skipped[path] = f"symlink loop: {path} -> {real}, a folder above it (not followed)"
+                elif real in seen_dirs:
+                    skipped[path] = f"same folder as {seen_dirs[real]} (symlink; read once)"
+                else:
+                    seen_dirs[real] = path
+                    visit(path, (*ancestors, real))
+            elif real in files:
+                skipped[path] = f"same file as {files[real]} (symlink; read once)"
+            else:
+                files[real] = path
+    visit(root, (os.path.realpath(root),))
+    return sorted(files.values()), skipped
 
 
 def ignored_because(rel: str) -> str | None:
