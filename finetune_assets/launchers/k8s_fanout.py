@@ -36,19 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_assets.launchers.fanout import FanOut, FanOutError
-from finetune_assets.launchers.k8s import (
-    API_TIMEOUT_S,
-    CONTAINER_NAME,
-    JOB_LABEL,
-    K8sTorchrunLauncher,
+from finetune_assets.launchers.k8s import K8sTorchrunLauncher
+from finetune_assets.launchers.k8s.manifests import gang_key, k8s_name
+from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, CONTAINER_NAME, JOB_LABEL
+from finetune_assets.launchers.k8s.verdict import (
     Verdict,
-    _condition,
     _completion_index,
+    _condition,
     _is_failed,
     _pod_state,
-    gang_key,
     job_conditions,
-    k8s_name,
     latest_pod,
     stuck_or_waiting,
 )

@@ -1,0 +1,159 @@
+"""The launcher: launch a gang, resubmit it after a disruption, remove what a dead launcher left."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import dagster as dg
+import kubernetes
+import yaml
+
+from finetune_assets.launchers.base import TrainingFailed, TrainingSpec
+from finetune_assets.launchers.k8s.api import ApiMixin
+from finetune_assets.launchers.k8s.logs import LogFollower
+from finetune_assets.launchers.k8s.manifests import ManifestsMixin, gang_key, k8s_name
+from finetune_assets.launchers.k8s.settings import (
+    API_TIMEOUT_S, GANG_LABEL, GONE_TIMEOUT_S, JOB_LABEL, K8sSettings, PropagationPolicy,
+)
+from finetune_assets.launchers.k8s.supervise import SupervisionMixin
+from finetune_assets.launchers.k8s.verdict import GangDisrupted, assess
+
+
+class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSettings):
+    """Runs the torchrun command as ``nnodes`` pods of an Indexed Job with c10d rendezvous on pod 0."""
+
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
+        log = context.log
+        api = self.api()
+        owner, owner_image = self._owner_reference(log, api)
+        image = self.image or owner_image
+        self._remove_live_gangs(log, api, gang_key(job.labels))
+        for attempt in range(self.max_resubmissions + 1):
+            try:
+                self._run_gang(log, api, job, owner, image)
+                return
+            except GangDisrupted as e:
+                if attempt >= self.max_resubmissions:
+                    raise TrainingFailed(
+                        f"{e}; the gang was disrupted {attempt + 1} time(s), more than max_resubmissions="
+                        f"{self.max_resubmissions}") from None
+                log.warning(f"{e}: resubmitting the gang ({attempt + 1}/{self.max_resubmissions}); "
+                            "the trainer resumes from its last checkpoint")
+
+    def _run_gang(self, log, api, job: TrainingSpec, owner: dict[str, Any] | None, image: str | None) -> None:
+        name = k8s_name(job.name)
+        service, manifest = self.render(job, name, image)
+        log.info(
+            f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x {self.processes} "
+            f"process(es), image {image}, command: {' '.join(self.command(job, name))}"
+        )
+        self.run_job(log, api, manifest, owner, service=service, what="Training Job",
+                     assess_fn=lambda status, pods: assess(status, pods, self.nnodes),
+                     fail_fn=lambda status, pods, why: self._fail(log, api, name, pods, why))
+
+    def run_job(self, log, api, manifest: dict[str, Any], owner: dict[str, Any] | None, *,
+                what: str, assess_fn, fail_fn, service: dict[str, Any] | None = None, progress=None) -> None:
+        """One Job (+ Service): create, supervise (see :meth:`_supervise`), always delete.
+
+        Shared by the training gang and the data fan-out (``k8s_fanout.py``): they differ only in the
+        manifest, the verdict (``assess_fn``), the error (``fail_fn``) and the per-poll ``progress`` report.
+        """
+        from dagster_k8s.client import k8s_api_retry_creation_mutation
+
+        name, ns = manifest["metadata"]["name"], self.namespace
+        if owner is not None:  # the launching pod dies -> Kubernetes' garbage collector deletes the Job
+            manifest["metadata"]["ownerReferences"] = [owner]
+        # Names of Secrets only; the manifest carries no secret values by construction.
+        log.debug("Rendered manifests:\n" + yaml.safe_dump_all([m for m in (service, manifest) if m], sort_keys=False))
+        follower: LogFollower | None = None
+        try:
+            k8s_api_retry_creation_mutation(
+                lambda: api.batch_api.create_namespaced_job(ns, manifest), max_retries=3, timeout=1.0
+            )
+            if service is not None:
+                uid = api.batch_api.read_namespaced_job(name, ns).metadata.uid
+                service["metadata"]["ownerReferences"] = [
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}]  # goes with the Job
+                k8s_api_retry_creation_mutation(
+                    lambda: api.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=1.0
+                )
+            follower = LogFollower(api, ns)
+            self._supervise(log, api, name, follower, what, assess_fn, fail_fn, progress)
+        except GangDisrupted:
+            # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank 0
+            # could still write a checkpoint while the new gang loads it.
+            self._cleanup(log, api, name, service is not None)
+            self._wait_pods_gone(log, api, name)
+            raise
+        finally:
+            # Delete first: whatever interrupted us (failure, timeout, run termination) must not keep
+            # the pods alive. Deleting the pods also ends the follow stream of the log thread.
+            self._cleanup(log, api, name, service is not None)
+            if follower is not None:
+                follower.stop()
+                follower.drain(log)  # pod 0's last lines before the failure or interruption
+
+    def _wait_pods_gone(self, log, api, name: str) -> None:
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not api.core_api.list_namespaced_pod(
+                    self.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S).items:
+                return
+            time.sleep(self.poll_interval_s)
+        log.warning(f"Pods of training Job {self.namespace}/{name} still terminating after {GONE_TIMEOUT_S}s; going on")
+
+    def _owner_reference(self, log, api) -> tuple[dict[str, Any] | None, str | None]:
+        """The launching pod as owner of the Job (in-cluster: $HOSTNAME, the pod name; dagster-k8s does the same),
+        and its image."""
+        name = self.owner_pod or (os.environ.get("HOSTNAME") if self.load_incluster_config else None)
+        if not name:
+            return None, None
+        try:
+            pod = api.core_api.read_namespaced_pod(name, self.namespace)
+        except kubernetes.client.ApiException as e:
+            log.warning(f"Cannot read the launching pod {self.namespace}/{name} ({e.status} {e.reason}): the training "
+                        "Job gets no owner; if this process dies, only its TTL and the next launch remove it")
+            return None, None
+        image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else None
+        return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, image
+
+    def _remove_live_gangs(self, log, api, key: str | None, what: str = "training Job") -> None:
+        """Delete unfinished gangs of the same asset + partition: two would write one checkpoint folder and MLflow run.
+
+        Deleted rather than adopted: the left-over gang may run another config, and the new gang resumes
+        from the same checkpoint, so a restart costs one rendezvous and one checkpoint load.
+        """
+        if key is None:
+            return
+        ns = self.namespace
+        for other in api.batch_api.list_namespaced_job(ns, label_selector=f"{GANG_LABEL}={key}").items:
+            conditions = {c.type for c in (other.status.conditions or []) if c.status == "True"} if other.status else set()
+            if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
+                continue
+            left_by = (other.metadata.labels or {}).get("dagster/run-id", "?")
+            log.warning(f"Deleting live {what} {ns}/{other.metadata.name} of the same asset and partition "
+                        f"(left by run {left_by}) before starting a new gang")
+            self._cleanup(log, api, other.metadata.name, has_service=True)
+            self._wait_pods_gone(log, api, other.metadata.name)
+
+    def _cleanup(self, log, api, name: str, has_service: bool) -> None:
+        ns = self.namespace
+        body = kubernetes.client.V1DeleteOptions(propagation_policy=PropagationPolicy(self.delete_propagation_policy).value)
+        deletions = [("Job", lambda: api.batch_api.delete_namespaced_job(name, ns, body=body))]
+        if has_service:
+            deletions.append(("Service", lambda: api.core_api.delete_namespaced_service(name, ns)))
+        for kind, delete in deletions:
+            try:
+                delete()
+                log.info(f"Deleted {kind} {ns}/{name}")
+            except kubernetes.client.ApiException as e:
+                if e.status == 404 and kind == "Service":
+                    log.info(f"Deleted Service {ns}/{name} (garbage-collected with its Job)")
+                elif e.status != 404:
+                    log.warning(f"Could not delete {kind} {ns}/{name} ({e.status} {e.reason}); its TTL will")
+            except Exception as e:  # never mask the training outcome with a cleanup error
+                log.warning(f"Could not delete {kind} {ns}/{name}: {e!r}")
+
+
