@@ -11,7 +11,8 @@ request no GPU and run one process each.
 What differs from a training gang, and why: slices are independent, so the Job controller retries
 one index at a time instead of the launcher resubmitting a whole gang:
 
-- ``backoffLimitPerIndex`` (``retries_per_index``) replaces a failed pod of one index;
+- ``backoffLimitPerIndex`` (``retries_per_index``) replaces a failed pod of one index, with the
+  Job-wide ``backoffLimit`` at its per-index default (MaxInt32) so it never ends the Job first;
   ``maxFailedIndexes: 0`` fails the Job, and stops the other pods, as soon as one index is out of
   retries (a re-run redoes each index; a worker overwrites only its own part).
 - ``podFailurePolicy``, first match wins: a *disrupted* pod (``DisruptionTarget``: preemption,
@@ -52,6 +53,7 @@ from finetune_assets.launchers.k8s.verdict import (
 
 COMPONENT = "finetune-data-worker"
 MAX_INDEXES = 100_000  # the API server's limit on completions when backoffLimitPerIndex is set
+UNLIMITED_BACKOFF = 2**31 - 1  # the API default of backoffLimit when backoffLimitPerIndex is set
 OOM_EXIT_CODE = 137  # 128 + SIGKILL: what the runtime reports for an OOM-killed container
 WORKER_SETTINGS = {"gpus_per_node": 0, "nproc_per_node": 1, "nnodes": 1}  # data workers: CPU, one process
 
@@ -99,6 +101,10 @@ class K8sFanOutRunner:
             "completionMode": "Indexed",
             "completions": job.count,
             "parallelism": min(self.parallelism or job.count, job.count),
+            # The controller checks backoffLimit whatever backoffLimitPerIndex says; the API default
+            # with per-index retries is MaxInt32, but Dagster's job builder writes 0 (one OOM would
+            # fail the whole Job): say it explicitly.
+            "backoffLimit": UNLIMITED_BACKOFF,
             "backoffLimitPerIndex": self.retries_per_index,
             "maxFailedIndexes": 0,
             "podFailurePolicy": {"rules": [  # first match wins; see the module docstring

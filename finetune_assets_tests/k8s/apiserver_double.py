@@ -17,17 +17,15 @@ What it plays besides the API server:
 
 - **Job controller** (``completionMode: Indexed``): one pod per index up to ``parallelism``, named
   ``<job>-<i>-<rand>``, labelled ``job-name`` / ``batch.kubernetes.io/job-completion-index`` and
-  annotated with the index, ``spec.hostname = <job>-<i>``, ``JOB_COMPLETION_INDEX`` injected into
-  the container env; a finished pod frees its slot for the next index. ``podFailurePolicy`` rules
-  (first match wins: ``onPodConditions`` ``DisruptionTarget``, ``onExitCodes`` In/NotIn; actions
-  ``Ignore`` = replace the pod uncounted, ``Count``, ``FailIndex``, ``FailJob``), then either the
-  Job-wide ``backoffLimit`` or, with ``backoffLimitPerIndex``, per-index retries (a new pod for the
-  index, annotated ``job-index-failure-count``), ``maxFailedIndexes`` and the ``FailedIndexes`` end;
-  ``status.succeeded/failed/active``, ``completedIndexes`` and ``failedIndexes`` ("0-2,5");
-  ``activeDeadlineSeconds``. A failed Job terminates its remaining pods; all indexes succeeded ->
-  ``Complete``; delete with Background/Foreground propagation terminates and removes the pods.
-  NOT played: ``successPolicy``, ``suspend``, pod ``restartPolicy: OnFailure``, the exponential
-  back-off delay before a replacement pod (replacements start at once: kinder), ``uncountedTerminatedPods``.
+  annotated with the index (and ``job-index-failure-count`` with ``backoffLimitPerIndex``),
+  ``spec.hostname = <job>-<i>``, ``JOB_COMPLETION_INDEX`` injected into the container env. What
+  to do after each pod change is decided by :mod:`job_controller` (``backoffLimit`` with its API
+  default, ``backoffLimitPerIndex``, ``maxFailedIndexes``, ``podFailurePolicy``, ``suspend``,
+  ``FailureTarget`` before ``Failed``), which passes cases transcribed from Kubernetes' own
+  controller tests (``upstream_job_cases.py``). ``activeDeadlineSeconds`` -> ``DeadlineExceeded``.
+  Delete with Background/Foreground propagation terminates and removes the pods.
+  NOT played: ``successPolicy``, pod ``restartPolicy: OnFailure``, the exponential back-off delay
+  before a replacement pod (replacements start at once: kinder), ``uncountedTerminatedPods``.
 - **Kubelet**: runs each pod's container ``command + args`` as a separate process group, with the
   environment a container would get (image ``PATH``, ``HOSTNAME=<job>-<i>``, ``envFrom`` Secrets,
   ``env`` including ``valueFrom.fieldRef``/``secretKeyRef``, and ``$(VAR)`` expansion of env values,
@@ -93,6 +91,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from finetune_assets_tests.k8s import job_controller
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _CORE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|services|secrets|events)(?:/(?P<name>[^/]+)(?:/(?P<sub>log|status))?)?$")
@@ -481,18 +481,47 @@ class KubeApiDouble:
             timer.start()
 
     def _fill(self, ns: str, name: str) -> None:
-        """Pods for the indexes that are neither done, failed nor running, up to ``parallelism`` at once."""
+        """One pass of the Job controller (:func:`job_controller.sync` decides): status, new pods, kills."""
         with self.lock:
             job, books = self.objects.get(("jobs", ns, name)), self.indexes.get((ns, name))
             if job is None or books is None or self._job_finished(ns, name):
                 return
-            spec = job["spec"]
-            running = {p.index for (pns, _), p in self.pods.items() if pns == ns and not p.done.is_set()
-                       and p.obj["metadata"]["labels"].get("job-name") == name}
-            todo = [i for i in range(int(spec.get("completions", 1)))
-                    if i not in books.completed | books.failed | running]
-            for i in todo[:max(0, int(spec.get("parallelism", 1)) - len(running))]:
-                self._create_pod(ns, job, i)
+            status = job["status"]
+            if any(c["type"] == "FailureTarget" for c in status.get("conditions", [])):
+                self._finish_when_gone(ns, job, books)  # the terminal condition waits for the pods
+                return
+            result = job_controller.sync(job["spec"], list(books.records.values()), ns)
+            status.update(succeeded=result.succeeded, failed=result.failed, completedIndexes=result.completed_indexes)
+            if result.failed_indexes is not None:
+                status["failedIndexes"] = result.failed_indexes
+            for ctype, reason, message in result.conditions:
+                if not any(c["type"] == ctype for c in status.get("conditions", [])):
+                    self._set_condition(job, ctype, reason, message)
+            if any(c[0] == "Complete" for c in result.conditions):
+                status["completionTime"] = _now()
+            doomed = [p for n in result.to_delete if (p := self.pods.get((ns, n))) is not None]
+            for pod in doomed:
+                books.records[pod.name].deleting = True
+        for pod in doomed:  # the controller terminates the remaining pods of a failed (or suspended) Job
+            threading.Thread(target=pod.terminate, args=(self.grace_s,), daemon=True).start()
+        for index in result.to_create:
+            self._create_pod(ns, job, index)
+        with self.lock:
+            status["active"] = sum(1 for r in books.records.values() if r.phase in ("Pending", "Running")
+                                   and not r.deleting)
+
+    def _finish_when_gone(self, ns: str, job: dict[str, Any], books: _Indexes) -> None:
+        """``Failed`` follows ``FailureTarget`` once no pod of the Job is left running (Kubernetes >= 1.31)."""
+        if not all(self._gone(ns, r.name) for r in books.records.values()):
+            return
+        target = next(c for c in job["status"]["conditions"] if c["type"] == "FailureTarget")
+        if not any(c["type"] == "Failed" for c in job["status"]["conditions"]):
+            self._set_condition(job, "Failed", target["reason"], target["message"])
+        job["status"]["active"] = 0
+
+    def _gone(self, ns: str, name: str) -> bool:
+        pod = self.pods.get((ns, name))
+        return pod is None or pod.done.is_set()
 
     def _create_pod(self, ns: str, job: dict[str, Any], index: int) -> None:
         job_name, uid = job["metadata"]["name"], job["metadata"]["uid"]
@@ -523,9 +552,11 @@ class KubeApiDouble:
                 {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
                  "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}} for c in spec["containers"]]},
         }
+        books = self.indexes[(ns, job_name)]
+        counted = sum(1 for r in books.records.values() if r.index == index and r.phase == "Failed"
+                      and job_controller.failure_action(job["spec"], r, ns)[0] != "Ignore")
         if "backoffLimitPerIndex" in job["spec"]:
-            obj["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] = \
-                str(self.indexes[(ns, job_name)].failures[index])
+            obj["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] = str(counted)
         root = self.sandbox / pod_name
         root.mkdir(parents=True)
         pod = _Pod(obj, root)
@@ -536,7 +567,7 @@ class KubeApiDouble:
             pod.ip = f"127.0.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
             self._next_ip += 1
             self.pods[(ns, pod_name)] = pod
-            self.objects[("jobs", ns, job_name)]["status"]["active"] += 1
+            books.records[pod_name] = job_controller.Pod(pod_name, index, "Pending", failure_count=counted)
         threading.Thread(target=self._run_pod, args=(ns, job_name, pod), name=pod_name, daemon=True).start()
 
     def _schedule_and_pull(self, ns: str, pod: _Pod) -> bool:
@@ -749,62 +780,17 @@ class KubeApiDouble:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pod.proc.pid, signal.SIGKILL)
 
-    @staticmethod
-    def _failure_action(spec: dict[str, Any], pod: _Pod, code: int) -> str:
-        """The first ``podFailurePolicy`` rule that matches a failed pod (``Count`` when none does)."""
-        for rule in (spec.get("podFailurePolicy") or {}).get("rules", []):
-            conditions, codes = rule.get("onPodConditions") or [], rule.get("onExitCodes")
-            if pod.disrupted and any(c.get("type") == "DisruptionTarget" for c in conditions):
-                return rule["action"]
-            if codes and (codes["operator"] == "In") == (code in codes["values"]):
-                return rule["action"]
-        return "Count"
-
     def _on_pod_finished(self, ns: str, job_name: str, pod: _Pod, code: int) -> None:
-        """The Job controller's books for one finished pod: per-index retries (``backoffLimitPerIndex``,
-        ``maxFailedIndexes``) or the Job-wide ``backoffLimit``, the pod failure policy, replacements."""
-        verdict = None
+        """The pod's record as the controller reads it (phase, exit code, DisruptionTarget), then a sync."""
         with self.lock:
             job, books = self.objects.get(("jobs", ns, job_name)), self.indexes.get((ns, job_name))
-            if job is None or books is None or self._job_finished(ns, job_name):
+            if job is None or books is None or pod.name not in books.records:
                 return
-            status, spec = job["status"], job["spec"]
-            action = self._failure_action(spec, pod, code) if code != 0 else None
-            if code != 0 and action != "Ignore" and pod.deleting:  # killed by a deletion; a pod that exits 0 counts
-                return
-            status["active"] -= 1
-            per_index = "backoffLimitPerIndex" in spec
-            completions = int(spec.get("completions", 1))
-            if code == 0:
-                status["succeeded"] += 1
-                books.completed.add(pod.index)
-            elif action == "FailJob":
-                status["failed"] += 1
-                verdict = ("PodFailurePolicy", f"Container {pod.obj['spec']['containers'][0]['name']} for pod "
-                           f"{ns}/{pod.name} failed with exit code {code} matching FailJob rule")
-            elif action != "Ignore":  # Ignore: not counted, the index gets a new pod
-                status["failed"] += 1
-                books.failures[pod.index] += 1
-                if per_index and (action == "FailIndex" or books.failures[pod.index] > int(spec["backoffLimitPerIndex"])):
-                    books.failed.add(pod.index)
-                    limit = spec.get("maxFailedIndexes")
-                    if limit is not None and len(books.failed) > int(limit):
-                        verdict = ("MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes")
-                elif not per_index and status["failed"] > int(spec.get("backoffLimit", 6)):
-                    verdict = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-            status["completedIndexes"] = _ranges(books.completed)
-            if per_index:
-                status["failedIndexes"] = _ranges(books.failed)
-            if verdict is None and len(books.completed) >= completions:
-                self._set_condition(job, "Complete", "CompletionsReached", "Reached expected number of succeeded pods")
-                status["completionTime"] = _now()
-                return
-            if verdict is None and books.failed and len(books.completed | books.failed) >= completions:
-                verdict = ("FailedIndexes", "Job has failed indexes")
-        if verdict is not None:
-            self._finish_job(ns, job_name, "Failed", *verdict)
-        else:
-            self._fill(ns, job_name)
+            record = books.records[pod.name]
+            record.phase = "Succeeded" if code == 0 else "Failed"
+            record.exit_codes = {c["name"]: code for c in pod.obj["spec"]["containers"][:1]}
+            record.conditions = ("DisruptionTarget",) if pod.disrupted else ()
+        self._fill(ns, job_name)
 
     def _finish_job(self, ns: str, name: str, ctype: str, reason: str, message: str) -> None:
         with self.lock:
@@ -839,23 +825,10 @@ class KubeApiDouble:
 
 @dataclass
 class _Indexes:
-    """The Job controller's per-index books (the real one keeps them in annotations and status)."""
+    """What the Job controller knows of a Job's pods (the real one: its informer cache and finalizers)."""
 
-    completed: set[int] = field(default_factory=set)
-    failed: set[int] = field(default_factory=set)
-    failures: Counter = field(default_factory=Counter)  # counted pod failures per index
+    records: dict[str, job_controller.Pod] = field(default_factory=dict)  # pod name -> what it reads
     attempts: Counter = field(default_factory=Counter)  # pods created per index
-
-
-def _ranges(done: set[int]) -> str:
-    """``{0, 1, 2, 5}`` -> ``"0-2,5"``, the format of ``completedIndexes`` / ``failedIndexes``."""
-    out: list[str] = []
-    for i in sorted(done):
-        if out and int(out[-1].split("-")[-1]) == i - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{i}"
-        else:
-            out.append(str(i))
-    return ",".join(out)
 
 
 _ISOLATION_PROBE: list[str] | None | bool = False

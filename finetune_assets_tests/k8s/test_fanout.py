@@ -71,6 +71,7 @@ def test_fanout_manifest_shape() -> None:
     (container,) = pod["containers"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == 3 and spec["parallelism"] == 2
     assert spec["backoffLimitPerIndex"] == 4 and spec["maxFailedIndexes"] == 0  # retry per slice, fail fast after
+    assert spec["backoffLimit"] == 2**31 - 1  # checked whatever backoffLimitPerIndex says (upstream default)
     rules = spec["podFailurePolicy"]["rules"]
     assert [r["action"] for r in rules] == ["Ignore", "Count", "FailIndex"]
     assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
@@ -147,7 +148,8 @@ def test_a_preempted_and_an_oom_killed_index_are_retried(cluster: Cluster, doubl
     lines, name = run(cluster, fanout(str(tmp_path)), retries_per_index=1)
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     books = double.indexes[(cluster.namespace, name)]
-    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and dict(books.failures) == {2: 1}  # preemption not counted
+    counted = [r.index for r in books.records.values() if r.phase == "Failed" and not r.conditions]
+    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and counted == [2]  # the preemption is not counted
     assert re.search(r"index 2: pod \S+ Failed, exit code 137 \(OOMKilled\)", "\n".join(lines)), lines
 
 
