@@ -123,7 +123,7 @@ class K8sFanOutRunner:
     def run(self, job: FanOut, log: Callable[[str], None]) -> None:
         lines = _Lines(log)
         workers = self.workers
-        api = workers.api()
+        api = workers.api(lines)
         owner, owner_image = workers._owner_reference(lines, api)
         image = workers.image or owner_image
         workers._remove_live_gangs(lines, api, self.dedupe_key(job), "fan-out Job")

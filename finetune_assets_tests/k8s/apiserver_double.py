@@ -80,6 +80,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -128,12 +129,21 @@ class Faults:
     # per completion index: how many of its first pods are preempted / OOM-killed as soon as they run
     preempt: dict[int, int] = field(default_factory=dict)
     oom_kill: dict[int, int] = field(default_factory=dict)
+    # API errors for the launcher's requests (not the test harness'), from the first request made
+    # while a pod runs ("mid-training"): first the burst, one per request (status + Retry-After
+    # seconds, or "reset": the connection drops without an answer), then api_outage_s of 503s.
+    api_burst: list[tuple[int | str, float | None]] = field(default_factory=list)
+    api_outage_s: float = 0.0
+    fail_job_deletes: int = 0  # the launcher's next N Job deletes answer 500
+    api_injected: Counter = field(default_factory=Counter)  # what was injected, by status
+    _outage_end: float | None = None
+    _armed: bool = False
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str):
+    def __init__(self, code: int, reason: str, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.headers = code, reason, message, headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -333,11 +343,16 @@ class KubeApiDouble:
         if not m:
             raise ApiError(404, "NotFound", f"the double does not serve {method} {path}")
         ns, res, name, sub = m["ns"], m["res"], m["name"], m["sub"]
-        verb = {"POST": "create", "DELETE": "delete", "GET": "get" if name else "list"}.get(method)
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch",
+                "GET": "get" if name else "list"}.get(method)
         if verb is None:
             raise ApiError(405, "MethodNotAllowed", f"{method} {path}")
         with self.lock:
             self.calls.append((verb, f"{res}/{sub}" if sub else res, agent))
+        if not agent.startswith("finetune-assets-tests"):
+            self._inject_api_error(verb, res)
+        if verb == "patch" and res == "jobs":
+            return 200, self._patch_job(ns, name, body or {})
         if res == "pods" and sub == "log":
             return ("log", ns, name, query)
         if verb == "create" and res == "pods":
@@ -349,6 +364,50 @@ class KubeApiDouble:
         if verb == "get":
             return 200, self._get(res, ns, name)
         return 200, self._list(res, ns, query)
+
+    def _inject_api_error(self, verb: str, res: str) -> None:
+        """``faults.api_burst`` / ``api_outage_s`` / ``fail_job_deletes`` (see :class:`Faults`)."""
+        f = self.faults
+        with self.lock:
+            if verb == "delete" and res == "jobs" and f.fail_job_deletes > 0:
+                f.fail_job_deletes -= 1
+                f.api_injected[500] += 1
+                raise ApiError(500, "InternalError", "etcdserver: request timed out")
+            if not (f.api_burst or f.api_outage_s):
+                return
+            if not f._armed:  # mid-training: once a pod process runs
+                if not any(p.proc is not None and p.proc.poll() is None for p in self.pods.values()):
+                    return
+                f._armed = True
+            if f.api_burst:
+                status, wait = f.api_burst.pop(0)
+                f.api_injected[status] += 1
+                if status == "reset":
+                    raise ConnectionResetError("injected connection reset")
+                headers = {"Retry-After": str(int(wait))} if wait is not None else {}
+                reason = {429: "TooManyRequests", 401: "Unauthorized"}.get(int(status), "InternalError")
+                raise ApiError(int(status), reason, f"injected {status}", headers)
+            if f._outage_end is None:
+                f._outage_end = time.monotonic() + f.api_outage_s
+            if time.monotonic() < f._outage_end:
+                f.api_injected[503] += 1
+                raise ApiError(503, "ServiceUnavailable", "injected outage: the API server is restarting")
+
+    def _patch_job(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of ``spec.suspend`` (Kueue admission, the launcher's fallback to a failed delete)."""
+        with self.lock:
+            job = self.objects.get(("jobs", ns, name))
+            if job is None:
+                raise ApiError(404, "NotFound", f'jobs.batch "{name}" not found')
+            if set(patch) - {"spec"} or set(patch.get("spec", {})) - {"suspend"}:
+                raise ApiError(422, "Invalid", "the double patches only spec.suspend")
+            job["spec"]["suspend"] = bool(patch["spec"]["suspend"])
+            if not job["spec"]["suspend"]:  # resumed: the Suspended condition turns False
+                for c in job["status"].get("conditions", []):
+                    if c["type"] == "Suspended":
+                        c.update(status="False", reason="JobResumed", message="Job resumed")
+        self._fill(ns, name)
+        return self._get("jobs", ns, name)
 
     def _create(self, res: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(obj)
@@ -502,8 +561,11 @@ class KubeApiDouble:
             doomed = [p for n in result.to_delete if (p := self.pods.get((ns, n))) is not None]
             for pod in doomed:
                 books.records[pod.name].deleting = True
-        for pod in doomed:  # the controller terminates the remaining pods of a failed (or suspended) Job
-            threading.Thread(target=pod.terminate, args=(self.grace_s,), daemon=True).start()
+        if job["spec"].get("suspend"):  # a suspended Job's pods are deleted (the Job stays)
+            threading.Thread(target=self._reap, args=(ns, doomed), daemon=True).start()
+        else:  # a failed Job's remaining pods are terminated (kept here: their logs feed failure reports)
+            for pod in doomed:
+                threading.Thread(target=pod.terminate, args=(self.grace_s,), daemon=True).start()
         for index in result.to_create:
             self._create_pod(ns, job, index)
         with self.lock:
@@ -787,7 +849,8 @@ class KubeApiDouble:
             if job is None or books is None or pod.name not in books.records:
                 return
             record = books.records[pod.name]
-            record.phase = "Succeeded" if code == 0 else "Failed"
+            # a pod the controller deleted (suspend, failed Job) is not a new failure
+            record.phase = "Gone" if record.deleting else "Succeeded" if code == 0 else "Failed"
             record.exit_codes = {c["name"]: code for c in pod.obj["spec"]["containers"][:1]}
             record.conditions = ("DisruptionTarget",) if pod.disrupted else ()
         self._fill(ns, job_name)
@@ -882,9 +945,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _send_json(self, code: int, body: dict[str, Any]) -> None:
+    def _send_json(self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -902,11 +967,16 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._send_json(*result)
         except ApiError as e:
-            self._send_json(e.code, e.body())
+            self._send_json(e.code, e.body(), e.headers)
+        except ConnectionResetError:  # injected: drop the connection without an answer
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
 
     do_GET = lambda self: self._dispatch("GET")  # noqa: E731
     do_POST = lambda self: self._dispatch("POST")  # noqa: E731
     do_DELETE = lambda self: self._dispatch("DELETE")  # noqa: E731
+    do_PATCH = lambda self: self._dispatch("PATCH")  # noqa: E731
 
     def _logs(self, pod: _Pod, query: dict[str, list[str]]) -> None:
         follow = query.get("follow", ["false"])[0].lower() == "true"

@@ -26,7 +26,7 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
 
     def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
         log = context.log
-        api = self.api()
+        api = self.api(log)
         owner, owner_image = self._owner_reference(log, api)
         image = self.image or owner_image
         self._remove_live_gangs(log, api, gang_key(job.labels))
@@ -60,8 +60,6 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         Shared by the training gang and the data fan-out (``k8s_fanout.py``): they differ only in the
         manifest, the verdict (``assess_fn``), the error (``fail_fn``) and the per-poll ``progress`` report.
         """
-        from dagster_k8s.client import k8s_api_retry_creation_mutation
-
         name, ns = manifest["metadata"]["name"], self.namespace
         if owner is not None:  # the launching pod dies -> Kubernetes' garbage collector deletes the Job
             manifest["metadata"]["ownerReferences"] = [owner]
@@ -69,16 +67,12 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         log.debug("Rendered manifests:\n" + yaml.safe_dump_all([m for m in (service, manifest) if m], sort_keys=False))
         follower: LogFollower | None = None
         try:
-            k8s_api_retry_creation_mutation(
-                lambda: api.batch_api.create_namespaced_job(ns, manifest), max_retries=3, timeout=1.0
-            )
+            api.batch_api.create_namespaced_job(ns, manifest)
             if service is not None:
                 uid = api.batch_api.read_namespaced_job(name, ns).metadata.uid
                 service["metadata"]["ownerReferences"] = [
                     {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}]  # goes with the Job
-                k8s_api_retry_creation_mutation(
-                    lambda: api.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=1.0
-                )
+                api.core_api.create_namespaced_service(ns, service)
             follower = LogFollower(api, ns)
             self._supervise(log, api, name, follower, what, assess_fn, fail_fn, progress)
         except GangDisrupted:
@@ -139,21 +133,44 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             self._wait_pods_gone(log, api, other.metadata.name)
 
     def _cleanup(self, log, api, name: str, has_service: bool) -> None:
+        """Delete the Job (its pods go with it) and the Service; never masks the training outcome.
+
+        Deletes are retried within the outage budget (the API wrapper). If the Job still cannot be
+        deleted, it is suspended (the Job controller then terminates its pods, freeing the GPUs);
+        if that fails too, the log says exactly what is left running and how to remove it.
+        """
         ns = self.namespace
         body = kubernetes.client.V1DeleteOptions(propagation_policy=PropagationPolicy(self.delete_propagation_policy).value)
-        deletions = [("Job", lambda: api.batch_api.delete_namespaced_job(name, ns, body=body))]
+        try:
+            api.batch_api.delete_namespaced_job(name, ns, body=body)
+            log.info(f"Deleted Job {ns}/{name}")
+        except Exception as e:
+            if not (isinstance(e, kubernetes.client.ApiException) and e.status == 404):
+                self._suspend_instead(log, api, name, e)
         if has_service:
-            deletions.append(("Service", lambda: api.core_api.delete_namespaced_service(name, ns)))
-        for kind, delete in deletions:
             try:
-                delete()
-                log.info(f"Deleted {kind} {ns}/{name}")
+                api.core_api.delete_namespaced_service(name, ns)
+                log.info(f"Deleted Service {ns}/{name}")
             except kubernetes.client.ApiException as e:
-                if e.status == 404 and kind == "Service":
+                if e.status == 404:
                     log.info(f"Deleted Service {ns}/{name} (garbage-collected with its Job)")
-                elif e.status != 404:
-                    log.warning(f"Could not delete {kind} {ns}/{name} ({e.status} {e.reason}); its TTL will")
-            except Exception as e:  # never mask the training outcome with a cleanup error
-                log.warning(f"Could not delete {kind} {ns}/{name}: {e!r}")
+                else:
+                    log.warning(f"Could not delete Service {ns}/{name} ({e.status} {e.reason}): it holds no "
+                                "resources; Kubernetes deletes it with its Job")
+            except Exception as e:
+                log.warning(f"Could not delete Service {ns}/{name} ({e!r}); Kubernetes deletes it with its Job")
 
-
+    def _suspend_instead(self, log, api, name: str, error: Exception) -> None:
+        ns = self.namespace
+        why = f"{error.status} {error.reason}" if isinstance(error, kubernetes.client.ApiException) else str(error)
+        try:
+            api.batch_api.patch_namespaced_job(name, ns, {"spec": {"suspend": True}})
+        except Exception as e:
+            log.error(f"Could not delete Job {ns}/{name} ({why}) nor suspend it ({e!r}): its pods "
+                      f"({JOB_LABEL}={name}) are LEFT RUNNING and hold their resources until "
+                      f"activeDeadlineSeconds={self.timeout_s} ends them; remove them with "
+                      f"`kubectl delete job -n {ns} {name}`")
+            return
+        log.warning(f"Could not delete Job {ns}/{name} ({why}); suspended it instead: the Job controller "
+                    f"terminates its pods; the Job object is left (no pods, no resources): remove it with "
+                    f"`kubectl delete job -n {ns} {name}`")

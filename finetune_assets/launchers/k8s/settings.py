@@ -153,6 +153,9 @@ class K8sSettings(TrainingLauncher):
     kubeconfig_file: str | None = Field(default=None, description="Kubeconfig path; None = $KUBECONFIG or ~/.kube/config.")
     kube_context: str | None = None
     poll_interval_s: float = Field(default=2.0, gt=0)
+    api_outage_budget_s: float = Field(
+        default=600, gt=0, description="How long API calls are retried (429, 5xx, 401, connection errors) "
+        "before the launcher gives up; the gang keeps running meanwhile (supervision only lost sight of it).")
     start_timeout_s: int = Field(
         default=1800, ge=1, description="How long pods may stay Pending (scheduling, node scale-up, image pull, quota) "
         "before the launch fails with the scheduler's / admission's reason.")
