@@ -39,6 +39,7 @@ from typing import Any
 from finetune_assets.launchers.fanout import FanOut, FanOutError
 from finetune_assets.launchers.k8s import K8sTorchrunLauncher
 from finetune_assets.launchers.k8s.manifests import gang_key, k8s_name
+from finetune_assets.launchers.k8s.runs import LiveRunConflict, RunState
 from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, CONTAINER_NAME, JOB_LABEL
 from finetune_assets.launchers.k8s.verdict import (
     Verdict,
@@ -66,6 +67,8 @@ class K8sFanOutRunner:
     labels: Mapping[str, str] = field(default_factory=dict)  # dagster/run-id, dagster/asset, dagster/partition
     parallelism: int | None = None  # pods at once; None = every index at once
     retries_per_index: int = 2  # backoffLimitPerIndex
+    # Dagster's word on a left-over Job's run (launchers/k8s/runs.py); None: every left-over is an orphan
+    run_state: RunState | None = None
 
     def __post_init__(self) -> None:
         if self.parallelism is not None and self.parallelism < 1:
@@ -126,7 +129,11 @@ class K8sFanOutRunner:
         api = workers.api(lines)
         owner, owner_image = workers._owner_reference(lines, api)
         image = workers.image or owner_image
-        workers._remove_live_gangs(lines, api, self.dedupe_key(job), "fan-out Job")
+        try:
+            workers._remove_live_gangs(lines, api, self.dedupe_key(job), "fan-out Job", run_state=self.run_state,
+                                       own_run=self.labels.get("dagster/run-id"))
+        except LiveRunConflict as e:
+            raise FanOutError(str(e)) from None
         name = k8s_name(job.name)
         manifest = self.render(job, name, image)
         parallelism = manifest["spec"]["parallelism"]

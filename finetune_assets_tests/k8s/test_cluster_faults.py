@@ -159,7 +159,7 @@ def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(cluster: Clu
     cluster.create_job(job)
     launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="dedup")
     assert launched.success, launched.logs[-3000:]
-    assert f"Deleting live training Job {cluster.namespace}/{name} of the same asset and partition (left by run dead-run)" in launched.logs
+    assert f"Deleting live training Job {cluster.namespace}/{name} of the same asset and partition (left by run dead-run, which is over)" in launched.logs
     assert cluster.leftovers(name) == {}
 
 
@@ -172,3 +172,26 @@ def test_the_log_follower_resumes_after_the_stream_breaks(cluster: Cluster, faul
     assert launched.success, launched.logs[-3000:]
     lines = re.findall(r"\] standin: line (\d+)$", launched.logs, flags=re.M)
     assert lines == [str(i) for i in range(60)]  # every line once, in order, despite the breaks
+
+
+def test_a_live_gang_of_a_running_dagster_run_is_left_alone(cluster: Cluster, double, instance) -> None:
+    """Dagster is asked first: the other run is STARTED, so its Job is not deleted and the launch fails
+    naming it; once that run is gone from the instance, the next launch removes the orphan."""
+    import dagster as dg
+
+    from finetune_assets.launchers import TrainingSpec
+
+    other = "5e1f0c2a-0000-4000-8000-00000000beef"
+    instance.add_run(dg.DagsterRun(job_name="other_job", run_id=other, status=dg.DagsterRunStatus.STARTED))
+    name = "live-other-run"
+    _, job = cluster.launcher(nnodes=1).render(TrainingSpec(name=name, config_url="standin:sleep=600", labels={
+        "dagster/asset": "trained", "dagster/partition": "shared", "dagster/run-id": other}), name)
+    cluster.create_job(job)
+    refused = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="shared")
+    assert not refused.success and refused.job_name is None
+    assert f"belongs to Dagster run {other}, which is still STARTED" in refused.logs
+    assert "job" in cluster.leftovers(name, wait_s=0)  # untouched
+    instance.delete_run(other)
+    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="shared")
+    assert launched.success, launched.logs[-3000:]
+    assert cluster.leftovers(name) == {}

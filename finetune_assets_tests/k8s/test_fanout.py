@@ -191,6 +191,20 @@ def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(cluster: Clust
     assert cluster.leftovers("tok-v1-deadrun-abc123") == {} and len(parts(tmp_path)) == 3
 
 
+@pytest.mark.k8s
+def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(cluster: Cluster, double, tmp_path) -> None:
+    left = K8sFanOutRunner(cluster.launcher(timeout_s=90), labels={**LABELS, "dagster/run-id": "other-run"})
+    job = left.render(FanOut(name="tok-v1-live", command=["python", "-c", "import time; time.sleep(600)"],
+                             count=1, env={}), "tok-v1-live-abc123")
+    cluster.create_job(job)
+    runner = K8sFanOutRunner(cluster.launcher(), labels=LABELS, run_state={"other-run": "STARTED"}.get)
+    with pytest.raises(FanOutError, match="belongs to Dagster run other-run, which is still STARTED"):
+        runner.run(fanout(str(tmp_path)), lambda line: None)
+    assert "job" in cluster.leftovers("tok-v1-live-abc123", wait_s=0)
+    cluster.double.handle("DELETE", f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/tok-v1-live-abc123",
+                          {}, {}, HARNESS_AGENT)
+
+
 def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:
     from types import SimpleNamespace as NS
 

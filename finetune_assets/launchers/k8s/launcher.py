@@ -17,6 +17,7 @@ from finetune_assets.launchers.k8s.manifests import ManifestsMixin, gang_key, k8
 from finetune_assets.launchers.k8s.settings import (
     API_TIMEOUT_S, GANG_LABEL, GONE_TIMEOUT_S, JOB_LABEL, K8sSettings, PropagationPolicy,
 )
+from finetune_assets.launchers.k8s.runs import LiveRunConflict, RunState, dagster_run_state
 from finetune_assets.launchers.k8s.supervise import SupervisionMixin
 from finetune_assets.launchers.k8s.verdict import GangDisrupted, assess
 
@@ -29,7 +30,11 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         api = self.api(log)
         owner, owner_image = self._owner_reference(log, api)
         image = self.image or owner_image
-        self._remove_live_gangs(log, api, gang_key(job.labels))
+        try:
+            self._remove_live_gangs(log, api, gang_key(job.labels), run_state=dagster_run_state(context.instance),
+                                    own_run=context.run.run_id)
+        except LiveRunConflict as e:
+            raise TrainingFailed(str(e)) from None
         for attempt in range(self.max_resubmissions + 1):
             try:
                 self._run_gang(log, api, job, owner, image)
@@ -113,11 +118,16 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else None
         return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, image
 
-    def _remove_live_gangs(self, log, api, key: str | None, what: str = "training Job") -> None:
-        """Delete unfinished gangs of the same asset + partition: two would write one checkpoint folder and MLflow run.
+    def _remove_live_gangs(self, log, api, key: str | None, what: str = "training Job",
+                           run_state: RunState | None = None, own_run: str | None = None) -> None:
+        """Delete unfinished gangs of the same asset + partition whose Dagster run is over: two gangs
+        would write one checkpoint folder and MLflow run.
 
-        Deleted rather than adopted: the left-over gang may run another config, and the new gang resumes
-        from the same checkpoint, so a restart costs one rendezvous and one checkpoint load.
+        Dagster is asked first (``run_state``): a Job whose run is still live (another run training the
+        same partition) is left alone and this launch fails naming that run. A Job of this very run (a
+        retried step) or of a finished or deleted run is an orphan: deleted rather than adopted (it may
+        run another config; the new gang resumes from the same checkpoint). Without ``run_state``
+        every unfinished Job of the key is treated as an orphan.
         """
         if key is None:
             return
@@ -127,8 +137,14 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
                 continue
             left_by = (other.metadata.labels or {}).get("dagster/run-id", "?")
+            state = run_state(left_by) if run_state is not None and left_by not in ("?", own_run) else None
+            if state is not None:
+                raise LiveRunConflict(
+                    f"{what} {ns}/{other.metadata.name} of the same asset and partition belongs to Dagster run "
+                    f"{left_by}, which is still {state}: two gangs would write one checkpoint. Wait for that run "
+                    "(or terminate it), then launch again")
             log.warning(f"Deleting live {what} {ns}/{other.metadata.name} of the same asset and partition "
-                        f"(left by run {left_by}) before starting a new gang")
+                        f"(left by run {left_by}, which is over) before starting a new gang")
             self._cleanup(log, api, other.metadata.name, has_service=True)
             self._wait_pods_gone(log, api, other.metadata.name)
 
