@@ -135,6 +135,7 @@ class Faults:
     api_burst: list[tuple[int | str, float | None]] = field(default_factory=list)
     api_outage_s: float = 0.0
     fail_job_deletes: int = 0  # the launcher's next N Job deletes answer 500
+    admission_errors: int = 0  # the next N pods fail kubelet admission (UnexpectedAdmissionError)
     api_injected: Counter = field(default_factory=Counter)  # what was injected, by status
     _outage_end: float | None = None
     _armed: bool = False
@@ -164,6 +165,7 @@ class _Pod:
         self.disrupted = False  # evicted: the Job controller does not count it as a failure (Ignore rule)
         self.silent = False  # on a NotReady node: status no longer updated
         self.oom_killed = False  # killed by the kernel at the memory limit: terminated reason OOMKilled
+        self.kubelet_reason: tuple[str, str] | None = None  # status.reason/message of a kubelet eviction
         self.attempt = 0  # pods of the same Job and index created before this one
         self.main_depth = 0  # how far below the Popen process the container's main process is
         self.hosts_path = root / "hosts"
@@ -303,6 +305,16 @@ class KubeApiDouble:
                 self.pods.pop((ns, pod.name), None)
 
         threading.Thread(target=go, daemon=True).start()
+
+    def kubelet_evict(self, name: str, reason: str = "Evicted", message: str = (
+            "Pod ephemeral local storage usage exceeds the total limit of containers 8Gi.")) -> None:
+        """A kubelet-initiated eviction (emptyDir / ephemeral-storage limit, node pressure): the containers
+        are killed (exit 137), the pod ends Failed with ``status.reason`` and NO ``DisruptionTarget``."""
+        pod = self._pod_named(name)
+        pod.kubelet_reason = (reason, message)
+        if pod.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.proc.pid, signal.SIGKILL)
 
     def node_not_ready(self, name: str, evict_after_s: float = 2.0) -> None:
         """The pod's node stops reporting: its processes die silently, ``Ready=False``, later evicted."""
@@ -635,6 +647,13 @@ class KubeApiDouble:
     def _schedule_and_pull(self, ns: str, pod: _Pod) -> bool:
         """Pending: scheduling, image pull, faults. False when the pod never gets to start."""
         f, status = self.faults, pod.obj["status"]
+        if f.admission_errors > 0:  # kubelet admission fails (device plugin restarted): Failed, never ran
+            with self.lock:
+                f.admission_errors -= 1
+                status.update(phase="Failed", reason="UnexpectedAdmissionError", message=(
+                    "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+                    "nvidia.com/gpu, which is unexpected"))
+            return False
         if f.unschedulable:
             with self.lock:
                 status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -660,6 +679,11 @@ class KubeApiDouble:
         container = pod.obj["spec"]["containers"][0]
         if not self._schedule_and_pull(ns, pod):
             pod.done.set()
+            if pod.obj["status"]["phase"] == "Failed":  # admission error: a failure without an exit code
+                with self.lock:
+                    if (record := self.indexes[(ns, job_name)].records.get(pod.name)) is not None:
+                        record.phase = "Failed"
+                self._fill(ns, job_name)
             return
         try:
             argv, env = self._container_process(ns, pod, container)
@@ -693,6 +717,8 @@ class KubeApiDouble:
             return
         with self.lock:
             pod.obj["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+            if pod.kubelet_reason is not None:  # a kubelet eviction: no DisruptionTarget, a pod-level reason
+                pod.obj["status"]["reason"], pod.obj["status"]["message"] = pod.kubelet_reason
             pod.obj["status"]["containerStatuses"][0].update(ready=False, started=False, state={"terminated": {
                 "exitCode": code, "reason": "Completed" if code == 0 else "OOMKilled" if pod.oom_killed else "Error",
                 "startedAt": pod.obj["status"].get("startTime"), "finishedAt": _now()}})

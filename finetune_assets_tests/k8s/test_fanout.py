@@ -75,10 +75,11 @@ def test_fanout_manifest_shape() -> None:
     rules = spec["podFailurePolicy"]["rules"]
     assert [r["action"] for r in rules] == ["Ignore", "Count", "FailIndex"]
     assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
-    assert rules[1]["onExitCodes"]["values"] == [137]  # OOMKilled gets its retries
+    assert rules[1]["onExitCodes"]["values"] == [75, 137]  # transient I/O (EX_TEMPFAIL) and OOM get retries
     # the training launcher's settings, but no GPU and one process per worker pod; no Service
     assert "nvidia.com/gpu" not in container["resources"]["requests"] and "subdomain" not in pod
-    assert pod["nodeSelector"] == {"pool": "batch"} and pod["serviceAccountName"] == "finetune-trainer"
+    # the GPU pool's node selector is not inherited: CPU workers have their own (none here)
+    assert "nodeSelector" not in pod and pod["serviceAccountName"] == "finetune-trainer"
     assert [e["secretRef"]["name"] for e in container["envFrom"]] == ["finetune-s3"]
     assert any(v.get("persistentVolumeClaim", {}).get("claimName") == "finetune-storage" for v in pod["volumes"])
     assert container["securityContext"]["readOnlyRootFilesystem"] is True and pod["automountServiceAccountToken"] is False

@@ -31,7 +31,7 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         owner, owner_image = self._owner_reference(log, api)
         image = self.image or owner_image
         try:
-            self._remove_live_gangs(log, api, gang_key(job.labels), run_state=dagster_run_state(context.instance),
+            self._remove_live_gangs(log, api, gang_key(job.labels, self.gang_scope), run_state=dagster_run_state(context.instance),
                                     own_run=context.run.run_id)
         except LiveRunConflict as e:
             raise TrainingFailed(str(e)) from None
@@ -115,8 +115,17 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             log.warning(f"Cannot read the launching pod {self.namespace}/{name} ({e.status} {e.reason}): the training "
                         "Job gets no owner; if this process dies, only its TTL and the next launch remove it")
             return None, None
-        image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else None
-        return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, image
+        return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, self._own_image(log, pod)
+
+    def _own_image(self, log, pod) -> str | None:
+        """The launching container's image, by name (a mesh proxy or other sidecar may come first)."""
+        containers = list(pod.spec.containers or []) if pod.spec else []
+        named = [c for c in containers if c.name == self.owner_container]
+        if named or len(containers) == 1:
+            return (named or containers)[0].image
+        log.warning(f"The launching pod {self.namespace}/{pod.metadata.name} has no container named "
+                    f"{self.owner_container!r} (it has {[c.name for c in containers]}): set owner_container or image")
+        return None
 
     def _remove_live_gangs(self, log, api, key: str | None, what: str = "training Job",
                            run_state: RunState | None = None, own_run: str | None = None) -> None:

@@ -11,9 +11,10 @@ from typing import Any
 import kubernetes
 
 from finetune_assets.launchers.base import TrainingSpec, torchrun_command
+from finetune_assets.launchers.k8s.passthrough import deep_merge
 from finetune_assets.launchers.k8s.settings import (
-    _DNS_LABEL, _LABEL_KEY, _SECRET_ENV, COMPONENT, CONTAINER_NAME, GANG_LABEL, JOB_LABEL, POD_ENV, SCRATCH_MOUNTS,
-    PullPolicy,
+    _DNS_LABEL, _LABEL_KEY, _SECRET_ENV, COMPONENT, CONTAINER_NAME, DEPLOYMENT_LABEL, GANG_LABEL, JOB_LABEL, POD_ENV,
+    QUEUE_LABEL, SCRATCH_MOUNTS, PullPolicy,
 )
 
 def k8s_name(base: str, *, max_len: int = 40) -> str:
@@ -63,12 +64,13 @@ def _check_plain_env(env: Mapping[str, str], where: str) -> None:
             )
 
 
-def gang_key(labels: Mapping[str, str]) -> str | None:
-    """One label value per asset + partition (hashed: partition keys need not be valid label values)."""
+def gang_key(labels: Mapping[str, str], scope: str = "") -> str | None:
+    """One label value per deployment (``scope``: namespace/deployment) + asset + partition, hashed
+    (partition keys need not be valid label values)."""
     asset, partition = labels.get("dagster/asset"), labels.get("dagster/partition")
     if asset is None:
         return None
-    return hashlib.sha256(f"{asset}\0{partition or ''}".encode()).hexdigest()[:40]
+    return hashlib.sha256(f"{scope}\0{asset}\0{partition or ''}".encode()).hexdigest()[:40]
 
 
 
@@ -107,8 +109,11 @@ class ManifestsMixin:
                 raise ValueError(f"invalid Kubernetes label key {key!r}")
         out = {k: sanitize_label_value(v) for k, v in labels.items()}
         out[JOB_LABEL] = name
+        out[DEPLOYMENT_LABEL] = sanitize_label_value(self.deployment)
         if gang is not None:
             out[GANG_LABEL] = gang
+        if self.queue_name:
+            out[QUEUE_LABEL] = sanitize_label_value(self.queue_name)
         return out
 
     def _env(self, extra: Mapping[str, str], where: str) -> list[dict[str, Any]]:
@@ -201,7 +206,7 @@ class ManifestsMixin:
             "activeDeadlineSeconds": self.timeout_s,
             "ttlSecondsAfterFinished": self.ttl_seconds_after_finished,
         }
-        job_dict = self.job_manifest(name, image, self._labels(job.labels, name, gang_key(job.labels)),
+        job_dict = self.job_manifest(name, image, self._labels(job.labels, name, gang_key(job.labels, self.gang_scope)),
                                      pod_spec, container, job_spec, COMPONENT)
         service = None
         if self.nnodes > 1:
@@ -226,6 +231,14 @@ class ManifestsMixin:
             raise ValueError("K8sTorchrunLauncher.image is not set and there is no launching pod to take it from: set image")
         from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 
+        if self.queue_name:  # Kueue admits (unsuspends) the whole Job once its quota is free
+            job_spec = {**job_spec, "suspend": True}
+        parts = deep_merge({
+            "container_config": container,
+            "pod_spec_config": pod_spec,
+            "job_spec_config": job_spec,
+            "job_metadata": {"namespace": self.namespace},
+        }, self.k8s_config)
         manifest = construct_dagster_k8s_job(
             job_config=DagsterK8sJobConfig(
                 job_image=image,
@@ -238,12 +251,7 @@ class ManifestsMixin:
             pod_name=name,
             component=component,
             labels=labels,
-            user_defined_k8s_config=UserDefinedDagsterK8sConfig.from_dict({
-                "container_config": container,
-                "pod_spec_config": pod_spec,
-                "job_spec_config": job_spec,
-                "job_metadata": {"namespace": self.namespace},
-            }),
+            user_defined_k8s_config=UserDefinedDagsterK8sConfig.from_dict(parts),
         )
         job_dict = kubernetes.client.ApiClient().sanitize_for_serialization(manifest)
         # The Job controller adds the completion index to each pod; the template may not name pods.

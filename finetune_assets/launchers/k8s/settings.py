@@ -7,7 +7,7 @@ from enum import Enum
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from finetune_assets.launchers.base import TRAINER_MODULE, TrainingLauncher
 
@@ -19,6 +19,8 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 COMPONENT = "finetune-trainer"
 # One value per asset + partition on every Job: finds a live gang left by a dead launcher (see gang_key).
 GANG_LABEL = "finetune-assets/gang"
+DEPLOYMENT_LABEL = "finetune-assets/deployment"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 EVENTS_EVERY_S = 5.0
 API_TIMEOUT_S = 30  # every API read is bounded: a hung connection must not hang the supervision loop
 GONE_TIMEOUT_S = 120  # a deleted gang's pods: terminationGracePeriodSeconds (30) plus slack
@@ -27,9 +29,6 @@ GONE_TIMEOUT_S = 120  # a deleted gang's pods: terminationGracePeriodSeconds (30
 _SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN(?!IZER)|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|API_KEY)", re.I)
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-# Waiting reasons that will not fix themselves while we wait (CreateContainerConfigError: usually a
-# missing Secret named in env_secret_names).
-_FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
 # Writable scratch volumes under the read-only root filesystem.
 SCRATCH_MOUNTS = {"tmp": "/tmp", "cache": "/cache"}
 POD_ENV = {
@@ -123,8 +122,25 @@ class K8sSettings(TrainingLauncher):
         default=AUTO, description="Memory-backed /dev/shm (DataLoader, NCCL, streaming); counts against the memory "
         f"limit. 'auto' = {SHM_PER_GPU_GI}Gi per GPU process, else 1Gi.")
     scratch_size: str = Field(default="8Gi", description="Size limit of each writable emptyDir (/tmp, /cache).")
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Training pods (the GPU pool).")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Training pods (the GPU pool).")
+    k8s_config: dict[str, Any] = Field(
+        default_factory=dict, description="Pod-template passthrough for the training pods, in dagster-k8s's "
+        "UserDefinedDagsterK8sConfig shape (see launchers/k8s/passthrough.py): annotations, priorityClassName, "
+        "schedulerName, affinity, runtimeClassName, extra resources...")
+    # The data fan-out's CPU workers get their own pool: nothing above is inherited.
+    worker_node_selector: dict[str, str] = Field(default_factory=dict, description="Data worker pods (CPU pool).")
+    worker_tolerations: list[Toleration] = Field(default_factory=list, description="Data worker pods.")
+    worker_cpu_request: str = Field(default=AUTO, description=f"Data worker pods; 'auto' = {CPU_PER_PROCESS} core.")
+    worker_memory_request: str = Field(default=AUTO, description="Data worker pods; 'auto' as for one process.")
+    worker_memory_limit: str | None = Field(default=AUTO, description="Data worker pods; None = no limit.")
+    worker_k8s_config: dict[str, Any] = Field(default_factory=dict, description="Passthrough for data worker pods.")
+    queue_name: str | None = Field(
+        default=None, description="Kueue LocalQueue: the Job is created suspended with the "
+        "kueue.x-k8s.io/queue-name label, and Kueue admits the whole gang at once (see deploy/README.md).")
+    deployment: str = Field(
+        default="default", description="This deployment's name: with the namespace, part of the gang key, so two "
+        "deployments training the same partition in one namespace never touch each other's Jobs.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra non-secret environment for the pods.")
     env_secret_names: list[str] = Field(
         default_factory=list,
@@ -138,7 +154,7 @@ class K8sSettings(TrainingLauncher):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the Job, Service and pods.")
     rdzv_port: int = Field(default=29400, ge=1, le=65535)
     rdzv_timeout_s: int = Field(
-        default=900, ge=1,
+        default=1800, ge=1,
         description="c10d rendezvous join and read timeout: longer than the worst gap between the first and the last "
         "pod starting (GPU node scale-up, a multi-GB image pull). torchrun's own default read timeout is 60 s.",
     )
@@ -159,12 +175,18 @@ class K8sSettings(TrainingLauncher):
     start_timeout_s: int = Field(
         default=1800, ge=1, description="How long pods may stay Pending (scheduling, node scale-up, image pull, quota) "
         "before the launch fails with the scheduler's / admission's reason.")
+    queue_timeout_s: int = Field(
+        default=24 * 3600, ge=1, description="How long a suspended (Kueue-queued) Job may wait for admission; "
+        "start_timeout_s and timeout_s count from admission.")
     max_resubmissions: int = Field(
         default=3, ge=0, description="Fresh gangs after a disruption (eviction, preemption, node lost); each resumes "
         "from the last checkpoint. Failures of the training code itself are never resubmitted.")
     owner_pod: str | None = Field(
         default=None, description="Pod that owns the training Job, so Kubernetes deletes the gang when it dies. "
         "Unset: in-cluster this pod ($HOSTNAME), outside none.")
+    owner_container: str = Field(
+        default="dagster", description="The launching pod's container whose image the gang runs when image is "
+        "unset (dagster-k8s names the run container 'dagster'; a mesh sidecar may be listed first).")
     log_tail_lines: int = Field(default=100, ge=1)
 
     @property
@@ -208,3 +230,26 @@ class K8sSettings(TrainingLauncher):
                 raise ValueError(f"{kind}_request={req} is above {kind}_limit={lim}: lower the request or raise the limit")
         return out
 
+    @model_validator(mode="after")
+    def _valid_passthrough(self):
+        from finetune_assets.launchers.k8s.passthrough import validate
+
+        validate(self.k8s_config, "k8s_config")
+        validate(self.worker_k8s_config, "worker_k8s_config")
+        return self
+
+    @property
+    def gang_scope(self) -> str:
+        """What, beside asset + partition, tells this deployment's Jobs from another's."""
+        return f"{self.namespace}/{self.deployment}"
+
+    @model_validator(mode="after")
+    def _coherent_timeouts(self):
+        """Pods that start first wait in the rendezvous for the last one: if that wait ends before the
+        launcher's own start timeout, early pods fail holding their GPUs while the gang could still form."""
+        if self.nnodes > 1 and self.rdzv_timeout_s < self.start_timeout_s:
+            raise ValueError(
+                f"rdzv_timeout_s={self.rdzv_timeout_s} is shorter than start_timeout_s={self.start_timeout_s}: "
+                "early pods would leave the rendezvous before the last pod may start; raise rdzv_timeout_s "
+                "or lower start_timeout_s")
+        return self

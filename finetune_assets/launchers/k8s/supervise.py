@@ -10,8 +10,10 @@ from finetune_assets.launchers.base import TrainingFailed
 from finetune_assets.launchers.k8s.logs import LogFollower, _safe_logs, _warning_events
 from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, EVENTS_EVERY_S, JOB_LABEL
 from finetune_assets.launchers.k8s.verdict import (
-    GangDisrupted, _completion_index, _is_failed, _pod_state, latest_pod,
+    GangDisrupted, _completion_index, _is_failed, _pod_state, _pod_wait, latest_pod,
 )
+
+MAX_EVENT_OBJECTS = 10  # Events are read for the Job and at most this many waiting pods
 
 
 class SupervisionMixin:
@@ -24,6 +26,7 @@ class SupervisionMixin:
         selector = f"{JOB_LABEL}={name}"
         started = False
         last_note, events, events_read = "", "", 0.0
+        queue_deadline = now + self.queue_timeout_s
         while True:
             follower.drain(log)
             pods = api.core_api.list_namespaced_pod(ns, label_selector=selector, _request_timeout=API_TIMEOUT_S).items
@@ -47,9 +50,14 @@ class SupervisionMixin:
             if verdict.kind in ("failed", "stuck"):
                 fail_fn(status, pods, verdict.why)
             now = time.monotonic()
+            if verdict.kind == "queued":  # Kueue holds the gang: its clocks start at admission, as the Job's does
+                if now > queue_deadline:
+                    fail_fn(status, pods, f"not admitted within queue_timeout_s={self.queue_timeout_s}: {verdict.why}")
+                deadline, start_deadline = now + self.timeout_s, now + self.start_timeout_s
             started = started or verdict.kind == "running"
             if verdict.kind == "waiting" and now - events_read > EVENTS_EVERY_S:
-                events, events_read = _warning_events(api, ns, [name, *(p.metadata.name for p in pods)]), now
+                waiting = [p.metadata.name for p in pods if _pod_wait(p)][:MAX_EVENT_OBJECTS]  # not one call per pod
+                events, events_read = _warning_events(api, ns, [name, *waiting]), now
             note = verdict.why + (f"; events: {events}" if events and verdict.kind == "waiting" else "")
             if note and note != last_note:  # say it once, when it changes; ContainerCreating is only info
                 trouble = events or verdict.kind == "running" or "Unschedulable" in note

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from finetune_assets.launchers.k8s.settings import _FATAL_WAITING, COMPLETION_INDEX_ANNOTATION
+from finetune_assets.launchers.k8s.failures import infrastructure_reason, waiting_is_fatal
+from finetune_assets.launchers.k8s.settings import COMPLETION_INDEX_ANNOTATION
+
 
 class GangDisrupted(Exception):
     """A pod of the gang was disrupted (eviction, preemption, node lost): resubmit rather than fail."""
@@ -14,7 +16,7 @@ class GangDisrupted(Exception):
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # running | waiting | complete | disrupted | failed | stuck
+    kind: str  # running | waiting | queued | complete | disrupted | failed | stuck
     why: str = ""
     reason: str = ""  # the Job condition's reason, when the Job failed
 
@@ -23,12 +25,20 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
     """What the gang is doing, from a ``V1JobStatus`` and its ``V1Pod`` list.
 
     Order matters: a disruption wins over the failures it causes in the peers (they fail because
-    their peer vanished), and a failed pod wins over the Job controller's slower ``Failed``.
+    their peer vanished), and a failed pod wins over the Job controller's slower ``Failed``. A
+    disruption is a ``DisruptionTarget`` condition or an infrastructure failure without one
+    (``failures.py``: kubelet evictions, admission errors, node shutdown).
     """
-    disrupted = [(p, c) for p in pods if (c := _condition(p, "DisruptionTarget"))]
+    disrupted = [f"pod {p.metadata.name}: {c.reason or 'DisruptionTarget'}: {c.message or ''}".rstrip(": ")
+                 for p in pods if (c := _condition(p, "DisruptionTarget"))]
+    disrupted += [f"pod {p.metadata.name}: {why}" for p in pods
+                  if not _condition(p, "DisruptionTarget") and (why := infrastructure_reason(p))]
     if disrupted:
-        return Verdict("disrupted", "; ".join(
-            f"pod {p.metadata.name}: {c.reason or 'DisruptionTarget'}: {c.message or ''}".rstrip(": ") for p, c in disrupted))
+        return Verdict("disrupted", "; ".join(disrupted))
+    if "Suspended" in job_conditions(status):  # queued (Kueue) or suspended: waited on, never deleted
+        c = job_conditions(status)["Suspended"]
+        return Verdict("queued", f"Job suspended ({c.reason or 'Suspended'}: {c.message or ''}), "
+                                 "waiting for admission")
     conditions = job_conditions(status)
     failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
     if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":
@@ -113,7 +123,7 @@ def _completion_index(pod) -> int:
 def _fatal_waiting_reason(pod) -> str | None:
     for cs in (pod.status.container_statuses or []) if pod.status else []:
         waiting = cs.state.waiting if cs.state else None
-        if waiting is not None and waiting.reason in _FATAL_WAITING:
+        if waiting is not None and waiting_is_fatal(waiting.reason, waiting.message):
             return f"{waiting.reason}: {waiting.message or ''}".strip()
     return None
 
