@@ -57,6 +57,7 @@ from finetune_assets.launchers.k8s.verdict import (
 
 COMPONENT = "finetune-data-worker"
 MAX_INDEXES = 100_000  # the API server's limit on completions when backoffLimitPerIndex is set
+UNFINISHED_OR_FAILED = "status.phase!=Succeeded"  # pods a fan-out poll needs (field selector)
 UNLIMITED_BACKOFF = 2**31 - 1  # the API default of backoffLimit when backoffLimitPerIndex is set
 WORKER_SETTINGS = {"gpus_per_node": 0, "nproc_per_node": 1, "nnodes": 1}  # data workers: CPU, one process
 
@@ -152,12 +153,14 @@ class K8sFanOutRunner:
             assess_fn=lambda status, pods: assess_fanout(status, pods, job.count, parallelism),
             fail_fn=lambda status, pods, why: self._fail(lines, api, name, job.count, status, pods, why),
             progress=_Progress(lines, f"Fan-out Job {ns}/{name}", job.count),
+            pod_fields=UNFINISHED_OR_FAILED,  # completedIndexes tells the rest
         )
 
     def _fail(self, log, api, name: str, count: int, status, pods: Sequence[Any], why: str) -> None:
         with contextlib.suppress(Exception):  # the pods as of (not before) the status that failed the index
             pods = api.core_api.list_namespaced_pod(
-                self.launcher.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S).items
+                self.launcher.namespace, label_selector=f"{JOB_LABEL}={name}", field_selector=UNFINISHED_OR_FAILED,
+                _request_timeout=API_TIMEOUT_S).items
         failed = indexes(status.failed_indexes if status else None)
         done = indexes(status.completed_indexes if status else None)
         # the last pod of each failed index; without one (timeout, stuck pods), every unfinished pod

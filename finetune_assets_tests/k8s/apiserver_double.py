@@ -483,6 +483,7 @@ class KubeApiDouble:
                 items = [copy.deepcopy(o) for (r, ons, _), o in self.objects.items() if r == res and ons == ns]
         items = [o for o in items if _matches(o["metadata"].get("labels") or {}, labels)
                  and _matches({"metadata.name": o["metadata"]["name"],
+                               "status.phase": (o.get("status") or {}).get("phase") if res == "pods" else None,
                                **{f"involvedObject.{k}": v for k, v in (o.get("involvedObject") or {}).items()}}, fields)]
         kind = {"pods": "PodList", "jobs": "JobList", "services": "ServiceList", "secrets": "SecretList",
                 "events": "EventList"}[res]

@@ -25,7 +25,10 @@ MAX_INT32 = 2**31 - 1
 DEFAULT_BACKOFF_LIMIT = 6  # the API default without backoffLimitPerIndex
 COMPLETIONS_REACHED = ("CompletionsReached", "Reached expected number of succeeded pods")
 BACKOFF = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-MAX_FAILED = ("MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes")
+MAX_FAILED = (
+    "MaxFailedIndexesExceeded",
+    "Job has exceeded the specified maximal number of failed indexes",
+)
 FAILED_INDEXES = ("FailedIndexes", "Job has failed indexes")
 DEADLINE = ("DeadlineExceeded", "Job was active longer than specified deadline")
 
@@ -65,7 +68,7 @@ def backoff_limit(spec: dict[str, Any]) -> int:
 
 
 def failure_action(spec: dict[str, Any], pod: Pod, ns: str = "default") -> tuple[str, str]:
-    """The first ``podFailurePolicy`` rule matching a failed pod: (action, FailJob message); Count if none."""
+    """The first ``podFailurePolicy`` rule for a failed pod: (action, message); Count if none."""
     for i, rule in enumerate((spec.get("podFailurePolicy") or {}).get("rules", [])):
         codes = rule.get("onExitCodes")
         if codes:
@@ -74,17 +77,23 @@ def failure_action(spec: dict[str, Any], pod: Pod, ns: str = "default") -> tuple
                 if code == 0 or codes.get("containerName") not in (None, cname):
                     continue
                 if (code in wanted) == (codes["operator"] == "In"):
-                    return rule["action"], (f"Container {cname} for pod {ns}/{pod.name} failed with exit code "
-                                            f"{code} matching {rule['action']} rule at index {i}")
+                    return rule["action"], (
+                        f"Container {cname} for pod {ns}/{pod.name} failed with exit code "
+                        f"{code} matching {rule['action']} rule at index {i}"
+                    )
         for pattern in rule.get("onPodConditions") or []:
             if pattern["type"] in pod.conditions and pattern.get("status", "True") == "True":
-                return rule["action"], (f"Pod {ns}/{pod.name} has condition {pattern['type']} matching "
-                                        f"{rule['action']} rule at index {i}")
+                return rule["action"], (
+                    f"Pod {ns}/{pod.name} has condition {pattern['type']} matching "
+                    f"{rule['action']} rule at index {i}"
+                )
     return "Count", ""
 
 
-def sync(spec: dict[str, Any], pods: list[Pod], ns: str = "default", past_deadline: bool = False) -> Status:
-    """One reconcile of an Indexed Job: the status and the pods to create/delete (see module docstring)."""
+def sync(
+    spec: dict[str, Any], pods: list[Pod], ns: str = "default", past_deadline: bool = False
+) -> Status:
+    """One reconcile of an Indexed Job: its status, the pods to create and to delete."""
     completions = int(spec.get("completions") or 1)
     parallelism = int(spec.get("parallelism", 1))
     per_index = spec.get("backoffLimitPerIndex")
@@ -98,7 +107,9 @@ def sync(spec: dict[str, Any], pods: list[Pod], ns: str = "default", past_deadli
             st.succeeded += 1
             completed.add(pod.index)
         elif pod.phase == "Failed":
-            action, message = failure_action(spec, pod, ns) if spec.get("podFailurePolicy") else ("Count", "")
+            action, message = (
+                failure_action(spec, pod, ns) if spec.get("podFailurePolicy") else ("Count", "")
+            )
             if pod.deleting:
                 holding.add(pod.index)  # the replacement waits until the failed pod is gone
             if action == "Ignore":
@@ -106,7 +117,9 @@ def sync(spec: dict[str, Any], pods: list[Pod], ns: str = "default", past_deadli
             st.failed += 1
             if action == "FailJob" and finish is None:
                 finish = ("PodFailurePolicy", message)
-            elif per_index is not None and (action == "FailIndex" or pod.failure_count + 1 > int(per_index)):
+            elif per_index is not None and (
+                action == "FailIndex" or pod.failure_count + 1 > int(per_index)
+            ):
                 failed_idx.add(pod.index)
         elif pod.deleting:
             holding.add(pod.index)  # terminating: neither active nor failed yet
@@ -115,8 +128,12 @@ def sync(spec: dict[str, Any], pods: list[Pod], ns: str = "default", past_deadli
     live = [p for p in pods if p.phase in ("Pending", "Running") and not p.deleting]
     if finish is None and st.failed > backoff_limit(spec):
         finish = BACKOFF
-    if finish is None and per_index is not None and spec.get("maxFailedIndexes") is not None \
-            and len(failed_idx) > int(spec["maxFailedIndexes"]):
+    if (
+        finish is None
+        and per_index is not None
+        and spec.get("maxFailedIndexes") is not None
+        and len(failed_idx) > int(spec["maxFailedIndexes"])
+    ):
         finish = MAX_FAILED
     if finish is None and past_deadline:
         finish = DEADLINE
@@ -134,14 +151,17 @@ def sync(spec: dict[str, Any], pods: list[Pod], ns: str = "default", past_deadli
             st.conditions.append(("Failed", *finish))
         return st
     if len(completed) >= completions:
-        st.conditions += [("SuccessCriteriaMet", *COMPLETIONS_REACHED), ("Complete", *COMPLETIONS_REACHED)]
+        st.conditions += [
+            ("SuccessCriteriaMet", *COMPLETIONS_REACHED),
+            ("Complete", *COMPLETIONS_REACHED),
+        ]
         return st
     if spec.get("suspend"):
         st.to_delete = [p.name for p in live]
         st.conditions.append(("Suspended", "JobSuspended", "Job suspended"))
         return st
     todo = [i for i in range(completions) if i not in completed | failed_idx | holding]
-    st.to_create = todo[:max(0, parallelism - len(live))]
+    st.to_create = todo[: max(0, parallelism - len(live))]
     st.active = len(live) + len(st.to_create)
     return st
 

@@ -16,8 +16,11 @@ from finetune_assets_tests.k8s.conftest import HARNESS_AGENT, Cluster
 from finetune_assets_tests.k8s.helpers import launch_in_dagster
 from finetune_assets_tests.k8s.test_manifests import CONFIGS, render
 
-LABELS = {"dagster/run-id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "dagster/asset": "trained",
-          "dagster/partition": "v1"}
+LABELS = {
+    "dagster/run-id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+    "dagster/asset": "trained",
+    "dagster/partition": "v1",
+}
 
 
 def test_the_passthrough_and_the_kueue_queue_reach_job_and_pods() -> None:
@@ -34,18 +37,27 @@ def test_the_passthrough_and_the_kueue_queue_reach_job_and_pods() -> None:
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert job["metadata"]["annotations"]["team.example.com/owner"] == "ml"
     # Kueue: created suspended, with the queue label; Kueue admits the whole Job at once
-    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert (
+        job["spec"]["suspend"] is True
+        and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    )
     assert job["metadata"]["labels"]["finetune-assets/deployment"] == "prod"
 
 
-@pytest.mark.parametrize(("config", "says"), [
-    ({"pod_spec": {}}, "unknown key"),
-    ({"job_spec_config": {"parallelism": 3}}, "set by the launcher"),
-    ({"container_config": {"command": ["sh"]}}, "set by the launcher"),
-    ({"container_config": {"env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}]}}, "looks like a credential"),
-    ({"container_config": {"securityContext": {"privileged": True}}}, "privileged"),
-    ({"pod_spec_config": ["not", "a", "mapping"]}, "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"pod_spec": {}}, "unknown key"),
+        ({"job_spec_config": {"parallelism": 3}}, "set by the launcher"),
+        ({"container_config": {"command": ["sh"]}}, "set by the launcher"),
+        (
+            {"container_config": {"env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}]}},
+            "looks like a credential",
+        ),
+        ({"container_config": {"securityContext": {"privileged": True}}}, "privileged"),
+        ({"pod_spec_config": ["not", "a", "mapping"]}, "must be a mapping"),
+    ],
+)
 def test_the_passthrough_refuses_what_would_break_the_gang_or_leak(config, says) -> None:
     with pytest.raises(ValueError, match=says):
         K8sTorchrunLauncher(image="x", k8s_config=config)
@@ -53,10 +65,18 @@ def test_the_passthrough_refuses_what_would_break_the_gang_or_leak(config, says)
 
 def test_fanout_workers_get_their_own_pool_and_passthrough() -> None:
     launcher = K8sTorchrunLauncher(
-        image="x", namespace="ml", gpus_per_node=8, node_selector={"pool": "gpu"},
-        worker_node_selector={"pool": "cpu"}, worker_cpu_request="2", worker_memory_request="3Gi",
-        worker_k8s_config={"pod_spec_config": {"priorityClassName": "batch-low"}})
-    job = K8sFanOutRunner(launcher, labels=LABELS).render(FanOut("tok", ["python", "-c", "0"], 4, {}), "tok-abc")
+        image="x",
+        namespace="ml",
+        gpus_per_node=8,
+        node_selector={"pool": "gpu"},
+        worker_node_selector={"pool": "cpu"},
+        worker_cpu_request="2",
+        worker_memory_request="3Gi",
+        worker_k8s_config={"pod_spec_config": {"priorityClassName": "batch-low"}},
+    )
+    job = K8sFanOutRunner(launcher, labels=LABELS).render(
+        FanOut("tok", ["python", "-c", "0"], 4, {}), "tok-abc"
+    )
     spec = job["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     assert spec["nodeSelector"] == {"pool": "cpu"} and spec["priorityClassName"] == "batch-low"
@@ -65,19 +85,33 @@ def test_fanout_workers_get_their_own_pool_and_passthrough() -> None:
 
 
 def test_the_gang_key_includes_the_deployment() -> None:
-    blue, green = (K8sTorchrunLauncher(image="x", namespace="ml", deployment=d) for d in ("blue", "green"))
+    blue, green = (
+        K8sTorchrunLauncher(image="x", namespace="ml", deployment=d) for d in ("blue", "green")
+    )
     assert gang_key(LABELS, blue.gang_scope) != gang_key(LABELS, green.gang_scope)
     other_ns = K8sTorchrunLauncher(image="x", namespace="ml2", deployment="blue")
     assert gang_key(LABELS, blue.gang_scope) != gang_key(LABELS, other_ns.gang_scope)
 
 
 @pytest.mark.k8s
-def test_a_sidecar_first_run_pod_gives_the_dagster_containers_image(cluster: Cluster, double) -> None:
+def test_a_sidecar_first_run_pod_gives_the_dagster_containers_image(
+    cluster: Cluster, double
+) -> None:
     core, _ = cluster._apis()
-    core.create_namespaced_pod(cluster.namespace, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "run-pod-mesh"},
-        "spec": {"containers": [{"name": "istio-proxy", "image": "docker.io/istio/proxyv2:1.24"},
-                                {"name": "dagster", "image": "registry.example.com/finetune-assets:7"}]}})
+    core.create_namespaced_pod(
+        cluster.namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "run-pod-mesh"},
+            "spec": {
+                "containers": [
+                    {"name": "istio-proxy", "image": "docker.io/istio/proxyv2:1.24"},
+                    {"name": "dagster", "image": "registry.example.com/finetune-assets:7"},
+                ]
+            },
+        },
+    )
     launcher = cluster.launcher(image=None, owner_pod="run-pod-mesh")
     owner, image = launcher._owner_reference(logging.getLogger("test"), launcher.api())
     assert image == "registry.example.com/finetune-assets:7" and owner["name"] == "run-pod-mesh"
@@ -85,45 +119,78 @@ def test_a_sidecar_first_run_pod_gives_the_dagster_containers_image(cluster: Clu
 
 
 @pytest.mark.k8s
-def test_two_deployments_with_the_same_partition_leave_each_other_alone(cluster: Cluster, double, instance) -> None:
+def test_two_deployments_with_the_same_partition_leave_each_other_alone(
+    cluster: Cluster, double, instance
+) -> None:
     from finetune_assets.launchers import TrainingSpec
 
     blue = cluster.launcher(nnodes=1, deployment="blue")
-    _, job = blue.render(TrainingSpec(name="blue-gang", config_url="standin:sleep=600", labels={
-        **LABELS, "dagster/run-id": "gone-run", "dagster/partition": "twins"}), "blue-gang")
+    _, job = blue.render(
+        TrainingSpec(
+            name="blue-gang",
+            config_url="standin:sleep=600",
+            labels={**LABELS, "dagster/run-id": "gone-run", "dagster/partition": "twins"},
+        ),
+        "blue-gang",
+    )
     cluster.create_job(job)
-    green = launch_in_dagster(cluster.launcher(nnodes=1, deployment="green"), "standin:ok", instance,
-                              partition="twins")
+    green = launch_in_dagster(
+        cluster.launcher(nnodes=1, deployment="green"), "standin:ok", instance, partition="twins"
+    )
     assert green.success, green.logs[-3000:]
     assert "Deleting live" not in green.logs and "job" in cluster.leftovers("blue-gang", wait_s=0)
-    assert job["metadata"]["labels"][GANG_LABEL] != gang_key({**LABELS, "dagster/partition": "twins"},
-                                                              cluster.launcher(deployment="green").gang_scope)
-    double.handle("DELETE", f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/blue-gang", {}, {}, HARNESS_AGENT)
+    assert job["metadata"]["labels"][GANG_LABEL] != gang_key(
+        {**LABELS, "dagster/partition": "twins"}, cluster.launcher(deployment="green").gang_scope
+    )
+    double.handle(
+        "DELETE",
+        f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/blue-gang",
+        {},
+        {},
+        HARNESS_AGENT,
+    )
 
 
 @pytest.mark.k8s
-def test_a_kueue_suspended_gang_is_waited_on_and_trains_once_admitted(cluster: Cluster, double, instance) -> None:
-    """Kueue admits the Job after a while (20 minutes on a busy cluster; 3 s here): no pod before, the
+def test_a_kueue_suspended_gang_is_waited_on_and_trains_once_admitted(
+    cluster: Cluster, double, instance
+) -> None:
+    """Kueue admits the Job after a while (20 minutes on a busy cluster; 3 s here): no pod
+    before, the
     launcher waits (its start timeout counts from admission), then the gang trains."""
     admitted = {}
 
     def kueue() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            jobs = [k for k in double.objects if k[0] == "jobs" and k[1] == cluster.namespace
-                    and double.objects[k]["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "gpu-queue"]
+            jobs = [
+                k
+                for k in double.objects
+                if k[0] == "jobs"
+                and k[1] == cluster.namespace
+                and double.objects[k]["metadata"]["labels"].get("kueue.x-k8s.io/queue-name")
+                == "gpu-queue"
+            ]
             if jobs:
                 time.sleep(3.0)
                 _, ns, name = jobs[0]
                 admitted["pods_before"] = [p for (pns, p) in double.pods if p.startswith(name)]
-                double.handle("PATCH", f"/apis/batch/v1/namespaces/{ns}/jobs/{name}", {},
-                              {"spec": {"suspend": False}}, HARNESS_AGENT)
+                double.handle(
+                    "PATCH",
+                    f"/apis/batch/v1/namespaces/{ns}/jobs/{name}",
+                    {},
+                    {"spec": {"suspend": False}},
+                    HARNESS_AGENT,
+                )
                 return
             time.sleep(0.1)
 
     threading.Thread(target=kueue, daemon=True).start()
-    launched = launch_in_dagster(cluster.launcher(nnodes=1, queue_name="gpu-queue", start_timeout_s=2),
-                                 "standin:ok", instance)
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1, queue_name="gpu-queue", start_timeout_s=2),
+        "standin:ok",
+        instance,
+    )
     assert launched.success, launched.logs[-3000:]
     assert admitted["pods_before"] == []
     assert "waiting for admission" in launched.logs and "JobSuspended" in launched.logs

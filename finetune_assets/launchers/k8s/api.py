@@ -1,4 +1,4 @@
-"""The Kubernetes API client of the launcher: every read, write and stream through one retrying wrapper.
+"""The launcher's Kubernetes API client: every read, write and stream through one retrying wrapper.
 
 A 24-hour training must not end because the API server said 429 once (API priority and fairness),
 restarted (5xx, connection reset) or briefly rejected a token (the transient 401 EKS is known for).
@@ -36,9 +36,14 @@ def retry_after(error: kubernetes.client.ApiException) -> float | None:
         return None
 
 
-def call(fn: Callable[..., Any], *args: Any, budget_s: float, what: str, log=None, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` with a request timeout, retried on 429/5xx/401/connection errors within ``budget_s``."""
-    if not kwargs.get("follow"):  # a followed log stream is quiet for minutes: no read timeout there
+def call(
+    fn: Callable[..., Any], *args: Any, budget_s: float, what: str, log=None, **kwargs: Any
+) -> Any:
+    """``fn(*args, **kwargs)`` with a request timeout; 429/5xx/401/connection errors are retried
+    within ``budget_s``."""
+    if not kwargs.get(
+        "follow"
+    ):  # a followed log stream is quiet for minutes: no read timeout there
         kwargs.setdefault("_request_timeout", API_TIMEOUT_S)
     deadline, delay, attempt = time.monotonic() + budget_s, FIRST_DELAY_S, 0
     while True:
@@ -54,8 +59,10 @@ def call(fn: Callable[..., Any], *args: Any, budget_s: float, what: str, log=Non
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as e:
             error, wait = repr(e), delay
         if time.monotonic() + wait > deadline:
-            raise ApiOutage(f"Kubernetes API: {what} failed for {budget_s:.0f}s (api_outage_budget_s), "
-                            f"{attempt} attempt(s); last: {error}") from None
+            raise ApiOutage(
+                f"Kubernetes API: {what} failed for {budget_s:.0f}s (api_outage_budget_s), "
+                f"{attempt} attempt(s); last: {error}"
+            ) from None
         if log is not None and (attempt in (1, 5) or attempt % 20 == 0):
             log.warning(f"Kubernetes API: {what}: {error}; retrying (attempt {attempt})")
         time.sleep(wait)
@@ -63,7 +70,7 @@ def call(fn: Callable[..., Any], *args: Any, budget_s: float, what: str, log=Non
 
 
 class _Retrying:
-    """An API object (``CoreV1Api`` / ``BatchV1Api``) whose every method goes through :func:`call`."""
+    """A ``CoreV1Api`` / ``BatchV1Api`` whose every method goes through :func:`call`."""
 
     def __init__(self, api: Any, budget_s: float, log=None):
         self._api, self._budget_s, self._log = api, budget_s, log
@@ -93,7 +100,9 @@ class ApiMixin:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         else:
             kubernetes.config.load_kube_config(
-                config_file=self.kubeconfig_file, context=self.kube_context, client_configuration=configuration
+                config_file=self.kubeconfig_file,
+                context=self.kube_context,
+                client_configuration=configuration,
             )
         api_client = PatchedApiClient(configuration=configuration)
         budget = self.api_outage_budget_s

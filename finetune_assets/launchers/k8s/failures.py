@@ -20,16 +20,25 @@ INFRA_POD_REASONS = {
     "Shutdown": "graceful node shutdown (older kubelets)",
     "DeadlineExceeded": None,  # the Job's own deadline: not infrastructure (listed to say so)
 }
-INFRA_POD_REASON_PREFIXES = ("OutOf",)  # kubelet admission: OutOfcpu, OutOfmemory, OutOfnvidia.com/gpu
+INFRA_POD_REASON_PREFIXES = (
+    "OutOf",
+)  # kubelet admission: OutOfcpu, OutOfmemory, OutOfnvidia.com/gpu
 
 # Container waiting reasons: the kubelet retries these itself (back-off), so the launcher keeps
 # waiting within start_timeout_s, unless the message says the image or config cannot ever work.
-TRANSIENT_WAITING = {"ErrImagePull", "ImagePullBackOff", "CreateContainerError", "ContainerCreating",
-                     "PodInitializing"}
+TRANSIENT_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "CreateContainerError",
+    "ContainerCreating",
+    "PodInitializing",
+}
 FATAL_WAITING = {"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
 PERMANENT_PULL = re.compile(
     r"not found|manifest unknown|name unknown|unauthorized|authentication required|access denied|denied|"
-    r"invalid reference format", re.I)
+    r"invalid reference format",
+    re.I,
+)
 
 # Exit codes (fan-out podFailurePolicy): counted against the index's retries instead of failing it.
 OOM_EXIT_CODE = 137  # 128 + SIGKILL: OOM-killed, or killed by the kubelet / runtime

@@ -59,7 +59,8 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                      fail_fn=lambda status, pods, why: self._fail(log, api, name, pods, why))
 
     def run_job(self, log, api, manifest: dict[str, Any], owner: dict[str, Any] | None, *,
-                what: str, assess_fn, fail_fn, service: dict[str, Any] | None = None, progress=None) -> None:
+                what: str, assess_fn, fail_fn, service: dict[str, Any] | None = None, progress=None,
+                pod_fields: str | None = None) -> None:
         """One Job (+ Service): create, supervise (see :meth:`_supervise`), always delete.
 
         Shared by the training gang and the data fan-out (``k8s_fanout.py``): they differ only in the
@@ -79,7 +80,7 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                     {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}]  # goes with the Job
                 api.core_api.create_namespaced_service(ns, service)
             follower = LogFollower(api, ns)
-            self._supervise(log, api, name, follower, what, assess_fn, fail_fn, progress)
+            self._supervise(log, api, name, follower, what, assess_fn, fail_fn, progress, pod_fields)
         except GangDisrupted:
             # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank 0
             # could still write a checkpoint while the new gang loads it.

@@ -11,7 +11,7 @@ RunState = Callable[[str], "str | None"]
 
 
 class LiveRunConflict(RuntimeError):
-    """A live Job of the same asset + partition belongs to another Dagster run that is not finished."""
+    """A live Job of the same asset + partition belongs to another, unfinished Dagster run."""
 
 
 def dagster_run_state(instance: dg.DagsterInstance) -> RunState:

@@ -19,7 +19,10 @@ MAX_EVENT_OBJECTS = 10  # Events are read for the Job and at most this many wait
 class SupervisionMixin:
     """The supervision half of the launcher (its fields live in :class:`K8sSettings`)."""
 
-    def _supervise(self, log, api, name: str, follower: LogFollower, what: str, assess_fn, fail_fn, progress) -> None:
+    def _supervise(self, log, api, name: str, follower: LogFollower, what: str, assess_fn, fail_fn, progress,
+                   pod_fields: str | None = None) -> None:
+        """Poll the Job and its pods (this Job's only: label selector, plus ``pod_fields``, e.g. the
+        fan-out leaves out Succeeded pods, so a poll stays small at 10,000 indexes)."""
         ns = self.namespace
         now = time.monotonic()
         deadline, start_deadline = now + self.timeout_s, now + self.start_timeout_s
@@ -29,7 +32,8 @@ class SupervisionMixin:
         queue_deadline = now + self.queue_timeout_s
         while True:
             follower.drain(log)
-            pods = api.core_api.list_namespaced_pod(ns, label_selector=selector, _request_timeout=API_TIMEOUT_S).items
+            pods = api.core_api.list_namespaced_pod(ns, label_selector=selector, _request_timeout=API_TIMEOUT_S,
+                                                    **({"field_selector": pod_fields} if pod_fields else {})).items
             pod0 = latest_pod(pods, 0)  # a retried index has several pods: follow the newest
             if pod0 is not None and pod0.status and pod0.status.phase in ("Running", "Succeeded", "Failed"):
                 follower.start(pod0.metadata.name)
