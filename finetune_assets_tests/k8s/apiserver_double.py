@@ -4,10 +4,12 @@ NOT a Kubernetes implementation. It serves exactly the REST calls the k8s launch
 make, with real Kubernetes JSON shapes, so the unmodified ``kubernetes`` client and launcher talk to
 it through an ordinary kubeconfig (``server: http://127.0.0.1:PORT``):
 
-- ``batch/v1`` Jobs: create / get / list (``fieldSelector=metadata.name=``) / delete
+- ``batch/v1`` Jobs: create / get / list (``fieldSelector=metadata.name=``) / delete / patch
+  (``spec.suspend`` only)
 - ``batch/v1`` Jobs also list by ``labelSelector``
 - ``v1`` Services: create / get / delete;  ``v1`` Secrets: create / get / delete (test set-up only)
-- ``v1`` Pods: list (``labelSelector``, ``fieldSelector``) / get, and ``pods/{name}/log``
+- ``v1`` Pods: list (``labelSelector``, ``fieldSelector`` on ``metadata.name`` and ``status.phase``)
+  / get, and ``pods/{name}/log``
   (``container``, ``tailLines``, ``follow`` as a chunked stream, like the real API server)
 
 Every request is recorded in :attr:`KubeApiDouble.calls` as ``(verb, resource, user agent)`` so a test can
@@ -62,6 +64,16 @@ What it plays besides the API server:
   ``PreemptionByScheduler``, SIGTERM, the pod goes away) or OOM-killed (``faults.oom_kill``: SIGKILL,
   exit code 137, terminated reason ``OOMKilled``) as soon as they run, so a retried index's first pod
   may have half-written its output. Memory limits themselves are NOT enforced.
+- **API server trouble** (``faults.api_burst`` / ``api_outage_s`` / ``fail_job_deletes``): for the
+  launcher's requests only (not the test harness' user agent), from the first request made while a
+  pod runs: a burst of 429 with ``Retry-After``, 500, 503, 401 or a connection dropped without an
+  answer, then an outage of 503s; Job deletes answering 500 N times. NOT played: watches (the
+  launcher polls; so no 410 Gone), API priority-and-fairness queueing itself.
+- **Kubelet trouble without ``DisruptionTarget``**: :meth:`KubeApiDouble.kubelet_evict` (emptyDir /
+  node-pressure eviction: containers killed, exit 137, pod ``Failed``/``Evicted``) and
+  ``faults.admission_errors`` (``Failed``/``UnexpectedAdmissionError``, never started).
+- **Suspend** (Kueue): ``PATCH`` of ``spec.suspend`` (merge patch of that one field): a suspended
+  Job's pods are deleted and it gets ``Suspended=True``; resumed, it gets pods again.
 - **Garbage collector**: deleting an object deletes, in the background, every object whose
   ``ownerReferences`` name its uid (Job -> Service, run pod -> Job -> pods).
 - ``v1`` Events: list (``fieldSelector`` on ``involvedObject.name``/``kind``); ``v1`` Pods: also
