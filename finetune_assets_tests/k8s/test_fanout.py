@@ -206,6 +206,37 @@ def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(cluster: Cluster, dou
                           {}, {}, HARNESS_AGENT)
 
 
+def test_a_slice_workers_transient_io_error_exits_75(monkeypatch, capsys) -> None:
+    from types import SimpleNamespace
+
+    from finetune_assets.data import slices
+    from finetune_assets.launchers.k8s.failures import TRANSIENT_EXIT_CODE
+
+    def store_hiccup(spec, index, log):
+        raise ConnectionResetError("Connection reset by peer (object store)")
+
+    monkeypatch.setattr(slices, "read_spec", lambda url: SimpleNamespace(count=2))
+    monkeypatch.setattr(slices, "shard_slice", store_hiccup)
+    assert slices.main(["work", "--spec", "s3://b/spec.json", "--index", "1"]) == TRANSIENT_EXIT_CODE == 75
+    assert "transient I/O error" in capsys.readouterr().err
+
+
+@pytest.mark.k8s
+def test_an_index_exiting_75_is_retried(cluster: Cluster, double, tmp_path) -> None:
+    """EX_TEMPFAIL counts against the index's retries (an object-store 503 among thousands of slices)
+    instead of failing it as the worker's own error."""
+    flaky = (
+        "import os, sys, pathlib; i = os.environ['JOB_COMPLETION_INDEX']; "
+        f"m = pathlib.Path({str(tmp_path)!r}) / ('tried-' + i); "
+        "first = not m.exists(); m.touch(); sys.exit(75 if first and i == '1' else 0)"
+    )
+    lines, name = run(cluster, FanOut(name="tok-flaky", command=["python", "-c", flaky], count=2, env={}),
+                      retries_per_index=1)
+    books = double.indexes[(cluster.namespace, name)]
+    assert dict(books.attempts) == {0: 1, 1: 2}
+    assert any("index 1: pod" in line and "exit code 75" in line for line in lines), lines
+
+
 def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:
     from types import SimpleNamespace as NS
 
