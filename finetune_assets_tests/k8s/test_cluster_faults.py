@@ -133,10 +133,13 @@ def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> 
                              nnodes=1, owner_pod=owner, poll_interval_s=0.5, memory_limit="2Gi",
                              memory_request="256Mi", cpu_request="100m"))
     code = f"""
-import json, logging, sys
+import json, logging, sys, types
+import dagster as dg
 from finetune_assets.launchers import TrainingSpec
 from finetune_assets.launchers.k8s import K8sTorchrunLauncher
-class C: log = logging.getLogger("launcher")
+class C:  # the parts of a Dagster context the launcher uses
+    log, instance = logging.getLogger("launcher"), dg.DagsterInstance.ephemeral()
+    run = types.SimpleNamespace(run_id="dead-run")
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingSpec(name="abandoned", config_url="standin:sleep=600",
     labels={{"dagster/asset": "trained", "dagster/partition": {partition!r}, "dagster/run-id": "dead-run"}}))
