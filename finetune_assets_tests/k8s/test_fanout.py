@@ -49,17 +49,24 @@ def fanout(out: str, count: int = 3, failing: str = "") -> FanOut:
 # -- manifests (offline) --------------------------------------------------------------------------
 
 
-def render(**runner_fields):
+WORKER_POOL = dict(worker_node_selector={"pool": "cpu"}, worker_memory_limit="2Gi", worker_k8s_config={
+    "pod_template_spec_metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}},
+    "pod_spec_config": {"priorityClassName": "batch-low"}})
+
+
+def render(launcher_fields: dict | None = None, **runner_fields):
     launcher = K8sTorchrunLauncher(
         image="registry.example.com/finetune-assets:1.0", namespace="ml-train", nnodes=2, gpus_per_node=8,
         env_secret_names=["finetune-s3"], service_account_name="finetune-trainer",
-        node_selector={"pool": "batch"}, storage_pvc_name="finetune-storage")
+        node_selector={"pool": "batch"}, storage_pvc_name="finetune-storage", **(launcher_fields or {}))
     runner = K8sFanOutRunner(launcher, labels=LABELS, **runner_fields)
     return runner, runner.render(fanout("s3://bucket/finetune/slices/tok-v1"), "tok-v1-abc123")
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("fields", [{}, {"parallelism": 2, "retries_per_index": 0}], ids=["all-at-once", "2-at-a-time"])
+@pytest.mark.parametrize("fields", [{}, {"parallelism": 2, "retries_per_index": 0},
+                                    {"launcher_fields": WORKER_POOL}],
+                         ids=["all-at-once", "2-at-a-time", "own-pool-passthrough"])
 def test_fanout_manifest_validates(version: str, fields) -> None:
     _, job = render(**fields)
     kubernetes_validate.validate(job, version, strict=True)
