@@ -49,9 +49,11 @@ def fanout(out: str, count: int = 3, failing: str = "") -> FanOut:
 # -- manifests (offline) --------------------------------------------------------------------------
 
 
-WORKER_POOL = dict(worker_node_selector={"pool": "cpu"}, worker_memory_limit="2Gi", worker_k8s_config={
-    "pod_template_spec_metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}},
-    "pod_spec_config": {"priorityClassName": "batch-low"}})
+WORKER_POOL = dict(
+    worker_node_selector={"pool": "cpu"}, worker_memory_request="1536Mi", worker_memory_limit="2Gi",
+    worker_k8s_config={
+        "pod_template_spec_metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}},
+        "pod_spec_config": {"priorityClassName": "batch-low"}})
 
 
 def render(launcher_fields: dict | None = None, **runner_fields):
