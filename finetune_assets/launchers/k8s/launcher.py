@@ -30,8 +30,9 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         api = self.api(log)
         owner, owner_image = self._owner_reference(log, api)
         image = self.image or owner_image
+        key = gang_key(job.labels, self.gang_scope)
         try:
-            self._remove_live_gangs(log, api, gang_key(job.labels, self.gang_scope), run_state=dagster_run_state(context.instance),
+            self._remove_live_gangs(log, api, key, run_state=dagster_run_state(context.instance),
                                     own_run=context.run.run_id)
         except LiveRunConflict as e:
             raise TrainingFailed(str(e)) from None
