@@ -203,6 +203,7 @@ def test_a_live_gang_of_a_running_dagster_run_is_left_alone(cluster: Cluster, do
     name = "live-other-run"
     _, job = cluster.launcher(nnodes=1).render(TrainingSpec(name=name, config_url="standin:sleep=600", labels={
         "dagster/asset": "trained", "dagster/partition": "shared", "dagster/run-id": other}), name)
+    job["spec"]["suspend"] = True  # unfinished all the same; no pod needs to run for this test
     cluster.create_job(job)
     refused = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="shared")
     assert not refused.success and refused.job_name is None
