@@ -44,7 +44,8 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     count = tokenized.metadata.get("parts")
     if count is None:
         raise dg.Failure(f"tokenized_reviews[{version}] predates slice workers (no parts); re-materialize it")
-    runner = fanout_runner_from_env(workers=config.workers, labels=launch_labels(context, MDS_SHARDS, version))
+    runner = fanout_runner_from_env(workers=config.workers, labels=launch_labels(context, MDS_SHARDS, version),
+                                    instance=context.instance)
     with store.publish(MDS_SHARDS, version) as staging:
         spec_url = f"{staging.url}/_work/spec.json"
         groups = slices.group_parts(count, runner_width(runner) or count, tokenized.metadata.get("rows"))

@@ -83,7 +83,8 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
     with store.fs.open(reviews_url, "rb") as f:
         meta = pq.ParquetFile(f).metadata
         group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    runner = fanout_runner_from_env(workers=config.workers, labels=launch_labels(context, TOKENIZED_REVIEWS, version))
+    runner = fanout_runner_from_env(workers=config.workers, labels=launch_labels(context, TOKENIZED_REVIEWS, version),
+                                    instance=context.instance)
     plan = slices.plan_slices(group_rows, runner_width(runner) or 1, config.slice_rows)
     with store.publish(TOKENIZED_REVIEWS, version) as staging:
         work = f"{staging.url}/_work"

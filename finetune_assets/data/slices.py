@@ -52,6 +52,9 @@ from finetune_assets.data.validate import split_column
 INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by the fan-out runner, as a Kubernetes Indexed Job sets it
 PARTS = TOKEN_PARTS_DIR
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+# EX_TEMPFAIL (sysexits.h): a transient I/O error (object store 503, reset, timeout); the Kubernetes
+# fan-out retries the index for it (launchers/k8s/failures.py) instead of failing it as a code error.
+TRANSIENT_EXIT_CODE = 75
 
 
 def part_name(index: int) -> str:
@@ -423,7 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= index < count:
         parser.error(f"slice index {index} is outside 0..{count - 1} of {args.spec}")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    (tokenize_group if isinstance(spec, TokenizeSpec) else shard_slice)(spec, index, log)
+    try:
+        (tokenize_group if isinstance(spec, TokenizeSpec) else shard_slice)(spec, index, log)
+    except (ConnectionError, TimeoutError) as e:  # the store's hiccup, not this slice's fault
+        print(f"slice {index}: transient I/O error, exit {TRANSIENT_EXIT_CODE} for a retry: {e!r}",
+              file=sys.stderr, flush=True)
+        return TRANSIENT_EXIT_CODE
     return 0
 
 

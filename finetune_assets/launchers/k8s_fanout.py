@@ -1,24 +1,27 @@
 """Run a fan-out's slice workers as a Kubernetes Indexed Job: one pod per slice index.
 
 The same machinery as training pods (``k8s.py``): the same ``K8sTorchrunLauncher`` settings (image,
-namespace, Secrets by name, service account, storage volume, security context, node selector and
-tolerations), the same API client, the launching pod as owner, labels that link the pods to the
+namespace, Secrets by name, service account, storage volume, security context), the same API client, the launching pod as owner, labels that link the pods to the
 Dagster run, waiting reasons and Warning events, the index-0 log streamed into the run, failure
 reports with each failed pod's log tail, and the same cleanup (the Job is deleted however the run
 ends; ``ttlSecondsAfterFinished`` and the owner reference if this process dies). The worker pods
-request no GPU and run one process each.
+request no GPU, run one process each and have their own pool settings (``worker_node_selector``,
+``worker_tolerations``, ``worker_*`` sizing, ``worker_k8s_config``): CPU workers must not land on
+(and scale up) GPU nodes.
 
 What differs from a training gang, and why: slices are independent, so the Job controller retries
 one index at a time instead of the launcher resubmitting a whole gang:
 
-- ``backoffLimitPerIndex`` (``retries_per_index``) replaces a failed pod of one index;
+- ``backoffLimitPerIndex`` (``retries_per_index``) replaces a failed pod of one index, with the
+  Job-wide ``backoffLimit`` at its per-index default (MaxInt32) so it never ends the Job first;
   ``maxFailedIndexes: 0`` fails the Job, and stops the other pods, as soon as one index is out of
   retries (a re-run redoes each index; a worker overwrites only its own part).
 - ``podFailurePolicy``, first match wins: a *disrupted* pod (``DisruptionTarget``: preemption,
-  eviction, node lost) is replaced without counting; exit code 137 (``OOMKilled``, or SIGKILL)
-  *counts*, so memory pressure from neighbours gets its retries; any other non-zero exit is the
-  worker's own error (bad spec, bad input) that would repeat, so it fails the index at once
-  (``FailIndex``), as the training launcher never resubmits a failure of the training code.
+  eviction, node lost) is replaced without counting; exit code 137 (``OOMKilled``, or SIGKILL by
+  the kubelet) and 75 (``EX_TEMPFAIL``: the worker's own "transient I/O error", e.g. an object-store
+  503) *count*, so they get the index's retries (``failures.py`` has the table); any other non-zero
+  exit is the worker's own error (bad spec, bad input) that would repeat, so it fails the index at
+  once (``FailIndex``), as the training launcher never resubmits a failure of the training code.
 - No Service and no rendezvous: workers never talk to each other; they read and write only through
   storage URLs (the object-store root), as local worker processes do.
 
@@ -36,26 +39,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_assets.launchers.fanout import FanOut, FanOutError
-from finetune_assets.launchers.k8s import (
-    API_TIMEOUT_S,
-    CONTAINER_NAME,
-    JOB_LABEL,
-    K8sTorchrunLauncher,
+from finetune_assets.launchers.k8s import K8sTorchrunLauncher
+from finetune_assets.launchers.k8s.failures import RETRIED_EXIT_CODES
+from finetune_assets.launchers.k8s.manifests import gang_key, k8s_name
+from finetune_assets.launchers.k8s.runs import LiveRunConflict, RunState
+from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, AUTO, CONTAINER_NAME, JOB_LABEL
+from finetune_assets.launchers.k8s.verdict import (
     Verdict,
-    _condition,
     _completion_index,
+    _condition,
     _is_failed,
     _pod_state,
-    gang_key,
     job_conditions,
-    k8s_name,
     latest_pod,
     stuck_or_waiting,
 )
 
 COMPONENT = "finetune-data-worker"
 MAX_INDEXES = 100_000  # the API server's limit on completions when backoffLimitPerIndex is set
-OOM_EXIT_CODE = 137  # 128 + SIGKILL: what the runtime reports for an OOM-killed container
+UNFINISHED_OR_FAILED = "status.phase!=Succeeded"  # pods a fan-out poll needs (field selector)
+UNLIMITED_BACKOFF = 2**31 - 1  # the API default of backoffLimit when backoffLimitPerIndex is set
 WORKER_SETTINGS = {"gpus_per_node": 0, "nproc_per_node": 1, "nnodes": 1}  # data workers: CPU, one process
 
 
@@ -67,6 +70,8 @@ class K8sFanOutRunner:
     labels: Mapping[str, str] = field(default_factory=dict)  # dagster/run-id, dagster/asset, dagster/partition
     parallelism: int | None = None  # pods at once; None = every index at once
     retries_per_index: int = 2  # backoffLimitPerIndex
+    # Dagster's word on a left-over Job's run (launchers/k8s/runs.py); None: every left-over is an orphan
+    run_state: RunState | None = None
 
     def __post_init__(self) -> None:
         if self.parallelism is not None and self.parallelism < 1:
@@ -77,7 +82,12 @@ class K8sFanOutRunner:
     @property
     def workers(self) -> K8sTorchrunLauncher:
         """The launcher's settings with the worker pods' sizing (see :data:`WORKER_SETTINGS`)."""
-        return self.launcher.model_copy(update=WORKER_SETTINGS)
+        la = self.launcher
+        return la.model_copy(update={
+            **WORKER_SETTINGS, "node_selector": la.worker_node_selector, "tolerations": la.worker_tolerations,
+            "cpu_request": la.worker_cpu_request, "memory_request": la.worker_memory_request,
+            "memory_limit": la.worker_memory_limit, "k8s_config": la.worker_k8s_config, "cpu_limit": AUTO,
+            "shm_size": AUTO})
 
     def command(self, job: FanOut) -> list[str]:
         """The worker command; a local interpreter path (``sys.executable``) becomes the image's ``python``."""
@@ -89,7 +99,7 @@ class K8sFanOutRunner:
     def dedupe_key(self, job: FanOut) -> str:
         """One value per asset + partition when the labels name them (a retried run replaces a live Job
         left by a dead one), else per fan-out name (a retried step of the same run)."""
-        return gang_key(self.labels) or hashlib.sha256(job.name.encode()).hexdigest()[:40]
+        return gang_key(self.labels, self.launcher.gang_scope) or hashlib.sha256(job.name.encode()).hexdigest()[:40]
 
     def render(self, job: FanOut, name: str, image: str | None = None) -> dict[str, Any]:
         """The Indexed Job as an API-ready dict (camelCase, no secrets)."""
@@ -102,12 +112,16 @@ class K8sFanOutRunner:
             "completionMode": "Indexed",
             "completions": job.count,
             "parallelism": min(self.parallelism or job.count, job.count),
+            # The controller checks backoffLimit whatever backoffLimitPerIndex says; the API default
+            # with per-index retries is MaxInt32, but Dagster's job builder writes 0 (one OOM would
+            # fail the whole Job): say it explicitly.
+            "backoffLimit": UNLIMITED_BACKOFF,
             "backoffLimitPerIndex": self.retries_per_index,
             "maxFailedIndexes": 0,
             "podFailurePolicy": {"rules": [  # first match wins; see the module docstring
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 {"action": "Count", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In",
-                                                    "values": [OOM_EXIT_CODE]}},
+                                                    "values": list(RETRIED_EXIT_CODES)}},
                 {"action": "FailIndex", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn",
                                                         "values": [0]}},
             ]},
@@ -120,10 +134,14 @@ class K8sFanOutRunner:
     def run(self, job: FanOut, log: Callable[[str], None]) -> None:
         lines = _Lines(log)
         workers = self.workers
-        api = workers.api()
+        api = workers.api(lines)
         owner, owner_image = workers._owner_reference(lines, api)
         image = workers.image or owner_image
-        workers._remove_live_gangs(lines, api, self.dedupe_key(job), "fan-out Job")
+        try:
+            workers._remove_live_gangs(lines, api, self.dedupe_key(job), "fan-out Job", run_state=self.run_state,
+                                       own_run=self.labels.get("dagster/run-id"))
+        except LiveRunConflict as e:
+            raise FanOutError(str(e)) from None
         name = k8s_name(job.name)
         manifest = self.render(job, name, image)
         parallelism = manifest["spec"]["parallelism"]
@@ -135,12 +153,14 @@ class K8sFanOutRunner:
             assess_fn=lambda status, pods: assess_fanout(status, pods, job.count, parallelism),
             fail_fn=lambda status, pods, why: self._fail(lines, api, name, job.count, status, pods, why),
             progress=_Progress(lines, f"Fan-out Job {ns}/{name}", job.count),
+            pod_fields=UNFINISHED_OR_FAILED,  # completedIndexes tells the rest
         )
 
     def _fail(self, log, api, name: str, count: int, status, pods: Sequence[Any], why: str) -> None:
         with contextlib.suppress(Exception):  # the pods as of (not before) the status that failed the index
             pods = api.core_api.list_namespaced_pod(
-                self.launcher.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S).items
+                self.launcher.namespace, label_selector=f"{JOB_LABEL}={name}", field_selector=UNFINISHED_OR_FAILED,
+                _request_timeout=API_TIMEOUT_S).items
         failed = indexes(status.failed_indexes if status else None)
         done = indexes(status.completed_indexes if status else None)
         # the last pod of each failed index; without one (timeout, stuck pods), every unfinished pod
@@ -160,6 +180,8 @@ def assess_fanout(status, pods: Sequence[Any], count: int, parallelism: int) -> 
     index in ``failedIndexes`` fails the fan-out at once, before the controller's ``Failed``.
     """
     conditions = job_conditions(status)
+    if "Suspended" in conditions:  # queued (Kueue): waited on, never deleted
+        return Verdict("queued", f"Job suspended ({conditions['Suspended'].reason}), waiting for admission")
     failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
     done, failed = indexes(status.completed_indexes if status else None), indexes(status.failed_indexes if status else None)
     if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":

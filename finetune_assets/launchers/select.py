@@ -36,13 +36,14 @@ def launcher_from_env(environ: dict[str, str] | None = None) -> TrainingLauncher
 
 
 def fanout_runner_from_env(environ: dict[str, str] | None = None, workers: int | None = None,
-                           labels: dict[str, str] | None = None) -> FanOutRunner:
+                           labels: dict[str, str] | None = None, instance=None) -> FanOutRunner:
     """Where the data assets' slice workers run; the same switch as the training launcher.
 
     ``local``: subprocesses, ``workers`` at a time (default: the usable cores). ``k8s``: an Indexed Job
     with one pod per slice (``launchers/k8s_fanout.py``), configured like the training launcher,
     ``workers`` pods at a time (default: every slice at once). ``labels`` (``dagster/run-id``,
-    ``dagster/asset``, ``dagster/partition``) let a retried run replace a live Job a dead one left.
+    ``dagster/asset``, ``dagster/partition``) let a retried run replace a live Job a dead one left;
+    ``instance`` (the step's Dagster instance) says whether that run is really over.
     """
     env = os.environ if environ is None else environ
     kind = env.get(LAUNCHER_ENV, "local").strip().lower()
@@ -53,5 +54,9 @@ def fanout_runner_from_env(environ: dict[str, str] | None = None, workers: int |
     if kind == "k8s":
         from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner  # the Kubernetes runner (issue 15)
 
-        return K8sFanOutRunner(launcher=launcher_from_env(env), labels=dict(labels or {}), parallelism=workers)
+        from finetune_assets.launchers.k8s.runs import dagster_run_state
+
+        run_state = dagster_run_state(instance) if instance is not None else None
+        return K8sFanOutRunner(launcher=launcher_from_env(env), labels=dict(labels or {}), parallelism=workers,
+                               run_state=run_state)
     raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")

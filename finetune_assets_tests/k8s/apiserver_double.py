@@ -4,10 +4,12 @@ NOT a Kubernetes implementation. It serves exactly the REST calls the k8s launch
 make, with real Kubernetes JSON shapes, so the unmodified ``kubernetes`` client and launcher talk to
 it through an ordinary kubeconfig (``server: http://127.0.0.1:PORT``):
 
-- ``batch/v1`` Jobs: create / get / list (``fieldSelector=metadata.name=``) / delete
+- ``batch/v1`` Jobs: create / get / list (``fieldSelector=metadata.name=``) / delete / patch
+  (``spec.suspend`` only)
 - ``batch/v1`` Jobs also list by ``labelSelector``
 - ``v1`` Services: create / get / delete;  ``v1`` Secrets: create / get / delete (test set-up only)
-- ``v1`` Pods: list (``labelSelector``, ``fieldSelector``) / get, and ``pods/{name}/log``
+- ``v1`` Pods: list (``labelSelector``, ``fieldSelector`` on ``metadata.name`` and ``status.phase``)
+  / get, and ``pods/{name}/log``
   (``container``, ``tailLines``, ``follow`` as a chunked stream, like the real API server)
 
 Every request is recorded in :attr:`KubeApiDouble.calls` as ``(verb, resource, user agent)`` so a test can
@@ -17,17 +19,15 @@ What it plays besides the API server:
 
 - **Job controller** (``completionMode: Indexed``): one pod per index up to ``parallelism``, named
   ``<job>-<i>-<rand>``, labelled ``job-name`` / ``batch.kubernetes.io/job-completion-index`` and
-  annotated with the index, ``spec.hostname = <job>-<i>``, ``JOB_COMPLETION_INDEX`` injected into
-  the container env; a finished pod frees its slot for the next index. ``podFailurePolicy`` rules
-  (first match wins: ``onPodConditions`` ``DisruptionTarget``, ``onExitCodes`` In/NotIn; actions
-  ``Ignore`` = replace the pod uncounted, ``Count``, ``FailIndex``, ``FailJob``), then either the
-  Job-wide ``backoffLimit`` or, with ``backoffLimitPerIndex``, per-index retries (a new pod for the
-  index, annotated ``job-index-failure-count``), ``maxFailedIndexes`` and the ``FailedIndexes`` end;
-  ``status.succeeded/failed/active``, ``completedIndexes`` and ``failedIndexes`` ("0-2,5");
-  ``activeDeadlineSeconds``. A failed Job terminates its remaining pods; all indexes succeeded ->
-  ``Complete``; delete with Background/Foreground propagation terminates and removes the pods.
-  NOT played: ``successPolicy``, ``suspend``, pod ``restartPolicy: OnFailure``, the exponential
-  back-off delay before a replacement pod (replacements start at once: kinder), ``uncountedTerminatedPods``.
+  annotated with the index (and ``job-index-failure-count`` with ``backoffLimitPerIndex``),
+  ``spec.hostname = <job>-<i>``, ``JOB_COMPLETION_INDEX`` injected into the container env. What
+  to do after each pod change is decided by :mod:`job_controller` (``backoffLimit`` with its API
+  default, ``backoffLimitPerIndex``, ``maxFailedIndexes``, ``podFailurePolicy``, ``suspend``,
+  ``FailureTarget`` before ``Failed``), which passes cases transcribed from Kubernetes' own
+  controller tests (``upstream_job_cases.py``). ``activeDeadlineSeconds`` -> ``DeadlineExceeded``.
+  Delete with Background/Foreground propagation terminates and removes the pods.
+  NOT played: ``successPolicy``, pod ``restartPolicy: OnFailure``, the exponential back-off delay
+  before a replacement pod (replacements start at once: kinder), ``uncountedTerminatedPods``.
 - **Kubelet**: runs each pod's container ``command + args`` as a separate process group, with the
   environment a container would get (image ``PATH``, ``HOSTNAME=<job>-<i>``, ``envFrom`` Secrets,
   ``env`` including ``valueFrom.fieldRef``/``secretKeyRef``, and ``$(VAR)`` expansion of env values,
@@ -64,6 +64,16 @@ What it plays besides the API server:
   ``PreemptionByScheduler``, SIGTERM, the pod goes away) or OOM-killed (``faults.oom_kill``: SIGKILL,
   exit code 137, terminated reason ``OOMKilled``) as soon as they run, so a retried index's first pod
   may have half-written its output. Memory limits themselves are NOT enforced.
+- **API server trouble** (``faults.api_burst`` / ``api_outage_s`` / ``fail_job_deletes``): for the
+  launcher's requests only (not the test harness' user agent), from the first request made while a
+  pod runs: a burst of 429 with ``Retry-After``, 500, 503, 401 or a connection dropped without an
+  answer, then an outage of 503s; Job deletes answering 500 N times. NOT played: watches (the
+  launcher polls; so no 410 Gone), API priority-and-fairness queueing itself.
+- **Kubelet trouble without ``DisruptionTarget``**: :meth:`KubeApiDouble.kubelet_evict` (emptyDir /
+  node-pressure eviction: containers killed, exit 137, pod ``Failed``/``Evicted``) and
+  ``faults.admission_errors`` (``Failed``/``UnexpectedAdmissionError``, never started).
+- **Suspend** (Kueue): ``PATCH`` of ``spec.suspend`` (merge patch of that one field): a suspended
+  Job's pods are deleted and it gets ``Suspended=True``; resumed, it gets pods again.
 - **Garbage collector**: deleting an object deletes, in the background, every object whose
   ``ownerReferences`` name its uid (Job -> Service, run pod -> Job -> pods).
 - ``v1`` Events: list (``fieldSelector`` on ``involvedObject.name``/``kind``); ``v1`` Pods: also
@@ -82,6 +92,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -93,6 +104,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from finetune_assets_tests.k8s import job_controller
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _CORE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|services|secrets|events)(?:/(?P<name>[^/]+)(?:/(?P<sub>log|status))?)?$")
@@ -128,12 +141,22 @@ class Faults:
     # per completion index: how many of its first pods are preempted / OOM-killed as soon as they run
     preempt: dict[int, int] = field(default_factory=dict)
     oom_kill: dict[int, int] = field(default_factory=dict)
+    # API errors for the launcher's requests (not the test harness'), from the first request made
+    # while a pod runs ("mid-training"): first the burst, one per request (status + Retry-After
+    # seconds, or "reset": the connection drops without an answer), then api_outage_s of 503s.
+    api_burst: list[tuple[int | str, float | None]] = field(default_factory=list)
+    api_outage_s: float = 0.0
+    fail_job_deletes: int = 0  # the launcher's next N Job deletes answer 500
+    admission_errors: int = 0  # the next N pods fail kubelet admission (UnexpectedAdmissionError)
+    api_injected: Counter = field(default_factory=Counter)  # what was injected, by status
+    _outage_end: float | None = None
+    _armed: bool = False
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str):
+    def __init__(self, code: int, reason: str, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.headers = code, reason, message, headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -154,6 +177,7 @@ class _Pod:
         self.disrupted = False  # evicted: the Job controller does not count it as a failure (Ignore rule)
         self.silent = False  # on a NotReady node: status no longer updated
         self.oom_killed = False  # killed by the kernel at the memory limit: terminated reason OOMKilled
+        self.kubelet_reason: tuple[str, str] | None = None  # status.reason/message of a kubelet eviction
         self.attempt = 0  # pods of the same Job and index created before this one
         self.main_depth = 0  # how far below the Popen process the container's main process is
         self.hosts_path = root / "hosts"
@@ -294,6 +318,16 @@ class KubeApiDouble:
 
         threading.Thread(target=go, daemon=True).start()
 
+    def kubelet_evict(self, name: str, reason: str = "Evicted", message: str = (
+            "Pod ephemeral local storage usage exceeds the total limit of containers 8Gi.")) -> None:
+        """A kubelet-initiated eviction (emptyDir / ephemeral-storage limit, node pressure): the containers
+        are killed (exit 137), the pod ends Failed with ``status.reason`` and NO ``DisruptionTarget``."""
+        pod = self._pod_named(name)
+        pod.kubelet_reason = (reason, message)
+        if pod.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.proc.pid, signal.SIGKILL)
+
     def node_not_ready(self, name: str, evict_after_s: float = 2.0) -> None:
         """The pod's node stops reporting: its processes die silently, ``Ready=False``, later evicted."""
         pod = self._pod_named(name)
@@ -333,11 +367,16 @@ class KubeApiDouble:
         if not m:
             raise ApiError(404, "NotFound", f"the double does not serve {method} {path}")
         ns, res, name, sub = m["ns"], m["res"], m["name"], m["sub"]
-        verb = {"POST": "create", "DELETE": "delete", "GET": "get" if name else "list"}.get(method)
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch",
+                "GET": "get" if name else "list"}.get(method)
         if verb is None:
             raise ApiError(405, "MethodNotAllowed", f"{method} {path}")
         with self.lock:
             self.calls.append((verb, f"{res}/{sub}" if sub else res, agent))
+        if not agent.startswith("finetune-assets-tests"):
+            self._inject_api_error(verb, res)
+        if verb == "patch" and res == "jobs":
+            return 200, self._patch_job(ns, name, body or {})
         if res == "pods" and sub == "log":
             return ("log", ns, name, query)
         if verb == "create" and res == "pods":
@@ -349,6 +388,50 @@ class KubeApiDouble:
         if verb == "get":
             return 200, self._get(res, ns, name)
         return 200, self._list(res, ns, query)
+
+    def _inject_api_error(self, verb: str, res: str) -> None:
+        """``faults.api_burst`` / ``api_outage_s`` / ``fail_job_deletes`` (see :class:`Faults`)."""
+        f = self.faults
+        with self.lock:
+            if verb == "delete" and res == "jobs" and f.fail_job_deletes > 0:
+                f.fail_job_deletes -= 1
+                f.api_injected[500] += 1
+                raise ApiError(500, "InternalError", "etcdserver: request timed out")
+            if not (f.api_burst or f.api_outage_s):
+                return
+            if not f._armed:  # mid-training: once a pod process runs
+                if not any(p.proc is not None and p.proc.poll() is None for p in self.pods.values()):
+                    return
+                f._armed = True
+            if f.api_burst:
+                status, wait = f.api_burst.pop(0)
+                f.api_injected[status] += 1
+                if status == "reset":
+                    raise ConnectionResetError("injected connection reset")
+                headers = {"Retry-After": str(int(wait))} if wait is not None else {}
+                reason = {429: "TooManyRequests", 401: "Unauthorized"}.get(int(status), "InternalError")
+                raise ApiError(int(status), reason, f"injected {status}", headers)
+            if f._outage_end is None:
+                f._outage_end = time.monotonic() + f.api_outage_s
+            if time.monotonic() < f._outage_end:
+                f.api_injected[503] += 1
+                raise ApiError(503, "ServiceUnavailable", "injected outage: the API server is restarting")
+
+    def _patch_job(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of ``spec.suspend`` (Kueue admission, the launcher's fallback to a failed delete)."""
+        with self.lock:
+            job = self.objects.get(("jobs", ns, name))
+            if job is None:
+                raise ApiError(404, "NotFound", f'jobs.batch "{name}" not found')
+            if set(patch) - {"spec"} or set(patch.get("spec", {})) - {"suspend"}:
+                raise ApiError(422, "Invalid", "the double patches only spec.suspend")
+            job["spec"]["suspend"] = bool(patch["spec"]["suspend"])
+            if not job["spec"]["suspend"]:  # resumed: the Suspended condition turns False
+                for c in job["status"].get("conditions", []):
+                    if c["type"] == "Suspended":
+                        c.update(status="False", reason="JobResumed", message="Job resumed")
+        self._fill(ns, name)
+        return self._get("jobs", ns, name)
 
     def _create(self, res: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(obj)
@@ -412,6 +495,7 @@ class KubeApiDouble:
                 items = [copy.deepcopy(o) for (r, ons, _), o in self.objects.items() if r == res and ons == ns]
         items = [o for o in items if _matches(o["metadata"].get("labels") or {}, labels)
                  and _matches({"metadata.name": o["metadata"]["name"],
+                               "status.phase": (o.get("status") or {}).get("phase") if res == "pods" else None,
                                **{f"involvedObject.{k}": v for k, v in (o.get("involvedObject") or {}).items()}}, fields)]
         kind = {"pods": "PodList", "jobs": "JobList", "services": "ServiceList", "secrets": "SecretList",
                 "events": "EventList"}[res]
@@ -481,18 +565,50 @@ class KubeApiDouble:
             timer.start()
 
     def _fill(self, ns: str, name: str) -> None:
-        """Pods for the indexes that are neither done, failed nor running, up to ``parallelism`` at once."""
+        """One pass of the Job controller (:func:`job_controller.sync` decides): status, new pods, kills."""
         with self.lock:
             job, books = self.objects.get(("jobs", ns, name)), self.indexes.get((ns, name))
             if job is None or books is None or self._job_finished(ns, name):
                 return
-            spec = job["spec"]
-            running = {p.index for (pns, _), p in self.pods.items() if pns == ns and not p.done.is_set()
-                       and p.obj["metadata"]["labels"].get("job-name") == name}
-            todo = [i for i in range(int(spec.get("completions", 1)))
-                    if i not in books.completed | books.failed | running]
-            for i in todo[:max(0, int(spec.get("parallelism", 1)) - len(running))]:
-                self._create_pod(ns, job, i)
+            status = job["status"]
+            if any(c["type"] == "FailureTarget" for c in status.get("conditions", [])):
+                self._finish_when_gone(ns, job, books)  # the terminal condition waits for the pods
+                return
+            result = job_controller.sync(job["spec"], list(books.records.values()), ns)
+            status.update(succeeded=result.succeeded, failed=result.failed, completedIndexes=result.completed_indexes)
+            if result.failed_indexes is not None:
+                status["failedIndexes"] = result.failed_indexes
+            for ctype, reason, message in result.conditions:
+                if not any(c["type"] == ctype for c in status.get("conditions", [])):
+                    self._set_condition(job, ctype, reason, message)
+            if any(c[0] == "Complete" for c in result.conditions):
+                status["completionTime"] = _now()
+            doomed = [p for n in result.to_delete if (p := self.pods.get((ns, n))) is not None]
+            for pod in doomed:
+                books.records[pod.name].deleting = True
+        if job["spec"].get("suspend"):  # a suspended Job's pods are deleted (the Job stays)
+            threading.Thread(target=self._reap, args=(ns, doomed), daemon=True).start()
+        else:  # a failed Job's remaining pods are terminated (kept here: their logs feed failure reports)
+            for pod in doomed:
+                threading.Thread(target=pod.terminate, args=(self.grace_s,), daemon=True).start()
+        for index in result.to_create:
+            self._create_pod(ns, job, index)
+        with self.lock:
+            status["active"] = sum(1 for r in books.records.values() if r.phase in ("Pending", "Running")
+                                   and not r.deleting)
+
+    def _finish_when_gone(self, ns: str, job: dict[str, Any], books: _Indexes) -> None:
+        """``Failed`` follows ``FailureTarget`` once no pod of the Job is left running (Kubernetes >= 1.31)."""
+        if not all(self._gone(ns, r.name) for r in books.records.values()):
+            return
+        target = next(c for c in job["status"]["conditions"] if c["type"] == "FailureTarget")
+        if not any(c["type"] == "Failed" for c in job["status"]["conditions"]):
+            self._set_condition(job, "Failed", target["reason"], target["message"])
+        job["status"]["active"] = 0
+
+    def _gone(self, ns: str, name: str) -> bool:
+        pod = self.pods.get((ns, name))
+        return pod is None or pod.done.is_set()
 
     def _create_pod(self, ns: str, job: dict[str, Any], index: int) -> None:
         job_name, uid = job["metadata"]["name"], job["metadata"]["uid"]
@@ -523,9 +639,11 @@ class KubeApiDouble:
                 {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
                  "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}} for c in spec["containers"]]},
         }
+        books = self.indexes[(ns, job_name)]
+        counted = sum(1 for r in books.records.values() if r.index == index and r.phase == "Failed"
+                      and job_controller.failure_action(job["spec"], r, ns)[0] != "Ignore")
         if "backoffLimitPerIndex" in job["spec"]:
-            obj["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] = \
-                str(self.indexes[(ns, job_name)].failures[index])
+            obj["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] = str(counted)
         root = self.sandbox / pod_name
         root.mkdir(parents=True)
         pod = _Pod(obj, root)
@@ -536,12 +654,19 @@ class KubeApiDouble:
             pod.ip = f"127.0.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
             self._next_ip += 1
             self.pods[(ns, pod_name)] = pod
-            self.objects[("jobs", ns, job_name)]["status"]["active"] += 1
+            books.records[pod_name] = job_controller.Pod(pod_name, index, "Pending", failure_count=counted)
         threading.Thread(target=self._run_pod, args=(ns, job_name, pod), name=pod_name, daemon=True).start()
 
     def _schedule_and_pull(self, ns: str, pod: _Pod) -> bool:
         """Pending: scheduling, image pull, faults. False when the pod never gets to start."""
         f, status = self.faults, pod.obj["status"]
+        if f.admission_errors > 0:  # kubelet admission fails (device plugin restarted): Failed, never ran
+            with self.lock:
+                f.admission_errors -= 1
+                status.update(phase="Failed", reason="UnexpectedAdmissionError", message=(
+                    "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+                    "nvidia.com/gpu, which is unexpected"))
+            return False
         if f.unschedulable:
             with self.lock:
                 status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -567,6 +692,11 @@ class KubeApiDouble:
         container = pod.obj["spec"]["containers"][0]
         if not self._schedule_and_pull(ns, pod):
             pod.done.set()
+            if pod.obj["status"]["phase"] == "Failed":  # admission error: a failure without an exit code
+                with self.lock:
+                    if (record := self.indexes[(ns, job_name)].records.get(pod.name)) is not None:
+                        record.phase = "Failed"
+                self._fill(ns, job_name)
             return
         try:
             argv, env = self._container_process(ns, pod, container)
@@ -600,6 +730,8 @@ class KubeApiDouble:
             return
         with self.lock:
             pod.obj["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+            if pod.kubelet_reason is not None:  # a kubelet eviction: no DisruptionTarget, a pod-level reason
+                pod.obj["status"]["reason"], pod.obj["status"]["message"] = pod.kubelet_reason
             pod.obj["status"]["containerStatuses"][0].update(ready=False, started=False, state={"terminated": {
                 "exitCode": code, "reason": "Completed" if code == 0 else "OOMKilled" if pod.oom_killed else "Error",
                 "startedAt": pod.obj["status"].get("startTime"), "finishedAt": _now()}})
@@ -749,62 +881,18 @@ class KubeApiDouble:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pod.proc.pid, signal.SIGKILL)
 
-    @staticmethod
-    def _failure_action(spec: dict[str, Any], pod: _Pod, code: int) -> str:
-        """The first ``podFailurePolicy`` rule that matches a failed pod (``Count`` when none does)."""
-        for rule in (spec.get("podFailurePolicy") or {}).get("rules", []):
-            conditions, codes = rule.get("onPodConditions") or [], rule.get("onExitCodes")
-            if pod.disrupted and any(c.get("type") == "DisruptionTarget" for c in conditions):
-                return rule["action"]
-            if codes and (codes["operator"] == "In") == (code in codes["values"]):
-                return rule["action"]
-        return "Count"
-
     def _on_pod_finished(self, ns: str, job_name: str, pod: _Pod, code: int) -> None:
-        """The Job controller's books for one finished pod: per-index retries (``backoffLimitPerIndex``,
-        ``maxFailedIndexes``) or the Job-wide ``backoffLimit``, the pod failure policy, replacements."""
-        verdict = None
+        """The pod's record as the controller reads it (phase, exit code, DisruptionTarget), then a sync."""
         with self.lock:
             job, books = self.objects.get(("jobs", ns, job_name)), self.indexes.get((ns, job_name))
-            if job is None or books is None or self._job_finished(ns, job_name):
+            if job is None or books is None or pod.name not in books.records:
                 return
-            status, spec = job["status"], job["spec"]
-            action = self._failure_action(spec, pod, code) if code != 0 else None
-            if code != 0 and action != "Ignore" and pod.deleting:  # killed by a deletion; a pod that exits 0 counts
-                return
-            status["active"] -= 1
-            per_index = "backoffLimitPerIndex" in spec
-            completions = int(spec.get("completions", 1))
-            if code == 0:
-                status["succeeded"] += 1
-                books.completed.add(pod.index)
-            elif action == "FailJob":
-                status["failed"] += 1
-                verdict = ("PodFailurePolicy", f"Container {pod.obj['spec']['containers'][0]['name']} for pod "
-                           f"{ns}/{pod.name} failed with exit code {code} matching FailJob rule")
-            elif action != "Ignore":  # Ignore: not counted, the index gets a new pod
-                status["failed"] += 1
-                books.failures[pod.index] += 1
-                if per_index and (action == "FailIndex" or books.failures[pod.index] > int(spec["backoffLimitPerIndex"])):
-                    books.failed.add(pod.index)
-                    limit = spec.get("maxFailedIndexes")
-                    if limit is not None and len(books.failed) > int(limit):
-                        verdict = ("MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes")
-                elif not per_index and status["failed"] > int(spec.get("backoffLimit", 6)):
-                    verdict = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-            status["completedIndexes"] = _ranges(books.completed)
-            if per_index:
-                status["failedIndexes"] = _ranges(books.failed)
-            if verdict is None and len(books.completed) >= completions:
-                self._set_condition(job, "Complete", "CompletionsReached", "Reached expected number of succeeded pods")
-                status["completionTime"] = _now()
-                return
-            if verdict is None and books.failed and len(books.completed | books.failed) >= completions:
-                verdict = ("FailedIndexes", "Job has failed indexes")
-        if verdict is not None:
-            self._finish_job(ns, job_name, "Failed", *verdict)
-        else:
-            self._fill(ns, job_name)
+            record = books.records[pod.name]
+            # a pod the controller deleted (suspend, failed Job) is not a new failure
+            record.phase = "Gone" if record.deleting else "Succeeded" if code == 0 else "Failed"
+            record.exit_codes = {c["name"]: code for c in pod.obj["spec"]["containers"][:1]}
+            record.conditions = ("DisruptionTarget",) if pod.disrupted else ()
+        self._fill(ns, job_name)
 
     def _finish_job(self, ns: str, name: str, ctype: str, reason: str, message: str) -> None:
         with self.lock:
@@ -839,23 +927,10 @@ class KubeApiDouble:
 
 @dataclass
 class _Indexes:
-    """The Job controller's per-index books (the real one keeps them in annotations and status)."""
+    """What the Job controller knows of a Job's pods (the real one: its informer cache and finalizers)."""
 
-    completed: set[int] = field(default_factory=set)
-    failed: set[int] = field(default_factory=set)
-    failures: Counter = field(default_factory=Counter)  # counted pod failures per index
+    records: dict[str, job_controller.Pod] = field(default_factory=dict)  # pod name -> what it reads
     attempts: Counter = field(default_factory=Counter)  # pods created per index
-
-
-def _ranges(done: set[int]) -> str:
-    """``{0, 1, 2, 5}`` -> ``"0-2,5"``, the format of ``completedIndexes`` / ``failedIndexes``."""
-    out: list[str] = []
-    for i in sorted(done):
-        if out and int(out[-1].split("-")[-1]) == i - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{i}"
-        else:
-            out.append(str(i))
-    return ",".join(out)
 
 
 _ISOLATION_PROBE: list[str] | None | bool = False
@@ -909,9 +984,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _send_json(self, code: int, body: dict[str, Any]) -> None:
+    def _send_json(self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -929,11 +1006,16 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._send_json(*result)
         except ApiError as e:
-            self._send_json(e.code, e.body())
+            self._send_json(e.code, e.body(), e.headers)
+        except ConnectionResetError:  # injected: drop the connection without an answer
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
 
     do_GET = lambda self: self._dispatch("GET")  # noqa: E731
     do_POST = lambda self: self._dispatch("POST")  # noqa: E731
     do_DELETE = lambda self: self._dispatch("DELETE")  # noqa: E731
+    do_PATCH = lambda self: self._dispatch("PATCH")  # noqa: E731
 
     def _logs(self, pod: _Pod, query: dict[str, list[str]]) -> None:
         follow = query.get("follow", ["false"])[0].lower() == "true"

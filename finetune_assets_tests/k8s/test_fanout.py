@@ -49,17 +49,26 @@ def fanout(out: str, count: int = 3, failing: str = "") -> FanOut:
 # -- manifests (offline) --------------------------------------------------------------------------
 
 
-def render(**runner_fields):
+WORKER_POOL = dict(
+    worker_node_selector={"pool": "cpu"}, worker_memory_request="1536Mi", worker_memory_limit="2Gi",
+    worker_k8s_config={
+        "pod_template_spec_metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}},
+        "pod_spec_config": {"priorityClassName": "batch-low"}})
+
+
+def render(launcher_fields: dict | None = None, **runner_fields):
     launcher = K8sTorchrunLauncher(
         image="registry.example.com/finetune-assets:1.0", namespace="ml-train", nnodes=2, gpus_per_node=8,
         env_secret_names=["finetune-s3"], service_account_name="finetune-trainer",
-        node_selector={"pool": "batch"}, storage_pvc_name="finetune-storage")
+        node_selector={"pool": "batch"}, storage_pvc_name="finetune-storage", **(launcher_fields or {}))
     runner = K8sFanOutRunner(launcher, labels=LABELS, **runner_fields)
     return runner, runner.render(fanout("s3://bucket/finetune/slices/tok-v1"), "tok-v1-abc123")
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("fields", [{}, {"parallelism": 2, "retries_per_index": 0}], ids=["all-at-once", "2-at-a-time"])
+@pytest.mark.parametrize("fields", [{}, {"parallelism": 2, "retries_per_index": 0},
+                                    {"launcher_fields": WORKER_POOL}],
+                         ids=["all-at-once", "2-at-a-time", "own-pool-passthrough"])
 def test_fanout_manifest_validates(version: str, fields) -> None:
     _, job = render(**fields)
     kubernetes_validate.validate(job, version, strict=True)
@@ -71,13 +80,15 @@ def test_fanout_manifest_shape() -> None:
     (container,) = pod["containers"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == 3 and spec["parallelism"] == 2
     assert spec["backoffLimitPerIndex"] == 4 and spec["maxFailedIndexes"] == 0  # retry per slice, fail fast after
+    assert spec["backoffLimit"] == 2**31 - 1  # checked whatever backoffLimitPerIndex says (upstream default)
     rules = spec["podFailurePolicy"]["rules"]
     assert [r["action"] for r in rules] == ["Ignore", "Count", "FailIndex"]
     assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
-    assert rules[1]["onExitCodes"]["values"] == [137]  # OOMKilled gets its retries
+    assert rules[1]["onExitCodes"]["values"] == [75, 137]  # transient I/O (EX_TEMPFAIL) and OOM get retries
     # the training launcher's settings, but no GPU and one process per worker pod; no Service
     assert "nvidia.com/gpu" not in container["resources"]["requests"] and "subdomain" not in pod
-    assert pod["nodeSelector"] == {"pool": "batch"} and pod["serviceAccountName"] == "finetune-trainer"
+    # the GPU pool's node selector is not inherited: CPU workers have their own (none here)
+    assert "nodeSelector" not in pod and pod["serviceAccountName"] == "finetune-trainer"
     assert [e["secretRef"]["name"] for e in container["envFrom"]] == ["finetune-s3"]
     assert any(v.get("persistentVolumeClaim", {}).get("claimName") == "finetune-storage" for v in pod["volumes"])
     assert container["securityContext"]["readOnlyRootFilesystem"] is True and pod["automountServiceAccountToken"] is False
@@ -147,7 +158,8 @@ def test_a_preempted_and_an_oom_killed_index_are_retried(cluster: Cluster, doubl
     lines, name = run(cluster, fanout(str(tmp_path)), retries_per_index=1)
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     books = double.indexes[(cluster.namespace, name)]
-    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and dict(books.failures) == {2: 1}  # preemption not counted
+    counted = [r.index for r in books.records.values() if r.phase == "Failed" and not r.conditions]
+    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and counted == [2]  # the preemption is not counted
     assert re.search(r"index 2: pod \S+ Failed, exit code 137 \(OOMKilled\)", "\n".join(lines)), lines
 
 
@@ -187,6 +199,51 @@ def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(cluster: Clust
     lines, _ = run(cluster, fanout(str(tmp_path)))
     assert any(line.startswith(f"Deleting live fan-out Job {cluster.namespace}/tok-v1-deadrun-abc123") for line in lines)
     assert cluster.leftovers("tok-v1-deadrun-abc123") == {} and len(parts(tmp_path)) == 3
+
+
+@pytest.mark.k8s
+def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(cluster: Cluster, double, tmp_path) -> None:
+    left = K8sFanOutRunner(cluster.launcher(timeout_s=90), labels={**LABELS, "dagster/run-id": "other-run"})
+    job = left.render(FanOut(name="tok-v1-live", command=["python", "-c", "import time; time.sleep(600)"],
+                             count=1, env={}), "tok-v1-live-abc123")
+    cluster.create_job(job)
+    runner = K8sFanOutRunner(cluster.launcher(), labels=LABELS, run_state={"other-run": "STARTED"}.get)
+    with pytest.raises(FanOutError, match="belongs to Dagster run other-run, which is still STARTED"):
+        runner.run(fanout(str(tmp_path)), lambda line: None)
+    assert "job" in cluster.leftovers("tok-v1-live-abc123", wait_s=0)
+    cluster.double.handle("DELETE", f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/tok-v1-live-abc123",
+                          {}, {}, HARNESS_AGENT)
+
+
+def test_a_slice_workers_transient_io_error_exits_75(monkeypatch, capsys) -> None:
+    from types import SimpleNamespace
+
+    from finetune_assets.data import slices
+    from finetune_assets.launchers.k8s.failures import TRANSIENT_EXIT_CODE
+
+    def store_hiccup(spec, index, log):
+        raise ConnectionResetError("Connection reset by peer (object store)")
+
+    monkeypatch.setattr(slices, "read_spec", lambda url: SimpleNamespace(count=2))
+    monkeypatch.setattr(slices, "shard_slice", store_hiccup)
+    assert slices.main(["work", "--spec", "s3://b/spec.json", "--index", "1"]) == TRANSIENT_EXIT_CODE == 75
+    assert "transient I/O error" in capsys.readouterr().err
+
+
+@pytest.mark.k8s
+def test_an_index_exiting_75_is_retried(cluster: Cluster, double, tmp_path) -> None:
+    """EX_TEMPFAIL counts against the index's retries (an object-store 503 among thousands of slices)
+    instead of failing it as the worker's own error."""
+    flaky = (
+        "import os, sys, pathlib; i = os.environ['JOB_COMPLETION_INDEX']; "
+        f"m = pathlib.Path({str(tmp_path)!r}) / ('tried-' + i); "
+        "first = not m.exists(); m.touch(); sys.exit(75 if first and i == '1' else 0)"
+    )
+    lines, name = run(cluster, FanOut(name="tok-flaky", command=["python", "-c", flaky], count=2, env={}),
+                      retries_per_index=1)
+    books = double.indexes[(cluster.namespace, name)]
+    assert dict(books.attempts) == {0: 1, 1: 2}
+    assert any("index 1: pod" in line and "exit code 75" in line for line in lines), lines
 
 
 def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:

@@ -23,9 +23,11 @@ pytestmark = pytest.mark.k8s
 # Exactly the (verb, resource) pairs the launcher calls; deploy/rbac.yaml must grant these and no more.
 LAUNCHER_VERBS = {
     ("create", "services"), ("delete", "services"),
-    ("create", "jobs"), ("get", "jobs"), ("list", "jobs"), ("delete", "jobs"),
+    ("create", "jobs"), ("get", "jobs"), ("list", "jobs"), ("delete", "jobs"), ("patch", "jobs"),
     ("list", "pods"), ("get", "pods"), ("get", "pods/log"), ("list", "events"),
 }
+# Called only when a delete keeps failing (test_api_faults covers it): suspend the Job instead.
+FALLBACK_VERBS = {("patch", "jobs")}
 
 
 def _port(cluster: Cluster) -> int:
@@ -164,12 +166,13 @@ def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, double, 
     def called() -> set[tuple[str, str]]:
         return {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT}
 
-    if called() != LAUNCHER_VERBS:  # run alone: one failing multi-node launch from an owning pod observes all
+    usual = LAUNCHER_VERBS - FALLBACK_VERBS
+    if called() - FALLBACK_VERBS != usual:  # run alone: one failing multi-node launch from an owning pod
         owner = cluster.create_pod(f"run-pod-{uuid.uuid4().hex[:6]}")
         launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port(), owner_pod=owner),
                                      "standin:fail-node=1", instance)
         assert not launched.success
-    assert called() == LAUNCHER_VERBS
+    assert called() - FALLBACK_VERBS == usual and called() <= LAUNCHER_VERBS
 
 
 def test_node_loss_kills_the_whole_pod(cluster: Cluster, double, instance) -> None:

@@ -32,6 +32,21 @@ CONFIGS = {
     ),
     "2-nodes-rwx-volume": dict(nnodes=2, storage_pvc_name="finetune-storage", storage_mount_path="/data"),
     "8-nodes-no-limits": dict(nnodes=8, nproc_per_node=8, gpus_per_node=8, cpu_limit=None, memory_limit=None),
+    "2-nodes-passthrough-kueue": dict(nnodes=2, gpus_per_node=8, queue_name="gpu-queue", deployment="prod", k8s_config={
+        "pod_template_spec_metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+        "pod_spec_config": {
+            "priorityClassName": "training-high", "schedulerName": "volcano", "runtimeClassName": "nvidia",
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                       "values": ["p5.48xlarge"]}]}]}}},
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                           "whenUnsatisfiable": "DoNotSchedule",
+                                           "labelSelector": {"matchLabels": {"app": "x"}}}]},
+        "container_config": {"resources": {"limits": {"vpc.amazonaws.com/efa": "32"},
+                                           "requests": {"vpc.amazonaws.com/efa": "32"}},
+                             "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}},
+        "job_metadata": {"annotations": {"team.example.com/owner": "ml"}},
+    }),
 }
 
 
@@ -73,7 +88,7 @@ def test_rendered_job_shape(config: str) -> None:
     # security (issue 7)
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
     sc = container["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]  # (+ added ones)
     assert sc["readOnlyRootFilesystem"] is True
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/dev/shm", "/tmp", "/cache"} <= mounts
@@ -97,7 +112,7 @@ def test_rendered_job_shape(config: str) -> None:
         cmd = cmd[3:]
     assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
     assert cmd[-4:] == ["-m", "finetune_assets.training", "--config", "s3://bucket/finetune/configs/run.json"]
-    assert cmd[cmd.index("--nproc-per-node") + 1] == str(fields.get("nproc_per_node", 1))
+    assert cmd[cmd.index("--nproc-per-node") + 1] == str(launcher.processes)
     assert cmd[cmd.index("--max-restarts") + 1] == str(fields.get("max_restarts", 0))
     if nnodes == 1:
         assert service is None and "--standalone" in cmd

@@ -42,3 +42,18 @@ def test_verdict(case: str, kind: str, says: str) -> None:
 def test_deadline_is_named_as_such() -> None:
     status, pods = load("deadline")
     assert assess(status, pods, nnodes=2).reason == "DeadlineExceeded"
+
+
+@pytest.mark.parametrize(("reason", "message", "fatal"), [
+    ("ErrImagePull", "rpc error: code = NotFound desc = manifest unknown", True),
+    ("ErrImagePull", "429 Too Many Requests: toomanyrequests: You have reached your pull rate limit", False),
+    ("ImagePullBackOff", "Back-off pulling image: received unexpected HTTP status: 503 Service Unavailable", False),
+    ("ImagePullBackOff", "pull access denied, repository does not exist or may require authorization", True),
+    ("CreateContainerError", "context deadline exceeded", False),  # the runtime hiccupped: the kubelet retries
+    ("CreateContainerConfigError", 'secret "finetune-s3" not found', True),
+    ("InvalidImageName", "couldn't parse image reference", True),
+])
+def test_which_waits_are_fatal(reason: str, message: str, fatal: bool) -> None:
+    from finetune_assets.launchers.k8s.failures import waiting_is_fatal
+
+    assert waiting_is_fatal(reason, message) is fatal

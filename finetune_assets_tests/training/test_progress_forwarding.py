@@ -6,7 +6,7 @@ import sys
 from types import SimpleNamespace
 
 from finetune_assets.launchers.base import TrainingSpec, log_trainer_line
-from finetune_assets.launchers.k8s import _LogFollower
+from finetune_assets.launchers.k8s import LogFollower
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.training import PROGRESS
 
@@ -48,7 +48,7 @@ def test_the_local_launcher_forwards_progress_as_info(tmp_path):
 
 
 def test_the_k8s_log_follower_forwards_progress_as_info():
-    follower = _LogFollower(api=None, namespace="ns")
+    follower = LogFollower(api=None, namespace="ns")
     follower.pod = "finetune-0"
     follower._lines.put(f"[finetune-0] {WORKER_LINE}")  # the follower's reader tags each line with its pod
     log = _Log()
