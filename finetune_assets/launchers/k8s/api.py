@@ -41,9 +41,7 @@ def call(
 ) -> Any:
     """``fn(*args, **kwargs)`` with a request timeout; 429/5xx/401/connection errors are retried
     within ``budget_s``."""
-    if not kwargs.get(
-        "follow"
-    ):  # a followed log stream is quiet for minutes: no read timeout there
+    if not kwargs.get("follow"):  # a followed log stream is quiet for minutes: no read timeout
         kwargs.setdefault("_request_timeout", API_TIMEOUT_S)
     deadline, delay, attempt = time.monotonic() + budget_s, FIRST_DELAY_S, 0
     while True:

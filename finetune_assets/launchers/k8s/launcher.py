@@ -31,11 +31,12 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         owner, owner_image = self._owner_reference(log, api)
         image = self.image or owner_image
         key = gang_key(job.labels, self.gang_scope)
-        try:
-            self._remove_live_gangs(log, api, key, run_state=dagster_run_state(context.instance),
-                                    own_run=context.run.run_id)
-        except LiveRunConflict as e:
-            raise TrainingFailed(str(e)) from None
+        if key is not None:  # an asset + partition: no other gang of it may run
+            try:
+                self._remove_live_gangs(log, api, key, run_state=dagster_run_state(context.instance),
+                                        own_run=context.run.run_id)
+            except LiveRunConflict as e:
+                raise TrainingFailed(str(e)) from None
         for attempt in range(self.max_resubmissions + 1):
             try:
                 self._run_gang(log, api, job, owner, image)
