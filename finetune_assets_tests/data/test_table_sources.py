@@ -282,3 +282,33 @@ def test_sql_problems_are_one_line_without_the_url(capsys, home, sqlite_db, monk
     assert len(err.strip().splitlines()) == 1 and SECRET not in err
     assert not Path(home["store"].url("versions", "s.json")).exists()
     assert not (sqlite_db.parent / "gone.db").exists()
+
+
+def test_every_family_gets_the_same_intake(tmp_path, reviews, monkeypatch):
+    """The same rows as a CSV file, a Delta table and a SQLite table: the same accepted reviews with
+    the same hash splits, and the same rejections for the same reasons."""
+    import csv
+    import sqlite3
+
+    from deltalake import write_deltalake
+
+    from finetune_assets.data.validate import ValidationRules, validate
+
+    rows = reviews[:40] + HOSTILE + [reviews[7]]
+    with (tmp_path / "r.csv").open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([("review_text", "polarity"), *rows])
+    write_deltalake(tmp_path / "delta", _table(rows))
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        conn.execute("CREATE TABLE r (review_text TEXT, polarity TEXT)")
+        conn.executemany("INSERT INTO r VALUES (?, ?)", rows)
+    monkeypatch.setenv("R_DB", f"sqlite:///{tmp_path / 'r.db'}")
+    specs = [SourceSpec(uri=str(tmp_path / "r.csv")), SourceSpec(uri=f"delta:{tmp_path / 'delta'}"),
+             SourceSpec(uri="sql:R_DB", query="SELECT * FROM r ORDER BY rowid")]
+    seen = []
+    for spec in specs:
+        result = validate(read_source(spec), ValidationRules())
+        accepted = sorted(zip(*(result.accepted.column(c).to_pylist() for c in ("text", "label",
+                                                                                 "split"))))
+        seen.append((accepted, sorted(result.rejected.column("reason").to_pylist())))
+    assert seen[0][1] == ["duplicate", "empty_text", "unknown_label"]
+    assert seen[0] == seen[1] == seen[2]
