@@ -871,7 +871,7 @@ class KubeApiDouble:
     def _inject_faults(self, pod: _Pod) -> None:
         """``faults.preempt`` / ``faults.oom_kill``: the pod's first attempts die right after they start running."""
         preempt, oom = pod.attempt < self.faults.preempt.get(pod.index, 0), pod.attempt < self.faults.oom_kill.get(pod.index, 0)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 30.0  # a loaded machine forks late
         while (preempt or oom) and pod.main_pid() is None and time.monotonic() < deadline:
             time.sleep(0.01)  # `unshare` blocks SIGTERM until it has forked the pod's process: hit that process
         if preempt:
