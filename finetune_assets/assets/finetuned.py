@@ -14,6 +14,7 @@ from pydantic import Field
 
 from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
+from finetune_assets.assets.provenance import input_tags, run_group_id
 from finetune_assets.contracts import (
     FINETUNED_MODEL,
     MDS_SHARDS,
@@ -30,7 +31,7 @@ from finetune_assets.launchers.base import TrainingSpec, TrainingLauncher
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage, hash_tree
+from finetune_assets.storage import Published, Storage, hash_tree
 from finetune_assets.training.config import HyperParameters, TrainerConfig
 
 
@@ -58,15 +59,23 @@ class RecordedModel:
 
 
 def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> RecordedModel:
-    """The model materialized by run ``run_id`` for ``version``; else the latest recorded one for ``version``.
+    """The model materialized for ``version`` by run ``run_id`` or its re-execution group (a gate
+    re-executed from failure runs in a new run); else the latest recorded one for ``version``.
 
     Checks and promotion act on the materialization they belong to: another run publishing the same
     partition in between (which moves ``CURRENT``) cannot swap the model under them.
     """
     key = dg.AssetKey(FINETUNED_MODEL)
-    entries = [e for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-               if e.asset_materialization and e.asset_materialization.asset_key == key
-               and e.asset_materialization.partition == version]
+    group = instance.get_run_group(run_id)
+    # Newest run of the re-execution group first: a re-executed gate belongs to the model its group trained.
+    runs = [r.run_id for r in sorted(group[1], key=_created, reverse=True)] if group else [run_id]
+    entries = []
+    for rid in runs:
+        entries = [e for e in instance.all_logs(rid, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+                   if e.asset_materialization and e.asset_materialization.asset_key == key
+                   and e.asset_materialization.partition == version]
+        if entries:
+            break
     if not entries:
         records = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=key, asset_partitions=[version]), limit=1).records
@@ -81,6 +90,10 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
     return RecordedModel(run_id=entry.run_id, model_url=str(path.value) if path else "",
                          registered_model_name=str(name.value) if name else None,
                          registered_model_version=str(number.value) if number else None)
+
+
+def _created(run: dg.DagsterRun) -> float:
+    return getattr(run, "create_timestamp", None) or 0.0
 
 
 def code_version() -> str:
@@ -104,11 +117,14 @@ def build_trainer_config(
     output_dir: str,
     tags: dict[str, str],
     run_name: str,
-) -> tuple[TrainerConfig, str]:
-    """The trainer file for one attempt, and the hash keying its checkpoints (same inputs -> same folder)."""
+    pin_id: str,
+) -> tuple[TrainerConfig, str, Published]:
+    """The trainer file for one attempt, the hash keying its checkpoints (same inputs -> same folder),
+    and the base model it trains from (pinned for ``pin_id``, the root run)."""
     shards = store.require(MDS_SHARDS, version)
-    # The base model this run started with (pinned and leased for the run), not whatever CURRENT is now.
-    pretrained = store.pinned(PRETRAINED_MODEL, tags["dagster_run_id"])
+    # The base model the root run started with (its tokenize step pinned it, leased), not whatever
+    # CURRENT is now: a re-execution from failure or a run retry trains with the shards' tokenizer.
+    pretrained = store.pinned(PRETRAINED_MODEL, pin_id)
     labels = labels_from_metadata(shards.metadata)
     settings = config.hyper_parameters()
     key = {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version}
@@ -148,7 +164,7 @@ def build_trainer_config(
             },
         }
     )
-    return trainer, config_hash
+    return trainer, config_hash, pretrained
 
 
 @dg.asset(
@@ -175,9 +191,9 @@ def finetuned_model(
     with store.publish(FINETUNED_MODEL, version) as staging:
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
-        trainer, config_hash = build_trainer_config(
-            config, store, version, mlflow, output_dir, tags, run_name=f"{version}-{run_id[:8]}"
-        )
+        trainer, config_hash, pretrained = build_trainer_config(
+            config, store, version, mlflow, output_dir, tags, run_name=f"{version}-{run_id[:8]}",
+            pin_id=run_group_id(context.run))
         config_url = f"{output_dir}/{TRAINER_CONFIG_FILE}"
         with fsspec.open(config_url, "w") as f:  # inside the attempt: published (or discarded) with it
             f.write(trainer.to_json())
@@ -193,9 +209,12 @@ def finetuned_model(
         result = read_training_result(output_dir)
         with store.local_copy(f"{output_dir}/{MODEL_SUBDIR}") as model_dir:
             staging.data_version = hash_tree(model_dir)
-        staging.metadata = {"config_hash": config_hash, "mlflow": result.mlflow}
-    return dg.MaterializeResult(metadata=_metadata(result, mlflow, staging.url, config_hash),
-                                data_version=dg.DataVersion(staging.data_version))
+        staging.metadata = {"config_hash": config_hash, "mlflow": result.mlflow,
+                            "pretrained_attempt": pretrained.attempt}
+    meta = _metadata(result, mlflow, staging.url, config_hash)
+    meta["pretrained_model"] = dg.MetadataValue.path(pretrained.url)
+    return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(staging.data_version),
+                                tags=input_tags(context.instance, PRETRAINED_MODEL, pretrained))
 
 
 def _metadata(result: TrainingResult, mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:
