@@ -225,10 +225,11 @@ class FloorConfig(dg.Config):
 
     min_macro_f1: float = Field(0.0, description="absolute floor on test macro-F1 (0: only the champion counts)")
     must_beat_majority_baseline: bool = Field(
-        False, description="also require a macro-F1 above always predicting the most frequent class")
+        True, description="also require a macro-F1 above always predicting the most frequent class "
+                          "(first champion included)")
     baseline_margin: float | None = Field(
         0.0, description="also require macro-F1 >= this version's baseline_model macro-F1 + margin (null: off; "
-                         "not applied when baseline_model[v] was never materialized)")
+                         "a version whose baseline_model was not built is refused while the rule is on)")
 
 
 class QualityGateConfig(FloorConfig):
@@ -239,8 +240,9 @@ class QualityGateConfig(FloorConfig):
 def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[list, dict]:
     """The conditions a challenger must meet, and what they were measured against (for metadata).
 
-    The check and ``champion_model`` share them: the floor (absolute / majority class) and, when
-    ``baseline_model[v]`` exists, its test macro-F1 plus ``baseline_margin`` (issue 14).
+    The check and ``champion_model`` share them: the floor (absolute / majority class) and
+    ``baseline_model[v]``'s test macro-F1 plus ``baseline_margin``; a missing baseline refuses (a
+    rule that silently does not apply protects nobody) unless ``baseline_margin`` is null.
     """
     from finetune_assets import gate
     from finetune_assets.assets.baseline import read_baseline_info
@@ -253,7 +255,10 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
         return conditions, about
     info = read_baseline_info(store, version)
     if not info or not info.get("test"):
-        about["baseline_decision"] = f"not applied: baseline_model[{version}] is not materialized"
+        missing = (f"baseline_model[{version}] is not materialized (or has no test scores): the baseline rule "
+                   "cannot be checked (baseline_margin: null turns it off)")
+        about["baseline_decision"] = f"refused: {missing}"
+        conditions.append(lambda _comparison: missing)
         return conditions, about
     about.update(baseline_macro_f1=float(info["test"]["macro_f1"]), baseline_margin=config.baseline_margin)
     conditions.append(gate.beats_baseline(info["test"], config.baseline_margin))
