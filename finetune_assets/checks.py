@@ -29,7 +29,7 @@ from finetune_assets.contracts import (
 from finetune_assets.data.labels import labels_from_metadata, registered_model_name
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.viz import markdown_table
-from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 
 RAW, TOKENIZED, SHARDS, FINETUNED = RAW_REVIEWS, TOKENIZED_REVIEWS, MDS_SHARDS, FINETUNED_MODEL
@@ -266,7 +266,7 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
 
 
 @dg.asset_check(asset=FINETUNED, name="quality_gate", blocking=True, partitions_def=dataset_versions,
-                additional_deps=[RAW, BASELINE_MODEL],
+                additional_deps=[RAW, BASELINE_MODEL], retry_policy=REGISTRY_RETRY,
                 description="Test macro-F1 of the model this materialization registered, vs the floor, its version's "
                             "baseline_model and the current champion; observes only (champion_model moves the alias).")
 def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConfig, storage: StorageResource,
@@ -354,7 +354,8 @@ def frozen_test_set(store, version: str):
 
     texts, labels = split_reviews(store, version)["test"]
     if not texts:
-        raise dg.Failure(f"dataset version {version} has an empty test split: nothing to gate on")
+        raise dg.Failure(f"dataset version {version} has an empty test split: nothing to gate on",
+                         allow_retries=False)
     return TestSet.build(texts, labels, version_labels(store, version).names)
 
 

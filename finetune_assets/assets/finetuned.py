@@ -81,7 +81,8 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
             dg.AssetRecordsFilter(asset_key=key, asset_partitions=[version]), limit=1).records
         entries = [r.event_log_entry for r in records]
     if not entries:
-        raise dg.Failure(f"finetuned_model[{version}] has never been materialized: materialize it first")
+        raise dg.Failure(f"finetuned_model[{version}] has never been materialized: materialize it first",
+                         allow_retries=False)
     entry = entries[-1]
     meta = entry.asset_materialization.metadata
     path = meta.get("model_path")
