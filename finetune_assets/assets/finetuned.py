@@ -14,7 +14,7 @@ from pydantic import Field
 
 from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
-from finetune_assets.assets.provenance import input_tags, run_group_id
+from finetune_assets.assets.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.contracts import (
     FINETUNED_MODEL,
     MDS_SHARDS,
@@ -113,6 +113,7 @@ def job_name(version: str, run_id: str) -> str:
 def build_trainer_config(
     config: FinetuneConfig,
     store: Storage,
+    shards: Published,
     version: str,
     mlflow: MlflowResource,
     output_dir: str,
@@ -121,8 +122,8 @@ def build_trainer_config(
     pin_id: str,
 ) -> tuple[TrainerConfig, str, Published]:
     """The trainer file for one attempt, the hash keying its checkpoints (same inputs -> same folder),
-    and the base model it trains from (pinned for ``pin_id``, the root run)."""
-    shards = store.require(MDS_SHARDS, version)
+    and the base model it trains from (pinned for ``pin_id``, the root run). ``shards``: the published
+    ``mds_shards[version]`` Dagster recorded (``read_recorded``)."""
     # The base model the root run started with (its tokenize step pinned it, leased), not whatever
     # CURRENT is now: a re-execution from failure or a run retry trains with the shards' tokenizer.
     pretrained = store.pinned(PRETRAINED_MODEL, pin_id)
@@ -189,11 +190,12 @@ def finetuned_model(
     store = storage.storage()
     run_id = context.run.run_id
     tags = {"dataset_version": version, "code_version": code_version(), "dagster_run_id": run_id}
+    shards = read_recorded(context.instance, store, MDS_SHARDS, version)
     with store.publish(FINETUNED_MODEL, version) as staging:
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
         trainer, config_hash, pretrained = build_trainer_config(
-            config, store, version, mlflow, output_dir, tags, run_name=f"{version}-{run_id[:8]}",
+            config, store, shards, version, mlflow, output_dir, tags, run_name=f"{version}-{run_id[:8]}",
             pin_id=run_group_id(context.run))
         config_url = f"{output_dir}/{TRAINER_CONFIG_FILE}"
         with fsspec.open(config_url, "w") as f:  # inside the attempt: published (or discarded) with it
