@@ -145,14 +145,14 @@ def _data_version(record) -> str | None:
 
 
 def stale_resolver(instance, root: str):
-    """Dagster's own staleness (what the UI's "stale" flags and GraphQL ``staleStatus`` show), over the
-    code location's asset graph: code versions (config defaults folded in) and recorded input data versions."""
+    """Dagster's own staleness (the UI's "stale" flags, GraphQL ``staleStatus``) over the code
+    location's asset graph: code versions (config defaults folded in), recorded input data versions."""
     from dagster._core.definitions.data_version import CachingStaleStatusResolver
     from dagster._core.loader import LoadingContext
 
     from finetune_assets.definitions import build_defs
 
-    class _Loading(LoadingContext):  # a cache holder per command, as the webserver keeps one per request
+    class _Loading(LoadingContext):  # a cache holder per command (the webserver: one per request)
         def __init__(self, inst):
             self._instance, self._loaders = inst, {}
 
@@ -237,7 +237,8 @@ def cmd_versions_status(args) -> int:
         return 0
     header = ("version", "asset", "status", "materialized_at", "data_version", "run")
     table = [header] + [(r["version"], r["asset"],
-                         r["status"] + (f" ({'; '.join(r['stale_because'])})" if r["stale_because"] else ""),
+                         r["status"] + (f" ({'; '.join(r['stale_because'])})"
+                                        if r["stale_because"] else ""),
                          r["materialized_at"] or "-", r["data_version"] or "-", (r["run_id"] or "-")[:8])
                         for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]

@@ -253,12 +253,13 @@ def _track(cursor: LandingCursor, key: str, fp: str, source: str, with_base: boo
 def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
     """Follow each version's run to its end and say how it ended; never re-run what ended.
 
-    One retry layer, Dagster's: the daemon's run retries (``dagster/max_retries`` on the jobs) re-run an
-    infrastructure failure from the failed step, and a step ``RetryPolicy`` covers transient registry
-    errors. So a run the daemon will retry is waited for; a finished run is reported as what it was
-    (cancelled by a person, refused by the gate, failed at a step) and left to a person, tagged and
-    listed in the skip reason. Only a request that never became a run (``LOST_AFTER_S``) is requested
-    again, at most ``MAX_RUN_ATTEMPTS`` times. One run-storage query per tick for all versions in flight.
+    One retry layer, Dagster's: the daemon's run retries (``dagster/max_retries`` on the jobs)
+    re-run an infrastructure failure from the failed step, and a step ``RetryPolicy`` covers
+    transient registry errors. So a run the daemon will retry is waited for; a finished run is
+    reported as what it was (cancelled by a person, refused by the gate, failed at a step) and left
+    to a person, tagged and listed in the skip reason. Only a request that never became a run
+    (``LOST_AFTER_S``) is requested again, at most ``MAX_RUN_ATTEMPTS`` times. One run-storage
+    query per tick for all versions in flight.
     """
     instance = context.instance
     requests = []
@@ -274,13 +275,14 @@ def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
             if time.time() - info["at"] < LOST_AFTER_S:
                 continue
             if info["attempt"] >= MAX_RUN_ATTEMPTS:
-                _give_up(context, cursor, key, None, f"its run was never created ({info['attempt']} requests)")
+                why = f"its run was never created ({info['attempt']} requests)"
+                _give_up(context, cursor, key, None, why)
                 continue
             record = read_version(store, key)
             with_base = key == cursor.base_run_key and store.current(PRETRAINED_MODEL) is None
-            context.log.warning(f"dataset version {key}: its run was never created; requesting it again")
-            requests.append(_track(cursor, key, info["fp"], record.source.uri if record else "", with_base,
-                                   attempt=info["attempt"] + 1))
+            context.log.warning(f"dataset version {key}: its run was never created; requesting again")
+            source = record.source.uri if record else ""
+            requests.append(_track(cursor, key, info["fp"], source, with_base, attempt=info["attempt"] + 1))
         elif run.status == dg.DagsterRunStatus.SUCCESS:
             del cursor.runs[key]
         elif run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) \
@@ -290,13 +292,14 @@ def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
 
 
 def run_outcome(instance, run: dg.DagsterRun) -> str:
-    """How a finished, unsuccessful run ended, in words a person acts on (from its run group's events)."""
+    """How a finished, unsuccessful run ended, in words a person acts on (its run group's events)."""
     rid = run.run_id[:8]
     if run.status == dg.DagsterRunStatus.CANCELED:
-        return f"run {rid} was cancelled; not re-requested (launch retrain_job for this partition to resume)"
+        return f"run {rid} was cancelled; not re-requested (launch retrain_job for it to resume)"
     group = instance.get_run_group(run.run_id)
     gate, failed = None, []
-    for member in (group[1] if group else [run]):
+    for member in group[1] if group else [run]:
+        this_run = member.run_id == run.run_id
         for entry in instance.all_logs(member.run_id):
             event = entry.dagster_event
             if event is None:
@@ -305,16 +308,20 @@ def run_outcome(instance, run: dg.DagsterRun) -> str:
                 evaluation = event.event_specific_data
                 if evaluation.check_name == "quality_gate" and not evaluation.passed:
                     gate = evaluation.description or "refused"
-            elif event.event_type == dg.DagsterEventType.STEP_FAILURE and member.run_id == run.run_id:
-                error = event.step_failure_data.error
-                while error is not None and error.cause is not None:  # the user's exception, not the wrapper
-                    error = error.cause
-                first = error.message.strip().splitlines()[0][:160] if error and error.message.strip() else "?"
-                failed.append(f"{event.step_key} ({first})")
+            elif event.event_type == dg.DagsterEventType.STEP_FAILURE and this_run:
+                failed.append(f"{event.step_key} ({_first_line(event.step_failure_data.error)})")
     if gate is not None:
         return f"trained, but the quality gate refused the model: {gate}"
     steps = "; ".join(failed) or "the run worker (no step failed: see the run's events)"
     return f"run {rid} failed at {steps}; fix it, then re-execute run {rid} from failure"
+
+
+def _first_line(error) -> str:
+    """The user's exception (innermost cause, not Dagster's wrapper), first line."""
+    while error is not None and error.cause is not None:
+        error = error.cause
+    text = error.message.strip() if error is not None else ""
+    return text.splitlines()[0][:160] if text else "?"
 
 
 def _give_up(context, cursor: LandingCursor, key: str, run, why: str) -> None:

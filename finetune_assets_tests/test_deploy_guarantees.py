@@ -15,8 +15,11 @@ import yaml
 
 DEPLOY = Path(__file__).parents[1] / "deploy"
 # Helm section -> instance section; everything under each is compared after camelCase -> snake_case.
-SECTIONS = {("concurrency",): "concurrency", ("dagsterDaemon", "runMonitoring"): "run_monitoring",
-            ("dagsterDaemon", "runRetries"): "run_retries"}
+SECTIONS = {
+    ("concurrency",): "concurrency",
+    ("dagsterDaemon", "runMonitoring"): "run_monitoring",
+    ("dagsterDaemon", "runRetries"): "run_retries",
+}
 VERBATIM = {"value"}  # a tag limit's value ({applyLimitPerUniqueValue: true}) is camelCase in both
 
 
@@ -25,7 +28,10 @@ def _snake(node, verbatim: bool = False):
         return [_snake(item) for item in node]
     if not isinstance(node, dict) or verbatim:
         return node
-    return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): _snake(v, k in VERBATIM) for k, v in node.items()}
+    return {
+        re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): _snake(v, k in VERBATIM)
+        for k, v in node.items()
+    }
 
 
 def helm_as_instance(values: dict) -> dict:
@@ -34,7 +40,9 @@ def helm_as_instance(values: dict) -> dict:
         node = values
         for key in path:
             node = (node or {}).get(key)
-        assert node is not None, f"deploy/values.yaml has no {'.'.join(path)}: the Helm install lacks {section}"
+        assert node is not None, (
+            f"deploy/values.yaml has no {'.'.join(path)}: the Helm install lacks {section}"
+        )
         out[section] = _snake(node)
     return out
 
@@ -54,11 +62,15 @@ def test_the_instance_file_turns_each_guarantee_on(tmp_path):
         assert instance.run_monitoring_enabled
         assert instance.run_monitoring_start_timeout_seconds == 300
         assert instance.run_monitoring_cancel_timeout_seconds == 300
-        assert instance.run_retries_enabled and not instance.run_retries_retry_on_asset_or_op_failure
+        assert (
+            instance.run_retries_enabled and not instance.run_retries_retry_on_asset_or_op_failure
+        )
         config = instance.get_concurrency_config()
         assert config.pool_config.default_pool_limit == 1
         limits = config.run_queue_config.tag_concurrency_limits
-        assert limits == [{"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+        assert limits == [
+            {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+        ]
 
 
 def test_a_difference_between_the_two_fails():

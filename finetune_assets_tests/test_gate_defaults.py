@@ -13,8 +13,9 @@ from finetune_assets.sensors import retrain_request
 from finetune_assets.storage import Storage
 
 # 6 Positive, 2 Negative, 2 Mixed: always "Positive" scores macro-F1 0.25.
-TEST = gate.TestSet.build([f"review {i}" for i in range(10)],
-                          ["Positive"] * 6 + ["Negative"] * 2 + ["Mixed"] * 2)
+TEST = gate.TestSet.build(
+    [f"review {i}" for i in range(10)], ["Positive"] * 6 + ["Negative"] * 2 + ["Mixed"] * 2
+)
 
 
 def _refusals(config, store: Storage, score: float) -> tuple[str, ...]:
@@ -27,15 +28,19 @@ def test_a_first_model_no_better_than_the_majority_class_is_not_promoted(tmp_pat
     majority = gate.majority_baseline(TEST)
     assert majority == 0.25
     for config in (QualityGateConfig(), PromotionConfig()):
-        refusals = _refusals(config, Storage(str(tmp_path)), majority)  # what the landing-zone run scored
+        refusals = _refusals(
+            config, Storage(str(tmp_path)), majority
+        )  # what the landing-zone run scored
         assert any("below the floor" in r for r in refusals), refusals
 
 
 def test_a_version_without_its_baseline_is_refused_unless_the_rule_is_off(tmp_path):
     store = Storage(str(tmp_path))  # baseline_model[v1] never built
     refusals = _refusals(QualityGateConfig(), store, 0.9)
-    assert refusals == ("baseline_model[v1] is not materialized (or has no test scores): the baseline "
-                        "rule cannot be checked (baseline_margin: null turns it off)",)
+    assert refusals == (
+        "baseline_model[v1] is not materialized (or has no test scores): the baseline "
+        "rule cannot be checked (baseline_margin: null turns it off)",
+    )
     _, about = gate_conditions(QualityGateConfig(), TEST, store, "v1")
     assert about["baseline_decision"].startswith("refused: baseline_model[v1] is not materialized")
     assert _refusals(QualityGateConfig(baseline_margin=None), store, 0.9) == ()  # turned off

@@ -39,8 +39,11 @@ WRITER = textwrap.dedent("""
 
 
 def _write(root, home, content: str, kill: bool) -> int:
-    return subprocess.run([sys.executable, "-c", WRITER, str(root), str(home), content, "1" if kill else "0"],
-                          capture_output=True, timeout=300).returncode
+    return subprocess.run(
+        [sys.executable, "-c", WRITER, str(root), str(home), content, "1" if kill else "0"],
+        capture_output=True,
+        timeout=300,
+    ).returncode
 
 
 def test_a_kill_between_publish_and_record_is_repaired_by_the_next_reader(tmp_path, storage_root):
@@ -49,14 +52,18 @@ def test_a_kill_between_publish_and_record_is_repaired_by_the_next_reader(tmp_pa
     assert _write(storage_root, home, "recorded", kill=False) == 0
     assert _write(storage_root, home, "unrecorded", kill=True) == -9  # killed in the window
     store = Storage(str(storage_root))
-    assert store.require("tokenized_reviews").data_version == "unrecorded"  # storage ahead of Dagster
+    assert (
+        store.require("tokenized_reviews").data_version == "unrecorded"
+    )  # storage ahead of Dagster
 
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
-        (record,) = instance.fetch_materializations(dg.AssetKey("tokenized_reviews"), limit=5).records
+        (record,) = instance.fetch_materializations(
+            dg.AssetKey("tokenized_reviews"), limit=5
+        ).records
         assert record.asset_materialization.tags["dagster/data_version"] == "recorded"
         read = read_recorded(instance, store, "tokenized_reviews")
         assert read.data_version == "recorded"
-        assert (store.require("tokenized_reviews").data_version == "recorded")  # CURRENT repaired
+        assert store.require("tokenized_reviews").data_version == "recorded"  # CURRENT repaired
         assert read_recorded(instance, store, "tokenized_reviews").attempt == read.attempt  # stable
 
 

@@ -37,10 +37,13 @@ def input_tags(instance: dg.DagsterInstance, asset: str, used: Published) -> dic
     newest ``SEARCHED_RECORDS`` has it; otherwise it is null (never the newest one's: not what was read).
     """
     key = dg.AssetKey(asset)
-    tags = {get_input_data_version_tag(key): used.data_version,
-            get_input_event_pointer_tag(key): NULL_EVENT_POINTER}
-    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key),
-                                              limit=SEARCHED_RECORDS).records
+    tags = {
+        get_input_data_version_tag(key): used.data_version,
+        get_input_event_pointer_tag(key): NULL_EVENT_POINTER,
+    }
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key), limit=SEARCHED_RECORDS
+    ).records
     for record in records:
         mat = record.event_log_entry.asset_materialization
         if mat is not None and (mat.tags or {}).get(DATA_VERSION_TAG) == used.data_version:
@@ -49,8 +52,9 @@ def input_tags(instance: dg.DagsterInstance, asset: str, used: Published) -> dic
     return tags
 
 
-def read_recorded(instance: dg.DagsterInstance, store: Storage, asset: str,
-                  partition: str | None = None) -> Published:
+def read_recorded(
+    instance: dg.DagsterInstance, store: Storage, asset: str, partition: str | None = None
+) -> Published:
     """The published version of ``asset`` that Dagster recorded, repairing ``CURRENT`` if it is ahead.
 
     A publish moves ``CURRENT`` inside the asset's body; Dagster records the materialization after the
@@ -61,7 +65,9 @@ def read_recorded(instance: dg.DagsterInstance, store: Storage, asset: str,
     """
     current = store.require(asset, partition)
     key = dg.AssetKey(asset)
-    target = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
+    target = (
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
+    )
     records = instance.fetch_materializations(target, limit=1).records
     mat = records[0].event_log_entry.asset_materialization if records else None
     recorded = (mat.tags or {}).get(DATA_VERSION_TAG) if mat is not None else None
@@ -72,7 +78,11 @@ def read_recorded(instance: dg.DagsterInstance, store: Storage, asset: str,
         if older.data_version == recorded:
             dg.get_dagster_logger().warning(
                 f"{where}: storage was ahead of Dagster (attempt {current.attempt} published by a run that "
-                f"died before recording it); restored the recorded attempt {older.attempt}")
+                f"died before recording it); restored the recorded attempt {older.attempt}"
+            )
             return store.restore(asset, older.attempt, partition)
-    raise dg.Failure(f"{where}: storage holds data version {current.data_version}, Dagster recorded "
-                     f"{recorded} and no kept attempt has it: re-materialize {where}", allow_retries=False)
+    raise dg.Failure(
+        f"{where}: storage holds data version {current.data_version}, Dagster recorded "
+        f"{recorded} and no kept attempt has it: re-materialize {where}",
+        allow_retries=False,
+    )
