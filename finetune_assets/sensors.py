@@ -297,7 +297,7 @@ def run_outcome(instance, run: dg.DagsterRun) -> str:
     if run.status == dg.DagsterRunStatus.CANCELED:
         return f"run {rid} was cancelled; not re-requested (launch retrain_job for it to resume)"
     group = instance.get_run_group(run.run_id)
-    gate, failed = None, []
+    gate, refused, failed = None, [], []
     for member in group[1] if group else [run]:
         this_run = member.run_id == run.run_id
         for entry in instance.all_logs(member.run_id):
@@ -306,12 +306,18 @@ def run_outcome(instance, run: dg.DagsterRun) -> str:
                 continue
             if event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
                 evaluation = event.event_specific_data
-                if evaluation.check_name == "quality_gate" and not evaluation.passed:
+                if evaluation.passed or evaluation.severity != dg.AssetCheckSeverity.ERROR:
+                    continue
+                if evaluation.check_name == "quality_gate":
                     gate = evaluation.description or "refused"
+                elif this_run:
+                    refused.append(f"{evaluation.check_name} ({evaluation.description or 'failed'})")
             elif event.event_type == dg.DagsterEventType.STEP_FAILURE and this_run:
                 failed.append(f"{event.step_key} ({_first_line(event.step_failure_data.error)})")
     if gate is not None:
         return f"trained, but the quality gate refused the model: {gate}"
+    if refused:  # a blocking data check stopped the chain: the data needs fixing, not the run
+        return f"run {rid}: blocking check {'; '.join(refused)[:300]} refused the data"
     steps = "; ".join(failed) or "the run worker (no step failed: see the run's events)"
     return f"run {rid} failed at {steps}; fix it, then re-execute run {rid} from failure"
 

@@ -398,3 +398,23 @@ def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
 
     (drop / "_2024_reviews.csv").write_text("text,label\nbad,Negative\nworse,Negative\n")
     assert fingerprint(str(drop)) != first
+
+
+def test_a_refused_blocking_data_check_is_reported_as_such(daemon, landing, arabic_reviews):
+    from finetune_assets.dataset_versions.partitions import dataset_versions
+
+    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
+    _, (request,), _ = daemon.tick()
+
+    @dg.asset(name="raw_reviews", partitions_def=dataset_versions,
+              check_specs=[dg.AssetCheckSpec("min_rows_per_class", asset="raw_reviews", blocking=True)])
+    def raw():
+        yield dg.Output(None)
+        yield dg.AssetCheckResult(check_name="min_rows_per_class", passed=False,
+                                  description="Mixed: 12 reviews, needs 50")
+
+    dg.materialize([raw], instance=daemon.instance, partition_key="v1", raise_on_error=False,
+                   tags={**request.tags, "dagster/run_key": request.run_key})
+    daemon.tick()
+    why = LandingCursor.parse(daemon.cursor).failed["v1"]
+    assert "blocking check min_rows_per_class (Mixed: 12 reviews, needs 50) refused the data" in why
