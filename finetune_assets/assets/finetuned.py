@@ -67,8 +67,10 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
     """
     key = dg.AssetKey(FINETUNED_MODEL)
     group = instance.get_run_group(run_id)
-    # Newest run of the re-execution group first: a re-executed gate belongs to the model its group trained.
-    runs = [r.run_id for r in sorted(group[1], key=_created, reverse=True)] if group else [run_id]
+    ids = [r.run_id for r in group[1]] if group else [run_id]
+    # Newest run of the re-execution group first (run records come newest first): a gate re-executed
+    # from failure belongs to the model its group trained.
+    runs = [r.dagster_run.run_id for r in instance.get_run_records(dg.RunsFilter(run_ids=ids))] or ids
     entries = []
     for rid in runs:
         entries = [e for e in instance.all_logs(rid, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
@@ -91,10 +93,6 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
     return RecordedModel(run_id=entry.run_id, model_url=str(path.value) if path else "",
                          registered_model_name=str(name.value) if name else None,
                          registered_model_version=str(number.value) if number else None)
-
-
-def _created(run: dg.DagsterRun) -> float:
-    return getattr(run, "create_timestamp", None) or 0.0
 
 
 def code_version() -> str:
