@@ -255,8 +255,8 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
         return conditions, about
     info = read_baseline_info(store, version)
     if not info or not info.get("test"):
-        missing = (f"baseline_model[{version}] is not materialized (or has no test scores): the baseline rule "
-                   "cannot be checked (baseline_margin: null turns it off)")
+        missing = (f"baseline_model[{version}] is not materialized (or has no test scores): the "
+                   "baseline rule cannot be checked (baseline_margin: null turns it off)")
         about["baseline_decision"] = f"refused: {missing}"
         conditions.append(lambda _comparison: missing)
         return conditions, about

@@ -282,7 +282,8 @@ def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
             with_base = key == cursor.base_run_key and store.current(PRETRAINED_MODEL) is None
             context.log.warning(f"dataset version {key}: its run was never created; requesting again")
             source = record.source.uri if record else ""
-            requests.append(_track(cursor, key, info["fp"], source, with_base, attempt=info["attempt"] + 1))
+            attempt = info["attempt"] + 1
+            requests.append(_track(cursor, key, info["fp"], source, with_base, attempt=attempt))
         elif run.status == dg.DagsterRunStatus.SUCCESS:
             del cursor.runs[key]
         elif run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) \

@@ -264,7 +264,8 @@ class Storage:
         with self.lock(f"pointer-{asset}-{partition or UNPARTITIONED}"):
             record = self.read_json(join(prefix, RECORDS, f"{attempt}.json"))
             if record is None or not self.fs.exists(join(prefix, ATTEMPTS, attempt)):
-                raise FileNotFoundError(f"{asset} attempt {attempt} has been removed: nothing to restore")
+                raise FileNotFoundError(f"{asset} attempt {attempt} has been removed: nothing to "
+                                        "restore")
             self._write_pointer(prefix, record)
         return self.require(asset, partition)
 

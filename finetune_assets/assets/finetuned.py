@@ -70,11 +70,12 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
     ids = [r.run_id for r in group[1]] if group else [run_id]
     # Newest run of the re-execution group first (run records come newest first): a gate re-executed
     # from failure belongs to the model its group trained.
-    runs = [r.dagster_run.run_id for r in instance.get_run_records(dg.RunsFilter(run_ids=ids))] or ids
+    records = instance.get_run_records(dg.RunsFilter(run_ids=ids))
+    runs = [r.dagster_run.run_id for r in records] or ids
     entries = []
     for rid in runs:
-        entries = [e for e in instance.all_logs(rid, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-                   if e.asset_materialization and e.asset_materialization.asset_key == key
+        logs = instance.all_logs(rid, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        entries = [e for e in logs if e.asset_materialization and e.asset_materialization.asset_key == key
                    and e.asset_materialization.partition == version]
         if entries:
             break
@@ -83,8 +84,8 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
             dg.AssetRecordsFilter(asset_key=key, asset_partitions=[version]), limit=1).records
         entries = [r.event_log_entry for r in records]
     if not entries:
-        raise dg.Failure(f"finetuned_model[{version}] has never been materialized: materialize it first",
-                         allow_retries=False)
+        raise dg.Failure(f"finetuned_model[{version}] has never been materialized: materialize it "
+                         "first", allow_retries=False)
     entry = entries[-1]
     meta = entry.asset_materialization.metadata
     path = meta.get("model_path")
@@ -119,9 +120,9 @@ def build_trainer_config(
     run_name: str,
     pin_id: str,
 ) -> tuple[TrainerConfig, str, Published]:
-    """The trainer file for one attempt, the hash keying its checkpoints (same inputs -> same folder),
-    and the base model it trains from (pinned for ``pin_id``, the root run). ``shards``: the published
-    ``mds_shards[version]`` Dagster recorded (``read_recorded``)."""
+    """The trainer file for one attempt, the hash keying its checkpoints (same inputs -> same
+    folder), and the base model it trains from (pinned for ``pin_id``, the root run). ``shards``:
+    the published ``mds_shards[version]`` Dagster recorded (``read_recorded``)."""
     # The base model the root run started with (its tokenize step pinned it, leased), not whatever
     # CURRENT is now: a re-execution from failure or a run retry trains with the shards' tokenizer.
     pretrained = store.pinned(PRETRAINED_MODEL, pin_id)
@@ -193,8 +194,8 @@ def finetuned_model(
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
         trainer, config_hash, pretrained = build_trainer_config(
-            config, store, shards, version, mlflow, output_dir, tags, run_name=f"{version}-{run_id[:8]}",
-            pin_id=run_group_id(context.run))
+            config, store, shards, version, mlflow, output_dir, tags,
+            run_name=f"{version}-{run_id[:8]}", pin_id=run_group_id(context.run))
         config_url = f"{output_dir}/{TRAINER_CONFIG_FILE}"
         with fsspec.open(config_url, "w") as f:  # inside the attempt: published (or discarded) with it
             f.write(trainer.to_json())

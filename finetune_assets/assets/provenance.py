@@ -34,7 +34,8 @@ def input_tags(instance: dg.DagsterInstance, asset: str, used: Published) -> dic
     """Tags recording ``used`` (the published version this step read) as the input ``asset``.
 
     The event pointer names the Dagster materialization with that data version when one of the
-    newest ``SEARCHED_RECORDS`` has it; otherwise it is null (never the newest one's: not what was read).
+    newest ``SEARCHED_RECORDS`` has it; otherwise it is null (never the newest one's: not what
+    was read).
     """
     key = dg.AssetKey(asset)
     tags = {
@@ -55,11 +56,11 @@ def input_tags(instance: dg.DagsterInstance, asset: str, used: Published) -> dic
 def read_recorded(
     instance: dg.DagsterInstance, store: Storage, asset: str, partition: str | None = None
 ) -> Published:
-    """The published version of ``asset`` that Dagster recorded, repairing ``CURRENT`` if it is ahead.
+    """The published version of ``asset`` that Dagster recorded, repairing ``CURRENT`` if ahead.
 
-    A publish moves ``CURRENT`` inside the asset's body; Dagster records the materialization after the
-    body returns. A run killed in between leaves storage ahead of the event log: ``CURRENT`` names data
-    no materialization describes. The next reader notices (the recorded data version differs) and
+    A publish moves ``CURRENT`` inside the asset's body; Dagster records the materialization after
+    the body returns. A run killed in between leaves storage ahead of the event log: ``CURRENT``
+    names data no materialization describes. The next reader notices (the recorded data version differs) and
     points ``CURRENT`` back at the attempt Dagster recorded (kept as ``previous``). Storage with no
     Dagster record at all (published by a script or a test) is left as it is.
     """

@@ -41,7 +41,8 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
 
     version = version_of(context)
     store = storage.storage()
-    tokenized = read_recorded(context.instance, store, TOKENIZED_REVIEWS, version)  # repaired if ahead
+    # As Dagster recorded it (storage repaired if a killed run left it ahead).
+    tokenized = read_recorded(context.instance, store, TOKENIZED_REVIEWS, version)
     count = tokenized.metadata.get("parts")
     if count is None:
         raise dg.Failure(f"tokenized_reviews[{version}] predates slice workers (no parts); re-materialize it")

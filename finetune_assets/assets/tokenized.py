@@ -138,7 +138,8 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
             **_pictures(context, hist, max_length),
         },
         data_version=dg.DataVersion(staging.data_version),
-        tags=input_tags(context.instance, PRETRAINED_MODEL, model),  # the base model read, not the newest
+        # The base model read, not the newest.
+        tags=input_tags(context.instance, PRETRAINED_MODEL, model),
     )
 
 
