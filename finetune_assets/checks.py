@@ -29,7 +29,7 @@ from finetune_assets.contracts import (
 from finetune_assets.data.labels import labels_from_metadata, registered_model_name
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.viz import markdown_table
-from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 
 RAW, TOKENIZED, SHARDS, FINETUNED = RAW_REVIEWS, TOKENIZED_REVIEWS, MDS_SHARDS, FINETUNED_MODEL
@@ -225,10 +225,11 @@ class FloorConfig(dg.Config):
 
     min_macro_f1: float = Field(0.0, description="absolute floor on test macro-F1 (0: only the champion counts)")
     must_beat_majority_baseline: bool = Field(
-        False, description="also require a macro-F1 above always predicting the most frequent class")
+        True, description="also require a macro-F1 above always predicting the most frequent class "
+                          "(first champion included)")
     baseline_margin: float | None = Field(
         0.0, description="also require macro-F1 >= this version's baseline_model macro-F1 + margin (null: off; "
-                         "not applied when baseline_model[v] was never materialized)")
+                         "a version whose baseline_model was not built is refused while the rule is on)")
 
 
 class QualityGateConfig(FloorConfig):
@@ -239,8 +240,9 @@ class QualityGateConfig(FloorConfig):
 def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[list, dict]:
     """The conditions a challenger must meet, and what they were measured against (for metadata).
 
-    The check and ``champion_model`` share them: the floor (absolute / majority class) and, when
-    ``baseline_model[v]`` exists, its test macro-F1 plus ``baseline_margin`` (issue 14).
+    The check and ``champion_model`` share them: the floor (absolute / majority class) and
+    ``baseline_model[v]``'s test macro-F1 plus ``baseline_margin``; a missing baseline refuses (a
+    rule that silently does not apply protects nobody) unless ``baseline_margin`` is null.
     """
     from finetune_assets import gate
     from finetune_assets.assets.baseline import read_baseline_info
@@ -253,7 +255,10 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
         return conditions, about
     info = read_baseline_info(store, version)
     if not info or not info.get("test"):
-        about["baseline_decision"] = f"not applied: baseline_model[{version}] is not materialized"
+        missing = (f"baseline_model[{version}] is not materialized (or has no test scores): the "
+                   "baseline rule cannot be checked (baseline_margin: null turns it off)")
+        about["baseline_decision"] = f"refused: {missing}"
+        conditions.append(lambda _comparison: missing)
         return conditions, about
     about.update(baseline_macro_f1=float(info["test"]["macro_f1"]), baseline_margin=config.baseline_margin)
     conditions.append(gate.beats_baseline(info["test"], config.baseline_margin))
@@ -261,7 +266,7 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
 
 
 @dg.asset_check(asset=FINETUNED, name="quality_gate", blocking=True, partitions_def=dataset_versions,
-                additional_deps=[RAW, BASELINE_MODEL],
+                additional_deps=[RAW, BASELINE_MODEL], retry_policy=REGISTRY_RETRY,
                 description="Test macro-F1 of the model this materialization registered, vs the floor, its version's "
                             "baseline_model and the current champion; observes only (champion_model moves the alias).")
 def quality_gate(context: dg.AssetCheckExecutionContext, config: QualityGateConfig, storage: StorageResource,
@@ -349,7 +354,8 @@ def frozen_test_set(store, version: str):
 
     texts, labels = split_reviews(store, version)["test"]
     if not texts:
-        raise dg.Failure(f"dataset version {version} has an empty test split: nothing to gate on")
+        raise dg.Failure(f"dataset version {version} has an empty test split: nothing to gate on",
+                         allow_retries=False)
     return TestSet.build(texts, labels, version_labels(store, version).names)
 
 

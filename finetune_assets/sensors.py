@@ -13,7 +13,8 @@ Idempotence, in layers:
 - every run key is ``{version}:{fingerprint}`` (names, sizes, mtimes from the listing): the daemon drops
   a request whose key it has seen, so even a lost cursor cannot start a duplicate run, while a deleted
   version re-landed with *different* content still runs (Dagster's run-key dedup is permanent);
-- a failed run is requested again under ``{version}:{fingerprint}:{attempt}`` by ``_follow_runs``' rule.
+- a run's end is reported, never re-run by the sensor (``_follow_runs``): Dagster's run retries are the
+  one retry layer; only a request that never became a run is requested again.
 
 A watched Delta table (``LandingZoneResource.delta_tables``) is followed by its commit history: each
 row-adding commit (or each ``min_new_rows`` rows) registers ``{name}-v{table version}`` pinned
@@ -36,7 +37,7 @@ from finetune_assets.data.labels import LabelError, LabelSet, read_manifest
 from finetune_assets.data.sources import (DELTA_PREFIX, SourceError, SourceSpec, check_source,
                                           list_files)
 from finetune_assets.contracts import PRETRAINED_MODEL
-from finetune_assets.jobs import VERSION_CHAIN, finetuned_model, pretrained_model, retrain_job
+from finetune_assets.jobs import VERSION_CHAIN, pretrained_model, retrain_job
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, InvalidVersionKey, validate_version_key
 from finetune_assets.resources.landing import (LandedEntry, LandingZoneResource, WatchedDeltaTable,
                                                fingerprint, strip_format_suffix)
@@ -50,7 +51,7 @@ FINGERPRINT_TAG = "finetune_assets/fingerprint"
 SOURCE_TAG = "finetune_assets/source"
 ATTEMPT_TAG = "finetune_assets/attempt"
 STATUS_TAG = "finetune_assets/version_status"  # on a run the sensor gave up on: visible in the UI's run list
-MAX_RUN_ATTEMPTS = 3  # runs per version the sensor requests before leaving it to a person
+MAX_RUN_ATTEMPTS = 3  # requests per version that never became a run before leaving it to a person
 LOST_AFTER_S = 600.0  # a requested run that never appeared by then (dropped request) is requested again
 
 
@@ -303,11 +304,15 @@ def _track(cursor: LandingCursor, key: str, fp: str, source: str, with_base: boo
 
 
 def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
-    """The rule for failed runs: a version whose run failed outside its checks is requested again, at most
-    ``MAX_RUN_ATTEMPTS`` runs in all; a run the daemon will retry itself (``dagster/will_retry``) is waited
-    for; a version whose model was trained but refused by a blocking check is not retrained (same data, same
-    decision). A version given up is tagged on its last run and listed in the skip reason until a person acts.
-    One run-storage query per tick for all versions with a run in flight; none for versions that succeeded.
+    """Follow each version's run to its end and say how it ended; never re-run what ended.
+
+    One retry layer, Dagster's: the daemon's run retries (``dagster/max_retries`` on the jobs)
+    re-run an infrastructure failure from the failed step, and a step ``RetryPolicy`` covers
+    transient registry errors. So a run the daemon will retry is waited for; a finished run is
+    reported as what it was (cancelled by a person, refused by the gate, failed at a step) and left
+    to a person, tagged and listed in the skip reason. Only a request that never became a run
+    (``LOST_AFTER_S``) is requested again, at most ``MAX_RUN_ATTEMPTS`` times. One run-storage
+    query per tick for all versions in flight.
     """
     instance = context.instance
     requests = []
@@ -322,35 +327,61 @@ def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
         if run is None:
             if time.time() - info["at"] < LOST_AFTER_S:
                 continue
-            why = "its run was never created"
+            if info["attempt"] >= MAX_RUN_ATTEMPTS:
+                why = f"its run was never created ({info['attempt']} requests)"
+                _give_up(context, cursor, key, None, why)
+                continue
+            record = read_version(store, key)
+            with_base = key == cursor.base_run_key and store.current(PRETRAINED_MODEL) is None
+            context.log.warning(f"dataset version {key}: its run was never created; requesting again")
+            source = record.source.uri if record else ""
+            attempt = info["attempt"] + 1
+            requests.append(_track(cursor, key, info["fp"], source, with_base, attempt=attempt))
         elif run.status == dg.DagsterRunStatus.SUCCESS:
             del cursor.runs[key]
-            continue
-        elif run.status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) \
-                or run.tags.get(WILL_RETRY_TAG) == "true":
-            continue
-        elif _trained_in(instance, key, run.run_id):
-            _give_up(context, cursor, key, run, "trained, but a blocking check (quality gate) refused the model")
-            continue
-        else:
-            why = f"run {run.run_id[:8]} {run.status.value.lower()}"
-        if info["attempt"] >= MAX_RUN_ATTEMPTS:
-            _give_up(context, cursor, key, run, f"{why}; gave up after {info['attempt']} runs: re-run retrain_job "
-                                                f"for partition {key} from the UI")
-            continue
-        record = read_version(store, key)
-        with_base = key == cursor.base_run_key and store.current(PRETRAINED_MODEL) is None
-        context.log.warning(f"dataset version {key}: {why}; requesting run {info['attempt'] + 1} "
-                            f"of at most {MAX_RUN_ATTEMPTS}")
-        requests.append(_track(cursor, key, info["fp"], record.source.uri if record else "", with_base,
-                               attempt=info["attempt"] + 1))
+        elif run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) \
+                and run.tags.get(WILL_RETRY_TAG) != "true":
+            _give_up(context, cursor, key, run, run_outcome(instance, run))
     return requests
 
 
-def _trained_in(instance, key: str, run_id: str) -> bool:
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=finetuned_model.key, asset_partitions=[key]), limit=1).records
-    return bool(records) and records[0].run_id == run_id
+def run_outcome(instance, run: dg.DagsterRun) -> str:
+    """How a finished, unsuccessful run ended, in words a person acts on (its run group's events)."""
+    rid = run.run_id[:8]
+    if run.status == dg.DagsterRunStatus.CANCELED:
+        return f"run {rid} was cancelled; not re-requested (launch retrain_job for it to resume)"
+    group = instance.get_run_group(run.run_id)
+    gate, refused, failed = None, [], []
+    for member in group[1] if group else [run]:
+        this_run = member.run_id == run.run_id
+        for entry in instance.all_logs(member.run_id):
+            event = entry.dagster_event
+            if event is None:
+                continue
+            if event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+                evaluation = event.event_specific_data
+                if evaluation.passed or evaluation.severity != dg.AssetCheckSeverity.ERROR:
+                    continue
+                if evaluation.check_name == "quality_gate":
+                    gate = evaluation.description or "refused"
+                elif this_run:
+                    refused.append(f"{evaluation.check_name} ({evaluation.description or 'failed'})")
+            elif event.event_type == dg.DagsterEventType.STEP_FAILURE and this_run:
+                failed.append(f"{event.step_key} ({_first_line(event.step_failure_data.error)})")
+    if gate is not None:
+        return f"trained, but the quality gate refused the model: {gate}"
+    if refused:  # a blocking data check stopped the chain: the data needs fixing, not the run
+        return f"run {rid}: blocking check {'; '.join(refused)[:300]} refused the data"
+    steps = "; ".join(failed) or "the run worker (no step failed: see the run's events)"
+    return f"run {rid} failed at {steps}; fix it, then re-execute run {rid} from failure"
+
+
+def _first_line(error) -> str:
+    """The user's exception (innermost cause, not Dagster's wrapper), first line."""
+    while error is not None and error.cause is not None:
+        error = error.cause
+    text = error.message.strip() if error is not None else ""
+    return text.splitlines()[0][:160] if text else "?"
 
 
 def _give_up(context, cursor: LandingCursor, key: str, run, why: str) -> None:

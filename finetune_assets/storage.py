@@ -273,6 +273,35 @@ class Storage:
         return Published(url=join(prefix, ATTEMPTS, attempt), attempt=attempt, data_version=pointer["data_version"],
                          metadata=pointer.get("metadata", {}), previous=pointer.get("previous"))
 
+    def restore(self, asset: str, attempt: str, partition: str | None = None) -> Published:
+        """Point ``CURRENT`` back at an earlier published ``attempt`` (its record must still exist).
+
+        For a pointer that moved while the record of that publish was lost (the run was killed after
+        the flip): the caller decides from its own record (Dagster's) which attempt is the truth.
+        """
+        prefix = self.prefix(asset, partition)
+        with self.lock(f"pointer-{asset}-{partition or UNPARTITIONED}"):
+            record = self.read_json(join(prefix, RECORDS, f"{attempt}.json"))
+            if record is None or not self.fs.exists(join(prefix, ATTEMPTS, attempt)):
+                raise FileNotFoundError(f"{asset} attempt {attempt} has been removed: nothing to "
+                                        "restore")
+            self._write_pointer(prefix, record)
+        return self.require(asset, partition)
+
+    def history(self, asset: str, partition: str | None = None, depth: int = 8) -> list[Published]:
+        """``CURRENT`` and the attempts it replaced, newest first, as far as their records remain."""
+        prefix = self.prefix(asset, partition)
+        out, published = [], self.current(asset, partition)
+        while published is not None and len(out) < depth:
+            out.append(published)
+            record = self.read_json(join(prefix, RECORDS, f"{published.previous}.json")) \
+                if published.previous else None
+            published = None if record is None else Published(
+                url=join(prefix, ATTEMPTS, record["attempt"]), attempt=record["attempt"],
+                data_version=record["data_version"], metadata=record.get("metadata", {}),
+                previous=record.get("previous"))
+        return out
+
     def _write_pointer(self, prefix: str, pointer: dict[str, Any]) -> None:
         self.write_atomic(join(prefix, POINTER), json.dumps(pointer, indent=2, sort_keys=True).encode())
 

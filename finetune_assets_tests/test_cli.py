@@ -289,13 +289,21 @@ def test_versions_need_dagster_home(capsys, monkeypatch, storage_root):
     assert code == 2 and "DAGSTER_HOME is not set" in err
 
 
-def _report(instance, asset: str, partition: str | None, data_version: str, inputs: dict[str, int] | None = None):
-    """A materialization event as a run would record it (data version + input event pointers)."""
+def _report(instance, asset: str, partition: str | None, data_version: str, inputs: dict[str, int] | None = None,
+            root: str = "."):
+    """A materialization event as a run records it: data version, the code version of the code location
+    (``build_defs``), and per input its event pointer and data version."""
     import dagster as dg
 
-    tags = {"dagster/data_version": data_version}
+    from finetune_assets.definitions import build_defs
+
+    code = build_defs(root).resolve_asset_graph().get(dg.AssetKey(asset)).code_version
+    tags = {"dagster/data_version": data_version, "dagster/code_version": code}
     for upstream, storage_id in (inputs or {}).items():
+        (used,) = instance.fetch_materializations(dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey(upstream), storage_ids=[storage_id]), limit=1).records
         tags[f"dagster/input_event_pointer/{upstream}"] = str(storage_id)
+        tags[f"dagster/input_data_version/{upstream}"] = used.asset_materialization.tags["dagster/data_version"]
     instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=asset, partition=partition, tags=tags))
     key = dg.AssetKey(asset)
     flt = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
@@ -326,7 +334,7 @@ def test_versions_status_materialized_stale_missing(capsys, dagster_home, storag
     assert status()["tokenized_reviews"]["status"] == "materialized"
     _report(instance, "raw_reviews", "v1", "bbb")  # new content upstream
     row = status()["tokenized_reviews"]
-    assert row["status"] == "stale" and row["stale_because"] == ["raw_reviews"]
+    assert row["status"] == "stale" and row["stale_because"][0].startswith("raw_reviews: ")
 
     # the version's latest run failed: what it never materialized is "failed" (with the sensor's tag), not "missing"
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
@@ -340,9 +348,46 @@ def test_versions_status_materialized_stale_missing(capsys, dagster_home, storag
 
     code, out, _ = run_cli(capsys, "versions", "status", "v1")
     assert code == 0
-    assert "stale (raw_reviews changed)" in out and "failed" in out
+    assert "stale (raw_reviews: " in out and "failed" in out
     code, _, err = run_cli(capsys, "versions", "status", "v9")
     assert code == 2 and "not registered: v9" in err
+
+
+def test_versions_status_agrees_with_dagsters_stale_flags_after_a_default_change(
+        capsys, dagster_home, storage_root, monkeypatch):
+    """A config default folded into a code version (staleness.py): the UI marks the asset stale; so must
+    ``versions status``, cell for cell, with Dagster's resolver (what the UI and GraphQL staleStatus use)."""
+    import dagster as dg
+    from dagster._core.definitions.data_version import StaleStatus
+
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver
+    from dagster._core.loader import LoadingContextForTest
+
+    from finetune_assets.assets.tokenized import TokenizeConfig
+    from finetune_assets.definitions import build_defs
+
+    root = str(storage_root)
+    assert run_cli(capsys, "--root", root, "versions", "add", "v1", "--source", "builtin:sample")[0] == 0
+    instance = dg.DagsterInstance.get()
+    raw = _report(instance, "raw_reviews", "v1", "aaa", root=root)
+    pre = _report(instance, "pretrained_model", None, "ppp", root=root)
+    _report(instance, "tokenized_reviews", "v1", "ttt", {"raw_reviews": raw, "pretrained_model": pre}, root=root)
+
+    def cli_and_ui() -> tuple[dict, dict]:
+        code, out, err = run_cli(capsys, "--root", root, "versions", "status", "v1", "--json")
+        assert code == 0, err
+        rows = {r["asset"]: r["status"] for r in map(json.loads, out.splitlines()) if r["status"] != "missing"}
+        resolver = CachingStaleStatusResolver(instance, build_defs(root).resolve_asset_graph(),
+                                              LoadingContextForTest(instance))  # as the UI builds it
+        ui = {a: "stale" if resolver.get_status(dg.AssetKey(a), None if a == "pretrained_model" else "v1")
+              == StaleStatus.STALE else "materialized" for a in rows}
+        return rows, ui
+
+    cli, ui = cli_and_ui()
+    assert cli == ui and cli["tokenized_reviews"] == "materialized"
+    monkeypatch.setattr(TokenizeConfig.model_fields["max_length"], "default", 256)  # a person edits a default
+    cli, ui = cli_and_ui()
+    assert cli == ui and cli["tokenized_reviews"] == "stale" and cli["raw_reviews"] == "materialized"
 
 
 # -- registration that protects a key ------------------------------------------------------------

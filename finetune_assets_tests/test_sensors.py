@@ -310,25 +310,48 @@ def _finish(instance, request: dg.RunRequest, status) -> str:
     return run.run_id
 
 
-def test_a_failed_run_is_requested_again_a_bounded_number_of_times(daemon, landing, arabic_reviews):
-    from finetune_assets.sensors import MAX_RUN_ATTEMPTS, STATUS_TAG
+def test_a_cancelled_run_is_never_requested_again(daemon, landing, arabic_reviews):
+    from finetune_assets.sensors import STATUS_TAG
 
     _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
     _, (request,), _ = daemon.tick()
-    attempts = [request]
-    _finish(daemon.instance, request, dg.DagsterRunStatus.FAILURE)
-    for attempt in range(2, MAX_RUN_ATTEMPTS + 1):
-        _, runs, _ = daemon.tick()
-        (again,) = runs
-        assert again.partition_key == "v1" and again.run_key == f"{request.run_key}:{attempt}"
-        assert again.tags["finetune_assets/attempt"] == str(attempt)
-        assert daemon.tick()[1] == []  # its run has not finished: nothing more
-        last = _finish(daemon.instance, again, dg.DagsterRunStatus.FAILURE)
-        attempts.append(again)
-    added, runs, skip = daemon.tick()  # the last allowed run failed too: left to a person, visibly
-    assert runs == [] and "v1: run" in skip and "gave up after 3 runs" in skip
-    assert daemon.instance.get_run_by_id(last).tags[STATUS_TAG].startswith("failed")
-    assert "v1" in LandingCursor.parse(daemon.cursor).failed
+    cancelled = _finish(daemon.instance, request, dg.DagsterRunStatus.CANCELED)  # an operator's decision
+    _, runs, skip = daemon.tick()
+    assert runs == [] and "was cancelled; not re-requested" in skip
+    assert daemon.instance.get_run_by_id(cancelled).tags[STATUS_TAG].startswith("failed: run")
+    assert daemon.tick()[1] == []
+
+
+def _run_that_fails_at(instance, request: dg.RunRequest, failing: str) -> str:
+    """A real run (events and all) under the request's run key: ``finetuned_model`` materializes,
+    then ``failing`` raises what an MLflow outage raises."""
+    from finetune_assets.dataset_versions.partitions import dataset_versions
+
+    @dg.asset(name="finetuned_model", partitions_def=dataset_versions)
+    def trained() -> None:
+        return None
+
+    @dg.asset(name="champion_model", partitions_def=dataset_versions, deps=[trained])
+    def promote() -> None:
+        if failing == "champion_model":
+            raise ConnectionError("MLflow registry: 503 Service Unavailable")
+
+    result = dg.materialize([trained, promote], instance=instance, partition_key=request.partition_key,
+                            tags={**request.tags, "dagster/run_key": request.run_key}, raise_on_error=False)
+    return result.run_id
+
+
+def test_a_failed_run_is_reported_as_what_failed_and_not_requested_again(daemon, landing, arabic_reviews):
+    """Dagster's run retries are the one retry layer (the run here will not be retried): the sensor
+    reports the failed step, and a failure after training is not called a quality-gate refusal."""
+    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
+    _, (request,), _ = daemon.tick()
+    run_id = _run_that_fails_at(daemon.instance, request, "champion_model")
+    _, runs, skip = daemon.tick()
+    assert runs == []
+    why = LandingCursor.parse(daemon.cursor).failed["v1"]
+    assert why.startswith(f"run {run_id[:8]} failed at champion_model (") and "503" in why, why
+    assert "quality gate" not in why and why in skip
 
 
 def test_a_successful_or_refused_run_is_not_requested_again(daemon, landing, arabic_reviews):
@@ -375,3 +398,23 @@ def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
 
     (drop / "_2024_reviews.csv").write_text("text,label\nbad,Negative\nworse,Negative\n")
     assert fingerprint(str(drop)) != first
+
+
+def test_a_refused_blocking_data_check_is_reported_as_such(daemon, landing, arabic_reviews):
+    from finetune_assets.dataset_versions.partitions import dataset_versions
+
+    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
+    _, (request,), _ = daemon.tick()
+
+    @dg.asset(name="raw_reviews", partitions_def=dataset_versions,
+              check_specs=[dg.AssetCheckSpec("min_rows_per_class", asset="raw_reviews", blocking=True)])
+    def raw():
+        yield dg.Output(None)
+        yield dg.AssetCheckResult(check_name="min_rows_per_class", passed=False,
+                                  description="Mixed: 12 reviews, needs 50")
+
+    dg.materialize([raw], instance=daemon.instance, partition_key="v1", raise_on_error=False,
+                   tags={**request.tags, "dagster/run_key": request.run_key})
+    daemon.tick()
+    why = LandingCursor.parse(daemon.cursor).failed["v1"]
+    assert "blocking check min_rows_per_class (Mixed: 12 reviews, needs 50) refused the data" in why

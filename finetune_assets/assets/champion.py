@@ -13,7 +13,7 @@ from finetune_assets.assets._common import OWNERS, version_of
 from finetune_assets.assets.finetuned import finetuned_model, recorded_model
 from finetune_assets.checks import FloorConfig
 from finetune_assets.dataset_versions.partitions import dataset_versions
-from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 
 PROMOTION_POOL = "promotion"
@@ -31,6 +31,7 @@ class PromotionConfig(FloorConfig):
     kinds={"mlflow"},
     owners=OWNERS,
     pool=PROMOTION_POOL,
+    retry_policy=REGISTRY_RETRY,
     code_version="1",
 )
 def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, storage: StorageResource,
@@ -47,7 +48,7 @@ def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, s
     model = recorded_model(context.instance, version, context.run.run_id)
     if model.registered_model_version is None:
         raise dg.Failure(f"finetuned_model[{version}] (run {model.run_id}) registered no model version: "
-                         "nothing to promote (mlflow.log_model off?)")
+                         "nothing to promote (mlflow.log_model off?)", allow_retries=False)
     name = model.registered_model_name or registered_model_name(mlflow.registered_model_name,
                                                                 version_labels(store, version))
     alias = mlflow.champion_alias

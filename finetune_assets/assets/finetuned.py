@@ -14,6 +14,7 @@ from pydantic import Field
 
 from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
+from finetune_assets.assets.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.contracts import (
     FINETUNED_MODEL,
     MDS_SHARDS,
@@ -30,7 +31,7 @@ from finetune_assets.launchers.base import TrainingSpec, TrainingLauncher
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage, hash_tree
+from finetune_assets.storage import Published, Storage, hash_tree
 from finetune_assets.training.config import HyperParameters, TrainerConfig
 
 
@@ -58,21 +59,33 @@ class RecordedModel:
 
 
 def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> RecordedModel:
-    """The model materialized by run ``run_id`` for ``version``; else the latest recorded one for ``version``.
+    """The model materialized for ``version`` by run ``run_id`` or its re-execution group (a gate
+    re-executed from failure runs in a new run); else the latest recorded one for ``version``.
 
     Checks and promotion act on the materialization they belong to: another run publishing the same
     partition in between (which moves ``CURRENT``) cannot swap the model under them.
     """
     key = dg.AssetKey(FINETUNED_MODEL)
-    entries = [e for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-               if e.asset_materialization and e.asset_materialization.asset_key == key
-               and e.asset_materialization.partition == version]
+    group = instance.get_run_group(run_id)
+    ids = [r.run_id for r in group[1]] if group else [run_id]
+    # Newest run of the re-execution group first (run records come newest first): a gate re-executed
+    # from failure belongs to the model its group trained.
+    records = instance.get_run_records(dg.RunsFilter(run_ids=ids))
+    runs = [r.dagster_run.run_id for r in records] or ids
+    entries = []
+    for rid in runs:
+        logs = instance.all_logs(rid, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        entries = [e for e in logs if e.asset_materialization and e.asset_materialization.asset_key == key
+                   and e.asset_materialization.partition == version]
+        if entries:
+            break
     if not entries:
         records = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=key, asset_partitions=[version]), limit=1).records
         entries = [r.event_log_entry for r in records]
     if not entries:
-        raise dg.Failure(f"finetuned_model[{version}] has never been materialized: materialize it first")
+        raise dg.Failure(f"finetuned_model[{version}] has never been materialized: materialize it "
+                         "first", allow_retries=False)
     entry = entries[-1]
     meta = entry.asset_materialization.metadata
     path = meta.get("model_path")
@@ -99,16 +112,20 @@ def job_name(version: str, run_id: str) -> str:
 def build_trainer_config(
     config: FinetuneConfig,
     store: Storage,
+    shards: Published,
     version: str,
     mlflow: MlflowResource,
     output_dir: str,
     tags: dict[str, str],
     run_name: str,
-) -> tuple[TrainerConfig, str]:
-    """The trainer file for one attempt, and the hash keying its checkpoints (same inputs -> same folder)."""
-    shards = store.require(MDS_SHARDS, version)
-    # The base model this run started with (pinned and leased for the run), not whatever CURRENT is now.
-    pretrained = store.pinned(PRETRAINED_MODEL, tags["dagster_run_id"])
+    pin_id: str,
+) -> tuple[TrainerConfig, str, Published]:
+    """The trainer file for one attempt, the hash keying its checkpoints (same inputs -> same
+    folder), and the base model it trains from (pinned for ``pin_id``, the root run). ``shards``:
+    the published ``mds_shards[version]`` Dagster recorded (``read_recorded``)."""
+    # The base model the root run started with (its tokenize step pinned it, leased), not whatever
+    # CURRENT is now: a re-execution from failure or a run retry trains with the shards' tokenizer.
+    pretrained = store.pinned(PRETRAINED_MODEL, pin_id)
     labels = labels_from_metadata(shards.metadata)
     settings = config.hyper_parameters()
     key = {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version}
@@ -148,7 +165,7 @@ def build_trainer_config(
             },
         }
     )
-    return trainer, config_hash
+    return trainer, config_hash, pretrained
 
 
 @dg.asset(
@@ -172,12 +189,13 @@ def finetuned_model(
     store = storage.storage()
     run_id = context.run.run_id
     tags = {"dataset_version": version, "code_version": code_version(), "dagster_run_id": run_id}
+    shards = read_recorded(context.instance, store, MDS_SHARDS, version)
     with store.publish(FINETUNED_MODEL, version) as staging:
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
-        trainer, config_hash = build_trainer_config(
-            config, store, version, mlflow, output_dir, tags, run_name=f"{version}-{run_id[:8]}"
-        )
+        trainer, config_hash, pretrained = build_trainer_config(
+            config, store, shards, version, mlflow, output_dir, tags,
+            run_name=f"{version}-{run_id[:8]}", pin_id=run_group_id(context.run))
         config_url = f"{output_dir}/{TRAINER_CONFIG_FILE}"
         with fsspec.open(config_url, "w") as f:  # inside the attempt: published (or discarded) with it
             f.write(trainer.to_json())
@@ -193,9 +211,12 @@ def finetuned_model(
         result = read_training_result(output_dir)
         with store.local_copy(f"{output_dir}/{MODEL_SUBDIR}") as model_dir:
             staging.data_version = hash_tree(model_dir)
-        staging.metadata = {"config_hash": config_hash, "mlflow": result.mlflow}
-    return dg.MaterializeResult(metadata=_metadata(result, mlflow, staging.url, config_hash),
-                                data_version=dg.DataVersion(staging.data_version))
+        staging.metadata = {"config_hash": config_hash, "mlflow": result.mlflow,
+                            "pretrained_attempt": pretrained.attempt}
+    meta = _metadata(result, mlflow, staging.url, config_hash)
+    meta["pretrained_model"] = dg.MetadataValue.path(pretrained.url)
+    return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(staging.data_version),
+                                tags=input_tags(context.instance, PRETRAINED_MODEL, pretrained))
 
 
 def _metadata(result: TrainingResult, mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:

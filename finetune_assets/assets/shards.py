@@ -7,6 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
+from finetune_assets.assets.provenance import read_recorded
 from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.contracts import MDS_SHARDS, TOKENIZED_REVIEWS
 from finetune_assets.data.shards import COMPRESSION, SplitShards, read_back_count
@@ -40,7 +41,8 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
 
     version = version_of(context)
     store = storage.storage()
-    tokenized = store.require(TOKENIZED_REVIEWS, version)
+    # As Dagster recorded it (storage repaired if a killed run left it ahead).
+    tokenized = read_recorded(context.instance, store, TOKENIZED_REVIEWS, version)
     count = tokenized.metadata.get("parts")
     if count is None:
         raise dg.Failure(f"tokenized_reviews[{version}] predates slice workers (no parts); re-materialize it")

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.assets.pretrained import pretrained_model
+from finetune_assets.assets.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.contracts import (
     LABELS_FILE,
@@ -66,8 +67,9 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
 
     version = version_of(context)
     store = storage.storage()
-    raw = store.require(RAW_REVIEWS, version)
-    model = store.pinned(PRETRAINED_MODEL, context.run.run_id)  # the run's base model, leased (issue 17)
+    raw = read_recorded(context.instance, store, RAW_REVIEWS, version)  # storage repaired if ahead
+    # The root run's base model, leased: a re-execution tokenizes (and trains) with the same one.
+    model = store.pinned(PRETRAINED_MODEL, run_group_id(context.run))
     tokenization = read_tokenization(model.url, store.fs)
     if tokenization is None:  # published before tokenization.json: load it the slow way
         with store.local_copy(model.url) as model_dir:
@@ -137,6 +139,8 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
             **_pictures(context, hist, max_length),
         },
         data_version=dg.DataVersion(staging.data_version),
+        # The base model read, not the newest.
+        tags=input_tags(context.instance, PRETRAINED_MODEL, model),
     )
 
 

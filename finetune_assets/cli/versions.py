@@ -8,6 +8,7 @@ from pathlib import Path
 from finetune_assets.cli.common import (
     CliError,
     open_instance,
+    root_of,
     open_storage,
     print_json,
     when,
@@ -104,35 +105,52 @@ def _data_version(record) -> str | None:
     return mat.tags.get("dagster/data_version") if mat is not None and mat.tags else None
 
 
-def _stale_inputs(instance, record, partition: str | None) -> list[str]:
-    """Upstream assets whose latest data version differs from the one this materialization consumed.
+def stale_resolver(instance, root: str):
+    """Dagster's own staleness (the UI's "stale" flags, GraphQL ``staleStatus``) over the code
+    location's asset graph: code versions (config defaults folded in), recorded input data versions."""
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver
+    from dagster._core.loader import LoadingContext
 
-    Dagster records, per input, a pointer to the upstream event it read
-    (``dagster/input_event_pointer/<asset>``); comparing that event's data version with the
-    upstream's latest is cheap and needs no code location.
-    """
+    from finetune_assets.definitions import build_defs
+
+    class _Loading(LoadingContext):  # a cache holder per command (the webserver: one per request)
+        def __init__(self, inst):
+            self._instance, self._loaders = inst, {}
+
+        @property
+        def instance(self):
+            return self._instance
+
+        @property
+        def loaders(self):
+            return self._loaders
+
+    graph = build_defs(root).resolve_asset_graph()
+    return CachingStaleStatusResolver(instance, graph, _Loading(instance))
+
+
+def _stale_because(resolver, asset: str, partition: str | None) -> list[str]:
+    """Dagster's stale causes, each as "<asset>: <reason>" (the asset itself for a code change)."""
     import dagster as dg
+    from dagster._core.definitions.data_version import StaleStatus
 
-    prefix = "dagster/input_event_pointer/"
-    stale = []
-    tags = (record.asset_materialization.tags or {}) if record.asset_materialization else {}
-    for tag, pointer in tags.items():
-        if not tag.startswith(prefix):
-            continue
-        upstream = tag[len(prefix):]
-        latest = _latest(instance, upstream, partition) or _latest(instance, upstream, None)
-        if latest is None or str(latest.storage_id) == pointer:
-            continue
-        consumed = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey.from_user_string(upstream), storage_ids=[int(pointer)]),
-            limit=1).records
-        if not consumed or _data_version(consumed[0]) != _data_version(latest):
-            stale.append(upstream)
-    return stale
+    key = dg.AssetKey(asset)
+    if resolver.get_status(key, partition) != StaleStatus.STALE:
+        return []
+    causes = []
+    for cause in resolver.get_stale_causes(key, partition):
+        where = (cause.dependency or cause.key).asset_key.to_user_string()
+        text = f"{where}: {cause.reason}"
+        if text not in causes:
+            causes.append(text)
+    return causes
 
 
-def version_status(instance, versions: Sequence[str]) -> list[dict]:
-    """One row per (version, asset): materialized / stale / missing, when, data version, run."""
+def version_status(instance, versions: Sequence[str], resolver) -> list[dict]:
+    """One row per (version, asset): materialized / stale / missing, when, data version, run.
+
+    "stale" is Dagster's judgement (``resolver``: ``stale_resolver``), never a rule of our own.
+    """
     from finetune_assets.sensors import STATUS_TAG
 
     from finetune_assets.contracts import PARTITIONED_ASSETS, PRETRAINED_MODEL
@@ -146,7 +164,7 @@ def version_status(instance, versions: Sequence[str]) -> list[dict]:
         row = {"version": version or "-", "asset": asset, "status": "missing", "materialized_at": None,
                "data_version": None, "run_id": None, "stale_because": []}
         if record is not None:
-            stale = _stale_inputs(instance, record, version)
+            stale = _stale_because(resolver, asset, version)
             row.update(status="stale" if stale else "materialized", materialized_at=when(record.timestamp),
                        data_version=_data_version(record), run_id=record.run_id, stale_because=stale)
         elif version is not None and failed.get(version) is not None:
@@ -174,13 +192,14 @@ def cmd_versions_status(args) -> int:
     if unknown:
         raise CliError(f"dataset version(s) not registered: {', '.join(unknown)} "
                        f"(registered: {', '.join(known) or 'none'}; add one with `finetune-assets versions add`)")
-    rows = version_status(instance, args.versions or known)
+    rows = version_status(instance, args.versions or known, stale_resolver(instance, root_of(args)))
     if args.json:
         print_json(rows)
         return 0
     header = ("version", "asset", "status", "materialized_at", "data_version", "run")
     table = [header] + [(r["version"], r["asset"],
-                         r["status"] + (f" ({', '.join(r['stale_because'])} changed)" if r["stale_because"] else ""),
+                         r["status"] + (f" ({'; '.join(r['stale_because'])})"
+                                        if r["stale_because"] else ""),
                          r["materialized_at"] or "-", r["data_version"] or "-", (r["run_id"] or "-")[:8])
                         for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]

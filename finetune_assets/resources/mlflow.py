@@ -9,6 +9,13 @@ from finetune_assets.storage import Storage
 from finetune_assets.tracking import configured_uri, run_url, tracking_uri, web_ui
 
 
+# The step-level retry for what talks to the registry (champion_model, quality_gate): an outage or a
+# "database is locked" passes in seconds to minutes; a dg.Failure(allow_retries=False) (nothing to
+# promote, no test data) is a result and is not retried. Run-level failures are the daemon's.
+REGISTRY_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL,
+                                jitter=dg.Jitter.PLUS_MINUS)
+
+
 class MlflowResource(dg.ConfigurableResource):
     """Tracking store and model registry for ``finetuned_model``.
 

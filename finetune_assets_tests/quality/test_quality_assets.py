@@ -141,12 +141,12 @@ def test_gate_refuses_a_challenger_below_its_own_baseline(deployment):
     assert not margin.promotable and f"needs >= {baseline + 0.05:.4f}" in margin.refusals[0]  # the margin counts
     assert "| baseline_model[en] + margin 0.0500 |" in meta["scores"].value
 
-    missing, about, meta = _gate(deployment, "nope", 0.0, QualityGateConfig())
-    assert missing.promotable and len(gate_conditions(QualityGateConfig(), missing.test, deployment.store,
-                                                      "nope")[0]) == 1  # only the floor
+    # No baseline: refused (the rule cannot be checked), said in the decision and the table.
+    missing, about, meta = _gate(deployment, "nope", 0.99, QualityGateConfig())
+    assert not missing.promotable and "baseline_model[nope] is not materialized" in missing.refusals[0]
     assert "not materialized" in about["baseline_decision"] and "not materialized" in meta["baseline_decision"]
     assert "baseline_macro_f1" not in meta and "not materialized" in meta["scores"].value
-    off, about, _ = _gate(deployment, "en", 0.0, QualityGateConfig(baseline_margin=None))
+    off, about, _ = _gate(deployment, "en", 0.99, QualityGateConfig(baseline_margin=None))
     assert off.promotable and about["baseline_decision"].startswith("off")
 
 
