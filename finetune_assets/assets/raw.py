@@ -40,7 +40,7 @@ class RawReviewsConfig(dg.Config):
                                 "half agree) wins, else all quarantined; first: the first copy read is kept")
     batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group (the unit "
                                                 "tokenized_reviews slices by); memory is bounded by this and the "
-                                                "source block size (sources.base.BLOCK_BYTES)")
+                                                "source block size (SOURCE_BLOCK_BYTES, 8 MiB)")
 
 
 # Input bytes read per source block. A block's parsed rows cost ~10x its bytes in Python objects, and
