@@ -43,7 +43,13 @@ class RawReviewsConfig(dg.Config):
                                 "half agree) wins, else all quarantined; first: the first copy read is kept")
     batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group (the unit "
                                                 "tokenized_reviews slices by); memory is bounded by this and the "
-                                                "source block size (sources.base.BLOCK_BYTES)")
+                                                "source block size (SOURCE_BLOCK_BYTES, 8 MiB)")
+
+
+# Input bytes read per source block. A block's parsed rows cost ~10x its bytes in Python objects, and
+# a file reaches that steady state after a few blocks, so half the readers' 16 MiB default keeps the
+# peak flat from 0.1M rows (a ~27 MB file) to millions (benchmarks/scale.py --one-big-file).
+SOURCE_BLOCK_BYTES = 8 << 20
 
 
 def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpec:
@@ -162,7 +168,7 @@ def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_r
                 pending.append(table)
 
         try:
-            for file_table in iter_source(spec):
+            for file_table in iter_source(spec, block_bytes=SOURCE_BLOCK_BYTES):
                 for start in range(0, max(file_table.num_rows, 1), batch_rows):
                     result = validator.feed(file_table.slice(start, batch_rows))
                     _digest_rows(digest, result.accepted)

@@ -13,7 +13,7 @@ from finetune_assets.data.validate import ValidationRules, validate
 
 @pytest.fixture(scope="module")
 def real_split(arabic_reviews):
-    """PROD.csv's 4,264 accepted reviews (73 % Positive), split by the project's hash rule; the fit takes seconds."""
+    """PROD.csv's 4,262 accepted reviews (73 % Positive), split by the project's hash rule; the fit takes seconds."""
     accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()).accepted
     texts, labels = accepted.column("text").to_pylist(), accepted.column("label").to_pylist()
     split = SplitRule().assign(texts)
