@@ -6,7 +6,7 @@ import json
 import re
 from importlib import metadata as importlib_metadata
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import dagster as dg
 import fsspec
@@ -15,6 +15,8 @@ from pydantic import Field
 from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.contracts import (
+    BEST_FILE,
+    TUNING_STUDY,
     FINETUNED_MODEL,
     MDS_SHARDS,
     MODEL_SUBDIR,
@@ -38,10 +40,26 @@ class FinetuneConfig(dg.Config, HyperParameters):
     """The trainer's ``HyperParameters`` (fields, bounds, choices, defaults: training/config.py) plus the run name."""
 
     # Fields that cannot change the trained model: left out of the code version (staleness.py).
+    # hyper_parameters_from: "config" (the default) changes nothing; "study" is a launchpad choice, recorded in the run.
     unversioned: ClassVar[tuple[str, ...]] = ("run_name", "num_workers", "log_every_n_steps", "checkpoint_every_n_steps",
-                                             "progress_every_seconds")
+                                             "progress_every_seconds", "hyper_parameters_from")
 
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
+    hyper_parameters_from: Literal["config", "study"] = Field(
+        "config", description="config: the fields here; study: the searched fields from tuning_study[v]'s best "
+                              "trial (materialize it first), the others from here")
+
+
+def tuned(config: FinetuneConfig, store: Storage, version: str) -> tuple[FinetuneConfig, dict[str, Any] | None]:
+    """``config`` with the best trial's parameters of the version's study when asked for, and that trial."""
+    if config.hyper_parameters_from == "config":
+        return config, None
+    published = store.current(TUNING_STUDY, version)
+    if published is None:
+        raise dg.Failure(f"hyper_parameters_from 'study': {TUNING_STUDY}[{version}] has never been materialized; "
+                         f"materialize it first (README: 'Tune the hyper-parameters of a version')")
+    best = store.read_json(f"{published.url}/{BEST_FILE}")
+    return config.model_copy(update=best["params"]), {**best, "data_version": published.data_version}
 
 
 TRAINING_POOL = "training"
@@ -172,6 +190,10 @@ def finetuned_model(
     store = storage.storage()
     run_id = context.run.run_id
     tags = {"dataset_version": version, "code_version": code_version(), "dagster_run_id": run_id}
+    config, best = tuned(config, store, version)
+    if best is not None:
+        tags.update({"tuning_study": best["study_name"], "tuned_from_trial": str(best["trial"])})
+        context.log.info(f"hyper-parameters of {best['study_name']} trial {best['trial']}: {best['params']}")
     with store.publish(FINETUNED_MODEL, version) as staging:
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
@@ -194,8 +216,13 @@ def finetuned_model(
         with store.local_copy(f"{output_dir}/{MODEL_SUBDIR}") as model_dir:
             staging.data_version = hash_tree(model_dir)
         staging.metadata = {"config_hash": config_hash, "mlflow": result.mlflow}
-    return dg.MaterializeResult(metadata=_metadata(result, mlflow, staging.url, config_hash),
-                                data_version=dg.DataVersion(staging.data_version))
+        if best is not None:
+            staging.metadata["tuned_from_trial"] = best["trial"]
+    meta = _metadata(result, mlflow, staging.url, config_hash)
+    if best is not None:
+        meta.update({"tuned_from_trial": best["trial"], "tuned_params": dg.MetadataValue.json(best["params"]),
+                     "tuning_study": f"{best['study_name']} ({TUNING_STUDY} data version {best['data_version']})"})
+    return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(staging.data_version))
 
 
 def _metadata(result: TrainingResult, mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:
