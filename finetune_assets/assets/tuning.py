@@ -14,6 +14,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
@@ -27,7 +28,14 @@ from finetune_assets.assets.finetuned import (
     build_trainer_config,
     code_version,
 )
-from finetune_assets.contracts import BEST_FILE, MDS_SHARDS, PRETRAINED_MODEL, TRAINER_CONFIG_FILE, TUNING_STUDY
+from finetune_assets.contracts import (
+    BEST_FILE,
+    FINETUNED_MODEL,
+    MDS_SHARDS,
+    PRETRAINED_MODEL,
+    TRAINER_CONFIG_FILE,
+    TUNING_STUDY,
+)
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.launchers.base import TrainingFailed, TrainingLauncher, TrainingSpec
 from finetune_assets.launchers.local import LocalTorchrunLauncher
@@ -170,14 +178,20 @@ def _log_best(context: dg.AssetExecutionContext, mlflow: MlflowResource, store: 
         context.log.warning(f"study results not logged to MLflow: {err}")
 
 
-@dg.asset(
+@dg.multi_asset(
+    specs=[dg.AssetSpec(
+        TUNING_STUDY,
+        deps=[MDS_SHARDS, PRETRAINED_MODEL],
+        group_name="models",
+        kinds={"optuna", "pytorch", "mlflow"},
+        owners=OWNERS,
+        code_version="1",
+        description="Optuna study of finetuned_model's hyper-parameters (trials trained through the launcher, "
+                    "pruned early); skipped in a run that also trains finetuned_model",
+        skippable=True,
+    )],
     partitions_def=dataset_versions,
-    deps=[MDS_SHARDS, PRETRAINED_MODEL],
-    group_name="models",
-    kinds={"optuna", "pytorch", "mlflow"},
-    owners=OWNERS,
     pool=TRAINING_POOL,  # one study per slot; its trials run inside it (parallel_trials)
-    code_version="1",
 )
 def tuning_study(
     context: dg.AssetExecutionContext,
@@ -185,8 +199,15 @@ def tuning_study(
     storage: StorageResource,
     launcher: TrainingLauncher,
     mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Optuna study of finetuned_model's hyper-parameters (trials trained through the launcher, pruned early)."""
+) -> Iterator[dg.MaterializeResult]:
+    """Tuning is asked for, never a side effect: a whole-graph run (``--select '*'``) trains the model
+    with its config and skips the study (``finetuned_model`` does not read a study it did not ask for)."""
+    # empty or None: every asset of the job runs
+    selected = context.run.asset_selection or context.job_def.asset_layer.selected_asset_keys
+    if dg.AssetKey(FINETUNED_MODEL) in selected and not config.in_training_runs:
+        context.log.info("tuning_study skipped: this run also trains finetuned_model; materialize tuning_study "
+                         "on its own to tune (or set in_training_runs)")
+        return
     version = version_of(context)
     store = storage.storage()
     url = study_storage(config, store, version)
@@ -209,8 +230,8 @@ def tuning_study(
         (staging.local_dir / "trials.json").write_text(json.dumps(summary.rows, indent=2, default=str))
         staging.data_version = hashlib.sha256(json.dumps(best, sort_keys=True).encode()).hexdigest()[:16]
         staging.metadata = {"best_trial": best["trial"]}
-    return dg.MaterializeResult(metadata=_metadata(context, study, summary, best, mlflow, parent),
-                                data_version=dg.DataVersion(staging.data_version))
+    yield dg.MaterializeResult(asset_key=TUNING_STUDY, data_version=dg.DataVersion(staging.data_version),
+                               metadata=_metadata(context, study, summary, best, mlflow, parent))
 
 
 def _metadata(context: dg.AssetExecutionContext, study: Any, summary: tuning.Summary, best: dict[str, Any],

@@ -1,7 +1,7 @@
 """The study's typed config: search space, budget, pruner, storage (the ``tuning_study`` launchpad).
 
 Defaults are sized for the default version (3,000 English snippets, all-MiniLM-L6-v2) on two CPU
-cores: six trials of 48 optimizer steps each (the first one the default recipe), a median pruner
+cores: six trials of 32 optimizer steps each (the first one the default recipe), a median pruner
 deciding at four validations per trial, so a study finishes in about 20 minutes there. Trials are
 shortened runs (``trial_max_steps``); ``finetuned_model`` with ``hyper_parameters: study`` then trains
 the winner on the full budget (its epochs).
@@ -37,7 +37,7 @@ class TuningConfig(dg.Config):
     n_trials: int = Field(6, ge=1, description="completed + pruned trials the study ends with (resumes count)")
     timeout_minutes: float | None = Field(20.0, gt=0, description="no new trial starts after this (this run)")
     parallel_trials: int = Field(1, ge=1, description="trials at once (each a training launch; k8s: one gang each)")
-    trial_max_steps: int = Field(48, ge=-1, description="optimizer steps per trial (-1: the trial's epochs)")
+    trial_max_steps: int = Field(32, ge=-1, description="optimizer steps per trial (-1: the trial's epochs)")
     reports_per_trial: int = Field(4, ge=1, description="validations per trial: intermediate values for the pruner")
     pruner: Literal["median", "none"] = Field("median", description="median: stop a trial below the median of "
                                               "earlier trials at the same step")
@@ -46,6 +46,8 @@ class TuningConfig(dg.Config):
     sampler_startup_trials: int = Field(3, ge=1, description="random trials before TPE models the space")
     seed: int = 0
     include_default_recipe: bool = Field(True, description="trial 0 is finetuned_model's default recipe")
+    in_training_runs: bool = Field(False, description="also run in a run that trains finetuned_model (a "
+                                   "whole-graph run); off: such runs skip the study")
     storage_url: str | None = Field(None, description="database URL (a cluster); empty: a journal file under the "
                                     "storage root (local roots only)")
 

@@ -56,10 +56,10 @@ class InProcessLauncher(TrainingLauncher):
         train(TrainerConfig.from_json(job.config_url))
 
 
-def _materialize(assets, instance, root: Path, launcher: TrainingLauncher, config: dict, name: str):
+def _materialize(assets, instance, root: Path, launcher: TrainingLauncher, config: dict, name: str, **more):
     return dg.materialize(
         assets, partition_key="v1", instance=instance, raise_on_error=False,
-        run_config=dg.RunConfig(ops={name: {"config": config}}),
+        run_config=dg.RunConfig(ops={name: {"config": config}, **{k: {"config": v} for k, v in more.items()}}),
         resources={"storage": StorageResource(root=str(root)), "launcher": launcher,
                    "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000")},
     )
@@ -115,9 +115,12 @@ def test_a_killed_study_resumes_to_exactly_n_trials_and_the_final_model_uses_the
     assert sorted(r.data.tags["trial_number"] for r in nested) == ["0", "2", "3"]
     assert all(r.data.params["lr"] == r.data.tags["trial_param.lr"] for r in nested)
 
-    final = _materialize([finetuned_model], instance, storage_root, InProcessLauncher(journal=str(tmp_path / "f")),
-                         {**FINETUNE, "hyper_parameters_from": "study"}, "finetuned_model")
-    assert final.success
+    # A run that trains finetuned_model skips the study (tuning is never a side effect of a whole-graph run).
+    final = _materialize([finetuned_model, tuning_study], instance, storage_root,
+                         InProcessLauncher(journal=str(tmp_path / "f")),
+                         {**FINETUNE, "hyper_parameters_from": "study"}, "finetuned_model", tuning_study=STUDY)
+    assert final.success and not final.asset_materializations_for_node("tuning_study")
+    assert len(_study(version).trials) == 4
     fmeta = final.asset_materializations_for_node("finetuned_model")[0].metadata
     assert fmeta["tuned_from_trial"].value == best["trial"]
     trainer = json.loads((Path(version.require("finetuned_model", "v1").url) / "trainer_config.json").read_text())
