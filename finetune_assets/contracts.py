@@ -42,7 +42,7 @@ TOKENIZATION_FILE = "tokenization.json"  # pretrained_model: Tokenization (what 
 MODEL_SUBDIR = "model"  # finetuned_model: the Hugging Face folder
 TRAINING_RESULT_FILE = "metrics.json"  # finetuned_model: TrainingResult, written by the trainer's rank 0
 TRAINER_CONFIG_FILE = "trainer_config.json"  # finetuned_model: the trainer's whole configuration
-BEST_FILE = "best.json"  # tuning_study: the best trial {"trial", "value", "params", "study_name", "storage"}
+BEST_FILE = "best.json"  # tuning_study: the best trial (trial, value, params, study_name, storage)
 
 # -- schemas -----------------------------------------------------------------------------------------
 ACCEPTED_SCHEMA = pa.schema([

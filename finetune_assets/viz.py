@@ -154,7 +154,7 @@ def confusion_matrix_md(matrix: Sequence[Sequence[int]], labels: Sequence[str]) 
 # -- tuning study ------------------------------------------------------------------------------
 
 def optimization_history_png(trials: Sequence[Mapping]) -> bytes:
-    """Each finished trial's value (pruned ones: their last report, as crosses) and the best so far."""
+    """Each finished trial's value (pruned: last report, as crosses) and the best so far."""
     fig = _figure(4.8, 2.6)
     ax = fig.add_subplot()
     done = [t for t in trials if t["value"] is not None and t["state"] in ("COMPLETE", "PRUNED")]
@@ -180,9 +180,10 @@ def optimization_history_png(trials: Sequence[Mapping]) -> bytes:
 
 def optimization_history_md(trials: Sequence[Mapping]) -> str:
     """Chart + table: trial, state, value (``trials``: dicts with number, state, value)."""
-    rows = [(t["number"], t["state"].lower(), "" if t["value"] is None else f"{t['value']:.4f}") for t in trials]
-    return image_md(optimization_history_png(trials), "optimization history") + "\n\n" + markdown_table(
-        ("trial", "state", "validation macro-F1"), rows)
+    rows = [(t["number"], t["state"].lower(), "" if t["value"] is None else f"{t['value']:.4f}")
+            for t in trials]
+    table = markdown_table(("trial", "state", "validation macro-F1"), rows)
+    return image_md(optimization_history_png(trials), "optimization history") + "\n\n" + table
 
 
 def param_importance_png(importances: Mapping[str, float]) -> bytes:
@@ -199,6 +200,7 @@ def param_importance_png(importances: Mapping[str, float]) -> bytes:
 
 
 def param_importance_md(importances: Mapping[str, float]) -> str:
-    """Bar chart + table of each parameter's share of the value's variance (``{"lr": 0.7, ...}``)."""
-    table = markdown_table(("parameter", "importance"), [(k, f"{v:.3f}") for k, v in importances.items()])
+    """Bar chart + table of each parameter's share of the value's variance (``{"lr": 0.7}``)."""
+    rows = [(k, f"{v:.3f}") for k, v in importances.items()]
+    table = markdown_table(("parameter", "importance"), rows)
     return image_md(param_importance_png(importances), "parameter importance") + "\n\n" + table

@@ -40,26 +40,30 @@ class FinetuneConfig(dg.Config, HyperParameters):
     """The trainer's ``HyperParameters`` (fields, bounds, choices, defaults: training/config.py) plus the run name."""
 
     # Fields that cannot change the trained model: left out of the code version (staleness.py).
-    # hyper_parameters_from: "config" (the default) changes nothing; "study" is a launchpad choice, recorded in the run.
+    # hyper_parameters_from: "config" (the default) changes nothing; "study" is a launchpad
+    # choice, recorded in the run.
     unversioned: ClassVar[tuple[str, ...]] = ("run_name", "num_workers", "log_every_n_steps", "checkpoint_every_n_steps",
                                              "progress_every_seconds", "hyper_parameters_from")
 
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
     hyper_parameters_from: Literal["config", "study"] = Field(
-        "config", description="config: the fields here; study: the searched fields from tuning_study[v]'s best "
-                              "trial (materialize it first), the others from here")
+        "config", description="config: the fields here; study: the searched fields from "
+                              "tuning_study[v]'s best trial (materialize it first), the rest from here")
 
 
-def tuned(config: FinetuneConfig, store: Storage, version: str) -> tuple[FinetuneConfig, dict[str, Any] | None]:
-    """``config`` with the best trial's parameters of the version's study when asked for, and that trial."""
+def tuned(config: FinetuneConfig, store: Storage,
+          version: str) -> tuple[FinetuneConfig, dict[str, Any] | None]:
+    """``config`` with the best parameters of the version's study when asked, and that trial."""
     if config.hyper_parameters_from == "config":
         return config, None
     published = store.current(TUNING_STUDY, version)
     if published is None:
-        raise dg.Failure(f"hyper_parameters_from 'study': {TUNING_STUDY}[{version}] has never been materialized; "
-                         f"materialize it first (README: 'Tune the hyper-parameters of a version')")
+        raise dg.Failure(f"hyper_parameters_from 'study': {TUNING_STUDY}[{version}] has never been "
+                         "materialized; materialize it first (README: 'Tune the hyper-parameters "
+                         "of a version')")
     best = store.read_json(f"{published.url}/{BEST_FILE}")
-    return config.model_copy(update=best["params"]), {**best, "data_version": published.data_version}
+    best["data_version"] = published.data_version
+    return config.model_copy(update=best["params"]), best
 
 
 TRAINING_POOL = "training"
@@ -193,7 +197,8 @@ def finetuned_model(
     config, best = tuned(config, store, version)
     if best is not None:
         tags.update({"tuning_study": best["study_name"], "tuned_from_trial": str(best["trial"])})
-        context.log.info(f"hyper-parameters of {best['study_name']} trial {best['trial']}: {best['params']}")
+        context.log.info(f"hyper-parameters of {best['study_name']} trial {best['trial']}: "
+                         f"{best['params']}")
     with store.publish(FINETUNED_MODEL, version) as staging:
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
@@ -220,8 +225,9 @@ def finetuned_model(
             staging.metadata["tuned_from_trial"] = best["trial"]
     meta = _metadata(result, mlflow, staging.url, config_hash)
     if best is not None:
-        meta.update({"tuned_from_trial": best["trial"], "tuned_params": dg.MetadataValue.json(best["params"]),
-                     "tuning_study": f"{best['study_name']} ({TUNING_STUDY} data version {best['data_version']})"})
+        meta.update({"tuned_from_trial": best["trial"],
+                     "tuned_params": dg.MetadataValue.json(best["params"]),
+                     "tuning_study": f"{best['study_name']} (data version {best['data_version']})"})
     return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(staging.data_version))
 
 

@@ -145,7 +145,7 @@ class MlflowConfig(_Strict):
 
 
 class PrunerConfig(_Strict):
-    """The study's pruner: Optuna keeps it on the ``Study`` object, not in storage, so the trainer rebuilds it."""
+    """The study's pruner: Optuna keeps it on the Study, not in storage; rebuilt by the trainer."""
 
     kind: Literal["median", "none"] = "median"
     startup_trials: int = Field(2, ge=0)  # finished trials before any pruning
@@ -161,9 +161,9 @@ class TrialConfig(_Strict):
 
     storage: str = Field(min_length=1)
     study_name: str = Field(min_length=1)
-    trial_id: int = Field(ge=0)  # the storage's id (not the trial number): Optuna's Trial(study, trial_id)
+    trial_id: int = Field(ge=0)  # the storage's id, not the trial number: Trial(study, trial_id)
     metric: str = "val/macro_f1"  # maximized; reported at each validation
-    reports: int = Field(4, ge=1, description="validations (pruning decisions) over the run, the last at its end")
+    reports: int = Field(4, ge=1, description="validations (pruning decisions) over the run")
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
 
 

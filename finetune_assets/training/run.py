@@ -204,7 +204,7 @@ def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, model: torch.nn
         accumulate_grad_batches=config.accumulate_grad_batches,
         gradient_clip_val=config.gradient_clip_val,
         log_every_n_steps=config.log_every_n_steps,
-        **pruning.validation_schedule(config),  # once per epoch; a tuning trial validates more often
+        **pruning.validation_schedule(config),  # once per epoch; more often in a tuning trial
         num_sanity_val_steps=0,
         use_distributed_sampler=False,  # StreamingDataset partitions samples across ranks itself
         limit_train_batches=config.limit_train_batches,

@@ -1,4 +1,4 @@
-"""One version's study: open it in durable storage, recover what a killed run left, run trials, summarize.
+"""A version's study: open it in durable storage, recover a killed run's trials, run, summarize.
 
 Trials are ``finetuned_model`` trainings through the configured launcher, shortened to the study's
 budget; each reports validation macro-F1 to the study from the trainer (training/pruning.py).
@@ -23,7 +23,9 @@ from optuna.trial import FrozenTrial, TrialState
 from finetune_assets.training.pruning import PRUNED_AT_STEP, make_pruner, open_storage
 from finetune_assets.tuning.space import SEARCHED, TuningConfig
 
-RETRY_OF = "retry_of"  # user attribute of a trial enqueued again for one a killed run left unfinished
+RETRY_OF = (
+    "retry_of"  # user attribute of a trial enqueued again for one a killed run left unfinished
+)
 FAILURE = "failure"  # user attribute: "training" when the trainer itself failed (not retried)
 MLFLOW_RUN = "mlflow_run_id"  # study user attribute: the parent MLflow run all trials nest under
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -41,23 +43,28 @@ def study_name(version: str) -> str:
 
 def open_study(config: TuningConfig, storage: str, version: str) -> optuna.Study:
     """The version's study, created on first use (then trial 0 is the default recipe when asked)."""
-    study = optuna.create_study(study_name=study_name(version), storage=open_storage(storage),
-                                direction="maximize", sampler=config.sampler(),
-                                pruner=make_pruner(config.pruner_config()),
-                                load_if_exists=True)
+    study = optuna.create_study(
+        study_name=study_name(version),
+        storage=open_storage(storage),
+        direction="maximize",
+        sampler=config.sampler(),
+        pruner=make_pruner(config.pruner_config()),
+        load_if_exists=True,
+    )
     if not study.trials and config.include_default_recipe:
         study.enqueue_trial(config.default_recipe(), user_attrs={"default_recipe": True})
     return study
 
 
 def recover(study: optuna.Study) -> list[int]:
-    """Mark trials a killed run left RUNNING as FAIL and enqueue their parameters once; returns their numbers."""
+    """Mark a killed run's unfinished trials FAIL, enqueue their parameters once; their numbers."""
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get(RETRY_OF) for t in trials}
     requeued = []
     for t in trials:
         unfinished = t.state == TrialState.RUNNING or (
-            t.state == TrialState.FAIL and t.user_attrs.get(FAILURE) != "training")
+            t.state == TrialState.FAIL and t.user_attrs.get(FAILURE) != "training"
+        )
         if not unfinished:
             continue
         if t.state == TrialState.RUNNING:  # no public API sets another run's trial state
@@ -72,11 +79,13 @@ def finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
-# run_trial(trial, params) trains one trial to completion (or pruning) and raises TrainingFailedTrial on failure.
+# run_trial(trial, params): trains one trial to its end or pruning; TrainingFailedTrial on failure.
 RunTrial = Callable[[optuna.Trial, dict[str, Any]], None]
 
 
-def objective(config: TuningConfig, study: optuna.Study, run_trial: RunTrial) -> Callable[[optuna.Trial], float]:
+def objective(
+    config: TuningConfig, study: optuna.Study, run_trial: RunTrial
+) -> Callable[[optuna.Trial], float]:
     """Suggest, train through the launcher, then read what the trainer reported to the storage."""
 
     def run(trial: optuna.Trial) -> float:
@@ -91,14 +100,18 @@ def objective(config: TuningConfig, study: optuna.Study, run_trial: RunTrial) ->
             raise optuna.TrialPruned(f"at step {reported.user_attrs[PRUNED_AT_STEP]}")
         if not reported.intermediate_values:
             trial.set_user_attr(FAILURE, "training")
-            raise TrainingFailedTrial(f"trial {trial.number} finished without reporting a validation metric")
-        return reported.intermediate_values[max(reported.intermediate_values)]  # the model it ended with
+            raise TrainingFailedTrial(
+                f"trial {trial.number} finished without reporting a validation metric"
+            )
+        return reported.intermediate_values[
+            max(reported.intermediate_values)
+        ]  # the model it ended with
 
     return run
 
 
 def reported_trial(study: optuna.Study, number: int) -> FrozenTrial:
-    """The trial as the trainer left it in the storage (read back, not this process's cached copy)."""
+    """The trial as the trainer left it in the storage (read back, not a cached copy)."""
     for t in study.get_trials(deepcopy=False):
         if t.number == number:
             return t
@@ -106,14 +119,20 @@ def reported_trial(study: optuna.Study, number: int) -> FrozenTrial:
 
 
 def optimize(config: TuningConfig, study: optuna.Study, run_trial: RunTrial) -> int:
-    """Run trials until ``n_trials`` are finished (COMPLETE or PRUNED) or the time budget is spent."""
+    """Run trials until ``n_trials`` are COMPLETE or PRUNED, or the time budget is spent."""
     remaining = config.n_trials - finished(study)
     if remaining <= 0:
         return 0
     timeout = config.timeout_minutes * 60 if config.timeout_minutes else None
     before = _started(study)
-    study.optimize(objective(config, study, run_trial), n_trials=remaining, timeout=timeout,
-                   n_jobs=config.parallel_trials, catch=(TrainingFailedTrial,), gc_after_trial=False)
+    study.optimize(
+        objective(config, study, run_trial),
+        n_trials=remaining,
+        timeout=timeout,
+        n_jobs=config.parallel_trials,
+        catch=(TrainingFailedTrial,),
+        gc_after_trial=False,
+    )
     return _started(study) - before
 
 
@@ -133,13 +152,24 @@ class Summary:
 def summarize(study: optuna.Study) -> Summary:
     rows = []
     for t in study.get_trials(deepcopy=False):
-        seconds = (t.datetime_complete - t.datetime_start).total_seconds() \
-            if t.datetime_complete and t.datetime_start else None
+        seconds = (
+            (t.datetime_complete - t.datetime_start).total_seconds()
+            if t.datetime_complete and t.datetime_start
+            else None
+        )
         steps = t.intermediate_values
-        rows.append({"number": t.number, "state": t.state.name, "value": t.value,
-                     "last_step": max(steps) if steps else None, "seconds": seconds,
-                     "params": dict(t.params), "retry_of": t.user_attrs.get(RETRY_OF),
-                     "pruned_at_step": t.user_attrs.get(PRUNED_AT_STEP)})
+        rows.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "value": t.value,
+                "last_step": max(steps) if steps else None,
+                "seconds": seconds,
+                "params": dict(t.params),
+                "retry_of": t.user_attrs.get(RETRY_OF),
+                "pruned_at_step": t.user_attrs.get(PRUNED_AT_STEP),
+            }
+        )
     counts = {s.name: sum(r["state"] == s.name for r in rows) for s in TrialState}
     best = None
     if counts["COMPLETE"]:
@@ -158,5 +188,6 @@ def importances(study: optuna.Study) -> dict[str, float]:
         return {}
     if len({t.value for t in complete}) == 1:
         return {name: 0.0 for name in complete[0].params}
-    return optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(
-        seed=0))
+    return optuna.importance.get_param_importances(
+        study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)
+    )
