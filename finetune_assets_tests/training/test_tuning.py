@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import dagster as dg
@@ -234,3 +235,37 @@ def test_a_remote_root_needs_a_database_url():
         )
         == "postgresql://db/optuna"
     )
+
+
+_TWO_IN_FLIGHT = threading.Barrier(2, timeout=120)
+
+
+class ReportingLauncher(TrainingLauncher):
+    """Fakes the trainer (and the cluster): reports a score derived from ``lr`` to the trial through
+    the study storage, as ``TrialPruning`` does, once two launches are in flight together (a barrier:
+    the test fails, rather than waits, if trials do not run in parallel). Real: the trainer config
+    file, the study storage, the asset's parallel trial loop and the labels a gang is keyed by."""
+
+    journal: str
+
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
+        cfg = TrainerConfig.from_json(job.config_url)
+        with open(self.journal, "a") as f:
+            f.write(json.dumps({"labels": dict(job.labels), "env": dict(job.env)}) + "\n")
+        _TWO_IN_FLIGHT.wait()
+        study = optuna.load_study(study_name=cfg.trial.study_name,
+                                  storage=tuning.open_storage(cfg.trial.storage))
+        optuna.trial.Trial(study, cfg.trial.trial_id).report(cfg.lr * 1000, cfg.max_steps)
+
+
+def test_parallel_trials_run_as_separate_gangs(version, storage_root, instance, tmp_path):
+    from finetune_assets.launchers.k8s import gang_key
+
+    launcher = ReportingLauncher(journal=str(tmp_path / "launches.jsonl"))
+    config = {**STUDY, "n_trials": 4, "parallel_trials": 2, "pruner": "none"}
+    result = _materialize([tuning_study], instance, storage_root, launcher, config, "tuning_study")
+    assert result.success
+    launches = [json.loads(line) for line in Path(launcher.journal).read_text().splitlines()]
+    assert len(launches) == 4 and len({gang_key(la["labels"]) for la in launches}) == 4
+    states = [t.state for t in _study(version).trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 4
