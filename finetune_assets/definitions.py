@@ -34,7 +34,8 @@ def build_defs(storage_root: str | None = None, launcher: TrainingLauncher | Non
     """
     return dg.Definitions(
         assets=with_config_versions([raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model,
-                                     champion_model, baseline_model, benchmark_scores, tuning_study]),
+                                     champion_model, baseline_model, benchmark_scores,
+                                     tuning_study]),
         asset_checks=[*asset_checks, vocabulary_fit],
         jobs=jobs,
         sensors=sensors,

@@ -48,7 +48,7 @@ class FinetuneConfig(dg.Config, HyperParameters):
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
     hyper_parameters_from: Literal["config", "study"] = Field(
         "config", description="config: the fields here; study: the searched fields from "
-                              "tuning_study[v]'s best trial (materialize it first), the rest from here")
+                              "tuning_study[v]'s best trial (materialize it first), the rest here")
 
 
 def tuned(config: FinetuneConfig, store: Storage,

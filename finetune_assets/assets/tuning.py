@@ -262,7 +262,7 @@ def _log_best(
             owners=OWNERS,
             code_version="1",
             description="Optuna study of finetuned_model's hyper-parameters (trials trained "
-            "through the launcher, pruned early); skipped in a run that also trains finetuned_model",
+            "through the launcher, pruned early); skipped in runs that also train finetuned_model",
             skippable=True,
         )
     ],
