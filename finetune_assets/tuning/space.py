@@ -10,7 +10,7 @@ trains the winner on the full budget (its epochs).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import dagster as dg
 from pydantic import Field, model_validator
@@ -33,6 +33,10 @@ class FixedSettings(dg.PermissiveConfig):
 
 class TuningConfig(dg.Config):
     """Search space, budget and pruner of one version's study."""
+
+    # Where and how fast, not what: left out of the code version (staleness.py).
+    unversioned: ClassVar[tuple[str, ...]] = ("timeout_minutes", "parallel_trials", "storage_url",
+                                             "in_training_runs")
 
     n_trials: int = Field(
         6, ge=1, description="completed + pruned trials the study ends with (resumes count)"
@@ -92,7 +96,7 @@ class TuningConfig(dg.Config):
         ["balanced", "none"], min_length=1, description="choices: balanced, none"
     )
     fixed: FixedSettings = Field(
-        default_factory=FixedSettings,
+        FixedSettings(),
         description="other finetuned_model settings "
         "for every trial (e.g. accelerator, precision, max_length)",
     )
