@@ -77,15 +77,9 @@ class _Trials:
         parent_run: str | None,
     ):
         self.context, self.config, self.store, self.version = context, config, store, version
-        self.launcher, self.mlflow, self.storage, self.parent_run = (
-            launcher,
-            mlflow,
-            storage,
-            parent_run,
-        )
-        self._lock = (
-            threading.Lock()
-        )  # trials of parallel threads write their configs one at a time
+        self.launcher, self.mlflow = launcher, mlflow
+        self.storage, self.parent_run = storage, parent_run
+        self._lock = threading.Lock()  # parallel trials (threads) write their configs one at a time
 
     def __call__(self, trial: Any, params: dict[str, Any]) -> None:
         run_id = self.context.run.run_id
@@ -105,10 +99,8 @@ class _Trials:
             "trial_number": str(n),
             **{f"trial_param.{k}": str(v) for k, v in params.items()},
         }
-        if self.parent_run:
-            tags["mlflow.parentRunId"] = (
-                self.parent_run
-            )  # nested under the study's run in the MLflow UI
+        if self.parent_run:  # nested under the study's run in the MLflow UI
+            tags["mlflow.parentRunId"] = self.parent_run
         with self._lock:
             trainer, _ = build_trainer_config(
                 FinetuneConfig(**settings),
