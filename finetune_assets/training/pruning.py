@@ -23,9 +23,7 @@ from finetune_assets.training.config import PrunerConfig, TrainerConfig, TrialCo
 
 log = logging.getLogger("finetune_assets.training")
 
-PRUNED_AT_STEP = (
-    "pruned_at_step"  # trial user attribute written by the trainer when it stops a trial
-)
+PRUNED_AT_STEP = "pruned_at_step"  # trial user attribute: the trainer stopped the trial there
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 
 

@@ -23,9 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from finetune_assets.training.pruning import PRUNED_AT_STEP, make_pruner, open_storage
 from finetune_assets.tuning.space import SEARCHED, TuningConfig
 
-RETRY_OF = (
-    "retry_of"  # user attribute of a trial enqueued again for one a killed run left unfinished
-)
+RETRY_OF = "retry_of"  # user attribute: this trial re-runs one a killed run left unfinished
 FAILURE = "failure"  # user attribute: "training" when the trainer itself failed (not retried)
 MLFLOW_RUN = "mlflow_run_id"  # study user attribute: the parent MLflow run all trials nest under
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
