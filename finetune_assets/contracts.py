@@ -23,6 +23,7 @@ FINETUNED_MODEL = "finetuned_model"
 BASELINE_MODEL = "baseline_model"
 CHAMPION_MODEL = "champion_model"
 BENCHMARK_SCORES = "benchmark_scores"
+TUNING_STUDY = "tuning_study"
 # Per dataset version, in flow order (what `versions status` shows).
 PARTITIONED_ASSETS = (RAW_REVIEWS, TOKENIZED_REVIEWS, MDS_SHARDS, FINETUNED_MODEL)
 
@@ -41,6 +42,7 @@ TOKENIZATION_FILE = "tokenization.json"  # pretrained_model: Tokenization (what 
 MODEL_SUBDIR = "model"  # finetuned_model: the Hugging Face folder
 TRAINING_RESULT_FILE = "metrics.json"  # finetuned_model: TrainingResult, written by the trainer's rank 0
 TRAINER_CONFIG_FILE = "trainer_config.json"  # finetuned_model: the trainer's whole configuration
+BEST_FILE = "best.json"  # tuning_study: the best trial (trial, value, params, study_name, storage)
 
 # -- schemas -----------------------------------------------------------------------------------------
 ACCEPTED_SCHEMA = pa.schema([

@@ -12,6 +12,7 @@ from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.shards import mds_shards
 from finetune_assets.assets.tokenized import tokenized_reviews
+from finetune_assets.assets.tuning import tuning_study
 from finetune_assets.checks import asset_checks
 from finetune_assets.jobs import jobs
 from finetune_assets.launchers import TrainingLauncher
@@ -33,7 +34,8 @@ def build_defs(storage_root: str | None = None, launcher: TrainingLauncher | Non
     """
     return dg.Definitions(
         assets=with_config_versions([raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model,
-                                     champion_model, baseline_model, benchmark_scores]),
+                                     champion_model, baseline_model, benchmark_scores,
+                                     tuning_study]),
         asset_checks=[*asset_checks, vocabulary_fit],
         jobs=jobs,
         sensors=sensors,

@@ -149,3 +149,58 @@ def confusion_matrix_md(matrix: Sequence[Sequence[int]], labels: Sequence[str]) 
     rows = [(f"**{label}**", *row) for label, row in zip(labels, matrix)]
     return image_md(confusion_matrix_png(matrix, labels), "confusion matrix") + "\n\n" + \
         markdown_table(("true \\ predicted", *labels), rows)
+
+
+# -- tuning study ------------------------------------------------------------------------------
+
+def optimization_history_png(trials: Sequence[Mapping]) -> bytes:
+    """Each finished trial's value (pruned: last report, as crosses) and the best so far."""
+    fig = _figure(4.8, 2.6)
+    ax = fig.add_subplot()
+    done = [t for t in trials if t["value"] is not None and t["state"] in ("COMPLETE", "PRUNED")]
+    for state, marker, color in (("COMPLETE", "o", _COLOR), ("PRUNED", "x", "#999999")):
+        pts = [(t["number"], t["value"]) for t in done if t["state"] == state]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, color=color, label=state.lower(), zorder=3)
+    best, line = None, []
+    for t in done:
+        if t["state"] == "COMPLETE":
+            best = t["value"] if best is None else max(best, t["value"])
+        if best is not None:
+            line.append((t["number"], best))
+    if line:
+        ax.step(*zip(*line), where="post", color=_COLOR, alpha=0.5, label="best")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("validation macro-F1")
+    ax.set_title("optimization history", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.spines[["top", "right"]].set_visible(False)
+    return _png(fig)
+
+
+def optimization_history_md(trials: Sequence[Mapping]) -> str:
+    """Chart + table: trial, state, value (``trials``: dicts with number, state, value)."""
+    rows = [(t["number"], t["state"].lower(), "" if t["value"] is None else f"{t['value']:.4f}")
+            for t in trials]
+    table = markdown_table(("trial", "state", "validation macro-F1"), rows)
+    return image_md(optimization_history_png(trials), "optimization history") + "\n\n" + table
+
+
+def param_importance_png(importances: Mapping[str, float]) -> bytes:
+    fig = _figure(4.0, 0.5 + 0.3 * max(1, len(importances)))
+    ax = fig.add_subplot()
+    names, values = list(importances)[::-1], [float(v) for v in importances.values()][::-1]
+    bars = ax.barh(names, values, color=_COLOR)
+    ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], padding=3, fontsize=8)
+    ax.set_xlim(0, max(values + [0.01]) * 1.3)
+    ax.set_xlabel("importance (fANOVA)")
+    ax.set_title("parameter importance", fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    return _png(fig)
+
+
+def param_importance_md(importances: Mapping[str, float]) -> str:
+    """Bar chart + table of each parameter's share of the value's variance (``{"lr": 0.7}``)."""
+    rows = [(k, f"{v:.3f}") for k, v in importances.items()]
+    table = markdown_table(("parameter", "importance"), rows)
+    return image_md(param_importance_png(importances), "parameter importance") + "\n\n" + table

@@ -10,6 +10,7 @@ import pytest
     "finetune_assets.training.__main__",
     "finetune_assets.training.run",
     "finetune_assets.training.callbacks",
+    "finetune_assets.training.pruning",
     "finetune_assets.tracking",
     "finetune_assets.viz",
     "finetune_assets.storage",

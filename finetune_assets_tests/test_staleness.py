@@ -160,7 +160,7 @@ def test_every_configurable_asset_versions_each_default_except_the_unversioned(t
     defs = build_defs(str(tmp_path))
     configs = {a.key.to_user_string(): config_class(a) for a in defs.assets if config_class(a) is not None}
     assert set(configs) == {"raw_reviews", "pretrained_model", "tokenized_reviews", "mds_shards", "finetuned_model",
-                            "champion_model", "baseline_model"}
+                            "champion_model", "baseline_model", "tuning_study"}
     assert configs["champion_model"] is PromotionConfig and configs["baseline_model"] is BaselineConfig
     for key, config_cls in configs.items():
         assert re.match(r"\d+-[0-9a-f]+$", before[key])  # the code revision, then the hash of the defaults

@@ -6,7 +6,7 @@ import json
 import re
 from importlib import metadata as importlib_metadata
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import dagster as dg
 import fsspec
@@ -16,6 +16,8 @@ from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.assets.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.contracts import (
+    BEST_FILE,
+    TUNING_STUDY,
     FINETUNED_MODEL,
     MDS_SHARDS,
     MODEL_SUBDIR,
@@ -39,10 +41,30 @@ class FinetuneConfig(dg.Config, HyperParameters):
     """The trainer's ``HyperParameters`` (fields, bounds, choices, defaults: training/config.py) plus the run name."""
 
     # Fields that cannot change the trained model: left out of the code version (staleness.py).
+    # hyper_parameters_from: "config" (the default) changes nothing; "study" is a launchpad
+    # choice, recorded in the run.
     unversioned: ClassVar[tuple[str, ...]] = ("run_name", "num_workers", "log_every_n_steps", "checkpoint_every_n_steps",
-                                             "progress_every_seconds")
+                                             "progress_every_seconds", "hyper_parameters_from")
 
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
+    hyper_parameters_from: Literal["config", "study"] = Field(
+        "config", description="config: the fields here; study: the searched fields from "
+                              "tuning_study[v]'s best trial (materialize it first), the rest here")
+
+
+def tuned(config: FinetuneConfig, store: Storage,
+          version: str) -> tuple[FinetuneConfig, dict[str, Any] | None]:
+    """``config`` with the best parameters of the version's study when asked, and that trial."""
+    if config.hyper_parameters_from == "config":
+        return config, None
+    published = store.current(TUNING_STUDY, version)
+    if published is None:
+        raise dg.Failure(f"hyper_parameters_from 'study': {TUNING_STUDY}[{version}] has never been "
+                         "materialized; materialize it first (README: 'Tune the hyper-parameters "
+                         "of a version')")
+    best = store.read_json(f"{published.url}/{BEST_FILE}")
+    best["data_version"] = published.data_version
+    return config.model_copy(update=best["params"]), best
 
 
 TRAINING_POOL = "training"
@@ -190,6 +212,11 @@ def finetuned_model(
     run_id = context.run.run_id
     tags = {"dataset_version": version, "code_version": code_version(), "dagster_run_id": run_id}
     shards = read_recorded(context.instance, store, MDS_SHARDS, version)
+    config, best = tuned(config, store, version)
+    if best is not None:
+        tags.update({"tuning_study": best["study_name"], "tuned_from_trial": str(best["trial"])})
+        context.log.info(f"hyper-parameters of {best['study_name']} trial {best['trial']}: "
+                         f"{best['params']}")
     with store.publish(FINETUNED_MODEL, version) as staging:
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
@@ -213,8 +240,14 @@ def finetuned_model(
             staging.data_version = hash_tree(model_dir)
         staging.metadata = {"config_hash": config_hash, "mlflow": result.mlflow,
                             "pretrained_attempt": pretrained.attempt}
+        if best is not None:
+            staging.metadata["tuned_from_trial"] = best["trial"]
     meta = _metadata(result, mlflow, staging.url, config_hash)
     meta["pretrained_model"] = dg.MetadataValue.path(pretrained.url)
+    if best is not None:
+        meta.update({"tuned_from_trial": best["trial"],
+                     "tuned_params": dg.MetadataValue.json(best["params"]),
+                     "tuning_study": f"{best['study_name']} (data version {best['data_version']})"})
     return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(staging.data_version),
                                 tags=input_tags(context.instance, PRETRAINED_MODEL, pretrained))
 

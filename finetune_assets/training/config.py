@@ -144,6 +144,29 @@ class MlflowConfig(_Strict):
         return tags
 
 
+class PrunerConfig(_Strict):
+    """The study's pruner: Optuna keeps it on the Study, not in storage; rebuilt by the trainer."""
+
+    kind: Literal["median", "none"] = "median"
+    startup_trials: int = Field(2, ge=0)  # finished trials before any pruning
+    warmup_steps: int = Field(0, ge=0)  # a trial's reports before this step never prune it
+
+
+class TrialConfig(_Strict):
+    """One Optuna trial this run is: the trainer reports to the study through its durable storage.
+
+    ``storage`` is what both sides open (training/pruning.py ``open_storage``): an SQLAlchemy URL
+    (``postgresql://…``, ``sqlite:///…``) or the path of a journal file every worker can reach.
+    """
+
+    storage: str = Field(min_length=1)
+    study_name: str = Field(min_length=1)
+    trial_id: int = Field(ge=0)  # the storage's id, not the trial number: Trial(study, trial_id)
+    metric: str = "val/macro_f1"  # maximized; reported at each validation
+    reports: int = Field(4, ge=1, description="validations (pruning decisions) over the run")
+    pruner: PrunerConfig = Field(default_factory=PrunerConfig)
+
+
 class TrainerConfig(HyperParameters):
     """One training run: the hyper-parameters plus inputs, outputs and tracking."""
 
@@ -155,6 +178,7 @@ class TrainerConfig(HyperParameters):
     # The dataset version's classes in label-id order (the shards' labels are ids into this list);
     # they become the model's num_labels / id2label / label2id. Default: the seed's three classes.
     labels: list[str] = Field(default_factory=lambda: list(LABELS))
+    trial: TrialConfig | None = None  # set when this run is a trial of a tuning study
 
     @field_validator("labels")
     @classmethod

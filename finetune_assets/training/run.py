@@ -16,7 +16,7 @@ from pytorch_lightning.loggers import MLFlowLogger
 from pytorch_lightning.strategies import FSDPStrategy
 from transformers import AutoTokenizer
 
-from finetune_assets.training import files
+from finetune_assets.training import files, pruning
 from finetune_assets.training.callbacks import HuggingFaceCheckpointer, Progress, Throughput, trainer_tracking_uri
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
@@ -204,7 +204,7 @@ def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, model: torch.nn
         accumulate_grad_batches=config.accumulate_grad_batches,
         gradient_clip_val=config.gradient_clip_val,
         log_every_n_steps=config.log_every_n_steps,
-        check_val_every_n_epoch=1,
+        **pruning.validation_schedule(config),  # once per epoch; more often in a tuning trial
         num_sanity_val_steps=0,
         use_distributed_sampler=False,  # StreamingDataset partitions samples across ranks itself
         limit_train_batches=config.limit_train_batches,
@@ -319,7 +319,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
     trainer = _trainer(config, logger if logger is not None else False, module.model,
-                       [throughput, Progress(throughput, config.progress_every_seconds), export],
+                       [throughput, Progress(throughput, config.progress_every_seconds), export,
+                        *pruning.callbacks(config, rank)],
                        validate=not datamodule.is_empty("validation"))
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST

@@ -31,10 +31,12 @@ def test_defaults_fine_tune_with_adamw_bucketing_and_auto_precision(tmp_path):
 
 
 def test_the_trainer_and_the_launchpad_share_one_set_of_defaults():
-    """The Dagster config adds only the run name: every trainer hyper-parameter, with its default, is the same field."""
+    """The Dagster config adds only the run name and where the hyper-parameters come from: every trainer
+    hyper-parameter, with its default, is the same field."""
     from finetune_assets.assets.finetuned import FinetuneConfig
 
-    launchpad = {k: f for k, f in FinetuneConfig.model_fields.items() if k != "run_name"}
+    launchpad = {k: f for k, f in FinetuneConfig.model_fields.items()
+                 if k not in ("run_name", "hyper_parameters_from")}
     assert launchpad.keys() == HyperParameters.model_fields.keys()
     for name, field in HyperParameters.model_fields.items():
         assert launchpad[name].default == field.default and launchpad[name].metadata == field.metadata, name

@@ -1,0 +1,162 @@
+"""Tuning, measured: a ``tuning_study`` on the default English version, then ``finetuned_model``
+trained with the best trial's parameters, against the default recipe's test macro-F1.
+
+    nice -n 10 python benchmarks/tuning.py --workdir /tmp/tuning-bench   # ~1 hour on 2 CPU cores
+
+Runs the README's commands in ``--workdir`` (``DAGSTER_HOME`` + storage root; kept, so a killed run
+continues the same study): ``finetune-assets versions add``, the upstream assets, ``tuning_study``
+(``--study-config`` overrides its defaults), then ``finetuned_model`` with
+``hyper_parameters_from: study``. The default recipe's score is the recorded one (measured by
+``benchmarks/quality_default_set.py`` on the same version and splits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from finetune_assets.data.builtin import DEFAULT_SOURCE
+
+DEFAULT_RESULT = "benchmarks/results/quality_default_set.json"
+
+
+def run(cmd: list[str], env: dict[str, str]) -> float:
+    print("$", " ".join(cmd), flush=True)
+    t = time.time()
+    proc = subprocess.run(cmd, env=env, text=True, capture_output=True)
+    if proc.returncode:
+        sys.exit(f"exit {proc.returncode}\n{proc.stderr[-4000:]}")
+    return round(time.time() - t, 1)
+
+
+def materialize(select: str, key: str, env: dict[str, str], config: dict | None = None) -> float:
+    cmd = [
+        "dagster",
+        "asset",
+        "materialize",
+        "-m",
+        "finetune_assets.definitions",
+        "--select",
+        select,
+        "--partition",
+        key,
+    ]
+    if config:
+        cmd += ["--config-json", json.dumps({"ops": config})]
+    return run(cmd, env)
+
+
+def latest(root: Path, asset: str, key: str, name: str) -> dict:
+    pointer = (
+        json.loads((root / asset / key / "CURRENT").read_text())
+        if (root / asset / key / "CURRENT").exists()
+        else None
+    )
+    files = sorted((root / asset / key).rglob(name), key=lambda p: p.stat().st_mtime)
+    if pointer:
+        files = [f for f in files if pointer["attempt"] in str(f)] or files
+    return json.loads(files[-1].read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default=DEFAULT_SOURCE)
+    parser.add_argument("--key", default="rotten_tomatoes")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument(
+        "--study-config", default="{}", help="tuning_study config overrides as JSON"
+    )
+    parser.add_argument("--note", default="")
+    parser.add_argument(
+        "--study-only", action="store_true", help="stop after the study (no final model)"
+    )
+    parser.add_argument("--out", default="benchmarks/results/tuning.json")
+    args = parser.parse_args()
+    study_config = json.loads(args.study_config)
+    work = Path(args.workdir)
+    (work / "dagster_home").mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(work / "dagster_home"),
+        "FINETUNE_ASSETS_ROOT": str(work / "root"),
+        "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+    }
+    root = work / "root"
+    load_before, started = os.getloadavg(), time.time()
+    walls = {}
+    if not (root / "mds_shards" / args.key).exists():
+        subprocess.run(
+            ["finetune-assets", "versions", "add", args.key, "--source", args.source], env=env
+        )
+        walls["upstream"] = materialize(
+            "raw_reviews,tokenized_reviews,mds_shards,pretrained_model", args.key, env
+        )
+    walls["tuning_study"] = materialize(
+        "tuning_study",
+        args.key,
+        env,
+        {"tuning_study": {"config": study_config}} if study_config else None,
+    )
+    if not args.study_only:
+        walls["finetuned_model_with_best"] = materialize(
+            "finetuned_model",
+            args.key,
+            env,
+            {"finetuned_model": {"config": {"hyper_parameters_from": "study"}}},
+        )
+    best = latest(root, "tuning_study", args.key, "best.json")
+    trials = latest(root, "tuning_study", args.key, "trials.json")
+    metrics = {} if args.study_only else latest(root, "finetuned_model", args.key, "metrics.json")
+    default = json.loads(Path(DEFAULT_RESULT).read_text())[
+        f"{args.source}/{json.dumps({'epochs': 1})}"
+    ]
+    default_f1 = default["summary"]["finetuned"]["macro_f1"]
+    result = {
+        "command": " ".join(["python", *sys.argv]),
+        "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(started)),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "device": "cpu",
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "source": args.source,
+        "study_config_overrides": study_config,
+        "note": args.note,
+        "wall_seconds": walls,
+        "trials": [
+            {k: t[k] for k in ("number", "state", "value", "last_step", "seconds", "params")}
+            for t in trials
+        ],
+        "trial_states": {
+            s: sum(t["state"] == s for t in trials) for s in {t["state"] for t in trials}
+        },
+        "best_trial": best,
+        "tuned": (
+            {k: metrics.get(k) for k in ("macro_f1", "accuracy", "global_step", "train_seconds")}
+            if metrics
+            else None
+        ),
+        "default_recipe": {
+            "test_macro_f1": default_f1,
+            "test_accuracy": default["summary"]["finetuned"]["accuracy"],
+            "from": f"{DEFAULT_RESULT} ({default['date']}, {default['command']})",
+        },
+        "tuned_minus_default_macro_f1": round(metrics["macro_f1"] - default_f1, 4)
+        if metrics
+        else None,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The study's typed config: search space, budget, pruner, storage (the ``tuning_study`` launchpad).
+
+Defaults are sized for the default version (3,000 English snippets, all-MiniLM-L6-v2) on two CPU
+cores: six trials of 32 optimizer steps each (the first one the default recipe), a median pruner
+deciding at four validations per trial, so a study finishes in about 20 minutes there. Trials are
+shortened runs (``trial_max_steps``); ``finetuned_model`` with ``hyper_parameters_from: study`` then
+trains the winner on the full budget (its epochs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal, get_args
+
+import dagster as dg
+from pydantic import Field, model_validator
+
+from finetune_assets.training.config import ClassWeights, HyperParameters, PrunerConfig
+
+# The searched fields (from the sampler); the rest come from ``fixed`` or the defaults.
+SEARCHED = ("lr", "epochs", "warmup_ratio", "batch_size", "weight_decay", "class_weights")
+
+
+class FixedSettings(dg.PermissiveConfig):
+    """Other ``finetuned_model`` settings for every trial (accelerator, precision, max_length ...).
+
+    Checked against ``HyperParameters`` when the study starts: an unknown key fails there.
+    """
+
+    def settings(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+class TuningConfig(dg.Config):
+    """Search space, budget and pruner of one version's study."""
+
+    # Where and how fast, not what: left out of the code version (staleness.py).
+    unversioned: ClassVar[tuple[str, ...]] = ("timeout_minutes", "parallel_trials", "storage_url",
+                                             "in_training_runs")
+
+    n_trials: int = Field(
+        6, ge=1, description="completed + pruned trials the study ends with (resumes count)"
+    )
+    timeout_minutes: float | None = Field(
+        20.0, gt=0, description="no new trial starts after this (this run)"
+    )
+    parallel_trials: int = Field(
+        1, ge=1, description="trials at once (each a training launch; k8s: one gang each)"
+    )
+    trial_max_steps: int = Field(
+        32, ge=-1, description="optimizer steps per trial (-1: the trial's epochs)"
+    )
+    reports_per_trial: int = Field(
+        4, ge=1, description="validations per trial: intermediate values for the pruner"
+    )
+    pruner: Literal["median", "none"] = Field(
+        "median",
+        description="median: stop a trial below the median of earlier trials at the same step",
+    )
+    pruner_startup_trials: int = Field(2, ge=0, description="trials finished before any pruning")
+    pruner_warmup_reports: int = Field(
+        1, ge=0, description="reports of a trial before it may be pruned"
+    )
+    sampler_startup_trials: int = Field(
+        3, ge=1, description="random trials before TPE models the space"
+    )
+    seed: int = 0
+    include_default_recipe: bool = Field(
+        True, description="trial 0 is finetuned_model's default recipe"
+    )
+    in_training_runs: bool = Field(
+        False,
+        description="also run in a run that trains finetuned_model (a "
+        "whole-graph run); off: such runs skip the study",
+    )
+    storage_url: str | None = Field(
+        None,
+        description="database URL (a cluster); empty: a journal file under the "
+        "storage root (local roots only)",
+    )
+
+    lr_low: float = Field(1e-5, gt=0)
+    lr_high: float = Field(3e-4, gt=0, description="lr is sampled log-uniform in [lr_low, lr_high]")
+    epochs: list[int] = Field(
+        [1],
+        min_length=1,
+        description="choices (matter for trials when trial_max_steps "
+        "is -1; the final model trains the winner's epochs)",
+    )
+    warmup_ratio_low: float = Field(0.0, ge=0, lt=1)
+    warmup_ratio_high: float = Field(0.2, ge=0, lt=1)
+    batch_size: list[int] = Field([8, 16], min_length=1, description="choices, per device")
+    weight_decay_low: float = Field(0.0, ge=0)
+    weight_decay_high: float = Field(0.1, ge=0)
+    class_weights: list[str] = Field(
+        ["balanced", "none"], min_length=1, description="choices: balanced, none"
+    )
+    fixed: FixedSettings = Field(
+        FixedSettings(),
+        description="other finetuned_model settings "
+        "for every trial (e.g. accelerator, precision, max_length)",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TuningConfig:
+        for low, high in (
+            ("lr_low", "lr_high"),
+            ("warmup_ratio_low", "warmup_ratio_high"),
+            ("weight_decay_low", "weight_decay_high"),
+        ):
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(f"{low} {getattr(self, low)} > {high} {getattr(self, high)}")
+        bad = sorted(set(self.class_weights) - set(get_args(ClassWeights)))
+        if bad:
+            raise ValueError(
+                f"class_weights choices {bad}: expected {list(get_args(ClassWeights))}"
+            )
+        fixed = self.fixed.settings()
+        clash = sorted(set(fixed) & {*SEARCHED, "max_steps"})
+        if clash:
+            raise ValueError(
+                f"fixed sets searched or budget fields {clash}: change the search space instead"
+            )
+        HyperParameters.model_validate(fixed)  # unknown keys fail here
+        return self
+
+    def suggest(self, trial: Any) -> dict[str, Any]:
+        """One point of the space (fixed values of an enqueued trial are taken as they are)."""
+        return {
+            "lr": trial.suggest_float("lr", self.lr_low, self.lr_high, log=True),
+            "epochs": trial.suggest_categorical("epochs", self.epochs),
+            "warmup_ratio": trial.suggest_float(
+                "warmup_ratio", self.warmup_ratio_low, self.warmup_ratio_high
+            ),
+            "batch_size": trial.suggest_categorical("batch_size", self.batch_size),
+            "weight_decay": trial.suggest_float(
+                "weight_decay", self.weight_decay_low, self.weight_decay_high
+            ),
+            "class_weights": trial.suggest_categorical("class_weights", self.class_weights),
+        }
+
+    def default_recipe(self) -> dict[str, Any]:
+        """finetuned_model's defaults for the searched fields, clipped into the space (trial 0)."""
+        d = HyperParameters()
+        clip = lambda v, lo, hi: min(max(v, lo), hi)  # noqa: E731
+        return {
+            "lr": clip(d.lr, self.lr_low, self.lr_high),
+            "epochs": d.epochs if d.epochs in self.epochs else self.epochs[0],
+            "warmup_ratio": clip(d.warmup_ratio, self.warmup_ratio_low, self.warmup_ratio_high),
+            "batch_size": d.batch_size if d.batch_size in self.batch_size else self.batch_size[0],
+            "weight_decay": clip(d.weight_decay, self.weight_decay_low, self.weight_decay_high),
+            "class_weights": d.class_weights
+            if d.class_weights in self.class_weights
+            else self.class_weights[0],
+        }
+
+    def sampler(self) -> Any:
+        import optuna
+
+        return optuna.samplers.TPESampler(
+            n_startup_trials=self.sampler_startup_trials, seed=self.seed
+        )
+
+    def pruner_config(self) -> PrunerConfig:
+        """Median pruning, warm-up counted in reports (every trial reports at the same steps)."""
+        every = (
+            math.ceil(self.trial_max_steps / self.reports_per_trial)
+            if self.trial_max_steps > 0
+            else 0
+        )
+        return PrunerConfig(
+            kind=self.pruner,
+            startup_trials=self.pruner_startup_trials,
+            warmup_steps=self.pruner_warmup_reports * every + 1 if every else 0,
+        )

@@ -1,0 +1,271 @@
+"""``tuning_study``: trials trained and pruned through a launcher, resumed after a kill, winner."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import dagster as dg
+import optuna
+import pytest
+
+from finetune_assets.assets.finetuned import finetuned_model
+from finetune_assets.assets.tuning import study_storage, tuning_study
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+from finetune_assets.launchers.base import TrainingLauncher, TrainingSpec
+from finetune_assets.resources.mlflow import MlflowResource
+from finetune_assets.resources.storage_root import StorageResource
+from finetune_assets.storage import Storage
+from finetune_assets.training.config import TrainerConfig
+from finetune_assets.tuning import study as tuning
+from finetune_assets.tuning.space import TuningConfig
+from finetune_assets_tests.training.fixtures import publish_upstream
+
+# 48 train samples, batch 8 or 16: at most 6 batches an epoch; 4 steps, 2 reports (steps 2 and 4).
+STUDY = {
+    "n_trials": 3,
+    "trial_max_steps": 4,
+    "reports_per_trial": 2,
+    "batch_size": [8],
+    "epochs": [1],
+    "pruner_startup_trials": 1,
+    "pruner_warmup_reports": 0,
+    "sampler_startup_trials": 1,
+    "fixed": {
+        "accelerator": "cpu",
+        "precision": "32",
+        "num_workers": 0,
+        "log_every_n_steps": 1,
+        "checkpoint_every_n_steps": 50,
+        "max_length": 64,
+    },
+}
+FINETUNE = {
+    "accelerator": "cpu",
+    "precision": "32",
+    "num_workers": 0,
+    "max_steps": 4,
+    "log_every_n_steps": 1,
+    "checkpoint_every_n_steps": 50,
+    "max_length": 64,
+}
+
+
+class InProcessLauncher(TrainingLauncher):
+    """Runs the trainer's ``train()`` in this process on the config file the asset wrote.
+
+    Fakes torchrun (no subprocess, no rendezvous: world size 1). Real: the trainer config written,
+    read back as JSON, the trainer, Lightning, the study storage the trainer reports to, MLflow.
+    ``interrupt_at`` raises what Dagster raises in a run being terminated, after that many launches
+    (the trial in flight is left RUNNING in the study, as a killed run leaves it).
+    """
+
+    journal: str  # one line per launch (Dagster copies resources: a list field would not come back)
+    interrupt_at: int = -1
+
+    def launches(self) -> list[str]:
+        path = Path(self.journal)
+        return path.read_text().splitlines() if path.exists() else []
+
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
+        from finetune_assets.training.run import train
+
+        if len(self.launches()) == self.interrupt_at:
+            raise dg.DagsterExecutionInterruptedError("run terminated")
+        with open(self.journal, "a") as f:
+            f.write(job.name + "\n")
+        train(TrainerConfig.from_json(job.config_url))
+
+
+def _materialize(
+    assets, instance, root: Path, launcher: TrainingLauncher, config: dict, name: str, **more
+):
+    return dg.materialize(
+        assets,
+        partition_key="v1",
+        instance=instance,
+        raise_on_error=False,
+        run_config=dg.RunConfig(
+            ops={name: {"config": config}, **{k: {"config": v} for k, v in more.items()}}
+        ),
+        resources={
+            "storage": StorageResource(root=str(root)),
+            "launcher": launcher,
+            "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
+        },
+    )
+
+
+@pytest.fixture
+def version(storage_root, instance, tiny_model_dir, arabic_reviews) -> Storage:
+    store = Storage(str(storage_root))
+    publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 16, 16))
+    instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
+    return store
+
+
+def _study(store: Storage) -> optuna.Study:
+    url = study_storage(TuningConfig(), store, "v1")
+    return optuna.load_study(study_name=tuning.study_name("v1"), storage=tuning.open_storage(url))
+
+
+def test_a_killed_study_resumes_to_exactly_n_trials_and_the_final_model_uses_the_best(
+    version, storage_root, instance, tmp_path
+):
+    first = InProcessLauncher(journal=str(tmp_path / "first.txt"), interrupt_at=1)
+    killed = _materialize([tuning_study], instance, storage_root, first, STUDY, "tuning_study")
+    assert not killed.success
+    left = {t.number: t for t in _study(version).trials}
+    assert (
+        left[0].state == optuna.trial.TrialState.COMPLETE and left[0].user_attrs["default_recipe"]
+    )
+    assert left[1].state == optuna.trial.TrialState.RUNNING  # what a kill leaves behind
+
+    launcher = InProcessLauncher(journal=str(tmp_path / "second.txt"))
+    resumed = _materialize([tuning_study], instance, storage_root, launcher, STUDY, "tuning_study")
+    assert resumed.success
+    trials = {t.number: t for t in _study(version).trials}
+    finished = [t for t in trials.values() if t.state in tuning.FINISHED]
+    assert len(finished) == 3 and len(launcher.launches()) == 2  # trial 0 was not run again
+    assert trials[1].state == optuna.trial.TrialState.FAIL
+    assert trials[2].user_attrs[tuning.RETRY_OF] == 1 and trials[2].params == trials[1].params
+
+    meta = resumed.asset_materializations_for_node("tuning_study")[0].metadata
+    table = meta["trials"].value
+    assert table.splitlines()[0].startswith(
+        "| trial | state | val macro-F1 | seconds | last step |"
+    )
+    assert "| 1 | fail |" in table and "| 2 | " in table
+    assert meta["optimization_history"].value.startswith(
+        "![optimization history](data:image/png;base64,"
+    )
+    assert meta["param_importance"].value.startswith(
+        "![parameter importance](data:image/png;base64,"
+    )
+    best = json.loads((Path(version.require("tuning_study", "v1").url) / "best.json").read_text())
+    assert best["trial"] == meta["best_trial"].value and best["params"] == meta["best_params"].value
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{storage_root}/mlflow/mlflow.db")
+    parent = _study(version).user_attrs[tuning.MLFLOW_RUN]
+    exp = client.get_experiment_by_name("review-classifier").experiment_id
+    nested = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent}'")
+    # one nested run per trained trial (trial 1 was killed before its trainer started)
+    assert sorted(r.data.tags["trial_number"] for r in nested) == ["0", "2", "3"]
+    assert all(r.data.params["lr"] == r.data.tags["trial_param.lr"] for r in nested)
+
+    # A run that trains finetuned_model skips the study (never a side effect of a whole-graph run).
+    final = _materialize(
+        [finetuned_model, tuning_study],
+        instance,
+        storage_root,
+        InProcessLauncher(journal=str(tmp_path / "f")),
+        {**FINETUNE, "hyper_parameters_from": "study"},
+        "finetuned_model",
+        tuning_study=STUDY,
+    )
+    assert final.success and not final.asset_materializations_for_node("tuning_study")
+    assert len(_study(version).trials) == 4
+    fmeta = final.asset_materializations_for_node("finetuned_model")[0].metadata
+    assert fmeta["tuned_from_trial"].value == best["trial"]
+    trainer = json.loads(
+        (Path(version.require("finetuned_model", "v1").url) / "trainer_config.json").read_text()
+    )
+    assert {k: trainer[k] for k in best["params"]} == best["params"]
+    assert trainer["mlflow"]["tags"]["tuned_from_trial"] == str(best["trial"])
+
+
+def test_the_pruner_stops_a_trial_worse_than_the_median_early(
+    version, storage_root, instance, tmp_path
+):
+    url = study_storage(TuningConfig(), version, "v1")
+    study = tuning.open_study(TuningConfig(**{**STUDY, "include_default_recipe": False}), url, "v1")
+    space = TuningConfig(**STUDY)
+    dists = {"lr": optuna.distributions.FloatDistribution(space.lr_low, space.lr_high, log=True)}
+    # A finished trial with a perfect score at both steps: any real trial is below its median.
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"lr": 1e-4},
+            distributions=dists,
+            value=1.0,
+            intermediate_values={2: 1.0, 4: 1.0},
+        )
+    )
+    result = _materialize(
+        [tuning_study],
+        instance,
+        storage_root,
+        InProcessLauncher(journal=str(tmp_path / "l")),
+        {**STUDY, "n_trials": 2, "include_default_recipe": False},
+        "tuning_study",
+    )
+    assert result.success
+    pruned = _study(version).trials[1]
+    assert pruned.state == optuna.trial.TrialState.PRUNED
+    assert list(pruned.intermediate_values) == [2] and pruned.user_attrs["pruned_at_step"] == 2
+    metrics = json.loads(
+        (storage_root / "tuning" / "v1" / "trials" / "0001" / "output" / "metrics.json").read_text()
+    )
+    assert metrics["global_step"] == 2  # stopped at the first report, not at trial_max_steps (4)
+    assert (
+        "| 1 | pruned |"
+        in result.asset_materializations_for_node("tuning_study")[0].metadata["trials"].value
+    )
+
+
+def test_the_search_space_rejects_what_it_cannot_search():
+    with pytest.raises(ValueError, match="lr_low"):
+        TuningConfig(lr_low=1e-3, lr_high=1e-4)
+    with pytest.raises(ValueError, match="searched or budget"):
+        TuningConfig(fixed={"lr": 1e-3})
+    with pytest.raises(ValueError, match="accelerater"):
+        TuningConfig(fixed={"accelerater": "cpu"})
+    with pytest.raises(ValueError, match="class_weights"):
+        TuningConfig(class_weights=["inverse"])
+
+
+def test_a_remote_root_needs_a_database_url():
+    with pytest.raises(dg.Failure, match="storage_url"):
+        study_storage(TuningConfig(), Storage("memory://root"), "v1")
+    assert (
+        study_storage(
+            TuningConfig(storage_url="postgresql://db/optuna"), Storage("memory://root"), "v1"
+        )
+        == "postgresql://db/optuna"
+    )
+
+
+_TWO_IN_FLIGHT = threading.Barrier(2, timeout=120)
+
+
+class ReportingLauncher(TrainingLauncher):
+    """Fakes the trainer (and the cluster): reports a score derived from ``lr`` to the trial through
+    the study storage, as ``TrialPruning`` does, once two launches are in flight together (a barrier:
+    the test fails, rather than waits, if trials do not run in parallel). Real: the trainer config
+    file, the study storage, the asset's parallel trial loop and the labels a gang is keyed by."""
+
+    journal: str
+
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
+        cfg = TrainerConfig.from_json(job.config_url)
+        with open(self.journal, "a") as f:
+            f.write(json.dumps({"labels": dict(job.labels), "env": dict(job.env)}) + "\n")
+        _TWO_IN_FLIGHT.wait()
+        study = optuna.load_study(study_name=cfg.trial.study_name,
+                                  storage=tuning.open_storage(cfg.trial.storage))
+        optuna.trial.Trial(study, cfg.trial.trial_id).report(cfg.lr * 1000, cfg.max_steps)
+
+
+def test_parallel_trials_run_as_separate_gangs(version, storage_root, instance, tmp_path):
+    from finetune_assets.launchers.k8s import gang_key
+
+    launcher = ReportingLauncher(journal=str(tmp_path / "launches.jsonl"))
+    config = {**STUDY, "n_trials": 4, "parallel_trials": 2, "pruner": "none"}
+    result = _materialize([tuning_study], instance, storage_root, launcher, config, "tuning_study")
+    assert result.success
+    launches = [json.loads(line) for line in Path(launcher.journal).read_text().splitlines()]
+    assert len(launches) == 4 and len({gang_key(la["labels"]) for la in launches}) == 4
+    states = [t.state for t in _study(version).trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 4
