@@ -58,7 +58,8 @@ class HyperParameters(_Strict):
                                                      "(the run records what it used); 32, bf16-mixed, 16-mixed (GPU)")
     accumulate_grad_batches: int = Field(1, ge=1)
     gradient_clip_val: float | None = Field(None, gt=0, description="clip gradients to this norm (null: off)")
-    strategy: Strategy = Field("ddp", description="ddp or fsdp")
+    strategy: Strategy = Field("ddp", description="ddp, or fsdp (FSDP2: each encoder block sharded over a node's "
+                                                 "ranks, replicated across nodes)")
     accelerator: Accelerator = Field("auto", description="auto, cpu or gpu")
     seed: int = 42
     class_weights: ClassWeights = Field("balanced", description="balanced: loss weights n / (classes * count) from "
@@ -86,6 +87,8 @@ class HyperParameters(_Strict):
     def _gpu_only_precision(self) -> HyperParameters:
         if self.accelerator == "cpu" and self.precision == "16-mixed":
             raise ValueError("precision '16-mixed' needs a GPU; use 'auto', '32' or 'bf16-mixed' on CPU")
+        if self.strategy == "fsdp" and self.precision == "16-mixed":  # Lightning's ModelParallelStrategy
+            raise ValueError("precision '16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed' or '32'")
         return self
 
     def hyper_parameters(self) -> dict[str, Any]:

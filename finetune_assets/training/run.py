@@ -13,7 +13,6 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import MLFlowLogger
-from pytorch_lightning.strategies import FSDPStrategy
 from transformers import AutoTokenizer
 
 from finetune_assets.training import files
@@ -24,6 +23,7 @@ from finetune_assets.training.datamodule import MdsDataModule, balanced_class_we
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.precision import resolve_precision
+from finetune_assets.training.sharding import ShardedStrategy, local_parameters
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -133,56 +133,16 @@ def _init_process_group(config: TrainerConfig) -> str | None:
     return token
 
 
-def encoder_layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
-    """The encoder's repeated block class (``BertLayer``, ``XLMRobertaLayer``, ``TransformerBlock``...): FSDP's unit.
-
-    The class of the first list of two or more identical blocks (what every encoder keeps its layers
-    in); wrapping the whole model as one unit would shard nothing, wrapping only a sub-module of the
-    block (some ``_no_split_modules`` name attention classes) would leave the feed-forward unsharded.
-    """
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
-            return type(module[0])
-    raise ValueError(f"{type(model).__name__}: no repeated encoder block found to wrap for FSDP; use strategy 'ddp'")
+def _strategy(config: TrainerConfig, world: int, local_world: int) -> Any:
+    if config.strategy == "fsdp":
+        return ShardedStrategy(num_nodes=max(1, world // local_world), ranks_per_node=local_world)
+    return "auto" if world == 1 and config.strategy == "ddp" else config.strategy
 
 
-class ObjectStoreFSDPStrategy(FSDPStrategy):
-    """FSDP whose full-state checkpoints go through the checkpoint IO with the path as given.
-
-    Lightning's ``FSDPStrategy.save_checkpoint`` turns the path into a ``pathlib.Path`` first, which
-    makes ``s3://b/x`` the local ``s3:/b/x``. ``train`` hands FSDP a local, weights-only-checked copy
-    of a remote checkpoint to load (:func:`_local_resume`).
-    """
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        if self._state_dict_type != "full":  # pragma: no cover - only "full" is configured
-            return super().save_checkpoint(checkpoint, filepath, storage_options)
-        if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(checkpoint, str(filepath))
-
-
-def _strategy(config: TrainerConfig, model: torch.nn.Module, world: int) -> Any:
-    if config.strategy != "fsdp":
-        return "auto" if world == 1 and config.strategy == "ddp" else config.strategy
-    from torch.distributed.fsdp import MixedPrecision
-
-    mixed = None
-    if config.precision in ("bf16-mixed", "16-mixed"):  # compute in low precision, reduce gradients in fp32
-        low = torch.bfloat16 if config.precision == "bf16-mixed" else torch.float16
-        mixed = MixedPrecision(param_dtype=low, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-    return ObjectStoreFSDPStrategy(
-        auto_wrap_policy={encoder_layer_class(model)},
-        mixed_precision=mixed,
-        use_orig_params=True,  # parameter names survive wrapping: decay groups and clipping by name
-        state_dict_type="full",
-        sharding_strategy="FULL_SHARD",
-    )
-
-
-def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, model: torch.nn.Module,
-             extra_callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
+def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, extra_callbacks: list[pl.Callback],
+             validate: bool = True) -> pl.Trainer:
     _, world, local_world = _world()
-    strategy = _strategy(config, model, world)
+    strategy = _strategy(config, world, local_world)
     checkpoint = ModelCheckpoint(
         dirpath=files.local_path(config.checkpoint_dir),
         filename="step-{step}",
@@ -241,13 +201,18 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
 
 def _per_node(value: Any) -> list[Any]:
     """``value`` of each node's local leader (the others pass None), in node order: one all-gather."""
+    return [v for v in _gather(value) if v is not None]
+
+
+def _gather(value: Any) -> list[Any]:
+    """``value`` of every rank, in rank order (one all-gather; ``[value]`` outside a process group)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return [value]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
-    return [v for v in gathered if v is not None]
+    return gathered
 
 
 def _local_resume(config: TrainerConfig, resume: str | None) -> str | None:
@@ -318,7 +283,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     logger = _mlflow_logger(config, rank)
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
-    trainer = _trainer(config, logger if logger is not None else False, module.model,
+    trainer = _trainer(config, logger if logger is not None else False,
                        [throughput, Progress(throughput, config.progress_every_seconds), export],
                        validate=not datamodule.is_empty("validation"))
 
@@ -357,6 +322,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "resumed_from": resume,
             "resumed_at_step": throughput.start_step if resume else None,
             "world_size": world,
+            "strategy": config.strategy,
+            "parameters_per_rank": _gather(local_parameters(module)),
             "precision": config.precision,  # as resolved on this machine ("auto" never appears here)
             "class_weights": weights,
             "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
