@@ -69,6 +69,7 @@ class Throughput(pl.Callback):
         self._val_seconds = 0.0
         # steady-state window: this rank's finished intervals awaiting the next all-reduce, and totals
         self._mark: Any = None  # clock at the current batch's start
+        self._mark_step = 0  # optimizer steps done before it
         self._current: tuple[int, int, int, int, int] | None = None  # (samples, tokens, B*T, B*T*T, B)
         self._clean = False  # nothing but training since the mark
         self._batches = 0  # batches started this epoch
@@ -132,7 +133,8 @@ class Throughput(pl.Callback):
         w = self.window
         seconds = w["seconds"]
         out: dict[str, Any] = {
-            "window_batches": w["steps"], "window_seconds": seconds, "window_first_step": self._first_step,
+            "window_batches": w["steps"], "window_seconds": seconds,
+            "window_first_step": self._first_step,  # optimizer steps done before the window's first batch
             "excludes": f"the first {self.warmup_steps} steps of each epoch, steps with a checkpoint save or "
                         "validation, the last step of each epoch",
             "clock": "cuda events" if self._cuda else "perf_counter",
@@ -181,10 +183,10 @@ class Throughput(pl.Callback):
         if self._mark is not None and self._clean and self._current is not None and self._batches > self.warmup_steps:
             self._intervals.append((self._mark, now, self._current))
             if self._first_step is None:
-                self._first_step = int(trainer.global_step)
+                self._first_step = self._mark_step
         b, t = batch["input_ids"].shape
         self._current = (int(batch.get("num_samples", b)), int(batch["num_tokens"]), b * t, b * t * t, b)
-        self._mark, self._clean = now, True
+        self._mark, self._mark_step, self._clean = now, int(trainer.global_step), True
         self._batches += 1
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
