@@ -108,6 +108,9 @@ class DataConfig(_Strict):
     local_cache_dir: str | None = None
     prefetch_factor: int = Field(2, ge=1)  # batches (windows) each worker reads ahead, with num_workers > 0
     shuffle_seed: int = 9176
+    # Length buckets run in one order on every rank (each step, all ranks the same length rank);
+    # "per_rank" (each rank its own order: ranks wait for the longest) only for comparison in benchmarks/.
+    bucket_order: Literal["shared", "per_rank"] = "shared"
     download_retry: int = Field(2, ge=0)
     # None: the run's node count, so each node streams and caches only its share of the shards. Saved
     # in every checkpoint's loader state and restored on resume (a world-size change is refused).
