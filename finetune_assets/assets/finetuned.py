@@ -39,7 +39,7 @@ class FinetuneConfig(dg.Config, HyperParameters):
 
     # Fields that cannot change the trained model: left out of the code version (staleness.py).
     unversioned: ClassVar[tuple[str, ...]] = ("run_name", "num_workers", "log_every_n_steps", "checkpoint_every_n_steps",
-                                             "progress_every_seconds")
+                                             "checkpoint_every_minutes", "progress_every_seconds")
 
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
 

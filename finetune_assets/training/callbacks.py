@@ -69,7 +69,8 @@ class Progress(pl.Callback):
         self._total: int | None = None
         self._t0 = self._last = 0.0
         self._step0 = 0
-        self._losses: list[float] = []
+        self._loss_sum: torch.Tensor | None = None
+        self._loss_count = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = pl_module.total_steps() if hasattr(pl_module, "total_steps") else trainer.estimated_stepping_batches
@@ -84,8 +85,9 @@ class Progress(pl.Callback):
         if not trainer.is_global_zero:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
-            self._losses.append(float(loss.detach()))  # rank 0 only, once per batch: one small host sync
+        if isinstance(loss, torch.Tensor):  # summed on the device: read (one host sync) only when reporting
+            self._loss_sum = loss.detach().float() + (self._loss_sum if self._loss_sum is not None else 0.0)
+            self._loss_count += 1
         if time.perf_counter() - self._last >= self.every_seconds:
             self.report(trainer)
 
@@ -98,7 +100,7 @@ class Progress(pl.Callback):
         step = int(trainer.global_step)
         rate_steps = (step - self._step0) / max(now - self._t0, 1e-9)
         samples_per_sec = self.throughput.estimated_samples(trainer.world_size) / max(self.throughput.elapsed(), 1e-9)
-        loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
+        loss = float(self._loss_sum) / self._loss_count if self._loss_sum is not None else float("nan")
         total = self._total
         eta = (total - step) / rate_steps if total is not None and rate_steps > 0 else float("inf")
         if total is not None and step >= total:
@@ -116,7 +118,7 @@ class Progress(pl.Callback):
             if math.isfinite(loss):
                 metrics["progress/loss"] = loss
             trainer.logger.log_metrics(metrics, step=step)
-        self._last, self._losses = now, []
+        self._last, self._loss_sum, self._loss_count = now, None, 0
         return line
 
 

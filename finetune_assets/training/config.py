@@ -70,7 +70,10 @@ class HyperParameters(_Strict):
     # benchmarks/results/train_throughput.json: 16 gave 6.22x vs 3.82x without, over the seed's pad-to-512.
     bucket_batches: int = Field(16, ge=1, description="length bucketing: sort windows of this many batches by "
                                                       "length before batching (less padding); 1: off")
-    checkpoint_every_n_steps: int = Field(200, ge=1)
+    checkpoint_every_n_steps: int | None = Field(None, ge=1, description="checkpoint every this many optimizer "
+                                                 "steps; null: every checkpoint_every_minutes")
+    checkpoint_every_minutes: float = Field(10.0, gt=0, description="wall-clock checkpoint interval (rank 0 decides "
+                                            "for all); on a GPU the file is written in the background")
     log_every_n_steps: int = Field(10, ge=1)
     progress_every_seconds: float = Field(30.0, ge=1, description="rank 0's progress line (Dagster log + MLflow): "
                                                                   "a steady pace on any hardware")

@@ -134,7 +134,10 @@ class ReviewClassifier(pl.LightningModule):
         out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
         bs = batch["labels"].shape[0]
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=False)
+        # The mean over all ranks, reduced once per log interval and once per epoch (not every step).
+        if (batch_idx + 1) % (self.trainer.log_every_n_steps * self.trainer.accumulate_grad_batches) == 0:
+            self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, batch_size=bs, sync_dist=True)
+        self.log("train/loss_epoch", loss.detach(), on_step=False, on_epoch=True, batch_size=bs, sync_dist=True)
         return loss  # samples, tokens and seconds are counted by callbacks.Throughput
 
     # -- evaluation ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import time
@@ -139,14 +140,28 @@ def _strategy(config: TrainerConfig, world: int, local_world: int) -> Any:
     return "auto" if world == 1 and config.strategy == "ddp" else config.strategy
 
 
+def checkpoint_io(config: TrainerConfig) -> Any:
+    """Atomic writes; on a GPU in a background thread (Lightning's ``AsyncCheckpointIO`` copies the state
+    on the device first, then training goes on while rank 0 writes). On CPU the copy and the writer
+    would compete with training for the same cores: written in place, as before."""
+    atomic = files.AtomicCheckpointIO()
+    if config.accelerator != "cpu" and torch.cuda.is_available():
+        from pytorch_lightning.plugins.io import AsyncCheckpointIO
+
+        return AsyncCheckpointIO(atomic)
+    return atomic
+
+
 def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, extra_callbacks: list[pl.Callback],
              validate: bool = True) -> pl.Trainer:
     _, world, local_world = _world()
     strategy = _strategy(config, world, local_world)
-    checkpoint = ModelCheckpoint(
+    by_steps = config.checkpoint_every_n_steps
+    checkpoint = ModelCheckpoint(  # on a time interval Lightning broadcasts rank 0's decision: no rank skips a save
         dirpath=files.local_path(config.checkpoint_dir),
         filename="step-{step}",
-        every_n_train_steps=config.checkpoint_every_n_steps,
+        every_n_train_steps=by_steps,
+        train_time_interval=None if by_steps else datetime.timedelta(minutes=config.checkpoint_every_minutes),
         save_top_k=0,
         save_last=True,
     )
@@ -172,7 +187,7 @@ def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, extra_callbacks
         limit_test_batches=config.limit_test_batches,
         logger=logger,
         callbacks=callbacks,
-        plugins=[files.AtomicCheckpointIO()],
+        plugins=[checkpoint_io(config)],
         enable_progress_bar=False,
         default_root_dir=files.local_path(config.checkpoint_dir),
     )
@@ -193,6 +208,7 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
         tags=dict(m.tags) or None,
         artifact_location=m.artifact_location,
         run_id=run_id,
+        synchronous=False,  # metrics are queued and sent by mlflow's thread; finalize() flushes the queue
     )
     files.write_json_atomic(run_file, {"run_id": logger.run_id, "experiment_id": logger.experiment_id})
     logger.log_hyperparams(config.hparams())
