@@ -8,14 +8,14 @@ trainer's own ``train()``:
   non-empty decay group: FSDP with ``use_orig_params`` flattens parameters);
 - fit then test (FSDP must not re-wrap its flattened model for the test);
 - checkpoints under an object-store-style URL (``memory://``: an fsspec URL, what ``s3://`` goes
-  through), then the same config again, which must resume from that URL at the final step;
-- throughput from the trainer's ``metrics.json`` (samples/s, tokens/s over the training time) and
-  MFU = 6 x non-embedding parameters x tokens/s (+ attention) / the GPU's peak bf16 FLOP/s.
+  through): a first run stops half-way, the second resumes from that URL and trains to the end;
+- throughput from the trainer's ``metrics.json``: samples/s, tokens/s and MFU over its steady-state
+  window (training steps only, CUDA events; training/throughput.py).
 
 Run on the GPU machine from the repository root (after ``pip install -e .``)::
 
     python benchmarks/gpu_smoke.py            # results: benchmarks/results/gpu_smoke.json (and $OUT/)
-    python benchmarks/gpu_smoke.py --cpu-check  # the script's plumbing on CPU: tiny model, ddp, fp32
+    python benchmarks/gpu_smoke.py --cpu-check  # the script's plumbing on CPU: tiny model, ddp + fsdp, fp32
 
 Exit status 0 only when every case passed; each case's checks and numbers are in the JSON.
 """
@@ -44,8 +44,6 @@ from finetune_assets.training.run import train
 from finetune_assets_tests.tiny_models import build_tiny_bert
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_smoke.json"
-# Peak dense bf16 FLOP/s by device name (vendor data sheets); MFU is left out for unknown devices.
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 
 
 class _Lines(logging.Handler):
@@ -83,16 +81,6 @@ def base_size_bert(out: Path) -> Path:
     return out
 
 
-def flops_per_token(model_dir: str, mean_tokens: float) -> float:
-    """Training FLOPs per token: 6 x non-embedding parameters + attention (12 x layers x width x length)."""
-    from transformers import AutoConfig
-
-    c = AutoConfig.from_pretrained(model_dir)
-    d, layers, ff = c.hidden_size, c.num_hidden_layers, c.intermediate_size
-    per_layer = 4 * d * d + 2 * d * ff  # attention projections + feed-forward weights
-    return 6 * layers * per_layer + 12 * layers * d * mean_tokens
-
-
 def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, cpu: bool, steps: int,
              batch: int) -> dict:
     url = f"memory://gpu-smoke/{name}/ckpt"
@@ -113,26 +101,26 @@ def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, c
     checks: dict[str, bool] = {}
     result: dict = {"case": name, "strategy": strategy}
     try:
+        half = max(1, steps // 2)
         t0 = time.time()
-        first = train(TrainerConfig.from_dict(cfg))
+        first = train(TrainerConfig.from_dict({**cfg, "max_steps": half}))  # stops half-way, checkpoint written
         result["first_run_seconds"] = time.time() - t0
         decay = [line for line in lines.lines if line.startswith("AdamW:")]
         result["decay_groups"] = decay
-        checks["fit_then_test"] = first["confusion_matrix"] is not None and first["global_step"] == steps
+        checks["fit_then_test"] = first["confusion_matrix"] is not None and first["global_step"] == half
         checks["each_test_sample_once"] = sum(map(sum, first["confusion_matrix"])) == first["test_samples"]
         checks["decay_group_non_empty"] = bool(decay) and not decay[0].startswith("AdamW: 0 ")
         checks["checkpoint_at_object_store_url"] = fsspec.filesystem("memory").exists(f"/gpu-smoke/{name}/ckpt/last.ckpt")
-        again = train(TrainerConfig.from_dict(cfg))  # resumes from the memory:// checkpoint, at its end
-        checks["resumed_from_object_store_url"] = again["resumed_from"] == f"{url}/last.ckpt" and \
-            again["global_step"] == steps
-        for key in ("samples_per_sec", "tokens_per_sec", "train_seconds", "samples_seen", "tokens_seen", "timings"):
-            result[key] = first[key]
+        again = train(TrainerConfig.from_dict(cfg))  # resumes from the memory:// checkpoint and trains on
+        result["resume"] = {k: again[k] for k in ("resumed_from", "resumed_at_step", "global_step")}
+        checks["resumed_and_trained_more"] = (again["resumed_from"] == f"{url}/last.ckpt"
+                                              and again["resumed_at_step"] == half and again["global_step"] == steps)
+        checks["exported_and_predicts"] = (work / name / "out" / "model" / "model.safetensors").exists()
+        for key in ("samples_per_sec", "tokens_per_sec", "train_seconds", "samples_seen", "tokens_seen", "timings",
+                    "throughput"):
+            result[key] = again[key]  # the steady-state window of the resumed run (its own start-up excluded)
         if not cpu:
-            name_gpu = torch.cuda.get_device_name()
-            peak = next((v for k, v in PEAK_BF16.items() if k in name_gpu), None)
-            mean_tokens = first["tokens_seen"] / max(1, first["samples_seen"])
-            achieved = first["tokens_per_sec"] * flops_per_token(model_dir, mean_tokens)
-            result.update(device=name_gpu, achieved_tflops=achieved / 1e12, mfu=achieved / peak if peak else None,
+            result.update(device=torch.cuda.get_device_name(), mfu=again["throughput"]["mfu"],
                           max_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
             torch.cuda.reset_peak_memory_stats()
     except Exception as err:  # noqa: BLE001 - one case's failure is recorded, the others still run
@@ -148,7 +136,7 @@ def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, c
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cpu-check", action="store_true", help="tiny model, ddp only, fp32 on CPU")
+    parser.add_argument("--cpu-check", action="store_true", help="tiny model, ddp and fsdp, fp32 on CPU")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
@@ -164,7 +152,7 @@ def main() -> int:
         data = write_data(work / "data", {"train": n, "validation": 3 * batch + 1, "test": 4 * batch + 3})
         if args.cpu_check:
             models = {"tiny": str(build_tiny_bert(work / "tiny"))}
-            strategies = ["ddp"]
+            strategies = ["ddp", "fsdp"]
         else:
             models = {"minilm": str(packaged_model_dir()), "bert_base": str(base_size_bert(work / "bert-base"))}
             strategies = ["ddp", "fsdp"]

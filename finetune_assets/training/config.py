@@ -58,8 +58,9 @@ class HyperParameters(_Strict):
                                                      "(the run records what it used); 32, bf16-mixed, 16-mixed (GPU)")
     accumulate_grad_batches: int = Field(1, ge=1)
     gradient_clip_val: float | None = Field(None, gt=0, description="clip gradients to this norm (null: off)")
-    strategy: Strategy = Field("ddp", description="ddp, or fsdp (FSDP2: each encoder block sharded over a node's "
-                                                 "ranks, replicated across nodes)")
+    strategy: Strategy = Field("ddp", description="ddp; fsdp (FSDP2: each encoder block sharded over a node's "
+                                                 "ranks, replicated across nodes); auto: fsdp above 1B "
+                                                 "parameters on more than one process, else ddp")
     accelerator: Accelerator = Field("auto", description="auto, cpu or gpu")
     seed: int = 42
     class_weights: ClassWeights = Field("balanced", description="balanced: loss weights n / (classes * count) from "

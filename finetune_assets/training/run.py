@@ -134,10 +134,18 @@ def _init_process_group(config: TrainerConfig) -> str | None:
     return token
 
 
-def _strategy(config: TrainerConfig, world: int, local_world: int) -> Any:
-    if config.strategy == "fsdp":
+# "auto" shards models above this many parameters: below it DDP's one all-reduce per step beats
+# FSDP's per-block all-gathers, and a replica (weights, grads, Adam: 16 bytes/parameter) fits a GPU.
+FSDP_ABOVE_PARAMETERS = 1_000_000_000
+
+
+def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: int = 0) -> Any:
+    strategy = config.strategy
+    if strategy == "auto":
+        strategy = "fsdp" if parameters > FSDP_ABOVE_PARAMETERS and world > 1 else "ddp"
+    if strategy == "fsdp":
         return ShardedStrategy(num_nodes=max(1, world // local_world), ranks_per_node=local_world)
-    return "auto" if world == 1 and config.strategy == "ddp" else config.strategy
+    return "auto" if world == 1 else "ddp"
 
 
 def checkpoint_io(config: TrainerConfig) -> Any:
@@ -153,9 +161,9 @@ def checkpoint_io(config: TrainerConfig) -> Any:
 
 
 def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, extra_callbacks: list[pl.Callback],
-             validate: bool = True) -> pl.Trainer:
+             validate: bool = True, parameters: int = 0) -> pl.Trainer:
     _, world, local_world = _world()
-    strategy = _strategy(config, world, local_world)
+    strategy = _strategy(config, world, local_world, parameters)
     by_steps = config.checkpoint_every_n_steps
     checkpoint = ModelCheckpoint(  # on a time interval Lightning broadcasts rank 0's decision: no rank skips a save
         dirpath=files.local_path(config.checkpoint_dir),
@@ -301,7 +309,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
     trainer = _trainer(config, logger if logger is not None else False,
                        [throughput, Progress(throughput, config.progress_every_seconds), export],
-                       validate=not datamodule.is_empty("validation"))
+                       validate=not datamodule.is_empty("validation"),
+                       parameters=sum(p.numel() for p in module.parameters()))
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
     resume = last if files.exists(last) else None

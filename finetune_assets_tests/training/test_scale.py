@@ -175,6 +175,10 @@ def test_fsdp_is_fsdp2_replicated_across_nodes_and_sharded_within_one():
     assert isinstance(strategy, ShardedStrategy)
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (2, 4)  # (nodes, ranks per node)
     assert strategy._save_distributed_checkpoint is False  # one last.ckpt, as under DDP
+    auto = config.model_copy(update={"strategy": "auto"})
+    assert _strategy(auto, world=8, local_world=4, parameters=110_000_000) == "ddp"  # BERT-base: a replica fits
+    assert isinstance(_strategy(auto, world=8, local_world=4, parameters=3_000_000_000), ShardedStrategy)
+    assert _strategy(auto, world=1, local_world=1, parameters=3_000_000_000) == "auto"  # one process: no wrapper
     with pytest.raises(ConfigError, match="'16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed'"):
         TrainerConfig.from_dict({**config.to_dict(), "precision": "16-mixed", "accelerator": "gpu"})
 
