@@ -10,9 +10,8 @@ same config but ``data.bucket_order``; each run is the trainer under ``torchrun 
 (gloo, one thread per process), ``--steps`` optimizer steps, batch 8, ``bucket_batches`` 16, fp32.
 Step time is the trainer's steady-state window (no start-up, validation or checkpoint saves).
 
-Padding: each rank's batch widths in training order, replayed from the trainer's own loader
-(rank 0 and 1 as two one-process nodes, so each replays alone); a step costs the wider of the two
-ranks' batches. ``padded_tokens_per_real_token`` = sum over steps of 2 x max width x batch / real tokens.
+Padding: each rank's batch widths in training order, replayed from the trainer's own loader (rank 0
+and 1 as two one-process nodes of one process group); a step costs the wider of the two ranks' batches. ``padded_tokens_per_real_token`` = sum over steps of 2 x max width x batch / real tokens.
 
     nice -n 10 python benchmarks/bucket_order.py [--steps 60]     # results: results/bucket_order.json
     nice -n 10 python benchmarks/bucket_order.py --padding-only   # the replay alone (no training)
@@ -115,15 +114,18 @@ def replay(cfg: Path, rank: int, steps: int) -> list[tuple[int, int]]:
 
 
 def padding(cfg: Path, steps: int) -> dict:
-    widths = []
-    for rank in (0, 1):  # two one-process "nodes": each replays alone, as its own local leader
+    procs = []
+    for rank in (0, 1):  # two one-process "nodes" in one process group: each is its node's local leader
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
-        proc = subprocess.run([sys.executable, __file__, "--replay", str(cfg), str(rank), str(steps)], env=env,
-                              capture_output=True, text=True, cwd=REPO)
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29631"}
+        procs.append(subprocess.Popen([sys.executable, __file__, "--replay", str(cfg), str(rank), str(steps)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
+    widths = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=1800)
         if proc.returncode:
-            raise RuntimeError(proc.stderr[-3000:])
-        widths.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            raise RuntimeError(err[-3000:])
+        widths.append(json.loads(out.strip().splitlines()[-1]))
     both = list(zip(*widths))
     lockstep = sum(2 * max(b0 * t0, b1 * t1) for (b0, t0), (b1, t1) in both)
     own = sum(b * t for rank in widths for b, t in rank)
@@ -135,12 +137,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--padding-only", action="store_true", help="only the loader replay (no training)")
+    parser.add_argument("--no-padding", action="store_true", help="only the timed runs (no loader replay)")
     parser.add_argument("--replay", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.replay:
         print(json.dumps(replay(Path(args.replay[0]), int(args.replay[1]), int(args.replay[2]))))
         return
-    result: dict = {"command": " ".join(["nice -n 10 python", *sys.argv]),
+    result: dict = {"command": " ".join(["nice -n 10 python", *sys.argv]), "uptime_start": uptime(),
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
                     "setup": "torchrun 2 processes, gloo, OMP 1 thread each, packaged all-MiniLM-L6-v2, fp32, "
                              "batch 8, bucket_batches 16, real reviews", "runs": {}}
@@ -150,14 +153,16 @@ def main() -> None:
         for order in ORDERS:
             cfg = config(root, order, args.steps)
             timed = {} if args.padding_only else train(cfg)
-            result["runs"][order] = {**timed, "padding": padding(cfg, args.steps)}
+            result["runs"][order] = {**timed, **({} if args.no_padding else {"padding": padding(cfg, args.steps)})}
             print(order, json.dumps(result["runs"][order]), flush=True)
     per, shared = result["runs"]["per_rank"], result["runs"]["shared"]
-    result["shared_vs_per_rank"] = {
-        "lockstep_padded_tokens_ratio": round(shared["padding"]["padded_tokens_lockstep"]
-                                              / per["padding"]["padded_tokens_lockstep"], 3)}
+    result["shared_vs_per_rank"] = {}
+    if not args.no_padding:
+        result["shared_vs_per_rank"]["lockstep_padded_tokens_ratio"] = round(
+            shared["padding"]["padded_tokens_lockstep"] / per["padding"]["padded_tokens_lockstep"], 3)
     if not args.padding_only:
         result["shared_vs_per_rank"]["step_time_ratio"] = round(shared["step_seconds"] / per["step_seconds"], 3)
+    result["uptime_end"] = uptime()
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -8,7 +8,8 @@ trainer's own ``train()``:
   non-empty decay group: FSDP with ``use_orig_params`` flattens parameters);
 - fit then test (FSDP must not re-wrap its flattened model for the test);
 - checkpoints under an object-store-style URL (``memory://``: an fsspec URL, what ``s3://`` goes
-  through): a first run stops half-way, the second resumes from that URL and trains to the end;
+  through), then the same config again, which must resume from that URL at the final step; and a
+  run SIGKILLed right after its half-way checkpoint, resumed by ``train()``, which trains to the end;
 - throughput from the trainer's ``metrics.json``: samples/s, tokens/s and MFU over its steady-state
   window (training steps only, CUDA events; training/throughput.py).
 
@@ -81,6 +82,24 @@ def base_size_bert(out: Path) -> Path:
     return out
 
 
+def killed_and_resumed(cfg: dict, work: Path) -> dict:
+    """One process trains until its first checkpoint exists and is SIGKILLed; ``train()`` then resumes it."""
+    import signal
+    import subprocess
+
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "killed.json").write_text(json.dumps(cfg))
+    last = Path(cfg["checkpoint_dir"]) / "last.ckpt"
+    proc = subprocess.Popen([sys.executable, "-m", "finetune_assets.training", "--config", str(work / "killed.json")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not last.exists() and proc.poll() is None:
+        time.sleep(0.02)
+    killed = proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return {**train(TrainerConfig.from_dict(cfg)), "killed": killed}
+
+
 def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, cpu: bool, steps: int,
              batch: int) -> dict:
     url = f"memory://gpu-smoke/{name}/ckpt"
@@ -101,26 +120,29 @@ def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, c
     checks: dict[str, bool] = {}
     result: dict = {"case": name, "strategy": strategy}
     try:
-        half = max(1, steps // 2)
         t0 = time.time()
-        first = train(TrainerConfig.from_dict({**cfg, "max_steps": half}))  # stops half-way, checkpoint written
+        first = train(TrainerConfig.from_dict(cfg))
         result["first_run_seconds"] = time.time() - t0
         decay = [line for line in lines.lines if line.startswith("AdamW:")]
         result["decay_groups"] = decay
-        checks["fit_then_test"] = first["confusion_matrix"] is not None and first["global_step"] == half
+        checks["fit_then_test"] = first["confusion_matrix"] is not None and first["global_step"] == steps
         checks["each_test_sample_once"] = sum(map(sum, first["confusion_matrix"])) == first["test_samples"]
         checks["decay_group_non_empty"] = bool(decay) and not decay[0].startswith("AdamW: 0 ")
         checks["checkpoint_at_object_store_url"] = fsspec.filesystem("memory").exists(f"/gpu-smoke/{name}/ckpt/last.ckpt")
-        again = train(TrainerConfig.from_dict(cfg))  # resumes from the memory:// checkpoint and trains on
-        result["resume"] = {k: again[k] for k in ("resumed_from", "resumed_at_step", "global_step")}
-        checks["resumed_and_trained_more"] = (again["resumed_from"] == f"{url}/last.ckpt"
-                                              and again["resumed_at_step"] == half and again["global_step"] == steps)
+        again = train(TrainerConfig.from_dict(cfg))  # resumes from the memory:// checkpoint, at its end
+        checks["resumed_from_object_store_url"] = again["resumed_from"] == f"{url}/last.ckpt" and \
+            again["global_step"] == steps
+        killed = killed_and_resumed({**cfg, "checkpoint_dir": str(work / name / "killed-ckpt"),
+                                     "output_dir": str(work / name / "killed-out")}, work / name)
+        result["killed_and_resumed"] = {k: killed.get(k) for k in ("resumed_at_step", "global_step", "killed")}
+        checks["killed_mid_run_resumes_and_trains_more"] = bool(killed.get("killed")) and \
+            0 < (killed.get("resumed_at_step") or 0) < steps == killed.get("global_step")
         checks["exported_and_predicts"] = (work / name / "out" / "model" / "model.safetensors").exists()
         for key in ("samples_per_sec", "tokens_per_sec", "train_seconds", "samples_seen", "tokens_seen", "timings",
                     "throughput"):
-            result[key] = again[key]  # the steady-state window of the resumed run (its own start-up excluded)
+            result[key] = first[key]
         if not cpu:
-            result.update(device=torch.cuda.get_device_name(), mfu=again["throughput"]["mfu"],
+            result.update(device=torch.cuda.get_device_name(), mfu=first["throughput"]["mfu"],
                           max_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
             torch.cuda.reset_peak_memory_stats()
     except Exception as err:  # noqa: BLE001 - one case's failure is recorded, the others still run

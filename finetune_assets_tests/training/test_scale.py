@@ -313,3 +313,22 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
     with pytest.raises(LayoutChanged, match=r"written on 2 nodes x 1 processes .* this run has 1 nodes x 2 "
                                             r"processes.*Relaunch with nnodes 2 x nproc_per_node 1"):
         module.on_load_checkpoint(checkpoint)
+
+
+def test_fsdp_shards_within_a_node_and_replicates_across_nodes():
+    """The strategy's (nodes x ranks per node) mesh: 1-D over the ranks on one node, HSDP's 2-D mesh across nodes."""
+    from finetune_assets.training.sharding import fsdp_mesh
+
+    class Mesh:  # a DeviceMesh's shape and names, which is all fsdp_mesh reads
+        def __init__(self, shape):
+            self.shape, self.mesh_dim_names = shape, ("data_parallel", "tensor_parallel")
+
+        def size(self, dim):
+            return self.shape[dim]
+
+        def __getitem__(self, name):
+            return ("1-D", name, self.shape[self.mesh_dim_names.index(name)])
+
+    assert fsdp_mesh(Mesh((1, 8))) == ("1-D", "tensor_parallel", 8)  # one node: shard over its 8 ranks
+    two_nodes = Mesh((2, 8))
+    assert fsdp_mesh(two_nodes) is two_nodes  # replicate across the 2 nodes, shard within each
