@@ -239,14 +239,14 @@ def _gather(value: Any) -> list[Any]:
     return gathered
 
 
-def _local_resume(config: TrainerConfig, resume: str | None) -> str | None:
-    """The checkpoint path to hand Lightning; under FSDP a local copy, refused unless it loads weights-only.
+def _local_resume(resume: str | None) -> str | None:
+    """The checkpoint path to hand Lightning: a node-local copy, refused unless it loads weights-only.
 
-    Lightning's FSDP loader makes the path a ``pathlib.Path`` (``s3://`` breaks) and unpickles it
-    without ``weights_only``: local rank 0 downloads it into the scratch folder and checks it the way
-    DDP's loader would, while the node's other ranks wait.
+    A remote checkpoint (``s3://``) is downloaded once per node, by local rank 0 into the scratch
+    folder, while the node's other ranks wait; they all read that copy (not one download per rank of
+    a multi-GB file). The FSDP loader also needs a local path: it makes the path a ``pathlib.Path``.
     """
-    if resume is None or config.strategy != "fsdp":
+    if resume is None:
         return resume
     import torch.distributed as dist
 
@@ -319,7 +319,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     timings: dict[str, float] = {"setup": time.time() - t0}
     t = time.time()
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=_local_resume(config, resume), weights_only=True)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=_local_resume(resume), weights_only=True)
         timings["fit"] = time.time() - t  # with the Hugging Face export (on_fit_end)
         # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
         t = time.time()
