@@ -90,14 +90,19 @@ def killed_and_resumed(cfg: dict, work: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     (work / "killed.json").write_text(json.dumps(cfg))
     last = Path(cfg["checkpoint_dir"]) / "last.ckpt"
+    # Not this process's process-group variables (an in-process FSDP run set them, its store holds the port)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")}
     proc = subprocess.Popen([sys.executable, "-m", "finetune_assets.training", "--config", str(work / "killed.json")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=open(work / "killed.log", "w"), env=env)
     while not last.exists() and proc.poll() is None:
         time.sleep(0.02)
     killed = proc.poll() is None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    return {**train(TrainerConfig.from_dict(cfg)), "killed": killed}
+    if not killed:
+        return {"killed": False, "exit": proc.returncode, "log": (work / "killed.log").read_text()[-2000:]}
+    return {**train(TrainerConfig.from_dict(cfg)), "killed": True}
 
 
 def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, cpu: bool, steps: int,
@@ -134,7 +139,8 @@ def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, c
             again["global_step"] == steps
         killed = killed_and_resumed({**cfg, "checkpoint_dir": str(work / name / "killed-ckpt"),
                                      "output_dir": str(work / name / "killed-out")}, work / name)
-        result["killed_and_resumed"] = {k: killed.get(k) for k in ("resumed_at_step", "global_step", "killed")}
+        result["killed_and_resumed"] = {k: killed.get(k) for k in ("resumed_at_step", "global_step", "killed", "exit",
+                                                                   "log")}
         checks["killed_mid_run_resumes_and_trains_more"] = bool(killed.get("killed")) and \
             0 < (killed.get("resumed_at_step") or 0) < steps == killed.get("global_step")
         checks["exported_and_predicts"] = (work / name / "out" / "model" / "model.safetensors").exists()

@@ -22,21 +22,36 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-CHECKPOINT_KEY = "review_classifier"  # the totals' place in a checkpoint (the module keeps world_size there)
+CHECKPOINT_KEY = (
+    "review_classifier"  # the totals' place in a checkpoint (the module keeps world_size there)
+)
 # Peak dense bf16 FLOP/s per device by name (vendor data sheets); MFU is left out for other devices.
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+PEAK_BF16 = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+}
 
 
 def train_flops(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(per token, per token x sequence length, per sequence): a training step on a ``[B, T]`` batch
-    costs ``B * (a*T + b*T*T + c)`` FLOPs. Each ``nn.Linear`` weight in the encoder blocks costs 2 FLOPs
-    per token forward and 4 backward; attention's scores and weighted sum 4 x width per token pair and
-    layer forward, 8 backward; the head's layers (pooler, classifier) see one token per sequence."""
+    """(per token, per token x sequence length, per sequence): a training step on a ``[B, T]``
+    batch costs ``B * (a*T + b*T*T + c)`` FLOPs. Each ``nn.Linear`` weight in the encoder blocks
+    costs 2 FLOPs per token forward and 4 backward; attention's scores and weighted sum 4 x width
+    per token pair and layer forward, 8 backward; the head's layers (pooler, classifier) see one
+    token per sequence."""
     from finetune_assets.training.sharding import encoder_layer_class
 
     block = encoder_layer_class(model)
-    per_token = sum(m.weight.numel() for b in model.modules() if isinstance(b, block)
-                    for m in b.modules() if isinstance(m, torch.nn.Linear))
+    per_token = sum(
+        m.weight.numel()
+        for b in model.modules()
+        if isinstance(b, block)
+        for m in b.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
     every = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     config = getattr(model, "config", None)
     layers, width = getattr(config, "num_hidden_layers", 0), getattr(config, "hidden_size", 0)
@@ -51,7 +66,7 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 class Throughput(pl.Callback):
-    """Samples and tokens seen by all ranks and training seconds as run totals, plus the steady-state window.
+    """Samples, tokens (all ranks) and training seconds as run totals, and the steady-state window.
 
     Counted per batch from the loader's Python ints (no device sync) and all-reduced only at the log
     interval, epoch ends and checkpoints, which every rank reaches together.
@@ -67,14 +82,24 @@ class Throughput(pl.Callback):
         self._t_epoch: float | None = None
         self._t_val: float | None = None
         self._val_seconds = 0.0
-        # steady-state window: this rank's finished intervals awaiting the next all-reduce, and totals
+        # steady-state window: this rank's intervals awaiting the next all-reduce, and totals
         self._mark: Any = None  # clock at the current batch's start
         self._mark_step = 0  # optimizer steps done before it
-        self._current: tuple[int, int, int, int, int] | None = None  # (samples, tokens, B*T, B*T*T, B)
+        self._current: tuple[int, int, int, int, int] | None = (
+            None  # (samples, tokens, B*T, B*T*T, B)
+        )
         self._clean = False  # nothing but training since the mark
         self._batches = 0  # batches started this epoch
         self._intervals: list[tuple[Any, Any, tuple[int, ...]]] = []
-        self.window = {"steps": 0, "samples": 0, "tokens": 0, "seconds": 0.0, "bt": 0, "btt": 0, "b": 0}
+        self.window = {
+            "steps": 0,
+            "samples": 0,
+            "tokens": 0,
+            "seconds": 0.0,
+            "bt": 0,
+            "btt": 0,
+            "b": 0,
+        }
         self._first_step: int | None = None
         self._flops: tuple[int, int, int] = (0, 0, 0)
         self._peak: float | None = None
@@ -106,10 +131,14 @@ class Throughput(pl.Callback):
             for i, c in enumerate(counts):
                 w[i + 1] += c
         self._intervals = []
-        counts = torch.tensor(self._pending + w, dtype=torch.int64, device=trainer.strategy.root_device)
+        counts = torch.tensor(
+            self._pending + w, dtype=torch.int64, device=trainer.strategy.root_device
+        )
         counts = trainer.strategy.reduce(counts, reduce_op="sum")
-        slowest = trainer.strategy.reduce(torch.tensor(seconds, dtype=torch.float64,
-                                                       device=trainer.strategy.root_device), reduce_op="max")
+        slowest = trainer.strategy.reduce(
+            torch.tensor(seconds, dtype=torch.float64, device=trainer.strategy.root_device),
+            reduce_op="max",
+        )
         self._pending = [0, 0]
         self.samples_seen += int(counts[0])
         self.tokens_seen += int(counts[1])
@@ -121,11 +150,15 @@ class Throughput(pl.Callback):
 
     def elapsed(self) -> float:
         """Training seconds so far (this epoch's included, validation excluded)."""
-        running = time.perf_counter() - self._t_epoch - self._val_seconds if self._t_epoch is not None else 0.0
+        running = (
+            time.perf_counter() - self._t_epoch - self._val_seconds
+            if self._t_epoch is not None
+            else 0.0
+        )
         return self.train_seconds + running
 
     def estimated_samples(self, world: int) -> int:
-        """The run total, this rank's unsynchronised samples counted ``world`` times (no collective)."""
+        """The run total, this rank's unsynced samples counted ``world`` times (no collective)."""
         return self.samples_seen + self._pending[0] * world
 
     def steady_state(self) -> dict[str, Any]:
@@ -133,33 +166,44 @@ class Throughput(pl.Callback):
         w = self.window
         seconds = w["seconds"]
         out: dict[str, Any] = {
-            "window_batches": w["steps"], "window_seconds": seconds,
-            "window_first_step": self._first_step,  # optimizer steps done before the window's first batch
-            "excludes": f"the first {self.warmup_steps} steps of each epoch, steps with a checkpoint save or "
-                        "validation, the last step of each epoch",
+            "window_batches": w["steps"],
+            "window_seconds": seconds,
+            "window_first_step": self._first_step,  # steps done before the window's first batch
+            "excludes": f"the first {self.warmup_steps} steps of each epoch, steps with a "
+            "checkpoint save or validation, the last step of each epoch",
             "clock": "cuda events" if self._cuda else "perf_counter",
-            "samples_per_sec": None, "tokens_per_sec": None, "flops_per_sec": None, "mfu": None,
+            "samples_per_sec": None,
+            "tokens_per_sec": None,
+            "flops_per_sec": None,
+            "mfu": None,
             "peak_flops_per_sec": self._peak,
-            "flops_per_token": self._flops[0], "flops_per_token_per_length": self._flops[1],
+            "flops_per_token": self._flops[0],
+            "flops_per_token_per_length": self._flops[1],
             "flops_per_sequence": self._flops[2],
         }
         if seconds > 0:
             flops = self._flops[0] * w["bt"] + self._flops[1] * w["btt"] + self._flops[2] * w["b"]
-            out.update(samples_per_sec=w["samples"] / seconds, tokens_per_sec=w["tokens"] / seconds,
-                       flops_per_sec=flops / seconds)
+            out.update(
+                samples_per_sec=w["samples"] / seconds,
+                tokens_per_sec=w["tokens"] / seconds,
+                flops_per_sec=flops / seconds,
+            )
             if self._peak:
                 out["mfu"] = flops / seconds / self._peak
         return out
 
     def summary(self) -> dict[str, Any]:
-        """samples/s and tokens/s over the steady-state window (whole training time when it is empty)."""
+        """samples/s and tokens/s over the steady-state window (else over the training time)."""
         steady = self.steady_state()
         seconds = max(self.train_seconds, 1e-9)
-        return {"samples_seen": self.samples_seen, "tokens_seen": self.tokens_seen,
-                "train_seconds": self.train_seconds,
-                "samples_per_sec": steady["samples_per_sec"] or self.samples_seen / seconds,
-                "tokens_per_sec": steady["tokens_per_sec"] or self.tokens_seen / seconds,
-                "throughput": steady}
+        return {
+            "samples_seen": self.samples_seen,
+            "tokens_seen": self.tokens_seen,
+            "train_seconds": self.train_seconds,
+            "samples_per_sec": steady["samples_per_sec"] or self.samples_seen / seconds,
+            "tokens_per_sec": steady["tokens_per_sec"] or self.tokens_seen / seconds,
+            "throughput": steady,
+        }
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -177,31 +221,59 @@ class Throughput(pl.Callback):
         self._t_epoch, self._val_seconds = time.perf_counter(), 0.0
         self._mark, self._current, self._batches = None, None, 0
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         now = self._now()
-        if self._mark is not None and self._clean and self._current is not None and self._batches > self.warmup_steps:
+        if (
+            self._mark is not None
+            and self._clean
+            and self._current is not None
+            and self._batches > self.warmup_steps
+        ):
             self._intervals.append((self._mark, now, self._current))
             if self._first_step is None:
                 self._first_step = self._mark_step
         b, t = batch["input_ids"].shape
-        self._current = (int(batch.get("num_samples", b)), int(batch["num_tokens"]), b * t, b * t * t, b)
+        self._current = (
+            int(batch.get("num_samples", b)),
+            int(batch["num_tokens"]),
+            b * t,
+            b * t * t,
+            b,
+        )
         self._mark, self._mark_step, self._clean = now, int(trainer.global_step), True
         self._batches += 1
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         bs = batch["labels"].shape[0]
         self._pending[0] += int(batch.get("num_samples", bs))
         self._pending[1] += int(batch["num_tokens"])
         if (batch_idx + 1) % (trainer.log_every_n_steps * trainer.accumulate_grad_batches):
             return
         self._sync(trainer)  # batch_idx is the same on every rank: they all get here together
-        pl_module.log("train/samples_seen", float(self.samples_seen), on_step=True, on_epoch=False, batch_size=bs)
+        pl_module.log(
+            "train/samples_seen",
+            float(self.samples_seen),
+            on_step=True,
+            on_epoch=False,
+            batch_size=bs,
+        )
         steady = self.steady_state()
         if steady["samples_per_sec"]:
-            pl_module.log("throughput/samples_per_sec", steady["samples_per_sec"], on_step=True, batch_size=bs)
-            pl_module.log("throughput/tokens_per_sec", steady["tokens_per_sec"], on_step=True, batch_size=bs)
+            pl_module.log(
+                "throughput/samples_per_sec", steady["samples_per_sec"], on_step=True, batch_size=bs
+            )
+            pl_module.log(
+                "throughput/tokens_per_sec", steady["tokens_per_sec"], on_step=True, batch_size=bs
+            )
             if steady["mfu"] is not None:
                 pl_module.log("throughput/mfu", steady["mfu"], on_step=True, batch_size=bs)
 
@@ -224,19 +296,31 @@ class Throughput(pl.Callback):
         self._sync(trainer)
         if trainer.is_global_zero and trainer.logger:
             s = self.summary()
-            trainer.logger.log_metrics({"final/samples_per_sec": s["samples_per_sec"],
-                                        "final/tokens_per_sec": s["tokens_per_sec"],
-                                        "final/samples_seen": float(s["samples_seen"])}, step=trainer.global_step)
+            trainer.logger.log_metrics(
+                {
+                    "final/samples_per_sec": s["samples_per_sec"],
+                    "final/tokens_per_sec": s["tokens_per_sec"],
+                    "final/samples_seen": float(s["samples_seen"]),
+                },
+                step=trainer.global_step,
+            )
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         self._clean = False  # this step's interval holds the save: not a steady-state step
-        self._sync(trainer)  # every rank saves (Lightning dumps on all, writes on rank 0): totals are exact
+        self._sync(
+            trainer
+        )  # every rank saves (Lightning dumps on all, writes on rank 0): totals are exact
         checkpoint.setdefault(CHECKPOINT_KEY, {}).update(
-            samples_seen=self.samples_seen, tokens_seen=self.tokens_seen, train_seconds=self.elapsed())
+            samples_seen=self.samples_seen,
+            tokens_seen=self.tokens_seen,
+            train_seconds=self.elapsed(),
+        )
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         state = checkpoint.get(CHECKPOINT_KEY, {})
         self.samples_seen = int(state.get("samples_seen", 0))
         self.tokens_seen = int(state.get("tokens_seen", 0))
