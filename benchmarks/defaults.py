@@ -3,11 +3,14 @@
 Training: the trainer's defaults (AdamW 5e-5, warmup 10 %, balanced class weights, batch 8, max length 512)
 on shared/data/arabic_reviews (PROD + ATT + RES2 through read_source -> validate -> tokenize_table ->
 write_splits, as the assets do), one CPU process per run (``python -m finetune_assets.training``, the
-command torchrun runs), a fixed ``--steps`` of training, then the whole test split. Four runs differ
-only in ``bucket_batches`` (1: off, 16: the default) and ``precision`` (``32``, ``bf16-mixed``; ``auto``
-picks bf16 where the CPU has AVX512-BF16/AMX, and the result says what ``auto`` resolved to here).
+command torchrun runs), a fixed ``--steps`` of training, then the whole test split. The seed's recipe
+(every sequence padded to 512, fp32) and today's defaults run first, on the same data in the same
+process of this script: ``defaults_vs_seed_samples_per_sec`` is the one ratio. Then one change at a
+time: ``bucket_batches`` (1: off, 16: the default) x ``precision`` (``32``, ``bf16-mixed``; ``auto``
+picks bf16 where the CPU has AVX512-BF16/AMX, and the result says what it resolved to here).
+samples/s is the trainer's steady-state window (no start-up, validation or checkpoint saves).
 Quality after a short fixed budget (the same test samples for every run: evaluation is not shuffled) is a
-comparison between the four, not the model's final quality.
+comparison between the runs, not the model's final quality.
 
 Predict: the trained default model classifies the test texts with ``--batch-size`` 32, in input order (the
 old way) and in length-sorted batches (``finetune_assets.data.batching``, what ``predict`` now does), in
@@ -32,6 +35,7 @@ from pathlib import Path
 import pyarrow as pa
 from transformers import AutoTokenizer
 
+from finetune_assets.contracts import read_split_stats
 from finetune_assets.data.batching import predict_in_length_order
 from finetune_assets.data.models import DEFAULT_MODEL, packaged_model_dir, save_pretrained_model
 from finetune_assets.data.shards import write_splits
@@ -45,26 +49,37 @@ REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arab
 if not REVIEWS.exists():
     REVIEWS = Path("/work/shared/data/arabic_reviews")
 
-RUNS = {  # name -> (bucket_batches, precision); old and new defaults first, then one change at a time
-    "dynamic_fp32 (old defaults)": (1, "32"),
-    "bucketed_bf16 (new defaults here)": (16, "bf16-mixed"),
-    "bucketed_fp32": (16, "32"),
-    "dynamic_bf16": (1, "bf16-mixed"),
+SEED = "seed_pad512_fp32 (the seed's recipe)"
+DEFAULT = "defaults (bucketing 16, precision auto)"
+RUNS = {  # name -> (bucket_batches, precision, pad_to): the seed and today's defaults first, then one change each
+    SEED: (1, "32", 512),
+    DEFAULT: (16, "auto", None),
+    "dynamic_fp32 (before bucketing)": (1, "32", None),
+    "bucketed_fp32": (16, "32", None),
+    "dynamic_bf16": (1, "bf16-mixed", None),
 }
+# The seed padded every sequence to 512; the trainer pads each batch to its longest. This runs the same
+# trainer with the data module's benchmark-only ``pad_to`` (no trainer config knob for it).
+PADDED_TRAIN = ("import functools, sys; from finetune_assets.training import run; "
+                "from finetune_assets.training.config import TrainerConfig; "
+                "run.MdsDataModule = functools.partial(run.MdsDataModule, pad_to=int(sys.argv[2])); "
+                "run.train(TrainerConfig.from_json(sys.argv[1]))")
 
 
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def train_run(root: Path, name: str, bucket: int, precision: str, steps: int, test_batches: int) -> dict:
+def train_run(root: Path, name: str, bucket: int, precision: str, pad_to: int | None, steps: int,
+              test_batches: int) -> dict:
     run = root / name.split()[0]
     config = TrainerConfig.from_dict({
         "model_dir": str(root / "model"), "output_dir": str(run / "out"), "checkpoint_dir": str(run / "ckpt"),
         "accelerator": "cpu", "max_steps": steps, "epochs": 1, "bucket_batches": bucket, "precision": precision,
         "checkpoint_every_n_steps": 100_000, "log_every_n_steps": 50, "limit_val_batches": 1,
         "limit_test_batches": test_batches,
-        "data": {f"{s}_url": str(root / "shards" / s) for s in ("train", "validation", "test")},
+        "data": {**{f"{s}_url": str(root / "shards" / s) for s in ("train", "validation", "test")},
+                 "train_label_counts": read_split_stats(str(root / "shards" / "train")).counts(3)},
         "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
                    "log_model": False},
     })
@@ -73,17 +88,19 @@ def train_run(root: Path, name: str, bucket: int, precision: str, steps: int, te
     env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1), "PYTHONUNBUFFERED": "1"}
     before = uptime()
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "finetune_assets.training", "--config", str(run / "config.json")],
-                          capture_output=True, text=True, env=env)
+    cmd = ([sys.executable, "-m", "finetune_assets.training", "--config", str(run / "config.json")] if pad_to is None
+           else [sys.executable, "-c", PADDED_TRAIN, str(run / "config.json"), str(pad_to)])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     m = json.loads((run / "out" / "metrics.json").read_text())
     print(f"{name}: {m['samples_per_sec']:.2f} samples/s, macro-F1 {m['macro_f1']:.4f}", flush=True)
     return {
-        "bucket_batches": bucket, "precision": m["precision"], "steps": m["global_step"],
+        "bucket_batches": bucket, "pad_to": pad_to, "precision": m["precision"], "steps": m["global_step"],
         "samples_seen": m["samples_seen"], "train_seconds": round(m["train_seconds"], 1),
         "samples_per_sec": round(m["samples_per_sec"], 2), "tokens_per_sec": round(m["tokens_per_sec"], 1),
+        "steady_state_window": {k: m["throughput"][k] for k in ("window_batches", "window_seconds", "excludes")},
         "test_seconds": round(m["timings"]["test"], 1), "wall_seconds": round(wall, 1),
         "test": {"split_samples": m["test_samples"], "evaluated_samples": min(8 * test_batches, m["test_samples"]),
                  "accuracy": round(m["accuracy"], 4), "macro_f1": round(m["macro_f1"], 4),
@@ -130,6 +147,8 @@ def main() -> None:
                         help="only the predict part, with the packaged base model (speed does not depend on the "
                              "weights), merged into --out")
     parser.add_argument("--out", default="benchmarks/results/defaults.json")
+    parser.add_argument("--runs", type=int, default=len(RUNS), help="only the first N runs (2: the seed and the "
+                                                                   "defaults, the one ratio)")
     args = parser.parse_args()
     if args.predict_only:
         predict_only(args)
@@ -159,19 +178,22 @@ def main() -> None:
         result["training"] = {"recipe": "trainer defaults (AdamW 5e-5, warmup 0.1, balanced, batch 8, max length 512)"
                                         f", {args.steps} steps, then {args.test_batches} test batches",
                               "runs": {}}
-        for name, (bucket, precision) in RUNS.items():
-            result["training"]["runs"][name] = train_run(root, name, bucket, precision, args.steps, args.test_batches)
+        for name, (bucket, precision, pad_to) in list(RUNS.items())[:args.runs]:
+            result["training"]["runs"][name] = train_run(root, name, bucket, precision, pad_to, args.steps,
+                                                         args.test_batches)
             write(args.out, result)  # partial results survive an interrupted run
         runs = result["training"]["runs"]
-        base = runs["dynamic_fp32 (old defaults)"]
-        result["training"]["vs_dynamic_fp32"] = {
+        base = runs[SEED]
+        result["training"]["defaults_vs_seed_samples_per_sec"] = round(
+            runs[DEFAULT]["samples_per_sec"] / base["samples_per_sec"], 2) if DEFAULT in runs else None
+        result["training"]["vs_seed"] = {
             name: {"speedup": round(r["samples_per_sec"] / base["samples_per_sec"], 2),
                    "macro_f1_delta": round(r["test"]["macro_f1"] - base["test"]["macro_f1"], 4),
                    "accuracy_delta": round(r["test"]["accuracy"] - base["test"]["accuracy"], 4)}
             for name, r in runs.items()}
         texts_col = validated.accepted.column("text").to_pylist()
         texts = [t for t, s in zip(texts_col, split) if s == "test"][:args.predict_texts]
-        result["predict"] = predict_rates(root / "bucketed_bf16" / "out" / "model", texts, args.predict_batch_size)
+        result["predict"] = predict_rates(root / "defaults" / "out" / "model", texts, args.predict_batch_size)
         print(json.dumps(result["predict"]), flush=True)
     result["wall_seconds"] = round(time.time() - started, 1)
     result["uptime_end"] = uptime()

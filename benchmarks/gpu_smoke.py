@@ -8,14 +8,15 @@ trainer's own ``train()``:
   non-empty decay group: FSDP with ``use_orig_params`` flattens parameters);
 - fit then test (FSDP must not re-wrap its flattened model for the test);
 - checkpoints under an object-store-style URL (``memory://``: an fsspec URL, what ``s3://`` goes
-  through), then the same config again, which must resume from that URL at the final step;
-- throughput from the trainer's ``metrics.json`` (samples/s, tokens/s over the training time) and
-  MFU = 6 x non-embedding parameters x tokens/s (+ attention) / the GPU's peak bf16 FLOP/s.
+  through), then the same config again, which must resume from that URL at the final step; and a
+  run SIGKILLed right after its half-way checkpoint, resumed by ``train()``, which trains to the end;
+- throughput from the trainer's ``metrics.json``: samples/s, tokens/s and MFU over its steady-state
+  window (training steps only, CUDA events; training/throughput.py).
 
 Run on the GPU machine from the repository root (after ``pip install -e .``)::
 
     python benchmarks/gpu_smoke.py            # results: benchmarks/results/gpu_smoke.json (and $OUT/)
-    python benchmarks/gpu_smoke.py --cpu-check  # the script's plumbing on CPU: tiny model, ddp, fp32
+    python benchmarks/gpu_smoke.py --cpu-check  # the script's plumbing on CPU: tiny model, ddp + fsdp, fp32
 
 Exit status 0 only when every case passed; each case's checks and numbers are in the JSON.
 """
@@ -44,8 +45,6 @@ from finetune_assets.training.run import train
 from finetune_assets_tests.tiny_models import build_tiny_bert
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_smoke.json"
-# Peak dense bf16 FLOP/s by device name (vendor data sheets); MFU is left out for unknown devices.
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 
 
 class _Lines(logging.Handler):
@@ -83,14 +82,27 @@ def base_size_bert(out: Path) -> Path:
     return out
 
 
-def flops_per_token(model_dir: str, mean_tokens: float) -> float:
-    """Training FLOPs per token: 6 x non-embedding parameters + attention (12 x layers x width x length)."""
-    from transformers import AutoConfig
+def killed_and_resumed(cfg: dict, work: Path) -> dict:
+    """One process trains until its first checkpoint exists and is SIGKILLed; ``train()`` then resumes it."""
+    import signal
+    import subprocess
 
-    c = AutoConfig.from_pretrained(model_dir)
-    d, layers, ff = c.hidden_size, c.num_hidden_layers, c.intermediate_size
-    per_layer = 4 * d * d + 2 * d * ff  # attention projections + feed-forward weights
-    return 6 * layers * per_layer + 12 * layers * d * mean_tokens
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "killed.json").write_text(json.dumps(cfg))
+    last = Path(cfg["checkpoint_dir"]) / "last.ckpt"
+    # Not this process's process-group variables (an in-process FSDP run set them, its store holds the port)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")}
+    proc = subprocess.Popen([sys.executable, "-m", "finetune_assets.training", "--config", str(work / "killed.json")],
+                            stdout=subprocess.DEVNULL, stderr=open(work / "killed.log", "w"), env=env)
+    while not last.exists() and proc.poll() is None:
+        time.sleep(0.02)
+    killed = proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if not killed:
+        return {"killed": False, "exit": proc.returncode, "log": (work / "killed.log").read_text()[-2000:]}
+    return {**train(TrainerConfig.from_dict(cfg)), "killed": True}
 
 
 def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, cpu: bool, steps: int,
@@ -125,14 +137,18 @@ def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, c
         again = train(TrainerConfig.from_dict(cfg))  # resumes from the memory:// checkpoint, at its end
         checks["resumed_from_object_store_url"] = again["resumed_from"] == f"{url}/last.ckpt" and \
             again["global_step"] == steps
-        for key in ("samples_per_sec", "tokens_per_sec", "train_seconds", "samples_seen", "tokens_seen", "timings"):
+        killed = killed_and_resumed({**cfg, "checkpoint_dir": str(work / name / "killed-ckpt"),
+                                     "output_dir": str(work / name / "killed-out")}, work / name)
+        result["killed_and_resumed"] = {k: killed.get(k) for k in ("resumed_at_step", "global_step", "killed", "exit",
+                                                                   "log")}
+        checks["killed_mid_run_resumes_and_trains_more"] = bool(killed.get("killed")) and \
+            0 < (killed.get("resumed_at_step") or 0) < steps == killed.get("global_step")
+        checks["exported_and_predicts"] = (work / name / "out" / "model" / "model.safetensors").exists()
+        for key in ("samples_per_sec", "tokens_per_sec", "train_seconds", "samples_seen", "tokens_seen", "timings",
+                    "throughput"):
             result[key] = first[key]
         if not cpu:
-            name_gpu = torch.cuda.get_device_name()
-            peak = next((v for k, v in PEAK_BF16.items() if k in name_gpu), None)
-            mean_tokens = first["tokens_seen"] / max(1, first["samples_seen"])
-            achieved = first["tokens_per_sec"] * flops_per_token(model_dir, mean_tokens)
-            result.update(device=name_gpu, achieved_tflops=achieved / 1e12, mfu=achieved / peak if peak else None,
+            result.update(device=torch.cuda.get_device_name(), mfu=first["throughput"]["mfu"],
                           max_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
             torch.cuda.reset_peak_memory_stats()
     except Exception as err:  # noqa: BLE001 - one case's failure is recorded, the others still run
@@ -148,7 +164,7 @@ def run_case(name: str, model_dir: str, data: Path, work: Path, strategy: str, c
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cpu-check", action="store_true", help="tiny model, ddp only, fp32 on CPU")
+    parser.add_argument("--cpu-check", action="store_true", help="tiny model, ddp and fsdp, fp32 on CPU")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
@@ -164,7 +180,7 @@ def main() -> int:
         data = write_data(work / "data", {"train": n, "validation": 3 * batch + 1, "test": 4 * batch + 3})
         if args.cpu_check:
             models = {"tiny": str(build_tiny_bert(work / "tiny"))}
-            strategies = ["ddp"]
+            strategies = ["ddp", "fsdp"]
         else:
             models = {"minilm": str(packaged_model_dir()), "bert_base": str(base_size_bert(work / "bert-base"))}
             strategies = ["ddp", "fsdp"]

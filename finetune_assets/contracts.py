@@ -225,13 +225,20 @@ class TrainingResult(BaseModel):
     samples_seen: int
     tokens_seen: int
     train_seconds: float
-    samples_per_sec: float
+    samples_per_sec: float  # over the steady-state window (``throughput``), the whole training time without one
     tokens_per_sec: float
+    # The steady-state window (training steps only: no start-up, validation or checkpoint saves), what
+    # it covers, and MFU where the device's peak is known (training/throughput.py).
+    throughput: dict[str, Any] = {}
     global_step: int
     epochs: int
     resumed_from: str | None = None
     resumed_at_step: int | None = None
     world_size: int
+    strategy: str | None = None  # as run ("ddp", "fsdp", "auto")
+    # Parameter elements each rank holds, in rank order: the model's size on every rank under DDP,
+    # about size / ranks under FSDP (the proof that it shards).
+    parameters_per_rank: list[int] | None = None
     precision: str | None = None  # what "auto" resolved to on the training machine
     class_weights: list[float] | None = None
     train_shards_cached_per_node: list[int | None] | None = None

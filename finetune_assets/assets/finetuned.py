@@ -44,7 +44,8 @@ class FinetuneConfig(dg.Config, HyperParameters):
     # hyper_parameters_from: "config" (the default) changes nothing; "study" is a launchpad
     # choice, recorded in the run.
     unversioned: ClassVar[tuple[str, ...]] = ("run_name", "num_workers", "log_every_n_steps", "checkpoint_every_n_steps",
-                                             "progress_every_seconds", "hyper_parameters_from")
+                                             "checkpoint_every_minutes", "progress_every_seconds",
+                                             "hyper_parameters_from")
 
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
     hyper_parameters_from: Literal["config", "study"] = Field(

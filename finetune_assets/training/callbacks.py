@@ -1,7 +1,6 @@
 """The trainer's side jobs as Lightning callbacks, so ``train()`` and ``ReviewClassifier`` stay about training.
 
-- :class:`Throughput`: run totals of samples and tokens (all ranks) and training seconds (validation
-  excluded), kept across resumes in the checkpoint; ``throughput/*`` metrics at the log interval.
+- :class:`~.throughput.Throughput` (in :mod:`.throughput`): run totals and the steady-state window.
 - :class:`Progress`: rank 0 writes one progress line at a steady time interval (step/total, epoch,
   loss, samples/s, ETA) to the log, which both launchers forward to the Dagster log, and the same
   numbers as ``progress/*`` metrics to MLflow.
@@ -30,10 +29,12 @@ from finetune_assets import tracking, viz
 from finetune_assets.training import PROGRESS, files
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.module import export_classifier
+from finetune_assets.training.throughput import CHECKPOINT_KEY, Throughput
+
+__all__ = ["CHECKPOINT_KEY", "HuggingFaceCheckpointer", "Progress", "Throughput", "trainer_tracking_uri", "within"]
 
 log = logging.getLogger("finetune_assets.training")
 
-CHECKPOINT_KEY = "review_classifier"  # the counters' place in a checkpoint (the module keeps world_size there)
 TRAINING_KEY_TAG = "training_inputs"  # model-version tag: hash of the run's inputs + config (idempotent registration)
 
 
@@ -41,103 +42,6 @@ def trainer_tracking_uri(config: TrainerConfig) -> str:
     """The run's MLflow store: the rule of :mod:`finetune_assets.tracking`, embedded beside a local output."""
     return tracking.tracking_uri(config.mlflow.tracking_uri, files.local_path(config.output_dir),
                                  "set mlflow.tracking_uri (or MLFLOW_TRACKING_URI)")
-
-
-# -- throughput ----------------------------------------------------------------------------------
-
-class Throughput(pl.Callback):
-    """Samples and tokens seen by all ranks, and seconds spent training, as run totals.
-
-    Counted per batch from the loader's Python ints (no device sync) and all-reduced only at the log
-    interval, epoch ends and checkpoints, which every rank reaches together. The totals travel in the
-    checkpoint, so a resumed run reports the totals of the whole run.
-    """
-
-    def __init__(self) -> None:
-        self.samples_seen = 0
-        self.tokens_seen = 0
-        self.train_seconds = 0.0
-        self.start_step = 0
-        self._pending = [0, 0]  # this rank's samples and tokens since the last all-reduce
-        self._t_epoch: float | None = None
-        self._t_val: float | None = None
-        self._val_seconds = 0.0
-
-    def _sync(self, trainer: pl.Trainer) -> None:
-        counts = torch.tensor(self._pending, dtype=torch.int64, device=trainer.strategy.root_device)
-        counts = trainer.strategy.reduce(counts, reduce_op="sum")
-        self._pending = [0, 0]
-        self.samples_seen += int(counts[0])
-        self.tokens_seen += int(counts[1])
-
-    def elapsed(self) -> float:
-        """Training seconds so far (this epoch's included, validation excluded)."""
-        running = time.perf_counter() - self._t_epoch - self._val_seconds if self._t_epoch is not None else 0.0
-        return self.train_seconds + running
-
-    def estimated_samples(self, world: int) -> int:
-        """The run total, this rank's unsynchronised samples counted ``world`` times (no collective)."""
-        return self.samples_seen + self._pending[0] * world
-
-    def summary(self) -> dict[str, float | int]:
-        seconds = max(self.train_seconds, 1e-9)
-        return {"samples_seen": self.samples_seen, "tokens_seen": self.tokens_seen,
-                "train_seconds": self.train_seconds, "samples_per_sec": self.samples_seen / seconds,
-                "tokens_per_sec": self.tokens_seen / seconds}
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.start_step = int(trainer.global_step)  # > 0 when resumed from a checkpoint
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._t_epoch, self._val_seconds = time.perf_counter(), 0.0
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        bs = batch["labels"].shape[0]
-        self._pending[0] += int(batch.get("num_samples", bs))
-        self._pending[1] += int(batch["num_tokens"])
-        if (batch_idx + 1) % (trainer.log_every_n_steps * trainer.accumulate_grad_batches):
-            return
-        self._sync(trainer)  # batch_idx is the same on every rank: they all get here together
-        pl_module.log("train/samples_seen", float(self.samples_seen), on_step=True, on_epoch=False, batch_size=bs)
-        elapsed = self.elapsed()
-        if elapsed > 0 and self.samples_seen:
-            pl_module.log("throughput/samples_per_sec", self.samples_seen / elapsed, on_step=True, batch_size=bs)
-            pl_module.log("throughput/tokens_per_sec", self.tokens_seen / elapsed, on_step=True, batch_size=bs)
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._sync(trainer)
-        self.train_seconds, self._t_epoch = self.elapsed(), None
-        pl_module.log("epoch/samples_seen", float(self.samples_seen))
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._t_val = time.perf_counter()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._t_val is not None and self._t_epoch is not None:  # validation inside a train epoch
-            self._val_seconds += time.perf_counter() - self._t_val
-        self._t_val = None
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._sync(trainer)
-        if trainer.is_global_zero and trainer.logger:
-            s = self.summary()
-            trainer.logger.log_metrics({"final/samples_per_sec": s["samples_per_sec"],
-                                        "final/tokens_per_sec": s["tokens_per_sec"],
-                                        "final/samples_seen": float(s["samples_seen"])}, step=trainer.global_step)
-
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        self._sync(trainer)  # every rank saves (Lightning dumps on all, writes on rank 0): totals are exact
-        checkpoint.setdefault(CHECKPOINT_KEY, {}).update(
-            samples_seen=self.samples_seen, tokens_seen=self.tokens_seen, train_seconds=self.elapsed())
-
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get(CHECKPOINT_KEY, {})
-        self.samples_seen = int(state.get("samples_seen", 0))
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.train_seconds = float(state.get("train_seconds", 0.0))
 
 
 # -- progress ------------------------------------------------------------------------------------
@@ -165,7 +69,8 @@ class Progress(pl.Callback):
         self._total: int | None = None
         self._t0 = self._last = 0.0
         self._step0 = 0
-        self._losses: list[float] = []
+        self._loss_sum: torch.Tensor | None = None
+        self._loss_count = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = pl_module.total_steps() if hasattr(pl_module, "total_steps") else trainer.estimated_stepping_batches
@@ -180,8 +85,9 @@ class Progress(pl.Callback):
         if not trainer.is_global_zero:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
-            self._losses.append(float(loss.detach()))  # rank 0 only, once per batch: one small host sync
+        if isinstance(loss, torch.Tensor):  # summed on the device: read (one host sync) only when reporting
+            self._loss_sum = loss.detach().float() + (self._loss_sum if self._loss_sum is not None else 0.0)
+            self._loss_count += 1
         if time.perf_counter() - self._last >= self.every_seconds:
             self.report(trainer)
 
@@ -194,7 +100,7 @@ class Progress(pl.Callback):
         step = int(trainer.global_step)
         rate_steps = (step - self._step0) / max(now - self._t0, 1e-9)
         samples_per_sec = self.throughput.estimated_samples(trainer.world_size) / max(self.throughput.elapsed(), 1e-9)
-        loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
+        loss = float(self._loss_sum) / self._loss_count if self._loss_sum is not None else float("nan")
         total = self._total
         eta = (total - step) / rate_steps if total is not None and rate_steps > 0 else float("inf")
         if total is not None and step >= total:
@@ -212,7 +118,7 @@ class Progress(pl.Callback):
             if math.isfinite(loss):
                 metrics["progress/loss"] = loss
             trainer.logger.log_metrics(metrics, step=step)
-        self._last, self._losses = now, []
+        self._last, self._loss_sum, self._loss_count = now, None, 0
         return line
 
 

@@ -58,7 +58,9 @@ class HyperParameters(_Strict):
                                                      "(the run records what it used); 32, bf16-mixed, 16-mixed (GPU)")
     accumulate_grad_batches: int = Field(1, ge=1)
     gradient_clip_val: float | None = Field(None, gt=0, description="clip gradients to this norm (null: off)")
-    strategy: Strategy = Field("ddp", description="ddp or fsdp")
+    strategy: Strategy = Field("ddp", description="ddp; fsdp (FSDP2: each encoder block sharded over a node's "
+                                                 "ranks, replicated across nodes); auto: fsdp above 1B "
+                                                 "parameters on more than one process, else ddp")
     accelerator: Accelerator = Field("auto", description="auto, cpu or gpu")
     seed: int = 42
     class_weights: ClassWeights = Field("balanced", description="balanced: loss weights n / (classes * count) from "
@@ -69,7 +71,10 @@ class HyperParameters(_Strict):
     # benchmarks/results/train_throughput.json: 16 gave 6.22x vs 3.82x without, over the seed's pad-to-512.
     bucket_batches: int = Field(16, ge=1, description="length bucketing: sort windows of this many batches by "
                                                       "length before batching (less padding); 1: off")
-    checkpoint_every_n_steps: int = Field(200, ge=1)
+    checkpoint_every_n_steps: int | None = Field(None, ge=1, description="checkpoint every this many optimizer "
+                                                 "steps; null: every checkpoint_every_minutes")
+    checkpoint_every_minutes: float = Field(10.0, gt=0, description="wall-clock checkpoint interval (rank 0 decides "
+                                            "for all); on a GPU the file is written in the background")
     log_every_n_steps: int = Field(10, ge=1)
     progress_every_seconds: float = Field(30.0, ge=1, description="rank 0's progress line (Dagster log + MLflow): "
                                                                   "a steady pace on any hardware")
@@ -86,6 +91,8 @@ class HyperParameters(_Strict):
     def _gpu_only_precision(self) -> HyperParameters:
         if self.accelerator == "cpu" and self.precision == "16-mixed":
             raise ValueError("precision '16-mixed' needs a GPU; use 'auto', '32' or 'bf16-mixed' on CPU")
+        if self.strategy == "fsdp" and self.precision == "16-mixed":  # Lightning's ModelParallelStrategy
+            raise ValueError("precision '16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed' or '32'")
         return self
 
     def hyper_parameters(self) -> dict[str, Any]:
@@ -105,6 +112,9 @@ class DataConfig(_Strict):
     local_cache_dir: str | None = None
     prefetch_factor: int = Field(2, ge=1)  # batches (windows) each worker reads ahead, with num_workers > 0
     shuffle_seed: int = 9176
+    # Length buckets run in one order on every rank (each step, all ranks the same length rank);
+    # "per_rank" (each rank its own order: ranks wait for the longest) only for comparison in benchmarks/.
+    bucket_order: Literal["shared", "per_rank"] = "shared"
     download_retry: int = Field(2, ge=0)
     # None: the run's node count, so each node streams and caches only its share of the shards. Saved
     # in every checkpoint's loader state and restored on resume (a world-size change is refused).

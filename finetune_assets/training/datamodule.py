@@ -43,14 +43,16 @@ PAD_LABEL = -100  # cross-entropy's and torchmetrics' ignore_index: a padding or
 class WindowCollator:
     """One loader *window* (``bucket_batches`` batches of samples) -> its collated batches, in a loader worker.
 
-    With bucketing the window is sorted by length, cut into batches and the batches shuffled with a
-    seed drawn from the window's content, so a resume that re-reads the window rebuilds the same
-    batches wherever it is collated (worker or main process).
+    With bucketing the window is sorted by length and cut into batches, shortest first; the loader
+    then runs them in an order every rank shares (:func:`bucket_order`). ``per_rank`` is the old
+    order, kept for the benchmark: each rank shuffles its batches with a seed drawn from its own
+    window's content, so at one step the ranks run different lengths and wait for the longest.
     """
 
     def __init__(self, collate: Callable[[list[dict[str, Any]]], Any], batch_size: int, bucket_batches: int,
-                 seed: int):
+                 seed: int, per_rank: bool = False):
         self.collate, self.batch_size, self.bucket_batches, self.seed = collate, batch_size, bucket_batches, seed
+        self.per_rank = per_rank
 
     def __call__(self, window: list[dict[str, Any]]) -> list[Any]:
         b = self.batch_size
@@ -58,7 +60,7 @@ class WindowCollator:
         if self.bucket_batches > 1:
             order.sort(key=lambda i: len(window[i]["input_ids"]))
         batches = [order[i : i + b] for i in range(0, len(order), b)]
-        if self.bucket_batches > 1:
+        if self.bucket_batches > 1 and self.per_rank:
             digest = hashlib.blake2b(digest_size=8)
             for sample in window:
                 digest.update(bytes(memoryview(sample["input_ids"]).cast("B")))
@@ -69,6 +71,18 @@ class WindowCollator:
             batch["window_index"] = torch.tensor(rows, dtype=torch.long)
             out.append(batch)
         return out
+
+
+def bucket_order(count: int, seed: int, epoch: int, window: int) -> list[int]:
+    """The order in which a window's length-sorted batches run: the same on every rank.
+
+    A function of (seed, epoch, window number) only, so at each step all ranks run their batch of the
+    same length rank (no rank waits for another's longer bucket), and a resume that re-reads the
+    window rebuilds the same order.
+    """
+    order = list(range(count))
+    random.Random(f"{seed}/{epoch}/{window}").shuffle(order)
+    return order
 
 
 def repeated_positions(num_samples: int, canonical: int, nodes: int, ranks_per_node: int, rank: int,
@@ -120,12 +134,14 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         seed: int = 0,
         repeated: np.ndarray | None = None,
         num_nodes: int = 1,
+        shared_order: bool = True,
         **kwargs: Any,
     ):
         if bucket_batches < 1:
             raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches}")
         # Windows are bucketed and collated inside the loader's workers (pinned by the DataLoader when asked).
-        windows = WindowCollator(collate_fn, batch_size, bucket_batches, seed)
+        windows = WindowCollator(collate_fn, batch_size, bucket_batches, seed, per_rank=not shared_order)
+        self._seed, self._shared_order = seed, shared_order and bucket_batches > 1
         super().__init__(dataset, batch_size=batch_size * bucket_batches, collate_fn=windows, **kwargs)
         self.per_device_batch = batch_size
         self.bucket_batches = bucket_batches
@@ -163,8 +179,12 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         self._resume_point = (0, skip)
         self.num_samples_consumed = 0
         offset = 0
+        window_samples = self.per_device_batch * self.bucket_batches
         for w, batches in enumerate(DataLoader.__iter__(self)):
             size = sum(len(batch["labels"]) for batch in batches)
+            if self._shared_order:  # the window's number in this rank's epoch stream: the same on every rank
+                number = (self._base // self._world_size + offset) // window_samples
+                batches = [batches[k] for k in bucket_order(len(batches), self._seed, self._epoch, number)]
             for j, batch in enumerate(batches):
                 rows = batch.pop("window_index")
                 if w == 0 and j < skip:
@@ -486,6 +506,7 @@ class MdsDataModule(pl.LightningDataModule):
         self._train_loader = ResumableStreamingDataLoader(
             dataset, batch_size=c.batch_size, collate_fn=self.collate, epoch_fn=epoch_fn, world_size=world,
             bucket_batches=c.bucket_batches, seed=c.data.shuffle_seed, repeated=repeated, num_nodes=nodes,
+            shared_order=c.data.bucket_order == "shared",
             **self._loader_kwargs()
         )
         return self._train_loader

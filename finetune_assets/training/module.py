@@ -75,8 +75,12 @@ def decays(name: str) -> bool:
     return parts[-1] != "bias" and not any("norm" in part for part in parts[-2:])
 
 
-class WorldSizeChanged(RuntimeError):
-    """A checkpoint resumed by a different number of processes than wrote it (refused, not silently re-planned)."""
+class LayoutChanged(RuntimeError):
+    """A checkpoint resumed on another process layout than wrote it (refused, not silently re-planned)."""
+
+
+class WorldSizeChanged(LayoutChanged):
+    """A checkpoint resumed by a different number of processes than wrote it."""
 
 
 class ReviewClassifier(pl.LightningModule):
@@ -130,7 +134,10 @@ class ReviewClassifier(pl.LightningModule):
         out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
         bs = batch["labels"].shape[0]
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=False)
+        # The mean over all ranks, reduced once per log interval and once per epoch (not every step).
+        if (batch_idx + 1) % (self.trainer.log_every_n_steps * self.trainer.accumulate_grad_batches) == 0:
+            self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, batch_size=bs, sync_dist=True)
+        self.log("train/loss_epoch", loss.detach(), on_step=False, on_epoch=True, batch_size=bs, sync_dist=True)
         return loss  # samples, tokens and seconds are counted by callbacks.Throughput
 
     # -- evaluation ------------------------------------------------------------------------
@@ -218,36 +225,51 @@ class ReviewClassifier(pl.LightningModule):
 
     # -- checkpoint state ------------------------------------------------------------------
 
-    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
-                                    gradient_clip_algorithm: str | None = None) -> None:
-        """Clip by the global norm; under FSDP through the root's ``clip_grad_norm_``, which sums the shards.
+    def configure_model(self) -> None:
+        """Under ``strategy: fsdp`` shard the encoder on the strategy's mesh (once: see :mod:`.sharding`)."""
+        mesh = self.device_mesh  # set by Lightning's ModelParallelStrategy only
+        if mesh is not None:
+            from finetune_assets.training.sharding import fsdp_mesh, shard_encoder
 
-        Lightning's own clipping raises under FSDP, and ``torch.nn.utils.clip_grad_norm_`` on shards
-        would clip each rank's piece by its own partial norm.
-        """
-        if not gradient_clip_val:
-            return
-        from torch.distributed.fsdp import FullyShardedDataParallel
+            shard_encoder(self.model, fsdp_mesh(mesh))
 
-        root = self.trainer.strategy.model
-        if isinstance(root, FullyShardedDataParallel):
-            root.clip_grad_norm_(gradient_clip_val)
-        else:
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm or "norm")
+    def _layout(self) -> dict[str, int]:
+        """World size, nodes and streaming's canonical nodes: what the data order and repeat mask depend on."""
+        from finetune_assets.training.datamodule import canonical_nodes
+
+        t = self.trainer
+        nodes = max(1, int(getattr(t, "num_nodes", 1) or 1))
+        datamodule = getattr(t, "datamodule", None)
+        layout = {"world_size": int(t.world_size), "num_nodes": nodes}
+        if datamodule is not None and hasattr(datamodule, "config"):
+            layout["num_canonical_nodes"] = canonical_nodes(datamodule.config.data, nodes)
+        return layout
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Beside callbacks.Throughput's run totals, under the same key.
-        checkpoint.setdefault("review_classifier", {})["world_size"] = self.trainer.world_size
+        checkpoint.setdefault("review_classifier", {}).update(self._layout())
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("review_classifier", {})
+        now = self._layout()
         saved = state.get("world_size")  # absent in checkpoints written before it was recorded
-        if saved is not None and int(saved) != self.trainer.world_size:
+        if saved is not None and int(saved) != now["world_size"]:
             raise WorldSizeChanged(
                 f"the checkpoint being resumed was written by {saved} training processes, this run has "
-                f"{self.trainer.world_size}. A resume keeps the world size: the global batch "
+                f"{now['world_size']}. A resume keeps the world size: the global batch "
                 f"(processes x batch_size x accumulate_grad_batches), the LR schedule's step count and the "
                 f"data order all depend on it. Relaunch with {saved} processes (nnodes x nproc_per_node), "
                 "or delete the checkpoint folder (checkpoint_dir) to start this training over."
             )
-
+        changed = [k for k in ("num_nodes", "num_canonical_nodes") if k in state and k in now and state[k] != now[k]]
+        if changed:
+            ranks = int(saved) // int(state["num_nodes"]) if saved and state.get("num_nodes") else "?"
+            raise LayoutChanged(
+                f"the checkpoint being resumed was written on {state.get('num_nodes')} nodes x {ranks} processes "
+                f"(data.num_canonical_nodes {state.get('num_canonical_nodes')}), this run has "
+                f"{now['num_nodes']} nodes x {now['world_size'] // now['num_nodes']} processes "
+                f"(data.num_canonical_nodes {now.get('num_canonical_nodes')}): which samples each rank "
+                "streams, and so which repeats are masked, depend on the node layout. Relaunch with "
+                f"nnodes {state.get('num_nodes')} x nproc_per_node {ranks}, or delete the checkpoint folder "
+                "(checkpoint_dir) to start this training over."
+            )

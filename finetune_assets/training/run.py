@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import time
@@ -13,7 +14,6 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import MLFlowLogger
-from pytorch_lightning.strategies import FSDPStrategy
 from transformers import AutoTokenizer
 
 from finetune_assets.training import files, pruning
@@ -24,6 +24,7 @@ from finetune_assets.training.datamodule import MdsDataModule, balanced_class_we
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.precision import resolve_precision
+from finetune_assets.training.sharding import ShardedStrategy, local_parameters
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -133,60 +134,42 @@ def _init_process_group(config: TrainerConfig) -> str | None:
     return token
 
 
-def encoder_layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
-    """The encoder's repeated block class (``BertLayer``, ``XLMRobertaLayer``, ``TransformerBlock``...): FSDP's unit.
-
-    The class of the first list of two or more identical blocks (what every encoder keeps its layers
-    in); wrapping the whole model as one unit would shard nothing, wrapping only a sub-module of the
-    block (some ``_no_split_modules`` name attention classes) would leave the feed-forward unsharded.
-    """
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
-            return type(module[0])
-    raise ValueError(f"{type(model).__name__}: no repeated encoder block found to wrap for FSDP; use strategy 'ddp'")
+# "auto" shards models above this many parameters: below it DDP's one all-reduce per step beats
+# FSDP's per-block all-gathers, and a replica (weights, grads, Adam: 16 bytes/parameter) fits a GPU.
+FSDP_ABOVE_PARAMETERS = 1_000_000_000
 
 
-class ObjectStoreFSDPStrategy(FSDPStrategy):
-    """FSDP whose full-state checkpoints go through the checkpoint IO with the path as given.
-
-    Lightning's ``FSDPStrategy.save_checkpoint`` turns the path into a ``pathlib.Path`` first, which
-    makes ``s3://b/x`` the local ``s3:/b/x``. ``train`` hands FSDP a local, weights-only-checked copy
-    of a remote checkpoint to load (:func:`_local_resume`).
-    """
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        if self._state_dict_type != "full":  # pragma: no cover - only "full" is configured
-            return super().save_checkpoint(checkpoint, filepath, storage_options)
-        if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(checkpoint, str(filepath))
+def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: int = 0) -> Any:
+    strategy = config.strategy
+    if strategy == "auto":
+        strategy = "fsdp" if parameters > FSDP_ABOVE_PARAMETERS and world > 1 else "ddp"
+    if strategy == "fsdp":
+        return ShardedStrategy(num_nodes=max(1, world // local_world), ranks_per_node=local_world)
+    return "auto" if world == 1 else "ddp"
 
 
-def _strategy(config: TrainerConfig, model: torch.nn.Module, world: int) -> Any:
-    if config.strategy != "fsdp":
-        return "auto" if world == 1 and config.strategy == "ddp" else config.strategy
-    from torch.distributed.fsdp import MixedPrecision
+def checkpoint_io(config: TrainerConfig) -> Any:
+    """Atomic writes; on a GPU in a background thread (Lightning's ``AsyncCheckpointIO`` copies the state
+    on the device first, then training goes on while rank 0 writes). On CPU the copy and the writer
+    would compete with training for the same cores: written in place, as before."""
+    atomic = files.AtomicCheckpointIO()
+    if config.accelerator != "cpu" and torch.cuda.is_available():
+        from pytorch_lightning.plugins.io import AsyncCheckpointIO
 
-    mixed = None
-    if config.precision in ("bf16-mixed", "16-mixed"):  # compute in low precision, reduce gradients in fp32
-        low = torch.bfloat16 if config.precision == "bf16-mixed" else torch.float16
-        mixed = MixedPrecision(param_dtype=low, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-    return ObjectStoreFSDPStrategy(
-        auto_wrap_policy={encoder_layer_class(model)},
-        mixed_precision=mixed,
-        use_orig_params=True,  # parameter names survive wrapping: decay groups and clipping by name
-        state_dict_type="full",
-        sharding_strategy="FULL_SHARD",
-    )
+        return AsyncCheckpointIO(atomic)
+    return atomic
 
 
-def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, model: torch.nn.Module,
-             extra_callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
+def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, extra_callbacks: list[pl.Callback],
+             validate: bool = True, parameters: int = 0) -> pl.Trainer:
     _, world, local_world = _world()
-    strategy = _strategy(config, model, world)
-    checkpoint = ModelCheckpoint(
+    strategy = _strategy(config, world, local_world, parameters)
+    by_steps = config.checkpoint_every_n_steps
+    checkpoint = ModelCheckpoint(  # on a time interval Lightning broadcasts rank 0's decision: no rank skips a save
         dirpath=files.local_path(config.checkpoint_dir),
         filename="step-{step}",
-        every_n_train_steps=config.checkpoint_every_n_steps,
+        every_n_train_steps=by_steps,
+        train_time_interval=None if by_steps else datetime.timedelta(minutes=config.checkpoint_every_minutes),
         save_top_k=0,
         save_last=True,
     )
@@ -212,7 +195,7 @@ def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, model: torch.nn
         limit_test_batches=config.limit_test_batches,
         logger=logger,
         callbacks=callbacks,
-        plugins=[files.AtomicCheckpointIO()],
+        plugins=[checkpoint_io(config)],
         enable_progress_bar=False,
         default_root_dir=files.local_path(config.checkpoint_dir),
     )
@@ -233,6 +216,7 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
         tags=dict(m.tags) or None,
         artifact_location=m.artifact_location,
         run_id=run_id,
+        synchronous=False,  # metrics are queued and sent by mlflow's thread; finalize() flushes the queue
     )
     files.write_json_atomic(run_file, {"run_id": logger.run_id, "experiment_id": logger.experiment_id})
     logger.log_hyperparams(config.hparams())
@@ -241,23 +225,28 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
 
 def _per_node(value: Any) -> list[Any]:
     """``value`` of each node's local leader (the others pass None), in node order: one all-gather."""
+    return [v for v in _gather(value) if v is not None]
+
+
+def _gather(value: Any) -> list[Any]:
+    """``value`` of every rank, in rank order (one all-gather; ``[value]`` outside a process group)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return [value]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
-    return [v for v in gathered if v is not None]
+    return gathered
 
 
-def _local_resume(config: TrainerConfig, resume: str | None) -> str | None:
-    """The checkpoint path to hand Lightning; under FSDP a local copy, refused unless it loads weights-only.
+def _local_resume(resume: str | None) -> str | None:
+    """The checkpoint path to hand Lightning: a node-local copy, refused unless it loads weights-only.
 
-    Lightning's FSDP loader makes the path a ``pathlib.Path`` (``s3://`` breaks) and unpickles it
-    without ``weights_only``: local rank 0 downloads it into the scratch folder and checks it the way
-    DDP's loader would, while the node's other ranks wait.
+    A remote checkpoint (``s3://``) is downloaded once per node, by local rank 0 into the scratch
+    folder, while the node's other ranks wait; they all read that copy (not one download per rank of
+    a multi-GB file). The FSDP loader also needs a local path: it makes the path a ``pathlib.Path``.
     """
-    if resume is None or config.strategy != "fsdp":
+    if resume is None:
         return resume
     import torch.distributed as dist
 
@@ -318,10 +307,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     logger = _mlflow_logger(config, rank)
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
-    trainer = _trainer(config, logger if logger is not None else False, module.model,
+    trainer = _trainer(config, logger if logger is not None else False,
                        [throughput, Progress(throughput, config.progress_every_seconds), export,
                         *pruning.callbacks(config, rank)],
-                       validate=not datamodule.is_empty("validation"))
+                       validate=not datamodule.is_empty("validation"),
+                       parameters=sum(p.numel() for p in module.parameters()))
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
     resume = last if files.exists(last) else None
@@ -330,7 +320,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     timings: dict[str, float] = {"setup": time.time() - t0}
     t = time.time()
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=_local_resume(config, resume), weights_only=True)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=_local_resume(resume), weights_only=True)
         timings["fit"] = time.time() - t  # with the Hugging Face export (on_fit_end)
         # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
         t = time.time()
@@ -358,6 +348,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "resumed_from": resume,
             "resumed_at_step": throughput.start_step if resume else None,
             "world_size": world,
+            "strategy": config.strategy,
+            "parameters_per_rank": _gather(local_parameters(module)),
             "precision": config.precision,  # as resolved on this machine ("auto" never appears here)
             "class_weights": weights,
             "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each

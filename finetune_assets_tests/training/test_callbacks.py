@@ -105,3 +105,51 @@ def test_train_logs_progress_lines_and_progress_metrics(tmp_path, tiny_model_dir
     client = mlflow.MlflowClient(config.mlflow.tracking_uri)
     history = client.get_metric_history(metrics["mlflow"]["run_id"], "progress/fraction")
     assert history and history[-1].value == 1.0 and history[-1].step == 3
+
+
+def test_steady_state_throughput_leaves_out_checkpoint_saves(tmp_path, tiny_model_dir, arabic_reviews, monkeypatch):
+    """A checkpoint save that takes 1000 s (on a shifted clock, no real wait) appears in the training
+    time but in no steady-state interval; the first steps and the epoch's last are left out too."""
+    import types
+
+    from finetune_assets.training import files, throughput
+
+    shift = {"s": 0.0}
+    monkeypatch.setattr(throughput, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + shift["s"]))
+    save = files.AtomicCheckpointIO.save_checkpoint
+
+    def slow_save(self, *args, **kwargs):
+        shift["s"] += 1000.0
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(files.AtomicCheckpointIO, "save_checkpoint", slow_save)
+    shards = write_mds_splits(tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 8, 8))
+    config = trainer_config(tmp_path, tiny_model_dir, shards, batch_size=4, checkpoint_every_n_steps=3,
+                            bucket_batches=1)
+    metrics = train(config)
+    window = metrics["throughput"]
+    assert metrics["global_step"] == 12 and metrics["train_seconds"] > 4000  # saves after steps 3, 6, 9, 12
+    # 12 batches: 1-2 warm-up, 3/6/9 end in a save, 12 is the last: batches 4, 5, 7, 8, 10, 11 remain
+    assert window["window_batches"] == 6 and window["window_first_step"] == 3
+    assert 0 < window["window_seconds"] < 1000
+    assert metrics["samples_per_sec"] == pytest.approx(window["samples_per_sec"])
+    assert window["samples_per_sec"] > metrics["samples_seen"] / 4000
+    assert window["flops_per_sec"] > 0 and window["mfu"] is None  # no known peak on a CPU
+
+
+def test_training_flops_formula_matches_torch_flop_counter():
+    """``train_flops`` against torch's own count of one forward + backward, for two batch shapes."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForSequenceClassification, BertConfig
+
+    from finetune_assets.training.throughput import train_flops
+
+    model = AutoModelForSequenceClassification.from_config(BertConfig(
+        num_labels=3, num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+        vocab_size=500))
+    a, b, c = train_flops(model)
+    for batch, length in ((2, 16), (3, 40)):
+        ids = torch.randint(5, 400, (batch, length))
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.sum().backward()
+        assert counter.get_total_flops() == batch * (a * length + b * length * length + c)

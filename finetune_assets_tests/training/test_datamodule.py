@@ -31,11 +31,11 @@ def synthetic_split(tmp_path: Path) -> Path:
     return write_split(tmp_path / "train", ids, [i % 3 for i in range(N)], size_limit=1 << 12)
 
 
-def _loader(split: Path, bucket: int, epoch: int = 0) -> ResumableStreamingDataLoader:
+def _loader(split: Path, bucket: int, epoch: int = 0, shared: bool = True) -> ResumableStreamingDataLoader:
     ds = StreamingDataset(local=str(split), batch_size=8 * bucket, shuffle=True, shuffle_seed=7, num_canonical_nodes=1)
     return ResumableStreamingDataLoader(
         ds, batch_size=8, collate_fn=DynamicPaddingCollator(), epoch_fn=lambda: epoch, world_size=1,
-        bucket_batches=bucket, seed=7, num_workers=0,
+        bucket_batches=bucket, seed=7, num_workers=0, shared_order=shared,
     )
 
 
@@ -90,6 +90,25 @@ def test_bucketing_reduces_padding(synthetic_split):
         del loader
         gc.collect()
     assert padded[4] < 0.8 * padded[1]
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_every_rank_runs_the_same_length_bucket_at_each_step(tmp_path, synthetic_split, shared):
+    """Two ranks' streams (two splits of other samples) -> at each step both run the k-th shortest batch
+    of their window; the old per-rank order (``shared=False``) does not."""
+    rng = np.random.default_rng(1)
+    ids = [[101, 5000 + i, *rng.integers(2000, 3000, size=int(rng.integers(1, 60))).tolist(), 102] for i in range(N)]
+    other = write_split(tmp_path / "other", ids, [i % 3 for i in range(N)], size_limit=1 << 12)
+    clean_stale_streaming_memory()
+    ranks = []
+    for split in (synthetic_split, other):
+        loader = _loader(split, 4, shared=shared)
+        widths = [int(b["input_ids"].shape[1]) for b in loader]
+        windows = [widths[i:i + 4] for i in range(0, len(widths), 4)]
+        ranks.append([sorted(w).index(x) for w in windows for x in w])  # each batch's length rank in its window
+        del loader
+        gc.collect()
+    assert (ranks[0] == ranks[1]) is shared
 
 
 def test_split_locations_never_read_published_shards_in_place(tmp_path, synthetic_split):

@@ -32,7 +32,8 @@ from finetune_assets.training.datamodule import (
 )
 from finetune_assets.training.files import AtomicCheckpointIO
 from finetune_assets.training.module import ReviewClassifier, WorldSizeChanged, decays, load_classifier
-from finetune_assets.training.run import ATTEMPT_KEYS, ObjectStoreFSDPStrategy, _strategy, agree_on_attempt
+from finetune_assets.training.run import ATTEMPT_KEYS, _strategy, agree_on_attempt
+from finetune_assets.training.sharding import ShardedStrategy
 from finetune_assets_tests.training.fixtures import write_split
 
 N = 37  # prime: uneven over any world size
@@ -166,25 +167,25 @@ def test_decay_groups_by_name_survive_flat_parameters(tiny_model_dir):
     assert groups[1]["weight_decay"] == 0.0 and len(groups[1]["params"]) > 0
 
 
-def test_fsdp_wraps_each_encoder_layer_and_reduces_gradients_in_fp32(tiny_model_dir):
-    from transformers.models.bert.modeling_bert import BertLayer
-
-    model = load_classifier(str(tiny_model_dir))
+def test_fsdp_is_fsdp2_replicated_across_nodes_and_sharded_within_one():
     config = TrainerConfig(model_dir="/m", output_dir="/o", checkpoint_dir="/c", strategy="fsdp",
                            precision="bf16-mixed", gradient_clip_val=1.0,
                            data=DataConfig(train_url="/t", validation_url="/v", test_url="/e"))
-    strategy = _strategy(config, model, world=2)
-    assert isinstance(strategy, ObjectStoreFSDPStrategy)
-    policy = strategy.kwargs["auto_wrap_policy"]
-    assert BertLayer in getattr(policy, "_module_classes", ())
-    mp = strategy.mixed_precision
-    assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == (torch.bfloat16, torch.float32, torch.float32)
-    assert strategy.kwargs["use_orig_params"] is True
+    strategy = _strategy(config, world=8, local_world=4)
+    assert isinstance(strategy, ShardedStrategy)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (2, 4)  # (nodes, ranks per node)
+    assert strategy._save_distributed_checkpoint is False  # one last.ckpt, as under DDP
+    auto = config.model_copy(update={"strategy": "auto"})
+    assert _strategy(auto, world=8, local_world=4, parameters=110_000_000) == "ddp"  # BERT-base: a replica fits
+    assert isinstance(_strategy(auto, world=8, local_world=4, parameters=3_000_000_000), ShardedStrategy)
+    assert _strategy(auto, world=1, local_world=1, parameters=3_000_000_000) == "auto"  # one process: no wrapper
+    with pytest.raises(ConfigError, match="'16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed'"):
+        TrainerConfig.from_dict({**config.to_dict(), "precision": "16-mixed", "accelerator": "gpu"})
 
 
 def test_checkpoints_keep_object_store_urls(tmp_path):
     """``memory://`` stands in for ``s3://``: an fsspec URL that a ``pathlib.Path`` would mangle."""
-    strategy = ObjectStoreFSDPStrategy(state_dict_type="full")
+    strategy = ShardedStrategy(num_nodes=1, ranks_per_node=1)
     strategy.checkpoint_io = AtomicCheckpointIO()
     strategy.save_checkpoint({"state_dict": {"w": torch.ones(2)}}, "memory://bucket/run/last.ckpt")
     fs = fsspec.filesystem("memory")
@@ -291,6 +292,43 @@ def test_fsdp_wrap_unit_is_the_whole_encoder_block_of_each_family(family):
         "xlm-roberta": (lambda: t.XLMRobertaForSequenceClassification(t.XLMRobertaConfig(**small)), "XLMRobertaLayer"),
         "deberta-v2": (lambda: t.DebertaV2ForSequenceClassification(t.DebertaV2Config(**small)), "DebertaV2Layer"),
     }[family]
-    from finetune_assets.training.run import encoder_layer_class
+    from finetune_assets.training.sharding import encoder_layer_class
 
     assert encoder_layer_class(model()).__name__ == block
+
+
+def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_model_dir):
+    """2 nodes x 1 process -> 1 node x 2: the world size matches, the streamed partition does not."""
+    from finetune_assets.training.module import LayoutChanged
+
+    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
+    data = DataConfig(train_url="/t", validation_url="/v", test_url="/e")
+    two_nodes = SimpleNamespace(world_size=2, num_nodes=2, datamodule=SimpleNamespace(config=SimpleNamespace(data=data)))
+    module._trainer = two_nodes
+    checkpoint: dict = {}
+    module.on_save_checkpoint(checkpoint)
+    assert checkpoint["review_classifier"] == {"world_size": 2, "num_nodes": 2, "num_canonical_nodes": 2}
+    module.on_load_checkpoint(checkpoint)  # the same layout resumes
+    module._trainer = SimpleNamespace(**{**vars(two_nodes), "num_nodes": 1})
+    with pytest.raises(LayoutChanged, match=r"written on 2 nodes x 1 processes .* this run has 1 nodes x 2 "
+                                            r"processes.*Relaunch with nnodes 2 x nproc_per_node 1"):
+        module.on_load_checkpoint(checkpoint)
+
+
+def test_fsdp_shards_within_a_node_and_replicates_across_nodes():
+    """The strategy's (nodes x ranks per node) mesh: 1-D over the ranks on one node, HSDP's 2-D mesh across nodes."""
+    from finetune_assets.training.sharding import fsdp_mesh
+
+    class Mesh:  # a DeviceMesh's shape and names, which is all fsdp_mesh reads
+        def __init__(self, shape):
+            self.shape, self.mesh_dim_names = shape, ("data_parallel", "tensor_parallel")
+
+        def size(self, dim):
+            return self.shape[dim]
+
+        def __getitem__(self, name):
+            return ("1-D", name, self.shape[self.mesh_dim_names.index(name)])
+
+    assert fsdp_mesh(Mesh((1, 8))) == ("1-D", "tensor_parallel", 8)  # one node: shard over its 8 ranks
+    two_nodes = Mesh((2, 8))
+    assert fsdp_mesh(two_nodes) is two_nodes  # replicate across the 2 nodes, shard within each
