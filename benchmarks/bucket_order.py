@@ -43,6 +43,7 @@ def uptime() -> str:
 
 def prepare(root: Path) -> None:
     import pyarrow as pa  # noqa: F401
+    from defaults import REVIEWS
     from transformers import AutoTokenizer
 
     from finetune_assets.data.models import DEFAULT_MODEL, packaged_model_dir, save_pretrained_model
@@ -50,7 +51,6 @@ def prepare(root: Path) -> None:
     from finetune_assets.data.sources import SourceSpec, read_source
     from finetune_assets.data.tokenize import tokenize_table
     from finetune_assets.data.validate import ValidationRules, validate
-    from defaults import REVIEWS
 
     save_pretrained_model(DEFAULT_MODEL, None, root / "model")
     validated = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules())
@@ -124,7 +124,8 @@ def train(cfg: Path) -> dict:
 
 def replay(cfg: Path, rank: int, steps: int) -> list[tuple[int, int]]:
     """(batch size, width) of ``rank``'s first ``steps`` training batches, from the trainer's
-    loader."""
+    loader.
+    """
     from types import SimpleNamespace
 
     from finetune_assets.training.config import TrainerConfig

@@ -37,7 +37,7 @@ if not DATA.exists():
 def _text(data: bytes) -> str:
     for bom, enc in ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le")):
         if data.startswith(bom):
-            return data[len(bom):].decode(enc)
+            return data[len(bom) :].decode(enc)
     return data.decode("utf-8")
 
 
@@ -46,9 +46,15 @@ def read_pyarrow(data: bytes, delimiter: str) -> tuple[list[list[str]], int]:
 
     bad = []
     text = _text(data)
-    table = pacsv.read_csv(io.BytesIO(text.encode()), read_options=pacsv.ReadOptions(block_size=64 << 20),
-                           parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
-                                                            invalid_row_handler=lambda r: bad.append(r) or "skip"))
+    table = pacsv.read_csv(
+        io.BytesIO(text.encode()),
+        read_options=pacsv.ReadOptions(block_size=64 << 20),
+        parse_options=pacsv.ParseOptions(
+            delimiter=delimiter,
+            newlines_in_values=True,
+            invalid_row_handler=lambda r: bad.append(r) or "skip",
+        ),
+    )
     import pyarrow as pa
 
     table = table.cast(pa.schema([(n, pa.string()) for n in table.column_names]))
@@ -92,8 +98,12 @@ def read_project(data: bytes, delimiter: str) -> tuple[list[list[str]], int]:
     return [list(r) for r in zip(*recs.columns)], len(recs.bad)
 
 
-STRATEGIES = {"pyarrow": read_pyarrow, "python_csv": read_python_csv, "python_csv_strict": read_python_csv_strict,
-              "project": read_project}
+STRATEGIES = {
+    "pyarrow": read_pyarrow,
+    "python_csv": read_python_csv,
+    "python_csv_strict": read_python_csv_strict,
+    "project": read_project,
+}
 
 
 def correctness() -> dict:
@@ -117,8 +127,10 @@ def correctness() -> dict:
                 if len(good) + bad == gen.rows and bad == want_bad and not merged:
                     ok += 1
                 else:
-                    problems.append(f"{gen_name}[{seed}]: {len(good) + bad} records (expected {gen.rows}), {bad} bad "
-                                    f"(expected {want_bad}), {merged} rows holding several reviews")
+                    problems.append(
+                        f"{gen_name}[{seed}]: {len(good) + bad} records (expected {gen.rows}), {bad} bad "
+                        f"(expected {want_bad}), {merged} rows holding several reviews"
+                    )
         out[name] = {"cases_exact": ok, "cases": cases, "problems": problems[:6]}
     return out
 
@@ -139,11 +151,17 @@ def speed(repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "csv_readers.json")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "results" / "csv_readers.json"
+    )
     args = parser.parse_args()
-    results = {"benchmark": "csv_readers", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "command": "python benchmarks/csv_readers.py " + " ".join(sys.argv[1:]),
-               "correctness": correctness(), "speed_real_files": speed(args.repeats)}
+    results = {
+        "benchmark": "csv_readers",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "python benchmarks/csv_readers.py " + " ".join(sys.argv[1:]),
+        "correctness": correctness(),
+        "speed_real_files": speed(args.repeats),
+    }
     args.out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps(results, indent=2, ensure_ascii=False))
 

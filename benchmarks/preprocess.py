@@ -56,7 +56,9 @@ def seed_recipe(texts: list[str], labels: list[str], tokenizer, out: Path) -> di
     loaded_dataset = datasets.Dataset.from_dict({"text": texts, "label": labels})
 
     def tokenize_function(examples):
-        return tokenizer(examples["text"], padding="max_length", truncation=True, max_length=MAX_LENGTH)
+        return tokenizer(
+            examples["text"], padding="max_length", truncation=True, max_length=MAX_LENGTH
+        )
 
     tokenized_dataset = loaded_dataset.map(tokenize_function, batched=True, keep_in_memory=True)
     tokenized_dataset = tokenized_dataset.cast_column("label", ClassLabel(names=LABELS))
@@ -66,16 +68,27 @@ def seed_recipe(texts: list[str], labels: list[str], tokenizer, out: Path) -> di
     t1 = time.perf_counter()
     with MDSWriter(
         out=str(out),
-        columns={"input_ids": "ndarray", "attention_mask": "ndarray", "token_type_ids": "ndarray", "labels": "int64"},
+        columns={
+            "input_ids": "ndarray",
+            "attention_mask": "ndarray",
+            "token_type_ids": "ndarray",
+            "labels": "int64",
+        },
         size_limit="100kb",
         progress_bar=False,
     ) as writer:
         for i in range(len(tokenized_dataset)):
             writer.write({k: tokenized_dataset[i][k] for k in tokenized_dataset.column_names})
     t2 = time.perf_counter()
-    return {"seconds": t2 - t0, "cpu_seconds": time.process_time() - c0, "tokenize_s": t1 - t0,
-            "write_s": t2 - t1, "rows": len(texts),
-            "bytes": dir_bytes(out), "shards": len(list(out.glob("shard.*")))}
+    return {
+        "seconds": t2 - t0,
+        "cpu_seconds": time.process_time() - c0,
+        "tokenize_s": t1 - t0,
+        "write_s": t2 - t1,
+        "rows": len(texts),
+        "bytes": dir_bytes(out),
+        "shards": len(list(out.glob("shard.*"))),
+    }
 
 
 def project_path(data: Path, tokenizer, out: Path) -> dict:
@@ -94,9 +107,19 @@ def project_path(data: Path, tokenizer, out: Path) -> dict:
     t3 = time.perf_counter()
     splits = write_splits(table, out)
     t4 = time.perf_counter()
-    return {"seconds": t4 - t0, "cpu_seconds": time.process_time() - c0, "read_s": t1 - t0, "validate_s": t2 - t1, "tokenize_s": t3 - t2, "write_s": t4 - t3,
-            "rows_in": raw.num_rows, "rows": result.accepted.num_rows, "bytes": dir_bytes(out),
-            "shards": sum(s.shards for s in splits.values()), "accepted": result.accepted}
+    return {
+        "seconds": t4 - t0,
+        "cpu_seconds": time.process_time() - c0,
+        "read_s": t1 - t0,
+        "validate_s": t2 - t1,
+        "tokenize_s": t3 - t2,
+        "write_s": t4 - t3,
+        "rows_in": raw.num_rows,
+        "rows": result.accepted.num_rows,
+        "bytes": dir_bytes(out),
+        "shards": sum(s.shards for s in splits.values()),
+        "accepted": result.accepted,
+    }
 
 
 def tokenizer_only(texts: list[str], tokenizer) -> float:
@@ -110,8 +133,12 @@ def tokenizer_only(texts: list[str], tokenizer) -> float:
 
 
 def machine() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine()}
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -120,7 +147,9 @@ def machine() -> dict:
         info["load_avg_at_start"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
-    info["load_avg_note"] = "1/5/15-minute load averages; above the CPU count, wall-clock rates are noisy"
+    info["load_avg_note"] = (
+        "1/5/15-minute load averages; above the CPU count, wall-clock rates are noisy"
+    )
     import tokenizers
     import transformers
 
@@ -134,8 +163,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed-rows", type=int, default=0, help="run the seed recipe on the first N rows (0: all)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "preprocess.json")
+    parser.add_argument(
+        "--seed-rows", type=int, default=0, help="run the seed recipe on the first N rows (0: all)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "results" / "preprocess.json"
+    )
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -160,10 +193,17 @@ def main() -> None:
                 texts, labels = texts[: args.seed_rows], labels[: args.seed_rows]
             tok = AutoTokenizer.from_pretrained(model_dir, use_fast=True)
             seed_runs.append(seed_recipe(texts, labels, tok, work / f"seed-{r}"))
-            ceiling.append(len(accepted) / tokenizer_only(accepted.column("text").to_pylist(),
-                                                          AutoTokenizer.from_pretrained(model_dir, use_fast=True)))
-            print(f"run {r}: project {project_runs[-1]['seconds']:.2f}s, seed {seed_runs[-1]['seconds']:.2f}s",
-                  flush=True)
+            ceiling.append(
+                len(accepted)
+                / tokenizer_only(
+                    accepted.column("text").to_pylist(),
+                    AutoTokenizer.from_pretrained(model_dir, use_fast=True),
+                )
+            )
+            print(
+                f"run {r}: project {project_runs[-1]['seconds']:.2f}s, seed {seed_runs[-1]['seconds']:.2f}s",
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -190,8 +230,13 @@ def main() -> None:
         "benchmark": "preprocess",
         "date": started.isoformat(timespec="seconds"),
         "command": "python benchmarks/preprocess.py " + " ".join(sys.argv[1:]),
-        "data": {"dir": str(args.data), "files": sorted(p.name for p in args.data.iterdir() if p.suffix == ".csv"),
-                 "rows_read": project["rows_read"], "rows_accepted": project["rows"], "seed_rows": seed["rows"]},
+        "data": {
+            "dir": str(args.data),
+            "files": sorted(p.name for p in args.data.iterdir() if p.suffix == ".csv"),
+            "rows_read": project["rows_read"],
+            "rows_accepted": project["rows"],
+            "seed_rows": seed["rows"],
+        },
         "tokenizer": f"{model_dir} (bert-base-uncased WordPiece vocabulary, fast tokenizer)",
         "max_length": MAX_LENGTH,
         "repeats": args.repeats,
@@ -201,21 +246,35 @@ def main() -> None:
         "tokenizer_alone_reviews_per_s": round(max(ceiling), 1),
         "ratios": {
             "reviews_per_s": round(project["reviews_per_s"] / seed["reviews_per_s"], 2),
-            "reviews_per_s_median": round(project["reviews_per_s_median"] / seed["reviews_per_s_median"], 2),
+            "reviews_per_s_median": round(
+                project["reviews_per_s_median"] / seed["reviews_per_s_median"], 2
+            ),
             "reviews_per_cpu_s": round(project["reviews_per_cpu_s"] / seed["reviews_per_cpu_s"], 2),
             # per review, so a seed run on a subset still compares like for like
-            "shard_bytes_smaller": round(seed["shard_bytes_per_review"] / project["shard_bytes_per_review"], 2),
+            "shard_bytes_smaller": round(
+                seed["shard_bytes_per_review"] / project["shard_bytes_per_review"], 2
+            ),
             "project_vs_tokenizer_alone": round(project["reviews_per_s"] / max(ceiling), 3),
         },
         "targets": {"reviews_per_s_ratio": 10, "shard_bytes_ratio": 20},
     }
-    results["targets"]["met"] = (results["ratios"]["reviews_per_s"] >= 10
-                                 and results["ratios"]["shard_bytes_smaller"] >= 20)
+    results["targets"]["met"] = (
+        results["ratios"]["reviews_per_s"] >= 10 and results["ratios"]["shard_bytes_smaller"] >= 20
+    )
     results["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps({"seed": seed, "project": project, "ratios": results["ratios"],
-                      "tokenizer_alone": results["tokenizer_alone_reviews_per_s"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "seed": seed,
+                "project": project,
+                "ratios": results["ratios"],
+                "tokenizer_alone": results["tokenizer_alone_reviews_per_s"],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 
 from finetune_assets.contracts import read_split_stats
 from finetune_assets.data.evaluate import macro_f1
-from finetune_assets.data.models import packaged_model_dir, save_pretrained_model, DEFAULT_MODEL
+from finetune_assets.data.models import DEFAULT_MODEL, packaged_model_dir, save_pretrained_model
 from finetune_assets.data.shards import write_splits
 from finetune_assets.data.sources import SourceSpec, read_source
 from finetune_assets.data.tokenize import tokenize_table
@@ -44,8 +44,11 @@ def majority_macro_f1(test_labels: list[int], train_labels: list[int]) -> dict[s
     """Always predicting the training majority class, scored by the project's one macro-F1."""
     majority = Counter(train_labels).most_common(1)[0][0]
     truth, guess = np.asarray(test_labels), np.full(len(test_labels), majority)
-    return {"majority_class": majority, "accuracy": float(np.mean(truth == guess)),
-            "macro_f1": macro_f1(truth, guess)}
+    return {
+        "majority_class": majority,
+        "accuracy": float(np.mean(truth == guess)),
+        "macro_f1": macro_f1(truth, guess),
+    }
 
 
 def main() -> None:
@@ -74,41 +77,83 @@ def main() -> None:
         split = table.column("split").cast(pa.string()).to_pylist()
         labels = table.column("label").to_pylist()
         counts = Counter(split)
-        baseline = majority_macro_f1([y for y, s in zip(labels, split) if s == "test"],
-                                     [y for y, s in zip(labels, split) if s == "train"])
-        config = TrainerConfig.from_dict({
-            "model_dir": str(root / "model"), "output_dir": str(root / "out"), "checkpoint_dir": str(root / "ckpt"),
-            "accelerator": "cpu", "epochs": args.epochs, "seed": 42, "log_every_n_steps": 50,
-            "checkpoint_every_n_steps": 1000, "limit_train_batches": args.max_train_batches,
-            "class_weights": args.class_weights,
-            "optimizer": args.optimizer, "lr": args.lr,
-            "warmup_ratio": args.warmup_ratio if args.optimizer == "adamw" else 0.0,
-            "batch_size": args.batch_size, "num_workers": 1, "max_length": args.max_length,
-            "bucket_batches": args.bucket_batches,
-            "data": {"train_url": str(root / "shards/train"), "train_label_counts": read_split_stats(str(root / "shards/train")).counts(3), "validation_url": str(root / "shards/validation"),
-                     "test_url": str(root / "shards/test")},
-            "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
-                       "log_model": False},
-        })
+        baseline = majority_macro_f1(
+            [y for y, s in zip(labels, split) if s == "test"],
+            [y for y, s in zip(labels, split) if s == "train"],
+        )
+        config = TrainerConfig.from_dict(
+            {
+                "model_dir": str(root / "model"),
+                "output_dir": str(root / "out"),
+                "checkpoint_dir": str(root / "ckpt"),
+                "accelerator": "cpu",
+                "epochs": args.epochs,
+                "seed": 42,
+                "log_every_n_steps": 50,
+                "checkpoint_every_n_steps": 1000,
+                "limit_train_batches": args.max_train_batches,
+                "class_weights": args.class_weights,
+                "optimizer": args.optimizer,
+                "lr": args.lr,
+                "warmup_ratio": args.warmup_ratio if args.optimizer == "adamw" else 0.0,
+                "batch_size": args.batch_size,
+                "num_workers": 1,
+                "max_length": args.max_length,
+                "bucket_batches": args.bucket_batches,
+                "data": {
+                    "train_url": str(root / "shards/train"),
+                    "train_label_counts": read_split_stats(str(root / "shards/train")).counts(3),
+                    "validation_url": str(root / "shards/validation"),
+                    "test_url": str(root / "shards/test"),
+                },
+                "mlflow": {
+                    "tracking_uri": f"sqlite:///{root}/mlflow.db",
+                    "artifact_location": str(root / "mlartifacts"),
+                    "log_model": False,
+                },
+            }
+        )
         metrics = train(config)
     result = {
         "command": " ".join(["python", *sys.argv]),
         "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu"},
         "wall_seconds": round(time.time() - started, 1),
-        "model": summary.source, "parameters": summary.parameters,
-        "data": {"source": "shared/data/arabic_reviews", "accepted": validated.accepted.num_rows,
-                 "rejected": validated.rejected.num_rows, "splits": dict(counts)},
-        "recipe": {"optimizer": args.optimizer, "lr": args.lr, "warmup_ratio": args.warmup_ratio,
-                   "class_weights": args.class_weights, "epochs": args.epochs, "batch_size": args.batch_size,
-                   "max_length": args.max_length, "bucket_batches": args.bucket_batches,
-                   "max_train_batches": args.max_train_batches},
-        "test": {k: metrics[k] for k in ("accuracy", "macro_f1", "f1_per_class", "confusion_matrix")},
+        "model": summary.source,
+        "parameters": summary.parameters,
+        "data": {
+            "source": "shared/data/arabic_reviews",
+            "accepted": validated.accepted.num_rows,
+            "rejected": validated.rejected.num_rows,
+            "splits": dict(counts),
+        },
+        "recipe": {
+            "optimizer": args.optimizer,
+            "lr": args.lr,
+            "warmup_ratio": args.warmup_ratio,
+            "class_weights": args.class_weights,
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "max_length": args.max_length,
+            "bucket_batches": args.bucket_batches,
+            "max_train_batches": args.max_train_batches,
+        },
+        "test": {
+            k: metrics[k] for k in ("accuracy", "macro_f1", "f1_per_class", "confusion_matrix")
+        },
         "majority_baseline": baseline,
         # A margin, not float noise: a model that predicts only the majority class must not "beat" it.
         "beats_majority_macro_f1": metrics["macro_f1"] > baseline["macro_f1"] + 0.01,
-        "train": {k: metrics[k] for k in ("samples_seen", "global_step", "samples_per_sec", "tokens_per_sec",
-                                          "train_seconds")},
+        "train": {
+            k: metrics[k]
+            for k in (
+                "samples_seen",
+                "global_step",
+                "samples_per_sec",
+                "tokens_per_sec",
+                "train_seconds",
+            )
+        },
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -29,7 +29,9 @@ CALLS = ("ls", "find", "open", "info", "exists")
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--folders", type=int, default=500)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sensor_tick.json"))
+    parser.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "sensor_tick.json")
+    )
     args = parser.parse_args()
     fs = fsspec.filesystem("memory")
     for i in range(args.folders):
@@ -53,7 +55,9 @@ def main() -> None:
         cursor, ticks, start = None, 0, time.perf_counter()
         while True:
             ticks += 1
-            result = evaluate_landing(dg.build_sensor_context(instance=instance, cursor=cursor), landing, storage)
+            result = evaluate_landing(
+                dg.build_sensor_context(instance=instance, cursor=cursor), landing, storage
+            )
             for req in result.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
             cursor = result.cursor
@@ -62,12 +66,20 @@ def main() -> None:
         registration_s = time.perf_counter() - start
         calls.update(dict.fromkeys(CALLS, 0))
         start = time.perf_counter()
-        evaluate_landing(dg.build_sensor_context(instance=instance, cursor=cursor), landing, storage)
+        evaluate_landing(
+            dg.build_sensor_context(instance=instance, cursor=cursor), landing, storage
+        )
         steady_s = time.perf_counter() - start
-    result = {"folders": args.folders, "registration_ticks": ticks, "registration_s": round(registration_s, 2),
-              "steady_tick_s": round(steady_s, 4), "steady_tick_fs_calls": calls,
-              "machine": platform.platform(), "date": time.strftime("%Y-%m-%d"),
-              "command": f"python benchmarks/sensor_tick.py --folders {args.folders}"}
+    result = {
+        "folders": args.folders,
+        "registration_ticks": ticks,
+        "registration_s": round(registration_s, 2),
+        "steady_tick_s": round(steady_s, 4),
+        "steady_tick_fs_calls": calls,
+        "machine": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"),
+        "command": f"python benchmarks/sensor_tick.py --folders {args.folders}",
+    }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 

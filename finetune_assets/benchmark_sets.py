@@ -29,7 +29,7 @@ class BenchmarkSet:
     name: str
     texts: list[str]
     labels: list[str]
-    info: dict    # source, label mapping, rows, label counts, registered_at, data_version
+    info: dict  # source, label mapping, rows, label counts, registered_at, data_version
 
 
 def read_labelled(spec: SourceSpec) -> tuple[list[str], list[str]]:
@@ -39,39 +39,54 @@ def read_labelled(spec: SourceSpec) -> tuple[list[str], list[str]]:
     silently shrunk file is a different benchmark.
     """
     raw = read_source(spec)
-    cols = [raw.column(c).to_pylist() for c in ("text", "label", "source_file", "source_row", "malformed")]
+    cols = [
+        raw.column(c).to_pylist()
+        for c in ("text", "label", "source_file", "source_row", "malformed")
+    ]
     bad = []
     for t, lab, f, r, m in zip(*cols):
         if m is not None:
             bad.append(f"{f} row {r}: {m}")
-        elif t is None or not t.strip():  # non-text cells arrive flagged in ``malformed`` (data/sources/)
+        elif (
+            t is None or not t.strip()
+        ):  # non-text cells arrive flagged in ``malformed`` (data/sources/)
             bad.append(f"{f} row {r}: empty review")
         elif lab is None or not str(lab).strip():
             bad.append(f"{f} row {r}: no label (choose the column with --label-column)")
     if bad:
-        raise ValueError(f"{spec.uri}: {len(bad)} unusable rows ({'; '.join(bad[:5])}); fix the file")
+        raise ValueError(
+            f"{spec.uri}: {len(bad)} unusable rows ({'; '.join(bad[:5])}); fix the file"
+        )
     if not cols[0]:
         raise ValueError(f"{spec.uri}: no rows")
     return [t.strip() for t in cols[0]], [str(v).strip() for v in cols[1]]
 
 
-def add_benchmark_set(storage: Storage, name: str, spec: SourceSpec,
-                      label_mapping: dict[str, str] | None = None) -> dict:
+def add_benchmark_set(
+    storage: Storage, name: str, spec: SourceSpec, label_mapping: dict[str, str] | None = None
+) -> dict:
     """Read, check and freeze a labelled file as benchmark set ``name``; returns its record.
 
-    Unusable rows refuse the file (``read_labelled``). Labels are mapped (``label_mapping`` over the default 1/-1/0 mapping);
-    a label nothing maps stays as written, and scoring refuses models that cannot predict it.
+    Unusable rows refuse the file (``read_labelled``). Labels are mapped (``label_mapping`` over the
+    default 1/-1/0 mapping); a label nothing maps stays as written, and scoring refuses models that cannot predict it.
     """
     texts, raw_labels = read_labelled(spec)
-    mapping = {normalize_value(k): v for k, v in {**DEFAULT_LABEL_MAPPING, **(label_mapping or {})}.items()}
+    mapping = {
+        normalize_value(k): v for k, v in {**DEFAULT_LABEL_MAPPING, **(label_mapping or {})}.items()
+    }
     labels = [mapping.get(normalize_value(v)) or v.strip() for v in raw_labels]
     table = pa.table({"text": texts, "label": labels})
     with storage.publish(ASSET, name) as staging:
         pq.write_table(table, staging.local_dir / SET_FILE, compression="zstd")
         staging.data_version = hash_tree(staging.local_dir / SET_FILE)
-        staging.metadata = {"name": name, "source": spec.uri, "label_mapping": label_mapping or {},
-                            "rows": table.num_rows, "label_counts": dict(Counter(labels)),
-                            "registered_at": time.time()}
+        staging.metadata = {
+            "name": name,
+            "source": spec.uri,
+            "label_mapping": label_mapping or {},
+            "rows": table.num_rows,
+            "label_counts": dict(Counter(labels)),
+            "registered_at": time.time(),
+        }
     return {**staging.metadata, "data_version": staging.data_version}
 
 
@@ -86,9 +101,15 @@ def list_benchmark_sets(storage: Storage) -> list[str]:
 def read_benchmark_set(storage: Storage, name: str) -> BenchmarkSet:
     published = storage.current(ASSET, name)
     if published is None:
-        raise FileNotFoundError(f"no benchmark set {name!r} under {storage.root} "
-                                f"(registered: {', '.join(list_benchmark_sets(storage)) or 'none'})")
+        raise FileNotFoundError(
+            f"no benchmark set {name!r} under {storage.root} "
+            f"(registered: {', '.join(list_benchmark_sets(storage)) or 'none'})"
+        )
     with storage.fs.open(f"{published.url}/{SET_FILE}", "rb") as f:
         table = pq.read_table(f)
-    return BenchmarkSet(name, table.column("text").to_pylist(), table.column("label").to_pylist(),
-                        {**published.metadata, "data_version": published.data_version})
+    return BenchmarkSet(
+        name,
+        table.column("text").to_pylist(),
+        table.column("label").to_pylist(),
+        {**published.metadata, "data_version": published.data_version},
+    )

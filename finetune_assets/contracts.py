@@ -38,31 +38,42 @@ LABELS_FILE = "labels.json"  # raw_reviews, tokenized_reviews: the version's Lab
 TOKEN_PARTS_DIR = "parts"  # tokenized_reviews: parts/{i:05d}.arrow, Arrow IPC (TOKEN_COLUMNS), one per slice, row order
 TOKEN_STATS_FILE = "stats.json"  # tokenized_reviews: rows per split + token-length statistics
 SPLIT_STATS_FILE = "split_stats.json"  # mds_shards/{split}/: samples and samples per label id
-TOKENIZATION_FILE = "tokenization.json"  # pretrained_model: Tokenization (what tokenizing needs, no transformers)
+TOKENIZATION_FILE = (
+    "tokenization.json"  # pretrained_model: Tokenization (what tokenizing needs, no transformers)
+)
 MODEL_SUBDIR = "model"  # finetuned_model: the Hugging Face folder
-TRAINING_RESULT_FILE = "metrics.json"  # finetuned_model: TrainingResult, written by the trainer's rank 0
+TRAINING_RESULT_FILE = (
+    "metrics.json"  # finetuned_model: TrainingResult, written by the trainer's rank 0
+)
 TRAINER_CONFIG_FILE = "trainer_config.json"  # finetuned_model: the trainer's whole configuration
 BEST_FILE = "best.json"  # tuning_study: the best trial (trial, value, params, study_name, storage)
 
 # -- schemas -----------------------------------------------------------------------------------------
-ACCEPTED_SCHEMA = pa.schema([
-    ("text", pa.string()),
-    ("label", pa.string()),
-    ("source_file", pa.string()),
-    ("source_row", pa.int64()),
-    ("split", pa.string()),  # train/validation/test, a function of the normalized text (data/validate.py)
-])
-REJECTED_SCHEMA = pa.schema([
-    ("text", pa.string()),
-    ("label", pa.string()),
-    ("source_file", pa.string()),
-    ("source_row", pa.int64()),
-    ("reason", pa.string()),
-    ("detail", pa.string()),
-    ("source_line", pa.int64()),  # physical lines of the record in its file (CSV/TSV/JSONL)
-    ("source_line_end", pa.int64()),
-    ("raw", pa.string()),  # a malformed record's raw text (bounded prefix): recoverable by hand
-])
+ACCEPTED_SCHEMA = pa.schema(
+    [
+        ("text", pa.string()),
+        ("label", pa.string()),
+        ("source_file", pa.string()),
+        ("source_row", pa.int64()),
+        (
+            "split",
+            pa.string(),
+        ),  # train/validation/test, a function of the normalized text (data/validate.py)
+    ]
+)
+REJECTED_SCHEMA = pa.schema(
+    [
+        ("text", pa.string()),
+        ("label", pa.string()),
+        ("source_file", pa.string()),
+        ("source_row", pa.int64()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("source_line", pa.int64()),  # physical lines of the record in its file (CSV/TSV/JSONL)
+        ("source_line_end", pa.int64()),
+        ("raw", pa.string()),  # a malformed record's raw text (bounded prefix): recoverable by hand
+    ]
+)
 # tokens.arrow: input_ids list<uint8|16|32> (unpadded, smallest type for the vocabulary), length int32,
 # full_length int32 (before truncation), label int8 (id in the version's label set), split dictionary<string>.
 TOKEN_COLUMNS = ("input_ids", "length", "full_length", "label", "split")
@@ -99,8 +110,10 @@ def read_reviews(attempt_url: str, fs=None, columns: list[str] | None = None) ->
         table = pq.read_table(f, columns=columns)
     missing = [c for c in (columns or ACCEPTED_SCHEMA.names) if c not in table.column_names]
     if missing:
-        raise ContractError(f"{attempt_url}/{REVIEWS_FILE} lacks columns {missing} (published by an older "
-                            "version of raw_reviews): re-materialize raw_reviews for this dataset version")
+        raise ContractError(
+            f"{attempt_url}/{REVIEWS_FILE} lacks columns {missing} (published by an older "
+            "version of raw_reviews): re-materialize raw_reviews for this dataset version"
+        )
     return table
 
 
@@ -117,8 +130,10 @@ def iter_token_batches(attempt_url: str, fs=None, columns: list[str] | None = No
     fs, path = _fs_and_path(f"{attempt_url}/{TOKEN_PARTS_DIR}", fs)
     files = sorted(fs.glob(f"{path}/*.arrow"))
     if not files:
-        raise ContractError(f"{attempt_url}: no {TOKEN_PARTS_DIR}/*.arrow (published by an older version of "
-                            "tokenized_reviews): re-materialize tokenized_reviews for this dataset version")
+        raise ContractError(
+            f"{attempt_url}: no {TOKEN_PARTS_DIR}/*.arrow (published by an older version of "
+            "tokenized_reviews): re-materialize tokenized_reviews for this dataset version"
+        )
     for file in files:
         with fs.open(file, "rb") as f:
             reader = pa.ipc.open_file(f)
@@ -145,7 +160,9 @@ class TokenStats:
 
 def read_token_stats(attempt_url: str, fs=None) -> TokenStats:
     obj = read_json(f"{attempt_url}/{TOKEN_STATS_FILE}", fs)
-    return TokenStats(splits={k: int(v) for k, v in obj["splits"].items()}, lengths=dict(obj.get("lengths") or {}))
+    return TokenStats(
+        splits={k: int(v) for k, v in obj["splits"].items()}, lengths=dict(obj.get("lengths") or {})
+    )
 
 
 @dataclass(frozen=True)
@@ -163,8 +180,14 @@ class Tokenization:
 
     def to_json(self) -> str:
         # the tokenizer JSON kept as a string, byte for byte: its hash names the token cache's namespace
-        return json.dumps({"vocab_size": self.vocab_size, "max_input_tokens": self.max_input_tokens,
-                           "tokenizer_json": self.tokenizer_json}, ensure_ascii=False)
+        return json.dumps(
+            {
+                "vocab_size": self.vocab_size,
+                "max_input_tokens": self.max_input_tokens,
+                "tokenizer_json": self.tokenizer_json,
+            },
+            ensure_ascii=False,
+        )
 
 
 def read_tokenization(attempt_url: str, fs=None) -> Tokenization | None:
@@ -173,8 +196,11 @@ def read_tokenization(attempt_url: str, fs=None) -> Tokenization | None:
         obj = read_json(f"{attempt_url}/{TOKENIZATION_FILE}", fs)
     except FileNotFoundError:
         return None
-    return Tokenization(tokenizer_json=obj["tokenizer_json"],
-                        vocab_size=int(obj["vocab_size"]), max_input_tokens=int(obj["max_input_tokens"]))
+    return Tokenization(
+        tokenizer_json=obj["tokenizer_json"],
+        vocab_size=int(obj["vocab_size"]),
+        max_input_tokens=int(obj["max_input_tokens"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -185,8 +211,13 @@ class SplitStats:
     label_counts: dict[int, int]  # label id -> samples
 
     def to_json(self) -> str:
-        return json.dumps({"samples": self.samples,
-                           "label_counts": {str(k): v for k, v in sorted(self.label_counts.items())}}, sort_keys=True)
+        return json.dumps(
+            {
+                "samples": self.samples,
+                "label_counts": {str(k): v for k, v in sorted(self.label_counts.items())},
+            },
+            sort_keys=True,
+        )
 
     def counts(self, num_classes: int, where: str = "split") -> list[int]:
         """Samples per label id 0..num_classes-1; an id outside that range is an error naming ``where``."""
@@ -203,9 +234,14 @@ def read_split_stats(split_url: str, fs=None) -> SplitStats:
     url = f"{split_url.rstrip('/')}/{SPLIT_STATS_FILE}"
     fs, path = _fs_and_path(url, fs)
     if not fs.exists(path):
-        raise ContractError(f"{url} is missing (shards written by an older version): re-materialize mds_shards")
+        raise ContractError(
+            f"{url} is missing (shards written by an older version): re-materialize mds_shards"
+        )
     obj = read_json(path, fs)
-    return SplitStats(samples=int(obj["samples"]), label_counts={int(k): int(v) for k, v in obj["label_counts"].items()})
+    return SplitStats(
+        samples=int(obj["samples"]),
+        label_counts={int(k): int(v) for k, v in obj["label_counts"].items()},
+    )
 
 
 class TrainingResult(BaseModel):
@@ -219,13 +255,17 @@ class TrainingResult(BaseModel):
     accuracy: float | None = None
     macro_f1: float | None = None
     f1_per_class: dict[str, float] = {}
-    confusion_matrix: list[list[int]] | None = None  # rows true, columns predicted, in ``labels`` order
+    confusion_matrix: list[list[int]] | None = (
+        None  # rows true, columns predicted, in ``labels`` order
+    )
     test_samples: int = 0
     test_skipped: str | None = None
     samples_seen: int
     tokens_seen: int
     train_seconds: float
-    samples_per_sec: float  # over the steady-state window (``throughput``), the whole training time without one
+    samples_per_sec: (
+        float  # over the steady-state window (``throughput``), the whole training time without one
+    )
     tokens_per_sec: float
     # The steady-state window (training steps only: no start-up, validation or checkpoint saves), what
     # it covers, and MFU where the device's peak is known (training/throughput.py).

@@ -26,16 +26,28 @@ from finetune_assets.storage import default_root
 from finetune_assets.vocab_check import vocabulary_fit
 
 
-def build_defs(storage_root: str | None = None, launcher: TrainingLauncher | None = None) -> dg.Definitions:
+def build_defs(
+    storage_root: str | None = None, launcher: TrainingLauncher | None = None
+) -> dg.Definitions:
     """Definitions over one storage root and one training launcher.
 
     Defaults: ``$FINETUNE_ASSETS_ROOT`` (or ``./.finetune_assets``) and the launcher named by
     ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or ``k8s``).
     """
     return dg.Definitions(
-        assets=with_config_versions([raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model,
-                                     champion_model, baseline_model, benchmark_scores,
-                                     tuning_study]),
+        assets=with_config_versions(
+            [
+                raw_reviews,
+                pretrained_model,
+                tokenized_reviews,
+                mds_shards,
+                finetuned_model,
+                champion_model,
+                baseline_model,
+                benchmark_scores,
+                tuning_study,
+            ]
+        ),
         asset_checks=[*asset_checks, vocabulary_fit],
         jobs=jobs,
         sensors=sensors,

@@ -35,7 +35,9 @@ class TestSet:
     names: tuple[str, ...] = LABELS  # the dataset version's classes
 
     @classmethod
-    def build(cls, texts: list[str], labels: list[str], names: tuple[str, ...] = LABELS) -> "TestSet":
+    def build(
+        cls, texts: list[str], labels: list[str], names: tuple[str, ...] = LABELS
+    ) -> "TestSet":
         if len(texts) != len(labels):
             raise ValueError(f"test set: {len(texts)} texts but {len(labels)} labels")
         pairs = sorted(zip(texts, labels))
@@ -43,8 +45,12 @@ class TestSet:
         for t, lab in pairs:
             digest.update(t.encode() + b"\x00" + lab.encode() + b"\x01")
         label2id = {n: i for i, n in enumerate(names)}
-        return cls([t for t, _ in pairs], np.asarray([label2id[lab] for _, lab in pairs], dtype=np.int64),
-                   digest.hexdigest()[:16], tuple(names))
+        return cls(
+            [t for t, _ in pairs],
+            np.asarray([label2id[lab] for _, lab in pairs], dtype=np.int64),
+            digest.hexdigest()[:16],
+            tuple(names),
+        )
 
 
 def majority_baseline(test: TestSet) -> float:
@@ -64,9 +70,13 @@ def score_model(root: Path, test: TestSet, max_length: int = 512, batch_size: in
     label2id = {n: i for i, n in enumerate(test.names)}
     unknown = sorted(set(classifier.labels) - set(label2id))
     if unknown:
-        raise ValueError(f"{root}: the model predicts {unknown}, not classes of the test data {list(test.names)}")
+        raise ValueError(
+            f"{root}: the model predicts {unknown}, not classes of the test data {list(test.names)}"
+        )
     predicted = classifier.predict_labels(test.texts, max_length, batch_size)
-    preds = np.fromiter((label2id[name] for name in predicted), dtype=np.int64, count=len(predicted))
+    preds = np.fromiter(
+        (label2id[name] for name in predicted), dtype=np.int64, count=len(predicted)
+    )
     return macro_f1(test.labels, preds)
 
 
@@ -86,7 +96,9 @@ def is_not_found(err: Exception) -> bool:
     return getattr(err, "error_code", None) in NOT_FOUND_CODES
 
 
-def current_champion(client, name: str, test: TestSet, alias: str = CHAMPION_ALIAS) -> Champion | None:
+def current_champion(
+    client, name: str, test: TestSet, alias: str = CHAMPION_ALIAS
+) -> Champion | None:
     """The version holding ``alias`` of registered model ``name``; None only when there provably is none.
 
     The alias is read from the registered model itself (an absent alias is then a fact, not an error
@@ -106,9 +118,17 @@ def current_champion(client, name: str, test: TestSet, alias: str = CHAMPION_ALI
         return None
     mv = client.get_model_version(name, str(holder))
     tags = mv.tags or {}
-    cached = float(tags[TAG_SCORE]) if tags.get(TAG_TEST_DATA) == test.fingerprint and TAG_SCORE in tags else None
-    return Champion(version=str(mv.version), cached_score=cached, dataset_version=tags.get("dataset_version"),
-                    run_id=mv.run_id)
+    cached = (
+        float(tags[TAG_SCORE])
+        if tags.get(TAG_TEST_DATA) == test.fingerprint and TAG_SCORE in tags
+        else None
+    )
+    return Champion(
+        version=str(mv.version),
+        cached_score=cached,
+        dataset_version=tags.get("dataset_version"),
+        run_id=mv.run_id,
+    )
 
 
 def score_registered(client, name: str, version: str, test: TestSet, tracking_uri: str) -> float:
@@ -119,7 +139,9 @@ def score_registered(client, name: str, version: str, test: TestSet, tracking_ur
     # resolved against mlflow's process-global registry URI instead (unset in a Dagster run: ./mlflow.db).
     source = client.get_model_version_download_uri(name, version)
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp, tracking_uri=tracking_uri)
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=source, dst_path=tmp, tracking_uri=tracking_uri
+        )
         score = score_model(Path(local), test)
     remember_score(client, name, version, test, score)
     return score
@@ -132,6 +154,7 @@ def remember_score(client, name: str, version: str, test: TestSet, score: float)
 
 
 # -- promotion: one decision rule for the check (observes) and the champion_model asset (acts) ----------
+
 
 @dataclass(frozen=True)
 class Challenger:
@@ -174,7 +197,7 @@ def above_floor(floor: float) -> Condition:
 
 
 def beats_baseline(baseline_metrics: dict, margin: float) -> Condition:
-    """At least its own version's baseline_model test macro-F1 plus ``margin`` (issue 14)."""
+    """At least its own version's baseline_model test macro-F1 plus ``margin``."""
     from finetune_assets.data.baseline import beats_baseline as decide
 
     def condition(c: Comparison) -> str | None:
@@ -186,29 +209,42 @@ def beats_baseline(baseline_metrics: dict, margin: float) -> Condition:
 
 def beats_champion(min_improvement: float = 0.0) -> Condition:
     """Strictly better than the champion (by more than ``min_improvement``): a tie keeps the champion,
-    so a retry that reproduces the same model never moves the alias."""
+    so a retry that reproduces the same model never moves the alias.
+    """
 
     def condition(c: Comparison) -> str | None:
         if c.champion is None or c.holds_alias or c.champion_score is None:
             return None
         if c.challenger.score > c.champion_score + min_improvement:
             return None
-        return (f"macro-F1 {c.challenger.score:.4f} does not beat champion v{c.champion.version}'s "
-                f"{c.champion_score:.4f} (by more than {min_improvement:g}) on the same {len(c.test.texts)} "
-                "test reviews")
+        return (
+            f"macro-F1 {c.challenger.score:.4f} does not beat champion v{c.champion.version}'s "
+            f"{c.champion_score:.4f} (by more than {min_improvement:g}) on the same {len(c.test.texts)} "
+            "test reviews"
+        )
 
     return condition
 
 
-def compare(client, challenger: Challenger, test: TestSet, conditions: Sequence[Condition], tracking_uri: str,
-            alias: str = CHAMPION_ALIAS) -> Comparison:
+def compare(
+    client,
+    challenger: Challenger,
+    test: TestSet,
+    conditions: Sequence[Condition],
+    tracking_uri: str,
+    alias: str = CHAMPION_ALIAS,
+) -> Comparison:
     """Read the champion (scoring it on ``test`` unless cached) and apply every condition; changes no alias."""
     champ = current_champion(client, challenger.name, test, alias)
     champ_score = None
     if champ is not None:
-        champ_score = challenger.score if champ.version == challenger.version else champ.cached_score
+        champ_score = (
+            challenger.score if champ.version == challenger.version else champ.cached_score
+        )
         if champ_score is None:
-            champ_score = score_registered(client, challenger.name, champ.version, test, tracking_uri)
+            champ_score = score_registered(
+                client, challenger.name, champ.version, test, tracking_uri
+            )
     base = Comparison(challenger, champ, champ_score, test)
     refusals = tuple(r for cond in conditions if (r := cond(base)) is not None)
     return Comparison(challenger, champ, champ_score, test, refusals)
@@ -222,12 +258,21 @@ def describe(c: Comparison, alias: str = CHAMPION_ALIAS) -> str:
         return "refused: " + "; ".join(c.refusals) + held
     if c.champion is None:
         return f"promoted: first model to hold @{alias}"
-    return (f"promoted: macro-F1 {c.challenger.score:.4f} > champion v{c.champion.version}'s "
-            f"{c.champion_score:.4f} on the same {len(c.test.texts)} test reviews")
+    return (
+        f"promoted: macro-F1 {c.challenger.score:.4f} > champion v{c.champion.version}'s "
+        f"{c.champion_score:.4f} on the same {len(c.test.texts)} test reviews"
+    )
 
 
-def promote(client, challenger: Challenger, test: TestSet, conditions: Sequence[Condition], tracking_uri: str,
-            alias: str = CHAMPION_ALIAS, lock: contextlib.AbstractContextManager | None = None) -> Comparison:
+def promote(
+    client,
+    challenger: Challenger,
+    test: TestSet,
+    conditions: Sequence[Condition],
+    tracking_uri: str,
+    alias: str = CHAMPION_ALIAS,
+    lock: contextlib.AbstractContextManager | None = None,
+) -> Comparison:
     """Compare and, if every condition holds, move ``alias`` to the challenger, inside one critical section.
 
     MLflow has no compare-and-set on aliases: ``lock`` (plus the ``promotion`` pool of size 1 around the
@@ -239,5 +284,7 @@ def promote(client, challenger: Challenger, test: TestSet, conditions: Sequence[
         if result.promotable:
             client.set_registered_model_alias(challenger.name, alias, challenger.version)
     if not result.holds_alias:
-        client.set_model_version_tag(challenger.name, challenger.version, TAG_DECISION, describe(result, alias)[:250])
+        client.set_model_version_tag(
+            challenger.name, challenger.version, TAG_DECISION, describe(result, alias)[:250]
+        )
     return result

@@ -28,13 +28,20 @@ def find_model_dirs(root: Path) -> tuple[Path, Path]:
     for folder in (root / MODEL_SUBDIR, root):
         if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
             return folder, folder
-    configs = [p.parent for p in root.rglob("config.json") if any(p.parent.glob("*.safetensors"))
-               or any(p.parent.glob("pytorch_model*.bin"))]
+    configs = [
+        p.parent
+        for p in root.rglob("config.json")
+        if any(p.parent.glob("*.safetensors")) or any(p.parent.glob("pytorch_model*.bin"))
+    ]
     tokenizers = [p.parent for p in root.rglob("tokenizer_config.json")]
     if not configs or not tokenizers:
-        raise ModelFolderError(f"{root} is not a Hugging Face model folder (no config.json + weights + tokenizer); "
-                               "pass the folder written by save_pretrained")
-    return sorted(configs, key=lambda p: len(p.parts))[0], sorted(tokenizers, key=lambda p: len(p.parts))[0]
+        raise ModelFolderError(
+            f"{root} is not a Hugging Face model folder (no config.json + weights + tokenizer); "
+            "pass the folder written by save_pretrained"
+        )
+    return sorted(configs, key=lambda p: len(p.parts))[0], sorted(
+        tokenizers, key=lambda p: len(p.parts)
+    )[0]
 
 
 class Classifier:
@@ -52,19 +59,26 @@ class Classifier:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         model_dir, tok_dir = find_model_dirs(Path(path))
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True, trust_remote_code=False)
-        model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True,
-                                                                   trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(
+            tok_dir, local_files_only=True, trust_remote_code=False
+        )
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, local_files_only=True, trust_remote_code=False
+        )
         return cls(model, tokenizer, source or str(model_dir))
 
-    def predict(self, texts: Sequence[str], max_length: int = 512) -> list[tuple[str, float, dict[str, float]]]:
+    def predict(
+        self, texts: Sequence[str], max_length: int = 512
+    ) -> list[tuple[str, float, dict[str, float]]]:
         """(label, probability, probabilities by label) per text, as one padded batch."""
         import torch
 
         from finetune_assets.data.models import position_limit
 
         limit = min(max_length, position_limit(self.model.config))
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
+        enc = self.tokenizer(
+            list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt"
+        )
         with torch.inference_mode():
             probs = torch.softmax(self.model(**enc).logits.float(), dim=-1)
         out = []
@@ -73,9 +87,13 @@ class Classifier:
             out.append((self.labels[best], row[best], dict(zip(self.labels, row))))
         return out
 
-    def predict_labels(self, texts: Sequence[str], max_length: int = 512, batch_size: int = 32) -> list[str]:
+    def predict_labels(
+        self, texts: Sequence[str], max_length: int = 512, batch_size: int = 32
+    ) -> list[str]:
         """The predicted class name per text, in input order; batches of similar length (less padding)."""
         from finetune_assets.data.batching import predict_in_length_order
 
-        results = predict_in_length_order(lambda batch: self.predict(batch, max_length), texts, batch_size)
+        results = predict_in_length_order(
+            lambda batch: self.predict(batch, max_length), texts, batch_size
+        )
         return [label for label, _, _ in results]

@@ -24,16 +24,22 @@ RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure"
 # The per-version chain, in order; ``pretrained_model`` is unpartitioned and shared by every version.
 # ``baseline_model`` is in it because the gate (``quality_gate``, a blocking check that depends on it)
 # refuses a version without one: every path that can promote builds the baseline first.
-VERSION_CHAIN = (raw_reviews, tokenized_reviews, mds_shards, baseline_model, finetuned_model,
-                 champion_model)
+VERSION_CHAIN = (
+    raw_reviews,
+    tokenized_reviews,
+    mds_shards,
+    baseline_model,
+    finetuned_model,
+    champion_model,
+)
 
 retrain_job = dg.define_asset_job(
     name="retrain_job",
     selection=dg.AssetSelection.assets(*VERSION_CHAIN, pretrained_model),
     description=(
-        "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> mds_shards -> "
-        "finetuned_model -> champion_model, and baseline_model (the gate's bar), with their checks. pretrained_model is in the selection so a fresh "
-        "deployment can "
+        "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> "
+        "mds_shards -> finetuned_model -> champion_model, and baseline_model (the gate's bar), with "
+        "their checks. pretrained_model is in the selection so a fresh deployment can "
         "build the base model in the same run; the new-data sensor selects it only while it has never been "
         "published (it is shared by all versions, rebuilding it per version would make every version stale)."
     ),

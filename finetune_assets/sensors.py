@@ -33,16 +33,30 @@ from dataclasses import dataclass, field
 import dagster as dg
 from dagster._core.storage.tags import WILL_RETRY_TAG
 
-from finetune_assets.data.labels import LabelError, LabelSet, read_manifest
-from finetune_assets.data.sources import (DELTA_PREFIX, SourceError, SourceSpec, check_source,
-                                          list_files)
 from finetune_assets.contracts import PRETRAINED_MODEL
-from finetune_assets.jobs import VERSION_CHAIN, pretrained_model, retrain_job
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, InvalidVersionKey, validate_version_key
-from finetune_assets.resources.landing import (LandedEntry, LandingZoneResource, WatchedDeltaTable,
-                                               fingerprint, strip_format_suffix)
-from finetune_assets.resources.storage_root import StorageResource
+from finetune_assets.data.labels import LabelError, LabelSet, read_manifest
+from finetune_assets.data.sources import (
+    DELTA_PREFIX,
+    SourceError,
+    SourceSpec,
+    check_source,
+    list_files,
+)
+from finetune_assets.dataset_versions.partitions import (
+    DATASET_VERSIONS,
+    InvalidVersionKey,
+    validate_version_key,
+)
 from finetune_assets.dataset_versions.registry import read_version, write_version
+from finetune_assets.jobs import VERSION_CHAIN, pretrained_model, retrain_job
+from finetune_assets.resources.landing import (
+    LandedEntry,
+    LandingZoneResource,
+    WatchedDeltaTable,
+    fingerprint,
+    strip_format_suffix,
+)
+from finetune_assets.resources.storage_root import StorageResource
 
 CURSOR_VERSION = 1
 RUN_KEY_TAG = "dagster/run_key"
@@ -50,9 +64,13 @@ VERSION_TAG = "finetune_assets/dataset_version"
 FINGERPRINT_TAG = "finetune_assets/fingerprint"
 SOURCE_TAG = "finetune_assets/source"
 ATTEMPT_TAG = "finetune_assets/attempt"
-STATUS_TAG = "finetune_assets/version_status"  # on a run the sensor gave up on: visible in the UI's run list
+STATUS_TAG = (
+    "finetune_assets/version_status"  # on a run the sensor gave up on: visible in the UI's run list
+)
 MAX_RUN_ATTEMPTS = 3  # requests per version that never became a run before leaving it to a person
-LOST_AFTER_S = 600.0  # a requested run that never appeared by then (dropped request) is requested again
+LOST_AFTER_S = (
+    600.0  # a requested run that never appeared by then (dropped request) is requested again
+)
 
 
 @dataclass
@@ -61,11 +79,17 @@ class LandingCursor:
 
     registered: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> {fp, sig}
     pending: dict[str, str] = field(default_factory=dict)  # file key -> signature seen last tick
-    awaiting_base: dict[str, str] = field(default_factory=dict)  # key -> fp: run waits for pretrained_model
+    awaiting_base: dict[str, str] = field(
+        default_factory=dict
+    )  # key -> fp: run waits for pretrained_model
     base_run_key: str | None = None  # the run that builds pretrained_model, while it is unpublished
     reported: dict[str, str] = field(default_factory=dict)  # entry -> problem already logged
-    runs: dict[str, dict] = field(default_factory=dict)  # key -> {fp, attempt, at}: requested, not yet succeeded
-    failed: dict[str, str] = field(default_factory=dict)  # key -> why its run is given up (a person re-runs it)
+    runs: dict[str, dict] = field(
+        default_factory=dict
+    )  # key -> {fp, attempt, at}: requested, not yet succeeded
+    failed: dict[str, str] = field(
+        default_factory=dict
+    )  # key -> why its run is given up (a person re-runs it)
     tables: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> {seen, rows}
 
     @classmethod
@@ -75,40 +99,70 @@ class LandingCursor:
         try:
             data = json.loads(raw)
         except ValueError:
-            return cls()  # an unreadable cursor behaves like a reset one: partitions + run keys still dedupe
+            return (
+                cls()
+            )  # an unreadable cursor behaves like a reset one: partitions + run keys still dedupe
         if data.get("v") != CURSOR_VERSION:
             return cls()
-        return cls(registered=data.get("registered", {}), pending=data.get("pending", {}),
-                   awaiting_base=data.get("awaiting_base", {}), base_run_key=data.get("base_run_key"),
-                   reported=data.get("reported", {}), runs=data.get("runs", {}),
-                   failed=data.get("failed", {}), tables=data.get("tables", {}))
+        return cls(
+            registered=data.get("registered", {}),
+            pending=data.get("pending", {}),
+            awaiting_base=data.get("awaiting_base", {}),
+            base_run_key=data.get("base_run_key"),
+            reported=data.get("reported", {}),
+            runs=data.get("runs", {}),
+            failed=data.get("failed", {}),
+            tables=data.get("tables", {}),
+        )
 
     def dumps(self) -> str:
-        return json.dumps({"v": CURSOR_VERSION, "registered": self.registered, "pending": self.pending,
-                           "awaiting_base": self.awaiting_base, "base_run_key": self.base_run_key,
-                           "reported": self.reported, "runs": self.runs, "failed": self.failed,
-                           "tables": self.tables}, sort_keys=True)
+        return json.dumps(
+            {
+                "v": CURSOR_VERSION,
+                "registered": self.registered,
+                "pending": self.pending,
+                "awaiting_base": self.awaiting_base,
+                "base_run_key": self.base_run_key,
+                "reported": self.reported,
+                "runs": self.runs,
+                "failed": self.failed,
+                "tables": self.tables,
+            },
+            sort_keys=True,
+        )
 
 
 def run_key(key: str, fp: str, attempt: int = 1) -> str:
     """``{key}:{fp}`` for the first run of a version; a re-request after a failure adds ``:{attempt}``
-    (the daemon drops a run key it has seen, whatever that run's outcome)."""
+    (the daemon drops a run key it has seen, whatever that run's outcome).
+    """
     return f"{key}:{fp}" if attempt <= 1 else f"{key}:{fp}:{attempt}"
 
 
-def retrain_request(key: str, fp: str, source: str, with_base: bool, attempt: int = 1) -> dg.RunRequest:
+def retrain_request(
+    key: str, fp: str, source: str, with_base: bool, attempt: int = 1
+) -> dg.RunRequest:
     """One retrain run for a version; ``pretrained_model`` only while it has never been published."""
     assets = [*VERSION_CHAIN, *((pretrained_model,) if with_base else ())]
     return dg.RunRequest(
         run_key=run_key(key, fp, attempt),
         partition_key=key,
         asset_selection=[a.key for a in assets],
-        tags={VERSION_TAG: key, FINGERPRINT_TAG: fp, SOURCE_TAG: source[-255:], ATTEMPT_TAG: str(attempt)},
+        tags={
+            VERSION_TAG: key,
+            FINGERPRINT_TAG: fp,
+            SOURCE_TAG: source[-255:],
+            ATTEMPT_TAG: str(attempt),
+        },
     )
 
 
-def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneResource,
-                     storage: StorageResource, clock=time.monotonic) -> dg.SensorResult:
+def evaluate_landing(
+    context: dg.SensorEvaluationContext,
+    landing: LandingZoneResource,
+    storage: StorageResource,
+    clock=time.monotonic,
+) -> dg.SensorResult:
     """One tick; a plain function so tests and the sensor share it.
 
     Work is bounded: one listing, then per-entry work only for entries not yet registered, stopping
@@ -121,7 +175,9 @@ def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneRe
     started = clock()
     existing = set(instance.get_dynamic_partitions(DATASET_VERSIONS))
     entries = landing.list_entries()
-    problems: dict[str, str] = {}  # entry name -> why it was skipped (malformed / conflicting / unreadable)
+    problems: dict[
+        str, str
+    ] = {}  # entry name -> why it was skipped (malformed / conflicting / unreadable)
     waiting: list[str] = []  # why complete-looking versions are not yet registered
     new_partitions: list[str] = []
     ready: list[tuple[str, str, str]] = []  # (key, fp, source) whose runs to request this tick
@@ -142,8 +198,19 @@ def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneRe
             continue
         e = group[0]
         try:
-            _consider(landing, store, cursor, existing, key, group, problems, waiting, new_partitions, ready,
-                      rerequest)
+            _consider(
+                landing,
+                store,
+                cursor,
+                existing,
+                key,
+                group,
+                problems,
+                waiting,
+                new_partitions,
+                ready,
+                rerequest,
+            )
         except Exception as err:  # noqa: BLE001 - an unreadable drop (deleted mid-read, permissions) is its own problem
             problems[e.name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
 
@@ -160,34 +227,63 @@ def evaluate_landing(context: dg.SensorEvaluationContext, landing: LandingZoneRe
     # Files that vanished before they settled are forgotten; reports clear when the entry is fixed.
     cursor.pending = {k: v for k, v in cursor.pending.items() if k in seen_keys}
     if deferred:
-        waiting.append(f"{deferred} entries left for the next tick (tick budget {landing.tick_budget_s:g} s)")
+        waiting.append(
+            f"{deferred} entries left for the next tick (tick budget {landing.tick_budget_s:g} s)"
+        )
 
-    run_requests = _follow_runs(context, cursor, store) + _requests_with_base(cursor, store, ready, waiting) + rerequest
+    run_requests = (
+        _follow_runs(context, cursor, store)
+        + _requests_with_base(cursor, store, ready, waiting)
+        + rerequest
+    )
     _log_problems(context, cursor, problems)
 
-    dpr = [dg.AddDynamicPartitionsRequest(DATASET_VERSIONS, new_partitions)] if new_partitions else []
+    dpr = (
+        [dg.AddDynamicPartitionsRequest(DATASET_VERSIONS, new_partitions)] if new_partitions else []
+    )
     if run_requests or dpr:
         for key in new_partitions:
-            context.log.info(f"registered dataset version {key} (fingerprint {cursor.registered[key]['fp']})")
-        return dg.SensorResult(run_requests=run_requests, dynamic_partitions_requests=dpr,
-                               cursor=cursor.dumps())
-    reasons = [*(f"{name}: {why}" for name, why in sorted(problems.items())), *waiting,
-               *(f"{key}: {why}" for key, why in sorted(cursor.failed.items()))]
+            context.log.info(
+                f"registered dataset version {key} (fingerprint {cursor.registered[key]['fp']})"
+            )
+        return dg.SensorResult(
+            run_requests=run_requests, dynamic_partitions_requests=dpr, cursor=cursor.dumps()
+        )
+    reasons = [
+        *(f"{name}: {why}" for name, why in sorted(problems.items())),
+        *waiting,
+        *(f"{key}: {why}" for key, why in sorted(cursor.failed.items())),
+    ]
     skip = "; ".join(reasons) if reasons else f"no new dataset versions in {landing.location()}"
     return dg.SensorResult(skip_reason=dg.SkipReason(skip), cursor=cursor.dumps())
 
 
-def _consider(landing, store, cursor: LandingCursor, existing, key, group, problems, waiting, new_partitions, ready,
-              rerequest) -> None:
+def _consider(
+    landing,
+    store,
+    cursor: LandingCursor,
+    existing,
+    key,
+    group,
+    problems,
+    waiting,
+    new_partitions,
+    ready,
+    rerequest,
+) -> None:
     """One landed entry: register it as a version, wait for it, or say why it is skipped."""
     if len(group) > 1:
         names = ", ".join(e.name for e in group)
         for e in group:
-            problems[e.name] = f"version key {key!r} is ambiguous ({names}): keep one, rename the others"
+            problems[e.name] = (
+                f"version key {key!r} is ambiguous ({names}): keep one, rename the others"
+            )
         return
     e = group[0]
     if not e.is_dir and strip_format_suffix(e.name) is None:
-        problems[e.name] = "unsupported file type (use .csv, .tsv, .jsonl, .json or .parquet, or a folder)"
+        problems[e.name] = (
+            "unsupported file type (use .csv, .tsv, .jsonl, .json or .parquet, or a folder)"
+        )
         return
     try:
         validate_version_key(key)
@@ -212,8 +308,10 @@ def _consider(landing, store, cursor: LandingCursor, existing, key, group, probl
     fp = fingerprint(e.uri)
     if prev is not None:
         if prev["fp"] != fp:
-            problems[e.name] = (f"content changed after version {key} was registered (fingerprint "
-                                f"{prev['fp']} -> {fp}); versions are immutable: land it under a new key")
+            problems[e.name] = (
+                f"content changed after version {key} was registered (fingerprint "
+                f"{prev['fp']} -> {fp}); versions are immutable: land it under a new key"
+            )
         prev["sig"] = e.signature
         return
     if key in existing:  # cursor reset, or registered by the CLI
@@ -223,38 +321,53 @@ def _consider(landing, store, cursor: LandingCursor, existing, key, group, probl
             # Same key and content as before: the daemon drops this by run key if it already ran.
             rerequest.append(retrain_request(key, fp, e.uri, with_base=False))
         else:
-            problems[e.name] = (f"dataset version {key} is already registered from "
-                                f"{record.source.uri if record else 'an unknown source'}; "
-                                "land the new data under a new key")
+            problems[e.name] = (
+                f"dataset version {key} is already registered from "
+                f"{record.source.uri if record else 'an unknown source'}; "
+                "land the new data under a new key"
+            )
         return
     try:  # a folder drop may carry its label set (data/labels.py MANIFEST); else the seed's classes
         labels = read_manifest(e.uri) if e.is_dir else None
     except LabelError as err:
         problems[e.name] = str(err)
         return
-    write_version(store, key, SourceSpec(uri=e.uri), fingerprint=fp, labels=labels)  # before the run can start
+    write_version(
+        store, key, SourceSpec(uri=e.uri), fingerprint=fp, labels=labels
+    )  # before the run can start
     cursor.registered[key] = {"fp": fp, "sig": e.signature}
     new_partitions.append(key)
     ready.append((key, fp, e.uri))
 
 
-def _consider_table(store, cursor: LandingCursor, existing, watched: WatchedDeltaTable, problems,
-                    new_partitions, ready) -> None:
+def _consider_table(
+    store,
+    cursor: LandingCursor,
+    existing,
+    watched: WatchedDeltaTable,
+    problems,
+    new_partitions,
+    ready,
+) -> None:
     """A watched Delta table: a version per row-adding commit (or ``min_new_rows``), pinned."""
     from finetune_assets.data.sources.delta import VersionGone
     from finetune_assets.data.sources.delta_commits import due_versions
 
     state = cursor.tables.get(watched.name, {})
-    due, seen, rows = due_versions(watched.table, state.get("seen"), state.get("rows", 0),
-                                   watched.min_new_rows)
+    due, seen, rows = due_versions(
+        watched.table, state.get("seen"), state.get("rows", 0), watched.min_new_rows
+    )
     labels = LabelSet(tuple(watched.labels)) if watched.labels else None
     for version in due:
         key, fp = f"{watched.name}-v{version}", f"delta-v{version}"
         if key in existing:  # cursor reset, or registered by the CLI
             continue
-        spec = SourceSpec(uri=f"{DELTA_PREFIX}{watched.table}@version={version}",
-                          text_column=watched.text_column, label_column=watched.label_column,
-                          where=watched.where)
+        spec = SourceSpec(
+            uri=f"{DELTA_PREFIX}{watched.table}@version={version}",
+            text_column=watched.text_column,
+            label_column=watched.label_column,
+            where=watched.where,
+        )
         try:
             validate_version_key(key)
             check_source(spec)
@@ -293,12 +406,16 @@ def _requests_with_base(cursor: LandingCursor, store, ready, waiting) -> list[dg
         cursor.awaiting_base.pop(key, None)
     for key, fp, _ in queue:
         cursor.awaiting_base[key] = fp
-        waiting.append(f"{key}: registered; its run waits until pretrained_model is built "
-                       f"(by the run of {cursor.base_run_key})")
+        waiting.append(
+            f"{key}: registered; its run waits until pretrained_model is built "
+            f"(by the run of {cursor.base_run_key})"
+        )
     return requests
 
 
-def _track(cursor: LandingCursor, key: str, fp: str, source: str, with_base: bool, attempt: int = 1) -> dg.RunRequest:
+def _track(
+    cursor: LandingCursor, key: str, fp: str, source: str, with_base: bool, attempt: int = 1
+) -> dg.RunRequest:
     cursor.runs[key] = {"fp": fp, "attempt": attempt, "at": time.time()}
     return retrain_request(key, fp, source, with_base=with_base, attempt=attempt)
 
@@ -333,14 +450,18 @@ def _follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
                 continue
             record = read_version(store, key)
             with_base = key == cursor.base_run_key and store.current(PRETRAINED_MODEL) is None
-            context.log.warning(f"dataset version {key}: its run was never created; requesting again")
+            context.log.warning(
+                f"dataset version {key}: its run was never created; requesting again"
+            )
             source = record.source.uri if record else ""
             attempt = info["attempt"] + 1
             requests.append(_track(cursor, key, info["fp"], source, with_base, attempt=attempt))
         elif run.status == dg.DagsterRunStatus.SUCCESS:
             del cursor.runs[key]
-        elif run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) \
-                and run.tags.get(WILL_RETRY_TAG) != "true":
+        elif (
+            run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+            and run.tags.get(WILL_RETRY_TAG) != "true"
+        ):
             _give_up(context, cursor, key, run, run_outcome(instance, run))
     return requests
 
@@ -365,7 +486,9 @@ def run_outcome(instance, run: dg.DagsterRun) -> str:
                 if evaluation.check_name == "quality_gate":
                     gate = evaluation.description or "refused"
                 elif this_run:
-                    refused.append(f"{evaluation.check_name} ({evaluation.description or 'failed'})")
+                    refused.append(
+                        f"{evaluation.check_name} ({evaluation.description or 'failed'})"
+                    )
             elif event.event_type == dg.DagsterEventType.STEP_FAILURE and this_run:
                 failed.append(f"{event.step_key} ({_first_line(event.step_failure_data.error)})")
     if gate is not None:
@@ -406,8 +529,9 @@ def _log_problems(context, cursor: LandingCursor, problems: dict[str, str]) -> N
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="New data in the landing zone -> a dataset version (partition) and a retrain_job run for it.",
 )
-def landing_zone_sensor(context: dg.SensorEvaluationContext, landing: LandingZoneResource,
-                        storage: StorageResource) -> dg.SensorResult:
+def landing_zone_sensor(
+    context: dg.SensorEvaluationContext, landing: LandingZoneResource, storage: StorageResource
+) -> dg.SensorResult:
     return evaluate_landing(context, landing, storage)
 
 

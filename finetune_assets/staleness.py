@@ -26,8 +26,11 @@ def config_defaults(config_cls: type[dg.Config]) -> dict:
     unknown = skip - set(config_cls.model_fields)
     if unknown:
         raise ValueError(f"{config_cls.__name__}.unversioned names no field: {sorted(unknown)}")
-    return {name: field.get_default(call_default_factory=True)
-            for name, field in config_cls.model_fields.items() if name not in skip and not field.is_required()}
+    return {
+        name: field.get_default(call_default_factory=True)
+        for name, field in config_cls.model_fields.items()
+        if name not in skip and not field.is_required()
+    }
 
 
 def config_code_version(config_cls: type[dg.Config], revision: str) -> str:
@@ -50,6 +53,9 @@ def with_config_versions(assets: Iterable[dg.AssetsDefinition]) -> Sequence[dg.A
         cls = config_class(asset)
         if cls is not None:
             asset = asset.map_asset_specs(
-                lambda spec, cls=cls: spec.replace_attributes(code_version=config_code_version(cls, spec.code_version)))
+                lambda spec, cls=cls: spec.replace_attributes(
+                    code_version=config_code_version(cls, spec.code_version)
+                )
+            )
         out.append(asset)
     return out

@@ -43,8 +43,12 @@ POINTER = "CURRENT"
 ATTEMPTS = "attempts"
 LOCKS = ".locks"
 RECORDS = "records"  # {prefix}/records/{attempt}.json: the pointer as it was when that attempt was published
-LEASES = "leases"  # {prefix}/leases/{holder}.json: an attempt in use (being written, or read by a run)
-LEASE_TTL_S = 600.0  # a writer's lease, refreshed every TTL/3 while it writes; a killed writer's expires
+LEASES = (
+    "leases"  # {prefix}/leases/{holder}.json: an attempt in use (being written, or read by a run)
+)
+LEASE_TTL_S = (
+    600.0  # a writer's lease, refreshed every TTL/3 while it writes; a killed writer's expires
+)
 PIN_TTL_S = 24 * 3600.0  # a run's pin (lease) on what it read, refreshed by each of its steps
 # Abandoned attempts (killed runs) older than this are removed by the next successful publish;
 # younger ones may belong to a concurrent materialization of the same partition.
@@ -74,8 +78,10 @@ class Staging:
         self.metadata: dict[str, Any] = {}
 
 
-ROOT_SETTING = (f"set the storage root to a folder this user can write: ${STORAGE_ROOT_ENV} (CLI --root, "
-                "Dagster resource `storage` root)")
+ROOT_SETTING = (
+    f"set the storage root to a folder this user can write: ${STORAGE_ROOT_ENV} (CLI --root, "
+    "Dagster resource `storage` root)"
+)
 
 
 class StorageRootError(OSError):
@@ -89,8 +95,9 @@ def make_dirs(path: Path, root: str, exist_ok: bool = True) -> None:
     except FileExistsError:
         raise
     except OSError as err:
-        raise StorageRootError(f"storage root {root}: cannot create {path}: {err.strerror or err}; "
-                               f"{ROOT_SETTING}") from err
+        raise StorageRootError(
+            f"storage root {root}: cannot create {path}: {err.strerror or err}; {ROOT_SETTING}"
+        ) from err
 
 
 def default_root() -> str:
@@ -187,8 +194,10 @@ class Storage:
                         "metadata": staging.metadata,
                         "published_at": time.time(),
                     }
-                    self.write_atomic(join(prefix, RECORDS, f"{attempt}.json"),
-                                      json.dumps(record, indent=2, sort_keys=True).encode())
+                    self.write_atomic(
+                        join(prefix, RECORDS, f"{attempt}.json"),
+                        json.dumps(record, indent=2, sort_keys=True).encode(),
+                    )
                     self._write_pointer(prefix, record)
         except BaseException:
             self._remove(url)
@@ -196,7 +205,9 @@ class Storage:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the new version is published; cleanup can wait for the next one
+        with contextlib.suppress(
+            OSError
+        ):  # the new version is published; cleanup can wait for the next one
             self._collect_garbage(
                 prefix,
                 keep={attempt, previous.attempt} if previous else {attempt},
@@ -209,11 +220,15 @@ class Storage:
         return join(prefix, LEASES, f"{holder}.json")
 
     def _write_lease(self, prefix: str, holder: str, attempt: str, ttl_s: float) -> None:
-        self.write_atomic(self._lease_url(prefix, holder),
-                          json.dumps({"attempt": attempt, "expires": time.time() + ttl_s}).encode())
+        self.write_atomic(
+            self._lease_url(prefix, holder),
+            json.dumps({"attempt": attempt, "expires": time.time() + ttl_s}).encode(),
+        )
 
     @contextlib.contextmanager
-    def _heartbeat(self, prefix: str, holder: str, attempt: str, ttl_s: float = LEASE_TTL_S) -> Iterator[None]:
+    def _heartbeat(
+        self, prefix: str, holder: str, attempt: str, ttl_s: float = LEASE_TTL_S
+    ) -> Iterator[None]:
         """Lease ``attempt`` while the block runs, refreshed every ``ttl_s / 3`` by a daemon thread."""
         import threading
 
@@ -269,9 +284,16 @@ class Storage:
             return current
         pointer = self.read_json(join(prefix, RECORDS, f"{attempt}.json"))
         if pointer is None:
-            raise FileNotFoundError(f"{asset} attempt {attempt} pinned by run {run_id} has been removed")
-        return Published(url=join(prefix, ATTEMPTS, attempt), attempt=attempt, data_version=pointer["data_version"],
-                         metadata=pointer.get("metadata", {}), previous=pointer.get("previous"))
+            raise FileNotFoundError(
+                f"{asset} attempt {attempt} pinned by run {run_id} has been removed"
+            )
+        return Published(
+            url=join(prefix, ATTEMPTS, attempt),
+            attempt=attempt,
+            data_version=pointer["data_version"],
+            metadata=pointer.get("metadata", {}),
+            previous=pointer.get("previous"),
+        )
 
     def restore(self, asset: str, attempt: str, partition: str | None = None) -> Published:
         """Point ``CURRENT`` back at an earlier published ``attempt`` (its record must still exist).
@@ -283,8 +305,9 @@ class Storage:
         with self.lock(f"pointer-{asset}-{partition or UNPARTITIONED}"):
             record = self.read_json(join(prefix, RECORDS, f"{attempt}.json"))
             if record is None or not self.fs.exists(join(prefix, ATTEMPTS, attempt)):
-                raise FileNotFoundError(f"{asset} attempt {attempt} has been removed: nothing to "
-                                        "restore")
+                raise FileNotFoundError(
+                    f"{asset} attempt {attempt} has been removed: nothing to restore"
+                )
             self._write_pointer(prefix, record)
         return self.require(asset, partition)
 
@@ -294,16 +317,28 @@ class Storage:
         out, published = [], self.current(asset, partition)
         while published is not None and len(out) < depth:
             out.append(published)
-            record = self.read_json(join(prefix, RECORDS, f"{published.previous}.json")) \
-                if published.previous else None
-            published = None if record is None else Published(
-                url=join(prefix, ATTEMPTS, record["attempt"]), attempt=record["attempt"],
-                data_version=record["data_version"], metadata=record.get("metadata", {}),
-                previous=record.get("previous"))
+            record = (
+                self.read_json(join(prefix, RECORDS, f"{published.previous}.json"))
+                if published.previous
+                else None
+            )
+            published = (
+                None
+                if record is None
+                else Published(
+                    url=join(prefix, ATTEMPTS, record["attempt"]),
+                    attempt=record["attempt"],
+                    data_version=record["data_version"],
+                    metadata=record.get("metadata", {}),
+                    previous=record.get("previous"),
+                )
+            )
         return out
 
     def _write_pointer(self, prefix: str, pointer: dict[str, Any]) -> None:
-        self.write_atomic(join(prefix, POINTER), json.dumps(pointer, indent=2, sort_keys=True).encode())
+        self.write_atomic(
+            join(prefix, POINTER), json.dumps(pointer, indent=2, sort_keys=True).encode()
+        )
 
     def write_atomic(self, url: str, body: bytes) -> None:
         write_bytes_atomic(url, body)
@@ -323,7 +358,8 @@ class Storage:
     def _collect_garbage(self, prefix: str, keep: set[str], retired: str | None) -> None:
         """Keep the new version and the one it replaced (a reader may still be streaming it); remove the
         version before that and attempts abandoned long ago by killed runs, unless an attempt is leased
-        (being written, or pinned by a live run)."""
+        (being written, or pinned by a live run).
+        """
         attempts = join(prefix, ATTEMPTS)
         now = time.time()
         leased = self.leased(prefix)

@@ -30,8 +30,10 @@ def tracking_uri(explicit: str | None, embedded_dir: str, fix: str) -> str:
     if uri:
         return uri
     if "://" in embedded_dir:
-        raise ValueError(f"{embedded_dir} is remote and no MLflow tracking URI is set "
-                         f"(an embedded SQLite store needs a local folder): {fix}")
+        raise ValueError(
+            f"{embedded_dir} is remote and no MLflow tracking URI is set "
+            f"(an embedded SQLite store needs a local folder): {fix}"
+        )
     return f"sqlite:///{Path(embedded_dir).expanduser().resolve()}/{EMBEDDED_DB}"
 
 
@@ -40,12 +42,18 @@ def safe_uri(uri: str | None) -> str | None:
     if not uri or "@" not in uri:
         return uri
     parts = urlsplit(uri)
-    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+    return urlunsplit(
+        parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+    )
 
 
 def web_ui(uri: str | None) -> str | None:
     """The MLflow UI base for links: an http(s) URI without credentials, else None."""
-    if uri and uri.startswith(("http://", "https://")) and "@" not in uri.split("//", 1)[1].split("/", 1)[0]:
+    if (
+        uri
+        and uri.startswith(("http://", "https://"))
+        and "@" not in uri.split("//", 1)[1].split("/", 1)[0]
+    ):
         return uri.rstrip("/")
     return None
 

@@ -56,13 +56,16 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
 
 # -- label distribution ------------------------------------------------------------------------
 
+
 def label_distribution_png(counts: Mapping[str, int]) -> bytes:
     fig = _figure(4.0, 2.2)
     ax = fig.add_subplot()
     labels, values = list(counts), [int(v) for v in counts.values()]
     bars = ax.barh(labels[::-1], values[::-1], color=_COLOR)
     total = max(1, sum(values))
-    ax.bar_label(bars, labels=[f"{v} ({v / total:.0%})" for v in values[::-1]], padding=3, fontsize=8)
+    ax.bar_label(
+        bars, labels=[f"{v} ({v / total:.0%})" for v in values[::-1]], padding=3, fontsize=8
+    )
     ax.set_xlim(0, max(values + [1]) * 1.35)
     ax.set_xlabel("reviews")
     ax.set_title("label distribution", fontsize=9)
@@ -73,13 +76,18 @@ def label_distribution_png(counts: Mapping[str, int]) -> bytes:
 def label_distribution_md(counts: Mapping[str, int]) -> str:
     """Bar chart + table of reviews per label (``{"Positive": 120, ...}``)."""
     total = max(1, sum(counts.values()))
-    table = markdown_table(("label", "reviews", "share"), [(k, v, f"{v / total:.1%}") for k, v in counts.items()])
+    table = markdown_table(
+        ("label", "reviews", "share"), [(k, v, f"{v / total:.1%}") for k, v in counts.items()]
+    )
     return image_md(label_distribution_png(counts), "label distribution") + "\n\n" + table
 
 
 # -- token lengths -----------------------------------------------------------------------------
 
-def token_length_png(lengths: Sequence[int], max_length: int | None = None, bins: int = 40) -> bytes:
+
+def token_length_png(
+    lengths: Sequence[int], max_length: int | None = None, bins: int = 40
+) -> bytes:
     import numpy as np
 
     values = np.asarray(lengths, dtype=np.int64)
@@ -89,8 +97,15 @@ def token_length_png(lengths: Sequence[int], max_length: int | None = None, bins
         ax.hist(values, bins=min(bins, max(1, int(values.max() - values.min()) + 1)), color=_COLOR)
     if max_length is not None:
         ax.axvline(max_length, color="#D93F3F", linestyle="--", linewidth=1)
-        ax.annotate(f"max_length {max_length}", xy=(max_length, 1), xycoords=("data", "axes fraction"),
-                    xytext=(3, -10), textcoords="offset points", fontsize=7, color="#D93F3F")
+        ax.annotate(
+            f"max_length {max_length}",
+            xy=(max_length, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -10),
+            textcoords="offset points",
+            fontsize=7,
+            color="#D93F3F",
+        )
     ax.set_xlabel("tokens per review (before truncation)")
     ax.set_ylabel("reviews")
     ax.set_title("token lengths", fontsize=9)
@@ -104,17 +119,25 @@ def token_length_md(lengths: Sequence[int], max_length: int | None = None) -> st
 
     values = np.asarray(lengths, dtype=np.int64)
     if len(values):
-        stats = [("reviews", len(values)), ("mean", f"{values.mean():.1f}"),
-                 *((f"p{q}", int(np.percentile(values, q))) for q in (50, 90, 95, 99)), ("max", int(values.max()))]
+        stats = [
+            ("reviews", len(values)),
+            ("mean", f"{values.mean():.1f}"),
+            *((f"p{q}", int(np.percentile(values, q))) for q in (50, 90, 95, 99)),
+            ("max", int(values.max())),
+        ]
         if max_length is not None:
             stats.append((f"> max_length ({max_length})", f"{(values > max_length).mean():.1%}"))
     else:
         stats = [("reviews", 0)]
-    return image_md(token_length_png(values, max_length), "token length histogram") + "\n\n" + \
-        markdown_table(("statistic", "value"), stats)
+    return (
+        image_md(token_length_png(values, max_length), "token length histogram")
+        + "\n\n"
+        + markdown_table(("statistic", "value"), stats)
+    )
 
 
 # -- confusion matrix --------------------------------------------------------------------------
+
 
 def confusion_matrix_figure(matrix: Sequence[Sequence[int]], labels: Sequence[str]):
     """The heat map as a matplotlib ``Figure`` (the trainer logs it to MLflow with ``log_figure``)."""
@@ -132,8 +155,15 @@ def confusion_matrix_figure(matrix: Sequence[Sequence[int]], labels: Sequence[st
     ax.set_ylabel("true")
     for i in range(m.shape[0]):
         for j in range(m.shape[1]):
-            ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=8,
-                    color="white" if share[i, j] > 0.5 else "black")
+            ax.text(
+                j,
+                i,
+                str(m[i, j]),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if share[i, j] > 0.5 else "black",
+            )
     ax.set_title("confusion matrix (test split)", fontsize=9)
     return fig
 
@@ -145,13 +175,19 @@ def confusion_matrix_png(matrix: Sequence[Sequence[int]], labels: Sequence[str])
 def confusion_matrix_md(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> str:
     """Heat map (colour = share of the true class) + the counts as a table (rows true, columns predicted)."""
     if len(matrix) != len(labels) or any(len(row) != len(labels) for row in matrix):
-        raise ValueError(f"confusion matrix must be {len(labels)}x{len(labels)} for labels {list(labels)}")
+        raise ValueError(
+            f"confusion matrix must be {len(labels)}x{len(labels)} for labels {list(labels)}"
+        )
     rows = [(f"**{label}**", *row) for label, row in zip(labels, matrix)]
-    return image_md(confusion_matrix_png(matrix, labels), "confusion matrix") + "\n\n" + \
-        markdown_table(("true \\ predicted", *labels), rows)
+    return (
+        image_md(confusion_matrix_png(matrix, labels), "confusion matrix")
+        + "\n\n"
+        + markdown_table(("true \\ predicted", *labels), rows)
+    )
 
 
 # -- tuning study ------------------------------------------------------------------------------
+
 
 def optimization_history_png(trials: Sequence[Mapping]) -> bytes:
     """Each finished trial's value (pruned: last report, as crosses) and the best so far."""
@@ -180,8 +216,10 @@ def optimization_history_png(trials: Sequence[Mapping]) -> bytes:
 
 def optimization_history_md(trials: Sequence[Mapping]) -> str:
     """Chart + table: trial, state, value (``trials``: dicts with number, state, value)."""
-    rows = [(t["number"], t["state"].lower(), "" if t["value"] is None else f"{t['value']:.4f}")
-            for t in trials]
+    rows = [
+        (t["number"], t["state"].lower(), "" if t["value"] is None else f"{t['value']:.4f}")
+        for t in trials
+    ]
     table = markdown_table(("trial", "state", "validation macro-F1"), rows)
     return image_md(optimization_history_png(trials), "optimization history") + "\n\n" + table
 

@@ -5,29 +5,46 @@ Measures (``finetune_assets.data.vocab_fit``) on a spread sample of the version'
 ``pretrained_model`` tokenizer; the truncated share comes from ``tokenized_reviews``' own statistics.
 """
 
-
 import dagster as dg
 from pydantic import Field
 
-from finetune_assets.contracts import PRETRAINED_MODEL, RAW_REVIEWS, TOKENIZED_REVIEWS, read_reviews, read_token_stats
+from finetune_assets.contracts import (
+    PRETRAINED_MODEL,
+    RAW_REVIEWS,
+    TOKENIZED_REVIEWS,
+    read_reviews,
+    read_token_stats,
+)
 from finetune_assets.dataset_versions.partitions import dataset_versions, validate_version_key
 from finetune_assets.resources.storage_root import StorageResource
 
 
 class VocabularyFitConfig(dg.Config):
     max_unknown_rate: float = Field(0.01, description="largest share of [UNK] tokens")
-    max_tokens_per_word: float = Field(2.0, description="most word pieces per word (words of >= 2 characters)")
-    max_single_char_share: float = Field(0.2, description="largest share of words split into single characters")
-    max_truncated_share: float = Field(0.05, description="largest share of reviews cut at max_length")
+    max_tokens_per_word: float = Field(
+        2.0, description="most word pieces per word (words of >= 2 characters)"
+    )
+    max_single_char_share: float = Field(
+        0.2, description="largest share of words split into single characters"
+    )
+    max_truncated_share: float = Field(
+        0.05, description="largest share of reviews cut at max_length"
+    )
     sample_reviews: int = Field(2000, description="reviews measured (spread over the version)")
 
 
-@dg.asset_check(asset=TOKENIZED_REVIEWS, name="vocabulary_fit", blocking=False, partitions_def=dataset_versions,
-                additional_deps=[RAW_REVIEWS, PRETRAINED_MODEL],
-                description="The base model's tokenizer covers the reviews' language: unknown tokens, tokens per "
-                            "word, words split into single characters, truncated reviews (warning).")
-def vocabulary_fit(context: dg.AssetCheckExecutionContext, config: VocabularyFitConfig,
-                   storage: StorageResource) -> dg.AssetCheckResult:
+@dg.asset_check(
+    asset=TOKENIZED_REVIEWS,
+    name="vocabulary_fit",
+    blocking=False,
+    partitions_def=dataset_versions,
+    additional_deps=[RAW_REVIEWS, PRETRAINED_MODEL],
+    description="The base model's tokenizer covers the reviews' language: unknown tokens, tokens per "
+    "word, words split into single characters, truncated reviews (warning).",
+)
+def vocabulary_fit(
+    context: dg.AssetCheckExecutionContext, config: VocabularyFitConfig, storage: StorageResource
+) -> dg.AssetCheckResult:
     """Warns when the base model sees this data as characters or unknown tokens, and says which setting fixes it."""
     from transformers import AutoTokenizer
 
@@ -43,24 +60,35 @@ def vocabulary_fit(context: dg.AssetCheckExecutionContext, config: VocabularyFit
     with store.local_copy(model.url) as model_dir:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
     fit = measure(texts, tokenizer, truncated_share=truncated, limit=config.sample_reviews)
-    limits = FitLimits(config.max_unknown_rate, config.max_tokens_per_word, config.max_single_char_share,
-                       config.max_truncated_share)
+    limits = FitLimits(
+        config.max_unknown_rate,
+        config.max_tokens_per_word,
+        config.max_single_char_share,
+        config.max_truncated_share,
+    )
     problems = limits.problems(fit)
     todo = advice(problems, fit)
-    description = (f"the base model's vocabulary does not fit this data: {'; '.join(problems)}. To fix: {todo}"
-                   if problems else f"vocabulary fits: {fit.tokens_per_word:.2f} tokens per word, "
-                                    f"{fit.single_char_share:.1%} single-character words, {fit.unknown_rate:.2%} unknown")
+    description = (
+        f"the base model's vocabulary does not fit this data: {'; '.join(problems)}. To fix: {todo}"
+        if problems
+        else f"vocabulary fits: {fit.tokens_per_word:.2f} tokens per word, "
+        f"{fit.single_char_share:.1%} single-character words, {fit.unknown_rate:.2%} unknown"
+    )
     if problems:
         context.log.warning(description)
     return dg.AssetCheckResult(
-        passed=not problems, severity=dg.AssetCheckSeverity.WARN, description=description,
+        passed=not problems,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=description,
         metadata={
             "unknown_rate": dg.MetadataValue.float(fit.unknown_rate),
             "tokens_per_word": dg.MetadataValue.float(fit.tokens_per_word),
             "single_char_share": dg.MetadataValue.float(fit.single_char_share),
             "truncated_share": dg.MetadataValue.float(fit.truncated_share),
-            "reviews_measured": fit.reviews, "words_measured": fit.words,
+            "reviews_measured": fit.reviews,
+            "words_measured": fit.words,
             "limits": dg.MetadataValue.json(limits.__dict__),
             "base_model": dg.MetadataValue.path(model.url),
             "fix": todo,
-        })
+        },
+    )

@@ -11,7 +11,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data" / "arabic_reviews"
-if not SHARED_DATA.exists():  # CI clones main beside a copy of shared/; sessions run from /work/main
+if (
+    not SHARED_DATA.exists()
+):  # CI clones main beside a copy of shared/; sessions run from /work/main
     SHARED_DATA = Path("/work/shared/data/arabic_reviews")
 
 
@@ -19,7 +21,8 @@ if not SHARED_DATA.exists():  # CI clones main beside a copy of shared/; session
 def _isolate_mlflow_globals():
     """``mlflow.set_tracking_uri/set_registry_uri`` also set ``MLFLOW_*_URI`` in ``os.environ``; a test
     that calls them (directly or through the CLI in-process) must not point later tests' subprocesses
-    (torchrun trainers, ``dagster`` CLI runs) at its own store."""
+    (torchrun trainers, ``dagster`` CLI runs) at its own store.
+    """
     keys = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
     saved = {k: os.environ.get(k) for k in keys}
     yield
@@ -80,7 +83,8 @@ def instance(tmp_path: Path):
 
 def _real_rows(path: Path) -> list[tuple[str, str]]:
     """(text, class) of a shared Arabic file, classes by its README (1 / -1 / 0, ``1.0`` too), first
-    spelling of each distinct text only, blank texts skipped."""
+    spelling of each distinct text only, blank texts skipped.
+    """
     import csv
 
     names = {"1": "Positive", "-1": "Negative", "0": "Mixed"}
@@ -99,10 +103,16 @@ def _real_rows(path: Path) -> list[tuple[str, str]]:
 @pytest.fixture(scope="session")
 def binary_reviews_tsv(arabic_reviews: Path, tmp_path_factory) -> Path:
     """A user's binary file written from real reviews: 150 Positive + 150 Negative of PROD.csv (its Mixed
-    rows left out), one line each, labels written ``1`` / ``0`` as binary sets usually come."""
-    rows = [(t, lab) for t, lab in _real_rows(arabic_reviews / "PROD.csv")
-            if not any(c in t for c in '\t\n\r"')]
-    picked = [r for r in rows if r[1] == "Positive"][:150] + [r for r in rows if r[1] == "Negative"][:150]
+    rows left out), one line each, labels written ``1`` / ``0`` as binary sets usually come.
+    """
+    rows = [
+        (t, lab)
+        for t, lab in _real_rows(arabic_reviews / "PROD.csv")
+        if not any(c in t for c in '\t\n\r"')
+    ]
+    picked = [r for r in rows if r[1] == "Positive"][:150] + [
+        r for r in rows if r[1] == "Negative"
+    ][:150]
     out = tmp_path_factory.mktemp("binary") / "reviews_binary.tsv"
     lines = ["text\tlabel"] + [f"{t}\t{1 if lab == 'Positive' else 0}" for t, lab in sorted(picked)]
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -114,7 +124,8 @@ def star_reviews_csv(arabic_reviews: Path, tmp_path_factory) -> Path:
     """A user's 1-5 star file written from real reviews of RES2.csv (title line, then body), columns
     ``Title``, ``Review Text``, ``stars``. The star values are NOT real ratings: they are derived from the
     real 3-class labels (Negative -> 1, 2, Mixed -> 3, Positive -> 4, 5, alternating in file order),
-    because no real star-rated set may be committed. 80 Negative, 40 Mixed, 80 Positive: 40 per star."""
+    because no real star-rated set may be committed. 80 Negative, 40 Mixed, 80 Positive: 40 per star.
+    """
     import csv
 
     rows = _real_rows(arabic_reviews / "RES2.csv")

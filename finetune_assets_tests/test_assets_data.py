@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from finetune_assets.data.sources import SourceSpec
+from finetune_assets.dataset_versions.registry import register_version
 from finetune_assets.definitions import build_defs
 from finetune_assets.storage import ATTEMPTS, Storage, join
-from finetune_assets.dataset_versions.registry import register_version
 
 DATA_ASSETS = ("raw_reviews", "tokenized_reviews", "mds_shards")
 ALL_DATA_ASSETS = ("pretrained_model", *DATA_ASSETS)
@@ -23,9 +23,17 @@ def _rows(path: Path) -> int:
         return sum(1 for r in csv.reader(f) if r) - 1
 
 
-def materialize(storage_root: Path, instance, selection, partition: str | None = None, *,
-                tiny_model_dir: Path | None = None, raw_config: dict | None = None,
-                raise_on_error: bool = True, extra_ops: dict | None = None) -> dg.ExecuteInProcessResult:
+def materialize(
+    storage_root: Path,
+    instance,
+    selection,
+    partition: str | None = None,
+    *,
+    tiny_model_dir: Path | None = None,
+    raw_config: dict | None = None,
+    raise_on_error: bool = True,
+    extra_ops: dict | None = None,
+) -> dg.ExecuteInProcessResult:
     """Materialize ``selection`` from the real code location (``build_defs``) over ``storage_root``."""
     defs = build_defs(str(storage_root))
     assets = [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)]
@@ -49,7 +57,11 @@ def materialize(storage_root: Path, instance, selection, partition: str | None =
 
 
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict:
-    [event] = [m for m in result.get_asset_materialization_events() if m.asset_key.to_user_string() == asset]
+    [event] = [
+        m
+        for m in result.get_asset_materialization_events()
+        if m.asset_key.to_user_string() == asset
+    ]
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
@@ -71,14 +83,20 @@ def base_model(storage_root: Path, instance, tiny_model_dir: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_four_data_assets_materialize_for_a_dataset_version(storage_root, instance, tiny_model_dir,
-                                                            arabic_reviews: Path):
+def test_four_data_assets_materialize_for_a_dataset_version(
+    storage_root, instance, tiny_model_dir, arabic_reviews: Path
+):
     store = Storage(str(storage_root))
     register_version(instance, store, "v1", SourceSpec(uri=str(arabic_reviews / "PROD.csv")))
     assert instance.get_dynamic_partitions("dataset_versions") == ["v1"]
-    result = materialize(storage_root, instance, ["pretrained_model"], tiny_model_dir=tiny_model_dir)
+    result = materialize(
+        storage_root, instance, ["pretrained_model"], tiny_model_dir=tiny_model_dir
+    )
     model_md = _metadata(result, "pretrained_model")
-    assert model_md["vocab_size"] == 30522 and model_md["architecture"] == "BertForSequenceClassification"
+    assert (
+        model_md["vocab_size"] == 30522
+        and model_md["architecture"] == "BertForSequenceClassification"
+    )
     result = materialize(storage_root, instance, DATA_ASSETS, "v1")
     assert result.success
 
@@ -115,15 +133,19 @@ def test_four_data_assets_materialize_for_a_dataset_version(storage_root, instan
 
     # the same inputs give the same data versions (content hashes, not run ids)
     before = {a: store.require(a, "v1").data_version for a in ("raw_reviews", "tokenized_reviews")}
-    again = _metadata(materialize(storage_root, instance, ["raw_reviews", "tokenized_reviews"], "v1"),
-                      "tokenized_reviews")
+    again = _metadata(
+        materialize(storage_root, instance, ["raw_reviews", "tokenized_reviews"], "v1"),
+        "tokenized_reviews",
+    )
     assert {a: store.require(a, "v1").data_version for a in before} == before
     # ... and every row now comes from the cache, through its index (nothing new to merge into it)
     assert (again["reused_rows"], again["new_rows"]) == (tok_md["dagster/row_count"], 0)
     assert again["token_cache_index_rows"] == tok_md["dagster/row_count"]
 
 
-def test_bad_version_key_is_rejected_with_a_clear_error(storage_root, instance, arabic_reviews: Path):
+def test_bad_version_key_is_rejected_with_a_clear_error(
+    storage_root, instance, arabic_reviews: Path
+):
     from finetune_assets.dataset_versions.partitions import InvalidVersionKey
 
     store = Storage(str(storage_root))
@@ -131,7 +153,9 @@ def test_bad_version_key_is_rejected_with_a_clear_error(storage_root, instance, 
         with pytest.raises(InvalidVersionKey, match="invalid dataset version key"):
             register_version(instance, store, key, SourceSpec(uri=str(arabic_reviews / "PROD.csv")))
     assert instance.get_dynamic_partitions("dataset_versions") == []
-    assert not (storage_root / "versions").exists() or not any((storage_root / "versions").iterdir())
+    assert not (storage_root / "versions").exists() or not any(
+        (storage_root / "versions").iterdir()
+    )
 
 
 def test_unregistered_version_fails_with_how_to_register(base_model: Path, instance):
@@ -143,9 +167,12 @@ def test_unregistered_version_fails_with_how_to_register(base_model: Path, insta
     assert not (base_model / "raw_reviews").exists()
 
 
-@pytest.mark.parametrize("case", ["missing_file", "unreadable_format", "no_text_column", "undecodable"])
-def test_bad_source_fails_naming_the_file_and_nothing_is_published(case, base_model: Path, instance,
-                                                                   arabic_reviews: Path, tmp_path: Path):
+@pytest.mark.parametrize(
+    "case", ["missing_file", "unreadable_format", "no_text_column", "undecodable"]
+)
+def test_bad_source_fails_naming_the_file_and_nothing_is_published(
+    case, base_model: Path, instance, arabic_reviews: Path, tmp_path: Path
+):
     """The Dagster failure names file and problem; no CURRENT pointer and no attempt folder remain."""
     if case == "missing_file":
         path, expect = tmp_path / "nowhere.csv", "no such file"
@@ -154,11 +181,17 @@ def test_bad_source_fails_naming_the_file_and_nothing_is_published(case, base_mo
         path.write_bytes((arabic_reviews / "PROD.csv").read_bytes())  # a CSV under a .parquet name
     elif case == "no_text_column":
         path, expect = tmp_path / "reviews.csv", "no text column"
-        path.write_text((arabic_reviews / "PROD.csv").read_text(encoding="utf-8").replace("text,", "opinion,", 1),
-                        encoding="utf-8")
+        path.write_text(
+            (arabic_reviews / "PROD.csv")
+            .read_text(encoding="utf-8")
+            .replace("text,", "opinion,", 1),
+            encoding="utf-8",
+        )
     else:
         path, expect = tmp_path / "cp1256.csv", "encoding='cp1256'"
-        path.write_bytes((arabic_reviews / "PROD.csv").read_text(encoding="utf-8").encode("cp1256", "replace"))
+        path.write_bytes(
+            (arabic_reviews / "PROD.csv").read_text(encoding="utf-8").encode("cp1256", "replace")
+        )
     store = Storage(str(base_model))
     register_version(instance, store, "bad", SourceSpec(uri=str(path)))
     result = materialize(base_model, instance, DATA_ASSETS, "bad", raise_on_error=False)
@@ -168,11 +201,13 @@ def test_bad_source_fails_naming_the_file_and_nothing_is_published(case, base_mo
     for asset in DATA_ASSETS:
         assert store.current(asset, "bad") is None
         assert not (base_model / asset / "bad" / ATTEMPTS).exists() or not any(
-            (base_model / asset / "bad" / ATTEMPTS).iterdir())
+            (base_model / asset / "bad" / ATTEMPTS).iterdir()
+        )
 
 
-def test_failed_rematerialization_keeps_the_previous_version(base_model: Path, instance, arabic_reviews: Path,
-                                                             tmp_path: Path):
+def test_failed_rematerialization_keeps_the_previous_version(
+    base_model: Path, instance, arabic_reviews: Path, tmp_path: Path
+):
     store = Storage(str(base_model))
     src = tmp_path / "drop.csv"
     src.write_bytes((arabic_reviews / "RES2.csv").read_bytes())
@@ -184,16 +219,23 @@ def test_failed_rematerialization_keeps_the_previous_version(base_model: Path, i
     assert not result.success and "file is empty" in _failure_message(result)
     assert {a: store.require(a, "v1") for a in DATA_ASSETS} == good
     for asset in DATA_ASSETS:  # only the published attempt remains
-        assert [p.name for p in (base_model / asset / "v1" / ATTEMPTS).iterdir()] == [good[asset].attempt]
+        assert [p.name for p in (base_model / asset / "v1" / ATTEMPTS).iterdir()] == [
+            good[asset].attempt
+        ]
 
 
-def test_raw_reviews_config_overrides_the_registered_source(base_model: Path, instance, arabic_reviews: Path,
-                                                            tmp_path: Path):
+def test_raw_reviews_config_overrides_the_registered_source(
+    base_model: Path, instance, arabic_reviews: Path, tmp_path: Path
+):
     store = Storage(str(base_model))
     path = tmp_path / "cp1256.csv"
-    path.write_bytes((arabic_reviews / "PROD.csv").read_text(encoding="utf-8").encode("cp1256", "replace"))
+    path.write_bytes(
+        (arabic_reviews / "PROD.csv").read_text(encoding="utf-8").encode("cp1256", "replace")
+    )
     register_version(instance, store, "v1", SourceSpec(uri=str(path)))
-    result = materialize(base_model, instance, ["raw_reviews"], "v1", raw_config={"encoding": "cp1256"})
+    result = materialize(
+        base_model, instance, ["raw_reviews"], "v1", raw_config={"encoding": "cp1256"}
+    )
     md = _metadata(result, "raw_reviews")
     assert md["rows_in"] == _rows(arabic_reviews / "PROD.csv")
     assert md["dagster/row_count"] + md["rejected_rows"] == md["rows_in"]
@@ -205,4 +247,5 @@ def test_downstream_asset_without_upstream_names_what_to_materialize(base_model:
     assert not result.success
     assert "raw_reviews[v1] has not been materialized" in _failure_message(result)
     assert not (base_model / "tokenized_reviews").exists() or not any(
-        (base_model / "tokenized_reviews" / "v1" / ATTEMPTS).iterdir())
+        (base_model / "tokenized_reviews" / "v1" / ATTEMPTS).iterdir()
+    )

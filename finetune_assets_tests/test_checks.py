@@ -16,37 +16,62 @@ from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.checks import mds_shards_integrity, quality_gate, raw_reviews_contract
 from finetune_assets.data.labels import LABEL2ID
 from finetune_assets.data.sources import SourceSpec
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.registry import write_version
 from finetune_assets.gate import TestSet
 from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
-from finetune_assets.dataset_versions.registry import write_version
 
-ALL = [raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model, champion_model,
-       raw_reviews_contract, mds_shards_integrity, quality_gate]
+ALL = [
+    raw_reviews,
+    pretrained_model,
+    tokenized_reviews,
+    mds_shards,
+    finetuned_model,
+    champion_model,
+    raw_reviews_contract,
+    mds_shards_integrity,
+    quality_gate,
+]
 DATA_CHAIN = dg.AssetSelection.assets("raw_reviews", "tokenized_reviews", "mds_shards")
 
 
 def _resources(storage_root: Path) -> dict:
-    return {"storage": StorageResource(root=str(storage_root)), "mlflow": MlflowResource(),
-            "launcher": LocalTorchrunLauncher()}
+    return {
+        "storage": StorageResource(root=str(storage_root)),
+        "mlflow": MlflowResource(),
+        "launcher": LocalTorchrunLauncher(),
+    }
 
 
 def _build_base(instance, storage_root: Path, model_dir: Path) -> None:
-    result = dg.materialize(ALL, selection=dg.AssetSelection.assets("pretrained_model"), instance=instance,
-                            resources=_resources(storage_root),
-                            run_config=dg.RunConfig(ops={"pretrained_model": {"config": {"source": str(model_dir)}}}))
+    result = dg.materialize(
+        ALL,
+        selection=dg.AssetSelection.assets("pretrained_model"),
+        instance=instance,
+        resources=_resources(storage_root),
+        run_config=dg.RunConfig(ops={"pretrained_model": {"config": {"source": str(model_dir)}}}),
+    )
     assert result.success
 
 
-def _run(instance, storage_root: Path, version: str, source: Path, selection=DATA_CHAIN, run_config=None):
+def _run(
+    instance, storage_root: Path, version: str, source: Path, selection=DATA_CHAIN, run_config=None
+):
     if not instance.has_dynamic_partition(DATASET_VERSIONS, version):
         write_version(Storage(str(storage_root)), version, SourceSpec(uri=str(source)))
         instance.add_dynamic_partitions(DATASET_VERSIONS, [version])
-    return dg.materialize(ALL, selection=selection, partition_key=version, instance=instance,
-                          resources=_resources(storage_root), raise_on_error=False, run_config=run_config)
+    return dg.materialize(
+        ALL,
+        selection=selection,
+        partition_key=version,
+        instance=instance,
+        resources=_resources(storage_root),
+        raise_on_error=False,
+        run_config=run_config,
+    )
 
 
 def _checks(result) -> dict[str, dg.AssetCheckEvaluation]:
@@ -59,7 +84,9 @@ def base(instance, storage_root, tiny_model_dir):
     return tiny_model_dir
 
 
-def test_contract_and_shards_pass_on_real_reviews(instance, storage_root, base, arabic_reviews, tmp_path):
+def test_contract_and_shards_pass_on_real_reviews(
+    instance, storage_root, base, arabic_reviews, tmp_path
+):
     drop = tmp_path / "v1"
     drop.mkdir()
     shutil.copy(arabic_reviews / "PROD.csv", drop)
@@ -67,8 +94,14 @@ def test_contract_and_shards_pass_on_real_reviews(instance, storage_root, base, 
     assert result.success
     checks = _checks(result)
     assert {n: c.passed for n, c in checks.items()} == {
-        "schema_and_labels": True, "rejected_share": True, "duplicate_share": True, "min_rows_per_class": True,
-        "splits_readable": True, "counts_match_tokenized": True, "no_empty_split": True}
+        "schema_and_labels": True,
+        "rejected_share": True,
+        "duplicate_share": True,
+        "min_rows_per_class": True,
+        "splits_readable": True,
+        "counts_match_tokenized": True,
+        "no_empty_split": True,
+    }
     per_class = checks["min_rows_per_class"].metadata["rows_per_class"].value
     # two reviews appear twice with different labels: no majority, so both copies of each are quarantined
     assert per_class == {"Positive": 3094, "Negative": 862, "Mixed": 306}
@@ -88,15 +121,23 @@ def test_bad_labels_block_tokenization(instance, storage_root, base, arabic_revi
     drop.write_text("\n".join(out) + "\n", encoding="utf-8")
     result = _run(instance, storage_root, "bad", drop)
     checks = _checks(result)
-    assert not checks["rejected_share"].passed and checks["rejected_share"].severity == dg.AssetCheckSeverity.ERROR
-    assert checks["rejected_share"].metadata["rejected_by_reason"].value.get("unknown_label", 0) > 1000
+    assert (
+        not checks["rejected_share"].passed
+        and checks["rejected_share"].severity == dg.AssetCheckSeverity.ERROR
+    )
+    assert (
+        checks["rejected_share"].metadata["rejected_by_reason"].value.get("unknown_label", 0) > 1000
+    )
     assert "unknown_label" in checks["rejected_share"].metadata["examples"].value
     assert not checks["min_rows_per_class"].passed
     assert checks["min_rows_per_class"].metadata["rows_per_class"].value["Mixed"] == 0
     assert checks["schema_and_labels"].passed  # what was accepted is still well-formed
     # Blocking ERROR checks: nothing downstream of raw_reviews ran for this version.
-    materialized = {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()
-                    for m in [m.event_specific_data.materialization]}
+    materialized = {
+        m.asset_key.to_user_string()
+        for m in result.get_asset_materialization_events()
+        for m in [m.event_specific_data.materialization]
+    }
     assert materialized == {"raw_reviews"}
     assert Storage(str(storage_root)).current("tokenized_reviews", "bad") is None
 
@@ -112,11 +153,20 @@ def test_duplicates_warn_without_blocking(instance, storage_root, base, arabic_r
 
 
 def test_threshold_is_check_config(instance, storage_root, base, arabic_reviews):
-    result = _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv",
-                  run_config=dg.RunConfig(ops={"raw_reviews_contract": {"config": {"min_rows_per_class": 400}}}))
+    result = _run(
+        instance,
+        storage_root,
+        "v1",
+        arabic_reviews / "PROD.csv",
+        run_config=dg.RunConfig(
+            ops={"raw_reviews_contract": {"config": {"min_rows_per_class": 400}}}
+        ),
+    )
     check = _checks(result)["min_rows_per_class"]
     assert not check.passed and "Mixed" in check.description
-    assert Storage(str(storage_root)).current("tokenized_reviews", "v1") is None  # blocked by config
+    assert (
+        Storage(str(storage_root)).current("tokenized_reviews", "v1") is None
+    )  # blocked by config
 
 
 def test_shard_integrity_catches_corruption_and_drift(instance, storage_root, base, arabic_reviews):
@@ -125,17 +175,26 @@ def test_shard_integrity_catches_corruption_and_drift(instance, storage_root, ba
     shards = Path(store.require("mds_shards", "v1").url)
     (shards / "validation" / "index.json").write_text("{not json")
     # raw_reviews + tokenized_reviews re-made with another split rule: the shards no longer match them
-    result = _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv",
-                  selection=dg.AssetSelection.assets("raw_reviews", "tokenized_reviews").without_checks()
-                  | dg.AssetSelection.checks_for_assets(mds_shards),
-                  run_config=dg.RunConfig(ops={"raw_reviews": {"config": {"test_fraction": 0.2}}}))
+    result = _run(
+        instance,
+        storage_root,
+        "v1",
+        arabic_reviews / "PROD.csv",
+        selection=dg.AssetSelection.assets("raw_reviews", "tokenized_reviews").without_checks()
+        | dg.AssetSelection.checks_for_assets(mds_shards),
+        run_config=dg.RunConfig(ops={"raw_reviews": {"config": {"test_fraction": 0.2}}}),
+    )
     checks = _checks(result)
-    assert not checks["splits_readable"].passed and "validation" in checks["splits_readable"].description
+    assert (
+        not checks["splits_readable"].passed
+        and "validation" in checks["splits_readable"].description
+    )
     assert not checks["counts_match_tokenized"].passed
     assert "test" in checks["counts_match_tokenized"].metadata["mismatches"].value
 
 
 # -- quality gate ------------------------------------------------------------------------------------
+
 
 def _biased_model(src: Path, dst: Path, label: str) -> Path:
     """The tiny BERT with its head forced to predict one class: a known, cheap score for the gate."""
@@ -153,7 +212,8 @@ def _biased_model(src: Path, dst: Path, label: str) -> Path:
 
 def _register_challenger(instance, storage_root: Path, version: str, model_dir: Path) -> str:
     """What finetuned_model leaves behind: a published model folder, a registered MLflow version and
-    Dagster's materialization record naming both (what the gate and promotion act on)."""
+    Dagster's materialization record naming both (what the gate and promotion act on).
+    """
     import mlflow
 
     store = Storage(str(storage_root))
@@ -162,8 +222,13 @@ def _register_challenger(instance, storage_root: Path, version: str, model_dir: 
     # Only a client bound to this store: setting the process-wide URI would hide a gate that forgets its own.
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(resource.experiment_name)
-    exp_id = exp.experiment_id if exp else client.create_experiment(
-        resource.experiment_name, artifact_location=resource.artifact_location(store))
+    exp_id = (
+        exp.experiment_id
+        if exp
+        else client.create_experiment(
+            resource.experiment_name, artifact_location=resource.artifact_location(store)
+        )
+    )
     run = client.create_run(exp_id)
     client.log_artifacts(run.info.run_id, str(model_dir), "model")
     client.set_terminated(run.info.run_id)
@@ -171,18 +236,33 @@ def _register_challenger(instance, storage_root: Path, version: str, model_dir: 
         client.create_registered_model(resource.registered_model_name)
     except mlflow.exceptions.MlflowException:
         pass
-    mv = client.create_model_version(resource.registered_model_name, f"runs:/{run.info.run_id}/model",
-                                     run_id=run.info.run_id, tags={"dataset_version": version})
+    mv = client.create_model_version(
+        resource.registered_model_name,
+        f"runs:/{run.info.run_id}/model",
+        run_id=run.info.run_id,
+        tags={"dataset_version": version},
+    )
     with store.publish("finetuned_model", version) as staging:
         shutil.copytree(model_dir, staging.local_dir / "model")
         staging.data_version = hash_tree(staging.local_dir)
-        staging.metadata = {"mlflow": {"registered_model_name": resource.registered_model_name,
-                                       "registered_model_version": int(mv.version), "run_id": run.info.run_id}}
-    instance.report_runless_asset_event(dg.AssetMaterialization(
-        "finetuned_model", partition=version, metadata={
-            "model_path": dg.MetadataValue.path(f"{staging.url}/model"),
-            "registered_model_name": resource.registered_model_name,
-            "registered_model_version": int(mv.version)}))
+        staging.metadata = {
+            "mlflow": {
+                "registered_model_name": resource.registered_model_name,
+                "registered_model_version": int(mv.version),
+                "run_id": run.info.run_id,
+            }
+        }
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(
+            "finetuned_model",
+            partition=version,
+            metadata={
+                "model_path": dg.MetadataValue.path(f"{staging.url}/model"),
+                "registered_model_name": resource.registered_model_name,
+                "registered_model_version": int(mv.version),
+            },
+        )
+    )
     return str(mv.version)
 
 
@@ -194,18 +274,29 @@ RULES_OFF = {"must_beat_majority_baseline": False, "baseline_margin": None}
 
 def _gate(instance, storage_root, version):
     """The gate alone, for one version (as re-executing the check from the UI does)."""
-    result = dg.materialize(ALL, selection=dg.AssetSelection.checks_for_assets(finetuned_model), instance=instance,
-                            resources=_resources(storage_root), raise_on_error=False,
-                            tags={"dagster/partition": version},
-                            run_config=dg.RunConfig(ops={"finetuned_model_quality_gate": {"config": RULES_OFF}}))
+    result = dg.materialize(
+        ALL,
+        selection=dg.AssetSelection.checks_for_assets(finetuned_model),
+        instance=instance,
+        resources=_resources(storage_root),
+        raise_on_error=False,
+        tags={"dagster/partition": version},
+        run_config=dg.RunConfig(ops={"finetuned_model_quality_gate": {"config": RULES_OFF}}),
+    )
     return _checks(result)["quality_gate"]
 
 
 def _promote(instance, storage_root, version) -> dg.ExecuteInProcessResult:
     """champion_model alone for one version (a person's click, or a backfill of an old version)."""
-    return dg.materialize(ALL, selection=dg.AssetSelection.assets(champion_model), instance=instance,
-                          resources=_resources(storage_root), raise_on_error=False, partition_key=version,
-                          run_config=dg.RunConfig(ops={"champion_model": {"config": RULES_OFF}}))
+    return dg.materialize(
+        ALL,
+        selection=dg.AssetSelection.assets(champion_model),
+        instance=instance,
+        resources=_resources(storage_root),
+        raise_on_error=False,
+        partition_key=version,
+        run_config=dg.RunConfig(ops={"champion_model": {"config": RULES_OFF}}),
+    )
 
 
 def _decision(result: dg.ExecuteInProcessResult) -> str:
@@ -220,11 +311,14 @@ def _client(storage_root):
 
 
 def _champion(storage_root) -> str:
-    return str(_client(storage_root).get_model_version_by_alias("review-classifier", "champion").version)
+    return str(
+        _client(storage_root).get_model_version_by_alias("review-classifier", "champion").version
+    )
 
 
-def test_gate_observes_and_champion_model_promotes_only_strictly_better(instance, storage_root, base,
-                                                                       arabic_reviews, tmp_path):
+def test_gate_observes_and_champion_model_promotes_only_strictly_better(
+    instance, storage_root, base, arabic_reviews, tmp_path
+):
     assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
     good = _biased_model(base, tmp_path / "good", "Positive")  # majority class: macro-F1 ~0.28
     bad = _biased_model(base, tmp_path / "bad", "Mixed")  # rare class: macro-F1 ~0.05
@@ -232,7 +326,9 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(instance
     first = _register_challenger(instance, storage_root, "v1", good)
     check = _gate(instance, storage_root, "v1")
     assert check.passed and "first model" in check.metadata["decision"].value
-    assert _client(storage_root).get_registered_model("review-classifier").aliases == {}  # the check only observes
+    assert (
+        _client(storage_root).get_registered_model("review-classifier").aliases == {}
+    )  # the check only observes
     assert "first model" in _decision(_promote(instance, storage_root, "v1"))
     assert _champion(storage_root) == first
 
@@ -243,7 +339,9 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(instance
     assert meta["challenger_macro_f1"].value < meta["champion_macro_f1"].value
     assert meta["champion"].value == f"review-classifier v{first}"
     assert "refused" in meta["decision"].value and _champion(storage_root) == first
-    assert "refused" in _decision(_promote(instance, storage_root, "v1"))  # alone, it applies the rule itself
+    assert "refused" in _decision(
+        _promote(instance, storage_root, "v1")
+    )  # alone, it applies the rule itself
     assert worse != first and _champion(storage_root) == first
 
     # A new version with a bigger test split: the champion is re-scored on *this* test data; a challenger
@@ -253,30 +351,42 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(instance
     for f in ("PROD.csv", "RES2.csv"):
         shutil.copy(arabic_reviews / f, drop)
     assert _run(instance, storage_root, "v2", drop).success
-    _register_challenger(instance, storage_root, "v2", _biased_model(base, tmp_path / "good2", "Positive"))
+    _register_challenger(
+        instance, storage_root, "v2", _biased_model(base, tmp_path / "good2", "Positive")
+    )
     check = _gate(instance, storage_root, "v2")
     meta = check.metadata
     assert check.passed and meta["champion_dataset_version"].value == "v1"
     assert meta["champion_macro_f1"].value == pytest.approx(meta["challenger_macro_f1"].value)
     assert meta["test_reviews"].value > 500
     result = _promote(instance, storage_root, "v2")
-    assert result.success and "refused" in _decision(result) and "does not beat" in _decision(result)
+    assert (
+        result.success and "refused" in _decision(result) and "does not beat" in _decision(result)
+    )
     assert _champion(storage_root) == first
 
 
-def test_gate_and_promotion_act_on_the_recorded_model_not_current(instance, storage_root, base, arabic_reviews,
-                                                                  tmp_path):
+def test_gate_and_promotion_act_on_the_recorded_model_not_current(
+    instance, storage_root, base, arabic_reviews, tmp_path
+):
     """A gate run alone on an old version: it scores the model its materialization recorded, even after
-    another writer moved CURRENT to a foreign model, and cannot move the alias back to an old model."""
+    another writer moved CURRENT to a foreign model, and cannot move the alias back to an old model.
+    """
     assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
-    first = _register_challenger(instance, storage_root, "v1", _biased_model(base, tmp_path / "good", "Positive"))
+    first = _register_challenger(
+        instance, storage_root, "v1", _biased_model(base, tmp_path / "good", "Positive")
+    )
     assert _promote(instance, storage_root, "v1").success and _champion(storage_root) == first
     store = Storage(str(storage_root))
-    with store.publish("finetuned_model", "v1") as staging:  # foreign: published, never recorded by Dagster
+    with store.publish(
+        "finetuned_model", "v1"
+    ) as staging:  # foreign: published, never recorded by Dagster
         _biased_model(base, staging.local_dir / "model", "Mixed")
         staging.data_version = "foreign"
     check = _gate(instance, storage_root, "v1")
-    assert check.passed and check.metadata["challenger_macro_f1"].value > 0.2  # the recorded (Positive) model
+    assert (
+        check.passed and check.metadata["challenger_macro_f1"].value > 0.2
+    )  # the recorded (Positive) model
     # An old version's model re-promoted alone ties with the champion it already is: nothing moves.
     assert "already holds" in _decision(_promote(instance, storage_root, "v1"))
     assert _champion(storage_root) == first
@@ -284,14 +394,18 @@ def test_gate_and_promotion_act_on_the_recorded_model_not_current(instance, stor
 
 # -- promotion semantics on a real (SQLite) registry, no training: gate.promote is what champion_model runs ------
 
+
 @pytest.fixture(scope="module")
 def _migrated_registry_db(tmp_path_factory) -> Path:
     """An empty MLflow SQLite store with its schema already created (MLflow's migrations take seconds on
-    two cores); each registry test gets its own copy, so the tests stay as isolated as with a fresh file."""
+    two cores); each registry test gets its own copy, so the tests stay as isolated as with a fresh file.
+    """
     import mlflow
 
     db = tmp_path_factory.mktemp("mlflow-template") / "registry.db"
-    mlflow.MlflowClient(f"sqlite:///{db}", registry_uri=f"sqlite:///{db}").search_registered_models()
+    mlflow.MlflowClient(
+        f"sqlite:///{db}", registry_uri=f"sqlite:///{db}"
+    ).search_registered_models()
     return db
 
 
@@ -321,13 +435,20 @@ class _Registry:
     def promote(self, version: str, score: float, client=None, lock=None):
         from finetune_assets import gate
 
-        return gate.promote(client or self.client, gate.Challenger("m", version, score), self.test,
-                            [gate.beats_champion()], self.uri, lock=lock)
+        return gate.promote(
+            client or self.client,
+            gate.Challenger("m", version, score),
+            self.test,
+            [gate.beats_champion()],
+            self.uri,
+            lock=lock,
+        )
 
 
 class _FlakyClient:
     """Wraps a real MlflowClient; the listed reads raise the given MLflow error (a locked SQLite store, an
-    outage). Everything else is the real registry, so an alias set by mistake would really be set."""
+    outage). Everything else is the real registry, so an alias set by mistake would really be set.
+    """
 
     def __init__(self, client, error_code: str, methods=("get_registered_model",)):
         self._client, self._code, self._methods = client, error_code, methods
@@ -337,8 +458,12 @@ class _FlakyClient:
         from mlflow.exceptions import MlflowException
 
         if name in self._methods:
+
             def fail(*args, **kwargs):
-                raise MlflowException("(sqlite3.OperationalError) database is locked", error_code=self._code)
+                raise MlflowException(
+                    "(sqlite3.OperationalError) database is locked", error_code=self._code
+                )
+
             return fail
         if name == "set_registered_model_alias":
             self.sets += 1
@@ -367,7 +492,9 @@ def test_only_not_found_means_no_champion(tmp_path, _migrated_registry_db):
     from finetune_assets import gate
 
     reg = _Registry(tmp_path, _migrated_registry_db)
-    assert gate.current_champion(reg.client, "never-registered", reg.test) is None  # RESOURCE_DOES_NOT_EXIST
+    assert (
+        gate.current_champion(reg.client, "never-registered", reg.test) is None
+    )  # RESOURCE_DOES_NOT_EXIST
     assert gate.current_champion(reg.client, "m", reg.test) is None  # registered, no alias yet
     first = reg.version(0.3)
     assert "first model" in gate.describe(reg.promote(first, 0.3)) and reg.champion() == first
@@ -385,7 +512,8 @@ def test_a_tie_or_a_retry_keeps_the_champion(tmp_path, _migrated_registry_db):
 
 def test_concurrent_promotions_cannot_let_a_worse_model_win(tmp_path, _migrated_registry_db):
     """Barrier between read and set: the worse challenger reads first and sets after the better one. Without a critical
-    section both compare with the old champion and the finish order decides (worse wins)."""
+    section both compare with the old champion and the finish order decides (worse wins).
+    """
     import threading
 
     from finetune_assets.storage import Storage
@@ -407,14 +535,18 @@ def test_concurrent_promotions_cannot_let_a_worse_model_win(tmp_path, _migrated_
     class SignalSet:
         def __getattr__(self, name):
             if name == "set_registered_model_alias":
+
                 def set_alias(*args):
                     reg.client.set_registered_model_alias(*args)
                     better_set.set()
+
                 return set_alias
             return getattr(reg.client, name)
 
     store = Storage(str(tmp_path / "root"))
-    t = threading.Thread(target=reg.promote, args=(worse, 0.3, SlowSet(), store.lock("promotion-m")))
+    t = threading.Thread(
+        target=reg.promote, args=(worse, 0.3, SlowSet(), store.lock("promotion-m"))
+    )
     t.start()
     while not t.is_alive():
         pass

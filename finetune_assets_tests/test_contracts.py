@@ -19,19 +19,42 @@ from finetune_assets.contracts import (
 )
 from finetune_assets.data.validate import SplitRule, ValidationRules, normalize_text, validate
 
-RESULT = {"accuracy": 0.5, "macro_f1": 0.4, "f1_per_class": {"Positive": 0.6, "Negative": 0.2},
-          "confusion_matrix": [[3, 1], [2, 2]], "test_samples": 8, "samples_seen": 64, "tokens_seen": 900,
-          "train_seconds": 1.5, "samples_per_sec": 42.0, "tokens_per_sec": 600.0, "global_step": 8, "epochs": 1,
-          "world_size": 1, "class_weights": [0.8, 1.3], "train_shards_cached_per_node": [2],
-          "labels": ["Positive", "Negative"], "wall_seconds": 3.0, "timings": {"fit": 1.5}}
+RESULT = {
+    "accuracy": 0.5,
+    "macro_f1": 0.4,
+    "f1_per_class": {"Positive": 0.6, "Negative": 0.2},
+    "confusion_matrix": [[3, 1], [2, 2]],
+    "test_samples": 8,
+    "samples_seen": 64,
+    "tokens_seen": 900,
+    "train_seconds": 1.5,
+    "samples_per_sec": 42.0,
+    "tokens_per_sec": 600.0,
+    "global_step": 8,
+    "epochs": 1,
+    "world_size": 1,
+    "class_weights": [0.8, 1.3],
+    "train_shards_cached_per_node": [2],
+    "labels": ["Positive", "Negative"],
+    "wall_seconds": 3.0,
+    "timings": {"fit": 1.5},
+}
 
 
 def test_validate_stores_a_split_that_depends_only_on_the_normalized_text():
-    raw = pa.table({"text": ["Great phone", "\u200f  great   PHONE ", "awful"], "label": ["Positive", "Positive", "Negative"],
-                    "source_file": ["a.csv"] * 3, "source_row": [0, 1, 2]})
+    raw = pa.table(
+        {
+            "text": ["Great phone", "\u200f  great   PHONE ", "awful"],
+            "label": ["Positive", "Positive", "Negative"],
+            "source_file": ["a.csv"] * 3,
+            "source_row": [0, 1, 2],
+        }
+    )
     result = validate(raw, ValidationRules(split=SplitRule(validation=0.3, test=0.3)))
     assert result.accepted.schema == ACCEPTED_SCHEMA
-    assert result.rejected.column("reason").to_pylist() == ["duplicate"]  # the RLM copy is the same review
+    assert result.rejected.column("reason").to_pylist() == [
+        "duplicate"
+    ]  # the RLM copy is the same review
     rule = SplitRule(validation=0.3, test=0.3)
     assert result.accepted.column("split").to_pylist() == rule.assign(["Great phone", "awful"])
     assert rule.of_key(normalize_text("\u200f  great   PHONE ")) == rule.assign(["Great phone"])[0]
@@ -51,13 +74,17 @@ def test_training_result_round_trips_and_refuses_unknown_or_missing_keys(tmp_pat
     (tmp_path / "metrics.json").write_text(json.dumps({**RESULT, "macro_f1_typo": 1.0}))
     with pytest.raises(ContractError, match="macro_f1_typo"):
         read_training_result(str(tmp_path))
-    (tmp_path / "metrics.json").write_text(json.dumps({k: v for k, v in RESULT.items() if k != "samples_seen"}))
+    (tmp_path / "metrics.json").write_text(
+        json.dumps({k: v for k, v in RESULT.items() if k != "samples_seen"})
+    )
     with pytest.raises(ContractError, match="samples_seen"):
         read_training_result(str(tmp_path))
 
 
 def test_split_stats_counts_name_the_split_when_a_label_is_out_of_range(tmp_path: Path):
-    (tmp_path / "split_stats.json").write_text(json.dumps({"samples": 5, "label_counts": {"0": 2, "2": 3}}))
+    (tmp_path / "split_stats.json").write_text(
+        json.dumps({"samples": 5, "label_counts": {"0": 2, "2": 3}})
+    )
     stats = read_split_stats(str(tmp_path))
     assert stats.counts(3) == [2, 0, 3]
     with pytest.raises(ContractError, match="mds_shards\\[v1\\]/train: label 2 outside 0..1"):

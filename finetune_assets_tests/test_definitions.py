@@ -23,9 +23,16 @@ def launchpad_schema(assets_def: dg.AssetsDefinition) -> dict | None:
     out = {}
     for name, f in field.config_type.fields.items():
         t = getattr(f.config_type, "inner_type", f.config_type)  # Noneable wraps the type
-        kind = [v.config_value for v in t.enum_values] if hasattr(t, "enum_values") else t.given_name or t.key
-        out[name] = {"type": kind, "default": f.default_value if f.default_provided else None,
-                     "required": f.is_required}
+        kind = (
+            [v.config_value for v in t.enum_values]
+            if hasattr(t, "enum_values")
+            else t.given_name or t.key
+        )
+        out[name] = {
+            "type": kind,
+            "default": f.default_value if f.default_provided else None,
+            "required": f.is_required,
+        }
     return out
 
 
@@ -37,13 +44,17 @@ def graph_snapshot(d: dg.Definitions) -> dict:
         node = graph.get(key)
         assets[key.to_user_string()] = {
             "deps": sorted(p.to_user_string() for p in node.parent_keys),
-            "partitions": getattr(node.partitions_def, "name", None) if node.partitions_def else None,
+            "partitions": getattr(node.partitions_def, "name", None)
+            if node.partitions_def
+            else None,
             "group": node.group_name,
             "kinds": sorted(node.kinds),
             "code_version": node.code_version,
             "owners": list(node.owners),
             "has_description": bool(node.description),
-            "automation": type(node.automation_condition).__name__ if node.automation_condition else None,
+            "automation": type(node.automation_condition).__name__
+            if node.automation_condition
+            else None,
             "launchpad": schemas.get(key.to_user_string()),
         }
     checks = sorted(
@@ -90,24 +101,35 @@ def test_training_and_promotion_run_in_pools(tmp_path):
 
 def test_deployment_instance_serializes_one_partition_and_sizes_the_pools(tmp_path):
     """deploy/instance/dagster.yaml, loaded by a real instance: a second run of a partition waits for the first
-    (the run queue's own tag-limit counter decides), other partitions do not; pools default to 1."""
+    (the run queue's own tag-limit counter decides), other partitions do not; pools default to 1.
+    """
     import yaml
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
     from dagster._utils.tags import TagConcurrencyLimitsCounter
 
-    settings = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "instance" / "dagster.yaml").read_text())
+    settings = yaml.safe_load(
+        (Path(__file__).parents[1] / "deploy" / "instance" / "dagster.yaml").read_text()
+    )
     with dg.instance_for_test(overrides=settings, temp_dir=str(tmp_path)) as instance:
         config = instance.get_concurrency_config()
         assert config.pool_config.default_pool_limit == 1
         assert instance.run_retries_enabled
 
         def run(partition, status=DagsterRunStatus.NOT_STARTED):
-            return DagsterRun(job_name="retrain_job", run_id=f"{partition}-{status.value}".lower(),
-                              tags={"dagster/partition": partition}, status=status)
+            return DagsterRun(
+                job_name="retrain_job",
+                run_id=f"{partition}-{status.value}".lower(),
+                tags={"dagster/partition": partition},
+                status=status,
+            )
 
-        counter = TagConcurrencyLimitsCounter(config.run_queue_config.tag_concurrency_limits,
-                                              [run("v1", DagsterRunStatus.STARTED)])
+        counter = TagConcurrencyLimitsCounter(
+            config.run_queue_config.tag_concurrency_limits, [run("v1", DagsterRunStatus.STARTED)]
+        )
         assert counter.is_blocked(run("v1")) and not counter.is_blocked(run("v2"))
     for job in ("retrain_job", "finetune_only_job"):
         tags = defs.resolve_job_def(job).tags
-        assert tags["dagster/max_retries"] == "2" and tags["dagster/retry_on_asset_or_op_failure"] == "false"
+        assert (
+            tags["dagster/max_retries"] == "2"
+            and tags["dagster/retry_on_asset_or_op_failure"] == "false"
+        )

@@ -41,14 +41,23 @@ def test_the_github_workflow_runs_the_tests_and_materializes_what_the_readme_say
     command = re.search(r"test command itself.*?`([^`]+)`", readme, re.S).group(1)
     assert command in runs, f"the workflow does not run the README's test command {command!r}"
     assert "versions add sample --source builtin:sample" in runs
-    assert "dagster asset materialize -m finetune_assets.definitions --select '*' --partition sample" in runs
+    assert (
+        "dagster asset materialize -m finetune_assets.definitions --select '*' --partition sample"
+        in runs
+    )
     assert ".github/workflows/ci.yml" in readme  # the README says how to adapt it
 
 
 def test_the_readme_shows_both_launch_commands():
     readme = (REPO / "README.md").read_text()
-    assert "dagster asset materialize -m finetune_assets.definitions --select '*' --partition rotten_tomatoes" in readme
-    assert "dg launch -m finetune_assets.definitions --assets '*' --partition rotten_tomatoes" in readme
+    assert (
+        "dagster asset materialize -m finetune_assets.definitions --select '*' --partition rotten_tomatoes"
+        in readme
+    )
+    assert (
+        "dg launch -m finetune_assets.definitions --assets '*' --partition rotten_tomatoes"
+        in readme
+    )
 
 
 def test_readme_first_command_trains_on_the_real_default_set_and_ends_with_its_summary():
@@ -59,7 +68,9 @@ def test_readme_first_command_trains_on_the_real_default_set_and_ends_with_its_s
     add = re.search(r"finetune-assets versions add (\S+) --source (\S+) &&", first)
     assert add, first
     key, source = add.groups()
-    assert source == DEFAULT_SOURCE and source != "builtin:sample"  # real reviews, not the generated sentences
+    assert (
+        source == DEFAULT_SOURCE and source != "builtin:sample"
+    )  # real reviews, not the generated sentences
     check_builtin(source)  # a known set whose package is installed
     assert f"--select '*' --partition {key};" in first
     assert first.rstrip().endswith(f"finetune-assets summary {key}")

@@ -12,18 +12,30 @@ from finetune_assets import gate
 from finetune_assets.data.evaluate import macro_f1
 from finetune_assets.inference import Classifier, ModelFolderError
 
-TEXTS = ["a", "a much longer review that needs more tokens than the others", "fine", "not good at all"]
+TEXTS = [
+    "a",
+    "a much longer review that needs more tokens than the others",
+    "fine",
+    "not good at all",
+]
 
 
-def test_every_published_layout_loads_the_same_model_and_answers_the_same(tiny_model_dir: Path, tmp_path: Path):
+def test_every_published_layout_loads_the_same_model_and_answers_the_same(
+    tiny_model_dir: Path, tmp_path: Path
+):
     attempt = tmp_path / "attempt"  # a published finetuned_model attempt: model/ inside
     shutil.copytree(tiny_model_dir, attempt / "model")
-    mlflow_like = tmp_path / "artifact"  # an MLflow transformers artifact: weights and tokenizer apart
+    mlflow_like = (
+        tmp_path / "artifact"
+    )  # an MLflow transformers artifact: weights and tokenizer apart
     shutil.copytree(tiny_model_dir, mlflow_like / "model" / "model")
     (mlflow_like / "model" / "components" / "tokenizer").mkdir(parents=True)
     for f in tiny_model_dir.iterdir():
         if "token" in f.name or f.name == "vocab.txt":
-            shutil.move(mlflow_like / "model" / "model" / f.name, mlflow_like / "model" / "components" / "tokenizer")
+            shutil.move(
+                mlflow_like / "model" / "model" / f.name,
+                mlflow_like / "model" / "components" / "tokenizer",
+            )
     answers = []
     for folder in (tiny_model_dir, attempt, mlflow_like):
         classifier = Classifier.from_folder(folder)

@@ -17,9 +17,9 @@ import dagster as dg
 from dagster._core.definitions.data_version import StaleStatus
 
 from finetune_assets.contracts import PRETRAINED_MODEL
+from finetune_assets.data.sources import SourceSpec
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.dataset_versions.registry import write_version
-from finetune_assets.data.sources import SourceSpec
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage
@@ -30,7 +30,8 @@ ROOT_ENV = "PROVENANCE_TEST_ROOT"  # the storage root of the reconstructed job (
 
 class FailOnceLauncher(CopyLauncher):
     """Fails the first training (a lost pod, say), then 'trains' like ``CopyLauncher``; records what
-    each attempt trained from (``model_dir`` of the trainer config) in ``{root}/trained_from.jsonl``."""
+    each attempt trained from (``model_dir`` of the trainer config) in ``{root}/trained_from.jsonl``.
+    """
 
     def launch(self, context, job) -> None:
         root = Path(os.environ[ROOT_ENV])

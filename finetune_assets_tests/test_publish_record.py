@@ -1,5 +1,6 @@
 """A run killed after ``CURRENT`` moved but before Dagster recorded the materialization: the next run
-notices storage ahead of Dagster's record and restores the recorded attempt before reading."""
+notices storage ahead of Dagster's record and restores the recorded attempt before reading.
+"""
 
 from __future__ import annotations
 

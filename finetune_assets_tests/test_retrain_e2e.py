@@ -1,6 +1,6 @@
 """End to end: a drop in the landing folder -> sensor -> retrain run (real torchrun, real MLflow) -> quality gate.
 
-What the product promises (issue 5): new data turns into a model without a person in the loop, the
+What the product promises: new data turns into a model without a person in the loop, the
 first model becomes ``@champion``, and a worse model never takes the alias. Everything below is the
 real code location (``build_defs``) on a real Dagster instance; only the sensor daemon is played by
 the test (apply the tick's partition requests, launch its run requests in-process with the daemon's
@@ -12,15 +12,18 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.csv as pacsv
 import pytest
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus as Status
+from dagster._core.storage.asset_check_execution_record import (
+    AssetCheckExecutionRecordStatus as Status,
+)
 from mlflow import MlflowClient
 
+from finetune_assets.contracts import FINETUNED_MODEL as FINETUNED
+from finetune_assets.contracts import PRETRAINED_MODEL as PRETRAINED
 from finetune_assets.data.sample import make_sample_reviews
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.definitions import build_defs
-from finetune_assets.contracts import FINETUNED_MODEL as FINETUNED, PRETRAINED_MODEL as PRETRAINED
 from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
 from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.storage import Storage
 
@@ -36,11 +39,22 @@ GATE = dg.AssetCheckKey(dg.AssetKey(FINETUNED), "quality_gate")
 # almost perfectly (~1.0) and are the "new hyper-parameters, no new data" retrain at the end.
 # Unweighted loss: one short epoch then leaves room for a longer run to be measurably better (the default
 # balanced weights already get the tiny model near 1.0 in one epoch on the sample, leaving none).
-TRAIN = {"epochs": 1, "batch_size": 16, "optimizer": "adamw", "lr": 5e-3, "max_length": 64, "num_workers": 0,
-         "accelerator": "cpu", "log_every_n_steps": 50, "checkpoint_every_n_steps": 1000, "class_weights": "none",
-         # The scores above were calibrated in fp32 without length bucketing; the gate's logic is under test here,
-         # not the fast defaults (those are measured in benchmarks/defaults.py and trained in test_user_path.py).
-         "precision": "32", "bucket_batches": 1}
+TRAIN = {
+    "epochs": 1,
+    "batch_size": 16,
+    "optimizer": "adamw",
+    "lr": 5e-3,
+    "max_length": 64,
+    "num_workers": 0,
+    "accelerator": "cpu",
+    "log_every_n_steps": 50,
+    "checkpoint_every_n_steps": 1000,
+    "class_weights": "none",
+    # The scores above were calibrated in fp32 without length bucketing; the gate's logic is under test here,
+    # not the fast defaults (those are measured in benchmarks/defaults.py and trained in test_user_path.py).
+    "precision": "32",
+    "bucket_batches": 1,
+}
 LONGER = {**TRAIN, "epochs": 2}
 # The forced worse model: one optimizer step with a negligible lr leaves the pretrained_model's randomly
 # initialised classification head as it was. Same base, same dataset version, same test split as the
@@ -55,8 +69,11 @@ BASELINE_OFF = {"config": {"baseline_margin": None}}
 
 
 def _run_config(finetune: dict, base: Path | None = None) -> dg.RunConfig:
-    ops = {FINETUNED: {"config": finetune}, "finetuned_model_quality_gate": BASELINE_OFF,
-           "champion_model": BASELINE_OFF}
+    ops = {
+        FINETUNED: {"config": finetune},
+        "finetuned_model_quality_gate": BASELINE_OFF,
+        "champion_model": BASELINE_OFF,
+    }
     if base is not None:
         ops[PRETRAINED] = {"config": {"source": str(base)}}
     return dg.RunConfig(ops=ops)
@@ -67,8 +84,9 @@ class Deployment:
 
     def __init__(self, instance: dg.DagsterInstance, storage_root: Path):
         self.instance = instance
-        self.defs = build_defs(str(storage_root),
-                               launcher=LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO)))
+        self.defs = build_defs(
+            str(storage_root), launcher=LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO))
+        )
         self.repo = self.defs.get_repository_def()
         self.cursor: str | None = None
         self.tracking_uri = MlflowResource().resolve_tracking_uri(Storage(str(storage_root)))
@@ -76,8 +94,12 @@ class Deployment:
     def tick(self) -> dg.SensorResult:
         sensor = self.repo.get_sensor_def("landing_zone_sensor")
         # Direct invocation takes resources explicitly: the deployment's own (landing, storage).
-        ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, repository_def=self.repo,
-                                      resources=self.defs.resources)
+        ctx = dg.build_sensor_context(
+            instance=self.instance,
+            cursor=self.cursor,
+            repository_def=self.repo,
+            resources=self.defs.resources,
+        )
         result = sensor(ctx)
         assert isinstance(result, dg.SensorResult)
         for req in result.dynamic_partitions_requests or []:
@@ -90,24 +112,40 @@ class Deployment:
         """What the daemon does with a run request (run config is what a person sets on the sensor/job)."""
         job = self.repo.get_job(request.job_name or "retrain_job")
         return job.execute_in_process(
-            instance=self.instance, partition_key=request.partition_key, asset_selection=request.asset_selection,
-            run_config=run_config, tags={**request.tags, "dagster/run_key": request.run_key},
-            raise_on_error=False)
+            instance=self.instance,
+            partition_key=request.partition_key,
+            asset_selection=request.asset_selection,
+            run_config=run_config,
+            tags={**request.tags, "dagster/run_key": request.run_key},
+            raise_on_error=False,
+        )
 
-    def run_job(self, name: str, partition: str, run_config: dg.RunConfig) -> dg.ExecuteInProcessResult:
+    def run_job(
+        self, name: str, partition: str, run_config: dg.RunConfig
+    ) -> dg.ExecuteInProcessResult:
         return self.repo.get_job(name).execute_in_process(
-            instance=self.instance, partition_key=partition, run_config=run_config, raise_on_error=False)
+            instance=self.instance,
+            partition_key=partition,
+            run_config=run_config,
+            raise_on_error=False,
+        )
 
     def run_gate(self, partition: str) -> dg.AssetCheckEvaluation:
         """Only the quality_gate for one version, as re-executing the check from the UI does."""
         job = self.repo.get_implicit_global_asset_job_def().get_subset(asset_check_selection={GATE})
-        result = job.execute_in_process(instance=self.instance, partition_key=partition, raise_on_error=False,
-                                        run_config={"ops": {"finetuned_model_quality_gate": BASELINE_OFF}})
+        result = job.execute_in_process(
+            instance=self.instance,
+            partition_key=partition,
+            raise_on_error=False,
+            run_config={"ops": {"finetuned_model_quality_gate": BASELINE_OFF}},
+        )
         (evaluation,) = result.get_asset_check_evaluations()
         return evaluation
 
     def champion(self) -> str:
-        return str(MlflowClient(self.tracking_uri).get_model_version_by_alias(MODEL, "champion").version)
+        return str(
+            MlflowClient(self.tracking_uri).get_model_version_by_alias(MODEL, "champion").version
+        )
 
     def gate_history(self) -> list:
         """Every recorded quality_gate execution, oldest first, as the instance's event log stores them."""
@@ -121,11 +159,16 @@ def _registered_version(result: dg.ExecuteInProcessResult) -> str:
 
 
 @pytest.mark.slow
-def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage_root, tiny_model_dir, tmp_path,
-                                                               monkeypatch):
+def test_new_data_trains_promotes_and_a_worse_model_is_refused(
+    instance, storage_root, tiny_model_dir, tmp_path, monkeypatch
+):
     landing = tmp_path / "landing"
-    monkeypatch.setenv("FINETUNE_ASSETS_LANDING", str(landing))  # LandingZoneResource's default location
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the embedded SQLite store under the root
+    monkeypatch.setenv(
+        "FINETUNE_ASSETS_LANDING", str(landing)
+    )  # LandingZoneResource's default location
+    monkeypatch.delenv(
+        "MLFLOW_TRACKING_URI", raising=False
+    )  # the embedded SQLite store under the root
     deploy = Deployment(instance, storage_root)
 
     # -- v1 lands: the built-in sample reviews (English, polarity words a tiny model learns), as a folder
@@ -144,11 +187,22 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     first = deploy.launch(request, _run_config(TRAIN, base=tiny_model_dir))
     assert first.success
     assert {e.asset_key.to_user_string() for e in first.get_asset_materialization_events()} == {
-        *VERSION_CHAIN, PRETRAINED}
+        *VERSION_CHAIN,
+        PRETRAINED,
+    }
     checks = {e.check_name: e for e in first.get_asset_check_evaluations()}
     # raw + shard checks ran in the same run; the blocking ones passed (training started after them)
-    assert all(checks[n].passed for n in ("schema_and_labels", "rejected_share", "min_rows_per_class",
-                                          "splits_readable", "counts_match_tokenized", "no_empty_split"))
+    assert all(
+        checks[n].passed
+        for n in (
+            "schema_and_labels",
+            "rejected_share",
+            "min_rows_per_class",
+            "splits_readable",
+            "counts_match_tokenized",
+            "no_empty_split",
+        )
+    )
     gate = checks["quality_gate"]
     first_version = _registered_version(first)
     meta = gate.metadata
@@ -164,7 +218,9 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     # -- retrain without new data, forced worse: finetune_only_job on the same version
     worse = deploy.run_job("finetune_only_job", "v1", _run_config(UNTRAINED))
     assert not worse.success  # the blocking gate failed the run
-    worse_version = _registered_version(worse)  # the trainer registered it; only the alias is withheld
+    worse_version = _registered_version(
+        worse
+    )  # the trainer registered it; only the alias is withheld
     assert worse_version != first_version
     (refused,) = [e for e in worse.get_asset_check_evaluations() if e.check_name == "quality_gate"]
     assert not refused.passed and refused.severity == dg.AssetCheckSeverity.ERROR
@@ -172,7 +228,9 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     assert meta["registered_model"].value == f"{MODEL} v{worse_version}"
     assert meta["champion"].value == f"{MODEL} v{first_version}"
     assert meta["test_data"].value == gate.metadata["test_data"].value  # the same test reviews
-    assert meta["champion_macro_f1"].value == pytest.approx(gate.metadata["challenger_macro_f1"].value)
+    assert meta["champion_macro_f1"].value == pytest.approx(
+        gate.metadata["challenger_macro_f1"].value
+    )
     assert meta["challenger_macro_f1"].value < meta["champion_macro_f1"].value
     assert meta["delta_macro_f1"].value < 0 and "refused" in meta["decision"].value
     assert deploy.champion() == first_version  # the alias did not move
@@ -181,22 +239,35 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     # its MLflow artifact, through the deployment's registry, and reaches the same scores and decision.
     client = MlflowClient(deploy.tracking_uri)
     cached = client.get_model_version(MODEL, first_version).tags
-    assert float(cached["gate.macro_f1"]) == gate.metadata["challenger_macro_f1"].value  # not rounded
+    assert (
+        float(cached["gate.macro_f1"]) == gate.metadata["challenger_macro_f1"].value
+    )  # not rounded
     client.delete_model_version_tag(MODEL, first_version, "gate.test_data")
     again = deploy.run_gate("v1")
     assert not again.passed and again.metadata["champion"].value == f"{MODEL} v{first_version}"
-    assert again.metadata["champion_macro_f1"].value == pytest.approx(gate.metadata["challenger_macro_f1"].value)
+    assert again.metadata["champion_macro_f1"].value == pytest.approx(
+        gate.metadata["challenger_macro_f1"].value
+    )
     assert again.metadata["challenger_macro_f1"].value == meta["challenger_macro_f1"].value
-    assert client.get_model_version(MODEL, first_version).tags["gate.test_data"] == meta["test_data"].value
+    assert (
+        client.get_model_version(MODEL, first_version).tags["gate.test_data"]
+        == meta["test_data"].value
+    )
     assert deploy.champion() == first_version
 
     # The instance's event log holds both decisions, in order, for v1, with the scores a person acts on.
     history = deploy.gate_history()
     assert [(r.status, r.partition) for r in history] == [
-        (Status.SUCCEEDED, "v1"), (Status.FAILED, "v1"), (Status.FAILED, "v1")]
+        (Status.SUCCEEDED, "v1"),
+        (Status.FAILED, "v1"),
+        (Status.FAILED, "v1"),
+    ]
     assert [r.run_id for r in history[:2]] == [first.run_id, worse.run_id]
     stored = history[1].event.dagster_event.event_specific_data
-    assert isinstance(stored, dg.AssetCheckEvaluation) and stored.severity == dg.AssetCheckSeverity.ERROR
+    assert (
+        isinstance(stored, dg.AssetCheckEvaluation)
+        and stored.severity == dg.AssetCheckSeverity.ERROR
+    )
     assert stored.metadata["champion_macro_f1"].value > stored.metadata["challenger_macro_f1"].value
     assert stored.metadata["decision"].value == meta["decision"].value
 
@@ -204,27 +275,42 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(instance, storage
     better = deploy.run_job("finetune_only_job", "v1", _run_config(LONGER))
     assert better.success
     better_version = _registered_version(better)
-    (promoted,) = [e for e in better.get_asset_check_evaluations() if e.check_name == "quality_gate"]
+    (promoted,) = [
+        e for e in better.get_asset_check_evaluations() if e.check_name == "quality_gate"
+    ]
     meta = promoted.metadata
     assert promoted.passed and meta["decision"].value.startswith("will promote")
-    assert meta["champion"].value == f"{MODEL} v{first_version}"  # compared with the first model, not the refused one
-    assert meta["challenger_macro_f1"].value >= meta["champion_macro_f1"].value  # ~1.0 vs ~0.6 today
+    assert (
+        meta["champion"].value == f"{MODEL} v{first_version}"
+    )  # compared with the first model, not the refused one
+    assert (
+        meta["challenger_macro_f1"].value >= meta["champion_macro_f1"].value
+    )  # ~1.0 vs ~0.6 today
     assert deploy.champion() == better_version
-    (decision,) = better.asset_materializations_for_node("champion_model")  # the asset acted, the check observed
-    assert decision.metadata["decision"].value.startswith("promoted") and decision.metadata["promoted"].value
+    (decision,) = better.asset_materializations_for_node(
+        "champion_model"
+    )  # the asset acted, the check observed
+    assert (
+        decision.metadata["decision"].value.startswith("promoted")
+        and decision.metadata["promoted"].value
+    )
     assert [r.status for r in deploy.gate_history()][-1] == Status.SUCCEEDED
 
     # MLflow shows the decision on each version, not only the alias.
-    assert client.get_model_version(MODEL, worse_version).tags["gate.decision"].startswith("refused")
+    assert (
+        client.get_model_version(MODEL, worse_version).tags["gate.decision"].startswith("refused")
+    )
     for version in (first_version, better_version):
         assert client.get_model_version(MODEL, version).tags["gate.decision"].startswith("promoted")
 
 
 @pytest.mark.slow
-def test_a_retried_finetuned_model_reuses_its_registered_version(storage_root, instance, tiny_model_dir,
-                                                                arabic_reviews):
+def test_a_retried_finetuned_model_reuses_its_registered_version(
+    storage_root, instance, tiny_model_dir, arabic_reviews
+):
     """A retry (same inputs + config) resumes the finished checkpoint and finds its version by training key:
-    exactly one registered version, and the alias it holds does not move."""
+    exactly one registered version, and the alias it holds does not move.
+    """
     from finetune_assets.assets.finetuned import finetuned_model
     from finetune_assets.resources.storage_root import StorageResource
     from finetune_assets_tests.training.fixtures import publish_upstream
@@ -232,16 +318,31 @@ def test_a_retried_finetuned_model_reuses_its_registered_version(storage_root, i
     store = Storage(str(storage_root))
     publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(24, 6, 6))
     instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
-    resources = {"storage": StorageResource(root=str(storage_root)), "mlflow": MlflowResource(),
-                 "launcher": LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO))}
+    resources = {
+        "storage": StorageResource(root=str(storage_root)),
+        "mlflow": MlflowResource(),
+        "launcher": LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO)),
+    }
     run_config = _run_config({**TRAIN, "max_steps": 1})
-    first = dg.materialize([finetuned_model], partition_key="v1", instance=instance, resources=resources,
-                           run_config=run_config)
+    first = dg.materialize(
+        [finetuned_model],
+        partition_key="v1",
+        instance=instance,
+        resources=resources,
+        run_config=run_config,
+    )
     version = _registered_version(first)
     client = MlflowClient(MlflowResource().resolve_tracking_uri(store))
     client.set_registered_model_alias(MODEL, "champion", version)
-    retry = dg.materialize([finetuned_model], partition_key="v1", instance=instance, resources=resources,
-                           run_config=run_config)
+    retry = dg.materialize(
+        [finetuned_model],
+        partition_key="v1",
+        instance=instance,
+        resources=resources,
+        run_config=run_config,
+    )
     assert _registered_version(retry) == version
-    assert [str(mv.version) for mv in client.search_model_versions(f"name = '{MODEL}'")] == [version]
+    assert [str(mv.version) for mv in client.search_model_versions(f"name = '{MODEL}'")] == [
+        version
+    ]
     assert str(client.get_model_version_by_alias(MODEL, "champion").version) == version

@@ -27,7 +27,8 @@ INSTANCE_FILE = Path(__file__).parents[1] / "deploy" / "instance" / "dagster.yam
 
 class DeadWorkerLauncher(RunLauncher, ConfigurableClass):
     """Fakes what ``K8sRunLauncher.check_run_worker_health`` reports for a run pod whose container
-    was SIGKILLed (OOM, lost node): ``WorkerStatus.FAILED``. Launches nothing, terminates nothing."""
+    was SIGKILLed (OOM, lost node): ``WorkerStatus.FAILED``. Launches nothing, terminates nothing.
+    """
 
     def __init__(self, inst_data=None):
         self._inst_data = inst_data

@@ -7,23 +7,38 @@ import pytest
 
 from finetune_assets.data.models import save_pretrained_model
 from finetune_assets.data.sources import SourceSpec
-from finetune_assets.definitions import build_defs
 from finetune_assets.dataset_versions.partitions import InvalidVersionKey, validate_version_key
-from finetune_assets.storage import Storage
 from finetune_assets.dataset_versions.registry import register_version
+from finetune_assets.definitions import build_defs
+from finetune_assets.storage import Storage
 
-HOSTILE_KEYS = ["../etc", "..", "a/b", "a b", "", "x" * 64, "-lead", "trail.", "v1\n", "a\\b", "%2e%2e"]
+HOSTILE_KEYS = [
+    "../etc",
+    "..",
+    "a/b",
+    "a b",
+    "",
+    "x" * 64,
+    "-lead",
+    "trail.",
+    "v1\n",
+    "a\\b",
+    "%2e%2e",
+]
 
 
 def _plant_remote_code(model_dir, marker, model_type):
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg["model_type"] = model_type
-    cfg["auto_map"] = {"AutoConfig": "evil.EvilConfig",
-                       "AutoModelForSequenceClassification": "evil.EvilModel"}
+    cfg["auto_map"] = {
+        "AutoConfig": "evil.EvilConfig",
+        "AutoModelForSequenceClassification": "evil.EvilModel",
+    }
     (model_dir / "config.json").write_text(json.dumps(cfg))
     (model_dir / "evil.py").write_text(
         f"open({str(marker)!r}, 'w').write('ran')\n"
-        "from transformers import BertConfig as EvilConfig, BertForSequenceClassification as EvilModel\n")
+        "from transformers import BertConfig as EvilConfig, BertForSequenceClassification as EvilModel\n"
+    )
 
 
 @pytest.mark.parametrize("model_type", ["bert", "evil-custom"])
@@ -32,11 +47,15 @@ def test_model_source_remote_code_is_never_executed(tiny_model_dir, tmp_path, mo
     _plant_remote_code(tiny_model_dir, marker, model_type)
     out = tmp_path / "out"
     out.mkdir()
-    if model_type == "bert":  # a known architecture loads with transformers' own class, ignoring auto_map
+    if (
+        model_type == "bert"
+    ):  # a known architecture loads with transformers' own class, ignoring auto_map
         summary = save_pretrained_model(str(tiny_model_dir), None, out)
         assert summary.architecture == "BertForSequenceClassification"
     else:  # an unknown one is refused rather than importing the folder's Python
-        with pytest.raises(Exception, match="evil-custom|trust_remote_code|not recognized|Unrecognized"):
+        with pytest.raises(
+            Exception, match="evil-custom|trust_remote_code|not recognized|Unrecognized"
+        ):
             save_pretrained_model(str(tiny_model_dir), None, out)
     assert not marker.exists()
 
@@ -67,7 +86,9 @@ def test_unknown_config_keys_are_rejected(storage_root, instance):
     register_version(instance, Storage(str(storage_root)), "v1", SourceSpec(uri="builtin:sample"))
     with pytest.raises(dg.DagsterInvalidConfigError, match="not_a_field"):
         dg.materialize(
-            [defs.get_assets_def("raw_reviews")], instance=instance, partition_key="v1",
+            [defs.get_assets_def("raw_reviews")],
+            instance=instance,
+            partition_key="v1",
             resources={"storage": defs.resources["storage"]},
             run_config={"ops": {"raw_reviews": {"config": {"not_a_field": 1}}}},
         )

@@ -8,15 +8,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from finetune_assets.contracts import CHAMPION_MODEL as CHAMPION
+from finetune_assets.contracts import FINETUNED_MODEL as FINETUNED
+from finetune_assets.contracts import PRETRAINED_MODEL as PRETRAINED
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.contracts import CHAMPION_MODEL as CHAMPION, FINETUNED_MODEL as FINETUNED, PRETRAINED_MODEL as PRETRAINED
-from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.registry import read_version
+from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
 from finetune_assets.resources.landing import LandingZoneResource, fingerprint
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.sensors import LandingCursor, landing_zone_sensor
 from finetune_assets.storage import Storage
-from finetune_assets.dataset_versions.registry import read_version
 
 VERSION_CHAIN = tuple(a.key.to_user_string() for a in CHAIN_ASSETS)  # names, in flow order
 
@@ -26,20 +28,26 @@ class Daemon:
 
     def __init__(self, instance, landing: Path, storage_root: Path):
         self.instance = instance
-        self.resources = {"landing": LandingZoneResource(url=str(landing)),
-                          "storage": StorageResource(root=str(storage_root))}
+        self.resources = {
+            "landing": LandingZoneResource(url=str(landing)),
+            "storage": StorageResource(root=str(storage_root)),
+        }
         self.cursor: str | None = None
         self.run_keys: set[str] = set()
 
     def tick(self) -> tuple[list[str], list[dg.RunRequest], str | None]:
-        ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, resources=self.resources)
+        ctx = dg.build_sensor_context(
+            instance=self.instance, cursor=self.cursor, resources=self.resources
+        )
         result = landing_zone_sensor(ctx)
         assert isinstance(result, dg.SensorResult)
         added = []
         for req in result.dynamic_partitions_requests or []:
             assert isinstance(req, dg.AddDynamicPartitionsRequest)
             # A partition is never requested twice: the sensor checks the instance first.
-            assert not set(req.partition_keys) & set(self.instance.get_dynamic_partitions(DATASET_VERSIONS))
+            assert not set(req.partition_keys) & set(
+                self.instance.get_dynamic_partitions(DATASET_VERSIONS)
+            )
             self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
             added += list(req.partition_keys)
         self.cursor = result.cursor
@@ -95,8 +103,9 @@ def test_three_versions_over_several_ticks(daemon, landing, storage_root, arabic
 
     _folder(landing, "v2", [prod, att])
     # v3 = PROD + ATT + RES2 as one Parquet file, dropped as a plain file (no marker: it must settle first)
-    table = pa.concat_tables([read_source(SourceSpec(uri=str(f))).select(["text", "label"])
-                              for f in (prod, att, res2)])
+    table = pa.concat_tables(
+        [read_source(SourceSpec(uri=str(f))).select(["text", "label"]) for f in (prod, att, res2)]
+    )
     pq.write_table(table, landing / "v3.parquet")
     added, runs, skip = daemon.tick()
     assert added == ["v2"] and [r.partition_key for r in runs] == ["v2"]
@@ -123,7 +132,9 @@ def test_three_versions_over_several_ticks(daemon, landing, storage_root, arabic
     assert all(r.asset_selection == [dg.AssetKey(a) for a in VERSION_CHAIN] for r in all_runs)
 
 
-def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(daemon, landing, arabic_reviews):
+def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(
+    daemon, landing, arabic_reviews
+):
     _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
     _folder(landing, "v2", [arabic_reviews / "PROD.csv", arabic_reviews / "ATT.csv"])
     added, runs, _ = daemon.tick()  # two versions at once
@@ -133,12 +144,16 @@ def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(dae
 
     daemon.cursor = None  # restarted daemon that lost its cursor (or a sensor reset)
     added, runs, _ = daemon.tick()
-    assert added == [] and runs == []  # partitions exist; re-requested runs carry run keys already seen
+    assert (
+        added == [] and runs == []
+    )  # partitions exist; re-requested runs carry run keys already seen
     added, runs, _ = daemon.tick()
     assert (added, runs) == ([], [])
 
 
-def test_incomplete_and_malformed_drops_produce_nothing_but_a_reason(daemon, landing, arabic_reviews):
+def test_incomplete_and_malformed_drops_produce_nothing_but_a_reason(
+    daemon, landing, arabic_reviews
+):
     _folder(landing, "v1", [arabic_reviews / "PROD.csv"], success=False)
     _folder(landing, "empty", [])  # marker but no data files
     _folder(landing, "-lead", [arabic_reviews / "PROD.csv"])
@@ -153,7 +168,9 @@ def test_incomplete_and_malformed_drops_produce_nothing_but_a_reason(daemon, lan
     assert "-lead: invalid dataset version key" in skip
     assert "v9.csv: waiting one tick" in skip
     assert "ambiguous" in skip and "_tmp" not in skip
-    (landing / "v9.csv").write_text("text,label\ngood,1\n")  # ...and keeps changing: not complete yet
+    (landing / "v9.csv").write_text(
+        "text,label\ngood,1\n"
+    )  # ...and keeps changing: not complete yet
     added, runs, skip = daemon.tick()
     assert (added, runs) == ([], []) and "v9.csv: waiting one tick" in skip
     assert daemon.instance.get_dynamic_partitions(DATASET_VERSIONS) == []
@@ -188,7 +205,9 @@ def test_deleted_version_relanded_with_new_content_runs_again(daemon, landing, a
     assert added == ["v1"] and len(runs) == 1 and runs[0].run_key != first[0].run_key
 
 
-def test_missing_base_model_is_built_by_one_run_only(instance, landing, storage_root, arabic_reviews):
+def test_missing_base_model_is_built_by_one_run_only(
+    instance, landing, storage_root, arabic_reviews
+):
     daemon = Daemon(instance, landing, storage_root)  # no pretrained_model published
     _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
     _folder(landing, "v2", [arabic_reviews / "ATT.csv"])
@@ -196,7 +215,10 @@ def test_missing_base_model_is_built_by_one_run_only(instance, landing, storage_
     assert sorted(added) == ["v1", "v2"]
     assert len(runs) == 1 and dg.AssetKey(PRETRAINED) in runs[0].asset_selection
     added, runs, skip = daemon.tick()  # base still building: v2 waits, nothing duplicated
-    assert (added, runs) == ([], []) and "v2: registered; its run waits until pretrained_model" in skip
+    assert (added, runs) == (
+        [],
+        [],
+    ) and "v2: registered; its run waits until pretrained_model" in skip
     assert LandingCursor.parse(daemon.cursor).awaiting_base.keys() == {"v2"}
     _publish_base(storage_root)
     added, runs, _ = daemon.tick()
@@ -219,20 +241,27 @@ def test_jobs_select_the_expected_assets(storage_root):
     assets = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     if FINETUNED not in assets:
         pytest.fail("finetuned_model is not in definitions.py yet (retrain_job would not train)")
-    selected = {j: {k.to_user_string() for k in repo.get_job(j).asset_layer.executable_asset_keys}
-                for j in ("retrain_job", "finetune_only_job", "base_model_job")}
-    assert selected == {"retrain_job": {*VERSION_CHAIN, PRETRAINED}, "finetune_only_job": {FINETUNED, CHAMPION},
-                        "base_model_job": {PRETRAINED}}
+    selected = {
+        j: {k.to_user_string() for k in repo.get_job(j).asset_layer.executable_asset_keys}
+        for j in ("retrain_job", "finetune_only_job", "base_model_job")
+    }
+    assert selected == {
+        "retrain_job": {*VERSION_CHAIN, PRETRAINED},
+        "finetune_only_job": {FINETUNED, CHAMPION},
+        "base_model_job": {PRETRAINED},
+    }
     sensor = repo.get_sensor_def("landing_zone_sensor")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
     assert {"landing", "storage"} <= set(repo.get_top_level_resources())
 
 
-# -- bounded ticks, isolated errors, failed runs (issue 17) ---------------------------------------------
+# -- bounded ticks, isolated errors, failed runs ---------------------------------------------
+
 
 def _memory_landing(name: str, n: int) -> str:
     """``n`` complete version folders on fsspec's in-memory filesystem (an object store stand-in: no
-    folder mtimes, listings only)."""
+    folder mtimes, listings only).
+    """
     import fsspec
 
     fs = fsspec.filesystem("memory")
@@ -244,7 +273,8 @@ def _memory_landing(name: str, n: int) -> str:
 
 
 def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_saves_progress(
-        instance, storage_root, tmp_path, monkeypatch):
+    instance, storage_root, tmp_path, monkeypatch
+):
     import finetune_assets.sensors as sensors
 
     _publish_base(storage_root)
@@ -258,16 +288,22 @@ def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_sav
         return fingerprint(uri)
 
     monkeypatch.setattr(sensors, "fingerprint", slow_fingerprint)
-    resources = {"landing": LandingZoneResource(url=landing, tick_budget_s=10.0),
-                 "storage": StorageResource(root=str(storage_root))}
+    resources = {
+        "landing": LandingZoneResource(url=landing, tick_budget_s=10.0),
+        "storage": StorageResource(root=str(storage_root)),
+    }
     cursor, ticks, registered = None, 0, 0
     while registered < 500:
         ticks += 1
         assert ticks <= 30, "the sensor stopped making progress"
         start = clock[0]
         ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-        result = sensors.evaluate_landing(ctx, resources["landing"], resources["storage"], clock=lambda: clock[0])
-        assert clock[0] - start <= 10.0 + 0.5  # the budget, plus the one drop in progress when it ran out
+        result = sensors.evaluate_landing(
+            ctx, resources["landing"], resources["storage"], clock=lambda: clock[0]
+        )
+        assert (
+            clock[0] - start <= 10.0 + 0.5
+        )  # the budget, plus the one drop in progress when it ran out
         for req in result.dynamic_partitions_requests or []:
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
             registered += len(req.partition_keys)
@@ -276,7 +312,9 @@ def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_sav
     assert ticks > 1 and len(fingerprinted) == 500 == len(set(fingerprinted))  # each drop read once
     ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
     before = len(fingerprinted)
-    sensors.evaluate_landing(ctx, resources["landing"], resources["storage"], clock=lambda: clock[0])
+    sensors.evaluate_landing(
+        ctx, resources["landing"], resources["storage"], clock=lambda: clock[0]
+    )
     assert len(fingerprinted) == before  # registered folders cost nothing beyond the listing
 
 
@@ -294,7 +332,9 @@ def test_an_unreadable_drop_does_not_block_the_others(daemon, landing, arabic_re
     monkeypatch.setattr(sensors, "fingerprint", flaky)
     added, runs, _ = daemon.tick()
     assert added == ["v1", "v3"] and sorted(r.partition_key for r in runs) == ["v1", "v3"]
-    monkeypatch.setattr(sensors, "fingerprint", fingerprint)  # readable again: registered on the next tick
+    monkeypatch.setattr(
+        sensors, "fingerprint", fingerprint
+    )  # readable again: registered on the next tick
     added, runs, _ = daemon.tick()
     assert added == ["v2"] and [r.partition_key for r in runs] == ["v2"]
 
@@ -304,8 +344,12 @@ def _finish(instance, request: dg.RunRequest, status) -> str:
     from dagster._core.storage.dagster_run import DagsterRun
     from dagster._core.utils import make_new_run_id
 
-    run = DagsterRun(job_name="retrain_job", run_id=make_new_run_id(),
-                     tags={**request.tags, "dagster/run_key": request.run_key}, status=status)
+    run = DagsterRun(
+        job_name="retrain_job",
+        run_id=make_new_run_id(),
+        tags={**request.tags, "dagster/run_key": request.run_key},
+        status=status,
+    )
     instance.add_run(run)
     return run.run_id
 
@@ -315,7 +359,9 @@ def test_a_cancelled_run_is_never_requested_again(daemon, landing, arabic_review
 
     _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
     _, (request,), _ = daemon.tick()
-    cancelled = _finish(daemon.instance, request, dg.DagsterRunStatus.CANCELED)  # an operator's decision
+    cancelled = _finish(
+        daemon.instance, request, dg.DagsterRunStatus.CANCELED
+    )  # an operator's decision
     _, runs, skip = daemon.tick()
     assert runs == [] and "was cancelled; not re-requested" in skip
     assert daemon.instance.get_run_by_id(cancelled).tags[STATUS_TAG].startswith("failed: run")
@@ -324,7 +370,8 @@ def test_a_cancelled_run_is_never_requested_again(daemon, landing, arabic_review
 
 def _run_that_fails_at(instance, request: dg.RunRequest, failing: str) -> str:
     """A real run (events and all) under the request's run key: ``finetuned_model`` materializes,
-    then ``failing`` raises what an MLflow outage raises."""
+    then ``failing`` raises what an MLflow outage raises.
+    """
     from finetune_assets.dataset_versions.partitions import dataset_versions
 
     @dg.asset(name="finetuned_model", partitions_def=dataset_versions)
@@ -336,14 +383,22 @@ def _run_that_fails_at(instance, request: dg.RunRequest, failing: str) -> str:
         if failing == "champion_model":
             raise ConnectionError("MLflow registry: 503 Service Unavailable")
 
-    result = dg.materialize([trained, promote], instance=instance, partition_key=request.partition_key,
-                            tags={**request.tags, "dagster/run_key": request.run_key}, raise_on_error=False)
+    result = dg.materialize(
+        [trained, promote],
+        instance=instance,
+        partition_key=request.partition_key,
+        tags={**request.tags, "dagster/run_key": request.run_key},
+        raise_on_error=False,
+    )
     return result.run_id
 
 
-def test_a_failed_run_is_reported_as_what_failed_and_not_requested_again(daemon, landing, arabic_reviews):
+def test_a_failed_run_is_reported_as_what_failed_and_not_requested_again(
+    daemon, landing, arabic_reviews
+):
     """Dagster's run retries are the one retry layer (the run here will not be retried): the sensor
-    reports the failed step, and a failure after training is not called a quality-gate refusal."""
+    reports the failed step, and a failure after training is not called a quality-gate refusal.
+    """
     _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
     _, (request,), _ = daemon.tick()
     run_id = _run_that_fails_at(daemon.instance, request, "champion_model")
@@ -361,7 +416,9 @@ def test_a_successful_or_refused_run_is_not_requested_again(daemon, landing, ara
     assert daemon.tick()[1] == [] and LandingCursor.parse(daemon.cursor).runs == {}
 
 
-def test_a_base_model_run_that_never_appeared_is_requested_again(instance, landing, storage_root, arabic_reviews):
+def test_a_base_model_run_that_never_appeared_is_requested_again(
+    instance, landing, storage_root, arabic_reviews
+):
     """A version waiting for the base model never waits forever: its builder's run is followed too."""
     import json
 
@@ -372,7 +429,9 @@ def test_a_base_model_run_that_never_appeared_is_requested_again(instance, landi
     _folder(landing, "v2", [arabic_reviews / "PROD.csv"])
     _, (first,), _ = daemon.tick()
     assert dg.AssetKey(PRETRAINED) in first.asset_selection
-    data = json.loads(daemon.cursor)  # the request was dropped: no run appears for longer than the grace period
+    data = json.loads(
+        daemon.cursor
+    )  # the request was dropped: no run appears for longer than the grace period
     data["runs"][first.partition_key]["at"] -= LOST_AFTER_S + 1
     daemon.cursor = json.dumps(data)
     _, (again,), _ = daemon.tick()
@@ -382,7 +441,8 @@ def test_a_base_model_run_that_never_appeared_is_requested_again(instance, landi
 
 def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
     """The sensor's fingerprint and the source reader share one ignore rule: an edit to a file the
-    reader reads (``_2024.csv``) is a new fingerprint; an edit to one it ignores (hidden, README) is not."""
+    reader reads (``_2024.csv``) is a new fingerprint; an edit to one it ignores (hidden, README) is not.
+    """
     drop = tmp_path / "v1"
     drop.mkdir()
     (drop / "a.csv").write_text("text,label\ngood,Positive\n")
@@ -392,7 +452,9 @@ def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
     (drop / "README.md").write_text("about\n")
     first = fingerprint(str(drop))
 
-    (drop / ".ipynb_checkpoints" / "a-checkpoint.csv").write_text("text,label\nolder one,Positive\n")
+    (drop / ".ipynb_checkpoints" / "a-checkpoint.csv").write_text(
+        "text,label\nolder one,Positive\n"
+    )
     (drop / "README.md").write_text("about these reviews\n")
     assert fingerprint(str(drop)) == first
 
@@ -406,15 +468,24 @@ def test_a_refused_blocking_data_check_is_reported_as_such(daemon, landing, arab
     _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
     _, (request,), _ = daemon.tick()
 
-    @dg.asset(name="raw_reviews", partitions_def=dataset_versions,
-              check_specs=[dg.AssetCheckSpec("min_rows_per_class", asset="raw_reviews", blocking=True)])
+    @dg.asset(
+        name="raw_reviews",
+        partitions_def=dataset_versions,
+        check_specs=[dg.AssetCheckSpec("min_rows_per_class", asset="raw_reviews", blocking=True)],
+    )
     def raw():
         yield dg.Output(None)
-        yield dg.AssetCheckResult(check_name="min_rows_per_class", passed=False,
-                                  description="Mixed: 12 reviews, needs 50")
+        yield dg.AssetCheckResult(
+            check_name="min_rows_per_class", passed=False, description="Mixed: 12 reviews, needs 50"
+        )
 
-    dg.materialize([raw], instance=daemon.instance, partition_key="v1", raise_on_error=False,
-                   tags={**request.tags, "dagster/run_key": request.run_key})
+    dg.materialize(
+        [raw],
+        instance=daemon.instance,
+        partition_key="v1",
+        raise_on_error=False,
+        tags={**request.tags, "dagster/run_key": request.run_key},
+    )
     daemon.tick()
     why = LandingCursor.parse(daemon.cursor).failed["v1"]
     assert "blocking check min_rows_per_class (Mixed: 12 reviews, needs 50) refused the data" in why

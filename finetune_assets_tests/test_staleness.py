@@ -11,7 +11,6 @@ from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
-from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.assets.baseline import BaselineConfig
 from finetune_assets.assets.champion import PromotionConfig
 from finetune_assets.assets.finetuned import FinetuneConfig, finetuned_model
@@ -19,22 +18,25 @@ from finetune_assets.assets.pretrained import PretrainedModelConfig, pretrained_
 from finetune_assets.assets.raw import RawReviewsConfig, raw_reviews
 from finetune_assets.assets.shards import ShardsConfig, mds_shards
 from finetune_assets.assets.tokenized import TokenizeConfig, tokenized_reviews
-from finetune_assets.definitions import build_defs
+from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.data.sources import SourceSpec
-from finetune_assets.launchers.base import TrainingSpec, TrainingLauncher
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+from finetune_assets.dataset_versions.registry import write_version
+from finetune_assets.definitions import build_defs
+from finetune_assets.launchers.base import TrainingLauncher, TrainingSpec
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.staleness import config_class, with_config_versions
 from finetune_assets.storage import Storage
-from finetune_assets.dataset_versions.registry import write_version
 
 CHAIN = ["raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model"]
 
 
 def _chain_assets():
     """The five assets the way the code location builds them: config defaults folded into code versions."""
-    return with_config_versions([raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model])
+    return with_config_versions(
+        [raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model]
+    )
 
 
 class CopyLauncher(TrainingLauncher):
@@ -44,18 +46,40 @@ class CopyLauncher(TrainingLauncher):
         cfg = json.loads(Path(job.config_url).read_text())
         out = Path(cfg["output_dir"])
         shutil.copytree(cfg["model_dir"], out / "model")
-        (out / TRAINING_RESULT_FILE).write_text(TrainingResult(
-            accuracy=0.5, macro_f1=0.4, f1_per_class={"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
-            confusion_matrix=[[1, 0, 0], [0, 1, 0], [0, 0, 1]], test_samples=3, samples_seen=3, tokens_seen=30,
-            train_seconds=1.0, samples_per_sec=1.0, tokens_per_sec=1.0, global_step=1, epochs=1, world_size=1,
-            labels=cfg["labels"], wall_seconds=1.0).to_json())
+        (out / TRAINING_RESULT_FILE).write_text(
+            TrainingResult(
+                accuracy=0.5,
+                macro_f1=0.4,
+                f1_per_class={"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
+                confusion_matrix=[[1, 0, 0], [0, 1, 0], [0, 0, 1]],
+                test_samples=3,
+                samples_seen=3,
+                tokens_seen=30,
+                train_seconds=1.0,
+                samples_per_sec=1.0,
+                tokens_per_sec=1.0,
+                global_step=1,
+                epochs=1,
+                world_size=1,
+                labels=cfg["labels"],
+                wall_seconds=1.0,
+            ).to_json()
+        )
 
 
 def _materialize(assets, instance, root, selection, partition=None, run_config=None):
-    result = dg.materialize(assets, selection=selection, partition_key=partition, instance=instance,
-                            run_config=run_config,
-                            resources={"storage": StorageResource(root=str(root)), "mlflow": MlflowResource(),
-                                       "launcher": CopyLauncher()})
+    result = dg.materialize(
+        assets,
+        selection=selection,
+        partition_key=partition,
+        instance=instance,
+        run_config=run_config,
+        resources={
+            "storage": StorageResource(root=str(root)),
+            "mlflow": MlflowResource(),
+            "launcher": CopyLauncher(),
+        },
+    )
     assert result.success
 
 
@@ -75,41 +99,71 @@ def _base(source: Path, seed: int) -> dg.RunConfig:
 @pytest.fixture
 def built(instance, storage_root, tiny_model_dir, arabic_reviews):
     assets = _chain_assets()
-    write_version(Storage(str(storage_root)), "v1", SourceSpec(uri=str(arabic_reviews / "PROD.csv")))
+    write_version(
+        Storage(str(storage_root)), "v1", SourceSpec(uri=str(arabic_reviews / "PROD.csv"))
+    )
     instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
-    _materialize(assets, instance, storage_root, dg.AssetSelection.assets("pretrained_model"),
-                 run_config=_base(tiny_model_dir, 0))
+    _materialize(
+        assets,
+        instance,
+        storage_root,
+        dg.AssetSelection.assets("pretrained_model"),
+        run_config=_base(tiny_model_dir, 0),
+    )
     _materialize(assets, instance, storage_root, dg.AssetSelection.assets(*CHAIN), partition="v1")
     assert set(_status(assets, instance).values()) == {StaleStatus.FRESH}
     return assets
 
 
-def test_new_base_model_marks_the_version_chain_stale_but_not_the_data(built, instance, storage_root, tmp_path):
+def test_new_base_model_marks_the_version_chain_stale_but_not_the_data(
+    built, instance, storage_root, tmp_path
+):
     from finetune_assets_tests.tiny_models import build_tiny_bert
 
     # Another base model (other weights, same tokenizer) -> a new pretrained_model data version.
     other = build_tiny_bert(tmp_path / "other-base", seed=1)
-    _materialize(built, instance, storage_root, dg.AssetSelection.assets("pretrained_model"),
-                 run_config=_base(other, 0))
+    _materialize(
+        built,
+        instance,
+        storage_root,
+        dg.AssetSelection.assets("pretrained_model"),
+        run_config=_base(other, 0),
+    )
     # Dagster judges each asset by its direct inputs: the two readers of pretrained_model are stale,
     # mds_shards (reads only tokens) and raw_reviews are not.
     assert _status(built, instance) == {
-        "pretrained_model": StaleStatus.FRESH, "raw_reviews": StaleStatus.FRESH,
-        "tokenized_reviews": StaleStatus.STALE, "mds_shards": StaleStatus.FRESH,
-        "finetuned_model": StaleStatus.STALE}
+        "pretrained_model": StaleStatus.FRESH,
+        "raw_reviews": StaleStatus.FRESH,
+        "tokenized_reviews": StaleStatus.STALE,
+        "mds_shards": StaleStatus.FRESH,
+        "finetuned_model": StaleStatus.STALE,
+    }
     # Re-tokenizing gives identical tokens (same tokenizer) and the same data version, so mds_shards
     # stays fresh without being rebuilt (a new vocabulary would give new tokens and make it stale);
     # only the model still needs the new base.
-    _materialize(built, instance, storage_root, dg.AssetSelection.assets("tokenized_reviews"), partition="v1")
+    _materialize(
+        built, instance, storage_root, dg.AssetSelection.assets("tokenized_reviews"), partition="v1"
+    )
     status = _status(built, instance)
-    assert status["mds_shards"] == StaleStatus.FRESH and status["finetuned_model"] == StaleStatus.STALE
-    _materialize(built, instance, storage_root, dg.AssetSelection.assets("finetuned_model"), partition="v1")
+    assert (
+        status["mds_shards"] == StaleStatus.FRESH and status["finetuned_model"] == StaleStatus.STALE
+    )
+    _materialize(
+        built, instance, storage_root, dg.AssetSelection.assets("finetuned_model"), partition="v1"
+    )
     assert set(_status(built, instance).values()) == {StaleStatus.FRESH}
 
 
-def test_rebuilding_an_identical_base_model_marks_nothing_stale(built, instance, storage_root, tiny_model_dir):
-    _materialize(built, instance, storage_root, dg.AssetSelection.assets("pretrained_model"),
-                 run_config=_base(tiny_model_dir, 0))
+def test_rebuilding_an_identical_base_model_marks_nothing_stale(
+    built, instance, storage_root, tiny_model_dir
+):
+    _materialize(
+        built,
+        instance,
+        storage_root,
+        dg.AssetSelection.assets("pretrained_model"),
+        run_config=_base(tiny_model_dir, 0),
+    )
     assert set(_status(built, instance).values()) == {StaleStatus.FRESH}
 
 
@@ -137,13 +191,19 @@ DEFAULT_CHANGES = [
 ]
 
 
-def test_changing_one_default_at_a_time_marks_exactly_the_expected_assets_stale(built, instance, monkeypatch):
+def test_changing_one_default_at_a_time_marks_exactly_the_expected_assets_stale(
+    built, instance, monkeypatch
+):
     for config_cls, field, value, expected in DEFAULT_CHANGES:
         with monkeypatch.context() as m:
             _change_default(m, config_cls, field, value)
-            status = _status(_chain_assets(), instance)  # rebuilt like the code location rebuilds on reload
+            status = _status(
+                _chain_assets(), instance
+            )  # rebuilt like the code location rebuilds on reload
         stale = {k for k, v in status.items() if v == StaleStatus.STALE}
-        assert stale == expected, f"{config_cls.__name__}.{field}: stale {sorted(stale)}, expected {sorted(expected)}"
+        assert stale == expected, (
+            f"{config_cls.__name__}.{field}: stale {sorted(stale)}, expected {sorted(expected)}"
+        )
         assert {k for k, v in status.items() if v != StaleStatus.STALE} == ALL - expected
     assert _status(_chain_assets(), instance) == FRESH_ALL  # every change undone: fresh again
 
@@ -153,39 +213,66 @@ def _code_versions(tmp_path) -> dict[str, str]:
     return {k.to_user_string(): graph.get(k).code_version for k in graph.get_all_asset_keys()}
 
 
-def test_every_configurable_asset_versions_each_default_except_the_unversioned(tmp_path, monkeypatch):
+def test_every_configurable_asset_versions_each_default_except_the_unversioned(
+    tmp_path, monkeypatch
+):
     """Over the whole code location, every field of every asset's config, one at a time: a versioned default
-    changes exactly its own asset's code version; an ``unversioned`` one (cannot change the output) changes none."""
+    changes exactly its own asset's code version; an ``unversioned`` one (cannot change the output) changes none.
+    """
     before = _code_versions(tmp_path)
     defs = build_defs(str(tmp_path))
-    configs = {a.key.to_user_string(): config_class(a) for a in defs.assets if config_class(a) is not None}
-    assert set(configs) == {"raw_reviews", "pretrained_model", "tokenized_reviews", "mds_shards", "finetuned_model",
-                            "champion_model", "baseline_model", "tuning_study"}
-    assert configs["champion_model"] is PromotionConfig and configs["baseline_model"] is BaselineConfig
+    configs = {
+        a.key.to_user_string(): config_class(a) for a in defs.assets if config_class(a) is not None
+    }
+    assert set(configs) == {
+        "raw_reviews",
+        "pretrained_model",
+        "tokenized_reviews",
+        "mds_shards",
+        "finetuned_model",
+        "champion_model",
+        "baseline_model",
+        "tuning_study",
+    }
+    assert (
+        configs["champion_model"] is PromotionConfig and configs["baseline_model"] is BaselineConfig
+    )
     for key, config_cls in configs.items():
-        assert re.match(r"\d+-[0-9a-f]+$", before[key])  # the code revision, then the hash of the defaults
+        assert re.match(
+            r"\d+-[0-9a-f]+$", before[key]
+        )  # the code revision, then the hash of the defaults
         for field in config_cls.model_fields:
             with monkeypatch.context() as m:
                 _change_default(m, config_cls, field, "another default")
                 changed = {k for k, v in _code_versions(tmp_path).items() if v != before[k]}
             expected = set() if field in getattr(config_cls, "unversioned", ()) else {key}
-            assert changed == expected, f"{config_cls.__name__}.{field}: {sorted(changed)} != {sorted(expected)}"
+            assert changed == expected, (
+                f"{config_cls.__name__}.{field}: {sorted(changed)} != {sorted(expected)}"
+            )
     assert before["benchmark_scores"] == "1"  # no config: the code revision alone
 
 
 def test_a_code_revision_bump_changes_the_code_version(tmp_path):
-    bumped = tokenized_reviews.map_asset_specs(lambda spec: spec.replace_attributes(code_version="2"))
+    bumped = tokenized_reviews.map_asset_specs(
+        lambda spec: spec.replace_attributes(code_version="2")
+    )
     (old,), (new,) = (with_config_versions([a]) for a in (tokenized_reviews, bumped))
     key = dg.AssetKey("tokenized_reviews")
-    assert new.code_versions_by_key[key].startswith("2-") and old.code_versions_by_key[key].startswith("1-")
-    assert new.code_versions_by_key[key][2:] == old.code_versions_by_key[key][2:]  # same defaults, same hash
+    assert new.code_versions_by_key[key].startswith("2-") and old.code_versions_by_key[
+        key
+    ].startswith("1-")
+    assert (
+        new.code_versions_by_key[key][2:] == old.code_versions_by_key[key][2:]
+    )  # same defaults, same hash
 
 
-# -- data versions hash content, not the writing library (issue 17) -------------------------------------
+# -- data versions hash content, not the writing library -------------------------------------
+
 
 def test_a_writer_library_upgrade_does_not_change_data_versions(tmp_path):
     """Same reviews and weights written by a newer pyarrow / transformers: same data versions; changed data:
-    a new one. Parquet's footer names its writer (``created_by``), save_pretrained stamps its version."""
+    a new one. Parquet's footer names its writer (``created_by``), save_pretrained stamps its version.
+    """
     import json
 
     import pyarrow as pa
@@ -201,7 +288,7 @@ def test_a_writer_library_upgrade_does_not_change_data_versions(tmp_path):
     body = old.read_bytes()
     writer = f"parquet-cpp-arrow version {pa.__version__}".encode()
     assert writer in body
-    upgraded = f"parquet-cpp-arrow version {'9' * len(pa.__version__)}".encode()[:len(writer)]
+    upgraded = f"parquet-cpp-arrow version {'9' * len(pa.__version__)}".encode()[: len(writer)]
     new.write_bytes(body.replace(writer, upgraded))
     assert new.read_bytes() != body and pq.read_table(new).equals(table)
     assert hash_tree(new) == hash_tree(old)
@@ -213,11 +300,18 @@ def test_a_writer_library_upgrade_does_not_change_data_versions(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for folder, version in ((a, "4.40.0"), (b, "4.57.1")):
         folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({"hidden_size": 32, "transformers_version": version}))
+        (folder / "config.json").write_text(
+            json.dumps({"hidden_size": 32, "transformers_version": version})
+        )
         (folder / "model.safetensors").write_bytes(b"weights")
-        with pa.ipc.new_file(str(folder / "tokens.arrow"), table.schema,
-                             options=pa.ipc.IpcWriteOptions(compression="zstd" if folder == a else None)) as w:
+        with pa.ipc.new_file(
+            str(folder / "tokens.arrow"),
+            table.schema,
+            options=pa.ipc.IpcWriteOptions(compression="zstd" if folder == a else None),
+        ) as w:
             w.write_table(table)
     assert hash_tree(a) == hash_tree(b)
-    (b / "config.json").write_text(json.dumps({"hidden_size": 64, "transformers_version": "4.57.1"}))
+    (b / "config.json").write_text(
+        json.dumps({"hidden_size": 64, "transformers_version": "4.57.1"})
+    )
     assert hash_tree(a) != hash_tree(b)

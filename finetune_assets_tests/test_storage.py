@@ -18,7 +18,9 @@ class Boom(RuntimeError):
     pass
 
 
-def _publish(store: Storage, asset: str, partition: str | None, body: str, name: str = "data.txt") -> str:
+def _publish(
+    store: Storage, asset: str, partition: str | None, body: str, name: str = "data.txt"
+) -> str:
     with store.publish(asset, partition) as staging:
         (staging.local_dir / name).write_text(body)
         staging.data_version = hash_tree(staging.local_dir)
@@ -122,7 +124,9 @@ def test_young_foreign_attempt_survives_garbage_collection(store: Storage):
     """An attempt that may belong to a concurrent writer of the same partition is not deleted."""
     first = _publish(store, "raw_reviews", "v1", "a")
     fresh = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-concurrent"
-    _put(store, join(store.prefix("raw_reviews", "v1"), ATTEMPTS, fresh, "part.bin"), b"in progress")
+    _put(
+        store, join(store.prefix("raw_reviews", "v1"), ATTEMPTS, fresh, "part.bin"), b"in progress"
+    )
     latest = _publish(store, "raw_reviews", "v1", "b")
     assert _attempts(store, "raw_reviews", "v1") == sorted([first, fresh, latest])
 
@@ -155,10 +159,14 @@ def test_two_partitions_never_share_files(store: Storage):
 
 def test_unpartitioned_asset_has_its_own_prefix(store: Storage):
     _publish(store, "pretrained_model", None, "weights")
-    assert store.require("pretrained_model").url.startswith(join(store.root, "pretrained_model", "_"))
+    assert store.require("pretrained_model").url.startswith(
+        join(store.root, "pretrained_model", "_")
+    )
 
 
-@pytest.mark.parametrize("key", ["../escape", "a/b", "..", "v 1", "", "/abs", "v1/../../etc", "a" * 64, "-v1"])
+@pytest.mark.parametrize(
+    "key", ["../escape", "a/b", "..", "v 1", "", "/abs", "v1/../../etc", "a" * 64, "-v1"]
+)
 def test_partition_keys_that_escape_or_are_unsafe_are_rejected(store: Storage, key: str):
     with pytest.raises(InvalidVersionKey, match="invalid dataset version key"):
         with store.publish("raw_reviews", key):
@@ -166,7 +174,8 @@ def test_partition_keys_that_escape_or_are_unsafe_are_rejected(store: Storage, k
     with pytest.raises(InvalidVersionKey):
         store.current("raw_reviews", key)
     assert not store.fs.exists(store.root) or all(
-        f.startswith(store.fs._strip_protocol(store.root)) for f in store.fs.find(store.root))
+        f.startswith(store.fs._strip_protocol(store.root)) for f in store.fs.find(store.root)
+    )
 
 
 @pytest.mark.parametrize("parts", [("..", "x"), ("versions", "../../etc/passwd"), ("a/../../b",)])
@@ -205,7 +214,9 @@ def test_local_copy_gives_the_published_folder(store: Storage):
 
 
 def test_require_names_the_missing_asset(store: Storage):
-    with pytest.raises(FileNotFoundError, match=r"tokenized_reviews\[v9\] has not been materialized"):
+    with pytest.raises(
+        FileNotFoundError, match=r"tokenized_reviews\[v9\] has not been materialized"
+    ):
         store.require("tokenized_reviews", "v9")
 
 
@@ -224,11 +235,15 @@ def test_hash_tree_depends_on_names_and_bytes(tmp_path: Path):
     assert hash_tree(b, exclude=("y",)) == hash_tree(a)
 
 
-# -- concurrency: conditional pointer update, leases, pins (issue 17) -----------------------------------
+# -- concurrency: conditional pointer update, leases, pins -----------------------------------
 
-def test_concurrent_publishes_of_one_partition_chain_previous_and_keep_both(storage_root: Path, monkeypatch):
+
+def test_concurrent_publishes_of_one_partition_chain_previous_and_keep_both(
+    storage_root: Path, monkeypatch
+):
     """Barrier between the pointer read and write: without a critical section both publishes read the
-    same previous, one attempt drops out of the chain and is collected while Dagster's record names it."""
+    same previous, one attempt drops out of the chain and is collected while Dagster's record names it.
+    """
     import threading
 
     store = Storage(str(storage_root))
@@ -251,9 +266,14 @@ def test_concurrent_publishes_of_one_partition_chain_previous_and_keep_both(stor
     monkeypatch.setattr(Storage, "current", current)
     monkeypatch.setattr(Storage, "_write_pointer", write_pointer)
     done: list[str] = []
-    threads = [threading.Thread(target=lambda b=b: done.append(_publish(Storage(str(storage_root)),
-                                                                        "tokenized_reviews", "v1", b)))
-               for b in ("a", "b")]
+    threads = [
+        threading.Thread(
+            target=lambda b=b: done.append(
+                _publish(Storage(str(storage_root)), "tokenized_reviews", "v1", b)
+            )
+        )
+        for b in ("a", "b")
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -268,7 +288,11 @@ def test_a_run_keeps_its_base_model_while_another_publishes(store: Storage):
     """A base-model publish during another run changes neither that run's files nor deletes them."""
     used = _publish(store, "pretrained_model", None, "tokenizer A")
     assert store.pinned("pretrained_model", "run-1").attempt == used  # tokenize step
-    for body in ("tokenizer B", "tokenizer C", "tokenizer D"):  # enough publishes to retire the first
+    for body in (
+        "tokenizer B",
+        "tokenizer C",
+        "tokenizer D",
+    ):  # enough publishes to retire the first
         _publish(store, "pretrained_model", None, body)
     pinned = store.pinned("pretrained_model", "run-1")  # train step of the same run
     assert pinned.attempt == used and pinned.data_version == hash_tree_of(store, pinned.url)

@@ -18,7 +18,10 @@ from finetune_assets.training.config import TrainerConfig
 def test_explicit_then_environment_then_embedded_sqlite(tmp_path, monkeypatch):
     monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
     assert tracking.tracking_uri("http://mlflow:5000", str(tmp_path), "fix") == "http://mlflow:5000"
-    assert tracking.tracking_uri(None, str(tmp_path / "x"), "fix") == f"sqlite:///{tmp_path}/x/mlflow.db"
+    assert (
+        tracking.tracking_uri(None, str(tmp_path / "x"), "fix")
+        == f"sqlite:///{tmp_path}/x/mlflow.db"
+    )
     monkeypatch.setenv(tracking.TRACKING_ENV, "http://env:5000")
     assert tracking.tracking_uri(None, str(tmp_path), "fix") == "http://env:5000"
 
@@ -35,19 +38,33 @@ def test_resource_cli_and_trainer_agree(tmp_path, monkeypatch):
     root = tmp_path / "root"
     expected = f"sqlite:///{root}/mlflow/mlflow.db"
     assert MlflowResource().resolve_tracking_uri(Storage(str(root))) == expected
-    assert cli_common.tracking_uri_of(argparse.Namespace(tracking_uri=None, root=str(root))) == expected
-    trainer = TrainerConfig.from_dict({"model_dir": "m", "output_dir": str(root / "mlflow"), "checkpoint_dir": "c",
-                                       "data": {"train_url": "t", "validation_url": "v", "test_url": "e"}})
+    assert (
+        cli_common.tracking_uri_of(argparse.Namespace(tracking_uri=None, root=str(root)))
+        == expected
+    )
+    trainer = TrainerConfig.from_dict(
+        {
+            "model_dir": "m",
+            "output_dir": str(root / "mlflow"),
+            "checkpoint_dir": "c",
+            "data": {"train_url": "t", "validation_url": "v", "test_url": "e"},
+        }
+    )
     assert trainer_tracking_uri(trainer) == expected  # standalone: the store beside its output
     with pytest.raises(cli_common.CliError, match="pass --tracking-uri"):
         cli_common.tracking_uri_of(argparse.Namespace(tracking_uri=None, root="s3://bucket/prefix"))
 
 
 def test_credentials_never_leave_in_a_uri_or_link():
-    assert tracking.safe_uri("https://user:token@mlflow.example:8443/x") == "https://mlflow.example:8443/x"
+    assert (
+        tracking.safe_uri("https://user:token@mlflow.example:8443/x")
+        == "https://mlflow.example:8443/x"
+    )
     assert tracking.web_ui("https://user:token@mlflow.example") is None
-    assert tracking.run_url(tracking.web_ui("https://mlflow.example/"), "1", "abc") == \
-        "https://mlflow.example/#/experiments/1/runs/abc"
+    assert (
+        tracking.run_url(tracking.web_ui("https://mlflow.example/"), "1", "abc")
+        == "https://mlflow.example/#/experiments/1/runs/abc"
+    )
 
 
 def test_markdown_table_escapes_cells_that_would_break_a_row():

@@ -67,8 +67,12 @@ def test_dagster_renders_it_as_markdown():
 
 
 def test_optimization_history_and_parameter_importance():
-    trials = [{"number": 0, "state": "COMPLETE", "value": 0.71}, {"number": 1, "state": "PRUNED", "value": 0.4},
-              {"number": 2, "state": "FAIL", "value": None}, {"number": 3, "state": "COMPLETE", "value": 0.8}]
+    trials = [
+        {"number": 0, "state": "COMPLETE", "value": 0.71},
+        {"number": 1, "state": "PRUNED", "value": 0.4},
+        {"number": 2, "state": "FAIL", "value": None},
+        {"number": 3, "state": "COMPLETE", "value": 0.8},
+    ]
     md = viz.optimization_history_md(trials)
     assert len(inline_png(md)) < viz.MAX_PNG_BYTES
     assert "| 1 | pruned | 0.4000 |" in md and "| 2 | fail |  |" in md

@@ -12,8 +12,8 @@ from typing import Any
 import dagster as dg
 
 from finetune_assets import viz
-from finetune_assets.contracts import BASELINE_MODEL, FINETUNED_MODEL
 from finetune_assets.assets._common import OWNERS, version_of
+from finetune_assets.contracts import BASELINE_MODEL, FINETUNED_MODEL
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
@@ -28,13 +28,20 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
     from finetune_assets.data.evaluate import LabelSetMismatch, map_labels, scores
 
     try:
-        truth = map_labels(bench.labels, bench.info.get("label_mapping"), classifier.labels,
-                           where=f"benchmark set {bench.name}")
+        truth = map_labels(
+            bench.labels,
+            bench.info.get("label_mapping"),
+            classifier.labels,
+            where=f"benchmark set {bench.name}",
+        )
     except LabelSetMismatch as err:
         return {"refused": str(err)}
     predicted = classifier.predict_labels(bench.texts, max_length, batch_size)
     result = scores(truth, predicted, classifier.labels)
-    return {k: result[k] for k in ("samples", "accuracy", "macro_f1", "f1_per_class", "confusion_matrix", "labels")}
+    return {
+        k: result[k]
+        for k in ("samples", "accuracy", "macro_f1", "f1_per_class", "confusion_matrix", "labels")
+    }
 
 
 @dg.asset(
@@ -45,14 +52,15 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
     owners=OWNERS,
     code_version="1",
 )
-def benchmark_scores(context: dg.AssetExecutionContext, storage: StorageResource,
-                     mlflow: MlflowResource) -> dg.MaterializeResult:
+def benchmark_scores(
+    context: dg.AssetExecutionContext, storage: StorageResource, mlflow: MlflowResource
+) -> dg.MaterializeResult:
     """Fine-tuned model and baseline of this version scored on every registered benchmark set (never trained on)."""
     from pathlib import Path
 
     from finetune_assets.benchmark_sets import list_benchmark_sets, read_benchmark_set
-    from finetune_assets.inference import Classifier
     from finetune_assets.data.baseline import BaselineModel
+    from finetune_assets.inference import Classifier
 
     version = version_of(context)
     store = storage.storage()
@@ -62,14 +70,22 @@ def benchmark_scores(context: dg.AssetExecutionContext, storage: StorageResource
     results: dict[str, dict[str, Any]] = {}
     if names:
         with store.local_copy(finetuned.url) as ft_dir, store.local_copy(baseline.url) as bl_dir:
-            models = {"finetuned": Classifier.from_folder(Path(ft_dir)), "baseline": BaselineModel.load(Path(bl_dir))}
+            models = {
+                "finetuned": Classifier.from_folder(Path(ft_dir)),
+                "baseline": BaselineModel.load(Path(bl_dir)),
+            }
             for name in names:
                 bench = read_benchmark_set(store, name)
-                results[name] = {"set_data_version": bench.info["data_version"], "rows": len(bench.texts),
-                                 **{kind: score_on_set(m, bench) for kind, m in models.items()}}
+                results[name] = {
+                    "set_data_version": bench.info["data_version"],
+                    "rows": len(bench.texts),
+                    **{kind: score_on_set(m, bench) for kind, m in models.items()},
+                }
                 context.log.info(f"benchmark {name}: {_row_cells(results[name])}")
     else:
-        context.log.info("no benchmark sets registered (finetune-assets benchmarks add NAME --source FILE)")
+        context.log.info(
+            "no benchmark sets registered (finetune-assets benchmarks add NAME --source FILE)"
+        )
     with store.publish(SCORES, version) as staging:
         (staging.local_dir / SCORES_FILE).write_text(json.dumps(results, indent=2))
         staging.data_version = hash_tree(staging.local_dir)
@@ -78,13 +94,17 @@ def benchmark_scores(context: dg.AssetExecutionContext, storage: StorageResource
     return dg.MaterializeResult(
         metadata={
             "sets": len(names),
-            "scores": dg.MetadataValue.md(_table({version: results}) if names else
-                                          "no benchmark sets registered: `finetune-assets benchmarks add NAME "
-                                          "--source FILE`"),
+            "scores": dg.MetadataValue.md(
+                _table({version: results})
+                if names
+                else "no benchmark sets registered: `finetune-assets benchmarks add NAME "
+                "--source FILE`"
+            ),
             "across_versions": dg.MetadataValue.md(_table(_all_versions(store)) or "none"),
             "path": dg.MetadataValue.path(f"{staging.url}/{SCORES_FILE}"),
         },
-        data_version=dg.DataVersion(staging.data_version))
+        data_version=dg.DataVersion(staging.data_version),
+    )
 
 
 def _cell(result: dict) -> str:
@@ -98,14 +118,34 @@ def _row_cells(entry: dict) -> str:
 
 
 def _table(by_version: dict[str, dict]) -> str:
-    rows = [(v, name, entry) for v, sets in sorted(by_version.items()) for name, entry in sorted(sets.items())]
+    rows = [
+        (v, name, entry)
+        for v, sets in sorted(by_version.items())
+        for name, entry in sorted(sets.items())
+    ]
     if not rows:
         return ""
-    lines = [viz.markdown_table(
-        ("version", "benchmark set", "rows", "fine-tuned acc / macro-F1", "baseline acc / macro-F1"),
-        [(v, name, e["rows"], _cell(e["finetuned"]), _cell(e["baseline"])) for v, name, e in rows])]
-    refusals = {f"{name} ({kind})": e[kind]["refused"] for _, name, e in rows for kind in ("finetuned", "baseline")
-                if "refused" in e[kind]}
+    lines = [
+        viz.markdown_table(
+            (
+                "version",
+                "benchmark set",
+                "rows",
+                "fine-tuned acc / macro-F1",
+                "baseline acc / macro-F1",
+            ),
+            [
+                (v, name, e["rows"], _cell(e["finetuned"]), _cell(e["baseline"]))
+                for v, name, e in rows
+            ],
+        )
+    ]
+    refusals = {
+        f"{name} ({kind})": e[kind]["refused"]
+        for _, name, e in rows
+        for kind in ("finetuned", "baseline")
+        if "refused" in e[kind]
+    }
     lines += [f"\n{k}: {why}" for k, why in sorted(refusals.items())]
     return "\n".join(lines)
 
@@ -123,15 +163,19 @@ def _all_versions(store: Storage) -> dict[str, dict]:
     return out
 
 
-def _log_mlflow(context, mlflow: MlflowResource, store: Storage, version: str, finetuned, results: dict) -> None:
+def _log_mlflow(
+    context, mlflow: MlflowResource, store: Storage, version: str, finetuned, results: dict
+) -> None:
     """Benchmark metrics on the fine-tuned run and on the baseline run of this version (when they exist)."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     from finetune_assets.assets.baseline import read_baseline_info
 
-    run_ids = {"finetuned": ((finetuned.metadata or {}).get("mlflow") or {}).get("run_id"),
-               "baseline": (read_baseline_info(store, version) or {}).get("mlflow_run_id")}
+    run_ids = {
+        "finetuned": ((finetuned.metadata or {}).get("mlflow") or {}).get("run_id"),
+        "baseline": (read_baseline_info(store, version) or {}).get("mlflow_run_id"),
+    }
     if not results or not any(run_ids.values()):
         return
     try:

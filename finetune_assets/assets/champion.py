@@ -20,8 +20,9 @@ PROMOTION_POOL = "promotion"
 
 
 class PromotionConfig(FloorConfig):
-    min_improvement: float = Field(0.0, description="promote only if challenger > champion + this (a tie keeps "
-                                                    "the champion)")
+    min_improvement: float = Field(
+        0.0, description="promote only if challenger > champion + this (a tie keeps the champion)"
+    )
 
 
 @dg.asset(
@@ -34,8 +35,12 @@ class PromotionConfig(FloorConfig):
     retry_policy=REGISTRY_RETRY,
     code_version="1",
 )
-def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, storage: StorageResource,
-                   mlflow: MlflowResource) -> dg.MaterializeResult:
+def champion_model(
+    context: dg.AssetExecutionContext,
+    config: PromotionConfig,
+    storage: StorageResource,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
     """Moves the champion alias to this run's model only if it is strictly better than the champion."""
     from mlflow import MlflowClient
 
@@ -47,10 +52,14 @@ def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, s
     store = storage.storage()
     model = recorded_model(context.instance, version, context.run.run_id)
     if model.registered_model_version is None:
-        raise dg.Failure(f"finetuned_model[{version}] (run {model.run_id}) registered no model version: "
-                         "nothing to promote (mlflow.log_model off?)", allow_retries=False)
-    name = model.registered_model_name or registered_model_name(mlflow.registered_model_name,
-                                                                version_labels(store, version))
+        raise dg.Failure(
+            f"finetuned_model[{version}] (run {model.run_id}) registered no model version: "
+            "nothing to promote (mlflow.log_model off?)",
+            allow_retries=False,
+        )
+    name = model.registered_model_name or registered_model_name(
+        mlflow.registered_model_name, version_labels(store, version)
+    )
     alias = mlflow.champion_alias
     test = frozen_test_set(store, version)
     uri = mlflow.resolve_tracking_uri(store)
@@ -64,14 +73,24 @@ def champion_model(context: dg.AssetExecutionContext, config: PromotionConfig, s
     challenger = gate.Challenger(name, challenger_version, score)
     floor, _ = gate_conditions(config, test, store, version)
     conditions = [*floor, gate.beats_champion(config.min_improvement)]
-    result = gate.promote(client, challenger, test, conditions, uri, alias, lock=store.lock(f"promotion-{name}"))
+    result = gate.promote(
+        client, challenger, test, conditions, uri, alias, lock=store.lock(f"promotion-{name}")
+    )
     decision = gate.describe(result, alias)
     context.log.info(decision)
-    holder = challenger_version if result.promotable or result.holds_alias else (
-        result.champion.version if result.champion else None)
-    meta = {"decision": decision, "challenger": f"{name} v{challenger_version}",
-            "challenger_macro_f1": dg.MetadataValue.float(score), "promoted": result.promotable,
-            "champion": f"{name}@{alias} -> v{holder}" if holder else "none", "model_run": model.run_id}
+    holder = (
+        challenger_version
+        if result.promotable or result.holds_alias
+        else (result.champion.version if result.champion else None)
+    )
+    meta = {
+        "decision": decision,
+        "challenger": f"{name} v{challenger_version}",
+        "challenger_macro_f1": dg.MetadataValue.float(score),
+        "promoted": result.promotable,
+        "champion": f"{name}@{alias} -> v{holder}" if holder else "none",
+        "model_run": model.run_id,
+    }
     if result.champion_score is not None:
         meta["previous_champion_macro_f1"] = dg.MetadataValue.float(result.champion_score)
     return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(f"{name}:{holder}"))

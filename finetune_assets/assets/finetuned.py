@@ -1,11 +1,10 @@
 """``finetuned_model[v]``: BERT fine-tuned on ``mds_shards[v]`` by torchrun (through a launcher), tracked in MLflow."""
 
-
 import hashlib
 import json
 import re
-from importlib import metadata as importlib_metadata
 from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
 from typing import Any, ClassVar, Literal
 
 import dagster as dg
@@ -17,20 +16,24 @@ from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table
 from finetune_assets.assets.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.contracts import (
     BEST_FILE,
-    TUNING_STUDY,
     FINETUNED_MODEL,
     MDS_SHARDS,
     MODEL_SUBDIR,
     PRETRAINED_MODEL,
     TRAIN,
     TRAINER_CONFIG_FILE,
+    TUNING_STUDY,
     TrainingResult,
     read_split_stats,
     read_training_result,
 )
-from finetune_assets.data.labels import DEFAULT_LABEL_SET, labels_from_metadata, registered_model_name
-from finetune_assets.launchers.base import TrainingSpec, TrainingLauncher
+from finetune_assets.data.labels import (
+    DEFAULT_LABEL_SET,
+    labels_from_metadata,
+    registered_model_name,
+)
 from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.launchers.base import TrainingLauncher, TrainingSpec
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Published, Storage, hash_tree
@@ -43,26 +46,37 @@ class FinetuneConfig(dg.Config, HyperParameters):
     # Fields that cannot change the trained model: left out of the code version (staleness.py).
     # hyper_parameters_from: "config" (the default) changes nothing; "study" is a launchpad
     # choice, recorded in the run.
-    unversioned: ClassVar[tuple[str, ...]] = ("run_name", "num_workers", "log_every_n_steps", "checkpoint_every_n_steps",
-                                             "checkpoint_every_minutes", "progress_every_seconds",
-                                             "hyper_parameters_from")
+    unversioned: ClassVar[tuple[str, ...]] = (
+        "run_name",
+        "num_workers",
+        "log_every_n_steps",
+        "checkpoint_every_n_steps",
+        "checkpoint_every_minutes",
+        "progress_every_seconds",
+        "hyper_parameters_from",
+    )
 
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
     hyper_parameters_from: Literal["config", "study"] = Field(
-        "config", description="config: the fields here; study: the searched fields from "
-                              "tuning_study[v]'s best trial (materialize it first), the rest here")
+        "config",
+        description="config: the fields here; study: the searched fields from "
+        "tuning_study[v]'s best trial (materialize it first), the rest here",
+    )
 
 
-def tuned(config: FinetuneConfig, store: Storage,
-          version: str) -> tuple[FinetuneConfig, dict[str, Any] | None]:
+def tuned(
+    config: FinetuneConfig, store: Storage, version: str
+) -> tuple[FinetuneConfig, dict[str, Any] | None]:
     """``config`` with the best parameters of the version's study when asked, and that trial."""
     if config.hyper_parameters_from == "config":
         return config, None
     published = store.current(TUNING_STUDY, version)
     if published is None:
-        raise dg.Failure(f"hyper_parameters_from 'study': {TUNING_STUDY}[{version}] has never been "
-                         "materialized; materialize it first (README: 'Tune the hyper-parameters "
-                         "of a version')")
+        raise dg.Failure(
+            f"hyper_parameters_from 'study': {TUNING_STUDY}[{version}] has never been "
+            "materialized; materialize it first (README: 'Tune the hyper-parameters "
+            "of a version')"
+        )
     best = store.read_json(f"{published.url}/{BEST_FILE}")
     best["data_version"] = published.data_version
     return config.model_copy(update=best["params"]), best
@@ -98,25 +112,36 @@ def recorded_model(instance: dg.DagsterInstance, version: str, run_id: str) -> R
     entries = []
     for rid in runs:
         logs = instance.all_logs(rid, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-        entries = [e for e in logs if e.asset_materialization and e.asset_materialization.asset_key == key
-                   and e.asset_materialization.partition == version]
+        entries = [
+            e
+            for e in logs
+            if e.asset_materialization
+            and e.asset_materialization.asset_key == key
+            and e.asset_materialization.partition == version
+        ]
         if entries:
             break
     if not entries:
         records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[version]), limit=1).records
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[version]), limit=1
+        ).records
         entries = [r.event_log_entry for r in records]
     if not entries:
-        raise dg.Failure(f"finetuned_model[{version}] has never been materialized: materialize it "
-                         "first", allow_retries=False)
+        raise dg.Failure(
+            f"finetuned_model[{version}] has never been materialized: materialize it first",
+            allow_retries=False,
+        )
     entry = entries[-1]
     meta = entry.asset_materialization.metadata
     path = meta.get("model_path")
     name = meta.get("registered_model_name")
     number = meta.get("registered_model_version")
-    return RecordedModel(run_id=entry.run_id, model_url=str(path.value) if path else "",
-                         registered_model_name=str(name.value) if name else None,
-                         registered_model_version=str(number.value) if number else None)
+    return RecordedModel(
+        run_id=entry.run_id,
+        model_url=str(path.value) if path else "",
+        registered_model_name=str(name.value) if name else None,
+        registered_model_version=str(number.value) if number else None,
+    )
 
 
 def code_version() -> str:
@@ -145,13 +170,18 @@ def build_trainer_config(
 ) -> tuple[TrainerConfig, str, Published]:
     """The trainer file for one attempt, the hash keying its checkpoints (same inputs -> same
     folder), and the base model it trains from (pinned for ``pin_id``, the root run). ``shards``:
-    the published ``mds_shards[version]`` Dagster recorded (``read_recorded``)."""
+    the published ``mds_shards[version]`` Dagster recorded (``read_recorded``).
+    """
     # The base model the root run started with (its tokenize step pinned it, leased), not whatever
     # CURRENT is now: a re-execution from failure or a run retry trains with the shards' tokenizer.
     pretrained = store.pinned(PRETRAINED_MODEL, pin_id)
     labels = labels_from_metadata(shards.metadata)
     settings = config.hyper_parameters()
-    key = {"settings": settings, "shards": shards.data_version, "pretrained": pretrained.data_version}
+    key = {
+        "settings": settings,
+        "shards": shards.data_version,
+        "pretrained": pretrained.data_version,
+    }
     if labels.names != DEFAULT_LABEL_SET.names:  # the seed's classes keep their checkpoint keys
         key["labels"] = list(labels.names)
     key = json.dumps(key, sort_keys=True)
@@ -168,7 +198,8 @@ def build_trainer_config(
                 "local_cache_dir": None,
                 # Forward only: the trainer gets the train split's label counts from here, never by counting.
                 "train_label_counts": read_split_stats(f"{shards.url}/{TRAIN}", store.fs).counts(
-                    len(labels.names), where=f"{MDS_SHARDS}[{version}]/{TRAIN}"),
+                    len(labels.names), where=f"{MDS_SHARDS}[{version}]/{TRAIN}"
+                ),
             },
             "model_dir": pretrained.url,
             "labels": list(labels.names),
@@ -178,13 +209,19 @@ def build_trainer_config(
                 "tracking_uri": mlflow.resolve_tracking_uri(store),
                 "experiment_name": mlflow.experiment_name,
                 "artifact_location": mlflow.artifact_location(store),
-                "registered_model_name": registered_model_name(mlflow.registered_model_name, labels),
+                "registered_model_name": registered_model_name(
+                    mlflow.registered_model_name, labels
+                ),
                 "run_name": config.run_name or run_name,
-                "tags": {**tags, "labels": ",".join(labels.names), "shard_data_version": shards.data_version,
-                         "pretrained_data_version": pretrained.data_version,
-                         # hashes the same inputs + settings as the checkpoint folder: a retry finds its version
-                         "training_inputs": f"{registered_model_name(mlflow.registered_model_name, labels)}"
-                                            f"-{config_hash}"},
+                "tags": {
+                    **tags,
+                    "labels": ",".join(labels.names),
+                    "shard_data_version": shards.data_version,
+                    "pretrained_data_version": pretrained.data_version,
+                    # hashes the same inputs + settings as the checkpoint folder: a retry finds its version
+                    "training_inputs": f"{registered_model_name(mlflow.registered_model_name, labels)}"
+                    f"-{config_hash}",
+                },
             },
         }
     )
@@ -216,16 +253,27 @@ def finetuned_model(
     config, best = tuned(config, store, version)
     if best is not None:
         tags.update({"tuning_study": best["study_name"], "tuned_from_trial": str(best["trial"])})
-        context.log.info(f"hyper-parameters of {best['study_name']} trial {best['trial']}: "
-                         f"{best['params']}")
+        context.log.info(
+            f"hyper-parameters of {best['study_name']} trial {best['trial']}: {best['params']}"
+        )
     with store.publish(FINETUNED_MODEL, version) as staging:
         # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
         trainer, config_hash, pretrained = build_trainer_config(
-            config, store, shards, version, mlflow, output_dir, tags,
-            run_name=f"{version}-{run_id[:8]}", pin_id=run_group_id(context.run))
+            config,
+            store,
+            shards,
+            version,
+            mlflow,
+            output_dir,
+            tags,
+            run_name=f"{version}-{run_id[:8]}",
+            pin_id=run_group_id(context.run),
+        )
         config_url = f"{output_dir}/{TRAINER_CONFIG_FILE}"
-        with fsspec.open(config_url, "w") as f:  # inside the attempt: published (or discarded) with it
+        with fsspec.open(
+            config_url, "w"
+        ) as f:  # inside the attempt: published (or discarded) with it
             f.write(trainer.to_json())
         context.log.info(f"trainer config {config_url}; checkpoints {trainer.checkpoint_dir}")
         launcher.launch(
@@ -239,21 +287,33 @@ def finetuned_model(
         result = read_training_result(output_dir)
         with store.local_copy(f"{output_dir}/{MODEL_SUBDIR}") as model_dir:
             staging.data_version = hash_tree(model_dir)
-        staging.metadata = {"config_hash": config_hash, "mlflow": result.mlflow,
-                            "pretrained_attempt": pretrained.attempt}
+        staging.metadata = {
+            "config_hash": config_hash,
+            "mlflow": result.mlflow,
+            "pretrained_attempt": pretrained.attempt,
+        }
         if best is not None:
             staging.metadata["tuned_from_trial"] = best["trial"]
     meta = _metadata(result, mlflow, staging.url, config_hash)
     meta["pretrained_model"] = dg.MetadataValue.path(pretrained.url)
     if best is not None:
-        meta.update({"tuned_from_trial": best["trial"],
-                     "tuned_params": dg.MetadataValue.json(best["params"]),
-                     "tuning_study": f"{best['study_name']} (data version {best['data_version']})"})
-    return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(staging.data_version),
-                                tags=input_tags(context.instance, PRETRAINED_MODEL, pretrained))
+        meta.update(
+            {
+                "tuned_from_trial": best["trial"],
+                "tuned_params": dg.MetadataValue.json(best["params"]),
+                "tuning_study": f"{best['study_name']} (data version {best['data_version']})",
+            }
+        )
+    return dg.MaterializeResult(
+        metadata=meta,
+        data_version=dg.DataVersion(staging.data_version),
+        tags=input_tags(context.instance, PRETRAINED_MODEL, pretrained),
+    )
 
 
-def _metadata(result: TrainingResult, mlflow: MlflowResource, url: str, config_hash: str) -> dict[str, Any]:
+def _metadata(
+    result: TrainingResult, mlflow: MlflowResource, url: str, config_hash: str
+) -> dict[str, Any]:
     info = result.mlflow
     meta: dict[str, Any] = {
         "model_path": dg.MetadataValue.path(f"{url}/{MODEL_SUBDIR}"),
@@ -267,20 +327,29 @@ def _metadata(result: TrainingResult, mlflow: MlflowResource, url: str, config_h
     if result.test_skipped:  # an empty test split: trained, not tested
         meta["test"] = result.test_skipped
     else:
-        meta.update({
-            "accuracy": dg.MetadataValue.float(float(result.accuracy)),
-            "macro_f1": dg.MetadataValue.float(float(result.macro_f1)),
-            "f1_per_class": markdown_table(("class", "F1"), [(k, f"{v:.4f}") for k, v in result.f1_per_class.items()]),
-            "confusion_matrix": dg.MetadataValue.json({"rows_true_cols_pred": result.confusion_matrix}),
-        })
+        meta.update(
+            {
+                "accuracy": dg.MetadataValue.float(float(result.accuracy)),
+                "macro_f1": dg.MetadataValue.float(float(result.macro_f1)),
+                "f1_per_class": markdown_table(
+                    ("class", "F1"), [(k, f"{v:.4f}") for k, v in result.f1_per_class.items()]
+                ),
+                "confusion_matrix": dg.MetadataValue.json(
+                    {"rows_true_cols_pred": result.confusion_matrix}
+                ),
+            }
+        )
         try:  # a picture is a nicety: a plotting error must never fail a finished training
             meta["confusion_matrix_chart"] = dg.MetadataValue.md(
-                viz.confusion_matrix_md(result.confusion_matrix, result.labels))
+                viz.confusion_matrix_md(result.confusion_matrix, result.labels)
+            )
         except Exception as err:  # noqa: BLE001 - any plotting/encoding error
             dg.get_dagster_logger().warning(f"confusion matrix chart skipped: {err}")
     meta["test_samples"] = result.test_samples
     if result.class_weights:
-        meta["class_weights"] = dg.MetadataValue.json(dict(zip(result.labels, result.class_weights)))
+        meta["class_weights"] = dg.MetadataValue.json(
+            dict(zip(result.labels, result.class_weights))
+        )
     for name, value in result.f1_per_class.items():
         meta[f"f1_{name}"] = dg.MetadataValue.float(float(value))
     if result.precision:  # as resolved on the training machine (precision "auto")
@@ -293,10 +362,14 @@ def _metadata(result: TrainingResult, mlflow: MlflowResource, url: str, config_h
         if link:
             meta["mlflow_run"] = dg.MetadataValue.url(link)
     if info.get("registered_model_version") is not None:
-        meta["registered_model"] = f"{info['registered_model_name']} v{info['registered_model_version']}"
+        meta["registered_model"] = (
+            f"{info['registered_model_name']} v{info['registered_model_version']}"
+        )
         meta["registered_model_version"] = int(info["registered_model_version"])
         meta["registered_model_name"] = str(info["registered_model_name"])
-        link = mlflow.model_version_url(info["registered_model_name"], info["registered_model_version"])
+        link = mlflow.model_version_url(
+            info["registered_model_name"], info["registered_model_version"]
+        )
         if link:
             meta["registered_model_link"] = dg.MetadataValue.url(link)
     return meta

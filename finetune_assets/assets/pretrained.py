@@ -1,11 +1,10 @@
 """``pretrained_model``: the base BERT (weights + tokenizer + config) every version fine-tunes from."""
 
-
 import dagster as dg
 from pydantic import Field
 
-from finetune_assets.contracts import PRETRAINED_MODEL
 from finetune_assets.assets._common import OWNERS
+from finetune_assets.contracts import PRETRAINED_MODEL
 from finetune_assets.data.models import DEFAULT_MODEL, save_pretrained_model
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import hash_tree
@@ -21,12 +20,15 @@ class PretrainedModelConfig(dg.Config):
 
 
 @dg.asset(group_name="models", kinds={"pytorch", "huggingface"}, owners=OWNERS, code_version="2")
-def pretrained_model(context: dg.AssetExecutionContext, config: PretrainedModelConfig,
-                     storage: StorageResource) -> dg.MaterializeResult:
+def pretrained_model(
+    context: dg.AssetExecutionContext, config: PretrainedModelConfig, storage: StorageResource
+) -> dg.MaterializeResult:
     """Base BERT for 3-class review classification, saved with save_pretrained (safetensors)."""
     store = storage.storage()
     with store.publish(PRETRAINED_MODEL) as staging:
-        summary = save_pretrained_model(config.source, config.revision, staging.local_dir, seed=config.seed)
+        summary = save_pretrained_model(
+            config.source, config.revision, staging.local_dir, seed=config.seed
+        )
         staging.data_version = hash_tree(staging.local_dir)
         staging.metadata = {"source": config.source, "revision": config.revision}
     context.log.info(f"saved {summary.architecture} from {summary.resolved} to {staging.url}")

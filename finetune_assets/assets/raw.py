@@ -1,8 +1,8 @@
-"""``raw_reviews[v]``: the validated reviews of one dataset version (each with its split), the rejected rows beside them."""
-
+"""``raw_reviews[v]``: the validated reviews of one dataset version (each with its split), the
+rejected rows beside them.
+"""
 
 import json
-
 from typing import ClassVar, Literal
 
 import dagster as dg
@@ -11,39 +11,69 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
+from finetune_assets.contracts import (
+    ACCEPTED_SCHEMA,
+    LABELS_FILE,
+    RAW_REVIEWS,
+    REJECTED_FILE,
+    REJECTED_SCHEMA,
+    REVIEWS_FILE,
+)
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError
-from finetune_assets.contracts import ACCEPTED_SCHEMA, LABELS_FILE, RAW_REVIEWS, REJECTED_FILE, REJECTED_SCHEMA, REVIEWS_FILE
-from finetune_assets.data.sources import (SourceError, SourceSpec, describe_source, is_file_source,
-                                          iter_source, list_source)
+from finetune_assets.data.sources import (
+    SourceError,
+    SourceSpec,
+    describe_source,
+    is_file_source,
+    iter_source,
+    list_source,
+)
 from finetune_assets.data.validate import SplitRule, StreamValidator, ValidationRules
 from finetune_assets.dataset_versions.partitions import dataset_versions
-from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.dataset_versions.registry import read_version
+from finetune_assets.resources.storage_root import StorageResource
 
 
 class RawReviewsConfig(dg.Config):
     """Overrides for the registered source of a version; empty fields keep the registered value."""
 
-    unversioned: ClassVar[tuple[str, ...]] = ("batch_rows",)  # the data version hashes rows, not row groups
+    unversioned: ClassVar[tuple[str, ...]] = (
+        "batch_rows",
+    )  # the data version hashes rows, not row groups
 
-    source: str | None = Field(None, description=(
-        "file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
-        "delta:PATH_OR_URL[@version=N] or sql:ENV_NAME (registered versions are pinned)"))
+    source: str | None = Field(
+        None,
+        description=(
+            "file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
+            "delta:PATH_OR_URL[@version=N] or sql:ENV_NAME (registered versions are pinned)"
+        ),
+    )
     revision: str | None = Field(None, description="Hugging Face dataset revision")
     text_column: str | None = None
     label_column: str | None = None
     encoding: str | None = Field(None, description="text encoding of CSV/TSV files, e.g. cp1256")
     label_mapping: dict[str, str] | None = Field(
-        None, description="raw label -> class name of the version's label set (overrides its recorded mapping)")
+        None,
+        description="raw label -> class name of the version's label set (overrides its recorded mapping)",
+    )
     max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
-    validation_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in validation")
-    test_fraction: float = Field(0.1, description="share of reviews (by normalized-text hash) in test")
+    validation_fraction: float = Field(
+        0.1, description="share of reviews (by normalized-text hash) in validation"
+    )
+    test_fraction: float = Field(
+        0.1, description="share of reviews (by normalized-text hash) in test"
+    )
     duplicate_conflicts: Literal["majority", "first"] = Field(
-        "majority", description="copies of a review with different labels: majority (3+ copies, more than "
-                                "half agree) wins, else all quarantined; first: the first copy read is kept")
-    batch_rows: int = Field(16_384, description="rows validated and written per Parquet row group (the unit "
-                                                "tokenized_reviews slices by); memory is bounded by this and the "
-                                                "source block size (SOURCE_BLOCK_BYTES, 8 MiB)")
+        "majority",
+        description="copies of a review with different labels: majority (3+ copies, more than "
+        "half agree) wins, else all quarantined; first: the first copy read is kept",
+    )
+    batch_rows: int = Field(
+        16_384,
+        description="rows validated and written per Parquet row group (the unit "
+        "tokenized_reviews slices by); memory is bounded by this and the "
+        "source block size (SOURCE_BLOCK_BYTES, 8 MiB)",
+    )
 
 
 # Input bytes read per source block. A block's parsed rows cost ~10x its bytes in Python objects, and
@@ -60,8 +90,11 @@ def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpe
             f"`finetune-assets versions add {version} --source PATH` or set raw_reviews config `source`"
         )
     base = record.source if record is not None else SourceSpec(uri=config.source)
-    overrides = {k: getattr(config, k) for k in ("text_column", "label_column", "encoding", "revision")
-                 if getattr(config, k) is not None}
+    overrides = {
+        k: getattr(config, k)
+        for k in ("text_column", "label_column", "encoding", "revision")
+        if getattr(config, k) is not None
+    }
     if config.source is not None:
         overrides["uri"] = config.source
     return SourceSpec(**{**base.__dict__, **overrides})
@@ -74,9 +107,10 @@ def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpe
     owners=OWNERS,
     code_version="1",
 )
-def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
-                storage: StorageResource) -> dg.MaterializeResult:
-    """Validated reviews (text, class of the version's label set, split) of one dataset version; bad rows quarantined."""
+def raw_reviews(
+    context: dg.AssetExecutionContext, config: RawReviewsConfig, storage: StorageResource
+) -> dg.MaterializeResult:
+    """Validated reviews (text, class, split) of one dataset version; bad rows quarantined."""
     version = version_of(context)
     store = storage.storage()
     spec = resolve_source(config, store, version)
@@ -87,9 +121,13 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
     except ValueError as err:
         raise dg.Failure(f"raw_reviews config validation_fraction/test_fraction: {err}") from err
     try:
-        rules = ValidationRules(max_text_chars=config.max_text_chars, labels=labels,
-                                label_mapping=config.label_mapping or None, split=split,
-                                duplicate_conflicts=config.duplicate_conflicts)
+        rules = ValidationRules(
+            max_text_chars=config.max_text_chars,
+            labels=labels,
+            label_mapping=config.label_mapping or None,
+            split=split,
+            duplicate_conflicts=config.duplicate_conflicts,
+        )
     except LabelError as err:
         raise dg.Failure(f"raw_reviews config label_mapping: {err}") from err
     context.log.info(f"reading {spec.uri} for dataset version {version}")
@@ -98,24 +136,39 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
     validator = StreamValidator(rules)
     try:
         with store.publish(RAW_REVIEWS, version) as staging:
-            digest = _stream_validated(spec, validator, staging.local_dir, config.batch_rows, context)
-            digest = _resolve_conflicts(validator, staging.local_dir, config.batch_rows, context) or digest
+            digest = _stream_validated(
+                spec, validator, staging.local_dir, config.batch_rows, context
+            )
+            digest = (
+                _resolve_conflicts(validator, staging.local_dir, config.batch_rows, context)
+                or digest
+            )
             if validator.accepted == 0:
-                raise dg.Failure(f"{spec.uri}: no valid reviews ({validator.rows_in} rows, rejected: "
-                                 f"{dict(validator.reasons)})")
-            (staging.local_dir / LABELS_FILE).write_text(json.dumps(rules.labels.to_dict(), ensure_ascii=False))
+                raise dg.Failure(
+                    f"{spec.uri}: no valid reviews ({validator.rows_in} rows, rejected: "
+                    f"{dict(validator.reasons)})"
+                )
+            (staging.local_dir / LABELS_FILE).write_text(
+                json.dumps(rules.labels.to_dict(), ensure_ascii=False)
+            )
             # The labels are part of the data version (same reviews, other classes: another dataset).
             staging.data_version = digest
-            if rules.labels != DEFAULT_LABEL_SET:  # the seed's classes keep the data version they always had
+            if (
+                rules.labels != DEFAULT_LABEL_SET
+            ):  # the seed's classes keep the data version they always had
                 staging.data_version = f"{staging.data_version[:48]}-{rules.labels.fingerprint()}"
-            staging.metadata = {"rows": validator.accepted, "rejected": validator.rejected,
-                                "labels": rules.labels.to_dict()}
+            staging.metadata = {
+                "rows": validator.accepted,
+                "rejected": validator.rejected,
+                "labels": rules.labels.to_dict(),
+            }
     finally:
         validator.close()
     if validator.across:
         context.log.warning(
             "reviews repeated across files (the copy in the file read first is kept; the others are in "
-            f"rejected.parquet with reason duplicate / conflicting_duplicate): {dict(validator.across)}")
+            f"rejected.parquet with reason duplicate / conflicting_duplicate): {dict(validator.across)}"
+        )
     n_in = validator.rows_in
     counts = validator.label_counts
     reasons = dict(validator.reasons)
@@ -131,7 +184,8 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
             "rejected_by_reason": dg.MetadataValue.json(reasons),
             "label_distribution": markdown_table(
                 ("label", "reviews", "share"),
-                [(k, v, f"{v / max(1, validator.accepted):.1%}") for k, v in counts.items()]),
+                [(k, v, f"{v / max(1, validator.accepted):.1%}") for k, v in counts.items()],
+            ),
             "label_counts": dg.MetadataValue.json(counts),
             "labels": ", ".join(rules.labels.names),
             "label_mapping": dg.MetadataValue.json(dict(rules.labels.mapping)),
@@ -144,8 +198,13 @@ def raw_reviews(context: dg.AssetExecutionContext, config: RawReviewsConfig,
     )
 
 
-def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_rows: int,
-                      context: dg.AssetExecutionContext) -> str:
+def _stream_validated(
+    spec: SourceSpec,
+    validator: StreamValidator,
+    out,
+    batch_rows: int,
+    context: dg.AssetExecutionContext,
+) -> str:
     """Source -> validated Parquet files, one batch in memory at a time; returns the accepted rows' content hash.
 
     Accepted rows are written in row groups of ``batch_rows`` (the unit ``tokenized_reviews`` slices by).
@@ -155,11 +214,17 @@ def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_r
 
     digest = hashlib.sha256()
     pending: list[pa.Table] = []
-    with pq.ParquetWriter(out / REVIEWS_FILE, ACCEPTED_SCHEMA, compression="zstd") as good, \
-            pq.ParquetWriter(out / REJECTED_FILE, REJECTED_SCHEMA, compression="zstd") as bad:
+    with (
+        pq.ParquetWriter(out / REVIEWS_FILE, ACCEPTED_SCHEMA, compression="zstd") as good,
+        pq.ParquetWriter(out / REJECTED_FILE, REJECTED_SCHEMA, compression="zstd") as bad,
+    ):
 
         def flush(final: bool) -> None:
-            table = pa.concat_tables(pending).combine_chunks() if pending else ACCEPTED_SCHEMA.empty_table()
+            table = (
+                pa.concat_tables(pending).combine_chunks()
+                if pending
+                else ACCEPTED_SCHEMA.empty_table()
+            )
             pending.clear()
             while table.num_rows >= batch_rows or (final and table.num_rows):
                 head, table = table.slice(0, batch_rows), table.slice(batch_rows)
@@ -177,7 +242,9 @@ def _stream_validated(spec: SourceSpec, validator: StreamValidator, out, batch_r
                     pending.append(result.accepted)
                     if sum(t.num_rows for t in pending) >= batch_rows:
                         flush(final=False)
-                context.log.info(f"validated {validator.rows_in} rows ({validator.accepted} accepted)")
+                context.log.info(
+                    f"validated {validator.rows_in} rows ({validator.accepted} accepted)"
+                )
             flush(final=True)
         except SourceError as err:
             raise dg.Failure(str(err)) from err
@@ -191,7 +258,8 @@ def _digest_rows(digest, table: pa.Table) -> None:
 
 def _resolve_conflicts(validator: StreamValidator, out, batch_rows: int, context) -> str | None:
     """Apply the duplicate policy (data.conflicts) once every copy is seen: both files rewritten a row group
-    at a time, the counters and the content hash recomputed; None (nothing read again) without conflicts."""
+    at a time, the counters and the content hash recomputed; None (nothing read again) without conflicts.
+    """
     import hashlib
 
     from finetune_assets.data.conflicts import accepted_after, promoted_rows, rejected_after
@@ -199,8 +267,10 @@ def _resolve_conflicts(validator: StreamValidator, out, batch_rows: int, context
     plan = validator.conflicts()
     if not plan:
         return None
-    context.log.info(f"conflicting duplicates: {len(plan.drop_accepted)} first copies quarantined, "
-                     f"{len(plan.promote)} majority copies accepted instead")
+    context.log.info(
+        f"conflicting duplicates: {len(plan.drop_accepted)} first copies quarantined, "
+        f"{len(plan.promote)} majority copies accepted instead"
+    )
 
     def groups(name: str):
         f = pq.ParquetFile(out / name)
@@ -228,28 +298,39 @@ def _resolve_conflicts(validator: StreamValidator, out, batch_rows: int, context
 
 def _files_metadata(context: dg.AssetExecutionContext, spec: SourceSpec) -> dict:
     """Which files of a folder are read and which are ignored (and why): never a silent skip; for
-    a table, which version of it (or which content) is read."""
+    a table, which version of it (or which content) is read.
+    """
     if not is_file_source(spec.uri):
         try:
             described = {k: v for k, v in describe_source(spec).items() if v is not None}
         except SourceError as err:
             raise dg.Failure(str(err)) from err
         if "delta_version" in described:
-            table, pinned, latest = (described[k] for k in ("delta_table", "delta_version",
-                                                            "delta_latest_version"))
-            now = (f"time travel: the table is now at version {latest}" if latest != pinned
-                   else "its latest")
-            context.log.info(f"reading Delta table {table} at version {pinned}, as registered "
-                             f"({now})")
+            table, pinned, latest = (
+                described[k] for k in ("delta_table", "delta_version", "delta_latest_version")
+            )
+            now = (
+                f"time travel: the table is now at version {latest}"
+                if latest != pinned
+                else "its latest"
+            )
+            context.log.info(
+                f"reading Delta table {table} at version {pinned}, as registered ({now})"
+            )
         return described
     try:
         listing = list_source(spec.uri)
     except SourceError as err:
         raise dg.Failure(str(err)) from err
     if listing.ignored:
-        context.log.info(f"ignored in {spec.uri}: " + "; ".join(f"{p} ({why})" for p, why in listing.ignored.items()))
-    return {"files_read": dg.MetadataValue.json(listing.files),
-            "files_ignored": dg.MetadataValue.json(listing.ignored)}
+        context.log.info(
+            f"ignored in {spec.uri}: "
+            + "; ".join(f"{p} ({why})" for p, why in listing.ignored.items())
+        )
+    return {
+        "files_read": dg.MetadataValue.json(listing.files),
+        "files_ignored": dg.MetadataValue.json(listing.ignored),
+    }
 
 
 def _refuse_changed_content(store, version: str, spec: SourceSpec) -> None:
@@ -262,7 +343,9 @@ def _refuse_changed_content(store, version: str, spec: SourceSpec) -> None:
 
 
 # -- pictures for the UI (finetune_assets.viz) ----------------------------------------------------
-def _pictures(context: dg.AssetExecutionContext, labels: dict[str, int]) -> dict[str, dg.MetadataValue]:
+def _pictures(
+    context: dg.AssetExecutionContext, labels: dict[str, int]
+) -> dict[str, dg.MetadataValue]:
     """The label distribution as a bar chart; a plotting failure never fails the materialization."""
     from finetune_assets import viz
 

@@ -1,6 +1,5 @@
 """``mds_shards[v]``: one MosaicML MDS dataset per split, verified by reading it back."""
 
-
 from typing import ClassVar
 
 import dagster as dg
@@ -16,11 +15,15 @@ from finetune_assets.resources.storage_root import StorageResource
 
 
 class ShardsConfig(dg.Config):
-    unversioned: ClassVar[tuple[str, ...]] = ("workers",)  # the same samples whatever the worker count (staleness.py)
+    unversioned: ClassVar[tuple[str, ...]] = (
+        "workers",
+    )  # the same samples whatever the worker count (staleness.py)
 
     size_limit: str = Field("64mb", description="maximum bytes per shard before compression")
-    workers: int | None = Field(None, description="slice worker processes at a time (local runner); "
-                                                  "default: the usable cores")
+    workers: int | None = Field(
+        None,
+        description="slice worker processes at a time (local runner); default: the usable cores",
+    )
 
 
 @dg.asset(
@@ -31,8 +34,9 @@ class ShardsConfig(dg.Config):
     owners=OWNERS,
     code_version="1",
 )
-def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
-               storage: StorageResource) -> dg.MaterializeResult:
+def mds_shards(
+    context: dg.AssetExecutionContext, config: ShardsConfig, storage: StorageResource
+) -> dg.MaterializeResult:
     """MDS shards (zstd) per split, streamable with StreamingDataset from the storage root."""
     from finetune_assets.assets.tokenized import _digest, _fan_out
     from finetune_assets.data import slices
@@ -45,14 +49,25 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
     tokenized = read_recorded(context.instance, store, TOKENIZED_REVIEWS, version)
     count = tokenized.metadata.get("parts")
     if count is None:
-        raise dg.Failure(f"tokenized_reviews[{version}] predates slice workers (no parts); re-materialize it")
-    runner = fanout_runner_from_env(workers=config.workers, labels=launch_labels(context, MDS_SHARDS, version),
-                                    instance=context.instance)
+        raise dg.Failure(
+            f"tokenized_reviews[{version}] predates slice workers (no parts); re-materialize it"
+        )
+    runner = fanout_runner_from_env(
+        workers=config.workers,
+        labels=launch_labels(context, MDS_SHARDS, version),
+        instance=context.instance,
+    )
     with store.publish(MDS_SHARDS, version) as staging:
         spec_url = f"{staging.url}/_work/spec.json"
-        groups = slices.group_parts(count, runner_width(runner) or count, tokenized.metadata.get("rows"))
-        slices.write_spec(spec_url, slices.ShardsSpec(tokens=tokenized.url, out=staging.url, groups=groups,
-                                                      size_limit=config.size_limit))
+        groups = slices.group_parts(
+            count, runner_width(runner) or count, tokenized.metadata.get("rows")
+        )
+        slices.write_spec(
+            spec_url,
+            slices.ShardsSpec(
+                tokens=tokenized.url, out=staging.url, groups=groups, size_limit=config.size_limit
+            ),
+        )
         _fan_out(context, runner, f"mds-{version}", spec_url, len(groups))
         store.fs.rm(f"{staging.url}/_work", recursive=True)
         merged = slices.merge_shards(staging.url, staging.local_dir, count)
@@ -61,11 +76,15 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
             context.log.info(f"{split}: {r.samples} samples in {r.shards} shards")
             seen = read_back_count(staging.local_dir / split) if store.is_local else r.samples
             if seen != r.samples:
-                raise dg.Failure(f"mds_shards[{version}] {split}: wrote {r.samples} samples, read back {seen}")
+                raise dg.Failure(
+                    f"mds_shards[{version}] {split}: wrote {r.samples} samples, read back {seen}"
+                )
         rows = tokenized.metadata.get("rows")
         if rows is not None and sum(r.samples for r in results.values()) != rows:
-            raise dg.Failure(f"mds_shards[{version}]: {sum(r.samples for r in results.values())} samples "
-                             f"written, tokenized_reviews has {rows} rows")
+            raise dg.Failure(
+                f"mds_shards[{version}]: {sum(r.samples for r in results.values())} samples "
+                f"written, tokenized_reviews has {rows} rows"
+            )
         # A function of the inputs: the same samples in the same order whatever the slicing.
         staging.data_version = _digest(tokenized.data_version, str(config.size_limit), "merged-v1")
         staging.metadata = {s: r.samples for s, r in results.items()}
@@ -76,12 +95,16 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardsConfig,
             "path": dg.MetadataValue.path(staging.url),
             "compression": COMPRESSION,
             "dagster/row_count": sum(r.samples for r in results.values()),
-            "splits": markdown_table(("split", "samples", "shards", "bytes"),
-                                     [(s, r.samples, r.shards, r.bytes) for s, r in results.items()]),
+            "splits": markdown_table(
+                ("split", "samples", "shards", "bytes"),
+                [(s, r.samples, r.shards, r.bytes) for s, r in results.items()],
+            ),
             "samples_per_split": dg.MetadataValue.json({s: r.samples for s, r in results.items()}),
             # label id -> samples per split, also in each split's split_stats.json (finetuned_model puts the train
             # split's into the trainer config)
-            "label_counts_per_split": dg.MetadataValue.json({s: r.label_counts for s, r in results.items()}),
+            "label_counts_per_split": dg.MetadataValue.json(
+                {s: r.label_counts for s, r in results.items()}
+            ),
             "shards": sum(r.shards for r in results.values()),
             "bytes": sum(r.bytes for r in results.values()),
         },

@@ -1,6 +1,5 @@
 """``tokenized_reviews[v]``: unpadded token ids, integer labels and raw_reviews' split, as Arrow IPC."""
 
-
 import json
 import re
 from typing import ClassVar
@@ -17,12 +16,12 @@ from finetune_assets.contracts import (
     LABELS_FILE,
     PRETRAINED_MODEL,
     RAW_REVIEWS,
+    REVIEWS_FILE,
     SPLITS,
+    TOKEN_PARTS_DIR,
     TOKEN_STATS_FILE,
     TOKENIZED_REVIEWS,
-    TOKEN_PARTS_DIR,
     TokenStats,
-    REVIEWS_FILE,
     read_tokenization,
 )
 from finetune_assets.data.labels import labels_from_metadata
@@ -35,14 +34,22 @@ class TokenizeConfig(dg.Config):
     # Same tokens whatever the batch, slicing, worker count or cache (staleness.py; tests/data/test_slices.py).
     unversioned: ClassVar[tuple[str, ...]] = ("batch_size", "workers", "slice_rows", "cache")
 
-    max_length: int = Field(512, description="truncate longer reviews to this many tokens (incl. specials)")
+    max_length: int = Field(
+        512, description="truncate longer reviews to this many tokens (incl. specials)"
+    )
     batch_size: int = Field(2048, description="texts per fast-tokenizer batch")
-    workers: int | None = Field(None, description="slice worker processes at a time (local runner); "
-                                                  "default: the usable cores")
-    slice_rows: int = Field(65_536, description="at most this many rows per slice (bounds a worker's memory); "
-                                                 "a worker tokenizes several slices in turn")
-    cache: bool = Field(True, description="reuse tokens of rows an earlier version tokenized "
-                                          "({root}/token_cache)")
+    workers: int | None = Field(
+        None,
+        description="slice worker processes at a time (local runner); default: the usable cores",
+    )
+    slice_rows: int = Field(
+        65_536,
+        description="at most this many rows per slice (bounds a worker's memory); "
+        "a worker tokenizes several slices in turn",
+    )
+    cache: bool = Field(
+        True, description="reuse tokens of rows an earlier version tokenized ({root}/token_cache)"
+    )
 
 
 @dg.asset(
@@ -53,8 +60,9 @@ class TokenizeConfig(dg.Config):
     owners=OWNERS,
     code_version="1",
 )
-def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
-                      storage: StorageResource) -> dg.MaterializeResult:
+def tokenized_reviews(
+    context: dg.AssetExecutionContext, config: TokenizeConfig, storage: StorageResource
+) -> dg.MaterializeResult:
     """Token ids per review (unpadded), label id and the train/validation/test split raw_reviews assigned.
 
     Tokenized by slice workers (``data/slices.py``), one part per slice in ``parts/``, in row order.
@@ -85,38 +93,63 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
     with store.fs.open(reviews_url, "rb") as f:
         meta = pq.ParquetFile(f).metadata
         group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    runner = fanout_runner_from_env(workers=config.workers, labels=launch_labels(context, TOKENIZED_REVIEWS, version),
-                                    instance=context.instance)
+    runner = fanout_runner_from_env(
+        workers=config.workers,
+        labels=launch_labels(context, TOKENIZED_REVIEWS, version),
+        instance=context.instance,
+    )
     plan = slices.plan_slices(group_rows, runner_width(runner) or 1, config.slice_rows)
     with store.publish(TOKENIZED_REVIEWS, version) as staging:
         work = f"{staging.url}/_work"
         store.write_atomic(f"{work}/tokenizer.json", tokenizer_json.encode())
         spec = slices.TokenizeSpec(
-            reviews=reviews_url, out=staging.url, slices=plan, tokenizer=f"{work}/tokenizer.json",
-            dtype=token_dtype(tokenization.vocab_size).name, max_length=max_length, labels=labels.to_dict(),
+            reviews=reviews_url,
+            out=staging.url,
+            slices=plan,
+            tokenizer=f"{work}/tokenizer.json",
+            dtype=token_dtype(tokenization.vocab_size).name,
+            max_length=max_length,
+            labels=labels.to_dict(),
             batch_size=config.batch_size,
             cache=store.url(CACHE_DIR, f"{tok_hash}-{max_length}") if config.cache else None,
-            groups=slices.group_parts(len(plan), runner_width(runner) or len(plan)))
+            groups=slices.group_parts(len(plan), runner_width(runner) or len(plan)),
+        )
         slices.write_spec(f"{work}/spec.json", spec)
-        context.log.info(f"tokenizing {sum(group_rows)} reviews in {len(plan)} slices by {spec.count} workers")
+        context.log.info(
+            f"tokenizing {sum(group_rows)} reviews in {len(plan)} slices by {spec.count} workers"
+        )
         _fan_out(context, runner, f"tok-{version}", f"{work}/spec.json", spec.count)
         parts = slices.read_part_stats(staging.url, len(plan))
         store.fs.rm(work, recursive=True)  # tokenizer + spec: inputs of the workers, not data
         index = _index_cache(context, spec.cache)
         rows = sum(p["rows"] for p in parts)
         if rows != raw.metadata.get("rows", rows):
-            raise dg.Failure(f"tokenized_reviews[{version}]: slices tokenized {rows} rows, raw_reviews has "
-                             f"{raw.metadata['rows']}")
+            raise dg.Failure(
+                f"tokenized_reviews[{version}]: slices tokenized {rows} rows, raw_reviews has "
+                f"{raw.metadata['rows']}"
+            )
         hist = _merged_histogram(parts)
         stats = stats_from_histogram(hist, max_length)
         counts = {s: sum(p["splits"][s] for p in parts) for s in SPLITS}
         reused = sum(p["reused"] for p in parts)
-        (staging.local_dir / TOKEN_STATS_FILE).write_text(TokenStats(splits=counts, lengths=stats).to_json())
-        (staging.local_dir / LABELS_FILE).write_text(json.dumps(labels.to_dict(), ensure_ascii=False))
+        (staging.local_dir / TOKEN_STATS_FILE).write_text(
+            TokenStats(splits=counts, lengths=stats).to_json()
+        )
+        (staging.local_dir / LABELS_FILE).write_text(
+            json.dumps(labels.to_dict(), ensure_ascii=False)
+        )
         # A function of the inputs (the output is deterministic in them), so it is the same whatever the slicing.
-        staging.data_version = _digest(raw.data_version, tok_hash, max_length, labels.to_dict(), "parts-v1")
-        staging.metadata = {"rows": rows, "max_length": max_length, "labels": labels.to_dict(),
-                            "parts": len(plan), "reused_rows": reused, "new_rows": rows - reused}
+        staging.data_version = _digest(
+            raw.data_version, tok_hash, max_length, labels.to_dict(), "parts-v1"
+        )
+        staging.metadata = {
+            "rows": rows,
+            "max_length": max_length,
+            "labels": labels.to_dict(),
+            "parts": len(plan),
+            "reused_rows": reused,
+            "new_rows": rows - reused,
+        }
     return dg.MaterializeResult(
         metadata={
             "path": dg.MetadataValue.path(f"{staging.url}/{TOKEN_PARTS_DIR}"),
@@ -144,15 +177,21 @@ def tokenized_reviews(context: dg.AssetExecutionContext, config: TokenizeConfig,
     )
 
 
-def _fan_out(context: dg.AssetExecutionContext, runner, kind: str, spec_url: str, count: int) -> None:
+def _fan_out(
+    context: dg.AssetExecutionContext, runner, kind: str, spec_url: str, count: int
+) -> None:
     """Run the slice workers; a failed slice fails the step (and nothing is published)."""
     from finetune_assets.data.slices import WORKER_ENV
     from finetune_assets.launchers.fanout import FanOut, FanOutError, python_module
 
     # DNS-1123 (a Kubernetes Job name): lower-case alphanumerics and "-", <= 52 characters, the run id kept
     name = re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{context.run.run_id[:8]}".lower())[-52:].strip("-")
-    job = FanOut(name=name, command=python_module("finetune_assets.data.slices", "work", "--spec", spec_url),
-                 count=count, env=dict(WORKER_ENV))  # code: the same interpreter/image, cwd and PYTHONPATH
+    job = FanOut(
+        name=name,
+        command=python_module("finetune_assets.data.slices", "work", "--spec", spec_url),
+        count=count,
+        env=dict(WORKER_ENV),
+    )  # code: the same interpreter/image, cwd and PYTHONPATH
     try:
         runner.run(job, context.log.info)
     except FanOutError as err:
@@ -162,7 +201,8 @@ def _fan_out(context: dg.AssetExecutionContext, runner, kind: str, spec_url: str
 def _index_cache(context: dg.AssetExecutionContext, cache_url: str | None) -> dict:
     """Merge this version's new cache segments into the cache's index, so the next version's lookups are one
     binary search per row. The cache only speeds things up: a failed merge is a warning (the segments stay
-    searchable one by one), never a failed version."""
+    searchable one by one), never a failed version.
+    """
     if cache_url is None:
         return {}
     from finetune_assets.data.token_cache import TokenCache
@@ -170,8 +210,10 @@ def _index_cache(context: dg.AssetExecutionContext, cache_url: str | None) -> di
     try:
         counts = TokenCache(cache_url).compact()
     except Exception as err:  # noqa: BLE001 - see above
-        context.log.warning(f"token cache index not updated ({type(err).__name__}: {err}); "
-                            "the next version searches its segments one by one")
+        context.log.warning(
+            f"token cache index not updated ({type(err).__name__}: {err}); "
+            "the next version searches its segments one by one"
+        )
         return {}
     return {"token_cache_index_rows": counts["index_rows"]}
 
@@ -194,7 +236,9 @@ def _digest(*parts) -> str:
 
 
 # -- pictures for the UI (finetune_assets.viz) ----------------------------------------------------
-def _pictures(context: dg.AssetExecutionContext, hist, max_length: int) -> dict[str, dg.MetadataValue]:
+def _pictures(
+    context: dg.AssetExecutionContext, hist, max_length: int
+) -> dict[str, dg.MetadataValue]:
     """The token-length histogram; a plotting failure never fails the materialization."""
     import numpy as np
 

@@ -276,7 +276,8 @@ def tuning_study(
     mlflow: MlflowResource,
 ) -> Iterator[dg.MaterializeResult]:
     """Tuning is asked for, never a side effect: a whole-graph run (``--select '*'``) trains the
-    model with its config and skips the study (``finetuned_model`` reads one only when asked)."""
+    model with its config and skips the study (``finetuned_model`` reads one only when asked).
+    """
     # empty or None: every asset of the job runs
     selected = context.run.asset_selection or context.job_def.asset_layer.selected_asset_keys
     if dg.AssetKey(FINETUNED_MODEL) in selected and not config.in_training_runs:

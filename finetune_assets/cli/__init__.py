@@ -18,8 +18,11 @@ GROUPS = (versions, predict, benchmarks, summary)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="finetune-assets", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="finetune-assets",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--root", help=f"storage root (default ${ROOT_ENV} or ./.finetune_assets)")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
@@ -27,12 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-VALUE_FLAGS = ("--label-mapping", "--labels")  # values that may start with "-" ("-1=Negative,1=Positive")
+VALUE_FLAGS = (
+    "--label-mapping",
+    "--labels",
+)  # values that may start with "-" ("-1=Negative,1=Positive")
 
 
 def _join_dash_values(argv: list[str]) -> list[str]:
     """``--label-mapping -1=Negative`` as ``--label-mapping=-1=Negative``: argparse reads a value that
-    starts with ``-`` and is not a plain negative number as an option (and says "expected one argument")."""
+    starts with ``-`` and is not a plain negative number as an option (and says "expected one argument").
+    """
     out: list[str] = []
     it = iter(argv)
     for arg in it:
@@ -54,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(_join_dash_values(argv))
     try:
         return args.func(args)
-    except (CliError, ValueError, OSError) as err:  # input or environment mistakes: one line, no traceback
+    except (
+        CliError,
+        ValueError,
+        OSError,
+    ) as err:  # input or environment mistakes: one line, no traceback
         if isinstance(err, BrokenPipeError):  # `... | head`
             return 0
         print(f"error: {err}", file=sys.stderr)

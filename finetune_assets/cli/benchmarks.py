@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from finetune_assets.cli.common import open_storage, parse_label_mapping, print_json
 
+
 def cmd_benchmarks_add(args) -> int:
     from finetune_assets.benchmark_sets import add_benchmark_set
     from finetune_assets.data.sources import SourceSpec
     from finetune_assets.dataset_versions.partitions import validate_version_key
 
     name = validate_version_key(args.name)  # the same rule as version keys: it becomes a path
-    spec = SourceSpec(uri=args.source, text_column=args.text_column, label_column=args.label_column,
-                      encoding=args.encoding)
-    record = add_benchmark_set(open_storage(args), name, spec, parse_label_mapping(args.label_mapping))
+    spec = SourceSpec(
+        uri=args.source,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        encoding=args.encoding,
+    )
+    record = add_benchmark_set(
+        open_storage(args), name, spec, parse_label_mapping(args.label_mapping)
+    )
     counts = ", ".join(f"{k} {v}" for k, v in sorted(record["label_counts"].items()))
-    print(f"registered benchmark set {name} <- {spec.uri}: {record['rows']} reviews ({counts}); "
-          "benchmark_scores scores every new model on it")
+    print(
+        f"registered benchmark set {name} <- {spec.uri}: {record['rows']} reviews ({counts}); "
+        "benchmark_scores scores every new model on it"
+    )
     return 0
 
 
@@ -26,8 +35,14 @@ def cmd_benchmarks_list(args) -> int:
     rows = []
     for name in list_benchmark_sets(storage):
         meta = storage.current("benchmark_sets", name).metadata
-        rows.append({"name": name, "source": meta.get("source"), "rows": meta.get("rows"),
-                     "label_counts": meta.get("label_counts")})
+        rows.append(
+            {
+                "name": name,
+                "source": meta.get("source"),
+                "rows": meta.get("rows"),
+                "label_counts": meta.get("label_counts"),
+            }
+        )
     if args.json:
         print_json(rows)
     else:
@@ -38,12 +53,20 @@ def cmd_benchmarks_list(args) -> int:
 
 def register(sub) -> None:
     """The `benchmarks` group."""
-    bench = sub.add_parser("benchmarks", help="labelled sets that never train; every new model is scored on them")
+    bench = sub.add_parser(
+        "benchmarks", help="labelled sets that never train; every new model is scored on them"
+    )
     bsub = bench.add_subparsers(dest="benchmarks_command", required=True)
     badd = bsub.add_parser("add", help="register (freeze) a labelled file as a benchmark set")
     badd.add_argument("name", help="set name (1-63 of [A-Za-z0-9._-])")
-    badd.add_argument("--source", required=True, help="labelled file or folder (CSV/TSV/JSONL/Parquet, fsspec URL)")
-    badd.add_argument("--label-mapping", help="raw label -> class: JSON object or RAW=Class,RAW=Class")
+    badd.add_argument(
+        "--source",
+        required=True,
+        help="labelled file or folder (CSV/TSV/JSONL/Parquet, fsspec URL)",
+    )
+    badd.add_argument(
+        "--label-mapping", help="raw label -> class: JSON object or RAW=Class,RAW=Class"
+    )
     badd.add_argument("--text-column")
     badd.add_argument("--label-column")
     badd.add_argument("--encoding", default="utf-8")

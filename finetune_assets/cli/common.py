@@ -26,8 +26,9 @@ def open_storage(args, write: bool = False):
 
     root = root_of(args)
     if "://" not in root and (write or Path(root).expanduser().is_file()):
-        check_writable_dir(Path(root).expanduser(), f"storage root {root}",
-                            f"--root or ${ROOT_ENV}")
+        check_writable_dir(
+            Path(root).expanduser(), f"storage root {root}", f"--root or ${ROOT_ENV}"
+        )
     return Storage(root)
 
 
@@ -39,29 +40,40 @@ def check_writable_dir(path: Path, what: str, fix: str) -> None:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise CliError(f"{what}: {probe} is a file, so the folder cannot be created; point {fix} at a folder")
+        raise CliError(
+            f"{what}: {probe} is a file, so the folder cannot be created; point {fix} at a folder"
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise CliError(f"{what}: {probe} is not writable by this user; point {fix} at a writable folder")
+        raise CliError(
+            f"{what}: {probe} is not writable by this user; point {fix} at a writable folder"
+        )
     try:  # os.access says yes to root under /proc, /sys and read-only mounts: create it to be sure
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CliError(f"{what}: cannot create {path}: {err.strerror or err}; point {fix} at a writable "
-                       "folder") from err
+        raise CliError(
+            f"{what}: cannot create {path}: {err.strerror or err}; point {fix} at a writable folder"
+        ) from err
 
 
 def open_instance():
     import dagster as dg
 
     if not os.environ.get("DAGSTER_HOME"):
-        raise CliError("DAGSTER_HOME is not set: dataset versions live in the Dagster instance; "
-                       "export DAGSTER_HOME=$PWD/.dagster_home first (the same one `dagster dev` uses)")
+        raise CliError(
+            "DAGSTER_HOME is not set: dataset versions live in the Dagster instance; "
+            "export DAGSTER_HOME=$PWD/.dagster_home first (the same one `dagster dev` uses)"
+        )
     home = Path(os.environ["DAGSTER_HOME"])
     if not home.is_absolute():
-        raise CliError(f"DAGSTER_HOME={home} is relative; Dagster needs an absolute path: "
-                       f"export DAGSTER_HOME={Path(home).resolve()}")
+        raise CliError(
+            f"DAGSTER_HOME={home} is relative; Dagster needs an absolute path: "
+            f"export DAGSTER_HOME={Path(home).resolve()}"
+        )
     check_writable_dir(home, f"DAGSTER_HOME {home}", "DAGSTER_HOME")
     home.mkdir(parents=True, exist_ok=True)
-    if not any(home.iterdir()):  # a fresh home: an empty dagster.yaml means defaults, without Dagster's warning
+    if not any(
+        home.iterdir()
+    ):  # a fresh home: an empty dagster.yaml means defaults, without Dagster's warning
         (home / "dagster.yaml").write_text("")
     return dg.DagsterInstance.get()
 
@@ -72,8 +84,11 @@ def tracking_uri_of(args) -> str:
 
     root = root_of(args)
     try:
-        return tracking_uri(args.tracking_uri, f"{root.rstrip('/')}/mlflow",
-                            "pass --tracking-uri (or set MLFLOW_TRACKING_URI)")
+        return tracking_uri(
+            args.tracking_uri,
+            f"{root.rstrip('/')}/mlflow",
+            "pass --tracking-uri (or set MLFLOW_TRACKING_URI)",
+        )
     except ValueError as err:
         raise CliError(str(err)) from None
 
@@ -108,5 +123,7 @@ def parse_label_mapping(text: str | None) -> dict[str, str] | None:
         return {str(k): str(v) for k, v in mapping.items()}
     pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
     if any(len(p) != 2 for p in pairs):
-        raise CliError("--label-mapping takes RAW=Class pairs separated by commas, or a JSON object")
+        raise CliError(
+            "--label-mapping takes RAW=Class pairs separated by commas, or a JSON object"
+        )
     return {k.strip(): v.strip() for k, v in pairs}

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from finetune_assets.cli.common import CliError, root_of, tracking_uri_of
 
+
 def _normalize_model_uri(uri: str) -> str:
     """``models:/name/champion`` -> ``models:/name@champion``; numeric versions and ``latest`` stay."""
     if uri.startswith("models:/") and "@" not in uri:
-        name, _, ref = uri[len("models:/"):].rpartition("/")
+        name, _, ref = uri[len("models:/") :].rpartition("/")
         if name and ref and not ref.isdigit() and ref != "latest":
             return f"models:/{name}@{ref}"
     return uri
@@ -29,11 +30,15 @@ def load_classifier(args):
     """The model chosen by --version / --model-uri / --model (exactly one)."""
     chosen = [o for o in ("version", "model_uri", "model") if getattr(args, o)]
     if len(chosen) != 1:
-        raise CliError("choose the model with exactly one of --version V, --model-uri models:/name@alias, "
-                       "or --model PATH")
+        raise CliError(
+            "choose the model with exactly one of --version V, --model-uri models:/name@alias, "
+            "or --model PATH"
+        )
     if getattr(args, "baseline", False):
         if not args.version:
-            raise CliError("--baseline scores the baseline_model of a dataset version: pass --version V")
+            raise CliError(
+                "--baseline scores the baseline_model of a dataset version: pass --version V"
+            )
         return _baseline_for_version(args)
     if args.model:
         return _from_folder(Path(args.model).expanduser())
@@ -53,13 +58,19 @@ def _classifier_for_version(args):
     if published is None:
         from finetune_assets.dataset_versions.registry import read_version
 
-        hint = ("it is registered but finetuned_model has not been materialized; run "
-                f"`dagster asset materialize -m finetune_assets.definitions --select '*' --partition {version}`"
-                if read_version(storage, version) is not None else
-                "it is not registered; see `finetune-assets versions list`")
-        raise CliError(f"no trained model for dataset version {version!r} under {storage.root}: {hint}")
+        hint = (
+            "it is registered but finetuned_model has not been materialized; run "
+            f"`dagster asset materialize -m finetune_assets.definitions --select '*' --partition {version}`"
+            if read_version(storage, version) is not None
+            else "it is not registered; see `finetune-assets versions list`"
+        )
+        raise CliError(
+            f"no trained model for dataset version {version!r} under {storage.root}: {hint}"
+        )
     if storage.is_local:
-        return _from_folder(Path(published.url), source=f"finetuned_model[{version}] {published.url}")
+        return _from_folder(
+            Path(published.url), source=f"finetuned_model[{version}] {published.url}"
+        )
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix="finetune-assets-model-")
@@ -80,17 +91,19 @@ def _baseline_for_version(args):
     storage = Storage(root_of(args))
     published = storage.current(BASELINE_MODEL, version)
     if published is None:
-        raise CliError(f"no baseline_model for dataset version {version!r} under {storage.root}; materialize it "
-                       f"with `dagster asset materialize -m finetune_assets.definitions --select baseline_model "
-                       f"--partition {version}`")
+        raise CliError(
+            f"no baseline_model for dataset version {version!r} under {storage.root}; materialize it "
+            f"with `dagster asset materialize -m finetune_assets.definitions --select baseline_model "
+            f"--partition {version}`"
+        )
     with storage.local_copy(published.url) as local:
         return BaselineModel.load(Path(local), source=f"baseline_model[{version}] {published.url}")
 
 
 def _classifier_for_uri(args):
-    from finetune_assets.inference import Classifier
-
     import mlflow
+
+    from finetune_assets.inference import Classifier
 
     uri = _normalize_model_uri(args.model_uri)
     mlflow.set_tracking_uri(tracking_uri_of(args))

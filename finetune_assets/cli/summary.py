@@ -4,30 +4,50 @@ from __future__ import annotations
 
 from finetune_assets.cli.common import CliError, open_storage, print_json, tracking_uri_of
 
+
 def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     """What the first command ends with: rows, test scores of fine-tuned / baseline / majority, champion or not."""
-    from finetune_assets.contracts import (BASELINE_MODEL, FINETUNED_MODEL, RAW_REVIEWS, TOKENIZED_REVIEWS,
-                                           read_token_stats, read_training_result)
+    from finetune_assets.contracts import (
+        BASELINE_MODEL,
+        FINETUNED_MODEL,
+        RAW_REVIEWS,
+        TOKENIZED_REVIEWS,
+        read_token_stats,
+        read_training_result,
+    )
     from finetune_assets.data.baseline import INFO_FILE
 
     raw, tokens = storage.current(RAW_REVIEWS, version), storage.current(TOKENIZED_REVIEWS, version)
-    model, base = storage.current(FINETUNED_MODEL, version), storage.current(BASELINE_MODEL, version)
-    out: dict = {"version": version, "rows": raw.metadata.get("rows") if raw else None,
-                 "rejected": raw.metadata.get("rejected") if raw else None}
+    model, base = (
+        storage.current(FINETUNED_MODEL, version),
+        storage.current(BASELINE_MODEL, version),
+    )
+    out: dict = {
+        "version": version,
+        "rows": raw.metadata.get("rows") if raw else None,
+        "rejected": raw.metadata.get("rejected") if raw else None,
+    }
     out["splits"] = read_token_stats(tokens.url, storage.fs).splits if tokens else None
     try:
         result = read_training_result(model.url, storage.fs) if model else None
-    except FileNotFoundError:  # a model folder published without the trainer's result: no scores to show
+    except (
+        FileNotFoundError
+    ):  # a model folder published without the trainer's result: no scores to show
         result = None
-    out["finetuned"] = {"accuracy": result.accuracy, "macro_f1": result.macro_f1} if result else None
+    out["finetuned"] = (
+        {"accuracy": result.accuracy, "macro_f1": result.macro_f1} if result else None
+    )
     info = storage.read_json(f"{base.url}/{INFO_FILE}") if base else None
     test = (info or {}).get("test")
     out["baseline"] = {k: test[k] for k in ("accuracy", "macro_f1")} if test else None
     majority = (info or {}).get("majority")
     out["majority"] = {k: majority[k] for k in ("accuracy", "macro_f1")} if majority else None
     reg = ((model.metadata if model else {}) or {}).get("mlflow") or {}
-    out["registered_model"] = (f"{reg['registered_model_name']} v{reg['registered_model_version']}"
-                               if reg.get("registered_model_version") is not None else None)
+    out["registered_model"] = (
+        f"{reg['registered_model_name']} v{reg['registered_model_version']}"
+        if reg.get("registered_model_version") is not None
+        else None
+    )
     out["champion"], out["gate_decision"] = None, None
     if reg.get("registered_model_version") is not None and tracking_uri:
         try:
@@ -36,7 +56,9 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
 
             client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             name, mine = reg["registered_model_name"], str(reg["registered_model_version"])
-            out["gate_decision"] = (client.get_model_version(name, mine).tags or {}).get("gate.decision")
+            out["gate_decision"] = (client.get_model_version(name, mine).tags or {}).get(
+                "gate.decision"
+            )
             try:
                 holder = str(client.get_model_version_by_alias(name, "champion").version)
             except MlflowException:
@@ -53,21 +75,35 @@ def format_summary(s: dict) -> str:
         return f"{m['accuracy']:>9.4f}  {m['macro_f1']:>9.4f}" if m else f"{'-':>9}  {'-':>9}"
 
     splits = s.get("splits") or {}
-    lines = [f"dataset version {s['version']}: {s['rows'] if s['rows'] is not None else '?'} reviews "
-             f"({s['rejected'] or 0} rejected)" + (f"; train {splits.get('train')} / validation "
-                                                   f"{splits.get('validation')} / test {splits.get('test')}"
-                                                   if splits else ""),
-             f"{'on the test split':<22}{'accuracy':>9}  {'macro-F1':>9}",
-             f"{'fine-tuned model':<22}{cells(s['finetuned'])}",
-             f"{'baseline (TF-IDF+LR)':<22}{cells(s['baseline'])}",
-             f"{'majority class':<22}{cells(s['majority'])}"]
+    lines = [
+        f"dataset version {s['version']}: {s['rows'] if s['rows'] is not None else '?'} reviews "
+        f"({s['rejected'] or 0} rejected)"
+        + (
+            f"; train {splits.get('train')} / validation "
+            f"{splits.get('validation')} / test {splits.get('test')}"
+            if splits
+            else ""
+        ),
+        f"{'on the test split':<22}{'accuracy':>9}  {'macro-F1':>9}",
+        f"{'fine-tuned model':<22}{cells(s['finetuned'])}",
+        f"{'baseline (TF-IDF+LR)':<22}{cells(s['baseline'])}",
+        f"{'majority class':<22}{cells(s['majority'])}",
+    ]
     if s["champion"] is True:
         lines.append(f"champion: yes, {s['registered_model']} holds @champion")
     elif s["champion"] is False:
-        holder = f"@champion is on v{s['champion_version']}" if s.get("champion_version") else "no model holds @champion"
-        lines.append(f"champion: no, {holder} ({s['gate_decision'] or 'the quality gate has not decided yet'})")
+        holder = (
+            f"@champion is on v{s['champion_version']}"
+            if s.get("champion_version")
+            else "no model holds @champion"
+        )
+        lines.append(
+            f"champion: no, {holder} ({s['gate_decision'] or 'the quality gate has not decided yet'})"
+        )
     else:
-        lines.append(f"champion: unknown ({s['gate_decision'] or 'no registered model or MLflow store'})")
+        lines.append(
+            f"champion: unknown ({s['gate_decision'] or 'no registered model or MLflow store'})"
+        )
     return "\n".join(lines)
 
 
@@ -77,7 +113,9 @@ def cmd_summary(args) -> int:
     version = validate_version_key(args.version)
     storage = open_storage(args)
     if storage.current("raw_reviews", version) is None:
-        raise CliError(f"dataset version {version!r} has no materialized raw_reviews under {storage.root}")
+        raise CliError(
+            f"dataset version {version!r} has no materialized raw_reviews under {storage.root}"
+        )
     try:
         uri = tracking_uri_of(args)
     except CliError:
@@ -92,7 +130,9 @@ def cmd_summary(args) -> int:
 
 def register(sub) -> None:
     """`summary`."""
-    sm = sub.add_parser("summary", help="a version's rows, test scores (fine-tuned, baseline, majority), champion")
+    sm = sub.add_parser(
+        "summary", help="a version's rows, test scores (fine-tuned, baseline, majority), champion"
+    )
     sm.add_argument("version")
     sm.add_argument("--tracking-uri", help="MLflow tracking URI (default as for predict)")
     sm.add_argument("--json", action="store_true")

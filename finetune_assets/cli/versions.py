@@ -8,27 +8,39 @@ from pathlib import Path
 from finetune_assets.cli.common import (
     CliError,
     open_instance,
-    root_of,
     open_storage,
     print_json,
+    root_of,
     when,
 )
+
 
 def _source_uri(uri: str) -> str:
     """A local path made absolute (valid from any folder later), also inside ``delta:``."""
     from finetune_assets.data.sources import DELTA_PREFIX, is_file_source
 
     if uri.startswith(DELTA_PREFIX) and "://" not in uri:
-        return DELTA_PREFIX + str(Path(uri[len(DELTA_PREFIX):]).expanduser().resolve())
+        return DELTA_PREFIX + str(Path(uri[len(DELTA_PREFIX) :]).expanduser().resolve())
     if "://" not in uri and is_file_source(uri):
         return str(Path(uri).expanduser().resolve())
     return uri
 
 
 def cmd_versions_add(args) -> int:
-    from finetune_assets.data.labels import LabelError, label_set_of_source, parse_labels_flag, parse_mapping_flag
-    from finetune_assets.data.sources import (DELTA_PREFIX, SQL_PREFIX, SourceError, SourceSpec,
-                                              check_source, pin_source)
+    from finetune_assets.data.labels import (
+        LabelError,
+        label_set_of_source,
+        parse_labels_flag,
+        parse_mapping_flag,
+    )
+    from finetune_assets.data.sources import (
+        DELTA_PREFIX,
+        SQL_PREFIX,
+        SourceError,
+        SourceSpec,
+        check_source,
+        pin_source,
+    )
     from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
 
     uri = _source_uri(args.source)
@@ -36,27 +48,45 @@ def cmd_versions_add(args) -> int:
         raise CliError("--where filters delta: and sql: sources only (nothing registered)")
     if args.query and not uri.startswith(SQL_PREFIX):
         raise CliError("--query belongs to sql: sources only (nothing registered)")
-    spec = SourceSpec(uri=uri, revision=args.revision, text_column=args.text_column,
-                      label_column=args.label_column, encoding=args.encoding, where=args.where,
-                      query=args.query)
+    spec = SourceSpec(
+        uri=uri,
+        revision=args.revision,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        encoding=args.encoding,
+        where=args.where,
+        query=args.query,
+    )
     storage = open_storage(args, write=True)
     try:  # source and label set are checked now: a bad or ambiguous one is refused before anything is written
         sampled = check_source(spec)
         spec = pin_source(spec)  # a Delta version, a SQL content hash: what the key names
         notes: list[str] = []
-        labels = label_set_of_source(spec, parse_labels_flag(args.labels) if args.labels else None,
-                                     parse_mapping_flag(args.label_mapping) if args.label_mapping else None,
-                                     notes=notes)
+        labels = label_set_of_source(
+            spec,
+            parse_labels_flag(args.labels) if args.labels else None,
+            parse_mapping_flag(args.label_mapping) if args.label_mapping else None,
+            notes=notes,
+        )
         fingerprint = source_fingerprint(spec)
-        record = register_version(open_instance(), storage, args.key, spec, fingerprint=fingerprint,
-                                  replace=args.replace, labels=labels)
+        record = register_version(
+            open_instance(),
+            storage,
+            args.key,
+            spec,
+            fingerprint=fingerprint,
+            replace=args.replace,
+            labels=labels,
+        )
     except (LabelError, SourceError) as err:
         raise CliError(f"{args.source}: {err} (nothing registered)") from err
     files = sampled and not spec.uri.startswith(SQL_PREFIX)
     checked = f" ({len(sampled)} file(s) checked)" if files else ""
     pinned = f" ({spec.snapshot.split(';db=')[0]})" if spec.snapshot else ""
-    print(f"registered dataset version {record.key} <- {spec.uri}{pinned}{checked}; "
-          f"labels: {labels.describe()}")
+    print(
+        f"registered dataset version {record.key} <- {spec.uri}{pinned}{checked}; "
+        f"labels: {labels.describe()}"
+    )
     for note in notes:
         print(f"  labels: {note}")
     return 0
@@ -67,8 +97,10 @@ def cmd_versions_remove(args) -> int:
 
     storage = open_storage(args, write=True)
     kept = remove_version(open_instance(), storage, args.key, force=args.force)
-    print(f"removed dataset version {args.key}"
-          + (f" (published files of {', '.join(kept)} kept under {storage.root})" if kept else ""))
+    print(
+        f"removed dataset version {args.key}"
+        + (f" (published files of {', '.join(kept)} kept under {storage.root})" if kept else "")
+    )
     return 0
 
 
@@ -80,14 +112,23 @@ def cmd_versions_list(args) -> int:
     rows = []
     for key in open_instance().get_dynamic_partitions(DATASET_VERSIONS):
         record = read_version(storage, key)
-        rows.append({"version": key, "source": record.source.uri if record else None,
-                     "registered_at": when(record.registered_at) if record and record.registered_at else None,
-                     "labels": (record.labels or {}).get("names") if record else None})
+        rows.append(
+            {
+                "version": key,
+                "source": record.source.uri if record else None,
+                "registered_at": when(record.registered_at)
+                if record and record.registered_at
+                else None,
+                "labels": (record.labels or {}).get("names") if record else None,
+            }
+        )
     if args.json:
         print_json(rows)
     else:
         for r in rows:
-            print(f"{r['version']}\t{r['source'] or '(no source recorded)'}\t{r['registered_at'] or ''}".rstrip())
+            print(
+                f"{r['version']}\t{r['source'] or '(no source recorded)'}\t{r['registered_at'] or ''}".rstrip()
+            )
     return 0
 
 
@@ -95,7 +136,9 @@ def _latest(instance, asset: str, partition: str | None):
     import dagster as dg
 
     key = dg.AssetKey(asset)
-    target = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
+    target = (
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
+    )
     records = instance.fetch_materializations(target, limit=1).records
     return records[0] if records else None
 
@@ -107,7 +150,8 @@ def _data_version(record) -> str | None:
 
 def stale_resolver(instance, root: str):
     """Dagster's own staleness (the UI's "stale" flags, GraphQL ``staleStatus``) over the code
-    location's asset graph: code versions (config defaults folded in), recorded input data versions."""
+    location's asset graph: code versions (config defaults folded in), recorded input data versions.
+    """
     from dagster._core.definitions.data_version import CachingStaleStatusResolver
     from dagster._core.loader import LoadingContext
 
@@ -151,9 +195,8 @@ def version_status(instance, versions: Sequence[str], resolver) -> list[dict]:
 
     "stale" is Dagster's judgement (``resolver``: ``stale_resolver``), never a rule of our own.
     """
-    from finetune_assets.sensors import STATUS_TAG
-
     from finetune_assets.contracts import PARTITIONED_ASSETS, PRETRAINED_MODEL
+    from finetune_assets.sensors import STATUS_TAG
 
     rows = []
     # The graph as users see it in `versions status`: the unpartitioned base model, then per version.
@@ -161,14 +204,28 @@ def version_status(instance, versions: Sequence[str], resolver) -> list[dict]:
     failed = {v: _failed_last_run(instance, v) for v in versions}
     for version, asset in cells:
         record = _latest(instance, asset, version)
-        row = {"version": version or "-", "asset": asset, "status": "missing", "materialized_at": None,
-               "data_version": None, "run_id": None, "stale_because": []}
+        row = {
+            "version": version or "-",
+            "asset": asset,
+            "status": "missing",
+            "materialized_at": None,
+            "data_version": None,
+            "run_id": None,
+            "stale_because": [],
+        }
         if record is not None:
             stale = _stale_because(resolver, asset, version)
-            row.update(status="stale" if stale else "materialized", materialized_at=when(record.timestamp),
-                       data_version=_data_version(record), run_id=record.run_id, stale_because=stale)
+            row.update(
+                status="stale" if stale else "materialized",
+                materialized_at=when(record.timestamp),
+                data_version=_data_version(record),
+                run_id=record.run_id,
+                stale_because=stale,
+            )
         elif version is not None and failed.get(version) is not None:
-            run = failed[version]  # never materialized and the version's latest run failed: say so, not "missing"
+            run = failed[
+                version
+            ]  # never materialized and the version's latest run failed: say so, not "missing"
             row.update(status="failed", run_id=run.run_id, detail=run.tags.get(STATUS_TAG, ""))
         rows.append(row)
     return rows
@@ -180,7 +237,12 @@ def _failed_last_run(instance, version: str):
 
     records = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": version}), limit=1)
     run = records[0].dagster_run if records else None
-    return run if run is not None and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED) else None
+    return (
+        run
+        if run is not None
+        and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+        else None
+    )
 
 
 def cmd_versions_status(args) -> int:
@@ -190,18 +252,26 @@ def cmd_versions_status(args) -> int:
     known = instance.get_dynamic_partitions(DATASET_VERSIONS)
     unknown = [v for v in args.versions if v not in known]
     if unknown:
-        raise CliError(f"dataset version(s) not registered: {', '.join(unknown)} "
-                       f"(registered: {', '.join(known) or 'none'}; add one with `finetune-assets versions add`)")
+        raise CliError(
+            f"dataset version(s) not registered: {', '.join(unknown)} "
+            f"(registered: {', '.join(known) or 'none'}; add one with `finetune-assets versions add`)"
+        )
     rows = version_status(instance, args.versions or known, stale_resolver(instance, root_of(args)))
     if args.json:
         print_json(rows)
         return 0
     header = ("version", "asset", "status", "materialized_at", "data_version", "run")
-    table = [header] + [(r["version"], r["asset"],
-                         r["status"] + (f" ({'; '.join(r['stale_because'])})"
-                                        if r["stale_because"] else ""),
-                         r["materialized_at"] or "-", r["data_version"] or "-", (r["run_id"] or "-")[:8])
-                        for r in rows]
+    table = [header] + [
+        (
+            r["version"],
+            r["asset"],
+            r["status"] + (f" ({'; '.join(r['stale_because'])})" if r["stale_because"] else ""),
+            r["materialized_at"] or "-",
+            r["data_version"] or "-",
+            (r["run_id"] or "-")[:8],
+        )
+        for r in rows
+    ]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -214,31 +284,51 @@ def register(sub) -> None:
     vsub = versions.add_subparsers(dest="versions_command", required=True)
     add = vsub.add_parser("add", help="register a dataset version and where its reviews come from")
     add.add_argument("key", help="version key, e.g. 2026-11-29 or v3")
-    add.add_argument("--source", required=True, help=(
-        "file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
-        "delta:PATH_OR_URL[@version=N|@timestamp=ISO] or sql:ENV_NAME (a variable holding the "
-        "database URL)"))
+    add.add_argument(
+        "--source",
+        required=True,
+        help=(
+            "file/folder/fsspec URL, hf:owner/name, builtin:NAME (rotten_tomatoes, imdb, sample), "
+            "delta:PATH_OR_URL[@version=N|@timestamp=ISO] or sql:ENV_NAME (a variable holding the "
+            "database URL)"
+        ),
+    )
     add.add_argument("--where", help="delta:/sql: row filter, a SQL predicate (in the version)")
     add.add_argument("--query", help="sql: a table name or a SELECT statement")
     add.add_argument("--revision")
     add.add_argument("--text-column")
     add.add_argument("--label-column")
     add.add_argument("--encoding", default="utf-8")
-    add.add_argument("--replace", action="store_true",
-                     help="point an already registered key at a different source (only if nothing is materialized)")
-    add.add_argument("--labels", help="class names in id order, e.g. Negative,Positive (default: inferred "
-                                      "from the label values; see README 'Labels')")
-    add.add_argument("--label-mapping", help="raw label -> class, e.g. 0=Negative,1=Positive; "
-                                             "stars-to-sentiment maps 1-5 stars to Negative,Neutral,Positive")
+    add.add_argument(
+        "--replace",
+        action="store_true",
+        help="point an already registered key at a different source (only if nothing is materialized)",
+    )
+    add.add_argument(
+        "--labels",
+        help="class names in id order, e.g. Negative,Positive (default: inferred "
+        "from the label values; see README 'Labels')",
+    )
+    add.add_argument(
+        "--label-mapping",
+        help="raw label -> class, e.g. 0=Negative,1=Positive; "
+        "stars-to-sentiment maps 1-5 stars to Negative,Neutral,Positive",
+    )
     add.set_defaults(func=cmd_versions_add)
-    rm = vsub.add_parser("remove", help="unregister a dataset version (its published files are kept)")
+    rm = vsub.add_parser(
+        "remove", help="unregister a dataset version (its published files are kept)"
+    )
     rm.add_argument("key")
-    rm.add_argument("--force", action="store_true", help="remove even though assets of it are materialized")
+    rm.add_argument(
+        "--force", action="store_true", help="remove even though assets of it are materialized"
+    )
     rm.set_defaults(func=cmd_versions_remove)
     ls = vsub.add_parser("list", help="registered versions and their sources")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     ls.set_defaults(func=cmd_versions_list)
-    st = vsub.add_parser("status", help="per version and asset: materialized / stale / missing, when, data version")
+    st = vsub.add_parser(
+        "status", help="per version and asset: materialized / stale / missing, when, data version"
+    )
     st.add_argument("versions", nargs="*", help="versions to show (default: all registered)")
     st.add_argument("--json", action="store_true", help="one JSON object per line")
     st.set_defaults(func=cmd_versions_status)

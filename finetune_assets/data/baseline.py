@@ -50,44 +50,70 @@ def build_pipeline(settings: BaselineSettings):
     from sklearn.pipeline import FeatureUnion, Pipeline
 
     def tfidf(analyzer: str, ngrams: tuple[int, int]):
-        return TfidfVectorizer(analyzer=analyzer, ngram_range=tuple(ngrams), min_df=settings.min_df,
-                               max_features=settings.max_features, sublinear_tf=True, lowercase=True,
-                               dtype=np.float32)
+        return TfidfVectorizer(
+            analyzer=analyzer,
+            ngram_range=tuple(ngrams),
+            min_df=settings.min_df,
+            max_features=settings.max_features,
+            sublinear_tf=True,
+            lowercase=True,
+            dtype=np.float32,
+        )
 
-    features = FeatureUnion([("word", tfidf("word", settings.word_ngrams)),
-                             ("char", tfidf("char_wb", settings.char_ngrams))])
-    clf = LogisticRegression(C=settings.C, class_weight=settings.class_weight, max_iter=settings.max_iter)
+    features = FeatureUnion(
+        [
+            ("word", tfidf("word", settings.word_ngrams)),
+            ("char", tfidf("char_wb", settings.char_ngrams)),
+        ]
+    )
+    clf = LogisticRegression(
+        C=settings.C, class_weight=settings.class_weight, max_iter=settings.max_iter
+    )
     return Pipeline([("tfidf", features), ("clf", clf)])
 
 
 class BaselineModel:
     """A fitted baseline and its label set; ``predict`` has the CLI classifier's shape."""
 
-    def __init__(self, pipeline, labels: Sequence[str], settings: BaselineSettings, source: str = "baseline"):
+    def __init__(
+        self, pipeline, labels: Sequence[str], settings: BaselineSettings, source: str = "baseline"
+    ):
         self.pipeline = pipeline
         self.labels = list(labels)
         self.settings = settings
         self.source = source
 
     @classmethod
-    def fit(cls, texts: Sequence[str], labels: Sequence[str], settings: BaselineSettings = BaselineSettings(),
-            label_set: Sequence[str] | None = None) -> BaselineModel:
+    def fit(
+        cls,
+        texts: Sequence[str],
+        labels: Sequence[str],
+        settings: BaselineSettings | None = None,
+        label_set: Sequence[str] | None = None,
+    ) -> BaselineModel:
+        settings = settings or BaselineSettings()
         if len(texts) != len(labels):
             raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
         classes = set(labels)
         if len(classes) < 2:
-            raise ValueError(f"the baseline needs at least two classes in the training split, got {sorted(classes)}")
+            raise ValueError(
+                f"the baseline needs at least two classes in the training split, got {sorted(classes)}"
+            )
         # min_df counts documents: on a tiny split it must not remove every term
         if settings.min_df > 1 and len(texts) < 20 * settings.min_df:
             settings = BaselineSettings(**{**asdict(settings), "min_df": 1})
         pipeline = build_pipeline(settings).fit(list(texts), list(labels))
         return cls(pipeline, order_labels(list(label_set or []) + list(classes)), settings)
 
-    def predict_labels(self, texts: Sequence[str], max_length: int | None = None, batch_size: int | None = None) -> list[str]:
+    def predict_labels(
+        self, texts: Sequence[str], max_length: int | None = None, batch_size: int | None = None
+    ) -> list[str]:
         """The class per text; the signature of ``inference.Classifier.predict_labels`` (no tokenizer, no batches)."""
         return [str(x) for x in self.pipeline.predict(list(texts))] if len(texts) else []
 
-    def predict(self, texts: Sequence[str], max_length: int | None = None) -> list[tuple[str, float, dict]]:
+    def predict(
+        self, texts: Sequence[str], max_length: int | None = None
+    ) -> list[tuple[str, float, dict]]:
         """(label, probability, probabilities by label) per text; ``max_length`` is ignored (no tokenizer)."""
         probs = self.pipeline.predict_proba(list(texts))
         classes = [str(c) for c in self.pipeline.classes_]
@@ -107,22 +133,35 @@ class BaselineModel:
         vectorizers = dict(self.pipeline.named_steps["tfidf"].transformer_list)
         clf = self.pipeline.named_steps["clf"]
         with (folder / MODEL_FILE).open("wb") as f:
-            np.savez_compressed(f, coef=clf.coef_, intercept=clf.intercept_, classes=np.asarray(clf.classes_, dtype=str),
-                                **{f"idf_{a}": vectorizers[a].idf_ for a in ANALYZERS})
-        vocab = {a: sorted(vectorizers[a].vocabulary_, key=vectorizers[a].vocabulary_.get) for a in ANALYZERS}
+            np.savez_compressed(
+                f,
+                coef=clf.coef_,
+                intercept=clf.intercept_,
+                classes=np.asarray(clf.classes_, dtype=str),
+                **{f"idf_{a}": vectorizers[a].idf_ for a in ANALYZERS},
+            )
+        vocab = {
+            a: sorted(vectorizers[a].vocabulary_, key=vectorizers[a].vocabulary_.get)
+            for a in ANALYZERS
+        }
         (folder / VOCAB_FILE).write_text(json.dumps(vocab, ensure_ascii=False))
         self.save_info(folder, info)
 
     def save_info(self, folder: Path, info: dict | None = None) -> None:
-        (folder / INFO_FILE).write_text(json.dumps({**(info or {}), "labels": self.labels,
-                                                    "recipe": asdict(self.settings)}, indent=2))
+        (folder / INFO_FILE).write_text(
+            json.dumps(
+                {**(info or {}), "labels": self.labels, "recipe": asdict(self.settings)}, indent=2
+            )
+        )
 
     @classmethod
     def load(cls, folder: Path, source: str | None = None) -> BaselineModel:
         """Rebuild the fitted pipeline from arrays + vocabularies (``allow_pickle=False``: data only)."""
         if not all((folder / f).is_file() for f in (MODEL_FILE, VOCAB_FILE, INFO_FILE)):
-            raise FileNotFoundError(f"{folder} lacks {MODEL_FILE}, {VOCAB_FILE} or {INFO_FILE}: "
-                                    "not a baseline_model folder")
+            raise FileNotFoundError(
+                f"{folder} lacks {MODEL_FILE}, {VOCAB_FILE} or {INFO_FILE}: "
+                "not a baseline_model folder"
+            )
         info = json.loads((folder / INFO_FILE).read_text())
         recipe = {k: tuple(v) if isinstance(v, list) else v for k, v in info["recipe"].items()}
         settings = BaselineSettings(**recipe)
@@ -150,7 +189,9 @@ class Decision:
     reason: str
 
 
-def beats_baseline(challenger_metrics: dict, baseline_metrics: dict, margin: float = 0.0) -> Decision:
+def beats_baseline(
+    challenger_metrics: dict, baseline_metrics: dict, margin: float = 0.0
+) -> Decision:
     """Promote only a model whose test macro-F1 is at least the baseline's plus ``margin``.
 
     Both metric dicts come from the same frozen test split (``finetuned_model``'s ``metrics.json`` and
@@ -161,6 +202,8 @@ def beats_baseline(challenger_metrics: dict, baseline_metrics: dict, margin: flo
     needed = baseline + margin
     passed = challenger >= needed - 1e-12
     verb = "beats" if passed else "does not beat"
-    reason = (f"macro-F1 {challenger:.4f} {verb} the baseline's {baseline:.4f} + margin {margin:.4f} "
-              f"(needs >= {needed:.4f})")
+    reason = (
+        f"macro-F1 {challenger:.4f} {verb} the baseline's {baseline:.4f} + margin {margin:.4f} "
+        f"(needs >= {needed:.4f})"
+    )
     return Decision(passed, challenger, baseline, margin, reason)

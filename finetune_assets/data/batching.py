@@ -21,11 +21,15 @@ def length_sorted_batches(texts: Sequence[str], batch_size: int) -> Iterator[lis
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     for start in range(0, len(order), batch_size):
-        yield order[start:start + batch_size]
+        yield order[start : start + batch_size]
 
 
-def predict_in_length_order(predict: Callable[[list[str]], Sequence[T]], texts: Sequence[str], batch_size: int,
-                            on_batch: Callable[[int], object] | None = None) -> list[T]:
+def predict_in_length_order(
+    predict: Callable[[list[str]], Sequence[T]],
+    texts: Sequence[str],
+    batch_size: int,
+    on_batch: Callable[[int], object] | None = None,
+) -> list[T]:
     """``predict`` over ``texts`` in length-sorted batches; results in the order of ``texts``."""
     out: list[T | None] = [None] * len(texts)
     for indexes in length_sorted_batches(texts, batch_size):

@@ -1,5 +1,6 @@
 """Recognise files that are not text at all (images, documents, spreadsheets, archives) by their first bytes,
-so that a reader says what the file is and how to get text out of it, instead of suggesting encodings."""
+so that a reader says what the file is and how to get text out of it, instead of suggesting encodings.
+"""
 
 from __future__ import annotations
 

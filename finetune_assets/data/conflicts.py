@@ -41,7 +41,8 @@ class Plan:
 
 def decide(copies: Iterable[tuple[bytes, str, int, str]]) -> Plan:
     """``copies``: (text hash, class, position, "a"ccepted / "r"ejected) of every copy of the reviews that
-    have copies with different classes; the accepted one is the first copy read."""
+    have copies with different classes; the accepted one is the first copy read.
+    """
     by_key: dict[bytes, list[tuple[str, int, str]]] = {}
     for h, label, pos, kind in copies:
         by_key.setdefault(h, []).append((label, pos, kind))
@@ -58,7 +59,7 @@ def decide(copies: Iterable[tuple[bytes, str, int, str]]) -> Plan:
         if winner is None:
             detail = f"no majority label among {total} copies ({shown})"
             plan.drop_accepted[accepted[1]] = detail
-            for lab, pos, kind in group:
+            for _lab, pos, kind in group:
                 if kind == "r":
                     plan.relabel[pos] = ("conflicting_duplicate", detail)
             continue

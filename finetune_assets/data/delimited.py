@@ -44,13 +44,16 @@ class Bad:
     end_line: int
     problem: str
     raw: str
-    reason: str = "malformed_row"  # the quarantine reason: malformed_row / header_row / ambiguous_line_end
+    reason: str = (
+        "malformed_row"  # the quarantine reason: malformed_row / header_row / ambiguous_line_end
+    )
 
 
 @dataclass(frozen=True)
 class _Held:
     """A record whose line end differs from the previous one: the next record's line end decides it
-    (the same again: the file switched; the previous one again: the two are one review's lines)."""
+    (the same again: the file switched; the previous one again: the two are one review's lines).
+    """
 
     good: bool  # appended to the good rows (else the last of ``bad``)
     start: int  # offset in the text, line, record number: where to re-parse it from
@@ -101,8 +104,14 @@ def _field_pattern(delimiter: str) -> re.Pattern:
     return re.compile(rf'"([^"]*(?:""[^"]*)*)"|([^"{d}\n]*)')
 
 
-def split_records(text: str, delimiter: str, *, final: bool = True, after: Records | None = None,
-                  max_record: int | None = None) -> Records:
+def split_records(
+    text: str,
+    delimiter: str,
+    *,
+    final: bool = True,
+    after: Records | None = None,
+    max_record: int | None = None,
+) -> Records:
     """Every record of ``text`` (header first), good rows column-wise, bad records with their lines.
 
     ``final=False``: ``text`` is one block of a longer file; a record whose parse reaches the end of ``text``
@@ -111,7 +120,9 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
     characters is not carried on (memory stays bounded): it costs its first physical line, like any broken
     record, so rows in still equal accepted + rejected; :class:`RecordTooLong` if that one line is longer.
     """
-    if final and after is None and "\n" not in text and "\r" in text:  # classic Mac line ends (old exports)
+    if (
+        final and after is None and "\n" not in text and "\r" in text
+    ):  # classic Mac line ends (old exports)
         text = text.replace("\r", "\n")
     match = _field_pattern(delimiter).match
     n = len(text)
@@ -123,8 +134,13 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
     out: Records | None = None
     blank = ncols = 0
     if after is not None and after.header:
-        out = Records(header=after.header, header_line=after.header_line, columns=[[] for _ in after.header],
-                      header_end_line=after.header_end_line, line_end=after.line_end)
+        out = Records(
+            header=after.header,
+            header_line=after.header_line,
+            columns=[[] for _ in after.header],
+            header_end_line=after.header_end_line,
+            line_end=after.line_end,
+        )
         ncols = len(after.header)
     while pos < n:
         start, start_line = pos, line
@@ -144,15 +160,19 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
                 pos, line = start, start_line  # carried into the next block
                 break
             if stop == n:
-                raise RecordTooLong(f"line {start_line}: no line end within {max_record} characters")
-            problem = problem or f"a record still open after {max_record} characters (an unclosed quote?)"
+                raise RecordTooLong(
+                    f"line {start_line}: no line end within {max_record} characters"
+                )
+            problem = (
+                problem or f"a record still open after {max_record} characters (an unclosed quote?)"
+            )
         if problem is not None:  # grammar broken: only the first physical line is given up
             if out is None:
                 raise HeaderError(f"line {start_line}: the header cannot be parsed: {problem}")
             if out.held is not None:  # a broken record after an odd line end: both are given up
                 _ambiguous(out, out.held)
                 out.held = None
-            raw = text[start:stop - 1] if text[stop - 1:stop] == "\r" else text[start:stop]
+            raw = text[start : stop - 1] if text[stop - 1 : stop] == "\r" else text[start:stop]
             out.bad.append(Bad(record_no, start_line, start_line, problem, raw[:RAW_PREFIX_CHARS]))
             record_no += 1
             pos, line = stop + 1, start_line + 1
@@ -170,21 +190,50 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
             header_key = _header_key(fields)
             continue
         held, out.held = out.held, None
-        second = held is not None and term != held.line_end  # back to the line end before it (or EOF)
+        second = (
+            held is not None and term != held.line_end
+        )  # back to the line end before it (or EOF)
         if second:
             _ambiguous(out, held)
         odd = not second and term is not None and out.line_end != "" and term != out.line_end
         if header_key is None:
             header_key = _header_key(out.header)
-        if len(fields) == ncols and len(fields[0]) < len(out.header[0]) + 8 and _header_key(fields) == header_key:
-            out.bad.append(Bad(record_no, start_line, end_line, "the header row again (files concatenated?)",
-                               text[start:end][:RAW_PREFIX_CHARS], "header_row"))
+        if (
+            len(fields) == ncols
+            and len(fields[0]) < len(out.header[0]) + 8
+            and _header_key(fields) == header_key
+        ):
+            out.bad.append(
+                Bad(
+                    record_no,
+                    start_line,
+                    end_line,
+                    "the header row again (files concatenated?)",
+                    text[start:end][:RAW_PREFIX_CHARS],
+                    "header_row",
+                )
+            )
         elif second:
-            out.bad.append(Bad(record_no, start_line, end_line, _SECOND, text[start:end][:RAW_PREFIX_CHARS],
-                               "ambiguous_line_end"))
+            out.bad.append(
+                Bad(
+                    record_no,
+                    start_line,
+                    end_line,
+                    _SECOND,
+                    text[start:end][:RAW_PREFIX_CHARS],
+                    "ambiguous_line_end",
+                )
+            )
         elif len(fields) != ncols:
-            out.bad.append(Bad(record_no, start_line, end_line, f"expected {ncols} fields, found {len(fields)}",
-                               text[start:end][:RAW_PREFIX_CHARS]))
+            out.bad.append(
+                Bad(
+                    record_no,
+                    start_line,
+                    end_line,
+                    f"expected {ncols} fields, found {len(fields)}",
+                    text[start:end][:RAW_PREFIX_CHARS],
+                )
+            )
         else:
             for col, value in zip(out.columns, fields):
                 col.append(value)
@@ -192,15 +241,31 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
             out.line.append(start_line)
             out.end_line.append(end_line)
         if odd:
-            out.held = _Held(good=not out.bad or out.bad[-1].index != record_no, start=start, line=start_line,
-                             end_line=end_line, record=record_no, line_end=term, before=out.line_end,
-                             blank_lines=blank, raw=text[start:end][:RAW_PREFIX_CHARS])
+            out.held = _Held(
+                good=not out.bad or out.bad[-1].index != record_no,
+                start=start,
+                line=start_line,
+                end_line=end_line,
+                record=record_no,
+                line_end=term,
+                before=out.line_end,
+                blank_lines=blank,
+                raw=text[start:end][:RAW_PREFIX_CHARS],
+            )
         out.line_end = term or out.line_end
         record_no += 1
-    if out is not None and out.held is not None and not final:  # decided by the next block: re-parse it
+    if (
+        out is not None and out.held is not None and not final
+    ):  # decided by the next block: re-parse it
         held, out.held = out.held, None
         _drop_last(out, held)
-        pos, line, record_no, blank, out.line_end = held.start, held.line, held.record, held.blank_lines, held.before
+        pos, line, record_no, blank, out.line_end = (
+            held.start,
+            held.line,
+            held.record,
+            held.blank_lines,
+            held.before,
+        )
     if out is None:
         out = Records(header=[], header_line=0, columns=[])
     out.blank_lines = blank
@@ -215,15 +280,17 @@ def split_records(text: str, delimiter: str, *, final: bool = True, after: Recor
 
 
 _NAMES = {"\n": "LF", "\r\n": "CRLF"}
-_SECOND = ("follows a line end unlike those around it: it may be the rest of the review before it, "
-           "written without quotes")
+_SECOND = (
+    "follows a line end unlike those around it: it may be the rest of the review before it, "
+    "written without quotes"
+)
 
 
 def _line_end(text: str, pos: int) -> str | None:
     """The line end of a record whose next record starts at ``pos`` (None at the end of the text)."""
-    if pos > len(text) or text[pos - 1:pos] != "\n":
+    if pos > len(text) or text[pos - 1 : pos] != "\n":
         return None
-    return "\r\n" if text[pos - 2:pos - 1] == "\r" else "\n"
+    return "\r\n" if text[pos - 2 : pos - 1] == "\r" else "\n"
 
 
 def _drop_last(out: Records, held: _Held) -> None:
@@ -243,27 +310,38 @@ def _ambiguous(out: Records, held: _Held) -> None:
     if not held.good and out.bad[-1].reason == "header_row":
         return
     _drop_last(out, held)
-    out.bad.append(Bad(held.record, held.line, held.end_line,
-                       f"ends with {_NAMES[held.line_end]} between lines ending with {_NAMES[held.before]}: "
-                       "the line break may be inside a review written without quotes", held.raw,
-                       "ambiguous_line_end"))
+    out.bad.append(
+        Bad(
+            held.record,
+            held.line,
+            held.end_line,
+            f"ends with {_NAMES[held.line_end]} between lines ending with {_NAMES[held.before]}: "
+            "the line break may be inside a review written without quotes",
+            held.raw,
+            "ambiguous_line_end",
+        )
+    )
 
 
 def _header_key(fields: list[str]) -> list[str]:
     return [f.replace("\ufeff", "").strip().casefold() for f in fields]
 
 
-def _parse_record(text: str, pos: int, delimiter: str,
-                  match) -> tuple[list[str], int, int, str | None, bool, bool]:
+def _parse_record(
+    text: str, pos: int, delimiter: str, match
+) -> tuple[list[str], int, int, str | None, bool, bool]:
     """One record with quotes in it: (fields, end of its content, next position, problem, last field quoted,
-    open end: the outcome depends on the end of ``text``, so more text could change it)."""
+    open end: the outcome depends on the end of ``text``, so more text could change it).
+    """
     fields: list[str] = []
     while True:
         m = match(text, pos)
         quoted, plain = m.group(1), m.group(2)
         end = m.end()
-        fields.append(plain if quoted is None else quoted.replace('""', '"') if '"' in quoted else quoted)
-        c = text[end:end + 1]
+        fields.append(
+            plain if quoted is None else quoted.replace('""', '"') if '"' in quoted else quoted
+        )
+        c = text[end : end + 1]
         if c == delimiter:
             pos = end + 1
             continue
@@ -271,16 +349,20 @@ def _parse_record(text: str, pos: int, delimiter: str,
             if quoted is None and plain.endswith("\r"):
                 fields[-1] = plain[:-1]
             return fields, end, end + 1, None, quoted is not None, c == ""
-        if c == "\r" and text[end + 1:end + 2] in ("\n", ""):
+        if c == "\r" and text[end + 1 : end + 2] in ("\n", ""):
             return fields, end, end + 2, None, quoted is not None, end + 2 > len(text)
         k = len(fields)
         if quoted is None and plain == "":
             problem = f"field {k} opens a quote that is never closed"
         elif quoted is None:
-            problem = f"a quote inside unquoted field {k} (quote the whole field, doubling inner quotes)"
+            problem = (
+                f"a quote inside unquoted field {k} (quote the whole field, doubling inner quotes)"
+            )
         else:
-            problem = (f"text after the closing quote of field {k} (an undoubled quote inside a quoted field, "
-                       "or a stray quote)")
+            problem = (
+                f"text after the closing quote of field {k} (an undoubled quote inside a quoted field, "
+                "or a stray quote)"
+            )
         # A quote after a quoted field, or a field opening a quote, means the quoted pattern found no closing
         # quote (it only backtracks after scanning to the end of the text): more text may close it.
         return fields, end, end, problem, False, c == '"' and (quoted is not None or plain == "")
@@ -290,8 +372,12 @@ def _check_accounting(r: Records) -> None:
     """Every physical line is the header, part of a record, a bad record's line, or blank."""
     if not r.header:
         return
-    used = (r.header_end_line - r.header_line + 1 if r.header_line >= r.first_line else 0) + r.blank_lines
+    used = (
+        r.header_end_line - r.header_line + 1 if r.header_line >= r.first_line else 0
+    ) + r.blank_lines
     used += sum(r.end_line) - sum(r.line) + len(r.line)
     used += sum(b.end_line - b.line + 1 for b in r.bad)
     if used != r.physical_lines:
-        raise AssertionError(f"line accounting broken: {used} lines accounted, {r.physical_lines} in the text")
+        raise AssertionError(
+            f"line accounting broken: {used} lines accounted, {r.physical_lines} in the text"
+        )

@@ -50,7 +50,9 @@ def f1_per_class(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np
 
     if num_classes == 0:
         return np.zeros(0)
-    return f1_score(y_true, y_pred, labels=list(range(num_classes)), average=None, zero_division=0.0)
+    return f1_score(
+        y_true, y_pred, labels=list(range(num_classes)), average=None, zero_division=0.0
+    )
 
 
 def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
@@ -68,22 +70,28 @@ def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(f1_score(y_true, y_pred, labels=present, average="macro", zero_division=0.0))
 
 
-def majority_scores(train_labels: Sequence[str], y_true: Sequence[str], labels: Sequence[str]) -> dict:
+def majority_scores(
+    train_labels: Sequence[str], y_true: Sequence[str], labels: Sequence[str]
+) -> dict:
     """Always answering the most frequent *training* class: the floor any model must clear."""
     values, counts = np.unique(np.asarray(list(train_labels), dtype=object), return_counts=True)
     majority = str(values[int(np.argmax(counts))]) if len(values) else labels[0]
     return {**scores(y_true, [majority] * len(y_true), labels), "majority_class": majority}
 
 
-def map_labels(raw: Sequence[str | None], mapping: dict[str, str] | None, labels: Sequence[str],
-               where: str) -> list[str]:
+def map_labels(
+    raw: Sequence[str | None], mapping: dict[str, str] | None, labels: Sequence[str], where: str
+) -> list[str]:
     """Raw labels of a labelled file -> the model's label names; refuses (naming them) labels it cannot predict.
 
-    A label already in ``labels`` stays; otherwise ``mapping`` over the default one (1/-1/0 and names; exact, then lower-case, then as a number:
-    ``1.0`` == ``1``) decides. Nothing is dropped: one unknown label refuses the whole file, because a
-    score on a silently shrunk set is a different benchmark.
+    A label already in ``labels`` stays; otherwise ``mapping`` over the default one (1/-1/0 and
+    names; exact, then lower-case, then as a number: ``1.0`` == ``1``) decides.
+    Nothing is dropped: one unknown label refuses the whole file, because a score on a silently
+    shrunk set is a different benchmark.
     """
-    defaults = {k: v for k, v in DEFAULT_LABEL_MAPPING.items() if v in labels}  # 1/-1/0 only where they fit
+    defaults = {
+        k: v for k, v in DEFAULT_LABEL_MAPPING.items() if v in labels
+    }  # 1/-1/0 only where they fit
     try:
         label_set = LabelSet(tuple(labels), {**defaults, **(mapping or {})})
     except LabelError as err:
@@ -97,10 +105,13 @@ def map_labels(raw: Sequence[str | None], mapping: dict[str, str] | None, labels
             continue
         out.append(name)
     if unknown:
-        shown = ", ".join(f"{k!r} ({n} rows)" for k, n in sorted(unknown.items(), key=lambda kv: -kv[1])[:10])
+        shown = ", ".join(
+            f"{k!r} ({n} rows)" for k, n in sorted(unknown.items(), key=lambda kv: -kv[1])[:10]
+        )
         raise LabelSetMismatch(
             f"{where}: labels {shown} do not match the model's label set {list(labels)}; map them with "
-            "--label-mapping '{\"raw\": \"Class\", ...}' (or score a model trained on these labels)")
+            '--label-mapping \'{"raw": "Class", ...}\' (or score a model trained on these labels)'
+        )
     return out
 
 
@@ -108,11 +119,21 @@ def format_report(result: dict) -> str:
     """Accuracy, macro-F1, per-class F1 and the confusion matrix as plain text."""
     labels = result["labels"]
     width = max(8, *(len(n) for n in labels))
-    lines = [f"samples   {result['samples']}", f"accuracy  {result['accuracy']:.4f}",
-             f"macro-F1  {result['macro_f1']:.4f}", "", "F1 per class"]
+    lines = [
+        f"samples   {result['samples']}",
+        f"accuracy  {result['accuracy']:.4f}",
+        f"macro-F1  {result['macro_f1']:.4f}",
+        "",
+        "F1 per class",
+    ]
     lines += [f"  {n:<{width}} {result['f1_per_class'][n]:.4f}" for n in labels]
-    lines += ["", "confusion matrix (rows: true, columns: predicted)",
-              " " * (width + 2) + " ".join(f"{n[:width]:>{width}}" for n in labels)]
-    lines += [f"  {n:<{width}}" + " ".join(f"{c:>{width}}" for c in row)
-              for n, row in zip(labels, result["confusion_matrix"])]
+    lines += [
+        "",
+        "confusion matrix (rows: true, columns: predicted)",
+        " " * (width + 2) + " ".join(f"{n[:width]:>{width}}" for n in labels),
+    ]
+    lines += [
+        f"  {n:<{width}}" + " ".join(f"{c:>{width}}" for c in row)
+        for n, row in zip(labels, result["confusion_matrix"])
+    ]
     return "\n".join(lines)

@@ -46,11 +46,23 @@ DEFAULT_LABEL_MAPPING: dict[str, str] = {
 
 # Known sentiment classes (keys of label_values.SYNONYMS), most negative first; a text label set made
 # only of these is ordered by it.
-POLARITY_ORDER: tuple[str, ...] = ("very negative", "negative", "mixed", "neutral", "positive", "very positive")
+POLARITY_ORDER: tuple[str, ...] = (
+    "very negative",
+    "negative",
+    "mixed",
+    "neutral",
+    "positive",
+    "very positive",
+)
 STAR_NAMES: tuple[str, ...] = ("1 star", "2 stars", "3 stars", "4 stars", "5 stars")
 # The documented one-flag mapping of star ratings to three sentiment classes (README, "Star ratings").
-STARS_TO_SENTIMENT: dict[str, str] = {"1": "Negative", "2": "Negative", "3": "Neutral", "4": "Positive",
-                                      "5": "Positive"}
+STARS_TO_SENTIMENT: dict[str, str] = {
+    "1": "Negative",
+    "2": "Negative",
+    "3": "Neutral",
+    "4": "Positive",
+    "5": "Positive",
+}
 
 LABELS_FLAG = "--labels"
 MAPPING_FLAG = "--label-mapping"
@@ -99,22 +111,28 @@ class LabelSet:
         keys = [label_key(n) for n in names]
         dupes = [n for n, k in zip(names, keys) if keys.count(k) > 1]
         if dupes:
-            raise LabelError(f"ambiguous class names: {shown(dupes)} are one class once case, spacing, "
-                             f"Unicode form and known synonyms are merged; give {LABELS_FLAG} one name per "
-                             f"class (and {MAPPING_FLAG} RAW=NAME for spellings that mean another class)")
+            raise LabelError(
+                f"ambiguous class names: {shown(dupes)} are one class once case, spacing, "
+                f"Unicode form and known synonyms are merged; give {LABELS_FLAG} one name per "
+                f"class (and {MAPPING_FLAG} RAW=NAME for spellings that mean another class)"
+            )
         by_key = dict(zip(keys, names))
         mapping = {}
         for k, v in self.mapping.items():
             key, target = label_key(k), by_key.get(label_key(v), _name(v))
             if mapping.get(key, target) != target:
-                raise LabelError(f"ambiguous {MAPPING_FLAG}: {k!r} is the same label value as another "
-                                 f"entry once case, spacing, Unicode form and synonyms are merged, mapped "
-                                 f"to both {mapping[key]!r} and {target!r}; keep one of them")
+                raise LabelError(
+                    f"ambiguous {MAPPING_FLAG}: {k!r} is the same label value as another "
+                    f"entry once case, spacing, Unicode form and synonyms are merged, mapped "
+                    f"to both {mapping[key]!r} and {target!r}; keep one of them"
+                )
             mapping[key] = target
         unknown = sorted({v for v in mapping.values() if v not in names})
         if unknown:
-            raise LabelError(f"the label mapping maps to {unknown}, which are not among the labels {list(names)}; "
-                             f"add them to {LABELS_FLAG} or fix {MAPPING_FLAG}")
+            raise LabelError(
+                f"the label mapping maps to {unknown}, which are not among the labels {list(names)}; "
+                f"add them to {LABELS_FLAG} or fix {MAPPING_FLAG}"
+            )
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "mapping", dict(sorted(mapping.items())))
 
@@ -171,14 +189,16 @@ STARS_LABEL_SET = LabelSet(STAR_NAMES, {str(i): name for i, name in enumerate(ST
 
 def labels_from_metadata(metadata: Mapping[str, object] | None) -> LabelSet:
     """The label set a publication (``raw_reviews`` and what is built from it) records in its metadata;
-    the seed's classes for publications made before label sets."""
+    the seed's classes for publications made before label sets.
+    """
     labels = (metadata or {}).get("labels")
     return LabelSet.from_dict(labels) if labels else DEFAULT_LABEL_SET  # type: ignore[arg-type]
 
 
 def _distinct(values: Iterable[str | None]) -> dict[str, str]:
     """Normalized value -> first spelling (NFC, whitespace collapsed), in order of first appearance;
-    missing-value markers left out."""
+    missing-value markers left out.
+    """
     seen: dict[str, str] = {}
     for v in values:
         if is_missing(v):
@@ -201,8 +221,10 @@ def spellings(values: Iterable[str | None]) -> dict[str, list[str]]:
 
 def _flag_hint(found: list[str]) -> str:
     if len(found) == 2:
-        return (f"pass the class names and the mapping, e.g. {LABELS_FLAG} Negative,Positive "
-                f"{MAPPING_FLAG} {found[0]}=Negative,{found[1]}=Positive")
+        return (
+            f"pass the class names and the mapping, e.g. {LABELS_FLAG} Negative,Positive "
+            f"{MAPPING_FLAG} {found[0]}=Negative,{found[1]}=Positive"
+        )
     example = ",".join(f"{v}=<name>" for v in found[:6])
     return f"pass the class names and the mapping, e.g. {LABELS_FLAG} <name>,<name>,... {MAPPING_FLAG} {example}"
 
@@ -218,7 +240,9 @@ def infer_label_set(values: Iterable[str | None]) -> LabelSet:
     words = [k for k in found if not _is_number(k)]
     shown = sorted(found, key=lambda k: (not _is_number(k), float(k) if _is_number(k) else 0.0, k))
     if numbers and words:
-        raise LabelError(f"ambiguous labels: the values found mix numbers and words ({shown}); {_flag_hint(shown)}")
+        raise LabelError(
+            f"ambiguous labels: the values found mix numbers and words ({shown}); {_flag_hint(shown)}"
+        )
     if numbers:
         present = set(numbers)
         if present == {"-1", "0", "1"}:
@@ -227,13 +251,19 @@ def infer_label_set(values: Iterable[str | None]) -> LabelSet:
             return BINARY_LABEL_SET
         if present <= {"1", "2", "3", "4", "5"} and max(int(k) for k in present) >= 3:
             return STARS_LABEL_SET
-        raise LabelError(f"ambiguous labels: the values found are {shown}; only -1/0/1 and 1..5 star ratings "
-                         f"have a known meaning (-1/0/1 together, -1/1 or 1..5; is 0 negative or positive?); "
-                         f"{_flag_hint(shown)}")
+        raise LabelError(
+            f"ambiguous labels: the values found are {shown}; only -1/0/1 and 1..5 star ratings "
+            f"have a known meaning (-1/0/1 together, -1/1 or 1..5; is 0 negative or positive?); "
+            f"{_flag_hint(shown)}"
+        )
     if len(words) < 2:
-        raise LabelError(f"only one label value found ({[seen[k] for k in words]}): a classifier needs at "
-                         f"least two classes (spellings of one class count once: {spellings(values)})")
-    if all(k in POLARITY_ORDER for k in words):  # known names, capitalized: "Negative", "Very positive"
+        raise LabelError(
+            f"only one label value found ({[seen[k] for k in words]}): a classifier needs at "
+            f"least two classes (spellings of one class count once: {spellings(values)})"
+        )
+    if all(
+        k in POLARITY_ORDER for k in words
+    ):  # known names, capitalized: "Negative", "Very positive"
         return LabelSet(tuple(k.capitalize() for k in sorted(words, key=POLARITY_ORDER.index)))
     return LabelSet(tuple(seen[k] for k in sorted(words)))
 
@@ -242,13 +272,16 @@ def parse_labels_flag(text: str) -> tuple[str, ...]:
     """``"Negative,Positive"`` -> ``("Negative", "Positive")``."""
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if not names:
-        raise LabelError(f"{LABELS_FLAG} needs comma-separated class names, e.g. {LABELS_FLAG} Negative,Positive")
+        raise LabelError(
+            f"{LABELS_FLAG} needs comma-separated class names, e.g. {LABELS_FLAG} Negative,Positive"
+        )
     return names
 
 
 def parse_mapping_flag(text: str) -> dict[str, str]:
     """``"0=Negative,1=Positive"`` -> ``{"0": "Negative", "1": "Positive"}``; ``stars-to-sentiment`` is
-    :data:`STARS_TO_SENTIMENT`."""
+    :data:`STARS_TO_SENTIMENT`.
+    """
     if text.strip() == "stars-to-sentiment":
         return dict(STARS_TO_SENTIMENT)
     mapping: dict[str, str] = {}
@@ -256,17 +289,26 @@ def parse_mapping_flag(text: str) -> dict[str, str]:
     for item in (p for p in text.split(",") if p.strip()):
         raw, sep, name = item.partition("=")
         if not sep or not raw.strip() or not name.strip():
-            raise LabelError(f"{MAPPING_FLAG}: {item!r} is not RAW=NAME (e.g. {MAPPING_FLAG} 0=Negative,1=Positive)")
+            raise LabelError(
+                f"{MAPPING_FLAG}: {item!r} is not RAW=NAME (e.g. {MAPPING_FLAG} 0=Negative,1=Positive)"
+            )
         key = normalize_value(raw)
         if key in mapping and label_key(mapping[key]) != label_key(name):
-            same = (f"{raw.strip()!r} is mapped twice" if spelled[key] == raw.strip() else
-                    f"{shown([spelled[key], raw.strip()])} are one label value (case, spacing, Unicode "
-                    "form and known synonyms are merged), mapped")
-            raise LabelError(f"{MAPPING_FLAG}: {same} to {mapping[key]!r} and {name.strip()!r}; keep one")
+            same = (
+                f"{raw.strip()!r} is mapped twice"
+                if spelled[key] == raw.strip()
+                else f"{shown([spelled[key], raw.strip()])} are one label value (case, spacing, Unicode "
+                "form and known synonyms are merged), mapped"
+            )
+            raise LabelError(
+                f"{MAPPING_FLAG}: {same} to {mapping[key]!r} and {name.strip()!r}; keep one"
+            )
         mapping[key] = name.strip()
         spelled.setdefault(key, raw.strip())
     if not mapping:
-        raise LabelError(f"{MAPPING_FLAG} needs RAW=NAME pairs, e.g. {MAPPING_FLAG} 0=Negative,1=Positive")
+        raise LabelError(
+            f"{MAPPING_FLAG} needs RAW=NAME pairs, e.g. {MAPPING_FLAG} 0=Negative,1=Positive"
+        )
     return mapping
 
 
@@ -280,8 +322,11 @@ def _names_from_mapping(mapping: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(by_key.values())
 
 
-def resolve_label_set(values: Iterable[str | None], labels: Iterable[str] | None = None,
-                      mapping: Mapping[str, str] | None = None) -> LabelSet:
+def resolve_label_set(
+    values: Iterable[str | None],
+    labels: Iterable[str] | None = None,
+    mapping: Mapping[str, str] | None = None,
+) -> LabelSet:
     """The label set of a source: explicit names and/or mapping, else inferred; every class must occur.
 
     Raw values that map to no class are not an error here: validation quarantines those rows
@@ -302,13 +347,19 @@ def resolve_label_set(values: Iterable[str | None], labels: Iterable[str] | None
     if missing:
         found = shown(list(_distinct(values).values())[:20])
         what = f"no review in the source has the class{'es' if len(missing) > 1 else ''} {missing}"
-        if labels is None and mapping is None:  # the user passed nothing: speak of what was inferred
-            raise LabelError(f"{what} of the label set inferred from the values found ({found}): "
-                             f"{label_set.describe()}; {_flag_hint(sorted(_distinct(values)))}")
+        if (
+            labels is None and mapping is None
+        ):  # the user passed nothing: speak of what was inferred
+            raise LabelError(
+                f"{what} of the label set inferred from the values found ({found}): "
+                f"{label_set.describe()}; {_flag_hint(sorted(_distinct(values)))}"
+            )
         if labels is not None and len(missing) == len(label_set.names):
             keys = sorted(_distinct(values))
-            fix = (f"none of them is a class of {LABELS_FLAG} {','.join(labels)}; map them with "
-                   f"{MAPPING_FLAG} " + ",".join(f"{k}=<name>" for k in keys[:6]))
+            fix = (
+                f"none of them is a class of {LABELS_FLAG} {','.join(labels)}; map them with "
+                f"{MAPPING_FLAG} " + ",".join(f"{k}=<name>" for k in keys[:6])
+            )
         elif labels is not None:
             fix = f"drop {missing} from {LABELS_FLAG} {','.join(labels)}"
             fix += f", or fix {MAPPING_FLAG}" if mapping else ""
@@ -320,19 +371,24 @@ def resolve_label_set(values: Iterable[str | None], labels: Iterable[str] | None
 
 def label_notes(values: Iterable[str | None], label_set: LabelSet) -> list[str]:
     """What registration read into the label values, said in its output: the binary -1/1 rule, merged
-    spellings of one class, missing-value markers (their rows go to quarantine as ``missing_label``)."""
+    spellings of one class, missing-value markers (their rows go to quarantine as ``missing_label``).
+    """
     values = list(values)
     notes = []
     if label_set == BINARY_LABEL_SET:
         notes.append("values -1/1 only: a binary set, -1=Negative, 1=Positive")
     for key, found in spellings(values).items():
         if len(found) > 1:
-            notes.append(f"spellings merged into {label_set.map(found[0]) or key}: {', '.join(shown(found))}")
+            notes.append(
+                f"spellings merged into {label_set.map(found[0]) or key}: {', '.join(shown(found))}"
+            )
     markers = [v for v in values if v is not None and is_missing(v)]
     if markers or None in values:
         kinds = sorted({repr(_name(v)) for v in markers})[:8]
-        notes.append(f"{len(markers) + values.count(None)} rows without a label"
-                     f"{' (' + ', '.join(kinds) + ')' if kinds else ''}: quarantined as missing_label")
+        notes.append(
+            f"{len(markers) + values.count(None)} rows without a label"
+            f"{' (' + ', '.join(kinds) + ')' if kinds else ''}: quarantined as missing_label"
+        )
     return notes
 
 
@@ -350,17 +406,24 @@ def registered_model_name(base: str, labels: LabelSet) -> str:
     if {n.casefold() for n in names} == {n.casefold() for n in LABELS}:
         return base
     slug = "-".join(re.sub(r"[^a-z0-9]+", "_", n.casefold()).strip("_") or "_" for n in names)
-    exact = all(re.fullmatch(r"[A-Za-z0-9]+( [A-Za-z0-9]+)*", n) for n in names)  # slug maps back uniquely
+    exact = all(
+        re.fullmatch(r"[A-Za-z0-9]+( [A-Za-z0-9]+)*", n) for n in names
+    )  # slug maps back uniquely
     if not exact or len(slug) > 80:
         digest = hashlib.sha256("\x00".join(n.casefold() for n in names).encode()).hexdigest()[:8]
         slug = f"{slug[:80]}-{digest}"
     return f"{base}-{slug}"
 
 
-def label_set_of_source(spec, labels: Iterable[str] | None = None, mapping: Mapping[str, str] | None = None,
-                        notes: list[str] | None = None) -> LabelSet:
+def label_set_of_source(
+    spec,
+    labels: Iterable[str] | None = None,
+    mapping: Mapping[str, str] | None = None,
+    notes: list[str] | None = None,
+) -> LabelSet:
     """Read a source's label column and resolve its label set (what registration records); ``notes``
-    receives :func:`label_notes` (the CLI prints them). Rows the reader could not parse are left out."""
+    receives :func:`label_notes` (the CLI prints them). Rows the reader could not parse are left out.
+    """
     import pyarrow.compute as pc
 
     from finetune_assets.data.sources import iter_source
@@ -374,7 +437,9 @@ def label_set_of_source(spec, labels: Iterable[str] | None = None, mapping: Mapp
     return label_set
 
 
-MANIFEST = "_labels.json"  # beside the data in a landing folder drop; "_" files are never read as data
+MANIFEST = (
+    "_labels.json"  # beside the data in a landing folder drop; "_" files are never read as data
+)
 
 
 def read_manifest(folder_uri: str) -> LabelSet | None:
@@ -394,10 +459,13 @@ def read_manifest(folder_uri: str) -> LabelSet | None:
         names, mapping = obj.get("labels"), obj.get("label_mapping")
         if (names is None and mapping is None) or set(obj) - {"labels", "label_mapping"}:
             raise ValueError('expected {"labels": [...], "label_mapping": {...}}')
-        if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        if names is not None and not (
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+        ):
             raise ValueError('"labels" must be a list of class names')
-        if mapping is not None and not (isinstance(mapping, dict)
-                                        and all(isinstance(v, str) for v in mapping.values())):
+        if mapping is not None and not (
+            isinstance(mapping, dict) and all(isinstance(v, str) for v in mapping.values())
+        ):
             raise ValueError('"label_mapping" must map raw values to class names')
     except (ValueError, AttributeError) as err:
         raise LabelError(f"{folder_uri}/{MANIFEST}: {err}") from err

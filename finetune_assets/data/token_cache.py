@@ -48,8 +48,15 @@ INDEX_DIR = "index"
 INDEX_FORMAT = 1
 # Index columns, stored one after the other (``hi`` is what binary searches read, contiguous):
 # key halves as little-endian uint64 (sort order: hi, then lo), segment number (into the JSON's list), row.
-_COLUMNS = (("hi", np.dtype("<u8")), ("lo", np.dtype("<u8")), ("seg", np.dtype("<u4")), ("row", np.dtype("<u4")))
-MERGE_CHUNK_ROWS = 1 << 19  # index entries merged at a time (about 12 MB of columns, 50 MB while sorting)
+_COLUMNS = (
+    ("hi", np.dtype("<u8")),
+    ("lo", np.dtype("<u8")),
+    ("seg", np.dtype("<u4")),
+    ("row", np.dtype("<u4")),
+)
+MERGE_CHUNK_ROWS = (
+    1 << 19
+)  # index entries merged at a time (about 12 MB of columns, 50 MB while sorting)
 
 
 def text_keys(texts: list[str]) -> np.ndarray:
@@ -89,18 +96,23 @@ class _Run:
         return len(self.hi)
 
     @classmethod
-    def of_segment(cls, keys: np.ndarray, seg: int) -> "_Run":
+    def of_segment(cls, keys: np.ndarray, seg: int) -> _Run:
         hi, lo = _halves(keys)
         order = np.lexsort((lo, hi))
-        return cls(hi[order], lo[order], np.full(len(order), seg, np.uint32), order.astype(np.uint32))
+        return cls(
+            hi[order], lo[order], np.full(len(order), seg, np.uint32), order.astype(np.uint32)
+        )
 
     def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
         """Position of each (hi, lo) in the run, -1 where absent: one binary search each (a memory-mapped run
-        reads only the pages the searches touch)."""
+        reads only the pages the searches touch).
+        """
         n = len(self.hi)
         if n == 0 or len(hi) == 0:
             return np.full(len(hi), -1, np.int64)
-        order = np.argsort(hi)  # sorted probes walk the run's pages in order (10x fewer cache misses)
+        order = np.argsort(
+            hi
+        )  # sorted probes walk the run's pages in order (10x fewer cache misses)
         pos = np.empty(len(hi), np.int64)
         pos[order] = np.searchsorted(self.hi, hi[order])
         inside = pos < n
@@ -129,8 +141,11 @@ def _columns(path: str, rows: int, mode: str = "r") -> dict[str, np.ndarray]:
     """An index file's columns, memory-mapped (file pages: nothing is read until searched)."""
     columns, offset = {}, 0
     for column, dtype in _COLUMNS:
-        columns[column] = (np.memmap(path, dtype=dtype, mode=mode, offset=offset, shape=(rows,)) if rows
-                           else np.empty(0, dtype))
+        columns[column] = (
+            np.memmap(path, dtype=dtype, mode=mode, offset=offset, shape=(rows,))
+            if rows
+            else np.empty(0, dtype)
+        )
         offset += rows * dtype.itemsize
     return columns
 
@@ -144,8 +159,12 @@ class TokenCache:
         self.url = url.rstrip("/")
         self.fs, self.path = fsspec.core.url_to_fs(self.url)
         self.local = isinstance(self.fs, fsspec.implementations.local.LocalFileSystem)
-        self._downloads: dict[str, str] = {}  # remote index name -> a local copy (one download per process)
-        self._scratch: tempfile.TemporaryDirectory | None = None  # where those copies live (removed with self)
+        self._downloads: dict[
+            str, str
+        ] = {}  # remote index name -> a local copy (one download per process)
+        self._scratch: tempfile.TemporaryDirectory | None = (
+            None  # where those copies live (removed with self)
+        )
 
     def _segments(self) -> list[str]:
         try:
@@ -173,15 +192,22 @@ class TokenCache:
             try:
                 with self.fs.open(n, "r") as f:
                     meta = json.load(f)
-            except (FileNotFoundError, ValueError):  # deleted meanwhile by a compaction that superseded it
+            except (
+                FileNotFoundError,
+                ValueError,
+            ):  # deleted meanwhile by a compaction that superseded it
                 continue
             if meta.get("format") == INDEX_FORMAT:
-                found.append(_Index(Path(n).name[: -len(".json")], meta["segments"], int(meta["rows"])))
+                found.append(
+                    _Index(Path(n).name[: -len(".json")], meta["segments"], int(meta["rows"]))
+                )
         return found
 
     def _best_index(self, segments: list[str]) -> _Index | None:
         present = set(segments)
-        indexes = [i for i in self._indexes() if set(i.segments) <= present]  # every segment it names exists
+        indexes = [
+            i for i in self._indexes() if set(i.segments) <= present
+        ]  # every segment it names exists
         return max(indexes, key=lambda i: (i.rows, i.name), default=None)
 
     def _index_run(self, index: _Index) -> _Run:
@@ -198,7 +224,8 @@ class TokenCache:
 
     def _runs(self) -> tuple[list[str], list[_Run], list[str]]:
         """(segment names, runs to search in order, segments searched one by one): the largest index, then
-        every segment it does not list. An index deleted between listing and opening: look again once."""
+        every segment it does not list. An index deleted between listing and opening: look again once.
+        """
         for attempt in range(2):
             segments = self._segments()
             index = self._best_index(segments)
@@ -229,7 +256,9 @@ class TokenCache:
         if len(keys) == 0:
             return empty
         hi, lo = _halves(keys)
-        seg_of = np.full(len(keys), -1, np.int64)  # looked-up row -> segment number (into ``names``)
+        seg_of = np.full(
+            len(keys), -1, np.int64
+        )  # looked-up row -> segment number (into ``names``)
         row_of = np.zeros(len(keys), np.int64)
         names, runs, loose = self._runs()
 
@@ -251,7 +280,9 @@ class TokenCache:
                 search(run)
         rows, ids, full = [], [], []
         hit = np.flatnonzero(seg_of >= 0)
-        hit = hit[np.lexsort((row_of[hit], seg_of[hit]))]  # by segment, then row: each segment read once, in order
+        hit = hit[
+            np.lexsort((row_of[hit], seg_of[hit]))
+        ]  # by segment, then row: each segment read once, in order
         segs, starts = np.unique(seg_of[hit], return_index=True)
         for seg, target in zip(segs, np.split(hit, starts[1:])):
             try:
@@ -260,11 +291,25 @@ class TokenCache:
                 continue
         if not rows:
             return empty
-        return Hits(np.concatenate(rows).astype(np.int64), pa.concat_arrays(ids), np.concatenate(full).astype(np.int32))
+        return Hits(
+            np.concatenate(rows).astype(np.int64),
+            pa.concat_arrays(ids),
+            np.concatenate(full).astype(np.int32),
+        )
 
-    def _read_rows(self, name: str, seg_rows: np.ndarray, target: np.ndarray, list_type: pa.DataType,
-                   rows: list, ids: list, full: list) -> None:
-        """Rows ``seg_rows`` (ascending) of a segment, for looked-up rows ``target``, one decompressed batch at a time."""
+    def _read_rows(
+        self,
+        name: str,
+        seg_rows: np.ndarray,
+        target: np.ndarray,
+        list_type: pa.DataType,
+        rows: list,
+        ids: list,
+        full: list,
+    ) -> None:
+        """Rows ``seg_rows`` (ascending) of a segment, for looked-up rows ``target``, one decompressed
+        batch at a time.
+        """
         got_rows, got_ids, got_full = [], [], []
         with self.fs.open(self._seg_url(name, ".arrow"), "rb") as f:
             reader = pa.ipc.open_file(f)
@@ -286,10 +331,15 @@ class TokenCache:
     def compact(self, chunk_rows: int = MERGE_CHUNK_ROWS) -> dict:
         """Merge the segments no index lists into a new index (with the largest one's entries), publish it and
         drop the indexes it supersedes. Bounded memory: the inputs are sorted runs on disk, merged a key range
-        at a time. Safe to run concurrently and to re-run. Returns counts for the asset's metadata."""
+        at a time. Safe to run concurrently and to re-run. Returns counts for the asset's metadata.
+        """
         names, runs, loose = self._runs()
         if not loose:
-            return {"index_rows": sum(len(r) for r in runs), "indexed_segments": len(names), "merged_segments": 0}
+            return {
+                "index_rows": sum(len(r) for r in runs),
+                "indexed_segments": len(names),
+                "merged_segments": 0,
+            }
         indexed = len(names)
         with tempfile.TemporaryDirectory(prefix="token-index-") as tmp:
             for name in loose:  # each new segment as a sorted run on local disk
@@ -304,13 +354,19 @@ class TokenCache:
             out = f"{tmp}/index.idx"
             merged = _open_output(out, total)
             chunks = max(1, math.ceil(total / chunk_rows))
-            bounds = [(k << 64) // chunks for k in range(chunks)]  # keys are hashes: equal hi ranges, equal sizes
+            bounds = [
+                (k << 64) // chunks for k in range(chunks)
+            ]  # keys are hashes: equal hi ranges, equal sizes
             at = 0
             for k, start in enumerate(bounds):
                 pieces = []
                 for run in runs:
                     a = int(np.searchsorted(run.hi, np.uint64(start)))
-                    b = int(np.searchsorted(run.hi, np.uint64(bounds[k + 1]))) if k + 1 < chunks else len(run)
+                    b = (
+                        int(np.searchsorted(run.hi, np.uint64(bounds[k + 1])))
+                        if k + 1 < chunks
+                        else len(run)
+                    )
                     if b > a:
                         pieces.append(_Run(run.hi[a:b], run.lo[a:b], run.seg[a:b], run.row[a:b]))
                 if not pieces:
@@ -319,11 +375,11 @@ class TokenCache:
                 lo = np.concatenate([p.lo for p in pieces])
                 order = np.lexsort((lo, hi))
                 m = len(order)
-                merged["hi"][at:at + m] = hi[order]
-                merged["lo"][at:at + m] = lo[order]
+                merged["hi"][at : at + m] = hi[order]
+                merged["lo"][at : at + m] = lo[order]
                 del hi, lo
-                merged["seg"][at:at + m] = np.concatenate([p.seg for p in pieces])[order]
-                merged["row"][at:at + m] = np.concatenate([p.row for p in pieces])[order]
+                merged["seg"][at : at + m] = np.concatenate([p.seg for p in pieces])[order]
+                merged["row"][at : at + m] = np.concatenate([p.row for p in pieces])[order]
                 at += m
             for column in merged.values():
                 column.flush()
@@ -334,17 +390,23 @@ class TokenCache:
 
             with writing(f"{self.url}/{INDEX_DIR}/{name}.idx") as target:
                 shutil.move(out, target)
-            write_bytes_atomic(f"{self.url}/{INDEX_DIR}/{name}.json",
-                               json.dumps({"format": INDEX_FORMAT, "rows": total, "segments": names}).encode())
+            write_bytes_atomic(
+                f"{self.url}/{INDEX_DIR}/{name}.json",
+                json.dumps({"format": INDEX_FORMAT, "rows": total, "segments": names}).encode(),
+            )
         listed = set(names)
         for old in self._indexes():  # superseded: every segment it lists is in the new one
             if old.name != name and set(old.segments) <= listed:
                 for suffix in (".json", ".idx"):  # the JSON first: no reader picks it any more
                     with contextlib.suppress(FileNotFoundError):
                         self.fs.rm(f"{self.path}/{INDEX_DIR}/{old.name}{suffix}")
-        return {"index_rows": total, "indexed_segments": len(names), "merged_segments": len(names) - indexed}
+        return {
+            "index_rows": total,
+            "indexed_segments": len(names),
+            "merged_segments": len(names) - indexed,
+        }
 
-    def segment(self) -> "SegmentWriter":
+    def segment(self) -> SegmentWriter:
         """Where a slice's newly tokenized rows go (a context manager: published on a clean exit)."""
         return SegmentWriter(self)
 
@@ -363,7 +425,8 @@ def _write_columns(path: str, run: _Run) -> None:
 
 class SegmentWriter:
     """One slice's newly tokenized rows, written batch by batch (a worker holds one batch of tokens, not the
-    slice's), published as one segment on a clean exit: the tokens, then the keys that make them visible."""
+    slice's), published as one segment on a clean exit: the tokens, then the keys that make them visible.
+    """
 
     def __init__(self, cache: TokenCache):
         self.cache = cache
@@ -377,19 +440,23 @@ class SegmentWriter:
         if len(ids) == 0:
             return
         keys = np.ascontiguousarray(keys, dtype=np.uint8)
-        batch = pa.record_batch({
-            "key": pa.FixedSizeBinaryArray.from_buffers(pa.binary(KEY_BYTES), len(ids),
-                                                        [None, pa.py_buffer(keys.tobytes())]),
-            "input_ids": ids,
-            "full_length": pa.array(np.asarray(full, dtype=np.int32)),
-        })
+        batch = pa.record_batch(
+            {
+                "key": pa.FixedSizeBinaryArray.from_buffers(
+                    pa.binary(KEY_BYTES), len(ids), [None, pa.py_buffer(keys.tobytes())]
+                ),
+                "input_ids": ids,
+                "full_length": pa.array(np.asarray(full, dtype=np.int32)),
+            }
+        )
         if self._writer is None:
-            self._writer = pa.ipc.new_file(self._tmp.name, batch.schema,
-                                           options=pa.ipc.IpcWriteOptions(compression="zstd"))
+            self._writer = pa.ipc.new_file(
+                self._tmp.name, batch.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")
+            )
         self._writer.write_batch(batch)
         self.keys.append(keys.tobytes())
 
-    def __enter__(self) -> "SegmentWriter":
+    def __enter__(self) -> SegmentWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

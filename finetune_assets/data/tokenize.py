@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.contracts import SPLITS
+from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.data.validate import split_column
 
 
@@ -27,9 +27,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
-def truncate_keeping_specials(ids: np.ndarray, special_mask: list[int], max_length: int) -> np.ndarray:
+def truncate_keeping_specials(
+    ids: np.ndarray, special_mask: list[int], max_length: int
+) -> np.ndarray:
     """Cut the text, not the model's own special tokens: leading specials (``[CLS]``, ``<s>``) + as much
-    text as fits + trailing specials (``[SEP]``, ``</s>``), whatever the tokenizer's post-processor added."""
+    text as fits + trailing specials (``[SEP]``, ``</s>``), whatever the tokenizer's post-processor added.
+    """
     if len(ids) <= max_length:
         return ids
     head = 0
@@ -40,8 +43,12 @@ def truncate_keeping_specials(ids: np.ndarray, special_mask: list[int], max_leng
         tail += 1
     keep = max_length - head - tail
     if keep < 1:
-        raise ValueError(f"max_length {max_length} leaves no room for text beside {head + tail} special tokens")
-    return np.concatenate([ids[: head + keep], ids[len(ids) - tail:]]) if tail else ids[: head + keep]
+        raise ValueError(
+            f"max_length {max_length} leaves no room for text beside {head + tail} special tokens"
+        )
+    return (
+        np.concatenate([ids[: head + keep], ids[len(ids) - tail :]]) if tail else ids[: head + keep]
+    )
 
 
 def tokenize_table(
@@ -64,14 +71,20 @@ def tokenize_table(
     batches = []
     for start in range(0, max(n, 1), batch_size):
         part = accepted.slice(start, batch_size)
-        ids, full = encode_texts(backend, texts[start:start + batch_size], max_length, dtype)
-        batches.append(token_batch(ids, full, label_ids(part.column("label"), labels), split_column(part), dtype))
+        ids, full = encode_texts(backend, texts[start : start + batch_size], max_length, dtype)
+        batches.append(
+            token_batch(
+                ids, full, label_ids(part.column("label"), labels), split_column(part), dtype
+            )
+        )
         if progress:
             progress(min(start + batch_size, n), n)
     return pa.Table.from_batches(batches)
 
 
-def encode_texts(backend, texts: list[str], max_length: int, dtype: np.dtype) -> tuple[pa.ListArray, np.ndarray]:
+def encode_texts(
+    backend, texts: list[str], max_length: int, dtype: np.dtype
+) -> tuple[pa.ListArray, np.ndarray]:
     """One fast-tokenizer batch: token ids truncated to ``max_length`` keeping specials, and each full length.
 
     ``encode_batch_fast`` (tokenizers >= 0.20) skips the character offsets nothing here uses. The ids go
@@ -82,7 +95,9 @@ def encode_texts(backend, texts: list[str], max_length: int, dtype: np.dtype) ->
     rows = [e.ids for e in encodings]
     full = np.fromiter(map(len, rows), dtype=np.int32, count=len(rows))
     for i in np.flatnonzero(full > max_length):
-        rows[i] = truncate_keeping_specials(np.asarray(rows[i]), encodings[i].special_tokens_mask, max_length)
+        rows[i] = truncate_keeping_specials(
+            np.asarray(rows[i]), encodings[i].special_tokens_mask, max_length
+        )
     lengths = np.minimum(full, max_length)
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -96,28 +111,37 @@ def label_ids(names: pa.Array | pa.ChunkedArray, labels: LabelSet) -> np.ndarray
     ids = pc.index_in(names, value_set=pa.array(list(labels.names), pa.string()))
     if ids.null_count:
         unknown = sorted(set(pc.filter(names, pc.is_null(ids)).to_pylist()), key=str)
-        raise ValueError(f"labels {unknown[:10]} are not classes of the version's label set {list(labels.names)}")
+        raise ValueError(
+            f"labels {unknown[:10]} are not classes of the version's label set {list(labels.names)}"
+        )
     return ids.to_numpy().astype(np.int8)
 
 
-SPLIT_DICTIONARY = pa.array(SPLITS, pa.string())  # one fixed dictionary: batches of one IPC file must share it
+SPLIT_DICTIONARY = pa.array(
+    SPLITS, pa.string()
+)  # one fixed dictionary: batches of one IPC file must share it
 
 
-def token_batch(ids: pa.ListArray, full_lengths, labels: np.ndarray, splits: pa.Array,
-                dtype: np.dtype) -> pa.RecordBatch:
+def token_batch(
+    ids: pa.ListArray, full_lengths, labels: np.ndarray, splits: pa.Array, dtype: np.dtype
+) -> pa.RecordBatch:
     """The tokenized rows' columns: input_ids (list of uint), length, full_length, label id, split (``splits``:
-    the plain strings :func:`~finetune_assets.data.validate.split_column` gives)."""
+    the plain strings :func:`~finetune_assets.data.validate.split_column` gives).
+    """
     ids = ids.cast(pa.list_(pa.from_numpy_dtype(dtype)))
     codes = pc.index_in(splits, value_set=SPLIT_DICTIONARY)
     if codes.null_count:
         raise ValueError(f"split values other than {list(SPLITS)}")
-    return pa.RecordBatch.from_arrays([
-        ids,
-        pc.list_value_length(ids).cast(pa.int32()),
-        pa.array(np.asarray(full_lengths, dtype=np.int32)),
-        pa.array(np.asarray(labels, dtype=np.int8)),
-        pa.DictionaryArray.from_arrays(codes.cast(pa.int8()), SPLIT_DICTIONARY),
-    ], names=["input_ids", "length", "full_length", "label", "split"])
+    return pa.RecordBatch.from_arrays(
+        [
+            ids,
+            pc.list_value_length(ids).cast(pa.int32()),
+            pa.array(np.asarray(full_lengths, dtype=np.int32)),
+            pa.array(np.asarray(labels, dtype=np.int8)),
+            pa.DictionaryArray.from_arrays(codes.cast(pa.int8()), SPLIT_DICTIONARY),
+        ],
+        names=["input_ids", "length", "full_length", "label", "split"],
+    )
 
 
 def length_histogram(full_lengths) -> np.ndarray:
@@ -144,7 +168,7 @@ def stats_from_histogram(hist: np.ndarray, max_length: int) -> dict[str, float]:
         "p50": pct(50),
         "p95": pct(95),
         "max": float(values[hist > 0].max()),
-        "truncated_share": round(float(hist[max_length + 1:].sum() / n), 4),
+        "truncated_share": round(float(hist[max_length + 1 :].sum() / n), 4),
     }
 
 

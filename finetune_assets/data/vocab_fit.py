@@ -38,14 +38,22 @@ class FitLimits:
     def problems(self, fit: VocabFit) -> list[str]:
         out = []
         if fit.unknown_rate > self.max_unknown_rate:
-            out.append(f"{fit.unknown_rate:.1%} of tokens are unknown (limit {self.max_unknown_rate:.1%})")
+            out.append(
+                f"{fit.unknown_rate:.1%} of tokens are unknown (limit {self.max_unknown_rate:.1%})"
+            )
         if fit.tokens_per_word > self.max_tokens_per_word:
-            out.append(f"{fit.tokens_per_word:.2f} tokens per word (limit {self.max_tokens_per_word:.2f})")
+            out.append(
+                f"{fit.tokens_per_word:.2f} tokens per word (limit {self.max_tokens_per_word:.2f})"
+            )
         if fit.single_char_share > self.max_single_char_share:
-            out.append(f"{fit.single_char_share:.1%} of words are split into single characters "
-                       f"(limit {self.max_single_char_share:.1%})")
+            out.append(
+                f"{fit.single_char_share:.1%} of words are split into single characters "
+                f"(limit {self.max_single_char_share:.1%})"
+            )
         if fit.truncated_share > self.max_truncated_share:
-            out.append(f"{fit.truncated_share:.1%} of reviews are truncated (limit {self.max_truncated_share:.1%})")
+            out.append(
+                f"{fit.truncated_share:.1%} of reviews are truncated (limit {self.max_truncated_share:.1%})"
+            )
         return out
 
 
@@ -57,19 +65,23 @@ def advice(problems: list[str], fit: VocabFit) -> str:
     if fit.unknown_rate > 0 or fit.single_char_share > 0 or fit.tokens_per_word > 1:
         vocab = [p for p in problems if "truncated" not in p]
         if vocab:
-            steps.append("use a base model whose vocabulary covers this language: set pretrained_model config "
-                         "`source` to a Hugging Face hub id or a local model folder (e.g. a multilingual or "
-                         "language-specific BERT), then re-materialize pretrained_model and this version")
+            steps.append(
+                "use a base model whose vocabulary covers this language: set pretrained_model config "
+                "`source` to a Hugging Face hub id or a local model folder (e.g. a multilingual or "
+                "language-specific BERT), then re-materialize pretrained_model and this version"
+            )
     if any("truncated" in p for p in problems):
-        steps.append("raise tokenized_reviews config `max_length` (up to the model's limit) or accept that long "
-                     "reviews are cut")
+        steps.append(
+            "raise tokenized_reviews config `max_length` (up to the model's limit) or accept that long "
+            "reviews are cut"
+        )
     return "; ".join(steps)
 
 
 def _piece_len(token: str) -> int:
     for mark in CONTINUATION_MARKS:
         if token.startswith(mark):
-            token = token[len(mark):]
+            token = token[len(mark) :]
             break
     return len(token)
 
@@ -82,7 +94,9 @@ def sample_texts(texts: Sequence[str], limit: int) -> list[str]:
     return [texts[int(i * step)] for i in range(limit)]
 
 
-def measure(texts: Sequence[str], tokenizer, truncated_share: float = 0.0, limit: int = 2000) -> VocabFit:
+def measure(
+    texts: Sequence[str], tokenizer, truncated_share: float = 0.0, limit: int = 2000
+) -> VocabFit:
     """Vocabulary fit of ``tokenizer`` (a fast tokenizer) on up to ``limit`` of ``texts``."""
     sample = sample_texts(texts, limit)
     unk = tokenizer.unk_token_id
@@ -107,8 +121,12 @@ def measure(texts: Sequence[str], tokenizer, truncated_share: float = 0.0, limit
             words += 1
             pieces += n
             single += n > 1 and n_single == n
-    return VocabFit(reviews=len(sample), words=words, tokens=tokens,
-                    unknown_rate=round(unknown / tokens, 4) if tokens else 0.0,
-                    tokens_per_word=round(pieces / words, 3) if words else 0.0,
-                    single_char_share=round(single / words, 4) if words else 0.0,
-                    truncated_share=float(truncated_share))
+    return VocabFit(
+        reviews=len(sample),
+        words=words,
+        tokens=tokens,
+        unknown_rate=round(unknown / tokens, 4) if tokens else 0.0,
+        tokens_per_word=round(pieces / words, 3) if words else 0.0,
+        single_char_share=round(single / words, 4) if words else 0.0,
+        truncated_share=float(truncated_share),
+    )

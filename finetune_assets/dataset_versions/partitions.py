@@ -18,6 +18,13 @@ dataset_versions = dg.DynamicPartitionsDefinition(name=DATASET_VERSIONS)
 # partitions_def, and Dagster 1.13 warns that partitioned check specs are in preview once per spec
 # site and process: two dozen identical lines per run. Known and accepted here; only that message,
 # from the two places that raise it, is silenced. Other preview/beta warnings still show.
-for _module in (r"finetune_assets\.checks", r"dagster\._core\.definitions\.decorators\.asset_check_decorator"):
-    warnings.filterwarnings("ignore", message=r"Specifying a partitions_def on an AssetCheckSpec is currently in preview",
-                            category=dg.PreviewWarning, module=_module)
+for _module in (
+    r"finetune_assets\.checks",
+    r"dagster\._core\.definitions\.decorators\.asset_check_decorator",
+):
+    warnings.filterwarnings(
+        "ignore",
+        message=r"Specifying a partitions_def on an AssetCheckSpec is currently in preview",
+        category=dg.PreviewWarning,
+        module=_module,
+    )

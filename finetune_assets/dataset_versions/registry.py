@@ -37,9 +37,13 @@ class VersionConflict(ValueError):
 class VersionRecord:
     key: str
     source: SourceSpec
-    fingerprint: str | None = None  # content hash of the source files at registration (sensor and CLI)
+    fingerprint: str | None = (
+        None  # content hash of the source files at registration (sensor and CLI)
+    )
     registered_at: float = 0.0
-    labels: dict | None = None  # LabelSet.to_dict(); None (records before label sets): the seed's classes
+    labels: dict | None = (
+        None  # LabelSet.to_dict(); None (records before label sets): the seed's classes
+    )
 
     @property
     def label_set(self) -> LabelSet | None:
@@ -54,22 +58,37 @@ def read_version(storage: Storage, key: str) -> VersionRecord | None:
     data = storage.read_json(record_url(storage, key))
     if data is None:
         return None
-    return VersionRecord(key=data["key"], source=SourceSpec(**data["source"]),
-                         fingerprint=data.get("fingerprint"), registered_at=data.get("registered_at", 0.0),
-                         labels=data.get("labels"))
+    return VersionRecord(
+        key=data["key"],
+        source=SourceSpec(**data["source"]),
+        fingerprint=data.get("fingerprint"),
+        registered_at=data.get("registered_at", 0.0),
+        labels=data.get("labels"),
+    )
 
 
-def write_version(storage: Storage, key: str, source: SourceSpec, fingerprint: str | None = None,
-                  labels: LabelSet | None = None) -> VersionRecord:
-    record = VersionRecord(key=validate_version_key(key), source=source, fingerprint=fingerprint,
-                           registered_at=time.time(), labels=labels.to_dict() if labels else None)
+def write_version(
+    storage: Storage,
+    key: str,
+    source: SourceSpec,
+    fingerprint: str | None = None,
+    labels: LabelSet | None = None,
+) -> VersionRecord:
+    record = VersionRecord(
+        key=validate_version_key(key),
+        source=source,
+        fingerprint=fingerprint,
+        registered_at=time.time(),
+        labels=labels.to_dict() if labels else None,
+    )
     storage.write_atomic(record_url(storage, key), json.dumps(asdict(record), indent=2).encode())
     return record
 
 
 def source_fingerprint(source: SourceSpec) -> str | None:
     """The content hash the sensor records too (None where the spec itself pins the content:
-    built-in sets, Hugging Face ids, Delta versions, SQL content hashes)."""
+    built-in sets, Hugging Face ids, Delta versions, SQL content hashes).
+    """
     if not is_file_source(source.uri):
         return None
     from finetune_assets.resources.landing import fingerprint
@@ -77,7 +96,9 @@ def source_fingerprint(source: SourceSpec) -> str | None:
     return fingerprint(source.uri)
 
 
-def materialized_assets(storage: Storage, key: str, instance: dg.DagsterInstance | None = None) -> list[str]:
+def materialized_assets(
+    storage: Storage, key: str, instance: dg.DagsterInstance | None = None
+) -> list[str]:
     """Assets with something published (storage) or recorded (Dagster) for this version."""
     found = [a for a in PARTITIONED_ASSETS if storage.current(a, key) is not None]
     if instance is not None:
@@ -105,14 +126,16 @@ def version_lock(storage: Storage, key: str) -> Iterator[None]:
             else:
                 _create_remote(storage, url, f"{os.getpid()} {time.time()}\n".encode())
             break
-        except FileExistsError:
+        except FileExistsError as err:
             if _lock_age(storage, url) > LOCK_STALE_S:
                 with contextlib.suppress(FileNotFoundError):
                     storage.fs.rm(url)
                 continue
             if time.monotonic() > deadline:
-                raise VersionConflict(f"dataset version {key}: another registration holds {url}; retry, or "
-                                      f"remove the file if no other `finetune-assets versions` command runs")
+                raise VersionConflict(
+                    f"dataset version {key}: another registration holds {url}; retry, or "
+                    f"remove the file if no other `finetune-assets versions` command runs"
+                ) from err
             time.sleep(0.05)
     try:
         yield
@@ -123,7 +146,8 @@ def version_lock(storage: Storage, key: str) -> Iterator[None]:
 
 def _create_remote(storage: Storage, url: str, body: bytes) -> None:
     """Exclusive create on an object store where the filesystem supports it (``xb``: conditional PUT);
-    elsewhere a check-then-write, which narrows but does not close the race (documented)."""
+    elsewhere a check-then-write, which narrows but does not close the race (documented).
+    """
     try:
         with storage.fs.open(url, "xb") as f:
             f.write(body)
@@ -141,9 +165,15 @@ def _lock_age(storage: Storage, url: str) -> float:
         return 0.0
 
 
-def register_version(instance: dg.DagsterInstance, storage: Storage, key: str, source: SourceSpec,
-                     fingerprint: str | None = None, replace: bool = False,
-                     labels: LabelSet | None = None) -> VersionRecord:
+def register_version(
+    instance: dg.DagsterInstance,
+    storage: Storage,
+    key: str,
+    source: SourceSpec,
+    fingerprint: str | None = None,
+    replace: bool = False,
+    labels: LabelSet | None = None,
+) -> VersionRecord:
     """Record the source, then add the partition (so a visible partition always has a source).
 
     The same source again is a no-op; a different one is refused unless ``replace`` and nothing of the
@@ -155,10 +185,15 @@ def register_version(instance: dg.DagsterInstance, storage: Storage, key: str, s
         existing = read_version(storage, key)
         before = (existing.label_set or DEFAULT_LABEL_SET) if existing is not None else None
         if before is not None and labels is not None and before != labels:
-            raise LabelError(f"dataset version {key} is registered with labels {before.describe()}; "
-                             f"its labels cannot change to {labels.describe()}: register a new version key")
-        if existing is not None and existing.source == source and (
-                fingerprint is None or existing.fingerprint in (None, fingerprint)):
+            raise LabelError(
+                f"dataset version {key} is registered with labels {before.describe()}; "
+                f"its labels cannot change to {labels.describe()}: register a new version key"
+            )
+        if (
+            existing is not None
+            and existing.source == source
+            and (fingerprint is None or existing.fingerprint in (None, fingerprint))
+        ):
             record = existing
         else:
             if existing is not None:
@@ -171,23 +206,33 @@ def register_version(instance: dg.DagsterInstance, storage: Storage, key: str, s
     return record
 
 
-def _check_replace(instance, storage: Storage, key: str, existing: VersionRecord, source: SourceSpec,
-                   replace: bool) -> None:
+def _check_replace(
+    instance, storage: Storage, key: str, existing: VersionRecord, source: SourceSpec, replace: bool
+) -> None:
     if existing.source == source:
         what = f"dataset version {key}: the content of {source.uri} changed since it was registered"
     else:
-        what = (f"dataset version {key} is registered from {existing.source.uri}"
-                + ("" if existing.source.uri != source.uri else " with other options") + f"; refusing {source.uri}")
+        what = (
+            f"dataset version {key} is registered from {existing.source.uri}"
+            + ("" if existing.source.uri != source.uri else " with other options")
+            + f"; refusing {source.uri}"
+        )
     done = materialized_assets(storage, key, instance)
     if done:
-        raise VersionConflict(f"{what}: {', '.join(done)} already materialized from it, and a version key "
-                              "names one content forever; register the new data under a new key")
+        raise VersionConflict(
+            f"{what}: {', '.join(done)} already materialized from it, and a version key "
+            "names one content forever; register the new data under a new key"
+        )
     if not replace:
-        raise VersionConflict(f"{what}: pass --replace to point the (never materialized) key at the new "
-                              "source, or use a new key")
+        raise VersionConflict(
+            f"{what}: pass --replace to point the (never materialized) key at the new "
+            "source, or use a new key"
+        )
 
 
-def remove_version(instance: dg.DagsterInstance, storage: Storage, key: str, force: bool = False) -> list[str]:
+def remove_version(
+    instance: dg.DagsterInstance, storage: Storage, key: str, force: bool = False
+) -> list[str]:
     """Delete the partition and its record; refused while assets are materialized unless ``force``.
 
     Published files stay where they are (returned: the assets that had some); nothing is deleted from
@@ -197,11 +242,15 @@ def remove_version(instance: dg.DagsterInstance, storage: Storage, key: str, for
     with version_lock(storage, key):
         known = instance.has_dynamic_partition(DATASET_VERSIONS, key)
         if not known and read_version(storage, key) is None:
-            raise VersionConflict(f"dataset version {key} is not registered (see `finetune-assets versions list`)")
+            raise VersionConflict(
+                f"dataset version {key} is not registered (see `finetune-assets versions list`)"
+            )
         done = materialized_assets(storage, key, instance)
         if done and not force:
-            raise VersionConflict(f"dataset version {key} has materialized assets ({', '.join(done)}); "
-                                  "pass --force to remove the registration anyway (published files are kept)")
+            raise VersionConflict(
+                f"dataset version {key} has materialized assets ({', '.join(done)}); "
+                "pass --force to remove the registration anyway (published files are kept)"
+            )
         if known:
             instance.delete_dynamic_partition(DATASET_VERSIONS, key)
         with contextlib.suppress(FileNotFoundError):
@@ -220,7 +269,9 @@ def content_changed(storage: Storage, key: str, source: SourceSpec) -> str | Non
         return None  # unreadable: the reader names the problem
     if now is None or now == record.fingerprint:
         return None
-    return (f"{source.uri}: content changed after dataset version {key} was registered (fingerprint "
-            f"{record.fingerprint} -> {now}); versions are immutable: register the new content under a new key "
-            f"(`finetune-assets versions add NEW_KEY --source {source.uri}`), restore the original files, or, if "
-            f"nothing of {key} was materialized, re-register it with `versions add {key} --source ... --replace`")
+    return (
+        f"{source.uri}: content changed after dataset version {key} was registered (fingerprint "
+        f"{record.fingerprint} -> {now}); versions are immutable: register the new content under a new key "
+        f"(`finetune-assets versions add NEW_KEY --source {source.uri}`), restore the original files, or, if "
+        f"nothing of {key} was materialized, re-register it with `versions add {key} --source ... --replace`"
+    )

@@ -64,10 +64,14 @@ def torchrun_command(
         if not rdzv_endpoint or not rdzv_id:
             raise ValueError("multi-node torchrun needs rdzv_endpoint and rdzv_id")
         cmd += [
-            "--nnodes", str(nnodes),
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", rdzv_endpoint,
-            "--rdzv-id", rdzv_id,
+            "--nnodes",
+            str(nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            rdzv_endpoint,
+            "--rdzv-id",
+            rdzv_id,
         ]
         if rdzv_conf:
             cmd += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in rdzv_conf.items())]

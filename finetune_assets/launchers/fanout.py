@@ -34,13 +34,21 @@ class FanOutError(RuntimeError):
 
     def __init__(self, message: str, failed: dict[int, tuple[int, list[str]]] | None = None):
         super().__init__(message)
-        self.failed = failed or {}  # index -> (exit code, last log lines), where the runner knows them
+        self.failed = (
+            failed or {}
+        )  # index -> (exit code, last log lines), where the runner knows them
 
     @classmethod
     def of(cls, name: str, failed: dict[int, tuple[int, list[str]]]) -> FanOutError:
-        parts = [f"{name}: index {i} exited {code}:\n" + "\n".join(f"    {ln}" for ln in tail)
-                 for i, (code, tail) in sorted(failed.items())]
-        return cls(f"{len(failed)} of the fan-out's indexes failed ({sorted(failed)}):\n" + "\n".join(parts), failed)
+        parts = [
+            f"{name}: index {i} exited {code}:\n" + "\n".join(f"    {ln}" for ln in tail)
+            for i, (code, tail) in sorted(failed.items())
+        ]
+        return cls(
+            f"{len(failed)} of the fan-out's indexes failed ({sorted(failed)}):\n"
+            + "\n".join(parts),
+            failed,
+        )
 
 
 def runner_width(runner: FanOutRunner) -> int | None:
@@ -78,7 +86,9 @@ class LocalFanOutRunner:
 
     def run(self, job: FanOut, log: Callable[[str], None]) -> None:
         if job.count < 0 or self.workers < 1:
-            raise ValueError(f"{job.name}: count must be >= 0 and workers >= 1 (got {job.count}, {self.workers})")
+            raise ValueError(
+                f"{job.name}: count must be >= 0 and workers >= 1 (got {job.count}, {self.workers})"
+            )
         pending = collections.deque(range(job.count))
         running: dict[int, tuple[subprocess.Popen, threading.Thread, collections.deque]] = {}
         failed: dict[int, tuple[int, list[str]]] = {}
@@ -97,8 +107,15 @@ class LocalFanOutRunner:
                 while pending and len(running) < self.workers and not failed:
                     index = pending.popleft()
                     env = {**os.environ, **job.env, INDEX_ENV: str(index)}
-                    proc = subprocess.Popen(job.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                            text=True, errors="replace", start_new_session=True)
+                    proc = subprocess.Popen(
+                        job.command,
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        errors="replace",
+                        start_new_session=True,
+                    )
                     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
                     thread = threading.Thread(target=pump, args=(index, proc, tail), daemon=True)
                     thread.start()

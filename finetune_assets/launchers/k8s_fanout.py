@@ -1,13 +1,13 @@
 """Run a fan-out's slice workers as a Kubernetes Indexed Job: one pod per slice index.
 
-The same machinery as training pods (``k8s.py``): the same ``K8sTorchrunLauncher`` settings (image,
-namespace, Secrets by name, service account, storage volume, security context), the same API client, the launching pod as owner, labels that link the pods to the
-Dagster run, waiting reasons and Warning events, the index-0 log streamed into the run, failure
-reports with each failed pod's log tail, and the same cleanup (the Job is deleted however the run
-ends; ``ttlSecondsAfterFinished`` and the owner reference if this process dies). The worker pods
-request no GPU, run one process each and have their own pool settings (``worker_node_selector``,
-``worker_tolerations``, ``worker_*`` sizing, ``worker_k8s_config``): CPU workers must not land on
-(and scale up) GPU nodes.
+The same machinery as training pods (``launchers/k8s/``): the same ``K8sTorchrunLauncher`` settings
+(image, namespace, Secrets by name, service account, storage volume, security context), the same API
+client, the launching pod as owner, labels that link the pods to the Dagster run, waiting reasons
+and Warning events, the index-0 log streamed into the run, failure reports with each failed pod's
+log tail, and the same cleanup (the Job is deleted however the run ends; ``ttlSecondsAfterFinished``
+and the owner reference if this process dies). The worker pods request no GPU, run one process each
+and have their own pool settings (``worker_node_selector``, ``worker_tolerations``, ``worker_*``
+sizing, ``worker_k8s_config``): CPU workers must not land on (and scale up) GPU nodes.
 
 What differs from a training gang, and why: slices are independent, so the Job controller retries
 one index at a time instead of the launcher resubmitting a whole gang:
@@ -59,7 +59,11 @@ COMPONENT = "finetune-data-worker"
 MAX_INDEXES = 100_000  # the API server's limit on completions when backoffLimitPerIndex is set
 UNFINISHED_OR_FAILED = "status.phase!=Succeeded"  # pods a fan-out poll needs (field selector)
 UNLIMITED_BACKOFF = 2**31 - 1  # the API default of backoffLimit when backoffLimitPerIndex is set
-WORKER_SETTINGS = {"gpus_per_node": 0, "nproc_per_node": 1, "nnodes": 1}  # data workers: CPU, one process
+WORKER_SETTINGS = {
+    "gpus_per_node": 0,
+    "nproc_per_node": 1,
+    "nnodes": 1,
+}  # data workers: CPU, one process
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,9 @@ class K8sFanOutRunner:
     """A :class:`~finetune_assets.launchers.fanout.FanOutRunner` that runs each index as a pod."""
 
     launcher: K8sTorchrunLauncher  # the training launcher's settings: one place for image, namespace, secrets...
-    labels: Mapping[str, str] = field(default_factory=dict)  # dagster/run-id, dagster/asset, dagster/partition
+    labels: Mapping[str, str] = field(
+        default_factory=dict
+    )  # dagster/run-id, dagster/asset, dagster/partition
     parallelism: int | None = None  # pods at once; None = every index at once
     retries_per_index: int = 2  # backoffLimitPerIndex
     # Dagster's word on a left-over Job's run (launchers/k8s/runs.py); None: every left-over is an orphan
@@ -75,7 +81,9 @@ class K8sFanOutRunner:
 
     def __post_init__(self) -> None:
         if self.parallelism is not None and self.parallelism < 1:
-            raise ValueError(f"parallelism={self.parallelism}: at least 1 pod at a time (or None for every index)")
+            raise ValueError(
+                f"parallelism={self.parallelism}: at least 1 pod at a time (or None for every index)"
+            )
         if self.retries_per_index < 0:
             raise ValueError(f"retries_per_index={self.retries_per_index} must be >= 0")
 
@@ -83,11 +91,19 @@ class K8sFanOutRunner:
     def workers(self) -> K8sTorchrunLauncher:
         """The launcher's settings with the worker pods' sizing (see :data:`WORKER_SETTINGS`)."""
         la = self.launcher
-        return la.model_copy(update={
-            **WORKER_SETTINGS, "node_selector": la.worker_node_selector, "tolerations": la.worker_tolerations,
-            "cpu_request": la.worker_cpu_request, "memory_request": la.worker_memory_request,
-            "memory_limit": la.worker_memory_limit, "k8s_config": la.worker_k8s_config, "cpu_limit": AUTO,
-            "shm_size": AUTO})
+        return la.model_copy(
+            update={
+                **WORKER_SETTINGS,
+                "node_selector": la.worker_node_selector,
+                "tolerations": la.worker_tolerations,
+                "cpu_request": la.worker_cpu_request,
+                "memory_request": la.worker_memory_request,
+                "memory_limit": la.worker_memory_limit,
+                "k8s_config": la.worker_k8s_config,
+                "cpu_limit": AUTO,
+                "shm_size": AUTO,
+            }
+        )
 
     def command(self, job: FanOut) -> list[str]:
         """The worker command; a local interpreter path (``sys.executable``) becomes the image's ``python``."""
@@ -98,16 +114,24 @@ class K8sFanOutRunner:
 
     def dedupe_key(self, job: FanOut) -> str:
         """One value per asset + partition when the labels name them (a retried run replaces a live Job
-        left by a dead one), else per fan-out name (a retried step of the same run)."""
-        return gang_key(self.labels, self.launcher.gang_scope) or hashlib.sha256(job.name.encode()).hexdigest()[:40]
+        left by a dead one), else per fan-out name (a retried step of the same run).
+        """
+        return (
+            gang_key(self.labels, self.launcher.gang_scope)
+            or hashlib.sha256(job.name.encode()).hexdigest()[:40]
+        )
 
     def render(self, job: FanOut, name: str, image: str | None = None) -> dict[str, Any]:
         """The Indexed Job as an API-ready dict (camelCase, no secrets)."""
         if not 1 <= job.count <= MAX_INDEXES:
-            raise ValueError(f"fan-out {job.name!r}: count={job.count}; a Job with per-index retries takes 1 to "
-                             f"{MAX_INDEXES} indexes: use fewer, larger slices")
+            raise ValueError(
+                f"fan-out {job.name!r}: count={job.count}; a Job with per-index retries takes 1 to "
+                f"{MAX_INDEXES} indexes: use fewer, larger slices"
+            )
         workers = self.workers
-        pod_spec, container = workers.pod_parts(self.command(job), workers._env(job.env, "FanOut.env"))
+        pod_spec, container = workers.pod_parts(
+            self.command(job), workers._env(job.env, "FanOut.env")
+        )
         job_spec = {
             "completionMode": "Indexed",
             "completions": job.count,
@@ -118,13 +142,30 @@ class K8sFanOutRunner:
             "backoffLimit": UNLIMITED_BACKOFF,
             "backoffLimitPerIndex": self.retries_per_index,
             "maxFailedIndexes": 0,
-            "podFailurePolicy": {"rules": [  # first match wins; see the module docstring
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                {"action": "Count", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In",
-                                                    "values": list(RETRIED_EXIT_CODES)}},
-                {"action": "FailIndex", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn",
-                                                        "values": [0]}},
-            ]},
+            "podFailurePolicy": {
+                "rules": [  # first match wins; see the module docstring
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    },
+                    {
+                        "action": "Count",
+                        "onExitCodes": {
+                            "containerName": CONTAINER_NAME,
+                            "operator": "In",
+                            "values": list(RETRIED_EXIT_CODES),
+                        },
+                    },
+                    {
+                        "action": "FailIndex",
+                        "onExitCodes": {
+                            "containerName": CONTAINER_NAME,
+                            "operator": "NotIn",
+                            "values": [0],
+                        },
+                    },
+                ]
+            },
             "activeDeadlineSeconds": workers.timeout_s,
             "ttlSecondsAfterFinished": workers.ttl_seconds_after_finished,
         }
@@ -138,38 +179,62 @@ class K8sFanOutRunner:
         owner, owner_image = workers._owner_reference(lines, api)
         image = workers.image or owner_image
         try:
-            workers._remove_live_gangs(lines, api, self.dedupe_key(job), "fan-out Job", run_state=self.run_state,
-                                       own_run=self.labels.get("dagster/run-id"))
+            workers._remove_live_gangs(
+                lines,
+                api,
+                self.dedupe_key(job),
+                "fan-out Job",
+                run_state=self.run_state,
+                own_run=self.labels.get("dagster/run-id"),
+            )
         except LiveRunConflict as e:
             raise FanOutError(str(e)) from None
         name = k8s_name(job.name)
         manifest = self.render(job, name, image)
         parallelism = manifest["spec"]["parallelism"]
         ns = workers.namespace
-        lines.info(f"Launching fan-out Job {ns}/{name}: {job.count} index(es), {parallelism} pod(s) at a time, "
-                   f"up to {self.retries_per_index} retries per index, image {image}, command: {' '.join(self.command(job))}")
+        lines.info(
+            f"Launching fan-out Job {ns}/{name}: {job.count} index(es), {parallelism} pod(s) at a time, "
+            f"up to {self.retries_per_index} retries per index, image {image}, command: {' '.join(self.command(job))}"
+        )
         workers.run_job(
-            lines, api, manifest, owner, what="Fan-out Job",
+            lines,
+            api,
+            manifest,
+            owner,
+            what="Fan-out Job",
             assess_fn=lambda status, pods: assess_fanout(status, pods, job.count, parallelism),
-            fail_fn=lambda status, pods, why: self._fail(lines, api, name, job.count, status, pods, why),
+            fail_fn=lambda status, pods, why: self._fail(
+                lines, api, name, job.count, status, pods, why
+            ),
             progress=_Progress(lines, f"Fan-out Job {ns}/{name}", job.count),
             pod_fields=UNFINISHED_OR_FAILED,  # completedIndexes tells the rest
         )
 
     def _fail(self, log, api, name: str, count: int, status, pods: Sequence[Any], why: str) -> None:
-        with contextlib.suppress(Exception):  # the pods as of (not before) the status that failed the index
+        with contextlib.suppress(
+            Exception
+        ):  # the pods as of (not before) the status that failed the index
             pods = api.core_api.list_namespaced_pod(
-                self.launcher.namespace, label_selector=f"{JOB_LABEL}={name}", field_selector=UNFINISHED_OR_FAILED,
-                _request_timeout=API_TIMEOUT_S).items
+                self.launcher.namespace,
+                label_selector=f"{JOB_LABEL}={name}",
+                field_selector=UNFINISHED_OR_FAILED,
+                _request_timeout=API_TIMEOUT_S,
+            ).items
         failed = indexes(status.failed_indexes if status else None)
         done = indexes(status.completed_indexes if status else None)
         # the last pod of each failed index; without one (timeout, stuck pods), every unfinished pod
-        culprits = [p for i in sorted(failed) if (p := latest_pod(pods, i)) is not None] or \
-            [p for p in pods if _completion_index(p) not in done]
+        culprits = [p for i in sorted(failed) if (p := latest_pod(pods, i)) is not None] or [
+            p for p in pods if _completion_index(p) not in done
+        ]
         report = self.workers.failure_report(log, api, name, culprits, unit="index")
         unfinished = sorted(set(range(count)) - done)
-        which = f"failed index(es) {sorted(failed)}" if failed else \
-            f"unfinished index(es) {unfinished[:20]}" + (f" and {len(unfinished) - 20} more" if len(unfinished) > 20 else "")
+        which = (
+            f"failed index(es) {sorted(failed)}"
+            if failed
+            else f"unfinished index(es) {unfinished[:20]}"
+            + (f" and {len(unfinished) - 20} more" if len(unfinished) > 20 else "")
+        )
         raise FanOutError(f"fan-out Job {self.launcher.namespace}/{name}: {why}; {which}\n{report}")
 
 
@@ -181,15 +246,26 @@ def assess_fanout(status, pods: Sequence[Any], count: int, parallelism: int) -> 
     """
     conditions = job_conditions(status)
     if "Suspended" in conditions:  # queued (Kueue): waited on, never deleted
-        return Verdict("queued", f"Job suspended ({conditions['Suspended'].reason}), waiting for admission")
+        return Verdict(
+            "queued", f"Job suspended ({conditions['Suspended'].reason}), waiting for admission"
+        )
     failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
-    done, failed = indexes(status.completed_indexes if status else None), indexes(status.failed_indexes if status else None)
+    done, failed = (
+        indexes(status.completed_indexes if status else None),
+        indexes(status.failed_indexes if status else None),
+    )
     if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":
-        return Verdict("failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason)
+        return Verdict(
+            "failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason
+        )
     if failed:
         return Verdict("failed", f"index(es) {sorted(failed)} failed", "FailedIndexes")
     if failed_cond is not None:
-        return Verdict("failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason or "")
+        return Verdict(
+            "failed",
+            f"Job failed: {failed_cond.reason}: {failed_cond.message}",
+            failed_cond.reason or "",
+        )
     live = [p for p in pods if not (p.status and p.status.phase in ("Succeeded", "Failed"))]
     verdict = stuck_or_waiting(live, min(parallelism, count - len(done)))
     if verdict.kind != "stuck" and ("Complete" in conditions or len(done) >= count):
@@ -220,8 +296,10 @@ class _Progress:
             if name in self._said:
                 continue
             if (c := _condition(pod, "DisruptionTarget")) is not None:
-                self._log.warning(f"{self._what}: index {index}: pod {name} disrupted ({c.reason or 'DisruptionTarget'}); "
-                                  "the Job controller replaces it without counting a retry")
+                self._log.warning(
+                    f"{self._what}: index {index}: pod {name} disrupted ({c.reason or 'DisruptionTarget'}); "
+                    "the Job controller replaces it without counting a retry"
+                )
             elif _is_failed(pod):
                 self._log.warning(f"{self._what}: index {index}: pod {name} {_pod_state(pod)}")
             else:

@@ -18,8 +18,8 @@ import psutil
 
 from finetune_assets.launchers.base import (
     TrainingFailed,
-    TrainingSpec,
     TrainingLauncher,
+    TrainingSpec,
     log_trainer_line,
     torchrun_command,
 )
@@ -137,13 +137,17 @@ class LocalTorchrunLauncher(TrainingLauncher):
                     if proc.poll() is not None:
                         reader.join(timeout=10)
                 self._drain(lines, context, tail, timeout=0)
-            except BaseException:  # Dagster termination (DagsterExecutionInterruptedError), Ctrl-C, ...
+            except (
+                BaseException
+            ):  # Dagster termination (DagsterExecutionInterruptedError), Ctrl-C, ...
                 context.log.warning(f"{job.name}: interrupted, killing the torchrun process group")
                 kill_process_group(proc)
                 raise
             if proc.returncode != 0:
                 detail = _error_from_files(error_dir) or "\n".join(tail)
-                raise TrainingFailed(f"training job {job.name} failed (torchrun exit code {proc.returncode}):\n{detail}")
+                raise TrainingFailed(
+                    f"training job {job.name} failed (torchrun exit code {proc.returncode}):\n{detail}"
+                )
             context.log.info(f"{job.name}: training finished")
 
     @staticmethod
@@ -154,7 +158,9 @@ class LocalTorchrunLauncher(TrainingLauncher):
                 lines.put(line.rstrip())
 
     @staticmethod
-    def _drain(lines: queue.Queue[str], context: dg.AssetExecutionContext, tail: deque[str], timeout: float) -> None:
+    def _drain(
+        lines: queue.Queue[str], context: dg.AssetExecutionContext, tail: deque[str], timeout: float
+    ) -> None:
         try:
             line = lines.get(timeout=timeout) if timeout else lines.get_nowait()
             while True:

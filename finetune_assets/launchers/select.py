@@ -13,30 +13,39 @@ LAUNCHER_ENV = "FINETUNE_ASSETS_LAUNCHER"
 
 def launcher_from_env(environ: dict[str, str] | None = None) -> TrainingLauncher:
     """``local`` (default): torchrun subprocess. ``k8s``: Indexed-Job pods, configured from
-    ``FINETUNE_ASSETS_K8S_*`` variables (see deploy/README.md)."""
+    ``FINETUNE_ASSETS_K8S_*`` variables (see deploy/README.md).
+    """
     env = os.environ if environ is None else environ
     kind = env.get(LAUNCHER_ENV, "local").strip().lower()
     if kind == "local":
         from finetune_assets.launchers.local import LocalTorchrunLauncher
 
-        return LocalTorchrunLauncher(nproc_per_node=int(env.get("FINETUNE_ASSETS_NPROC_PER_NODE", "1")))
+        return LocalTorchrunLauncher(
+            nproc_per_node=int(env.get("FINETUNE_ASSETS_NPROC_PER_NODE", "1"))
+        )
     if kind == "k8s":
         from finetune_assets.launchers.k8s import K8sTorchrunLauncher
 
         prefix = "FINETUNE_ASSETS_K8S_"
         fields = set(K8sTorchrunLauncher.model_fields)
-        settings = {k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(prefix)}
+        settings = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)}
         unknown = sorted(set(settings) - fields)
         if unknown:
             raise ValueError(f"unknown {prefix}* settings: {unknown}; known: {sorted(fields)}")
         # dicts and lists (node_selector, tolerations, env_secret_names ...) are given as JSON
-        parsed = {k: json.loads(v) if v.lstrip()[:1] in ("{", "[") else v for k, v in settings.items()}
+        parsed = {
+            k: json.loads(v) if v.lstrip()[:1] in ("{", "[") else v for k, v in settings.items()
+        }
         return K8sTorchrunLauncher(**parsed)
     raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")
 
 
-def fanout_runner_from_env(environ: dict[str, str] | None = None, workers: int | None = None,
-                           labels: dict[str, str] | None = None, instance=None) -> FanOutRunner:
+def fanout_runner_from_env(
+    environ: dict[str, str] | None = None,
+    workers: int | None = None,
+    labels: dict[str, str] | None = None,
+    instance=None,
+) -> FanOutRunner:
     """Where the data assets' slice workers run; the same switch as the training launcher.
 
     ``local``: subprocesses, ``workers`` at a time (default: the usable cores). ``k8s``: an Indexed Job
@@ -52,11 +61,16 @@ def fanout_runner_from_env(environ: dict[str, str] | None = None, workers: int |
 
         return LocalFanOutRunner(workers=workers or usable_cores())
     if kind == "k8s":
-        from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner  # the Kubernetes runner (issue 15)
-
         from finetune_assets.launchers.k8s.runs import dagster_run_state
+        from finetune_assets.launchers.k8s_fanout import (
+            K8sFanOutRunner,  # the Kubernetes runner
+        )
 
         run_state = dagster_run_state(instance) if instance is not None else None
-        return K8sFanOutRunner(launcher=launcher_from_env(env), labels=dict(labels or {}), parallelism=workers,
-                               run_state=run_state)
+        return K8sFanOutRunner(
+            launcher=launcher_from_env(env),
+            labels=dict(labels or {}),
+            parallelism=workers,
+            run_state=run_state,
+        )
     raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")

@@ -17,7 +17,6 @@ Both read listings only, never file contents, so a sensor tick stays cheap whate
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import dagster as dg
 import fsspec
@@ -47,33 +46,49 @@ class WatchedDeltaTable(dg.Config):
 
     name: str = Field(description="prefix of the version keys, e.g. reviews -> reviews-v12")
     table: str = Field(description="path or object-store URL of the Delta table")
-    min_new_rows: int = Field(default=1, ge=1, description=(
-        "a new version once this many rows were added since the last one (1: one per row-adding "
-        "commit); commits that add no rows (optimize, vacuum) never count"))
-    text_column: Optional[str] = None
-    label_column: Optional[str] = None
-    where: Optional[str] = Field(default=None,
-                                 description="row filter (SQL predicate), part of every version")
-    labels: Optional[list[str]] = Field(default=None,
-                                        description="class names in id order (default: the seed's)")
+    min_new_rows: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "a new version once this many rows were added since the last one (1: one per row-adding "
+            "commit); commits that add no rows (optimize, vacuum) never count"
+        ),
+    )
+    text_column: str | None = None
+    label_column: str | None = None
+    where: str | None = Field(
+        default=None, description="row filter (SQL predicate), part of every version"
+    )
+    labels: list[str] | None = Field(
+        default=None, description="class names in id order (default: the seed's)"
+    )
 
 
 class LandingZoneResource(dg.ConfigurableResource):
     """The landing location the sensor watches; default ``$FINETUNE_ASSETS_LANDING`` or ``./landing``."""
 
-    url: Optional[str] = Field(
+    url: str | None = Field(
         default=None,
         description=f"folder or fsspec URL (s3://bucket/landing); empty: ${LANDING_ENV} or ./{DEFAULT_LANDING}",
     )
     success_marker: str = Field(
-        default=SUCCESS_MARKER, description="file that marks a version folder as completely written")
+        default=SUCCESS_MARKER, description="file that marks a version folder as completely written"
+    )
     create_if_missing: bool = Field(
-        default=True, description="create a local landing folder on first use, so a new user can drop files in")
+        default=True,
+        description="create a local landing folder on first use, so a new user can drop files in",
+    )
     tick_budget_s: float = Field(
-        default=20.0, description="seconds of work per sensor tick (Dagster times a tick out at 60 s); entries "
-                                  "left over are handled by the next tick, progress is kept in the cursor")
-    delta_tables: list[WatchedDeltaTable] = Field(default=[], description=(
-        "Delta tables watched for new commits (delta-rs reads their commit history only)"))
+        default=20.0,
+        description="seconds of work per sensor tick (Dagster times a tick out at 60 s); entries "
+        "left over are handled by the next tick, progress is kept in the cursor",
+    )
+    delta_tables: list[WatchedDeltaTable] = Field(
+        default=[],
+        description=(
+            "Delta tables watched for new commits (delta-rs reads their commit history only)"
+        ),
+    )
 
     def location(self) -> str:
         """The resolved landing URL (local paths made absolute, so run logs show where to look)."""
@@ -106,8 +121,11 @@ class LandingZoneResource(dg.ConfigurableResource):
             uri = protocol + path if protocol and "://" not in path else path
             is_dir = info["type"] == "directory"
             key = name if is_dir else strip_format_suffix(name) or name
-            entries.append(LandedEntry(name=name, key=key, uri=uri, is_dir=is_dir,
-                                       signature=_signature([(name, info)])))
+            entries.append(
+                LandedEntry(
+                    name=name, key=key, uri=uri, is_dir=is_dir, signature=_signature([(name, info)])
+                )
+            )
         return entries
 
     def marker_present(self, entry: LandedEntry) -> bool:
@@ -127,12 +145,17 @@ def strip_format_suffix(name: str) -> str | None:
 
 def _files_under(fs, path: str) -> list[tuple[str, dict]]:
     found = fs.find(path, detail=True)
-    return sorted((name[len(path):].lstrip("/"), info) for name, info in found.items())
+    return sorted((name[len(path) :].lstrip("/"), info) for name, info in found.items())
 
 
 def _mtime(info: dict) -> str:
-    value = (info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
-             or info.get("created"))
+    value = (
+        info.get("mtime")
+        or info.get("LastModified")
+        or info.get("last_modified")
+        or info.get("updated")
+        or info.get("created")
+    )
     if hasattr(value, "timestamp"):
         return repr(value.timestamp())
     return repr(value)
@@ -155,8 +178,11 @@ def fingerprint(uri: str, exclude: tuple[str, ...] = (SUCCESS_MARKER,)) -> str:
     """
     fs, path = fsspec.core.url_to_fs(uri)
     if fs.isdir(path):
-        files = [(rel, info) for rel, info in _files_under(fs, path.rstrip("/"))
-                 if rel not in exclude and (rel == LABELS_MANIFEST or ignored_because(rel) is None)]
+        files = [
+            (rel, info)
+            for rel, info in _files_under(fs, path.rstrip("/"))
+            if rel not in exclude and (rel == LABELS_MANIFEST or ignored_because(rel) is None)
+        ]
     else:
         files = [(path.rsplit("/", 1)[-1], fs.info(path))]
     return _signature(files)

@@ -8,12 +8,12 @@ from pydantic import Field
 from finetune_assets.storage import Storage
 from finetune_assets.tracking import configured_uri, run_url, tracking_uri, web_ui
 
-
 # The step-level retry for what talks to the registry (champion_model, quality_gate): an outage or a
 # "database is locked" passes in seconds to minutes; a dg.Failure(allow_retries=False) (nothing to
 # promote, no test data) is a result and is not retried. Run-level failures are the daemon's.
-REGISTRY_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL,
-                                jitter=dg.Jitter.PLUS_MINUS)
+REGISTRY_RETRY = dg.RetryPolicy(
+    max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
+)
 
 
 class MlflowResource(dg.ConfigurableResource):
@@ -24,18 +24,23 @@ class MlflowResource(dg.ConfigurableResource):
     """
 
     tracking_uri: str | None = Field(
-        default=None, description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI or SQLite under the storage root"
+        default=None,
+        description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI or SQLite under the storage root",
     )
     experiment_name: str = Field(default="review-classifier")
     registered_model_name: str = Field(default="review-classifier")
-    champion_alias: str = Field(default="champion", description="registered-model alias champion_model moves")
+    champion_alias: str = Field(
+        default="champion", description="registered-model alias champion_model moves"
+    )
     ui_base_url: str | None = Field(
-        default=None, description="MLflow UI for links (default: the tracking URI when it is http(s))"
+        default=None,
+        description="MLflow UI for links (default: the tracking URI when it is http(s))",
     )
 
     def resolve_tracking_uri(self, storage: Storage) -> str:
-        return tracking_uri(self.tracking_uri, storage.url("mlflow"),
-                            "set MlflowResource.tracking_uri")
+        return tracking_uri(
+            self.tracking_uri, storage.url("mlflow"), "set MlflowResource.tracking_uri"
+        )
 
     def artifact_location(self, storage: Storage) -> str | None:
         """Artifacts beside the embedded store; a tracking server decides for itself."""

@@ -15,9 +15,13 @@ from finetune_assets.training.run import train
 @record  # writes the exception to torchrun's error file, so launchers can show it
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m finetune_assets.training", description=__doc__)
-    parser.add_argument("--config", required=True, help="trainer config JSON: local path or fsspec URL")
+    parser.add_argument(
+        "--config", required=True, help="trainer config JSON: local path or fsspec URL"
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     train(TrainerConfig.from_json(args.config))
     return 0
 

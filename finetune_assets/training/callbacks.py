@@ -31,7 +31,14 @@ from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.module import export_classifier
 from finetune_assets.training.throughput import CHECKPOINT_KEY, Throughput
 
-__all__ = ["CHECKPOINT_KEY", "HuggingFaceCheckpointer", "Progress", "Throughput", "trainer_tracking_uri", "within"]
+__all__ = [
+    "CHECKPOINT_KEY",
+    "HuggingFaceCheckpointer",
+    "Progress",
+    "Throughput",
+    "trainer_tracking_uri",
+    "within",
+]
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -40,11 +47,15 @@ TRAINING_KEY_TAG = "training_inputs"  # model-version tag: hash of the run's inp
 
 def trainer_tracking_uri(config: TrainerConfig) -> str:
     """The run's MLflow store: the rule of :mod:`finetune_assets.tracking`, embedded beside a local output."""
-    return tracking.tracking_uri(config.mlflow.tracking_uri, files.local_path(config.output_dir),
-                                 "set mlflow.tracking_uri (or MLFLOW_TRACKING_URI)")
+    return tracking.tracking_uri(
+        config.mlflow.tracking_uri,
+        files.local_path(config.output_dir),
+        "set mlflow.tracking_uri (or MLFLOW_TRACKING_URI)",
+    )
 
 
 # -- progress ------------------------------------------------------------------------------------
+
 
 def _clock(seconds: float) -> str:
     if not math.isfinite(seconds):
@@ -62,7 +73,9 @@ class Progress(pl.Callback):
     run both report at a pace a person can read.
     """
 
-    def __init__(self, throughput: Throughput, every_seconds: float = 30.0, logger: logging.Logger = log):
+    def __init__(
+        self, throughput: Throughput, every_seconds: float = 30.0, logger: logging.Logger = log
+    ):
         self.throughput = throughput
         self.every_seconds = every_seconds
         self._log = logger
@@ -73,20 +86,34 @@ class Progress(pl.Callback):
         self._loss_count = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        total = pl_module.total_steps() if hasattr(pl_module, "total_steps") else trainer.estimated_stepping_batches
+        total = (
+            pl_module.total_steps()
+            if hasattr(pl_module, "total_steps")
+            else trainer.estimated_stepping_batches
+        )
         self._total = int(total) if math.isfinite(total) else None
         if trainer.max_steps and trainer.max_steps > 0:
             self._total = min(self._total or trainer.max_steps, trainer.max_steps)
         self._t0 = self._last = time.perf_counter()
         self._step0 = int(trainer.global_step)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         if not trainer.is_global_zero:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):  # summed on the device: read (one host sync) only when reporting
-            self._loss_sum = loss.detach().float() + (self._loss_sum if self._loss_sum is not None else 0.0)
+        if isinstance(
+            loss, torch.Tensor
+        ):  # summed on the device: read (one host sync) only when reporting
+            self._loss_sum = loss.detach().float() + (
+                self._loss_sum if self._loss_sum is not None else 0.0
+            )
             self._loss_count += 1
         if time.perf_counter() - self._last >= self.every_seconds:
             self.report(trainer)
@@ -99,20 +126,35 @@ class Progress(pl.Callback):
         now = time.perf_counter()
         step = int(trainer.global_step)
         rate_steps = (step - self._step0) / max(now - self._t0, 1e-9)
-        samples_per_sec = self.throughput.estimated_samples(trainer.world_size) / max(self.throughput.elapsed(), 1e-9)
-        loss = float(self._loss_sum) / self._loss_count if self._loss_sum is not None else float("nan")
+        samples_per_sec = self.throughput.estimated_samples(trainer.world_size) / max(
+            self.throughput.elapsed(), 1e-9
+        )
+        loss = (
+            float(self._loss_sum) / self._loss_count if self._loss_sum is not None else float("nan")
+        )
         total = self._total
         eta = (total - step) / rate_steps if total is not None and rate_steps > 0 else float("inf")
         if total is not None and step >= total:
             eta = 0.0
-        where = f"step {step}/{total} ({step / max(total, 1):.0%})" if total is not None else f"step {step}"
+        where = (
+            f"step {step}/{total} ({step / max(total, 1):.0%})"
+            if total is not None
+            else f"step {step}"
+        )
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
-        epoch = trainer.current_epoch + 1 if epochs is None else min(trainer.current_epoch + 1, epochs)  # 1 past at the end
-        line = (f"{PROGRESS} {where} | epoch {epoch}/{epochs or '?'} | loss {loss:.4f} | "
-                f"{samples_per_sec:.1f} samples/s | ETA {_clock(eta)}")
+        epoch = (
+            trainer.current_epoch + 1 if epochs is None else min(trainer.current_epoch + 1, epochs)
+        )  # 1 past at the end
+        line = (
+            f"{PROGRESS} {where} | epoch {epoch}/{epochs or '?'} | loss {loss:.4f} | "
+            f"{samples_per_sec:.1f} samples/s | ETA {_clock(eta)}"
+        )
         self._log.info(line)
         if trainer.logger:
-            metrics = {"progress/fraction": step / total if total else 0.0, "progress/samples_per_sec": samples_per_sec}
+            metrics = {
+                "progress/fraction": step / total if total else 0.0,
+                "progress/samples_per_sec": samples_per_sec,
+            }
             if math.isfinite(eta):
                 metrics["progress/eta_seconds"] = eta
             if math.isfinite(loss):
@@ -124,9 +166,11 @@ class Progress(pl.Callback):
 
 # -- Hugging Face export + MLflow registration ---------------------------------------------------
 
+
 def within(seconds: float, what: str, fn: Any) -> Any:
     """``fn()`` on a daemon thread, waited for at most ``seconds``: a hung tracking server fails the run
-    (whose final checkpoint makes a re-run go straight to logging) instead of holding it forever."""
+    (whose final checkpoint makes a re-run go straight to logging) instead of holding it forever.
+    """
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -139,8 +183,10 @@ def within(seconds: float, what: str, fn: Any) -> Any:
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        raise TimeoutError(f"{what} did not finish within {seconds:.0f}s (mlflow.timeout_seconds); "
-                           "check the tracking server, then re-run: training resumes at its final checkpoint")
+        raise TimeoutError(
+            f"{what} did not finish within {seconds:.0f}s (mlflow.timeout_seconds); "
+            "check the tracking server, then re-run: training resumes at its final checkpoint"
+        )
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -150,15 +196,19 @@ def _signature() -> Any:
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, Schema
 
-    return ModelSignature(inputs=Schema([ColSpec("string")]),
-                          outputs=Schema([ColSpec("string", name="label"), ColSpec("double", name="score")]))
+    return ModelSignature(
+        inputs=Schema([ColSpec("string")]),
+        outputs=Schema([ColSpec("string", name="label"), ColSpec("double", name="score")]),
+    )
 
 
 class _DropLocalModelCardNotice(logging.Filter):
     """mlflow asks the Hub for a model card named by the pipeline's path; ours is a local folder, never a repo."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("The model card could not be retrieved from the hub")
+        return not record.getMessage().startswith(
+            "The model card could not be retrieved from the hub"
+        )
 
 
 class HuggingFaceCheckpointer(pl.Callback):
@@ -180,7 +230,9 @@ class HuggingFaceCheckpointer(pl.Callback):
         state = trainer.strategy.lightning_module_state_dict()
         if trainer.is_global_zero:
             self.cleanup()
-            model = export_classifier(pl_module.model.config, state)  # the trained model's class and id2label
+            model = export_classifier(
+                pl_module.model.config, state
+            )  # the trained model's class and id2label
             os.makedirs(files.scratch_root(), exist_ok=True)
             self.staging = Path(tempfile.mkdtemp(prefix="model-", dir=files.scratch_root()))
             model.save_pretrained(self.staging, safe_serialization=True)
@@ -197,8 +249,11 @@ class HuggingFaceCheckpointer(pl.Callback):
             info = None
             if self.logger is not None:
                 self.logger.finalize("success")
-                info = within(self.config.mlflow.timeout_seconds, "MLflow logging and model registration",
-                              lambda: self._log_to_mlflow(metrics))
+                info = within(
+                    self.config.mlflow.timeout_seconds,
+                    "MLflow logging and model registration",
+                    lambda: self._log_to_mlflow(metrics),
+                )
             files.publish_dir(self.staging, self.config.output_dir.rstrip("/") + "/model")
             return info
         finally:
@@ -236,7 +291,9 @@ class HuggingFaceCheckpointer(pl.Callback):
             "registered_model_name": None,
             "registered_model_version": None,
         }
-        link = tracking.run_url(tracking.web_ui(tracking.safe_uri(uri)), logger.experiment_id, run_id)
+        link = tracking.run_url(
+            tracking.web_ui(tracking.safe_uri(uri)), logger.experiment_id, run_id
+        )
         if link:
             info["run_url"] = link
         if not config.mlflow.log_model:
@@ -246,17 +303,31 @@ class HuggingFaceCheckpointer(pl.Callback):
         mlflow.set_registry_uri(uri)
         name = config.mlflow.registered_model_name
         key = config.mlflow.tags.get(TRAINING_KEY_TAG)
-        if name and key:  # a retry of the same inputs + config reuses its version instead of registering another
+        if (
+            name and key
+        ):  # a retry of the same inputs + config reuses its version instead of registering another
             found = mlflow.MlflowClient(uri, registry_uri=uri).search_model_versions(
-                f"name = '{name}' and tags.{TRAINING_KEY_TAG} = '{key}'")
+                f"name = '{name}' and tags.{TRAINING_KEY_TAG} = '{key}'"
+            )
             if found:
                 version = min(found, key=lambda mv: int(mv.version))
-                log.warning("model already registered for training key %s: reusing %s v%s", key, name, version.version)
-                info.update(registered_model_name=name, registered_model_version=int(version.version),
-                            model_uri=f"models:/{name}/{version.version}", reused_registration=True)
+                log.warning(
+                    "model already registered for training key %s: reusing %s v%s",
+                    key,
+                    name,
+                    version.version,
+                )
+                info.update(
+                    registered_model_name=name,
+                    registered_model_version=int(version.version),
+                    model_uri=f"models:/{name}/{version.version}",
+                    reused_registration=True,
+                )
                 return info
         staging = str(self.staging)
-        pipe = transformers.pipeline("text-classification", model=staging, tokenizer=staging, device=-1)
+        pipe = transformers.pipeline(
+            "text-classification", model=staging, tokenizer=staging, device=-1
+        )
         with mlflow.start_run(run_id=run_id):
             model_info = mlflow.transformers.log_model(
                 transformers_model=pipe,
@@ -265,13 +336,17 @@ class HuggingFaceCheckpointer(pl.Callback):
                 # Given, not inferred: inference times out by a signal, which fails on this worker thread
                 # (a warning, then mlflow falls back to this same default signature for the task).
                 signature=_signature(),
-                pip_requirements=[f"transformers=={transformers.__version__}",
-                                  f"torch=={torch.__version__.split('+')[0]}"],
+                pip_requirements=[
+                    f"transformers=={transformers.__version__}",
+                    f"torch=={torch.__version__.split('+')[0]}",
+                ],
                 input_example=["a fine product"],
             )
         if name:
             # Registered with its tags in one call: a version never exists without the key that finds it again.
-            version = mlflow.register_model(model_info.model_uri, name, tags=dict(config.mlflow.tags))
+            version = mlflow.register_model(
+                model_info.model_uri, name, tags=dict(config.mlflow.tags)
+            )
             info["registered_model_name"] = name
             info["registered_model_version"] = int(version.version)
         info["model_uri"] = model_info.model_uri

@@ -53,5 +53,7 @@ class DynamicPaddingCollator:
             "attention_mask": attention_mask,
             "labels": labels,
             "num_samples": len(seqs),
-            "num_tokens": int(attention_mask.sum()),  # an int, not a tensor: counting it never syncs a device
+            "num_tokens": int(
+                attention_mask.sum()
+            ),  # an int, not a tensor: counting it never syncs a device
         }

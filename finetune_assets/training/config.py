@@ -40,59 +40,110 @@ class HyperParameters(_Strict):
 
     AdamW lr 5e-5 with 10% linear warmup then linear decay is the usual recipe for fine-tuning a
     pretrained BERT; the seed's recipe stays one setting away: ``optimizer="adadelta", lr=1.0,
-    warmup_ratio=0`` (StepLR ``gamma`` per epoch). On the offline sample (benchmarks/README.md,
-    "Training") Adadelta reached test macro-F1 0.44 (Mixed never predicted) where AdamW reached 1.00.
+    warmup_ratio=0`` (StepLR ``gamma`` per epoch); why it is not the default: benchmarks/README.md,
+    "Training".
     """
 
-    epochs: int = Field(1, ge=1, description="passes over the training split (one beats the TF-IDF baseline by "
-                                             "9.6 accuracy points on the default set: benchmarks/README.md)")
-    max_steps: int = Field(-1, ge=-1, description="-1: all epochs; else stop after this many optimizer steps")
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="passes over the training split (one is enough to beat the TF-IDF baseline "
+        "on the default set: benchmarks/README.md)",
+    )
+    max_steps: int = Field(
+        -1, ge=-1, description="-1: all epochs; else stop after this many optimizer steps"
+    )
     batch_size: int = Field(8, ge=1, description="per device (per torchrun worker)")
-    optimizer: Optimizer = Field("adamw", description="adamw (linear warmup/decay) or adadelta (the seed's recipe: "
-                                                      "lr 1.0, warmup_ratio 0, StepLR gamma per epoch)")
+    optimizer: Optimizer = Field(
+        "adamw",
+        description="adamw (linear warmup/decay) or adadelta (the seed's recipe: "
+        "lr 1.0, warmup_ratio 0, StepLR gamma per epoch)",
+    )
     lr: float = Field(5e-5, gt=0, description="5e-5 for adamw; the seed used 1.0 with adadelta")
     gamma: float = Field(0.7, gt=0, le=1, description="StepLR decay per epoch (adadelta)")
     weight_decay: float = Field(0.0, ge=0)
-    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="fraction of steps with linear warmup (adamw)")
-    precision: Precision = Field("auto", description="auto: bf16-mixed where the CPU or GPU supports bf16, else 32 "
-                                                     "(the run records what it used); 32, bf16-mixed, 16-mixed (GPU)")
+    warmup_ratio: float = Field(
+        0.1, ge=0, lt=1, description="fraction of steps with linear warmup (adamw)"
+    )
+    precision: Precision = Field(
+        "auto",
+        description="auto: bf16-mixed where the CPU or GPU supports bf16, else 32 "
+        "(the run records what it used); 32, bf16-mixed, 16-mixed (GPU)",
+    )
     accumulate_grad_batches: int = Field(1, ge=1)
-    gradient_clip_val: float | None = Field(None, gt=0, description="clip gradients to this norm (null: off)")
-    strategy: Strategy = Field("ddp", description="ddp; fsdp (FSDP2: each encoder block sharded over a node's "
-                                                 "ranks, replicated across nodes); auto: fsdp above 1B "
-                                                 "parameters on more than one process, else ddp")
+    gradient_clip_val: float | None = Field(
+        None, gt=0, description="clip gradients to this norm (null: off)"
+    )
+    strategy: Strategy = Field(
+        "ddp",
+        description="ddp; fsdp (FSDP2: each encoder block sharded over a node's "
+        "ranks, replicated across nodes); auto: fsdp above 1B "
+        "parameters on more than one process, else ddp",
+    )
     accelerator: Accelerator = Field("auto", description="auto, cpu or gpu")
     seed: int = 42
-    class_weights: ClassWeights = Field("balanced", description="balanced: loss weights n / (classes * count) from "
-                                        "the train split's label counts (rare classes count, macro-F1); or none")
-    num_workers: int = Field(0, ge=0, description="data loader workers per device (0: in-process; raise it on GPUs)")
+    class_weights: ClassWeights = Field(
+        "balanced",
+        description="balanced: loss weights n / (classes * count) from "
+        "the train split's label counts (rare classes count, macro-F1); or none",
+    )
+    num_workers: int = Field(
+        0, ge=0, description="data loader workers per device (0: in-process; raise it on GPUs)"
+    )
     shuffle: bool = True
-    max_length: int = Field(512, ge=2, le=8192, description="longer token sequences are cut (keeping [SEP])")
-    # benchmarks/results/train_throughput.json: 16 gave 6.22x vs 3.82x without, over the seed's pad-to-512.
-    bucket_batches: int = Field(16, ge=1, description="length bucketing: sort windows of this many batches by "
-                                                      "length before batching (less padding); 1: off")
-    checkpoint_every_n_steps: int | None = Field(None, ge=1, description="checkpoint every this many optimizer "
-                                                 "steps; null: every checkpoint_every_minutes")
-    checkpoint_every_minutes: float = Field(10.0, gt=0, description="wall-clock checkpoint interval (rank 0 decides "
-                                            "for all); on a GPU the file is written in the background")
+    max_length: int = Field(
+        512, ge=2, le=8192, description="longer token sequences are cut (keeping [SEP])"
+    )
+    # 16: the fastest setting measured (benchmarks/README.md, "Fast defaults")
+    bucket_batches: int = Field(
+        16,
+        ge=1,
+        description="length bucketing: sort windows of this many batches by "
+        "length before batching (less padding); 1: off",
+    )
+    checkpoint_every_n_steps: int | None = Field(
+        None,
+        ge=1,
+        description="checkpoint every this many optimizer "
+        "steps; null: every checkpoint_every_minutes",
+    )
+    checkpoint_every_minutes: float = Field(
+        10.0,
+        gt=0,
+        description="wall-clock checkpoint interval (rank 0 decides "
+        "for all); on a GPU the file is written in the background",
+    )
     log_every_n_steps: int = Field(10, ge=1)
-    progress_every_seconds: float = Field(30.0, ge=1, description="rank 0's progress line (Dagster log + MLflow): "
-                                                                  "a steady pace on any hardware")
-    limit_train_batches: int | None = Field(None, ge=1, description="cap batches per epoch (smoke runs)")
+    progress_every_seconds: float = Field(
+        30.0,
+        ge=1,
+        description="rank 0's progress line (Dagster log + MLflow): a steady pace on any hardware",
+    )
+    limit_train_batches: int | None = Field(
+        None, ge=1, description="cap batches per epoch (smoke runs)"
+    )
     limit_val_batches: int | None = Field(None, ge=1)
     limit_test_batches: int | None = Field(None, ge=1)
 
     @field_validator("precision", mode="before")
     @classmethod
     def _precision_number(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value  # 32 == "32"
+        return (
+            str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        )  # 32 == "32"
 
     @model_validator(mode="after")
     def _gpu_only_precision(self) -> HyperParameters:
         if self.accelerator == "cpu" and self.precision == "16-mixed":
-            raise ValueError("precision '16-mixed' needs a GPU; use 'auto', '32' or 'bf16-mixed' on CPU")
-        if self.strategy == "fsdp" and self.precision == "16-mixed":  # Lightning's ModelParallelStrategy
-            raise ValueError("precision '16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed' or '32'")
+            raise ValueError(
+                "precision '16-mixed' needs a GPU; use 'auto', '32' or 'bf16-mixed' on CPU"
+            )
+        if (
+            self.strategy == "fsdp" and self.precision == "16-mixed"
+        ):  # Lightning's ModelParallelStrategy
+            raise ValueError(
+                "precision '16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed' or '32'"
+            )
         return self
 
     def hyper_parameters(self) -> dict[str, Any]:
@@ -110,7 +161,9 @@ class DataConfig(_Strict):
     # published shards are never read in place. None: a per-run folder under the temp dir, removed
     # after a successful run. A folder given here is kept (e.g. a persistent volume).
     local_cache_dir: str | None = None
-    prefetch_factor: int = Field(2, ge=1)  # batches (windows) each worker reads ahead, with num_workers > 0
+    prefetch_factor: int = Field(
+        2, ge=1
+    )  # batches (windows) each worker reads ahead, with num_workers > 0
     shuffle_seed: int = 9176
     # Length buckets run in one order on every rank (each step, all ranks the same length rank);
     # "per_rank" (each rank its own order: ranks wait for the longest) only for comparison in benchmarks/.
@@ -140,7 +193,9 @@ class MlflowConfig(_Strict):
     artifact_location: str | None = None  # used only when the experiment is created
     registered_model_name: str | None = "review-classifier"
     run_name: str | None = None
-    tags: dict[str, str] = Field(default_factory=dict)  # dataset_version, shard_data_version, code_version...
+    tags: dict[str, str] = Field(
+        default_factory=dict
+    )  # dataset_version, shard_data_version, code_version...
     log_model: bool = True
     # Rank 0's logging + registration after training; past it the run fails (a re-run resumes at the end).
     timeout_seconds: float = Field(900.0, gt=0)
@@ -182,7 +237,9 @@ class TrainerConfig(HyperParameters):
 
     model_dir: str = Field(min_length=1)  # HF folder of the pretrained model (weights + tokenizer)
     output_dir: str = Field(min_length=1)  # rank 0 writes model/ and metrics.json here
-    checkpoint_dir: str = Field(min_length=1)  # stable across restarts of the same inputs: resume reads last.ckpt
+    checkpoint_dir: str = Field(
+        min_length=1
+    )  # stable across restarts of the same inputs: resume reads last.ckpt
     data: DataConfig
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     # The dataset version's classes in label-id order (the shards' labels are ids into this list);
@@ -201,9 +258,11 @@ class TrainerConfig(HyperParameters):
         """The train split's samples per label id that class_weights 'balanced' needs (checked here, not counted)."""
         counts = self.data.train_label_counts
         if counts is None or len(counts) != len(self.labels) or min(counts) < 0:
-            raise ConfigError(f"class_weights 'balanced' needs data.train_label_counts with one count per label "
-                              f"({len(self.labels)}), got {counts}: finetuned_model fills it from mds_shards' "
-                              "train/split_stats.json (or set class_weights 'none')")
+            raise ConfigError(
+                f"class_weights 'balanced' needs data.train_label_counts with one count per label "
+                f"({len(self.labels)}), got {counts}: finetuned_model fills it from mds_shards' "
+                "train/split_stats.json (or set class_weights 'none')"
+            )
         return list(counts)
 
     # -- (de)serialisation -------------------------------------------------------------------
@@ -236,9 +295,20 @@ class TrainerConfig(HyperParameters):
 
     def hparams(self) -> dict[str, Any]:
         """Flat, secret-free parameters for MLflow (paths and tracking left out)."""
-        data = self.data.model_dump(exclude={"train_url", "validation_url", "test_url", "local_cache_dir",
-                                             "train_label_counts"})  # data, not a knob
-        return {**self.hyper_parameters(), "labels": list(self.labels), **{f"data.{k}": v for k, v in data.items()}}
+        data = self.data.model_dump(
+            exclude={
+                "train_url",
+                "validation_url",
+                "test_url",
+                "local_cache_dir",
+                "train_label_counts",
+            }
+        )  # data, not a knob
+        return {
+            **self.hyper_parameters(),
+            "labels": list(self.labels),
+            **{f"data.{k}": v for k, v in data.items()},
+        }
 
 
 def explain(err: ValidationError) -> str:

@@ -37,7 +37,9 @@ from finetune_assets.training.config import DataConfig, TrainerConfig
 
 SPLITS = ("train", "validation", "test")
 log = logging.getLogger(__name__)
-PAD_LABEL = -100  # cross-entropy's and torchmetrics' ignore_index: a padding or repeated sample counts nowhere
+PAD_LABEL = (
+    -100
+)  # cross-entropy's and torchmetrics' ignore_index: a padding or repeated sample counts nowhere
 
 
 class WindowCollator:
@@ -49,9 +51,20 @@ class WindowCollator:
     window's content, so at one step the ranks run different lengths and wait for the longest.
     """
 
-    def __init__(self, collate: Callable[[list[dict[str, Any]]], Any], batch_size: int, bucket_batches: int,
-                 seed: int, per_rank: bool = False):
-        self.collate, self.batch_size, self.bucket_batches, self.seed = collate, batch_size, bucket_batches, seed
+    def __init__(
+        self,
+        collate: Callable[[list[dict[str, Any]]], Any],
+        batch_size: int,
+        bucket_batches: int,
+        seed: int,
+        per_rank: bool = False,
+    ):
+        self.collate, self.batch_size, self.bucket_batches, self.seed = (
+            collate,
+            batch_size,
+            bucket_batches,
+            seed,
+        )
         self.per_rank = per_rank
 
     def __call__(self, window: list[dict[str, Any]]) -> list[Any]:
@@ -85,8 +98,15 @@ def bucket_order(count: int, seed: int, epoch: int, window: int) -> list[int]:
     return order
 
 
-def repeated_positions(num_samples: int, canonical: int, nodes: int, ranks_per_node: int, rank: int,
-                       window: int, algo: str = "relaxed") -> np.ndarray:
+def repeated_positions(
+    num_samples: int,
+    canonical: int,
+    nodes: int,
+    ranks_per_node: int,
+    rank: int,
+    window: int,
+    algo: str = "relaxed",
+) -> np.ndarray:
     """Which positions of ``rank``'s epoch stream repeat a sample that another position already has.
 
     ``StreamingDataset`` gives every rank the same number of samples by repeating some when the
@@ -107,7 +127,10 @@ def repeated_positions(num_samples: int, canonical: int, nodes: int, ranks_per_n
     first[at[np.unique(flat[at], return_index=True)[1]]] = True
     repeated = (valid & ~first).reshape(order.shape)
     node, local = divmod(rank, ranks_per_node)
-    mine, mine_valid = repeated[:, node, local].reshape(-1), valid.reshape(order.shape)[:, node, local].reshape(-1)
+    mine, mine_valid = (
+        repeated[:, node, local].reshape(-1),
+        valid.reshape(order.shape)[:, node, local].reshape(-1),
+    )
     return mine[mine_valid]  # streaming skips the -1 fillers, all at the end of a rank's stream
 
 
@@ -140,9 +163,13 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         if bucket_batches < 1:
             raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches}")
         # Windows are bucketed and collated inside the loader's workers (pinned by the DataLoader when asked).
-        windows = WindowCollator(collate_fn, batch_size, bucket_batches, seed, per_rank=not shared_order)
+        windows = WindowCollator(
+            collate_fn, batch_size, bucket_batches, seed, per_rank=not shared_order
+        )
         self._seed, self._shared_order = seed, shared_order and bucket_batches > 1
-        super().__init__(dataset, batch_size=batch_size * bucket_batches, collate_fn=windows, **kwargs)
+        super().__init__(
+            dataset, batch_size=batch_size * bucket_batches, collate_fn=windows, **kwargs
+        )
         self.per_device_batch = batch_size
         self.bucket_batches = bucket_batches
         self._epoch_fn = epoch_fn
@@ -153,7 +180,10 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         self._inflight: deque[tuple[int, int, int, int]] = deque()
         self._epoch = 0
         self._base = 0  # global sample_in_epoch where this iteration started
-        self._resume_point = (0, 0)  # (samples of this rank before the window, batches consumed in it)
+        self._resume_point = (
+            0,
+            0,
+        )  # (samples of this rank before the window, batches consumed in it)
         self.num_samples_consumed = 0
 
     def __len__(self) -> int:
@@ -168,8 +198,10 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
             # Built here, not read with dataset.state_dict(): that reads the node's shared resume
             # buffer, which another local rank may have created but not yet written (empty JSON).
             state = {
-                "epoch": self._epoch_fn(), "sample_in_epoch": 0,
-                "num_canonical_nodes": dataset.num_canonical_nodes or self._num_nodes, "shuffle_seed": dataset.shuffle_seed,
+                "epoch": self._epoch_fn(),
+                "sample_in_epoch": 0,
+                "num_canonical_nodes": dataset.num_canonical_nodes or self._num_nodes,
+                "shuffle_seed": dataset.shuffle_seed,
                 "initial_physical_nodes": dataset.initial_physical_nodes or self._num_nodes,
             }
         skip = int(state.pop("skip_batches", 0))
@@ -182,9 +214,13 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         window_samples = self.per_device_batch * self.bucket_batches
         for w, batches in enumerate(DataLoader.__iter__(self)):
             size = sum(len(batch["labels"]) for batch in batches)
-            if self._shared_order:  # the window's number in this rank's epoch stream: the same on every rank
+            if (
+                self._shared_order
+            ):  # the window's number in this rank's epoch stream: the same on every rank
                 number = (self._base // self._world_size + offset) // window_samples
-                batches = [batches[k] for k in bucket_order(len(batches), self._seed, self._epoch, number)]
+                batches = [
+                    batches[k] for k in bucket_order(len(batches), self._seed, self._epoch, number)
+                ]
             for j, batch in enumerate(batches):
                 rows = batch.pop("window_index")
                 if w == 0 and j < skip:
@@ -300,15 +336,20 @@ def cache_limit_bytes(index: dict[str, Any], num_nodes: int) -> int:
     four of the largest shard (raw + zip) while one downloads and decompresses.
     """
     shards = index.get("shards", [])
-    sizes = [int((s.get("raw_data") or {}).get("bytes", 0)) + int((s.get("zip_data") or {}).get("bytes", 0))
-             for s in shards]
+    sizes = [
+        int((s.get("raw_data") or {}).get("bytes", 0))
+        + int((s.get("zip_data") or {}).get("bytes", 0))
+        for s in shards
+    ]
     if not sizes:
         return 0
     index_bytes = len(json.dumps(index)) + 1024
     return index_bytes + math.ceil(sum(sizes) / max(1, num_nodes)) + 6 * max(sizes)
 
 
-def cache_root(config: DataConfig, run_key: str, attempt: str | None = None) -> tuple[str, str | None]:
+def cache_root(
+    config: DataConfig, run_key: str, attempt: str | None = None
+) -> tuple[str, str | None]:
     """(folder, folder to remove after success or None) for the local copies of the splits.
 
     ``config.local_cache_dir`` when set (kept: the caller owns it). Otherwise
@@ -385,8 +426,10 @@ def canonical_nodes(config: DataConfig, num_nodes: int) -> int:
     """
     value = config.num_canonical_nodes or num_nodes
     if value < num_nodes or value % num_nodes:
-        raise ValueError(f"data.num_canonical_nodes={value} must be a multiple of the node count ({num_nodes}) "
-                         "and at least it, or each node reads every shard; set it so or leave it unset")
+        raise ValueError(
+            f"data.num_canonical_nodes={value} must be a multiple of the node count ({num_nodes}) "
+            "and at least it, or each node reads every shard; set it so or leave it unset"
+        )
     return value
 
 
@@ -398,8 +441,15 @@ class MdsDataModule(pl.LightningDataModule):
     Evaluation splits are read by index, one contiguous block per rank (:class:`RankBlock`).
     """
 
-    def __init__(self, config: TrainerConfig, pad_token_id: int = 0, pad_to: int | None = None, run_key: str = "",
-                 pin_memory: bool = False, attempt: str | None = None):
+    def __init__(
+        self,
+        config: TrainerConfig,
+        pad_token_id: int = 0,
+        pad_to: int | None = None,
+        run_key: str = "",
+        pin_memory: bool = False,
+        attempt: str | None = None,
+    ):
         super().__init__()
         self.config = config
         self.pin_memory = pin_memory
@@ -409,7 +459,9 @@ class MdsDataModule(pl.LightningDataModule):
         self.indexes = {split: read_index(self.url(split), split) for split in SPLITS}
         self.sizes = {split: num_samples(index) for split, index in self.indexes.items()}
         if not self.sizes["train"]:
-            raise ValueError(f"train split at {config.data.train_url} has no samples: nothing to train on")
+            raise ValueError(
+                f"train split at {config.data.train_url} has no samples: nothing to train on"
+            )
         key = json.dumps({"run": run_key, "indexes": self.indexes}, sort_keys=True)
         self.cache_dir, self._owned_cache = cache_root(config.data, key, attempt)
 
@@ -441,16 +493,22 @@ class MdsDataModule(pl.LightningDataModule):
 
     def _limits(self) -> dict[str, int]:
         nodes = self._world()[2]
-        return {split: cache_limit_bytes(self.indexes[split], nodes) for split in SPLITS if not self.is_empty(split)}
+        return {
+            split: cache_limit_bytes(self.indexes[split], nodes)
+            for split in SPLITS
+            if not self.is_empty(split)
+        }
 
     def _check_free_space(self) -> None:
         """Fail before any download when the cache folder cannot hold this node's share of the shards."""
         os.makedirs(self.cache_dir, exist_ok=True)
         need, free = sum(self._limits().values()), shutil.disk_usage(self.cache_dir).free
         if need > free:
-            raise OSError(f"shard cache {self.cache_dir}: this node needs up to {need} bytes, {free} are free; "
-                          "give the cache volume more room (the k8s launcher's scratch_size) or set "
-                          "data.local_cache_dir to a larger local folder")
+            raise OSError(
+                f"shard cache {self.cache_dir}: this node needs up to {need} bytes, {free} are free; "
+                "give the cache volume more room (the k8s launcher's scratch_size) or set "
+                "data.local_cache_dir to a larger local folder"
+            )
 
     def cached_shards(self, split: str) -> int:
         """Shards of ``split`` now decompressed in this node's cache (each node should hold about its share)."""
@@ -484,7 +542,9 @@ class MdsDataModule(pl.LightningDataModule):
 
     def _loader_kwargs(self) -> dict[str, Any]:
         c = self.config
-        kwargs: dict[str, Any] = dict(num_workers=c.num_workers, pin_memory=self.pin_memory, drop_last=False)
+        kwargs: dict[str, Any] = dict(
+            num_workers=c.num_workers, pin_memory=self.pin_memory, drop_last=False
+        )
         if c.num_workers > 0:  # llm-foundry's set-up: workers stay up across epochs and read ahead
             kwargs.update(persistent_workers=True, prefetch_factor=c.data.prefetch_factor)
         return kwargs
@@ -492,8 +552,13 @@ class MdsDataModule(pl.LightningDataModule):
     def _eval_loader(self, split: str) -> DataLoader:
         rank, world, _ = self._world()
         block = RankBlock(self.datasets[split], rank, world)
-        return DataLoader(block, batch_size=self.config.batch_size, shuffle=False, collate_fn=self.collate,
-                          **self._loader_kwargs())
+        return DataLoader(
+            block,
+            batch_size=self.config.batch_size,
+            shuffle=False,
+            collate_fn=self.collate,
+            **self._loader_kwargs(),
+        )
 
     def train_dataloader(self) -> StreamingDataLoader:
         c = self.config
@@ -501,13 +566,27 @@ class MdsDataModule(pl.LightningDataModule):
         epoch_fn = (lambda: self.trainer.current_epoch) if self.trainer is not None else (lambda: 0)
         dataset = self.datasets["train"]
         rank, _, nodes = self._world()
-        repeated = repeated_positions(dataset.num_samples, canonical_nodes(c.data, nodes), nodes, world // nodes, rank,
-                                      c.batch_size * c.bucket_batches, dataset.partition_algo)
+        repeated = repeated_positions(
+            dataset.num_samples,
+            canonical_nodes(c.data, nodes),
+            nodes,
+            world // nodes,
+            rank,
+            c.batch_size * c.bucket_batches,
+            dataset.partition_algo,
+        )
         self._train_loader = ResumableStreamingDataLoader(
-            dataset, batch_size=c.batch_size, collate_fn=self.collate, epoch_fn=epoch_fn, world_size=world,
-            bucket_batches=c.bucket_batches, seed=c.data.shuffle_seed, repeated=repeated, num_nodes=nodes,
+            dataset,
+            batch_size=c.batch_size,
+            collate_fn=self.collate,
+            epoch_fn=epoch_fn,
+            world_size=world,
+            bucket_batches=c.bucket_batches,
+            seed=c.data.shuffle_seed,
+            repeated=repeated,
+            num_nodes=nodes,
             shared_order=c.data.bucket_order == "shared",
-            **self._loader_kwargs()
+            **self._loader_kwargs(),
         )
         return self._train_loader
 

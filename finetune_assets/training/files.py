@@ -24,7 +24,9 @@ def scratch_root() -> str:
     ``$XDG_CACHE_HOME/finetune_assets``: the Kubernetes launcher points it at the pods' cache volume,
     so these never fill the small ``/tmp`` that also holds HOME. Else the temp dir (local runs).
     """
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or tempfile.gettempdir(), "finetune_assets")
+    return os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or tempfile.gettempdir(), "finetune_assets"
+    )
 
 
 def is_local(url: str) -> bool:
@@ -57,7 +59,9 @@ def publish_dir(local_dir: Path, url: str) -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
         if dst.exists():
             shutil.rmtree(dst)
-        os.replace(local_dir, dst) if local_dir.parent == dst.parent else shutil.move(str(local_dir), dst)
+        os.replace(local_dir, dst) if local_dir.parent == dst.parent else shutil.move(
+            str(local_dir), dst
+        )
     else:
         fs, path = fsspec.core.url_to_fs(url)
         fs.put(str(local_dir) + "/", path + "/", recursive=True)
@@ -70,7 +74,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     remote target, then one upload): the checkpoint is never held in memory a second time.
     """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
+    ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
         url = str(path)

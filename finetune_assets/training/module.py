@@ -1,5 +1,6 @@
 """The Lightning module: a sequence classifier of the checkpoint's own architecture plus loss, metrics,
-optimizers, throughput."""
+optimizers, throughput.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
+from torchmetrics.classification import (
+    MulticlassAccuracy,
+    MulticlassConfusionMatrix,
+    MulticlassF1Score,
+)
 from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
@@ -38,13 +43,15 @@ def export_classifier(config: PretrainedConfig, state: dict[str, torch.Tensor]) 
 
     ``state`` is the Lightning module's state dict (``model.`` prefixed); a missing or extra key fails.
     """
-    weights = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    weights = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
     model = AutoModelForSequenceClassification.from_config(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
-        raise RuntimeError(f"trained weights do not match {type(model).__name__}: missing={missing}, "
-                           f"unexpected={unexpected}")
+        raise RuntimeError(
+            f"trained weights do not match {type(model).__name__}: missing={missing}, "
+            f"unexpected={unexpected}"
+        )
     return model.eval()
 
 
@@ -87,19 +94,31 @@ class ReviewClassifier(pl.LightningModule):
     """Owns loss, metrics and optimizers; the HF model is injected so tests and benchmarks can share it."""
 
     def __init__(
-        self, model: PreTrainedModel, optim: HyperParameters, class_weights: list[float] | None = None, seed: int = 0
+        self,
+        model: PreTrainedModel,
+        optim: HyperParameters,
+        class_weights: list[float] | None = None,
+        seed: int = 0,
     ):
         super().__init__()
         self.seed = seed
-        self.model = model.train()  # from_pretrained returns eval mode; dropout must be on while training
+        self.model = (
+            model.train()
+        )  # from_pretrained returns eval mode; dropout must be on while training
         # The classes, in id order, from the model's own config (set from the version's label set).
-        self.labels: tuple[str, ...] = tuple(model.config.id2label[i] for i in range(model.config.num_labels))
+        self.labels: tuple[str, ...] = tuple(
+            model.config.id2label[i] for i in range(model.config.num_labels)
+        )
         self.num_classes = len(self.labels)
         self.optim = optim
         if class_weights is not None and len(class_weights) != self.num_classes:
-            raise ValueError(f"class_weights needs {self.num_classes} values, got {len(class_weights)}")
+            raise ValueError(
+                f"class_weights needs {self.num_classes} values, got {len(class_weights)}"
+            )
         # Training loss only; evaluation losses stay plain cross-entropy so runs remain comparable.
-        weight = torch.tensor(class_weights, dtype=torch.float32) if class_weights is not None else None
+        weight = (
+            torch.tensor(class_weights, dtype=torch.float32) if class_weights is not None else None
+        )
         self.register_buffer("class_weight", weight, persistent=False)
         self.val_metrics = _eval_metrics("val/", self.num_classes)
         self.test_metrics = _eval_metrics("test/", self.num_classes)
@@ -116,7 +135,9 @@ class ReviewClassifier(pl.LightningModule):
         # Dropout masks as a function of (seed, position, rank), not of the RNG's history: a run resumed
         # from a checkpoint draws the same masks as an uninterrupted one, so it ends with the same weights.
         key = f"{self.seed}/{self.current_epoch}/{batch_idx}/{self.global_step}/{self.global_rank}"
-        torch.manual_seed(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1)
+        torch.manual_seed(
+            int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
+        )
 
     def train_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy in fp32, weighted per class when ``class_weights`` were given (mean over the batch's weights).
@@ -124,25 +145,51 @@ class ReviewClassifier(pl.LightningModule):
         fp32 whatever the precision: bf16 would round the class weights (and the loss) to 3 digits.
         """
         logits, labels = logits.float().view(-1, self.num_classes), labels.view(-1)
-        kept = labels != PAD_LABEL  # streaming's repeated samples (datamodule.repeated_positions) count nowhere
-        weight = self.class_weight[labels.clamp(min=0)] if self.class_weight is not None else torch.ones_like(logits[:, 0])
+        kept = (
+            labels != PAD_LABEL
+        )  # streaming's repeated samples (datamodule.repeated_positions) count nowhere
+        weight = (
+            self.class_weight[labels.clamp(min=0)]
+            if self.class_weight is not None
+            else torch.ones_like(logits[:, 0])
+        )
         weight = weight * kept
         per_sample = F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="none")
-        return (per_sample * weight).sum() / weight.sum().clamp(min=1e-12)  # 0, not NaN, for an all-repeat batch
+        return (per_sample * weight).sum() / weight.sum().clamp(
+            min=1e-12
+        )  # 0, not NaN, for an all-repeat batch
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
         bs = batch["labels"].shape[0]
         # The mean over all ranks, reduced once per log interval and once per epoch (not every step).
-        if (batch_idx + 1) % (self.trainer.log_every_n_steps * self.trainer.accumulate_grad_batches) == 0:
-            self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, batch_size=bs, sync_dist=True)
-        self.log("train/loss_epoch", loss.detach(), on_step=False, on_epoch=True, batch_size=bs, sync_dist=True)
+        if (batch_idx + 1) % (
+            self.trainer.log_every_n_steps * self.trainer.accumulate_grad_batches
+        ) == 0:
+            self.log(
+                "train/loss_step",
+                loss.detach(),
+                on_step=True,
+                on_epoch=False,
+                batch_size=bs,
+                sync_dist=True,
+            )
+        self.log(
+            "train/loss_epoch",
+            loss.detach(),
+            on_step=False,
+            on_epoch=True,
+            batch_size=bs,
+            sync_dist=True,
+        )
         return loss  # samples, tokens and seconds are counted by callbacks.Throughput
 
     # -- evaluation ------------------------------------------------------------------------
 
-    def _eval_step(self, batch: dict[str, torch.Tensor], metrics: MetricCollection, loss: MeanMetric) -> None:
+    def _eval_step(
+        self, batch: dict[str, torch.Tensor], metrics: MetricCollection, loss: MeanMetric
+    ) -> None:
         labels = batch["labels"]
         logits = self(batch).logits.float()
         metrics.update(logits.argmax(dim=-1), labels)  # PAD_LABEL samples are ignored
@@ -156,14 +203,18 @@ class ReviewClassifier(pl.LightningModule):
         self._eval_step(batch, self.test_metrics, self.test_loss)
 
     def _log_eval(self, metrics: MetricCollection, loss: MeanMetric) -> dict[str, Any]:
-        values = metrics.compute()  # torchmetrics syncs the states across ranks (a rank may have none)
+        values = (
+            metrics.compute()
+        )  # torchmetrics syncs the states across ranks (a rank may have none)
         prefix = metrics.prefix or ""
         self.log(f"{prefix}loss", float(loss.compute()), sync_dist=False)
         loss.reset()
         result = {
             "accuracy": float(values[f"{prefix}accuracy"]),
             "macro_f1": float(values[f"{prefix}macro_f1"]),
-            "f1_per_class": {self.labels[i]: float(v) for i, v in enumerate(values[f"{prefix}f1_per_class"])},
+            "f1_per_class": {
+                self.labels[i]: float(v) for i, v in enumerate(values[f"{prefix}f1_per_class"])
+            },
             "confusion_matrix": values[f"{prefix}confusion_matrix"].long().tolist(),
         }
         self.log(f"{prefix}accuracy", result["accuracy"], sync_dist=False)
@@ -184,16 +235,30 @@ class ReviewClassifier(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim
         if o.optimizer == "adadelta":  # the seed's recipe
-            optimizer = torch.optim.Adadelta(self.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+            optimizer = torch.optim.Adadelta(
+                self.parameters(), lr=o.lr, weight_decay=o.weight_decay
+            )
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=o.gamma)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"},
+            }
         decay, no_decay = [], []
         for name, p in self.named_parameters():
             if p.requires_grad:
                 (decay if decays(name) else no_decay).append(p)
-        log.info("AdamW: %d tensors with weight decay %g, %d without", len(decay), o.weight_decay, len(no_decay))
+        log.info(
+            "AdamW: %d tensors with weight decay %g, %d without",
+            len(decay),
+            o.weight_decay,
+            len(no_decay),
+        )
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=o.lr
+            [
+                {"params": decay, "weight_decay": o.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=o.lr,
         )
         total = max(1, self.total_steps())
         warmup = int(total * o.warmup_ratio)
@@ -204,7 +269,10 @@ class ReviewClassifier(pl.LightningModule):
             return max(0.0, (total - step) / max(1, total - warmup))
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
     def total_steps(self) -> int:
         """Optimizer steps of the whole run, computed from the train dataset's length.
@@ -217,7 +285,9 @@ class ReviewClassifier(pl.LightningModule):
         datasets = getattr(t.datamodule, "datasets", {}) if t.datamodule is not None else {}
         if "train" not in datasets:
             return int(t.estimated_stepping_batches)
-        batches = math.ceil(len(datasets["train"]) / t.datamodule.config.batch_size)  # per rank, as the loader
+        batches = math.ceil(
+            len(datasets["train"]) / t.datamodule.config.batch_size
+        )  # per rank, as the loader
         limit = t.limit_train_batches
         batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
         steps = math.ceil(batches / t.accumulate_grad_batches) * max(t.max_epochs or 1, 1)
@@ -261,9 +331,15 @@ class ReviewClassifier(pl.LightningModule):
                 f"data order all depend on it. Relaunch with {saved} processes (nnodes x nproc_per_node), "
                 "or delete the checkpoint folder (checkpoint_dir) to start this training over."
             )
-        changed = [k for k in ("num_nodes", "num_canonical_nodes") if k in state and k in now and state[k] != now[k]]
+        changed = [
+            k
+            for k in ("num_nodes", "num_canonical_nodes")
+            if k in state and k in now and state[k] != now[k]
+        ]
         if changed:
-            ranks = int(saved) // int(state["num_nodes"]) if saved and state.get("num_nodes") else "?"
+            ranks = (
+                int(saved) // int(state["num_nodes"]) if saved and state.get("num_nodes") else "?"
+            )
             raise LayoutChanged(
                 f"the checkpoint being resumed was written on {state.get('num_nodes')} nodes x {ranks} processes "
                 f"(data.num_canonical_nodes {state.get('num_canonical_nodes')}), this run has "

@@ -16,12 +16,17 @@ from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import MLFlowLogger
 from transformers import AutoTokenizer
 
-from finetune_assets.training import files, pruning
-from finetune_assets.training.callbacks import HuggingFaceCheckpointer, Progress, Throughput, trainer_tracking_uri
-from finetune_assets.training.config import TrainerConfig
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
-from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights
 from finetune_assets.data.labels import LabelSet
+from finetune_assets.training import files, pruning
+from finetune_assets.training.callbacks import (
+    HuggingFaceCheckpointer,
+    Progress,
+    Throughput,
+    trainer_tracking_uri,
+)
+from finetune_assets.training.config import TrainerConfig
+from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.precision import resolve_precision
 from finetune_assets.training.sharding import ShardedStrategy, local_parameters
@@ -45,24 +50,38 @@ def quiet_known_notices() -> None:
     Each filter names the message, the category and the module that warns (not a blanket ignore).
     """
     # Lightning 2.6's own pytree helper uses the LeafSpec class torch deprecated; nothing of ours to change.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                            category=FutureWarning, module=r"pytorch_lightning\.utilities\._pytree")
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"pytorch_lightning\.utilities\._pytree",
+    )
     # StreamingDataset partitions samples per rank and worker itself, so its __len__ is exact per rank.
-    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined",
-                            category=UserWarning, module=r"pytorch_lightning\.utilities\.data")
+    warnings.filterwarnings(
+        "ignore",
+        message=r"Your `IterableDataset` has `__len__` defined",
+        category=UserWarning,
+        module=r"pytorch_lightning\.utilities\.data",
+    )
     tips = logging.getLogger("pytorch_lightning.utilities.rank_zero")
     if not any(isinstance(f, _DropLitLoggerTip) for f in tips.filters):
         tips.addFilter(_DropLitLoggerTip())
 
 
 def _world() -> tuple[int, int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return (
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+    )
 
 
 ATTEMPT_KEYS = "/finetune_assets/attempt"
 
 
-def agree_on_attempt(store: Any, rank: int, world: int, timeout: float = 1800.0, poll: float = 0.05) -> str:
+def agree_on_attempt(
+    store: Any, rank: int, world: int, timeout: float = 1800.0, poll: float = 0.05
+) -> str:
     """A token that every rank of this start of the worker group gets, and no earlier start had.
 
     The agent's store outlives worker restarts, so the process group's keys must sit under a prefix
@@ -96,7 +115,9 @@ def agree_on_attempt(store: Any, rank: int, world: int, timeout: float = 1800.0,
                     store.set(f"{ATTEMPT_KEYS}/answer/{nonce}", token)
                     answered[r] = nonce
         if waiting and time.monotonic() > deadline:
-            raise TimeoutError(f"ranks {sorted(waiting)} did not join the process group within {timeout:.0f}s")
+            raise TimeoutError(
+                f"ranks {sorted(waiting)} did not join the process group within {timeout:.0f}s"
+            )
         time.sleep(poll if waiting else 0)
     return token
 
@@ -120,16 +141,26 @@ def _init_process_group(config: TrainerConfig) -> str | None:
         return None
     timeout = datetime.timedelta(minutes=30)
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-        is_master=rank == 0 and not _torchelastic_use_agent_store(), timeout=timeout,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0 and not _torchelastic_use_agent_store(),
+        timeout=timeout,
     )
     token = agree_on_attempt(store, rank, world, timeout=timeout.total_seconds())
-    log.info("rank %d joins attempt %s (this node's restart count %s)", rank, token[:8],
-             os.environ.get("TORCHELASTIC_RESTART_COUNT"))
+    log.info(
+        "rank %d joins attempt %s (this node's restart count %s)",
+        rank,
+        token[:8],
+        os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+    )
     gpu = config.accelerator != "cpu" and torch.cuda.is_available()
     dist.init_process_group(
-        "nccl" if gpu else "gloo", store=dist.PrefixStore(f"/finetune_assets/{token}", store),
-        rank=rank, world_size=world, timeout=timeout,
+        "nccl" if gpu else "gloo",
+        store=dist.PrefixStore(f"/finetune_assets/{token}", store),
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
     )
     return token
 
@@ -151,7 +182,8 @@ def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: i
 def checkpoint_io(config: TrainerConfig) -> Any:
     """Atomic writes; on a GPU in a background thread (Lightning's ``AsyncCheckpointIO`` copies the state
     on the device first, then training goes on while rank 0 writes). On CPU the copy and the writer
-    would compete with training for the same cores: written in place, as before."""
+    would compete with training for the same cores: written in place, as before.
+    """
     atomic = files.AtomicCheckpointIO()
     if config.accelerator != "cpu" and torch.cuda.is_available():
         from pytorch_lightning.plugins.io import AsyncCheckpointIO
@@ -160,8 +192,13 @@ def checkpoint_io(config: TrainerConfig) -> Any:
     return atomic
 
 
-def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, extra_callbacks: list[pl.Callback],
-             validate: bool = True, parameters: int = 0) -> pl.Trainer:
+def _trainer(
+    config: TrainerConfig,
+    logger: MLFlowLogger | bool,
+    extra_callbacks: list[pl.Callback],
+    validate: bool = True,
+    parameters: int = 0,
+) -> pl.Trainer:
     _, world, local_world = _world()
     strategy = _strategy(config, world, local_world, parameters)
     by_steps = config.checkpoint_every_n_steps
@@ -169,7 +206,9 @@ def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, extra_callbacks
         dirpath=files.local_path(config.checkpoint_dir),
         filename="step-{step}",
         every_n_train_steps=by_steps,
-        train_time_interval=None if by_steps else datetime.timedelta(minutes=config.checkpoint_every_minutes),
+        train_time_interval=None
+        if by_steps
+        else datetime.timedelta(minutes=config.checkpoint_every_minutes),
         save_top_k=0,
         save_last=True,
     )
@@ -191,7 +230,9 @@ def _trainer(config: TrainerConfig, logger: MLFlowLogger | bool, extra_callbacks
         num_sanity_val_steps=0,
         use_distributed_sampler=False,  # StreamingDataset partitions samples across ranks itself
         limit_train_batches=config.limit_train_batches,
-        limit_val_batches=config.limit_val_batches if validate else 0,  # 0: Lightning never builds the loader
+        limit_val_batches=config.limit_val_batches
+        if validate
+        else 0,  # 0: Lightning never builds the loader
         limit_test_batches=config.limit_test_batches,
         logger=logger,
         callbacks=callbacks,
@@ -207,7 +248,9 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
     m = config.mlflow
     run_file = files.local_path(config.checkpoint_dir) + "/" + MLFLOW_RUN_FILE
     run_id = None
-    if files.exists(run_file) and files.exists(files.local_path(config.checkpoint_dir) + "/" + LAST):
+    if files.exists(run_file) and files.exists(
+        files.local_path(config.checkpoint_dir) + "/" + LAST
+    ):
         run_id = files.read_json(run_file).get("run_id")
     logger = MLFlowLogger(
         experiment_name=m.experiment_name,
@@ -218,7 +261,9 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
         run_id=run_id,
         synchronous=False,  # metrics are queued and sent by mlflow's thread; finalize() flushes the queue
     )
-    files.write_json_atomic(run_file, {"run_id": logger.run_id, "experiment_id": logger.experiment_id})
+    files.write_json_atomic(
+        run_file, {"run_id": logger.run_id, "experiment_id": logger.experiment_id}
+    )
     logger.log_hyperparams(config.hparams())
     return logger
 
@@ -256,7 +301,9 @@ def _local_resume(resume: str | None) -> str | None:
             os.makedirs(os.path.dirname(local), exist_ok=True)
             fs, path = fsspec.core.url_to_fs(resume)
             fs.get_file(path, local)
-        torch.load(local, map_location="cpu", weights_only=True, mmap=True)  # raises on pickled code
+        torch.load(
+            local, map_location="cpu", weights_only=True, mmap=True
+        )  # raises on pickled code
     if dist.is_initialized():
         dist.barrier()
     return files.local_path(local)
@@ -292,26 +339,46 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
     # Reads every split's index first: a missing or empty train split fails here, with its URL.
-    datamodule = MdsDataModule(config, pad_token_id=tokenizer.pad_token_id or 0, run_key=config.checkpoint_dir,
-                               pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(), attempt=attempt)
+    datamodule = MdsDataModule(
+        config,
+        pad_token_id=tokenizer.pad_token_id or 0,
+        run_key=config.checkpoint_dir,
+        pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(),
+        attempt=attempt,
+    )
     weights = None
     if config.class_weights == "balanced":
         counts = config.train_label_counts()  # carried by the config (mds_shards' split_stats.json)
         weights = balanced_class_weights(counts)
         if rank == 0:
-            log.info("train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights])
-    module = ReviewClassifier(load_classifier(config.model_dir, LabelSet(tuple(config.labels))), config,
-                              class_weights=weights, seed=config.seed)
+            log.info(
+                "train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights]
+            )
+    module = ReviewClassifier(
+        load_classifier(config.model_dir, LabelSet(tuple(config.labels))),
+        config,
+        class_weights=weights,
+        seed=config.seed,
+    )
     if datamodule.is_empty("validation") and rank == 0:
-        log.warning("validation split %s is empty: training without validation", config.data.validation_url)
+        log.warning(
+            "validation split %s is empty: training without validation", config.data.validation_url
+        )
     logger = _mlflow_logger(config, rank)
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
-    trainer = _trainer(config, logger if logger is not None else False,
-                       [throughput, Progress(throughput, config.progress_every_seconds), export,
-                        *pruning.callbacks(config, rank)],
-                       validate=not datamodule.is_empty("validation"),
-                       parameters=sum(p.numel() for p in module.parameters()))
+    trainer = _trainer(
+        config,
+        logger if logger is not None else False,
+        [
+            throughput,
+            Progress(throughput, config.progress_every_seconds),
+            export,
+            *pruning.callbacks(config, rank),
+        ],
+        validate=not datamodule.is_empty("validation"),
+        parameters=sum(p.numel() for p in module.parameters()),
+    )
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
     resume = last if files.exists(last) else None
@@ -320,11 +387,15 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     timings: dict[str, float] = {"setup": time.time() - t0}
     t = time.time()
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=_local_resume(resume), weights_only=True)
+        trainer.fit(
+            module, datamodule=datamodule, ckpt_path=_local_resume(resume), weights_only=True
+        )
         timings["fit"] = time.time() - t  # with the Hugging Face export (on_fit_end)
         # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
         t = time.time()
-        trainer.save_checkpoint(last, weights_only=False)  # the full state: a resume restores loops and callbacks
+        trainer.save_checkpoint(
+            last, weights_only=False
+        )  # the full state: a resume restores loops and callbacks
         timings["final_checkpoint"] = time.time() - t
         t = time.time()
         if datamodule.is_empty("test"):
@@ -335,7 +406,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             trainer.test(module, datamodule=datamodule, verbose=False)
             test = {**module.test_results, "test_samples": datamodule.sizes["test"]}
         timings["test"] = time.time() - t
-        trainer.strategy.barrier("mds-cache")  # every rank of the node is done reading the cached shards
+        trainer.strategy.barrier(
+            "mds-cache"
+        )  # every rank of the node is done reading the cached shards
         local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
         cached = _per_node(datamodule.cached_shards("train") if local_leader else None)
         if local_leader:
@@ -353,7 +426,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "precision": config.precision,  # as resolved on this machine ("auto" never appears here)
             "class_weights": weights,
             "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
-            "labels": list(config.labels),  # class names in id order: f1_per_class, confusion matrix rows/columns
+            "labels": list(
+                config.labels
+            ),  # class names in id order: f1_per_class, confusion matrix rows/columns
             "wall_seconds": time.time() - t0,
             "timings": timings,  # seconds per phase (where a run's time goes)
         }
@@ -368,5 +443,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         export.cleanup()
     metrics["wall_seconds"] = time.time() - t0
     result = TrainingResult.model_validate(metrics)  # the contract finetuned_model reads
-    files.write_json_atomic(f"{config.output_dir.rstrip('/')}/{TRAINING_RESULT_FILE}", result.model_dump(mode="json"))
+    files.write_json_atomic(
+        f"{config.output_dir.rstrip('/')}/{TRAINING_RESULT_FILE}", result.model_dump(mode="json")
+    )
     return metrics

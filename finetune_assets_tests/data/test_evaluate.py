@@ -32,9 +32,9 @@ def test_a_class_never_seen_is_left_out_of_the_mean_but_listed_at_zero():
     result = scores(["a", "a", "b"], ["a", "b", "b"], ["a", "b", "c"])
     assert result["f1_per_class"]["c"] == 0.0
     assert result["macro_f1"] == pytest.approx(np.mean([2 / 3, 2 / 3]))
-    assert float(MulticlassF1Score(3, average="macro")(torch.tensor([0, 1, 1]), torch.tensor([0, 0, 1]))) == (
-        pytest.approx(result["macro_f1"])
-    )
+    assert float(
+        MulticlassF1Score(3, average="macro")(torch.tensor([0, 1, 1]), torch.tensor([0, 0, 1]))
+    ) == (pytest.approx(result["macro_f1"]))
 
 
 def test_labels_outside_the_set_are_refused_by_name():

@@ -54,11 +54,14 @@ def test_att_index_column_multiline_texts_and_float_labels(arabic_reviews: Path)
     assert sum("\n" in t for t in texts) > 1000  # multi-line quoted reviews survive as one row each
     assert not any(t.isdigit() for t in texts)  # the index column was not taken for the text
     accepted = result.accepted.to_pylist()
-    assert all(row["label"] == POLARITY[str(int(float(expected[row["source_row"]]["polarity"])))]
-               for row in accepted)
+    assert all(
+        row["label"] == POLARITY[str(int(float(expected[row["source_row"]]["polarity"])))]
+        for row in accepted
+    )
     assert result.label_counts["Mixed"] == 0
     assert result.label_counts["Negative"] == sum(r["polarity"] == "-1.0" for r in expected) - sum(
-        1 for row in result.rejected.to_pylist() if row["label"] == "-1.0")
+        1 for row in result.rejected.to_pylist() if row["label"] == "-1.0"
+    )
 
 
 @pytest.mark.parametrize("name", ["PROD.csv", "ATT.csv", "RES2.csv"])
@@ -69,7 +72,10 @@ def test_accepted_plus_rejected_equals_rows_in_file(arabic_reviews: Path, name: 
     assert raw.num_rows == n_file
     assert result.accepted.num_rows + result.rejected.num_rows == n_file
     # each file row is accounted for exactly once, accepted or rejected
-    rows = sorted(result.accepted.column("source_row").to_pylist() + result.rejected.column("source_row").to_pylist())
+    rows = sorted(
+        result.accepted.column("source_row").to_pylist()
+        + result.rejected.column("source_row").to_pylist()
+    )
     assert rows == list(range(n_file))
     assert set(result.reasons) <= {"empty_text", "duplicate", "conflicting_duplicate"}
 
@@ -82,11 +88,19 @@ def test_duplicates_in_prod_are_quarantined_with_reason(arabic_reviews: Path):
         if r["text"].strip():
             copies.setdefault(normalize_text(r["text"]), []).append(r["polarity"])
     # one copy kept when the copies agree or a majority label holds (3+ copies); else none (data/conflicts.py)
-    kept = [len(ls) >= 3 and 2 * Counter(ls).most_common(1)[0][1] > len(ls) or len(set(ls)) == 1
-            for ls in copies.values()]
+    kept = [
+        len(ls) >= 3 and 2 * Counter(ls).most_common(1)[0][1] > len(ls) or len(set(ls)) == 1
+        for ls in copies.values()
+    ]
     expected_dups = sum(len(ls) - keep for ls, keep in zip(copies.values(), kept) if len(ls) > 1)
-    assert result.reasons.get("duplicate", 0) + result.reasons.get("conflicting_duplicate", 0) == expected_dups
-    assert len({normalize_text(t) for t in result.accepted.column("text").to_pylist()}) == result.accepted.num_rows
+    assert (
+        result.reasons.get("duplicate", 0) + result.reasons.get("conflicting_duplicate", 0)
+        == expected_dups
+    )
+    assert (
+        len({normalize_text(t) for t in result.accepted.column("text").to_pylist()})
+        == result.accepted.num_rows
+    )
 
 
 def test_folder_source_reads_every_file(arabic_reviews: Path):
@@ -94,10 +108,14 @@ def test_folder_source_reads_every_file(arabic_reviews: Path):
     total = sum(count_csv_rows(arabic_reviews / n) for n in ("ATT.csv", "PROD.csv", "RES2.csv"))
     assert raw.num_rows == total
     files = Counter(Path(f).name for f in raw.column("source_file").to_pylist())
-    assert files == {n: count_csv_rows(arabic_reviews / n) for n in ("ATT.csv", "PROD.csv", "RES2.csv")}
+    assert files == {
+        n: count_csv_rows(arabic_reviews / n) for n in ("ATT.csv", "PROD.csv", "RES2.csv")
+    }
 
 
-def test_splits_are_stable_across_versions_sharing_rows(arabic_reviews: Path, tokenizer, tmp_path: Path):
+def test_splits_are_stable_across_versions_sharing_rows(
+    arabic_reviews: Path, tokenizer, tmp_path: Path
+):
     """v1 = PROD, v2 = PROD + ATT: every PROD review lands in the same split in both versions."""
     v2_dir = tmp_path / "v2"
     v2_dir.mkdir()
@@ -109,8 +127,16 @@ def test_splits_are_stable_across_versions_sharing_rows(arabic_reviews: Path, to
         accepted = validate(read_source(SourceSpec(uri=uri)), ValidationRules(split=rule)).accepted
         table = tokenize_table(accepted, tokenizer, 64)
         # tokenized_reviews carries raw_reviews' split unchanged, row for row
-        assert table.column("split").cast(pa.string()).to_pylist() == accepted.column("split").to_pylist()
-        return dict(zip(accepted.column("text").to_pylist(), table.column("split").cast(pa.string()).to_pylist()))
+        assert (
+            table.column("split").cast(pa.string()).to_pylist()
+            == accepted.column("split").to_pylist()
+        )
+        return dict(
+            zip(
+                accepted.column("text").to_pylist(),
+                table.column("split").cast(pa.string()).to_pylist(),
+            )
+        )
 
     v1 = splits_by_text(str(arabic_reviews / "PROD.csv"))
     v2 = splits_by_text(str(v2_dir))
@@ -124,7 +150,9 @@ def test_splits_are_stable_across_versions_sharing_rows(arabic_reviews: Path, to
 
 
 def test_tokenize_real_reviews_matches_hf_truncation(arabic_reviews: Path, tokenizer):
-    accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "RES2.csv"))), ValidationRules()).accepted
+    accepted = validate(
+        read_source(SourceSpec(uri=str(arabic_reviews / "RES2.csv"))), ValidationRules()
+    ).accepted
     accepted = accepted.slice(0, 400)
     max_length = 64
     table = tokenize_table(accepted, tokenizer, max_length, batch_size=100)
@@ -138,19 +166,25 @@ def test_tokenize_real_reviews_matches_hf_truncation(arabic_reviews: Path, token
     assert table.column("full_length").to_pylist() == [len(x) for x in full]
     assert table.column("length").to_pylist() == [min(len(x), max_length) for x in full]
     labels = {"Positive": 0, "Negative": 1, "Mixed": 2}
-    assert table.column("label").to_pylist() == [labels[x] for x in accepted.column("label").to_pylist()]
+    assert table.column("label").to_pylist() == [
+        labels[x] for x in accepted.column("label").to_pylist()
+    ]
     stats = length_stats(table, max_length)
     truncated = sum(len(x) > max_length for x in full) / len(full)
     assert math.isclose(stats["truncated_share"], round(truncated, 4))
     assert stats["max"] == max(len(x) for x in full)
 
 
-def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path, tokenizer, tmp_path: Path):
+def test_mds_shards_read_back_to_exactly_the_tokenized_rows(
+    arabic_reviews: Path, tokenizer, tmp_path: Path
+):
     from streaming import StreamingDataset
 
     from finetune_assets.data.shards import read_back_count, write_splits
 
-    accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()).accepted
+    accepted = validate(
+        read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()
+    ).accepted
     table = tokenize_table(accepted, tokenizer, 128)
     out = tmp_path / "shards"
     results = write_splits(table, out, size_limit=1 << 16)  # small shards: several per split
@@ -164,12 +198,24 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path
         assert results[split].samples == len(want) == read_back_count(out / split) > 0
         # reading back does not leave decompressed copies in the published folder
         assert {p.name for p in (out / split).iterdir()} == {"index.json", "split_stats.json"} | {
-            f"shard.{i:05d}.mds.zstd" for i in range(results[split].shards)}
-        stats = json.loads((out / split / "split_stats.json").read_text())  # what the trainer's class weights read
-        assert stats == {"samples": len(want), "label_counts": {
-            str(lbl): sum(1 for _, x in want if x == lbl) for lbl in sorted({x for _, x in want})}}
-        ds = StreamingDataset(remote=str(out / split), local=str(tmp_path / "cache" / split),
-                              shuffle=False, batch_size=1)
+            f"shard.{i:05d}.mds.zstd" for i in range(results[split].shards)
+        }
+        stats = json.loads(
+            (out / split / "split_stats.json").read_text()
+        )  # what the trainer's class weights read
+        assert stats == {
+            "samples": len(want),
+            "label_counts": {
+                str(lbl): sum(1 for _, x in want if x == lbl)
+                for lbl in sorted({x for _, x in want})
+            },
+        }
+        ds = StreamingDataset(
+            remote=str(out / split),
+            local=str(tmp_path / "cache" / split),
+            shuffle=False,
+            batch_size=1,
+        )
         got = []
         for i in range(ds.num_samples):
             sample = ds[i]
@@ -183,8 +229,13 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path
 def test_empty_split_writes_and_reads_back_as_zero(tokenizer, tmp_path: Path):
     from finetune_assets.data.shards import read_back_count, write_splits
 
-    accepted = pa.table({"text": ["one good review", "another fine review"], "label": ["Positive", "Mixed"],
-                         "split": ["train", "train"]})
+    accepted = pa.table(
+        {
+            "text": ["one good review", "another fine review"],
+            "label": ["Positive", "Mixed"],
+            "split": ["train", "train"],
+        }
+    )
     table = tokenize_table(accepted, tokenizer, 32)
     results = write_splits(table, tmp_path / "shards")
     assert results["train"].samples == 2
@@ -202,9 +253,13 @@ def test_tokenize_refuses_reviews_without_raw_reviews_split(tokenizer):
     with pytest.raises(ValueError, match="no 'split' column"):
         tokenize_table(pa.table({"text": ["x"], "label": ["Positive"]}), tokenizer, 16)
     with pytest.raises(ValueError, match="split column holds"):
-        tokenize_table(pa.table({"text": ["x"], "label": ["Positive"], "split": ["dev"]}), tokenizer, 16)
+        tokenize_table(
+            pa.table({"text": ["x"], "label": ["Positive"], "split": ["dev"]}), tokenizer, 16
+        )
 
 
 def test_tokenize_rejects_too_small_max_length(tokenizer):
     with pytest.raises(ValueError, match="max_length"):
-        tokenize_table(pa.table({"text": ["x"], "label": ["Positive"], "split": ["train"]}), tokenizer, 1)
+        tokenize_table(
+            pa.table({"text": ["x"], "label": ["Positive"], "split": ["train"]}), tokenizer, 1
+        )

@@ -54,7 +54,8 @@ def _add(
     capsys, home: dict, key: str, *args: str, labels: str = "Positive,Negative,Mixed"
 ) -> tuple[int, str, str]:
     """``versions add`` with the seed's classes, so that an unknown label is quarantined, not a
-    class."""
+    class.
+    """
     return run_cli(capsys, *home["root"], "versions", "add", key, *args, "--labels", labels)
 
 
@@ -71,7 +72,8 @@ def _raw(storage_root: Path, key: str) -> tuple[dict, pa.Table]:
 
 def test_delta_version_is_pinned_and_time_travels(capsys, home, storage_root, tmp_path, reviews):
     """Registered at version 1, re-materialized identically after an append and a delete; a key at
-    the latest version sees both."""
+    the latest version sees both.
+    """
     from deltalake import DeltaTable, write_deltalake
 
     path = tmp_path / "reviews_delta"
@@ -188,7 +190,8 @@ SECRET = (
 @pytest.fixture
 def sqlite_db(tmp_path, reviews, monkeypatch) -> Path:
     """A real SQLite file whose URL (in $REVIEWS_DB_URL) holds a secret that must never be
-    written."""
+    written.
+    """
     import sqlite3
 
     folder = tmp_path / SECRET
@@ -286,7 +289,8 @@ def test_sql_problems_are_one_line_without_the_url(capsys, home, sqlite_db, monk
 
 def test_every_family_gets_the_same_intake(tmp_path, reviews, monkeypatch):
     """The same rows as a CSV file, a Delta table and a SQLite table: the same accepted reviews with
-    the same hash splits, and the same rejections for the same reasons."""
+    the same hash splits, and the same rejections for the same reasons.
+    """
     import csv
     import sqlite3
 
@@ -302,13 +306,17 @@ def test_every_family_gets_the_same_intake(tmp_path, reviews, monkeypatch):
         conn.execute("CREATE TABLE r (review_text TEXT, polarity TEXT)")
         conn.executemany("INSERT INTO r VALUES (?, ?)", rows)
     monkeypatch.setenv("R_DB", f"sqlite:///{tmp_path / 'r.db'}")
-    specs = [SourceSpec(uri=str(tmp_path / "r.csv")), SourceSpec(uri=f"delta:{tmp_path / 'delta'}"),
-             SourceSpec(uri="sql:R_DB", query="SELECT * FROM r ORDER BY rowid")]
+    specs = [
+        SourceSpec(uri=str(tmp_path / "r.csv")),
+        SourceSpec(uri=f"delta:{tmp_path / 'delta'}"),
+        SourceSpec(uri="sql:R_DB", query="SELECT * FROM r ORDER BY rowid"),
+    ]
     seen = []
     for spec in specs:
         result = validate(read_source(spec), ValidationRules())
-        accepted = sorted(zip(*(result.accepted.column(c).to_pylist() for c in ("text", "label",
-                                                                                 "split"))))
+        accepted = sorted(
+            zip(*(result.accepted.column(c).to_pylist() for c in ("text", "label", "split")))
+        )
         seen.append((accepted, sorted(result.rejected.column("reason").to_pylist())))
     assert seen[0][1] == ["duplicate", "empty_text", "unknown_label"]
     assert seen[0] == seen[1] == seen[2]

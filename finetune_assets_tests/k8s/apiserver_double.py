@@ -82,8 +82,8 @@ What it plays besides the API server:
 
 from __future__ import annotations
 
-import contextlib
 import base64
+import contextlib
 import copy
 import datetime as _dt
 import json
@@ -108,8 +108,12 @@ from urllib.parse import parse_qs, urlparse
 from finetune_assets_tests.k8s import job_controller
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-_CORE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|services|secrets|events)(?:/(?P<name>[^/]+)(?:/(?P<sub>log|status))?)?$")
-_BATCH = re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<res>jobs)(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$")
+_CORE = re.compile(
+    r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|services|secrets|events)(?:/(?P<name>[^/]+)(?:/(?P<sub>log|status))?)?$"
+)
+_BATCH = re.compile(
+    r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<res>jobs)(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$"
+)
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -132,12 +136,18 @@ def expand(value: str, env: dict[str, str]) -> str:
 class Faults:
     """What the cluster does wrong, per test (delays are in seconds, scaled down from minutes)."""
 
-    pending_s: dict[int, float] = field(default_factory=dict)  # per completion index: Pending before start
+    pending_s: dict[int, float] = field(
+        default_factory=dict
+    )  # per completion index: Pending before start
     dns_lag_s: float = 0.0  # a Running pod's DNS name resolves this long after it started
     unschedulable: str | None = None  # the scheduler's message; pods stay Pending
-    refuse_pods: str | None = None  # the admission/quota message; the Job controller cannot create pods
+    refuse_pods: str | None = (
+        None  # the admission/quota message; the Job controller cannot create pods
+    )
     image_pull_error: str | None = None  # the kubelet's pull error; containers wait in ErrImagePull
-    log_cut_s: float | None = None  # follow streams end after this long (API server / kubelet hiccup)
+    log_cut_s: float | None = (
+        None  # follow streams end after this long (API server / kubelet hiccup)
+    )
     # per completion index: how many of its first pods are preempted / OOM-killed as soon as they run
     preempt: dict[int, int] = field(default_factory=dict)
     oom_kill: dict[int, int] = field(default_factory=dict)
@@ -159,8 +169,15 @@ class ApiError(Exception):
         self.code, self.reason, self.message, self.headers = code, reason, message, headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
 
 
 class _Pod:
@@ -174,10 +191,16 @@ class _Pod:
         self.done = threading.Event()
         self.deleting = False
         self.ip = "127.0.0.1"
-        self.disrupted = False  # evicted: the Job controller does not count it as a failure (Ignore rule)
+        self.disrupted = (
+            False  # evicted: the Job controller does not count it as a failure (Ignore rule)
+        )
         self.silent = False  # on a NotReady node: status no longer updated
-        self.oom_killed = False  # killed by the kernel at the memory limit: terminated reason OOMKilled
-        self.kubelet_reason: tuple[str, str] | None = None  # status.reason/message of a kubelet eviction
+        self.oom_killed = (
+            False  # killed by the kernel at the memory limit: terminated reason OOMKilled
+        )
+        self.kubelet_reason: tuple[str, str] | None = (
+            None  # status.reason/message of a kubelet eviction
+        )
         self.attempt = 0  # pods of the same Job and index created before this one
         self.main_depth = 0  # how far below the Popen process the container's main process is
         self.hosts_path = root / "hosts"
@@ -241,7 +264,9 @@ class KubeApiDouble:
         self.faults = Faults()
         self._next_ip = 2
         self.dns: dict[str, str] = {}  # published "<host>.<svc>.<ns>.svc" -> pod IP (CoreDNS)
-        self.indexes: dict[tuple[str, str], _Indexes] = {}  # (ns, job) -> the Job controller's per-index books
+        self.indexes: dict[
+            tuple[str, str], _Indexes
+        ] = {}  # (ns, job) -> the Job controller's per-index books
         # Own hostname, PID 1, /dev/shm and /etc/hosts per pod when the host allows it (see docstring).
         self.isolated = _isolation_flags() is not None
         self.private_shm = self.isolated
@@ -256,7 +281,9 @@ class KubeApiDouble:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="kube-api-double", daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, name="kube-api-double", daemon=True
+        ).start()
         return self
 
     @property
@@ -267,10 +294,17 @@ class KubeApiDouble:
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
         """A kubeconfig pointing at the double: the launcher loads it like any other cluster."""
         cfg = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "double",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "double",
             "clusters": [{"name": "double", "cluster": {"server": self.url}}],
             "users": [{"name": "double", "user": {"token": "test-double"}}],
-            "contexts": [{"name": "double", "context": {"cluster": "double", "user": "double", "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "double",
+                    "context": {"cluster": "double", "user": "double", "namespace": namespace},
+                }
+            ],
         }
         path.write_text(json.dumps(cfg))
         return path
@@ -286,7 +320,9 @@ class KubeApiDouble:
 
     def live_processes(self) -> list[str]:
         with self.lock:
-            return [p.name for p in self.pods.values() if p.proc is not None and p.proc.poll() is None]
+            return [
+                p.name for p in self.pods.values() if p.proc is not None and p.proc.poll() is None
+            ]
 
     def kill_pod(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Chaos helper: signal a pod's whole process group (a node dying)."""
@@ -304,24 +340,39 @@ class KubeApiDouble:
         with self.lock:
             pod.disrupted = True
             pod.obj["metadata"]["deletionTimestamp"] = _now()
-            pod.obj["status"]["conditions"].append({
-                "type": "DisruptionTarget", "status": "True", "reason": reason,
-                "message": "Eviction API: evicting", "lastTransitionTime": _now()})
+            pod.obj["status"]["conditions"].append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": reason,
+                    "message": "Eviction API: evicting",
+                    "lastTransitionTime": _now(),
+                }
+            )
         ns = pod.obj["metadata"]["namespace"]
 
         def go() -> None:
             pod.terminate(self.grace_s)
             pod.done.wait(10)
-            time.sleep(1.0)  # the terminated pod is visible a moment, then removed (finalizers done)
+            time.sleep(
+                1.0
+            )  # the terminated pod is visible a moment, then removed (finalizers done)
             with self.lock:
                 self.pods.pop((ns, pod.name), None)
 
         threading.Thread(target=go, daemon=True).start()
 
-    def kubelet_evict(self, name: str, reason: str = "Evicted", message: str = (
-            "Pod ephemeral local storage usage exceeds the total limit of containers 8Gi.")) -> None:
+    def kubelet_evict(
+        self,
+        name: str,
+        reason: str = "Evicted",
+        message: str = (
+            "Pod ephemeral local storage usage exceeds the total limit of containers 8Gi."
+        ),
+    ) -> None:
         """A kubelet-initiated eviction (emptyDir / ephemeral-storage limit, node pressure): the containers
-        are killed (exit 137), the pod ends Failed with ``status.reason`` and NO ``DisruptionTarget``."""
+        are killed (exit 137), the pod ends Failed with ``status.reason`` and NO ``DisruptionTarget``.
+        """
         pod = self._pod_named(name)
         pod.kubelet_reason = (reason, message)
         if pod.proc is not None:
@@ -333,16 +384,24 @@ class KubeApiDouble:
         pod = self._pod_named(name)
         with self.lock:
             pod.silent = True
-            pod.obj["status"]["conditions"].append({
-                "type": "Ready", "status": "False", "reason": "NodeNotReady",
-                "message": "the node this pod runs on is not ready", "lastTransitionTime": _now()})
+            pod.obj["status"]["conditions"].append(
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "NodeNotReady",
+                    "message": "the node this pod runs on is not ready",
+                    "lastTransitionTime": _now(),
+                }
+            )
         if pod.proc is not None:
             os.killpg(pod.proc.pid, signal.SIGKILL)
         timer = threading.Timer(evict_after_s, self.evict, args=(name, "DeletionByTaintManager"))
         timer.daemon = True
         timer.start()
 
-    def add_event(self, ns: str, obj: dict[str, Any], reason: str, message: str, kind_type: str = "Warning") -> None:
+    def add_event(
+        self, ns: str, obj: dict[str, Any], reason: str, message: str, kind_type: str = "Warning"
+    ) -> None:
         meta = obj["metadata"]
         with self.lock:
             key = ("events", ns, f"{meta['name']}.{reason}")
@@ -353,22 +412,49 @@ class KubeApiDouble:
                 return
             self._rv += 1
             self.objects[key] = {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": key[2], "namespace": ns, "uid": str(uuid.uuid4()), "resourceVersion": str(self._rv)},
-                "involvedObject": {"kind": obj.get("kind"), "name": meta["name"], "namespace": ns, "uid": meta.get("uid")},
-                "reason": reason, "message": message, "type": kind_type, "count": 1,
-                "firstTimestamp": _now(), "lastTimestamp": _now(), "source": {"component": "double"}}
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {
+                    "name": key[2],
+                    "namespace": ns,
+                    "uid": str(uuid.uuid4()),
+                    "resourceVersion": str(self._rv),
+                },
+                "involvedObject": {
+                    "kind": obj.get("kind"),
+                    "name": meta["name"],
+                    "namespace": ns,
+                    "uid": meta.get("uid"),
+                },
+                "reason": reason,
+                "message": message,
+                "type": kind_type,
+                "count": 1,
+                "firstTimestamp": _now(),
+                "lastTimestamp": _now(),
+                "source": {"component": "double"},
+            }
 
     # -- REST -----------------------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any] | None,
-               agent: str = ""):
+    def handle(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        body: dict[str, Any] | None,
+        agent: str = "",
+    ):
         m = _CORE.match(path) or _BATCH.match(path)
         if not m:
             raise ApiError(404, "NotFound", f"the double does not serve {method} {path}")
         ns, res, name, sub = m["ns"], m["res"], m["name"], m["sub"]
-        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch",
-                "GET": "get" if name else "list"}.get(method)
+        verb = {
+            "POST": "create",
+            "DELETE": "delete",
+            "PATCH": "patch",
+            "GET": "get" if name else "list",
+        }.get(method)
         if verb is None:
             raise ApiError(405, "MethodNotAllowed", f"{method} {path}")
         with self.lock:
@@ -400,7 +486,9 @@ class KubeApiDouble:
             if not (f.api_burst or f.api_outage_s):
                 return
             if not f._armed:  # mid-training: once a pod process runs
-                if not any(p.proc is not None and p.proc.poll() is None for p in self.pods.values()):
+                if not any(
+                    p.proc is not None and p.proc.poll() is None for p in self.pods.values()
+                ):
                     return
                 f._armed = True
             if f.api_burst:
@@ -409,13 +497,17 @@ class KubeApiDouble:
                 if status == "reset":
                     raise ConnectionResetError("injected connection reset")
                 headers = {"Retry-After": str(int(wait))} if wait is not None else {}
-                reason = {429: "TooManyRequests", 401: "Unauthorized"}.get(int(status), "InternalError")
+                reason = {429: "TooManyRequests", 401: "Unauthorized"}.get(
+                    int(status), "InternalError"
+                )
                 raise ApiError(int(status), reason, f"injected {status}", headers)
             if f._outage_end is None:
                 f._outage_end = time.monotonic() + f.api_outage_s
             if time.monotonic() < f._outage_end:
                 f.api_injected[503] += 1
-                raise ApiError(503, "ServiceUnavailable", "injected outage: the API server is restarting")
+                raise ApiError(
+                    503, "ServiceUnavailable", "injected outage: the API server is restarting"
+                )
 
     def _patch_job(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of ``spec.suspend`` (Kueue admission, the launcher's fallback to a failed delete)."""
@@ -440,12 +532,16 @@ class KubeApiDouble:
         if not name:
             raise ApiError(422, "Invalid", "metadata.name is required")
         if meta.setdefault("namespace", ns) != ns:
-            raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
+            raise ApiError(
+                400, "BadRequest", "the namespace of the object does not match the request"
+            )
         with self.lock:
             if (res, ns, name) in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{res} "{name}" already exists')
             self._rv += 1
-            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=str(self._rv))
+            meta.update(
+                uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=str(self._rv)
+            )
             if res == "secrets":
                 data = dict(obj.get("data") or {})
                 for k, v in (obj.pop("stringData", None) or {}).items():
@@ -492,15 +588,39 @@ class KubeApiDouble:
             if res == "pods":
                 items = [copy.deepcopy(p.obj) for (pns, _), p in self.pods.items() if pns == ns]
             else:
-                items = [copy.deepcopy(o) for (r, ons, _), o in self.objects.items() if r == res and ons == ns]
-        items = [o for o in items if _matches(o["metadata"].get("labels") or {}, labels)
-                 and _matches({"metadata.name": o["metadata"]["name"],
-                               "status.phase": (o.get("status") or {}).get("phase") if res == "pods" else None,
-                               **{f"involvedObject.{k}": v for k, v in (o.get("involvedObject") or {}).items()}}, fields)]
-        kind = {"pods": "PodList", "jobs": "JobList", "services": "ServiceList", "secrets": "SecretList",
-                "events": "EventList"}[res]
-        return {"kind": kind, "apiVersion": "batch/v1" if res == "jobs" else "v1",
-                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+                items = [
+                    copy.deepcopy(o)
+                    for (r, ons, _), o in self.objects.items()
+                    if r == res and ons == ns
+                ]
+        items = [
+            o
+            for o in items
+            if _matches(o["metadata"].get("labels") or {}, labels)
+            and _matches(
+                {
+                    "metadata.name": o["metadata"]["name"],
+                    "status.phase": (o.get("status") or {}).get("phase") if res == "pods" else None,
+                    **{
+                        f"involvedObject.{k}": v for k, v in (o.get("involvedObject") or {}).items()
+                    },
+                },
+                fields,
+            )
+        ]
+        kind = {
+            "pods": "PodList",
+            "jobs": "JobList",
+            "services": "ServiceList",
+            "secrets": "SecretList",
+            "events": "EventList",
+        }[res]
+        return {
+            "kind": kind,
+            "apiVersion": "batch/v1" if res == "jobs" else "v1",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
 
     def _delete(self, res: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         if res == "pods":
@@ -516,24 +636,45 @@ class KubeApiDouble:
             if (res, ns, name) not in self.objects:
                 raise ApiError(404, "NotFound", f'{res} "{name}" not found')
             obj = self.objects.pop((res, ns, name))
-            pods = [p for (pns, _), p in self.pods.items()
-                    if pns == ns and res == "jobs" and p.obj["metadata"]["labels"].get("job-name") == name]
+            pods = [
+                p
+                for (pns, _), p in self.pods.items()
+                if pns == ns
+                and res == "jobs"
+                and p.obj["metadata"]["labels"].get("job-name") == name
+            ]
         if res == "jobs" and body.get("propagationPolicy", "Background") != "Orphan":
             for pod in pods:
                 pod.deleting = True
             threading.Thread(target=self._reap, args=(ns, pods), daemon=True).start()
         if body.get("propagationPolicy") != "Orphan":
             self._collect_garbage(ns, obj["metadata"].get("uid"))
-        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name, "kind": res},
-                "metadata": {}} if obj else {}
+        return (
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Success",
+                "details": {"name": name, "kind": res},
+                "metadata": {},
+            }
+            if obj
+            else {}
+        )
 
     def _collect_garbage(self, ns: str, owner_uid: str | None) -> None:
         """Kubernetes' garbage collector: dependents of a deleted owner go too (Background)."""
         if owner_uid is None:
             return
         with self.lock:
-            doomed = [(r, n) for (r, ons, n), o in self.objects.items() if ons == ns and any(
-                ref.get("uid") == owner_uid for ref in o["metadata"].get("ownerReferences") or [])]
+            doomed = [
+                (r, n)
+                for (r, ons, n), o in self.objects.items()
+                if ons == ns
+                and any(
+                    ref.get("uid") == owner_uid
+                    for ref in o["metadata"].get("ownerReferences") or []
+                )
+            ]
         for res, name in doomed:
             try:
                 self._delete(res, ns, name, {"propagationPolicy": "Background"})
@@ -557,9 +698,17 @@ class KubeApiDouble:
         self._fill(ns, name)
         deadline = spec.get("activeDeadlineSeconds")
         if deadline:
+
             def expire() -> None:
                 if not self._job_finished(ns, name):
-                    self._finish_job(ns, name, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
+                    self._finish_job(
+                        ns,
+                        name,
+                        "Failed",
+                        "DeadlineExceeded",
+                        "Job was active longer than specified deadline",
+                    )
+
             timer = threading.Timer(float(deadline), expire)
             timer.daemon = True
             timer.start()
@@ -575,7 +724,11 @@ class KubeApiDouble:
                 self._finish_when_gone(ns, job, books)  # the terminal condition waits for the pods
                 return
             result = job_controller.sync(job["spec"], list(books.records.values()), ns)
-            status.update(succeeded=result.succeeded, failed=result.failed, completedIndexes=result.completed_indexes)
+            status.update(
+                succeeded=result.succeeded,
+                failed=result.failed,
+                completedIndexes=result.completed_indexes,
+            )
             if result.failed_indexes is not None:
                 status["failedIndexes"] = result.failed_indexes
             for ctype, reason, message in result.conditions:
@@ -594,8 +747,11 @@ class KubeApiDouble:
         for index in result.to_create:
             self._create_pod(ns, job, index)
         with self.lock:
-            status["active"] = sum(1 for r in books.records.values() if r.phase in ("Pending", "Running")
-                                   and not r.deleting)
+            status["active"] = sum(
+                1
+                for r in books.records.values()
+                if r.phase in ("Pending", "Running") and not r.deleting
+            )
 
     def _finish_when_gone(self, ns: str, job: dict[str, Any], books: _Indexes) -> None:
         """``Failed`` follows ``FailureTarget`` once no pod of the Job is left running (Kubernetes >= 1.31)."""
@@ -612,38 +768,86 @@ class KubeApiDouble:
 
     def _create_pod(self, ns: str, job: dict[str, Any], index: int) -> None:
         job_name, uid = job["metadata"]["name"], job["metadata"]["uid"]
-        if self.faults.refuse_pods:  # quota / LimitRange / Pod Security admission: no pod, an Event on the Job
+        if (
+            self.faults.refuse_pods
+        ):  # quota / LimitRange / Pod Security admission: no pod, an Event on the Job
             self.add_event(ns, job, "FailedCreate", f"Error creating: {self.faults.refuse_pods}")
             return
         template = copy.deepcopy(job["spec"]["template"])
         meta = template.get("metadata") or {}
         pod_name = f"{job_name}-{index}-{uuid.uuid4().hex[:5]}"
-        labels = {**(meta.get("labels") or {}), "job-name": job_name, "batch.kubernetes.io/job-name": job_name,
-                  "controller-uid": uid, "batch.kubernetes.io/controller-uid": uid, INDEX_KEY: str(index)}
+        labels = {
+            **(meta.get("labels") or {}),
+            "job-name": job_name,
+            "batch.kubernetes.io/job-name": job_name,
+            "controller-uid": uid,
+            "batch.kubernetes.io/controller-uid": uid,
+            INDEX_KEY: str(index),
+        }
         spec = template["spec"]
         spec["hostname"] = f"{job_name}-{index}"
         for c in spec["containers"]:
             env = c.setdefault("env", [])
             if not any(e["name"] == "JOB_COMPLETION_INDEX" for e in env):
-                env.append({"name": "JOB_COMPLETION_INDEX",
-                            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}})
+                env.append(
+                    {
+                        "name": "JOB_COMPLETION_INDEX",
+                        "valueFrom": {
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}
+                        },
+                    }
+                )
         obj = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": ns, "uid": str(uuid.uuid4()), "labels": labels,
-                         "annotations": {**(meta.get("annotations") or {}), INDEX_KEY: str(index)},
-                         "creationTimestamp": _now(),
-                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": uid,
-                                              "controller": True, "blockOwnerDeletion": True}]},
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": ns,
+                "uid": str(uuid.uuid4()),
+                "labels": labels,
+                "annotations": {**(meta.get("annotations") or {}), INDEX_KEY: str(index)},
+                "creationTimestamp": _now(),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": job_name,
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
             "spec": spec,
-            "status": {"phase": "Pending", "conditions": [], "containerStatuses": [
-                {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
-                 "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}} for c in spec["containers"]]},
+            "status": {
+                "phase": "Pending",
+                "conditions": [],
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "image": c.get("image", ""),
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "started": False,
+                        "state": {"waiting": {"reason": "ContainerCreating"}},
+                    }
+                    for c in spec["containers"]
+                ],
+            },
         }
         books = self.indexes[(ns, job_name)]
-        counted = sum(1 for r in books.records.values() if r.index == index and r.phase == "Failed"
-                      and job_controller.failure_action(job["spec"], r, ns)[0] != "Ignore")
+        counted = sum(
+            1
+            for r in books.records.values()
+            if r.index == index
+            and r.phase == "Failed"
+            and job_controller.failure_action(job["spec"], r, ns)[0] != "Ignore"
+        )
         if "backoffLimitPerIndex" in job["spec"]:
-            obj["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] = str(counted)
+            obj["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] = str(
+                counted
+            )
         root = self.sandbox / pod_name
         root.mkdir(parents=True)
         pod = _Pod(obj, root)
@@ -654,32 +858,56 @@ class KubeApiDouble:
             pod.ip = f"127.0.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
             self._next_ip += 1
             self.pods[(ns, pod_name)] = pod
-            books.records[pod_name] = job_controller.Pod(pod_name, index, "Pending", failure_count=counted)
-        threading.Thread(target=self._run_pod, args=(ns, job_name, pod), name=pod_name, daemon=True).start()
+            books.records[pod_name] = job_controller.Pod(
+                pod_name, index, "Pending", failure_count=counted
+            )
+        threading.Thread(
+            target=self._run_pod, args=(ns, job_name, pod), name=pod_name, daemon=True
+        ).start()
 
     def _schedule_and_pull(self, ns: str, pod: _Pod) -> bool:
         """Pending: scheduling, image pull, faults. False when the pod never gets to start."""
         f, status = self.faults, pod.obj["status"]
-        if f.admission_errors > 0:  # kubelet admission fails (device plugin restarted): Failed, never ran
+        if (
+            f.admission_errors > 0
+        ):  # kubelet admission fails (device plugin restarted): Failed, never ran
             with self.lock:
                 f.admission_errors -= 1
-                status.update(phase="Failed", reason="UnexpectedAdmissionError", message=(
-                    "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
-                    "nvidia.com/gpu, which is unexpected"))
+                status.update(
+                    phase="Failed",
+                    reason="UnexpectedAdmissionError",
+                    message=(
+                        "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+                        "nvidia.com/gpu, which is unexpected"
+                    ),
+                )
             return False
         if f.unschedulable:
             with self.lock:
-                status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                             "message": f.unschedulable, "lastTransitionTime": _now()})
+                status["conditions"].append(
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": f.unschedulable,
+                        "lastTransitionTime": _now(),
+                    }
+                )
             self.add_event(ns, pod.obj, "FailedScheduling", f.unschedulable)
             return False
         with self.lock:
-            status["conditions"].append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
+            status["conditions"].append(
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}
+            )
         if f.image_pull_error:
             image = pod.obj["spec"]["containers"][0].get("image", "")
             with self.lock:
-                status["containerStatuses"][0]["state"] = {"waiting": {"reason": "ErrImagePull", "message": f.image_pull_error}}
-            self.add_event(ns, pod.obj, "Failed", f'Failed to pull image "{image}": {f.image_pull_error}')
+                status["containerStatuses"][0]["state"] = {
+                    "waiting": {"reason": "ErrImagePull", "message": f.image_pull_error}
+                }
+            self.add_event(
+                ns, pod.obj, "Failed", f'Failed to pull image "{image}": {f.image_pull_error}'
+            )
             return False
         end = time.monotonic() + f.pending_s.get(pod.index, 0.0)
         while time.monotonic() < end:  # a slow node scale-up or image pull
@@ -692,7 +920,9 @@ class KubeApiDouble:
         container = pod.obj["spec"]["containers"][0]
         if not self._schedule_and_pull(ns, pod):
             pod.done.set()
-            if pod.obj["status"]["phase"] == "Failed":  # admission error: a failure without an exit code
+            if (
+                pod.obj["status"]["phase"] == "Failed"
+            ):  # admission error: a failure without an exit code
                 with self.lock:
                     if (record := self.indexes[(ns, job_name)].records.get(pod.name)) is not None:
                         record.phase = "Failed"
@@ -703,7 +933,8 @@ class KubeApiDouble:
         except ApiError as e:  # e.g. a missing Secret: the kubelet keeps the pod waiting
             with self.lock:
                 pod.obj["status"]["containerStatuses"][0]["state"] = {
-                    "waiting": {"reason": "CreateContainerConfigError", "message": e.message}}
+                    "waiting": {"reason": "CreateContainerConfigError", "message": e.message}
+                }
             pod.done.set()
             return
         with open(pod.log_path, "wb") as out:
@@ -712,35 +943,65 @@ class KubeApiDouble:
                     pod.done.set()
                     return
                 try:
-                    pod.proc = subprocess.Popen(argv, env=env, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+                    pod.proc = subprocess.Popen(
+                        argv,
+                        env=env,
+                        cwd=self.workdir,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
                 except OSError as e:  # like a runtime StartError: the container never ran
                     out.write(f"failed to start {argv[:1]}: {e}\n".encode())
                     pod.proc = subprocess.Popen(["false"], stdout=out, start_new_session=True)
                 started = _now()
                 pod.obj["status"].update(phase="Running", podIP=pod.ip, startTime=started)
                 pod.obj["status"]["containerStatuses"][0].update(
-                    ready=True, started=True, state={"running": {"startedAt": started}})
+                    ready=True, started=True, state={"running": {"startedAt": started}}
+                )
             self._publish_dns_later(ns, pod)
             self._inject_faults(pod)
             rc = pod.proc.wait()
-        code = 128 - rc if rc < 0 else rc  # killed by signal N -> 128 + N, as the container runtime reports
+        code = (
+            128 - rc if rc < 0 else rc
+        )  # killed by signal N -> 128 + N, as the container runtime reports
         if pod.silent:  # a NotReady node reports nothing; the taint manager's eviction follows
             pod.done.set()
             return
         with self.lock:
             pod.obj["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
-            if pod.kubelet_reason is not None:  # a kubelet eviction: no DisruptionTarget, a pod-level reason
+            if (
+                pod.kubelet_reason is not None
+            ):  # a kubelet eviction: no DisruptionTarget, a pod-level reason
                 pod.obj["status"]["reason"], pod.obj["status"]["message"] = pod.kubelet_reason
-            pod.obj["status"]["containerStatuses"][0].update(ready=False, started=False, state={"terminated": {
-                "exitCode": code, "reason": "Completed" if code == 0 else "OOMKilled" if pod.oom_killed else "Error",
-                "startedAt": pod.obj["status"].get("startTime"), "finishedAt": _now()}})
+            pod.obj["status"]["containerStatuses"][0].update(
+                ready=False,
+                started=False,
+                state={
+                    "terminated": {
+                        "exitCode": code,
+                        "reason": "Completed"
+                        if code == 0
+                        else "OOMKilled"
+                        if pod.oom_killed
+                        else "Error",
+                        "startedAt": pod.obj["status"].get("startTime"),
+                        "finishedAt": _now(),
+                    }
+                },
+            )
         pod.done.set()
         self._on_pod_finished(ns, job_name, pod, code)
 
-    def _container_process(self, ns: str, pod: _Pod, c: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-        mounts = {m["mountPath"]: pod.root / "volumes" / m["name"] for m in c.get("volumeMounts", [])
-                  if m["mountPath"] != "/dev/shm" and self._is_empty_dir(pod, m["name"])}
+    def _container_process(
+        self, ns: str, pod: _Pod, c: dict[str, Any]
+    ) -> tuple[list[str], dict[str, str]]:
+        mounts = {
+            m["mountPath"]: pod.root / "volumes" / m["name"]
+            for m in c.get("volumeMounts", [])
+            if m["mountPath"] != "/dev/shm" and self._is_empty_dir(pod, m["name"])
+        }
         for path in mounts.values():
             path.mkdir(parents=True, exist_ok=True)
         env: dict[str, str] = {
@@ -772,23 +1033,34 @@ class KubeApiDouble:
         # storage (the RWX volume / object store of a real cluster).
         # PATH is the "image's" (this venv), not a manifest value: never remapped, even when the
         # checkout itself lives under /tmp (as a CI clone may) and /tmp is an emptyDir in the pod.
-        env = {k: self._dns(ns, v if k == "PATH" else self._remap(v, mounts)) for k, v in env.items()}
+        env = {
+            k: self._dns(ns, v if k == "PATH" else self._remap(v, mounts)) for k, v in env.items()
+        }
         return [self._dns(ns, a) for a in argv], env
 
     def _isolate(self, pod: _Pod, hostname: str, argv: list[str]) -> list[str]:
         """Own hostname, PID 1, /dev/shm and /etc/hosts (kubelet-managed) for the pod's process."""
         spec = pod.obj["spec"]
-        fqdn = f"{hostname}.{spec['subdomain']}.{pod.obj['metadata']['namespace']}.svc.cluster.local" \
-            if spec.get("subdomain") else hostname
+        fqdn = (
+            f"{hostname}.{spec['subdomain']}.{pod.obj['metadata']['namespace']}.svc.cluster.local"
+            if spec.get("subdomain")
+            else hostname
+        )
         with self.lock:  # one order with publish(): a name published meanwhile is never missed
             pod.own_hosts = f"127.0.0.1\tlocalhost\n{pod.ip}\t{fqdn} {hostname}\n"
             pod.hosts_path.write_text(pod.own_hosts + self._dns_lines())
-        nsswitch = pod.root / "nsswitch.conf"  # names answer from the hosts file only: unknown = NXDOMAIN at once
+        nsswitch = (
+            pod.root / "nsswitch.conf"
+        )  # names answer from the hosts file only: unknown = NXDOMAIN at once
         nsswitch.write_text("passwd: files\ngroup: files\nhosts: files\n")
         q = shlex.quote
-        setup = (f"hostname {q(hostname)} && mount --bind {q(str(pod.hosts_path))} /etc/hosts && "
-                 f"mount --bind {q(str(nsswitch))} /etc/nsswitch.conf && mount -t tmpfs -o size=1g tmpfs /dev/shm")
-        if spec.get("shareProcessNamespace"):  # the pause container is PID 1 and reaps; the command is not PID 1
+        setup = (
+            f"hostname {q(hostname)} && mount --bind {q(str(pod.hosts_path))} /etc/hosts && "
+            f"mount --bind {q(str(nsswitch))} /etc/nsswitch.conf && mount -t tmpfs -o size=1g tmpfs /dev/shm"
+        )
+        if spec.get(
+            "shareProcessNamespace"
+        ):  # the pause container is PID 1 and reaps; the command is not PID 1
             pod.main_depth = 2
             run = '"$0" "$@" & wait $!'
         else:  # the container's command is PID 1 of its namespace (signals without handlers are ignored)
@@ -823,13 +1095,15 @@ class KubeApiDouble:
         timer.start()
 
     def _is_empty_dir(self, pod: _Pod, volume: str) -> bool:
-        return any(v["name"] == volume and "emptyDir" in v for v in pod.obj["spec"].get("volumes", []))
+        return any(
+            v["name"] == volume and "emptyDir" in v for v in pod.obj["spec"].get("volumes", [])
+        )
 
     @staticmethod
     def _remap(value: str, mounts: dict[str, Path]) -> str:
         for mount, local in mounts.items():
             if value == mount or (value.startswith(mount + "/") and not Path(value).exists()):
-                return str(local) + value[len(mount):]
+                return str(local) + value[len(mount) :]
         return value  # an existing host path (a storage root under /tmp) plays the shared storage
 
     def _dns(self, ns: str, value: str) -> str:
@@ -838,14 +1112,23 @@ class KubeApiDouble:
             return value
         with self.lock:
             services = {(n, s) for (r, s, n) in self.objects if r == "services"}
-            ips = {(p.obj["spec"].get("subdomain"), p.obj["spec"].get("hostname")): p.ip for p in self.pods.values()}
+            ips = {
+                (p.obj["spec"].get("subdomain"), p.obj["spec"].get("hostname")): p.ip
+                for p in self.pods.values()
+            }
 
-        def resolve(m: re.Match) -> str:  # the Service may be created just after the Job (owner reference)
+        def resolve(
+            m: re.Match,
+        ) -> str:  # the Service may be created just after the Job (owner reference)
             if (m["svc"], m["host"]) in ips:
                 return ips[(m["svc"], m["host"])]
             return "127.0.0.1" if (m["svc"], m["ns"]) in services else m.group(0)
 
-        return re.sub(r"(?P<host>[a-z0-9-]+)\.(?P<svc>[a-z0-9-]+)\.(?P<ns>[a-z0-9-]+)\.svc(?:\.cluster\.local)?", resolve, value)
+        return re.sub(
+            r"(?P<host>[a-z0-9-]+)\.(?P<svc>[a-z0-9-]+)\.(?P<ns>[a-z0-9-]+)\.svc(?:\.cluster\.local)?",
+            resolve,
+            value,
+        )
 
     def _value_from(self, ns: str, pod: _Pod, src: dict[str, Any]) -> str:
         if "fieldRef" in src:
@@ -854,26 +1137,39 @@ class KubeApiDouble:
             m = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
             if m:
                 return (meta.get(m[1]) or {}).get(m[2], "")
-            return {"metadata.name": meta["name"], "metadata.namespace": ns, "status.podIP": pod.ip}[path]
+            return {
+                "metadata.name": meta["name"],
+                "metadata.namespace": ns,
+                "status.podIP": pod.ip,
+            }[path]
         if "secretKeyRef" in src:
             ref = src["secretKeyRef"]
             secret = self.objects.get(("secrets", ns, ref["name"]))
             if secret is None or ref["key"] not in (secret.get("data") or {}):
-                raise ApiError(404, "NotFound", f'secret "{ref["name"]}" key "{ref["key"]}" not found')
+                raise ApiError(
+                    404, "NotFound", f'secret "{ref["name"]}" key "{ref["key"]}" not found'
+                )
             return base64.b64decode(secret["data"][ref["key"]]).decode()
         raise ApiError(422, "Invalid", f"the double does not support valueFrom {sorted(src)}")
 
     def _job_finished(self, ns: str, name: str) -> bool:
         with self.lock:
             job = self.objects.get(("jobs", ns, name))
-            return job is None or any(c["type"] in ("Complete", "Failed") for c in job["status"].get("conditions", []))
+            return job is None or any(
+                c["type"] in ("Complete", "Failed") for c in job["status"].get("conditions", [])
+            )
 
     def _inject_faults(self, pod: _Pod) -> None:
         """``faults.preempt`` / ``faults.oom_kill``: the pod's first attempts die right after they start running."""
-        preempt, oom = pod.attempt < self.faults.preempt.get(pod.index, 0), pod.attempt < self.faults.oom_kill.get(pod.index, 0)
+        preempt, oom = (
+            pod.attempt < self.faults.preempt.get(pod.index, 0),
+            pod.attempt < self.faults.oom_kill.get(pod.index, 0),
+        )
         deadline = time.monotonic() + 30.0  # a loaded machine forks late
         while (preempt or oom) and pod.main_pid() is None and time.monotonic() < deadline:
-            time.sleep(0.01)  # `unshare` blocks SIGTERM until it has forked the pod's process: hit that process
+            time.sleep(
+                0.01
+            )  # `unshare` blocks SIGTERM until it has forked the pod's process: hit that process
         if preempt:
             self.evict(pod.name, "PreemptionByScheduler")
         elif oom and pod.proc is not None:
@@ -902,16 +1198,28 @@ class KubeApiDouble:
             if ctype == "Failed":
                 self._set_condition(job, "FailureTarget", reason, message)
             self._set_condition(job, ctype, reason, message)
-            peers = [p for (pns, _), p in self.pods.items()
-                     if pns == ns and p.obj["metadata"]["labels"].get("job-name") == name and not p.done.is_set()]
+            peers = [
+                p
+                for (pns, _), p in self.pods.items()
+                if pns == ns
+                and p.obj["metadata"]["labels"].get("job-name") == name
+                and not p.done.is_set()
+            ]
         for pod in peers:  # the controller terminates the remaining pods of a failed Job
             threading.Thread(target=pod.terminate, args=(self.grace_s,), daemon=True).start()
 
     @staticmethod
     def _set_condition(job: dict[str, Any], ctype: str, reason: str, message: str) -> None:
-        job["status"].setdefault("conditions", []).append({
-            "type": ctype, "status": "True", "reason": reason, "message": message,
-            "lastProbeTime": _now(), "lastTransitionTime": _now()})
+        job["status"].setdefault("conditions", []).append(
+            {
+                "type": ctype,
+                "status": "True",
+                "reason": reason,
+                "message": message,
+                "lastProbeTime": _now(),
+                "lastTransitionTime": _now(),
+            }
+        )
 
     # -- logs -----------------------------------------------------------------------------------
 
@@ -921,7 +1229,11 @@ class KubeApiDouble:
         if pod is None:
             raise ApiError(404, "NotFound", f'pods "{name}" not found')
         if pod.proc is None:
-            raise ApiError(400, "BadRequest", f'container in pod "{name}" is waiting to start: ContainerCreating')
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'container in pod "{name}" is waiting to start: ContainerCreating',
+            )
         return pod
 
 
@@ -929,7 +1241,9 @@ class KubeApiDouble:
 class _Indexes:
     """What the Job controller knows of a Job's pods (the real one: its informer cache and finalizers)."""
 
-    records: dict[str, job_controller.Pod] = field(default_factory=dict)  # pod name -> what it reads
+    records: dict[str, job_controller.Pod] = field(
+        default_factory=dict
+    )  # pod name -> what it reads
     attempts: Counter = field(default_factory=Counter)  # pods created per index
 
 
@@ -942,12 +1256,30 @@ def _isolation_flags() -> list[str] | None:
     if _ISOLATION_PROBE is False:
         _ISOLATION_PROBE = None
         # FINETUNE_K8S_DOUBLE_NO_ISOLATION=1 plays a host without unshare (to check the fallback)
-        if shutil.which("unshare") and shutil.which("hostname") and not os.environ.get("FINETUNE_K8S_DOUBLE_NO_ISOLATION"):
-            base = ["--uts", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--mount-proc"]
+        if (
+            shutil.which("unshare")
+            and shutil.which("hostname")
+            and not os.environ.get("FINETUNE_K8S_DOUBLE_NO_ISOLATION")
+        ):
+            base = [
+                "--uts",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount",
+                "--propagation",
+                "private",
+                "--mount-proc",
+            ]
             probe = "hostname probe && mount -t tmpfs -o size=1m tmpfs /dev/shm && mount --bind /dev/null /etc/hosts"
             for user in ([], ["--user", "--map-root-user"]):
                 flags = ["unshare", *user, *base]
-                ok = subprocess.run([*flags, "sh", "-c", probe], capture_output=True, timeout=10).returncode == 0
+                ok = (
+                    subprocess.run(
+                        [*flags, "sh", "-c", probe], capture_output=True, timeout=10
+                    ).returncode
+                    == 0
+                )
                 if ok:
                     _ISOLATION_PROBE = flags
                     break
@@ -971,8 +1303,12 @@ def _parse_selector(text: str) -> list[tuple[str, str, str | None]]:
 def _matches(values: dict[str, str], terms: list[tuple[str, str, str | None]]) -> bool:
     for key, op, val in terms:
         have = values.get(key)
-        if (op == "=" and have != val) or (op == "!=" and have == val) or (op == "exists" and have is None) \
-                or (op == "!" and have is not None):
+        if (
+            (op == "=" and have != val)
+            or (op == "!=" and have == val)
+            or (op == "exists" and have is None)
+            or (op == "!" and have is not None)
+        ):
             return False
     return True
 
@@ -984,7 +1320,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _send_json(self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def _send_json(
+        self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
         for key, value in (headers or {}).items():
@@ -999,7 +1337,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         try:
-            result = self.api.handle(method, url.path, parse_qs(url.query), body, self.headers.get("User-Agent", ""))
+            result = self.api.handle(
+                method, url.path, parse_qs(url.query), body, self.headers.get("User-Agent", "")
+            )
             if result[0] == "log":
                 _, ns, name, query = result
                 self._logs(self.api.pod_for_logs(ns, name), query)
@@ -1022,7 +1362,7 @@ class _Handler(BaseHTTPRequestHandler):
         tail = query.get("tailLines", [None])[0]
         if not follow:
             lines = pod.log_path.read_bytes().splitlines(keepends=True)
-            data = b"".join(lines[-int(tail):] if tail else lines)
+            data = b"".join(lines[-int(tail) :] if tail else lines)
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(data)))
@@ -1038,7 +1378,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             with open(pod.log_path, "rb") as f:
                 while True:
-                    if cut_at is not None and time.monotonic() > cut_at:  # the connection drops mid-stream
+                    if (
+                        cut_at is not None and time.monotonic() > cut_at
+                    ):  # the connection drops mid-stream
                         self.close_connection = True
                         return
                     finished = pod.done.is_set()

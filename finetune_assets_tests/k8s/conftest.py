@@ -65,24 +65,44 @@ class Cluster:
     def _apis(self):
         if self._core is None:
             cfg = kubernetes.client.Configuration()
-            kubernetes.config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
+            kubernetes.config.load_kube_config(
+                config_file=self.kubeconfig, client_configuration=cfg
+            )
             client = kubernetes.client.ApiClient(cfg)
             client.user_agent = HARNESS_AGENT  # the double tells our own calls from the launcher's
-            self._core, self._batch = kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client)
+            self._core, self._batch = (
+                kubernetes.client.CoreV1Api(client),
+                kubernetes.client.BatchV1Api(client),
+            )
         return self._core, self._batch
 
     def create_secret(self, name: str, data: dict[str, str]) -> None:
         core, _ = self._apis()
-        body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        }
         core.create_namespaced_secret(self.namespace, body)
 
     def create_pod(self, name: str) -> str:
         """A bare pod standing in for the Dagster run pod that owns a training Job (on the double: no process)."""
         core, _ = self._apis()
-        core.create_namespaced_pod(self.namespace, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "run", "image": self.image, "command": ["sleep", "3600"]}]}})
+        core.create_namespaced_pod(
+            self.namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {
+                    "containers": [
+                        {"name": "run", "image": self.image, "command": ["sleep", "3600"]}
+                    ]
+                },
+            },
+        )
         return name
 
     def create_job(self, manifest: dict[str, Any]) -> None:
@@ -107,14 +127,19 @@ class Cluster:
         deadline = time.monotonic() + wait_s
         while True:
             left: dict[str, list[str]] = {}
-            for kind, read in (("job", batch.read_namespaced_job), ("service", core.read_namespaced_service)):
+            for kind, read in (
+                ("job", batch.read_namespaced_job),
+                ("service", core.read_namespaced_service),
+            ):
                 try:
                     read(job_name, self.namespace)
                     left.setdefault(kind, []).append(job_name)
                 except kubernetes.client.ApiException as e:
                     if e.status != 404:
                         raise
-            pods = core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={job_name}").items
+            pods = core.list_namespaced_pod(
+                self.namespace, label_selector=f"{JOB_LABEL}={job_name}"
+            ).items
             if pods:
                 left["pods"] = [p.metadata.name for p in pods]
             if self.double is not None and self.double.live_processes():
@@ -129,7 +154,9 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     if os.environ.get("KUBECONFIG"):
         image = os.environ.get("FINETUNE_K8S_TEST_IMAGE")
         if not image:
-            pytest.skip("KUBECONFIG is set: also set FINETUNE_K8S_TEST_IMAGE to run the k8s tests on that cluster")
+            pytest.skip(
+                "KUBECONFIG is set: also set FINETUNE_K8S_TEST_IMAGE to run the k8s tests on that cluster"
+            )
         yield Cluster(
             kubeconfig=os.environ["KUBECONFIG"].split(os.pathsep)[0],
             namespace=os.environ.get("FINETUNE_K8S_TEST_NAMESPACE", "finetune-test"),
@@ -141,7 +168,12 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     double = KubeApiDouble(workdir=REPO, sandbox=root / "pods").start()
     kubeconfig = double.write_kubeconfig(root / "kubeconfig", namespace="finetune-test")
     try:
-        yield Cluster(kubeconfig=str(kubeconfig), namespace="finetune-test", image="finetune-assets:test", double=double)
+        yield Cluster(
+            kubeconfig=str(kubeconfig),
+            namespace="finetune-test",
+            image="finetune-assets:test",
+            double=double,
+        )
     finally:
         double.stop()
 
@@ -168,7 +200,9 @@ def faults(double: KubeApiDouble) -> Iterator[Faults]:
 def isolated(double: KubeApiDouble) -> KubeApiDouble:
     """Tests of hostnames, DNS and PID 1 need the double's per-pod namespaces (unshare)."""
     if not double.isolated:
-        pytest.skip("needs per-pod UTS/PID/mount namespaces (unshare as root or with user namespaces)")
+        pytest.skip(
+            "needs per-pod UTS/PID/mount namespaces (unshare as root or with user namespaces)"
+        )
     return double
 
 

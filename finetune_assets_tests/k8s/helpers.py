@@ -1,13 +1,12 @@
 """Run a launcher inside a real Dagster materialization and collect everything it logged."""
 
-
 import re
 import time
 from dataclasses import dataclass
 
 import dagster as dg
 
-from finetune_assets.launchers import TrainingSpec, TrainingLauncher
+from finetune_assets.launchers import TrainingLauncher, TrainingSpec
 
 
 @dataclass
@@ -28,15 +27,24 @@ def launch_in_dagster(
 ) -> Launched:
     @dg.asset(name="trained")
     def trained(context: dg.AssetExecutionContext, launcher: TrainingLauncher) -> None:
-        launcher.launch(context, TrainingSpec(
-            name=f"trained-{partition}-{context.run.run_id[:8]}",
-            config_url=config_url,
-            labels={"dagster/run-id": context.run.run_id, "dagster/asset": "trained", "dagster/partition": partition},
-            env=env or {},
-        ))
+        launcher.launch(
+            context,
+            TrainingSpec(
+                name=f"trained-{partition}-{context.run.run_id[:8]}",
+                config_url=config_url,
+                labels={
+                    "dagster/run-id": context.run.run_id,
+                    "dagster/asset": "trained",
+                    "dagster/partition": partition,
+                },
+                env=env or {},
+            ),
+        )
 
     start = time.monotonic()
-    result = dg.materialize([trained], resources={"launcher": launcher}, instance=instance, raise_on_error=False)
+    result = dg.materialize(
+        [trained], resources={"launcher": launcher}, instance=instance, raise_on_error=False
+    )
     seconds = time.monotonic() - start
     lines = []
     for entry in instance.all_logs(result.run_id):

@@ -168,7 +168,8 @@ def sync(
 
 def _ranges(done: set[int]) -> str:
     """``{0, 1, 3, 4, 5}`` -> ``"0,1,3-5"``: ``orderedIntervals.String`` in ``indexed_job_utils.go``
-    (two neighbours are written with a comma, three or more as a range)."""
+    (two neighbours are written with a comma, three or more as a range).
+    """
     runs: list[list[int]] = []
     for i in sorted(done):
         if runs and runs[-1][1] == i - 1:

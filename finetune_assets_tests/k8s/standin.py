@@ -21,16 +21,16 @@ import argparse
 import hashlib
 import os
 import signal
-from pathlib import Path
 import sys
 import time
+from pathlib import Path
 
 
 def parse(config: str) -> dict[str, str]:
     if not config.startswith("standin:"):
         raise SystemExit(f"standin: unexpected config {config!r}")
     opts = {}
-    for item in filter(None, config[len("standin:"):].split(",")):
+    for item in filter(None, config[len("standin:") :].split(",")):
         key, _, value = item.partition("=")
         opts[key] = value
     return opts
@@ -44,13 +44,23 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    print(f"standin: node={node} rank={rank} world={world} attempt={attempt} host={os.environ.get('HOSTNAME')}", flush=True)
+    print(
+        f"standin: node={node} rank={rank} world={world} attempt={attempt} host={os.environ.get('HOSTNAME')}",
+        flush=True,
+    )
 
     if "env" in opts:
         value = os.environ.get(opts["env"], "")
-        print(f"standin: {opts['env']} sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} set={bool(value)}", flush=True)
+        print(
+            f"standin: {opts['env']} sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} set={bool(value)}",
+            flush=True,
+        )
     if opts.get("fail-node") == str(node):
-        print(f"standin: node {node} fails on purpose: RuntimeError('boom on node {node}')", file=sys.stderr, flush=True)
+        print(
+            f"standin: node {node} fails on purpose: RuntimeError('boom on node {node}')",
+            file=sys.stderr,
+            flush=True,
+        )
         return 3
     if "fail-node" in opts:
         time.sleep(600)  # a peer that would hang forever without fail-fast

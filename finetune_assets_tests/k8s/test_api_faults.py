@@ -21,7 +21,8 @@ def test_training_survives_a_429_burst_and_a_503_outage_mid_training(
     """Once a pod runs: 429 x3 (Retry-After 1 s), a 500, a 401, a reset, then a 503 outage
     (3 s here, ``api_outage_s``; 30 s behaves the same, only slower): the gang is never torn down
     and trains.
-    Then the Job delete fails twice: retried, the gang is removed."""
+    Then the Job delete fails twice: retried, the gang is removed.
+    """
     faults.api_burst = [(429, 1), (429, 1), (429, 1), (500, None), (401, None), ("reset", None)]
     faults.api_outage_s = 3.0
     faults.fail_job_deletes = 2  # and the cleanup's delete fails twice
@@ -60,7 +61,9 @@ def test_a_job_that_cannot_be_deleted_is_suspended_and_the_log_says_so(
     job = double.objects[("jobs", cluster.namespace, name)]
     assert job["spec"]["suspend"] is True
     deadline = time.monotonic() + 20  # the Job object stays; its pods go
-    while (left := cluster.leftovers(name, wait_s=0)).keys() - {"job"} and time.monotonic() < deadline:
+    while (left := cluster.leftovers(name, wait_s=0)).keys() - {
+        "job"
+    } and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left.keys() == {"job"}, left
     faults.fail_job_deletes = 0

@@ -18,15 +18,21 @@ pytestmark = pytest.mark.k8s
 
 
 def test_pod0_starting_last_with_lagging_dns_still_trains_with_rank0_on_pod0(
-        cluster: Cluster, isolated, faults, instance) -> None:
+    cluster: Cluster, isolated, faults, instance
+) -> None:
     """Pod 0 waits for its GPU node / image while pod 1 runs, and pod DNS names resolve only 10 s after a pod
     runs: pod 1 waits in the rendezvous, pod 0 hosts the store without resolving itself. (Before the fix:
-    nobody hosted the store, every pod failed after torchrun's 60 s read timeout.)"""
+    nobody hosted the store, every pod failed after torchrun's 60 s read timeout.)
+    """
     faults.pending_s, faults.dns_lag_s = {0: 3.0}, 10.0
-    launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port()), "standin:allreduce", instance)
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=2, rdzv_port=free_port()), "standin:allreduce", instance
+    )
     assert launched.success, launched.logs
     assert "standin: allreduce=3 world=2" in launched.logs
-    assert re.search(r"standin: node=0 rank=0 world=2 attempt=0 host=\S+-0\b", launched.logs), launched.logs
+    assert re.search(r"standin: node=0 rank=0 world=2 attempt=0 host=\S+-0\b", launched.logs), (
+        launched.logs
+    )
 
 
 def test_a_rendezvous_timeout_shorter_than_the_start_timeout_is_refused(cluster: Cluster) -> None:
@@ -57,36 +63,54 @@ def _when_step(ckpt, step: int, then, timeout_s: float = 60.0) -> threading.Thre
     return thread
 
 
-def test_an_evicted_pod_resubmits_the_gang_which_resumes(cluster: Cluster, double, faults, instance, tmp_path) -> None:
+def test_an_evicted_pod_resubmits_the_gang_which_resumes(
+    cluster: Cluster, double, faults, instance, tmp_path
+) -> None:
     """Spot reclaim / drain evicts the pod mid-run: a fresh gang resumes from the checkpoint and finishes with
     the global step of an uninterrupted run. One pod keeps it cheap; that the peers' failures after an
     eviction count as the disruption, and that a node going NotReady ends in the taint manager's
-    eviction (the same ``DisruptionTarget`` path), is ``test_supervision.py`` on recorded objects."""
+    eviction (the same ``DisruptionTarget`` path), is ``test_supervision.py`` on recorded objects.
+    """
     ckpt = tmp_path / "step"
     _when_step(ckpt, 2, lambda: double.evict(_pods_of_index(double, 0)[0]))
-    launched = launch_in_dagster(cluster.launcher(nnodes=1, max_resubmissions=1, timeout_s=120),
-                                 f"standin:train=6,step_s=0.4,ckpt={ckpt}", instance)
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1, max_resubmissions=1, timeout_s=120),
+        f"standin:train=6,step_s=0.4,ckpt={ckpt}",
+        instance,
+    )
     assert launched.success, launched.logs[-4000:]
-    assert "EvictionByEvictionAPI" in launched.logs and "resubmitting the gang (1/1)" in launched.logs
+    assert (
+        "EvictionByEvictionAPI" in launched.logs and "resubmitting the gang (1/1)" in launched.logs
+    )
     finished = re.findall(r"standin: trained global_step=(\d+) resumed_at=(\d+)", launched.logs)
     assert len(finished) == 1, launched.logs[-3000:]  # only the resubmitted gang finished
-    assert finished[0][0] == "6" and int(finished[0][1]) >= 2  # same global step as uninterrupted, resumed
+    assert (
+        finished[0][0] == "6" and int(finished[0][1]) >= 2
+    )  # same global step as uninterrupted, resumed
     assert double.live_processes() == []
 
 
-def test_infrastructure_failures_without_disruption_target_resubmit(cluster: Cluster, double, faults, instance,
-                                                                   tmp_path) -> None:
+def test_infrastructure_failures_without_disruption_target_resubmit(
+    cluster: Cluster, double, faults, instance, tmp_path
+) -> None:
     """The first pod fails kubelet admission (UnexpectedAdmissionError: a device plugin restarted); the
     next is evicted by the kubelet for its emptyDir usage (Failed/Evicted, exit 137, no DisruptionTarget).
-    Both are the cluster's doing (failures.py): resubmitted, and the gang resumes from the checkpoint."""
+    Both are the cluster's doing (failures.py): resubmitted, and the gang resumes from the checkpoint.
+    """
     faults.admission_errors = 1
     ckpt = tmp_path / "step"
     _when_step(ckpt, 2, lambda: double.kubelet_evict(_pods_of_index(double, 0)[0]))
-    launched = launch_in_dagster(cluster.launcher(nnodes=1, max_resubmissions=2, timeout_s=120),
-                                 f"standin:train=4,step_s=0.4,ckpt={ckpt}", instance)
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1, max_resubmissions=2, timeout_s=120),
+        f"standin:train=4,step_s=0.4,ckpt={ckpt}",
+        instance,
+    )
     assert launched.success, launched.logs[-4000:]
     assert "UnexpectedAdmissionError (kubelet admission failed" in launched.logs
-    assert "Evicted (kubelet eviction" in launched.logs and "resubmitting the gang (2/2)" in launched.logs
+    assert (
+        "Evicted (kubelet eviction" in launched.logs
+        and "resubmitting the gang (2/2)" in launched.logs
+    )
     finished = re.findall(r"standin: trained global_step=(\d+) resumed_at=(\d+)", launched.logs)
     assert finished == [("4", finished[0][1])] and int(finished[0][1]) >= 2, launched.logs[-3000:]
 
@@ -94,21 +118,39 @@ def test_infrastructure_failures_without_disruption_target_resubmit(cluster: Clu
 # -- silent waits: the reason reaches the run within a bounded time --------------------------------
 
 
-@pytest.mark.parametrize(("fault", "message", "expect"), [
-    ("unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", "Unschedulable: 0/3 nodes are available"),
-    ("refuse_pods", 'pods "x" is forbidden: exceeded quota: gpu-quota, requested: nvidia.com/gpu=8, used: 8, limited: 8',
-     "FailedCreate: Error creating: pods \"x\" is forbidden: exceeded quota: gpu-quota"),
-])
-def test_pods_that_cannot_start_fail_with_the_reason(cluster: Cluster, faults, instance, fault, message, expect) -> None:
+@pytest.mark.parametrize(
+    ("fault", "message", "expect"),
+    [
+        (
+            "unschedulable",
+            "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+            "Unschedulable: 0/3 nodes are available",
+        ),
+        (
+            "refuse_pods",
+            'pods "x" is forbidden: exceeded quota: gpu-quota, requested: nvidia.com/gpu=8, used: 8, limited: 8',
+            'FailedCreate: Error creating: pods "x" is forbidden: exceeded quota: gpu-quota',
+        ),
+    ],
+)
+def test_pods_that_cannot_start_fail_with_the_reason(
+    cluster: Cluster, faults, instance, fault, message, expect
+) -> None:
     setattr(faults, fault, message)
-    launched = launch_in_dagster(cluster.launcher(nnodes=1, start_timeout_s=2), "standin:ok", instance)
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1, start_timeout_s=2), "standin:ok", instance
+    )
     assert not launched.success
-    assert "did not all start within start_timeout_s=2" in launched.logs and expect in launched.logs, launched.logs[-3000:]
+    assert (
+        "did not all start within start_timeout_s=2" in launched.logs and expect in launched.logs
+    ), launched.logs[-3000:]
     assert launched.seconds < 40
     assert cluster.leftovers(launched.job_name) == {}
 
 
-def test_an_image_pull_error_fails_at_once_with_the_kubelets_message(cluster: Cluster, faults, instance) -> None:
+def test_an_image_pull_error_fails_at_once_with_the_kubelets_message(
+    cluster: Cluster, faults, instance
+) -> None:
     faults.image_pull_error = "rpc error: code = NotFound desc = manifest unknown"
     launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance)
     assert not launched.success
@@ -128,10 +170,21 @@ def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> 
     import sys
 
     # with an owner pod, no image: the launcher takes the launching pod's own image (one image setting)
-    fields = json.dumps(dict(image=None if owner else cluster.image, namespace=cluster.namespace, load_incluster_config=False,
-                             kubeconfig_file=cluster.kubeconfig, trainer_module="finetune_assets_tests.k8s.standin",
-                             nnodes=1, owner_pod=owner, poll_interval_s=0.5, memory_limit="2Gi",
-                             memory_request="256Mi", cpu_request="100m"))
+    fields = json.dumps(
+        dict(
+            image=None if owner else cluster.image,
+            namespace=cluster.namespace,
+            load_incluster_config=False,
+            kubeconfig_file=cluster.kubeconfig,
+            trainer_module="finetune_assets_tests.k8s.standin",
+            nnodes=1,
+            owner_pod=owner,
+            poll_interval_s=0.5,
+            memory_limit="2Gi",
+            memory_request="256Mi",
+            cpu_request="100m",
+        )
+    )
     code = f"""
 import json, logging, sys, types
 import dagster as dg
@@ -144,7 +197,9 @@ logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingSpec(name="abandoned", config_url="standin:sleep=600",
     labels={{"dagster/asset": "trained", "dagster/partition": {partition!r}, "dagster/run-id": "dead-run"}}))
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     name, seen = None, []
     for line in proc.stdout:
         seen.append(line)
@@ -158,7 +213,9 @@ K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingSpec(name="aba
     return name
 
 
-def test_the_launching_pod_dying_garbage_collects_the_gang(cluster: Cluster, double, instance) -> None:
+def test_the_launching_pod_dying_garbage_collects_the_gang(
+    cluster: Cluster, double, instance
+) -> None:
     owner = cluster.create_pod("run-pod-gc")
     name = _launch_and_abandon(cluster, owner, partition="gc")
     assert "job" in cluster.leftovers(name, wait_s=0)  # the launcher is dead; the gang lives on
@@ -166,24 +223,43 @@ def test_the_launching_pod_dying_garbage_collects_the_gang(cluster: Cluster, dou
     assert cluster.leftovers(name) == {}  # owner references: Job -> pods, Job -> Service
 
 
-def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(cluster: Cluster, double, instance) -> None:
+def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(
+    cluster: Cluster, double, instance
+) -> None:
     """A gang left running by a dead attempt (created here directly, as that attempt rendered it)."""
     from finetune_assets.launchers import TrainingSpec
 
     name = "left-over-gang"
-    _, job = cluster.launcher(nnodes=1).render(TrainingSpec(name=name, config_url="standin:sleep=600", labels={
-        "dagster/asset": "trained", "dagster/partition": "dedup", "dagster/run-id": "dead-run"}), name)
+    _, job = cluster.launcher(nnodes=1).render(
+        TrainingSpec(
+            name=name,
+            config_url="standin:sleep=600",
+            labels={
+                "dagster/asset": "trained",
+                "dagster/partition": "dedup",
+                "dagster/run-id": "dead-run",
+            },
+        ),
+        name,
+    )
     cluster.create_job(job)
-    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="dedup")
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1), "standin:ok", instance, partition="dedup"
+    )
     assert launched.success, launched.logs[-3000:]
-    assert f"Deleting live training Job {cluster.namespace}/{name} of the same asset and partition (left by run dead-run, which is over)" in launched.logs
+    assert (
+        f"Deleting live training Job {cluster.namespace}/{name} of the same asset and partition "
+        "(left by run dead-run, which is over)" in launched.logs
+    )
     assert cluster.leftovers(name) == {}
 
 
 # -- logs -----------------------------------------------------------------------------------------
 
 
-def test_the_log_follower_resumes_after_the_stream_breaks(cluster: Cluster, faults, instance) -> None:
+def test_the_log_follower_resumes_after_the_stream_breaks(
+    cluster: Cluster, faults, instance
+) -> None:
     faults.log_cut_s = 0.5  # every follow stream drops after half a second
     launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:lines=60", instance)
     assert launched.success, launched.logs[-3000:]
@@ -191,25 +267,44 @@ def test_the_log_follower_resumes_after_the_stream_breaks(cluster: Cluster, faul
     assert lines == [str(i) for i in range(60)]  # every line once, in order, despite the breaks
 
 
-def test_a_live_gang_of_a_running_dagster_run_is_left_alone(cluster: Cluster, double, instance) -> None:
+def test_a_live_gang_of_a_running_dagster_run_is_left_alone(
+    cluster: Cluster, double, instance
+) -> None:
     """Dagster is asked first: the other run is STARTED, so its Job is not deleted and the launch fails
-    naming it; once that run is gone from the instance, the next launch removes the orphan."""
+    naming it; once that run is gone from the instance, the next launch removes the orphan.
+    """
     import dagster as dg
 
     from finetune_assets.launchers import TrainingSpec
 
     other = "5e1f0c2a-0000-4000-8000-00000000beef"
-    instance.add_run(dg.DagsterRun(job_name="other_job", run_id=other, status=dg.DagsterRunStatus.STARTED))
+    instance.add_run(
+        dg.DagsterRun(job_name="other_job", run_id=other, status=dg.DagsterRunStatus.STARTED)
+    )
     name = "live-other-run"
-    _, job = cluster.launcher(nnodes=1).render(TrainingSpec(name=name, config_url="standin:sleep=600", labels={
-        "dagster/asset": "trained", "dagster/partition": "shared", "dagster/run-id": other}), name)
+    _, job = cluster.launcher(nnodes=1).render(
+        TrainingSpec(
+            name=name,
+            config_url="standin:sleep=600",
+            labels={
+                "dagster/asset": "trained",
+                "dagster/partition": "shared",
+                "dagster/run-id": other,
+            },
+        ),
+        name,
+    )
     job["spec"]["suspend"] = True  # unfinished all the same; no pod needs to run for this test
     cluster.create_job(job)
-    refused = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="shared")
+    refused = launch_in_dagster(
+        cluster.launcher(nnodes=1), "standin:ok", instance, partition="shared"
+    )
     assert not refused.success and refused.job_name is None
     assert f"belongs to Dagster run {other}, which is still STARTED" in refused.logs
     assert "job" in cluster.leftovers(name, wait_s=0)  # untouched
     instance.delete_run(other)
-    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance, partition="shared")
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1), "standin:ok", instance, partition="shared"
+    )
     assert launched.success, launched.logs[-3000:]
     assert cluster.leftovers(name) == {}

@@ -37,38 +37,60 @@ with fs.open(path + ".tmp", "w") as f:
 fs.mv(path + ".tmp", path)
 print(f"worker {i} wrote part-{i}.txt", flush=True)
 """
-LABELS = {"dagster/run-id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "dagster/asset": "tokenized_reviews",
-          "dagster/partition": "v1"}
+LABELS = {
+    "dagster/run-id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+    "dagster/asset": "tokenized_reviews",
+    "dagster/partition": "v1",
+}
 
 
 def fanout(out: str, count: int = 3, failing: str = "") -> FanOut:
-    return FanOut(name="tok-v1-0f1e2d3c", command=[sys.executable, "-c", WORKER, failing], count=count,
-                  env={"FANOUT_TOTAL": str(count), "FANOUT_OUT": out})
+    return FanOut(
+        name="tok-v1-0f1e2d3c",
+        command=[sys.executable, "-c", WORKER, failing],
+        count=count,
+        env={"FANOUT_TOTAL": str(count), "FANOUT_OUT": out},
+    )
 
 
 # -- manifests (offline) --------------------------------------------------------------------------
 
 
 WORKER_POOL = dict(
-    worker_node_selector={"pool": "cpu"}, worker_memory_request="1536Mi", worker_memory_limit="2Gi",
+    worker_node_selector={"pool": "cpu"},
+    worker_memory_request="1536Mi",
+    worker_memory_limit="2Gi",
     worker_k8s_config={
-        "pod_template_spec_metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}},
-        "pod_spec_config": {"priorityClassName": "batch-low"}})
+        "pod_template_spec_metadata": {
+            "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}
+        },
+        "pod_spec_config": {"priorityClassName": "batch-low"},
+    },
+)
 
 
 def render(launcher_fields: dict | None = None, **runner_fields):
     launcher = K8sTorchrunLauncher(
-        image="registry.example.com/finetune-assets:1.0", namespace="ml-train", nnodes=2, gpus_per_node=8,
-        env_secret_names=["finetune-s3"], service_account_name="finetune-trainer",
-        node_selector={"pool": "batch"}, storage_pvc_name="finetune-storage", **(launcher_fields or {}))
+        image="registry.example.com/finetune-assets:1.0",
+        namespace="ml-train",
+        nnodes=2,
+        gpus_per_node=8,
+        env_secret_names=["finetune-s3"],
+        service_account_name="finetune-trainer",
+        node_selector={"pool": "batch"},
+        storage_pvc_name="finetune-storage",
+        **(launcher_fields or {}),
+    )
     runner = K8sFanOutRunner(launcher, labels=LABELS, **runner_fields)
     return runner, runner.render(fanout("s3://bucket/finetune/slices/tok-v1"), "tok-v1-abc123")
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("fields", [{}, {"parallelism": 2, "retries_per_index": 0},
-                                    {"launcher_fields": WORKER_POOL}],
-                         ids=["all-at-once", "2-at-a-time", "own-pool-passthrough"])
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"parallelism": 2, "retries_per_index": 0}, {"launcher_fields": WORKER_POOL}],
+    ids=["all-at-once", "2-at-a-time", "own-pool-passthrough"],
+)
 def test_fanout_manifest_validates(version: str, fields) -> None:
     _, job = render(**fields)
     kubernetes_validate.validate(job, version, strict=True)
@@ -78,35 +100,61 @@ def test_fanout_manifest_shape() -> None:
     runner, job = render(parallelism=2, retries_per_index=4)
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert spec["completionMode"] == "Indexed" and spec["completions"] == 3 and spec["parallelism"] == 2
-    assert spec["backoffLimitPerIndex"] == 4 and spec["maxFailedIndexes"] == 0  # retry per slice, fail fast after
-    assert spec["backoffLimit"] == 2**31 - 1  # checked whatever backoffLimitPerIndex says (upstream default)
+    assert (
+        spec["completionMode"] == "Indexed"
+        and spec["completions"] == 3
+        and spec["parallelism"] == 2
+    )
+    assert (
+        spec["backoffLimitPerIndex"] == 4 and spec["maxFailedIndexes"] == 0
+    )  # retry per slice, fail fast after
+    assert (
+        spec["backoffLimit"] == 2**31 - 1
+    )  # checked whatever backoffLimitPerIndex says (upstream default)
     rules = spec["podFailurePolicy"]["rules"]
     assert [r["action"] for r in rules] == ["Ignore", "Count", "FailIndex"]
     assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
-    assert rules[1]["onExitCodes"]["values"] == [75, 137]  # transient I/O (EX_TEMPFAIL) and OOM get retries
+    assert rules[1]["onExitCodes"]["values"] == [
+        75,
+        137,
+    ]  # transient I/O (EX_TEMPFAIL) and OOM get retries
     # the training launcher's settings, but no GPU and one process per worker pod; no Service
     assert "nvidia.com/gpu" not in container["resources"]["requests"] and "subdomain" not in pod
     # the GPU pool's node selector is not inherited: CPU workers have their own (none here)
     assert "nodeSelector" not in pod and pod["serviceAccountName"] == "finetune-trainer"
     assert [e["secretRef"]["name"] for e in container["envFrom"]] == ["finetune-s3"]
-    assert any(v.get("persistentVolumeClaim", {}).get("claimName") == "finetune-storage" for v in pod["volumes"])
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True and pod["automountServiceAccountToken"] is False
+    assert any(
+        v.get("persistentVolumeClaim", {}).get("claimName") == "finetune-storage"
+        for v in pod["volumes"]
+    )
+    assert (
+        container["securityContext"]["readOnlyRootFilesystem"] is True
+        and pod["automountServiceAccountToken"] is False
+    )
     # the local interpreter path becomes the image's python; the index arrives from the Job controller
     assert container["command"][:2] == ["python", "-c"]
     assert {"name": "FANOUT_TOTAL", "value": "3"} in container["env"]
     labels = spec["template"]["metadata"]["labels"]
-    assert labels[JOB_LABEL] == "tok-v1-abc123" and labels[GANG_LABEL] == runner.dedupe_key(fanout("x"))
-    assert labels["dagster/asset"] == "tokenized_reviews" and labels["app.kubernetes.io/component"] == "finetune-data-worker"
+    assert labels[JOB_LABEL] == "tok-v1-abc123" and labels[GANG_LABEL] == runner.dedupe_key(
+        fanout("x")
+    )
+    assert (
+        labels["dagster/asset"] == "tokenized_reviews"
+        and labels["app.kubernetes.io/component"] == "finetune-data-worker"
+    )
 
 
 def test_fanout_refuses_credentials_as_plain_env_and_impossible_counts() -> None:
     runner = K8sFanOutRunner(K8sTorchrunLauncher(image="img"))
-    job = FanOut(name="tok", command=["python", "-c", "pass"], count=1, env={"AWS_SECRET_ACCESS_KEY": SECRET})
+    job = FanOut(
+        name="tok", command=["python", "-c", "pass"], count=1, env={"AWS_SECRET_ACCESS_KEY": SECRET}
+    )
     with pytest.raises(ValueError, match="env_secret_names") as err:
         runner.render(job, "tok-1")
     assert SECRET not in str(err.value)
-    from finetune_assets.data.slices import WORKER_ENV  # what every data fan-out sets: switches, not credentials
+    from finetune_assets.data.slices import (
+        WORKER_ENV,  # what every data fan-out sets: switches, not credentials
+    )
 
     runner.render(FanOut(name="tok", command=["python"], count=1, env=dict(WORKER_ENV)), "tok-1")
     for count in (0, 100_001):
@@ -115,7 +163,11 @@ def test_fanout_refuses_credentials_as_plain_env_and_impossible_counts() -> None
 
 
 def test_completed_and_failed_indexes_parse() -> None:
-    assert indexes("0-2,5,7-8") == {0, 1, 2, 5, 7, 8} and indexes(None) == set() and indexes("") == set()
+    assert (
+        indexes("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}
+        and indexes(None) == set()
+        and indexes("") == set()
+    )
 
 
 # -- 3 pods through the API double ------------------------------------------------------------------
@@ -129,7 +181,9 @@ def run(cluster: Cluster, job: FanOut, timeout_s: int = 90, **fields) -> tuple[l
     finally:
         text = "\n".join(lines)
         name = re.search(r"Launching fan-out Job [^/\s]+/(\S+):", text).group(1)
-        assert cluster.leftovers(name) == {}, "the Job and its pods are deleted however the fan-out ends"
+        assert cluster.leftovers(name) == {}, (
+            "the Job and its pods are deleted however the fan-out ends"
+        )
     return lines, name
 
 
@@ -139,44 +193,74 @@ def parts(out: Path) -> dict[str, str]:
 
 @pytest.mark.k8s
 @pytest.mark.slow
-def test_three_pods_run_every_index_despite_a_late_pod(cluster: Cluster, double, faults, tmp_path) -> None:
+def test_three_pods_run_every_index_despite_a_late_pod(
+    cluster: Cluster, double, faults, tmp_path
+) -> None:
     """Index 2's pod waits for its node: the others finish first; each index writes its own part."""
     faults.pending_s = {2: 2.0}
     lines, _ = run(cluster, fanout(str(tmp_path)))
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     text = "\n".join(lines)
-    assert re.search(r"\[\S+-0-\w{5}\] worker 0 wrote part-0.txt", text), text  # index 0's log streamed
+    assert re.search(r"\[\S+-0-\w{5}\] worker 0 wrote part-0.txt", text), (
+        text
+    )  # index 0's log streamed
     assert "3/3 index(es) succeeded" in text and "all 3 index(es) succeeded" in text
     # deploy/rbac.yaml grants the training launcher's verbs; the fan-out needs no more
-    assert {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT} <= LAUNCHER_VERBS
+    assert {
+        (verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT
+    } <= LAUNCHER_VERBS
 
 
 @pytest.mark.k8s
-def test_a_preempted_and_an_oom_killed_index_are_retried(cluster: Cluster, double, faults, tmp_path) -> None:
+def test_a_preempted_and_an_oom_killed_index_are_retried(
+    cluster: Cluster, double, faults, tmp_path
+) -> None:
     """Index 1's first pod is preempted (replaced, not counted), index 2's is OOM-killed (counted, retried)."""
     faults.preempt, faults.oom_kill = {1: 1}, {2: 1}
     lines, name = run(cluster, fanout(str(tmp_path)), retries_per_index=1)
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     books = double.indexes[(cluster.namespace, name)]
     counted = [r.index for r in books.records.values() if r.phase == "Failed" and not r.conditions]
-    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and counted == [2]  # the preemption is not counted
-    assert re.search(r"index 2: pod \S+ Failed, exit code 137 \(OOMKilled\)", "\n".join(lines)), lines
+    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and counted == [
+        2
+    ]  # the preemption is not counted
+    assert re.search(r"index 2: pod \S+ Failed, exit code 137 \(OOMKilled\)", "\n".join(lines)), (
+        lines
+    )
 
 
 @pytest.mark.k8s
-@pytest.mark.parametrize(("fault", "says", "pods"), [
-    ("exit", "worker 1: slice 1 is unreadable", 1),  # the worker's own error: FailIndex, not retried
-    ("oom", "exit code 137 (OOMKilled)", 2),  # OOM every time: retried once (retries_per_index=1), then failed
-])
-def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(cluster: Cluster, double, faults, tmp_path,
-                                                                 fault, says, pods) -> None:
+@pytest.mark.parametrize(
+    ("fault", "says", "pods"),
+    [
+        (
+            "exit",
+            "worker 1: slice 1 is unreadable",
+            1,
+        ),  # the worker's own error: FailIndex, not retried
+        (
+            "oom",
+            "exit code 137 (OOMKilled)",
+            2,
+        ),  # OOM every time: retried once (retries_per_index=1), then failed
+    ],
+)
+def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(
+    cluster: Cluster, double, faults, tmp_path, fault, says, pods
+) -> None:
     if fault == "oom":
         faults.oom_kill = {1: 99}
     with pytest.raises(FanOutError) as err:
-        run(cluster, fanout(str(tmp_path), failing="1" if fault == "exit" else ""), retries_per_index=1)
+        run(
+            cluster,
+            fanout(str(tmp_path), failing="1" if fault == "exit" else ""),
+            retries_per_index=1,
+        )
     message = str(err.value)
     assert "failed index(es) [1]" in message and says in message, message
-    assert re.search(r"--- pod \S+-1-\w{5} \(index 1\) Failed", message), message  # its log tail, by index
+    assert re.search(r"--- pod \S+-1-\w{5} \(index 1\) Failed", message), (
+        message
+    )  # its log tail, by index
     name = re.search(r"fan-out Job [^/\s]+/(\S+):", message).group(1)
     assert double.indexes[(cluster.namespace, name)].attempts[1] == pods
 
@@ -185,34 +269,72 @@ def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(cluster: Cluster
 def test_a_hung_index_fails_the_fanout_at_the_deadline_naming_it(cluster: Cluster, double) -> None:
     hang = "import os, time; time.sleep(600 if os.environ['JOB_COMPLETION_INDEX'] == '2' else 0)"
     with pytest.raises(FanOutError) as err:
-        run(cluster, FanOut(name="tok-hang", command=["python", "-c", hang], count=3, env={}), timeout_s=3)
-    assert "timed out after 3s" in str(err.value) and "unfinished index(es) [2]" in str(err.value), str(err.value)
+        run(
+            cluster,
+            FanOut(name="tok-hang", command=["python", "-c", hang], count=3, env={}),
+            timeout_s=3,
+        )
+    assert "timed out after 3s" in str(err.value) and "unfinished index(es) [2]" in str(
+        err.value
+    ), str(err.value)
 
 
 @pytest.mark.k8s
-def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(cluster: Cluster, double, tmp_path) -> None:
+def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(
+    cluster: Cluster, double, tmp_path
+) -> None:
     """A run pod died mid fan-out (no owner here: launched from outside the cluster); its retry replaces the Job."""
     runner = K8sFanOutRunner(cluster.launcher(timeout_s=90), labels=LABELS)
-    left = runner.render(FanOut(name="tok-v1-deadrun", command=["python", "-c", "import time; time.sleep(600)"],
-                                count=3, env={}), "tok-v1-deadrun-abc123")
+    left = runner.render(
+        FanOut(
+            name="tok-v1-deadrun",
+            command=["python", "-c", "import time; time.sleep(600)"],
+            count=3,
+            env={},
+        ),
+        "tok-v1-deadrun-abc123",
+    )
     cluster.create_job(left)
     lines, _ = run(cluster, fanout(str(tmp_path)))
-    assert any(line.startswith(f"Deleting live fan-out Job {cluster.namespace}/tok-v1-deadrun-abc123") for line in lines)
+    assert any(
+        line.startswith(f"Deleting live fan-out Job {cluster.namespace}/tok-v1-deadrun-abc123")
+        for line in lines
+    )
     assert cluster.leftovers("tok-v1-deadrun-abc123") == {} and len(parts(tmp_path)) == 3
 
 
 @pytest.mark.k8s
-def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(cluster: Cluster, double, tmp_path) -> None:
-    left = K8sFanOutRunner(cluster.launcher(timeout_s=90), labels={**LABELS, "dagster/run-id": "other-run"})
-    job = left.render(FanOut(name="tok-v1-live", command=["python", "-c", "import time; time.sleep(600)"],
-                             count=1, env={}), "tok-v1-live-abc123")
+def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(
+    cluster: Cluster, double, tmp_path
+) -> None:
+    left = K8sFanOutRunner(
+        cluster.launcher(timeout_s=90), labels={**LABELS, "dagster/run-id": "other-run"}
+    )
+    job = left.render(
+        FanOut(
+            name="tok-v1-live",
+            command=["python", "-c", "import time; time.sleep(600)"],
+            count=1,
+            env={},
+        ),
+        "tok-v1-live-abc123",
+    )
     cluster.create_job(job)
-    runner = K8sFanOutRunner(cluster.launcher(), labels=LABELS, run_state={"other-run": "STARTED"}.get)
-    with pytest.raises(FanOutError, match="belongs to Dagster run other-run, which is still STARTED"):
+    runner = K8sFanOutRunner(
+        cluster.launcher(), labels=LABELS, run_state={"other-run": "STARTED"}.get
+    )
+    with pytest.raises(
+        FanOutError, match="belongs to Dagster run other-run, which is still STARTED"
+    ):
         runner.run(fanout(str(tmp_path)), lambda line: None)
     assert "job" in cluster.leftovers("tok-v1-live-abc123", wait_s=0)
-    cluster.double.handle("DELETE", f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/tok-v1-live-abc123",
-                          {}, {}, HARNESS_AGENT)
+    cluster.double.handle(
+        "DELETE",
+        f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/tok-v1-live-abc123",
+        {},
+        {},
+        HARNESS_AGENT,
+    )
 
 
 def test_a_slice_workers_transient_io_error_exits_75(monkeypatch, capsys) -> None:
@@ -226,21 +348,29 @@ def test_a_slice_workers_transient_io_error_exits_75(monkeypatch, capsys) -> Non
 
     monkeypatch.setattr(slices, "read_spec", lambda url: SimpleNamespace(count=2))
     monkeypatch.setattr(slices, "shard_slice", store_hiccup)
-    assert slices.main(["work", "--spec", "s3://b/spec.json", "--index", "1"]) == TRANSIENT_EXIT_CODE == 75
+    assert (
+        slices.main(["work", "--spec", "s3://b/spec.json", "--index", "1"])
+        == TRANSIENT_EXIT_CODE
+        == 75
+    )
     assert "transient I/O error" in capsys.readouterr().err
 
 
 @pytest.mark.k8s
 def test_an_index_exiting_75_is_retried(cluster: Cluster, double, tmp_path) -> None:
     """EX_TEMPFAIL counts against the index's retries (an object-store 503 among thousands of slices)
-    instead of failing it as the worker's own error."""
+    instead of failing it as the worker's own error.
+    """
     flaky = (
         "import os, sys, pathlib; i = os.environ['JOB_COMPLETION_INDEX']; "
         f"m = pathlib.Path({str(tmp_path)!r}) / ('tried-' + i); "
         "first = not m.exists(); m.touch(); sys.exit(75 if first and i == '1' else 0)"
     )
-    lines, name = run(cluster, FanOut(name="tok-flaky", command=["python", "-c", flaky], count=2, env={}),
-                      retries_per_index=1)
+    lines, name = run(
+        cluster,
+        FanOut(name="tok-flaky", command=["python", "-c", flaky], count=2, env={}),
+        retries_per_index=1,
+    )
     books = double.indexes[(cluster.namespace, name)]
     assert dict(books.attempts) == {0: 1, 1: 2}
     assert any("index 1: pod" in line and "exit code 75" in line for line in lines), lines
@@ -253,26 +383,39 @@ def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:
         return NS(conditions=[], completed_indexes=done, failed_indexes=failed)
 
     def pod(i, phase):
-        return NS(metadata=NS(name=f"j-{i}", annotations={"batch.kubernetes.io/job-completion-index": str(i)},
-                              labels={}, creation_timestamp=None),
-                  status=NS(phase=phase, conditions=[], container_statuses=[]))
+        return NS(
+            metadata=NS(
+                name=f"j-{i}",
+                annotations={"batch.kubernetes.io/job-completion-index": str(i)},
+                labels={},
+                creation_timestamp=None,
+            ),
+            status=NS(phase=phase, conditions=[], container_statuses=[]),
+        )
 
     # a failed pod whose index still has retries is not a failure of the fan-out
-    assert assess_fanout(status("0"), [pod(0, "Succeeded"), pod(1, "Failed"), pod(1, "Running")], 2, 2).kind == "running"
+    assert (
+        assess_fanout(
+            status("0"), [pod(0, "Succeeded"), pod(1, "Failed"), pod(1, "Running")], 2, 2
+        ).kind
+        == "running"
+    )
     assert assess_fanout(status("0", "1"), [pod(1, "Failed")], 2, 2).why == "index(es) [1] failed"
     assert assess_fanout(status("0-1"), [], 2, 2).kind == "complete"
 
 
-# -- issue 15 acceptance: the 3-pod fan-out produces the same MDS samples as the local run ------------
+# -- the 3-pod fan-out produces the same MDS samples as the local run ------------
 
 
 @pytest.mark.k8s
 @pytest.mark.slow
-def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(cluster: Cluster, double, arabic_reviews,
-                                                                        tmp_path, monkeypatch) -> None:
+def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
+    cluster: Cluster, double, arabic_reviews, tmp_path, monkeypatch
+) -> None:
     """Both stages as the assets run them (``_fan_out``: the real ``python -m finetune_assets.data.slices work``
     command and ``WORKER_ENV``), once through 2 local workers and once as 3 pods: the merged MDS samples of
-    every split are the same, in the same order. 120 validated reviews in 6 row groups, 3 tokenize slices."""
+    every split are the same, in the same order. 120 validated reviews in 6 row groups, 3 tokenize slices.
+    """
     import json
 
     import pyarrow.parquet as pq
@@ -288,37 +431,64 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(cluster: 
     from finetune_assets.launchers.fanout import LocalFanOutRunner, python_module, runner_width
     from finetune_assets_tests.data.test_slices import _samples
 
-    accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()).accepted
+    accepted = validate(
+        read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()
+    ).accepted
     reviews = tmp_path / "reviews.parquet"  # raw_reviews' file: text, label, ..., split
     pq.write_table(accepted.slice(0, 120), reviews, row_group_size=20)
     group_rows = [pq.ParquetFile(reviews).metadata.row_group(i).num_rows for i in range(6)]
     tokenizer_json = Path(packaged_model_dir()) / "tokenizer.json"  # the real WordPiece vocabulary
     vocab = tokenizers.Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
-    monkeypatch.setattr(slices, "SHARD_ROWS_PER_WORKER", 1)  # a small version still gets several shard workers
+    monkeypatch.setattr(
+        slices, "SHARD_ROWS_PER_WORKER", 1
+    )  # a small version still gets several shard workers
 
-    def fan_out(runner, kind: str, spec: slices.TokenizeSpec | slices.ShardsSpec, count: int) -> str | None:
+    def fan_out(
+        runner, kind: str, spec: slices.TokenizeSpec | slices.ShardsSpec, count: int
+    ) -> str | None:
         """``assets.tokenized._fan_out`` without Dagster; returns the Kubernetes Job's name (None: local)."""
         slices.write_spec(f"{spec.out}/_work/spec.json", spec)
-        job = FanOut(name=f"{kind}-v1-0f1e2d3c", count=count, env=dict(slices.WORKER_ENV),
-                     command=python_module("finetune_assets.data.slices", "work", "--spec", f"{spec.out}/_work/spec.json"))
+        job = FanOut(
+            name=f"{kind}-v1-0f1e2d3c",
+            count=count,
+            env=dict(slices.WORKER_ENV),
+            command=python_module(
+                "finetune_assets.data.slices", "work", "--spec", f"{spec.out}/_work/spec.json"
+            ),
+        )
         if isinstance(runner, LocalFanOutRunner):
             runner.run(job, print)
             return None
-        _, name = run(cluster, job, timeout_s=120)  # checks that the Job and its pods are gone afterwards
+        _, name = run(
+            cluster, job, timeout_s=120
+        )  # checks that the Job and its pods are gone afterwards
         return name
 
     merged, samples = {}, {}
-    for where, runner in (("local", LocalFanOutRunner(workers=2)),
-                          ("k8s", K8sFanOutRunner(cluster.launcher(timeout_s=120), labels=LABELS))):
+    for where, runner in (
+        ("local", LocalFanOutRunner(workers=2)),
+        ("k8s", K8sFanOutRunner(cluster.launcher(timeout_s=120), labels=LABELS)),
+    ):
         width = runner_width(runner)
         plan = slices.plan_slices(group_rows, width or 1, slice_rows=40)
-        assert len(plan) == (4 if where == "local" else 3), plan  # locally a multiple of the 2 workers
+        assert len(plan) == (4 if where == "local" else 3), (
+            plan
+        )  # locally a multiple of the 2 workers
         tokens = str(tmp_path / where / "tokenized")
         tok_spec = slices.TokenizeSpec(
-            reviews=str(reviews), out=tokens, slices=plan, tokenizer=str(tokenizer_json),
-            dtype=token_dtype(vocab).name, max_length=64, labels=DEFAULT_LABEL_SET.to_dict(), batch_size=7,
-            groups=slices.group_parts(len(plan), width or len(plan)))  # as tokenized_reviews groups them
-        assert tok_spec.count == (2 if where == "local" else 3)  # 2 processes locally; one pod per slice
+            reviews=str(reviews),
+            out=tokens,
+            slices=plan,
+            tokenizer=str(tokenizer_json),
+            dtype=token_dtype(vocab).name,
+            max_length=64,
+            labels=DEFAULT_LABEL_SET.to_dict(),
+            batch_size=7,
+            groups=slices.group_parts(len(plan), width or len(plan)),
+        )  # as tokenized_reviews groups them
+        assert tok_spec.count == (
+            2 if where == "local" else 3
+        )  # 2 processes locally; one pod per slice
         tok_job = fan_out(runner, "tok", tok_spec, tok_spec.count)
         rows = sum(p["rows"] for p in slices.read_part_stats(tokens, len(plan)))
         assert rows == 120, f"{where}: {rows} rows tokenized"
@@ -326,15 +496,29 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(cluster: 
             assert dict(double.indexes[(cluster.namespace, tok_job)].attempts) == {0: 1, 1: 1, 2: 1}
         shards = tmp_path / where / "mds"
         groups = slices.group_parts(len(plan), width or len(plan), rows)
-        assert len(groups) == (2 if where == "local" else 3), groups  # other slicings and groupings, the same samples
-        fan_out(runner, "mds", slices.ShardsSpec(tokens=tokens, out=str(shards), groups=groups, size_limit=1 << 12),
-                len(groups))
+        assert len(groups) == (2 if where == "local" else 3), (
+            groups
+        )  # other slicings and groupings, the same samples
+        fan_out(
+            runner,
+            "mds",
+            slices.ShardsSpec(tokens=tokens, out=str(shards), groups=groups, size_limit=1 << 12),
+            len(groups),
+        )
         merged[where] = slices.merge_shards(str(shards), shards, len(plan))
         samples[where] = {split: _samples(shards / split) for split in SPLITS}
-        assert all(samples[where][s] for s in SPLITS), {s: len(v) for s, v in samples[where].items()}
-        assert {s: len(v) for s, v in samples[where].items()} == {s: m["samples"] for s, m in merged[where].items()}
-        assert all("/" in s["zip_data"]["basename"] for split in SPLITS
-                   for s in json.loads((shards / split / "index.json").read_text())["shards"])
+        assert all(samples[where][s] for s in SPLITS), {
+            s: len(v) for s, v in samples[where].items()
+        }
+        assert {s: len(v) for s, v in samples[where].items()} == {
+            s: m["samples"] for s, m in merged[where].items()
+        }
+        assert all(
+            "/" in s["zip_data"]["basename"]
+            for split in SPLITS
+            for s in json.loads((shards / split / "index.json").read_text())["shards"]
+        )
     assert samples["k8s"] == samples["local"]
-    assert {s: (m["samples"], m["label_counts"]) for s, m in merged["k8s"].items()} == \
-        {s: (m["samples"], m["label_counts"]) for s, m in merged["local"].items()}
+    assert {s: (m["samples"], m["label_counts"]) for s, m in merged["k8s"].items()} == {
+        s: (m["samples"], m["label_counts"]) for s, m in merged["local"].items()
+    }

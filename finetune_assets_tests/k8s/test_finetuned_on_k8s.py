@@ -1,4 +1,4 @@
-"""Done-means of issue 4: ``finetuned_model`` materializes with the k8s launcher, 2 pods x 1 process.
+"""``finetuned_model`` materializes with the k8s launcher, 2 pods x 1 process.
 
 Dagster run -> K8sTorchrunLauncher -> Kubernetes API (the loopback double) -> Indexed Job, 2 pods ->
 torchrun c10d rendezvous through the headless Service -> the real trainer (gloo, CPU) -> model,
@@ -21,26 +21,43 @@ from finetune_assets_tests.training.fixtures import publish_upstream as _publish
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 
-def test_finetuned_model_trains_across_two_pods(cluster: Cluster, double, storage_root, instance,
-                                                 tiny_model_dir, arabic_reviews) -> None:
+def test_finetuned_model_trains_across_two_pods(
+    cluster: Cluster, double, storage_root, instance, tiny_model_dir, arabic_reviews
+) -> None:
     # `double`: the storage root here is a local folder, which the double's pods share; on a real
     # cluster run the same flow with an s3:// root (deploy/README.md, "Run a materialization").
     if not double.private_shm:
-        pytest.skip("two 'pods' on one host need private /dev/shm mounts (unshare) for mosaicml-streaming")
+        pytest.skip(
+            "two 'pods' on one host need private /dev/shm mounts (unshare) for mosaicml-streaming"
+        )
     store = Storage(str(storage_root))
     _publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv")
     instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
     launcher = cluster.launcher(
-        nnodes=2, nproc_per_node=1, rdzv_port=free_port(), trainer_module="finetune_assets.training",
-        timeout_s=600, env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
+        nnodes=2,
+        nproc_per_node=1,
+        rdzv_port=free_port(),
+        trainer_module="finetune_assets.training",
+        timeout_s=600,
+        env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
     )
     result = dg.materialize(
         [finetuned_model],
         partition_key="v1",
         instance=instance,
-        run_config=dg.RunConfig(ops={"finetuned_model": {"config": {
-            "epochs": 1, "accelerator": "cpu", "num_workers": 0, "checkpoint_every_n_steps": 5, "log_every_n_steps": 2,
-        }}}),
+        run_config=dg.RunConfig(
+            ops={
+                "finetuned_model": {
+                    "config": {
+                        "epochs": 1,
+                        "accelerator": "cpu",
+                        "num_workers": 0,
+                        "checkpoint_every_n_steps": 5,
+                        "log_every_n_steps": 2,
+                    }
+                }
+            }
+        ),
         resources={
             "storage": StorageResource(root=str(storage_root)),
             "launcher": launcher,
@@ -52,7 +69,9 @@ def test_finetuned_model_trains_across_two_pods(cluster: Cluster, double, storag
     assert result.success, logs[-8000:]
     assert "2 pod(s) x 1 process(es)" in logs and "all 2 pod(s) succeeded" in logs
     meta = result.asset_materializations_for_node("finetuned_model")[0].metadata
-    assert meta["samples_seen"].value == 96  # one epoch over the 96 training reviews, both ranks together
+    assert (
+        meta["samples_seen"].value == 96
+    )  # one epoch over the 96 training reviews, both ranks together
     assert 0.0 <= meta["accuracy"].value <= 1.0
     assert meta["mlflow_run"].value.startswith("http://mlflow.example:5000/#/experiments/")
     assert store.require("finetuned_model", "v1") is not None

@@ -22,9 +22,17 @@ pytestmark = pytest.mark.k8s
 
 # Exactly the (verb, resource) pairs the launcher calls; deploy/rbac.yaml must grant these and no more.
 LAUNCHER_VERBS = {
-    ("create", "services"), ("delete", "services"),
-    ("create", "jobs"), ("get", "jobs"), ("list", "jobs"), ("delete", "jobs"), ("patch", "jobs"),
-    ("list", "pods"), ("get", "pods"), ("get", "pods/log"), ("list", "events"),
+    ("create", "services"),
+    ("delete", "services"),
+    ("create", "jobs"),
+    ("get", "jobs"),
+    ("list", "jobs"),
+    ("delete", "jobs"),
+    ("patch", "jobs"),
+    ("list", "pods"),
+    ("get", "pods"),
+    ("get", "pods/log"),
+    ("list", "events"),
 }
 # Called only when a delete keeps failing (test_api_faults covers it): suspend the Job instead.
 FALLBACK_VERBS = {("patch", "jobs")}
@@ -37,14 +45,18 @@ def _port(cluster: Cluster) -> int:
 def test_one_node_succeeds_streams_logs_and_cleans_up(cluster: Cluster, instance) -> None:
     launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance)
     assert launched.success, launched.logs
-    assert re.search(r"\[\S+-0-\w+\] standin: node=0 rank=0 world=1", launched.logs)  # rank-0 pod log streamed
+    assert re.search(
+        r"\[\S+-0-\w+\] standin: node=0 rank=0 world=1", launched.logs
+    )  # rank-0 pod log streamed
     assert f"Deleted Job {cluster.namespace}/{launched.job_name}" in launched.logs
     assert cluster.leftovers(launched.job_name) == {}
 
 
 def test_two_nodes_rendezvous_through_the_headless_service(cluster: Cluster, instance) -> None:
     """2 pods x 1 process: torchrun c10d rendezvous on pod 0's DNS name, then a gloo all_reduce."""
-    launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=_port(cluster)), "standin:allreduce", instance)
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=2, rdzv_port=_port(cluster)), "standin:allreduce", instance
+    )
     assert launched.success, launched.logs
     assert "standin: allreduce=3 world=2" in launched.logs  # (0+1) + (1+1) across both pods
     assert "--node-rank $(JOB_COMPLETION_INDEX)" in launched.logs
@@ -55,21 +67,31 @@ def test_two_nodes_rendezvous_through_the_headless_service(cluster: Cluster, ins
 def test_a_failed_pod_fails_the_run_fast_with_its_log(cluster: Cluster, instance) -> None:
     """Node 1 exits 3 while node 0 hangs: the run fails at once, with node 1's error, and cleans up."""
     launched = launch_in_dagster(
-        cluster.launcher(nnodes=2, rdzv_port=_port(cluster), timeout_s=300), "standin:fail-node=1", instance
+        cluster.launcher(nnodes=2, rdzv_port=_port(cluster), timeout_s=300),
+        "standin:fail-node=1",
+        instance,
     )
     assert not launched.success
     assert "boom on node 1" in launched.logs  # the failed pod's log tail reached the Dagster run
-    assert "pod(s) failed" in launched.logs and "exit code 1" in launched.logs  # torchrun: a worker failed
+    assert (
+        "pod(s) failed" in launched.logs and "exit code 1" in launched.logs
+    )  # torchrun: a worker failed
     for node in (0, 1):  # every pod's tail is kept, not only the failed one's
-        assert re.search(rf"--- pod \S+-{node}-\w+ \(node {node}\)", launched.logs), launched.logs[-3000:]
+        assert re.search(rf"--- pod \S+-{node}-\w+ \(node {node}\)", launched.logs), launched.logs[
+            -3000:
+        ]
     # a failure of the training code itself is never resubmitted (only disruptions are)
-    assert "resubmitting" not in launched.logs and launched.logs.count("Launching training Job") == 1
+    assert (
+        "resubmitting" not in launched.logs and launched.logs.count("Launching training Job") == 1
+    )
     assert launched.seconds < 60, "must not wait for the hung peer or the timeout"
     assert cluster.leftovers(launched.job_name) == {}
 
 
 def test_timeout_fails_and_cleans_up(cluster: Cluster, instance) -> None:
-    launched = launch_in_dagster(cluster.launcher(nnodes=1, timeout_s=8), "standin:sleep=600", instance)
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1, timeout_s=8), "standin:sleep=600", instance
+    )
     assert not launched.success
     assert "timed out after 8s" in launched.logs
     assert cluster.leftovers(launched.job_name) == {}
@@ -98,9 +120,13 @@ class _Context:
 def test_interruption_deletes_the_job(cluster: Cluster) -> None:
     context = _Context()
     with pytest.raises(DagsterExecutionInterruptedError):
-        cluster.launcher(nnodes=1).launch(context, TrainingSpec(name="interrupted", config_url="standin:sleep=600"))
+        cluster.launcher(nnodes=1).launch(
+            context, TrainingSpec(name="interrupted", config_url="standin:sleep=600")
+        )
     name = re.search(r"Launching training Job [^/]+/(\S+):", "\n".join(context.log.lines)).group(1)
-    assert any(line.startswith(f"Deleted Job {cluster.namespace}/{name}") for line in context.log.lines)
+    assert any(
+        line.startswith(f"Deleted Job {cluster.namespace}/{name}") for line in context.log.lines
+    )
     assert cluster.leftovers(name) == {}
 
 
@@ -108,7 +134,8 @@ def test_killed_worker_is_restarted_by_torchrun(cluster: Cluster, instance) -> N
     """SIGKILL of node 1's worker: torchrun (--max-restarts 1) restarts the group and the run succeeds."""
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1),
-        "standin:selfkill-node=1,allreduce", instance,
+        "standin:selfkill-node=1,allreduce",
+        instance,
     )
     assert launched.success, launched.logs
     # pod 0's worker ran twice: torchrun on node 0 restarted its group when node 1 re-joined
@@ -122,10 +149,12 @@ def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
 
     The worker can kill its agent because torchrun is not PID 1 (``shareProcessNamespace``: the pause
     container is); as PID 1 of its namespace the kernel would ignore the signal, on a real node and in
-    the double's per-pod PID namespace alike."""
+    the double's per-pod PID namespace alike.
+    """
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1, timeout_s=300),
-        "standin:killagent-node=1", instance,
+        "standin:killagent-node=1",
+        instance,
     )
     assert not launched.success
     assert "exit code 137" in launched.logs and "node 1" in launched.logs
@@ -133,29 +162,44 @@ def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
     assert cluster.leftovers(launched.job_name) == {}
 
 
-def test_secret_values_never_reach_the_dagster_logs(cluster: Cluster, instance, monkeypatch) -> None:
+def test_secret_values_never_reach_the_dagster_logs(
+    cluster: Cluster, instance, monkeypatch
+) -> None:
     """Credentials go Secret -> envFrom -> pod; never through the manifest or the Dagster event log."""
     value = f"pw-{uuid.uuid4().hex}"
     secret = f"ft-test-creds-{uuid.uuid4().hex[:6]}"
-    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", value)  # also in the launching process: must not leak
+    monkeypatch.setenv(
+        "MLFLOW_TRACKING_PASSWORD", value
+    )  # also in the launching process: must not leak
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", value)
-    cluster.create_secret(secret, {"MLFLOW_TRACKING_PASSWORD": value, "AWS_SECRET_ACCESS_KEY": value})
+    cluster.create_secret(
+        secret, {"MLFLOW_TRACKING_PASSWORD": value, "AWS_SECRET_ACCESS_KEY": value}
+    )
     try:
         launched = launch_in_dagster(
-            cluster.launcher(nnodes=1, env_secret_names=[secret]), "standin:env=MLFLOW_TRACKING_PASSWORD", instance,
+            cluster.launcher(nnodes=1, env_secret_names=[secret]),
+            "standin:env=MLFLOW_TRACKING_PASSWORD",
+            instance,
             env={"MLFLOW_TRACKING_URI": "http://mlflow:5000"},
         )
     finally:
         cluster.delete_secret(secret)
     assert launched.success, launched.logs
-    assert f"sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} set=True" in launched.logs  # delivered
-    assert "Rendered manifests" in launched.logs and f"name: {secret}" in launched.logs  # referenced by name
+    assert (
+        f"sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} set=True" in launched.logs
+    )  # delivered
+    assert (
+        "Rendered manifests" in launched.logs and f"name: {secret}" in launched.logs
+    )  # referenced by name
     assert value not in launched.logs
 
 
 def test_a_missing_secret_fails_clearly(cluster: Cluster, instance) -> None:
-    launched = launch_in_dagster(cluster.launcher(nnodes=1, env_secret_names=["does-not-exist"], timeout_s=120),
-                                 "standin:ok", instance)
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1, env_secret_names=["does-not-exist"], timeout_s=120),
+        "standin:ok",
+        instance,
+    )
     assert not launched.success
     assert "CreateContainerConfigError" in launched.logs and "does-not-exist" in launched.logs
     assert cluster.leftovers(launched.job_name) == {}
@@ -163,14 +207,20 @@ def test_a_missing_secret_fails_clearly(cluster: Cluster, instance) -> None:
 
 def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, double, instance) -> None:
     """The calls the launcher made in this session (not the harness's) are exactly LAUNCHER_VERBS."""
+
     def called() -> set[tuple[str, str]]:
         return {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT}
 
     usual = LAUNCHER_VERBS - FALLBACK_VERBS
-    if called() - FALLBACK_VERBS != usual:  # run alone: one failing multi-node launch from an owning pod
+    if (
+        called() - FALLBACK_VERBS != usual
+    ):  # run alone: one failing multi-node launch from an owning pod
         owner = cluster.create_pod(f"run-pod-{uuid.uuid4().hex[:6]}")
-        launched = launch_in_dagster(cluster.launcher(nnodes=2, rdzv_port=free_port(), owner_pod=owner),
-                                     "standin:fail-node=1", instance)
+        launched = launch_in_dagster(
+            cluster.launcher(nnodes=2, rdzv_port=free_port(), owner_pod=owner),
+            "standin:fail-node=1",
+            instance,
+        )
         assert not launched.success
     assert called() - FALLBACK_VERBS == usual and called() <= LAUNCHER_VERBS
 
@@ -191,7 +241,9 @@ def test_node_loss_kills_the_whole_pod(cluster: Cluster, double, instance) -> No
 
     threading.Thread(target=kill_node_1, daemon=True).start()
     launched = launch_in_dagster(
-        cluster.launcher(nnodes=2, rdzv_port=free_port(), timeout_s=300), "standin:sleep=600", instance
+        cluster.launcher(nnodes=2, rdzv_port=free_port(), timeout_s=300),
+        "standin:sleep=600",
+        instance,
     )
     assert not launched.success
     assert "exit code 137" in launched.logs

@@ -1,5 +1,6 @@
 """Pods that fit real clusters: the passthrough, separate worker pools, the named container, Kueue,
-and gang keys scoped to a deployment."""
+and gang keys scoped to a deployment.
+"""
 
 from __future__ import annotations
 
@@ -119,21 +120,29 @@ def test_a_sidecar_first_run_pod_gives_the_dagster_containers_image(
 
 
 @pytest.mark.k8s
-def test_two_deployments_with_the_same_partition_leave_each_other_alone(cluster: Cluster, double) -> None:
+def test_two_deployments_with_the_same_partition_leave_each_other_alone(
+    cluster: Cluster, double
+) -> None:
     """Blue's left-over Job (its run is over) of partition "twins": green's de-duplication does not
-    see it; blue's own next launch removes it. (Created suspended: no pod needs to run.)"""
+    see it; blue's own next launch removes it. (Created suspended: no pod needs to run.)
+    """
     from finetune_assets.launchers import TrainingSpec
 
     labels = {**LABELS, "dagster/run-id": "gone-run", "dagster/partition": "twins"}
     blue, green = (cluster.launcher(nnodes=1, deployment=d) for d in ("blue", "green"))
-    _, job = blue.render(TrainingSpec(name="blue-gang", config_url="standin:sleep=600", labels=labels),
-                         "blue-gang")
+    _, job = blue.render(
+        TrainingSpec(name="blue-gang", config_url="standin:sleep=600", labels=labels), "blue-gang"
+    )
     job["spec"]["suspend"] = True
     cluster.create_job(job)
     log = logging.getLogger("test")
-    green._remove_live_gangs(log, green.api(), gang_key(labels, green.gang_scope), run_state=lambda r: None)
+    green._remove_live_gangs(
+        log, green.api(), gang_key(labels, green.gang_scope), run_state=lambda r: None
+    )
     assert "job" in cluster.leftovers("blue-gang", wait_s=0)  # untouched
-    blue._remove_live_gangs(log, blue.api(), gang_key(labels, blue.gang_scope), run_state=lambda r: None)
+    blue._remove_live_gangs(
+        log, blue.api(), gang_key(labels, blue.gang_scope), run_state=lambda r: None
+    )
     assert cluster.leftovers("blue-gang") == {}  # its own deployment's retry removes it
 
 
@@ -143,7 +152,8 @@ def test_a_kueue_suspended_gang_is_waited_on_and_trains_once_admitted(
 ) -> None:
     """Kueue admits the Job after a while (20 minutes on a busy cluster; 3 s here): no pod
     before, the
-    launcher waits (its start timeout counts from admission), then the gang trains."""
+    launcher waits (its start timeout counts from admission), then the gang trains.
+    """
     admitted = {}
 
     def kueue() -> None:

@@ -21,18 +21,37 @@ def load(case: str):
     return job.status, pods
 
 
-@pytest.mark.parametrize(("case", "kind", "says"), [
-    # the peer failed because pod 1 was evicted: a disruption (resubmit), not a code failure
-    ("evicted", "disrupted", "ft-abc123-1-x7k2p: EvictionByEvictionAPI: Eviction API: evicting"),
-    ("taint_manager", "disrupted", "DeletionByTaintManager"),
-    ("failjob", "failed", "pod(s) failed"),  # fail fast on the failed pod, before the controller's Failed
-    ("deadline", "failed", "DeadlineExceeded"),
-    ("image_pull", "stuck", "ErrImagePull: rpc error: code = NotFound"),
-    ("unschedulable", "waiting", "ft-abc123-0-q9w8e: Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu"),
-    ("no_pods", "waiting", "2 of 2 pod(s) not created"),
-    ("node_not_ready", "running", "ft-abc123-1-x7k2p: not Ready (NodeNotReady): Node is not ready"),
-    ("complete", "complete", ""),
-])
+@pytest.mark.parametrize(
+    ("case", "kind", "says"),
+    [
+        # the peer failed because pod 1 was evicted: a disruption (resubmit), not a code failure
+        (
+            "evicted",
+            "disrupted",
+            "ft-abc123-1-x7k2p: EvictionByEvictionAPI: Eviction API: evicting",
+        ),
+        ("taint_manager", "disrupted", "DeletionByTaintManager"),
+        (
+            "failjob",
+            "failed",
+            "pod(s) failed",
+        ),  # fail fast on the failed pod, before the controller's Failed
+        ("deadline", "failed", "DeadlineExceeded"),
+        ("image_pull", "stuck", "ErrImagePull: rpc error: code = NotFound"),
+        (
+            "unschedulable",
+            "waiting",
+            "ft-abc123-0-q9w8e: Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu",
+        ),
+        ("no_pods", "waiting", "2 of 2 pod(s) not created"),
+        (
+            "node_not_ready",
+            "running",
+            "ft-abc123-1-x7k2p: not Ready (NodeNotReady): Node is not ready",
+        ),
+        ("complete", "complete", ""),
+    ],
+)
 def test_verdict(case: str, kind: str, says: str) -> None:
     status, pods = load(case)
     verdict = assess(status, pods, nnodes=2)
@@ -44,15 +63,34 @@ def test_deadline_is_named_as_such() -> None:
     assert assess(status, pods, nnodes=2).reason == "DeadlineExceeded"
 
 
-@pytest.mark.parametrize(("reason", "message", "fatal"), [
-    ("ErrImagePull", "rpc error: code = NotFound desc = manifest unknown", True),
-    ("ErrImagePull", "429 Too Many Requests: toomanyrequests: You have reached your pull rate limit", False),
-    ("ImagePullBackOff", "Back-off pulling image: received unexpected HTTP status: 503 Service Unavailable", False),
-    ("ImagePullBackOff", "pull access denied, repository does not exist or may require authorization", True),
-    ("CreateContainerError", "context deadline exceeded", False),  # the runtime hiccupped: the kubelet retries
-    ("CreateContainerConfigError", 'secret "finetune-s3" not found', True),
-    ("InvalidImageName", "couldn't parse image reference", True),
-])
+@pytest.mark.parametrize(
+    ("reason", "message", "fatal"),
+    [
+        ("ErrImagePull", "rpc error: code = NotFound desc = manifest unknown", True),
+        (
+            "ErrImagePull",
+            "429 Too Many Requests: toomanyrequests: You have reached your pull rate limit",
+            False,
+        ),
+        (
+            "ImagePullBackOff",
+            "Back-off pulling image: received unexpected HTTP status: 503 Service Unavailable",
+            False,
+        ),
+        (
+            "ImagePullBackOff",
+            "pull access denied, repository does not exist or may require authorization",
+            True,
+        ),
+        (
+            "CreateContainerError",
+            "context deadline exceeded",
+            False,
+        ),  # the runtime hiccupped: the kubelet retries
+        ("CreateContainerConfigError", 'secret "finetune-s3" not found', True),
+        ("InvalidImageName", "couldn't parse image reference", True),
+    ],
+)
 def test_which_waits_are_fatal(reason: str, message: str, fatal: bool) -> None:
     from finetune_assets.launchers.k8s.failures import waiting_is_fatal
 

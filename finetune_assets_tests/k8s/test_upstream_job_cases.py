@@ -32,7 +32,8 @@ def test_enough_upstream_cases_are_transcribed() -> None:
 
 def test_backoff_limit_defaults_like_the_api_server() -> None:
     """pkg/apis/batch/v1/defaults.go: backoffLimit defaults to MaxInt32 with backoffLimitPerIndex,
-    else 6."""
+    else 6.
+    """
     assert backoff_limit({"backoffLimitPerIndex": 2}) == MAX_INT32
     assert backoff_limit({}) == 6
     assert (

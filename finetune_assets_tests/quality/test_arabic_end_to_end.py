@@ -11,53 +11,87 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus as Status
+from dagster._core.storage.asset_check_execution_record import (
+    AssetCheckExecutionRecordStatus as Status,
+)
 
 from finetune_assets.data.sources import SourceSpec
+from finetune_assets.dataset_versions.registry import register_version
 from finetune_assets.definitions import build_defs
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.storage import Storage
-from finetune_assets.dataset_versions.registry import register_version
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "ar-prod"
-TRAIN = {"epochs": 1, "batch_size": 16, "lr": 5e-3, "max_length": 64, "num_workers": 0, "accelerator": "cpu",
-         "limit_train_batches": 6, "limit_val_batches": 2, "log_every_n_steps": 50, "checkpoint_every_n_steps": 1000}
+TRAIN = {
+    "epochs": 1,
+    "batch_size": 16,
+    "lr": 5e-3,
+    "max_length": 64,
+    "num_workers": 0,
+    "accelerator": "cpu",
+    "limit_train_batches": 6,
+    "limit_val_batches": 2,
+    "log_every_n_steps": 50,
+    "checkpoint_every_n_steps": 1000,
+}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _latest_materialization(instance: dg.DagsterInstance, asset: str) -> dict:
     records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[VERSION]), limit=1).records
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[VERSION]), limit=1
+    ).records
     assert records, f"no materialization of {asset}[{VERSION}] in the event log"
     return records[0].asset_materialization.metadata
 
 
 def _check_history(instance: dg.DagsterInstance, asset: str, check: str) -> list:
     key = dg.AssetCheckKey(dg.AssetKey(asset), check)
-    return [r for r in instance.event_log_storage.get_asset_check_execution_history(key, limit=10)
-            if r.partition == VERSION]
+    return [
+        r
+        for r in instance.event_log_storage.get_asset_check_execution_history(key, limit=10)
+        if r.partition == VERSION
+    ]
 
 
-def test_arabic_version_shows_baseline_finetuned_gate_and_vocabulary_warning(instance, storage_root, tiny_model_dir,
-                                                                            arabic_reviews, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the embedded SQLite store under the root
-    register_version(instance, Storage(str(storage_root)), VERSION, SourceSpec(uri=str(arabic_reviews / "PROD.csv")))
-    defs = build_defs(str(storage_root), launcher=LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO)))
+def test_arabic_version_shows_baseline_finetuned_gate_and_vocabulary_warning(
+    instance, storage_root, tiny_model_dir, arabic_reviews, monkeypatch
+):
+    monkeypatch.delenv(
+        "MLFLOW_TRACKING_URI", raising=False
+    )  # the embedded SQLite store under the root
+    register_version(
+        instance,
+        Storage(str(storage_root)),
+        VERSION,
+        SourceSpec(uri=str(arabic_reviews / "PROD.csv")),
+    )
+    defs = build_defs(
+        str(storage_root), launcher=LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO))
+    )
     job = defs.get_repository_def().get_implicit_global_asset_job_def()
-    run_config = dg.RunConfig(ops={"pretrained_model": {"config": {"source": str(tiny_model_dir)}},
-                                   "finetuned_model": {"config": TRAIN}})
-    result = job.execute_in_process(instance=instance, partition_key=VERSION, run_config=run_config,
-                                    raise_on_error=False)
+    run_config = dg.RunConfig(
+        ops={
+            "pretrained_model": {"config": {"source": str(tiny_model_dir)}},
+            "finetuned_model": {"config": TRAIN},
+        }
+    )
+    result = job.execute_in_process(
+        instance=instance, partition_key=VERSION, run_config=run_config, raise_on_error=False
+    )
     # The run may fail only because the blocking gate refused the model (a few batches of a tiny model).
     failed = [e.step_key for e in result.all_events if e.is_step_failure]
-    assert result.success or all("quality_gate" in (step or "") or "champion" in (step or "") for step in failed), \
-        failed
+    assert result.success or all(
+        "quality_gate" in (step or "") or "champion" in (step or "") for step in failed
+    ), failed
 
     baseline = _latest_materialization(instance, "baseline_model")
     assert baseline["test_samples"].value > 300  # PROD.csv's frozen test split, not a toy
-    assert baseline["macro_f1"].value > baseline["majority_macro_f1"].value + 0.15  # real reviews, a real bar
+    assert (
+        baseline["macro_f1"].value > baseline["majority_macro_f1"].value + 0.15
+    )  # real reviews, a real bar
     assert "confusion_matrix_chart" in baseline
 
     finetuned = _latest_materialization(instance, "finetuned_model")
@@ -69,7 +103,10 @@ def test_arabic_version_shows_baseline_finetuned_gate_and_vocabulary_warning(ins
     meta = gate.event.dagster_event.event_specific_data.metadata
     table = meta["scores"].value  # the three numbers side by side
     assert f"| challenger | {finetuned['macro_f1'].value:.4f} |" in table
-    assert f"| baseline_model[{VERSION}] + margin" in table and f"{baseline['macro_f1'].value:.4f}" in table
+    assert (
+        f"| baseline_model[{VERSION}] + margin" in table
+        and f"{baseline['macro_f1'].value:.4f}" in table
+    )
     assert "| champion" in table
     assert meta["baseline_macro_f1"].value == pytest.approx(baseline["macro_f1"].value)
     decision = meta["decision"].value
@@ -79,6 +116,8 @@ def test_arabic_version_shows_baseline_finetuned_gate_and_vocabulary_warning(ins
     (vocab,) = _check_history(instance, "tokenized_reviews", "vocabulary_fit")
     evaluation = vocab.event.dagster_event.event_specific_data
     assert vocab.status == Status.FAILED and not evaluation.passed
-    assert evaluation.severity == dg.AssetCheckSeverity.WARN  # a warning: training still ran (above)
+    assert (
+        evaluation.severity == dg.AssetCheckSeverity.WARN
+    )  # a warning: training still ran (above)
     assert evaluation.metadata["single_char_share"].value > 0.5
     assert "hub id" in evaluation.description

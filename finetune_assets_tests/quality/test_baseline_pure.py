@@ -1,24 +1,29 @@
 """The baseline, its decision rule and the shared scores, on real reviews (the shared Arabic PROD.csv; no Dagster)."""
 
-import numpy as np
 import pytest
 
 from finetune_assets.data.baseline import BaselineModel, beats_baseline
-from finetune_assets.data.evaluate import LabelSetMismatch, majority_scores, map_labels, scores
+from finetune_assets.data.evaluate import LabelSetMismatch, majority_scores, map_labels
 from finetune_assets.data.labels import LABELS
 from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.validate import SplitRule
-from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.data.validate import SplitRule, ValidationRules, validate
 
 
 @pytest.fixture(scope="module")
 def real_split(arabic_reviews):
     """PROD.csv's 4,262 accepted reviews (73 % Positive), split by the project's hash rule; the fit takes seconds."""
-    accepted = validate(read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()).accepted
+    accepted = validate(
+        read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()
+    ).accepted
     texts, labels = accepted.column("text").to_pylist(), accepted.column("label").to_pylist()
     split = SplitRule().assign(texts)
-    return {s: ([t for t, p in zip(texts, split) if p == s], [y for y, p in zip(labels, split) if p == s])
-            for s in ("train", "test")}
+    return {
+        s: (
+            [t for t, p in zip(texts, split) if p == s],
+            [y for y, p in zip(labels, split) if p == s],
+        )
+        for s in ("train", "test")
+    }
 
 
 def test_baseline_beats_majority_on_real_reviews_and_survives_save_load(real_split, tmp_path):
@@ -33,7 +38,11 @@ def test_baseline_beats_majority_on_real_reviews_and_survives_save_load(real_spl
     assert loaded.labels == list(LABELS)
     assert loaded.predict_labels(test[0][:50]) == model.predict_labels(test[0][:50])
     label, score, by_label = loaded.predict(["ممتاز جدا"])[0]  # "very excellent"
-    assert label == "Positive" and score == by_label["Positive"] and sum(by_label.values()) == pytest.approx(1)
+    assert (
+        label == "Positive"
+        and score == by_label["Positive"]
+        and sum(by_label.values()) == pytest.approx(1)
+    )
 
 
 def test_baseline_refuses_a_single_class_and_a_foreign_file(tmp_path):
@@ -44,18 +53,36 @@ def test_baseline_refuses_a_single_class_and_a_foreign_file(tmp_path):
 
 
 def test_beats_baseline_needs_the_margin():
-    assert beats_baseline({"macro_f1": 0.6}, {"macro_f1": 0.6}, 0.0).passed  # a tie passes at margin 0
+    assert beats_baseline(
+        {"macro_f1": 0.6}, {"macro_f1": 0.6}, 0.0
+    ).passed  # a tie passes at margin 0
     d = beats_baseline({"macro_f1": 0.62}, {"macro_f1": 0.6}, 0.05)
-    assert not d.passed and (d.challenger_macro_f1, d.baseline_macro_f1, d.margin) == (0.62, 0.6, 0.05)
+    assert not d.passed and (d.challenger_macro_f1, d.baseline_macro_f1, d.margin) == (
+        0.62,
+        0.6,
+        0.05,
+    )
     assert "0.6200" in d.reason and "0.6500" in d.reason and "does not beat" in d.reason
-    assert beats_baseline({"macro_f1": 0.449}, {"macro_f1": 0.581}).passed is False  # the Arabic numbers of issue 14
+    assert (
+        beats_baseline({"macro_f1": 0.449}, {"macro_f1": 0.581}).passed is False
+    )  # the Arabic numbers of the baseline benchmark
 
 
 def test_label_mapping_refuses_labels_the_model_cannot_predict():
     assert map_labels(["1", "-1", "0", "Mixed", "1.0"], None, LABELS, "f") == [
-        "Positive", "Negative", "Mixed", "Mixed", "Positive"]
-    assert map_labels(["pos", "neg"], {"pos": "Positive", "neg": "Negative"}, LABELS, "f") == ["Positive", "Negative"]
+        "Positive",
+        "Negative",
+        "Mixed",
+        "Mixed",
+        "Positive",
+    ]
+    assert map_labels(["pos", "neg"], {"pos": "Positive", "neg": "Negative"}, LABELS, "f") == [
+        "Positive",
+        "Negative",
+    ]
     with pytest.raises(LabelSetMismatch, match=r"'spam' \(2 rows\).*--label-mapping"):
         map_labels(["spam", "Positive", "spam"], None, LABELS, "f.csv")
-    with pytest.raises(LabelSetMismatch, match="'Mixed'"):  # a binary model cannot be scored on three classes
+    with pytest.raises(
+        LabelSetMismatch, match="'Mixed'"
+    ):  # a binary model cannot be scored on three classes
         map_labels(["Positive", "Mixed"], None, ["Positive", "Negative"], "f.csv")

@@ -1,5 +1,6 @@
 """The vocabulary-fit measure flags the offline English model on the shared Arabic data and passes on English
-(the project's generated English sample: the fit depends on the language, not on the reviews being real)."""
+(the project's generated English sample: the fit depends on the language, not on the reviews being real).
+"""
 
 import pytest
 from transformers import AutoTokenizer
@@ -21,8 +22,16 @@ def test_english_model_fits_english_reviews(english_tokenizer):
     assert fit.unknown_rate < 0.001 and fit.tokens_per_word < 1.2 and fit.single_char_share < 0.02
 
 
-def test_english_model_on_arabic_reviews_is_flagged_with_what_to_do(english_tokenizer, arabic_reviews):
-    texts = [t for t in read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))).column("text").to_pylist() if t]
+def test_english_model_on_arabic_reviews_is_flagged_with_what_to_do(
+    english_tokenizer, arabic_reviews
+):
+    texts = [
+        t
+        for t in read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv")))
+        .column("text")
+        .to_pylist()
+        if t
+    ]
     fit = measure(texts, english_tokenizer, limit=500)
     problems = FitLimits().problems(fit)
     assert fit.single_char_share > 0.5 and fit.tokens_per_word > 3

@@ -23,11 +23,19 @@ def read_reviews(csv_path: Path, limit: int) -> list[tuple[str, int]]:
             if label is None or not text or len(per_label[label]) >= limit:
                 continue
             per_label[label].append((text, label))
-    rows = [r for i in range(limit) for lbl in (0, 1, 2) if i < len(per_label[lbl]) for r in [per_label[lbl][i]]]
+    rows = [
+        r
+        for i in range(limit)
+        for lbl in (0, 1, 2)
+        if i < len(per_label[lbl])
+        for r in [per_label[lbl][i]]
+    ]
     return rows
 
 
-def write_split(out: Path, ids: list[list[int]], labels: list[int], size_limit: int = 1 << 14) -> Path:
+def write_split(
+    out: Path, ids: list[list[int]], labels: list[int], size_limit: int = 1 << 14
+) -> Path:
     from finetune_assets.data.shards import write_split_stats
 
     out.mkdir(parents=True, exist_ok=True)
@@ -56,13 +64,20 @@ def write_mds_splits(
     enc = tok([t for t, _ in rows], truncation=True, max_length=max_length)["input_ids"]
     start = 0
     for split, n in zip(("train", "validation", "test"), sizes):
-        write_split(root / split, enc[start : start + n], [lbl for _, lbl in rows[start : start + n]])
+        write_split(
+            root / split, enc[start : start + n], [lbl for _, lbl in rows[start : start + n]]
+        )
         start += n
     return root
 
 
-def publish_upstream(store, version: str, tiny_model_dir: Path, reviews_csv: Path,
-                     sizes: tuple[int, int, int] = (96, 24, 24)) -> None:
+def publish_upstream(
+    store,
+    version: str,
+    tiny_model_dir: Path,
+    reviews_csv: Path,
+    sizes: tuple[int, int, int] = (96, 24, 24),
+) -> None:
     """Publish ``pretrained_model`` (the tiny BERT) and ``mds_shards[version]`` as the real assets would."""
     from finetune_assets.storage import hash_tree
 

@@ -24,8 +24,9 @@ class _Payload:
 
 
 def test_hostile_last_checkpoint_is_refused_not_executed(tiny_model_dir, arabic_reviews, tmp_path):
-    shards = write_mds_splits(tmp_path / "shards", tiny_model_dir, arabic_reviews / "PROD.csv",
-                              sizes=(16, 8, 8))
+    shards = write_mds_splits(
+        tmp_path / "shards", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(16, 8, 8)
+    )
     config = write_config(tmp_path, "run", tiny_model_dir, shards, epochs=1)
     ckpt_dir = config.parent / "ckpt"
     ckpt_dir.mkdir(parents=True)
@@ -34,8 +35,14 @@ def test_hostile_last_checkpoint_is_refused_not_executed(tiny_model_dir, arabic_
         pickle.dump({"state_dict": _Payload(str(marker))}, f)
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "finetune_assets.training", "--config", str(config)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "finetune_assets.training", "--config", str(config)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0, "a hostile checkpoint must not be resumed from"
     assert "weights_only" in proc.stderr + proc.stdout or "Unpickl" in proc.stderr + proc.stdout
     assert not marker.exists(), "the checkpoint's pickle ran code"

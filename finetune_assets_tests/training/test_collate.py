@@ -1,3 +1,5 @@
+"""Dynamic padding: batches padded to their longest sequence, labels and masks kept."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,3 +1,5 @@
+"""The trainer file: defaults, validation of every field, and the hyper-parameters written once."""
+
 from __future__ import annotations
 
 import json
@@ -22,9 +24,18 @@ def test_defaults_fine_tune_with_adamw_bucketing_and_auto_precision(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(_cfg()))
     c = TrainerConfig.from_json(str(path))
-    assert (c.optimizer, c.lr, c.warmup_ratio, c.epochs, c.batch_size) == ("adamw", 5e-5, 0.1, 1, 8)  # one epoch: benchmarks/README.md
+    assert (c.optimizer, c.lr, c.warmup_ratio, c.epochs, c.batch_size) == (
+        "adamw",
+        5e-5,
+        0.1,
+        1,
+        8,
+    )  # one epoch: benchmarks/README.md
     assert c.class_weights == "balanced" and c.num_workers == 0
-    assert (c.precision, c.bucket_batches) == ("auto", 16)  # the measured fast defaults (benchmarks/defaults.py)
+    assert (c.precision, c.bucket_batches) == (
+        "auto",
+        16,
+    )  # the measured fast defaults (benchmarks/defaults.py)
     seed = TrainerConfig.from_dict(_cfg(optimizer="adadelta", lr=1.0, warmup_ratio=0.0))
     assert (seed.optimizer, seed.lr, seed.gamma) == ("adadelta", 1.0, 0.7)  # the seed's recipe
     assert TrainerConfig.from_dict(json.loads(c.to_json())) == c  # round trip
@@ -32,14 +43,20 @@ def test_defaults_fine_tune_with_adamw_bucketing_and_auto_precision(tmp_path):
 
 def test_the_trainer_and_the_launchpad_share_one_set_of_defaults():
     """The Dagster config adds only the run name and where the hyper-parameters come from: every trainer
-    hyper-parameter, with its default, is the same field."""
+    hyper-parameter, with its default, is the same field.
+    """
     from finetune_assets.assets.finetuned import FinetuneConfig
 
-    launchpad = {k: f for k, f in FinetuneConfig.model_fields.items()
-                 if k not in ("run_name", "hyper_parameters_from")}
+    launchpad = {
+        k: f
+        for k, f in FinetuneConfig.model_fields.items()
+        if k not in ("run_name", "hyper_parameters_from")
+    }
     assert launchpad.keys() == HyperParameters.model_fields.keys()
     for name, field in HyperParameters.model_fields.items():
-        assert launchpad[name].default == field.default and launchpad[name].metadata == field.metadata, name
+        assert (
+            launchpad[name].default == field.default and launchpad[name].metadata == field.metadata
+        ), name
     trainer = TrainerConfig.from_dict(_cfg(**FinetuneConfig(lr=1e-4).hyper_parameters()))
     assert trainer.hyper_parameters() == {**HyperParameters().hyper_parameters(), "lr": 1e-4}
 
@@ -48,10 +65,18 @@ def test_the_trainer_and_the_launchpad_share_one_set_of_defaults():
     ("cfg", "needle"),
     [
         (_cfg(epoch=3), "unknown key 'epoch'"),
-        (_cfg(data={"train_url": "a", "validation_url": "b", "test_url": "c", "batchsize": 4}),
-         "unknown key 'data.batchsize'"),
-        (_cfg(optim={"name": "adamw"}), "unknown key 'optim'"),  # the old nested shape is refused, not ignored
-        ({"model_dir": "/m", "output_dir": "/o", "checkpoint_dir": "/c"}, "missing required key 'data'"),
+        (
+            _cfg(data={"train_url": "a", "validation_url": "b", "test_url": "c", "batchsize": 4}),
+            "unknown key 'data.batchsize'",
+        ),
+        (
+            _cfg(optim={"name": "adamw"}),
+            "unknown key 'optim'",
+        ),  # the old nested shape is refused, not ignored
+        (
+            {"model_dir": "/m", "output_dir": "/o", "checkpoint_dir": "/c"},
+            "missing required key 'data'",
+        ),
     ],
 )
 def test_rejects_unknown_and_missing_keys(cfg, needle):
@@ -74,10 +99,25 @@ def test_rejects_unknown_and_missing_keys(cfg, needle):
         ({"batch_size": 0}, "batch_size: Input should be greater than or equal to 1"),
         ({"bucket_batches": 0}, "bucket_batches"),
         ({"accelerator": "cpu", "precision": "16-mixed"}, "needs a GPU"),
-        ({"mlflow": {"tags": {"api_token": "x"}}}, "mlflow.tags: tag 'api_token' looks like a secret"),
-        ({"mlflow": {"tags": {"dataset_version": 3}}}, "mlflow.tags.dataset_version: Input should be a valid string"),
-        ({"data": {"train_url": "s3://b/train", "validation_url": "/v", "test_url": "/t",
-                   "local_cache_dir": "s3://b/cache"}}, "data.local_cache_dir: must be a local folder"),
+        (
+            {"mlflow": {"tags": {"api_token": "x"}}},
+            "mlflow.tags: tag 'api_token' looks like a secret",
+        ),
+        (
+            {"mlflow": {"tags": {"dataset_version": 3}}},
+            "mlflow.tags.dataset_version: Input should be a valid string",
+        ),
+        (
+            {
+                "data": {
+                    "train_url": "s3://b/train",
+                    "validation_url": "/v",
+                    "test_url": "/t",
+                    "local_cache_dir": "s3://b/cache",
+                }
+            },
+            "data.local_cache_dir: must be a local folder",
+        ),
         ({"class_weights": "inverse"}, "class_weights: Input should be 'balanced' or 'none'"),
         ({"labels": ["A", "a"]}, "labels: must be at least two distinct class names"),
     ],
@@ -91,7 +131,9 @@ def test_precision_accepts_int_and_hparams_hide_paths():
     c = TrainerConfig.from_dict(_cfg(precision=32, mlflow={"tags": {"dataset_version": "v1"}}))
     assert c.precision == "32"
     params = c.hparams()
-    assert params["lr"] == 5e-5 and params["batch_size"] == 8 and params["data.shuffle_seed"] == 9176
+    assert (
+        params["lr"] == 5e-5 and params["batch_size"] == 8 and params["data.shuffle_seed"] == 9176
+    )
     assert not any("url" in k or "dir" in k or k.startswith("mlflow") for k in params)
 
 
@@ -115,11 +157,16 @@ def test_auto_precision_is_bf16_only_where_the_hardware_has_it(monkeypatch):
     assert precision.resolve_precision("16-mixed", "gpu") == "16-mixed"
 
 
-@pytest.mark.parametrize(("config", "needle"), [({"epochs": 0}, "epochs"), ({"precision": "8-bit"}, "precision"),
-                                                 ({"lr": -1.0}, "lr")])
-def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_runs(config, needle, tmp_path):
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [({"epochs": 0}, "epochs"), ({"precision": "8-bit"}, "precision"), ({"lr": -1.0}, "lr")],
+)
+def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_runs(
+    config, needle, tmp_path
+):
     """Choices are checked by Dagster's schema, bounds by the same pydantic model when the step starts,
-    before any input is read or a launcher called (the launcher here would fail the test if reached)."""
+    before any input is read or a launcher called (the launcher here would fail the test if reached).
+    """
     import dagster as dg
 
     from finetune_assets.assets.finetuned import finetuned_model
@@ -132,12 +179,22 @@ def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_run
             raise AssertionError("launched despite a bad config")
 
     run_config = {"ops": {"finetuned_model": {"config": config}}}
-    resources = {"storage": StorageResource(root=str(tmp_path)), "mlflow": MlflowResource(), "launcher": Unreachable()}
+    resources = {
+        "storage": StorageResource(root=str(tmp_path)),
+        "mlflow": MlflowResource(),
+        "launcher": Unreachable(),
+    }
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("dataset_versions", ["v1"])
         try:
-            result = dg.materialize([finetuned_model], partition_key="v1", instance=instance, run_config=run_config,
-                                    resources=resources, raise_on_error=False)
+            result = dg.materialize(
+                [finetuned_model],
+                partition_key="v1",
+                instance=instance,
+                run_config=run_config,
+                resources=resources,
+                raise_on_error=False,
+            )
         except dg.DagsterInvalidConfigError as err:  # a choice outside the Enum: refused at launch
             assert needle in str(err)
             return

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,13 +23,13 @@ import pytest
 from safetensors.torch import load_file
 
 from finetune_assets.assets.finetuned import finetuned_model
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.launchers.base import TrainingSpec, torchrun_command
 from finetune_assets.launchers.local import LocalTorchrunLauncher, process_tree
-from finetune_assets_tests.processes import kill_tree
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage
+from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import publish_upstream, write_mds_splits
 from finetune_assets_tests.training.test_torchrun import write_config
 
@@ -51,7 +50,11 @@ def _workers(agent: int) -> dict[int, int]:
         if pid == agent or "finetune_assets.training" not in cmd or "torch.distributed.run" in cmd:
             continue
         try:
-            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+            env = dict(
+                kv.split("=", 1)
+                for kv in Path(f"/proc/{pid}/environ").read_text().split("\0")
+                if "=" in kv
+            )
         except OSError:
             continue
         if "RANK" in env:
@@ -59,7 +62,9 @@ def _workers(agent: int) -> dict[int, int]:
     return out
 
 
-def _kill_after_checkpoint(proc: subprocess.Popen, last: Path, rank: int = 1, timeout: float = 240) -> int | None:
+def _kill_after_checkpoint(
+    proc: subprocess.Popen, last: Path, rank: int = 1, timeout: float = 240
+) -> int | None:
     """SIGKILL one worker once ``last`` exists (mid-epoch); its pid, or None if the run ended first."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
@@ -76,11 +81,14 @@ def _weights(config: Path) -> dict:
     return load_file(str(config.parent / "out" / "model" / "model.safetensors"))
 
 
-def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one(tmp_path, _tiny_model_session,
-                                                                                 arabic_reviews):
+def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one(
+    tmp_path, _tiny_model_session, arabic_reviews
+):
     shards = write_mds_splits(tmp_path / "shards", _tiny_model_session, arabic_reviews / "PROD.csv")
     # Separate roots: each run gets its own MLflow store (two processes creating one SQLite schema race).
-    reference_cfg = write_config(tmp_path / "reference", "run", _tiny_model_session, shards, **SETTINGS)
+    reference_cfg = write_config(
+        tmp_path / "reference", "run", _tiny_model_session, shards, **SETTINGS
+    )
     faulted_cfg = write_config(tmp_path / "faulted", "run", _tiny_model_session, shards, **SETTINGS)
 
     def run(cfg: Path, max_restarts: int, fault: bool = False) -> tuple[int, str, int | None]:
@@ -88,9 +96,17 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one
         log = cfg.parent / "torchrun.log"
         with open(log, "w") as out:
             cmd = torchrun_command(str(cfg), nproc_per_node=2, max_restarts=max_restarts)
-            proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), start_new_session=True, stdout=out,
-                                    stderr=subprocess.STDOUT)
-            killed = _kill_after_checkpoint(proc, cfg.parent / "ckpt" / "last.ckpt") if fault else None
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=_env(),
+                start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+            killed = (
+                _kill_after_checkpoint(proc, cfg.parent / "ckpt" / "last.ckpt") if fault else None
+            )
             try:
                 proc.wait(timeout=300)
             except subprocess.TimeoutExpired:
@@ -107,9 +123,15 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one
 
     reference = json.loads((reference_cfg.parent / "out" / "metrics.json").read_text())
     resumed = json.loads((faulted_cfg.parent / "out" / "metrics.json").read_text())
-    assert resumed["resumed_from"] == str(faulted_cfg.parent / "ckpt" / "last.ckpt")  # the restarted group resumed
+    assert resumed["resumed_from"] == str(
+        faulted_cfg.parent / "ckpt" / "last.ckpt"
+    )  # the restarted group resumed
     assert 0 < resumed["resumed_at_step"] < reference["global_step"] == 12
-    for key in ("samples_seen", "tokens_seen", "global_step"):  # exactly: no sample repeated or skipped
+    for key in (
+        "samples_seen",
+        "tokens_seen",
+        "global_step",
+    ):  # exactly: no sample repeated or skipped
         assert resumed[key] == reference[key], key
     assert resumed["samples_seen"] == 96
     ref_w, res_w = _weights(reference_cfg), _weights(faulted_cfg)
@@ -153,28 +175,51 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_a_killed_run_rematerialized_with_the_same_inputs_resumes(storage_root, instance, tiny_model_dir,
-                                                                  arabic_reviews):
+def test_a_killed_run_rematerialized_with_the_same_inputs_resumes(
+    storage_root, instance, tiny_model_dir, arabic_reviews
+):
     store = Storage(str(storage_root))
     publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv")
     instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
-    run_config = dg.RunConfig(ops={"finetuned_model": {"config": {
-        "epochs": 1, "batch_size": 4, "accelerator": "cpu", "num_workers": 0, "checkpoint_every_n_steps": 3,
-    }}})
+    run_config = dg.RunConfig(
+        ops={
+            "finetuned_model": {
+                "config": {
+                    "epochs": 1,
+                    "batch_size": 4,
+                    "accelerator": "cpu",
+                    "num_workers": 0,
+                    "checkpoint_every_n_steps": 3,
+                }
+            }
+        }
+    )
     resources = {"storage": StorageResource(root=str(storage_root)), "mlflow": MlflowResource()}
 
     def materialize(launcher: LocalTorchrunLauncher) -> dg.ExecuteInProcessResult:
-        return dg.materialize([finetuned_model], partition_key="v1", instance=instance, run_config=run_config,
-                              resources={**resources, "launcher": launcher}, raise_on_error=False)
+        return dg.materialize(
+            [finetuned_model],
+            partition_key="v1",
+            instance=instance,
+            run_config=run_config,
+            resources={**resources, "launcher": launcher},
+            raise_on_error=False,
+        )
 
     killed = materialize(KillWholeRunLauncher(nproc_per_node=1, cwd=str(REPO)))
-    assert not killed.success and store.current("finetuned_model", "v1") is None  # nothing half-published
-    checkpoints = list((storage_root / "finetuned_model" / "v1" / "checkpoints").glob("*/last.ckpt"))
+    assert (
+        not killed.success and store.current("finetuned_model", "v1") is None
+    )  # nothing half-published
+    checkpoints = list(
+        (storage_root / "finetuned_model" / "v1" / "checkpoints").glob("*/last.ckpt")
+    )
     assert len(checkpoints) == 1
 
     again = materialize(LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO)))
     assert again.success
     meta = again.asset_materializations_for_node("finetuned_model")[0].metadata
-    assert meta["resumed_at_step"].value > 0  # resumed from the killed run's checkpoint, not from scratch
+    assert (
+        meta["resumed_at_step"].value > 0
+    )  # resumed from the killed run's checkpoint, not from scratch
     assert meta["checkpoint_key"].value == checkpoints[0].parent.name
     assert meta["samples_seen"].value == 96 and meta["global_step"].value == 96 // 4

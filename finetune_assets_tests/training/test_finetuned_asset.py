@@ -10,8 +10,8 @@ import pytest
 
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.contracts import TrainingResult
-from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
@@ -25,9 +25,19 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
     store = Storage(str(storage_root))
     publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv")
     instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
-    run_config = dg.RunConfig(ops={"finetuned_model": {"config": {
-        "epochs": 1, "accelerator": "cpu", "num_workers": 0, "checkpoint_every_n_steps": 5, "log_every_n_steps": 2,
-    }}})
+    run_config = dg.RunConfig(
+        ops={
+            "finetuned_model": {
+                "config": {
+                    "epochs": 1,
+                    "accelerator": "cpu",
+                    "num_workers": 0,
+                    "checkpoint_every_n_steps": 5,
+                    "log_every_n_steps": 2,
+                }
+            }
+        }
+    )
     result = dg.materialize(
         [finetuned_model],
         partition_key="v1",
@@ -44,10 +54,15 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
     meta = mat.metadata
     assert 0.0 <= meta["accuracy"].value <= 1.0 and "macro_f1" in meta and "f1_Mixed" in meta
     assert meta["samples_seen"].value == 96
-    assert meta["precision"].value in ("bf16-mixed", "32-true")  # precision "auto", as resolved where it trained
+    assert meta["precision"].value in (
+        "bf16-mixed",
+        "32-true",
+    )  # precision "auto", as resolved where it trained
     assert meta["registered_model"].value == "review-classifier v1"
     assert meta["mlflow_run"].value.startswith("http://mlflow.example:5000/#/experiments/")
-    assert meta["confusion_matrix_chart"].value.startswith("![confusion matrix](data:image/png;base64,")
+    assert meta["confusion_matrix_chart"].value.startswith(
+        "![confusion matrix](data:image/png;base64,"
+    )
     assert meta["test_samples"].value == 24
 
     published = store.require("finetuned_model", "v1")
@@ -58,16 +73,30 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
     trainer_cfg = json.loads((Path(published.url) / "trainer_config.json").read_text())
     assert trainer_cfg["mlflow"]["tracking_uri"] == f"sqlite:///{storage_root}/mlflow/mlflow.db"
     assert trainer_cfg["mlflow"]["tags"]["dataset_version"] == "v1"
-    assert trainer_cfg["checkpoint_dir"].startswith(f"{storage_root}/finetuned_model/v1/checkpoints/")
-    assert (storage_root / "mlflow" / "artifacts").is_dir()  # artifacts under the root, not ./mlruns
+    assert trainer_cfg["checkpoint_dir"].startswith(
+        f"{storage_root}/finetuned_model/v1/checkpoints/"
+    )
+    assert (
+        storage_root / "mlflow" / "artifacts"
+    ).is_dir()  # artifacts under the root, not ./mlruns
 
 
 def _metrics(**overrides) -> TrainingResult:
     metrics = {
-        "accuracy": 0.5, "macro_f1": 0.4, "f1_per_class": {"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
-        "confusion_matrix": [[3, 1, 0], [1, 2, 0], [0, 1, 1]], "test_samples": 9, "samples_seen": 96,
-        "tokens_seen": 960, "train_seconds": 9.6, "samples_per_sec": 10.0, "tokens_per_sec": 100.0,
-        "global_step": 12, "epochs": 1, "world_size": 1, "labels": ["Positive", "Negative", "Mixed"],
+        "accuracy": 0.5,
+        "macro_f1": 0.4,
+        "f1_per_class": {"Positive": 0.6, "Negative": 0.4, "Mixed": 0.2},
+        "confusion_matrix": [[3, 1, 0], [1, 2, 0], [0, 1, 1]],
+        "test_samples": 9,
+        "samples_seen": 96,
+        "tokens_seen": 960,
+        "train_seconds": 9.6,
+        "samples_per_sec": 10.0,
+        "tokens_per_sec": 100.0,
+        "global_step": 12,
+        "epochs": 1,
+        "world_size": 1,
+        "labels": ["Positive", "Negative", "Mixed"],
         "wall_seconds": 12.0,
     }
     return TrainingResult(**{**metrics, **overrides})
@@ -90,7 +119,18 @@ def test_an_untested_model_says_so_in_its_metadata():
     from finetune_assets.assets.finetuned import _metadata
 
     skipped = "test split /x/test is empty: the model was trained but not tested"
-    meta = _metadata(_metrics(accuracy=None, macro_f1=None, f1_per_class={}, confusion_matrix=None, test_samples=0,
-                              test_skipped=skipped), MlflowResource(), "/root/x", "abc")
+    meta = _metadata(
+        _metrics(
+            accuracy=None,
+            macro_f1=None,
+            f1_per_class={},
+            confusion_matrix=None,
+            test_samples=0,
+            test_skipped=skipped,
+        ),
+        MlflowResource(),
+        "/root/x",
+        "abc",
+    )
     assert meta["test"] == skipped and meta["test_samples"] == 0
     assert not {"accuracy", "macro_f1", "confusion_matrix", "confusion_matrix_chart"} & set(meta)

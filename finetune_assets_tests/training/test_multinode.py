@@ -4,8 +4,8 @@ One run carries the checks a 2-node job depends on: each node caches about half 
 (its own cache folder); every train sample is trained, and every test sample evaluated, exactly
 once although no split divides evenly; class weights equal a single-process run's; and a node
 whose workers are restarted by its agent while the other node's agent restarts its own for the
-membership change (restart counts 1 and 0) meets again, and the run completes. Checkpoints written at one world size are refused,
-clearly, at another (2 -> 1 and 1 -> 2).
+membership change (restart counts 1 and 0) meets again, and the run completes. Checkpoints written
+at one world size are refused, clearly, at another (2 -> 1 and 1 -> 2).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import pytest
 
 from finetune_assets.contracts import read_split_stats
 from finetune_assets.launchers.base import torchrun_command
-from finetune_assets_tests.processes import kill_tree
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.datamodule import read_index
 from finetune_assets.training.module import WorldSizeChanged
 from finetune_assets.training.run import train
+from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import write_split
 from finetune_assets_tests.training.test_faults import _workers
 
@@ -46,20 +46,34 @@ def write_shards(root: Path) -> Path:
     start = 0
     for split, n in SIZES.items():
         ids = [[101, 1000 + start + i, *range(2000, 2000 + (i * 7) % 40), 102] for i in range(n)]
-        write_split(root / split, ids, [_label(start + i) for i in range(n)], size_limit=1 << 9)  # ~20 shards
+        write_split(
+            root / split, ids, [_label(start + i) for i in range(n)], size_limit=1 << 9
+        )  # ~20 shards
         start += n
     return root
 
 
 def config(root: Path, name: str, model: Path, shards: Path, **overrides) -> Path:
     cfg = {
-        "model_dir": str(model), "output_dir": str(root / "out"), "checkpoint_dir": str(root / "ckpt"),
-        "accelerator": "cpu", "epochs": 1, "checkpoint_every_n_steps": 3, "log_every_n_steps": 2,
+        "model_dir": str(model),
+        "output_dir": str(root / "out"),
+        "checkpoint_dir": str(root / "ckpt"),
+        "accelerator": "cpu",
+        "epochs": 1,
+        "checkpoint_every_n_steps": 3,
+        "log_every_n_steps": 2,
         "batch_size": 4,
-        "data": {"train_url": str(shards / "train"), "train_label_counts": read_split_stats(str(shards / "train")).counts(3), "validation_url": str(shards / "validation"),
-                 "test_url": str(shards / "test")},
-        "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
-                   "log_model": False},
+        "data": {
+            "train_url": str(shards / "train"),
+            "train_label_counts": read_split_stats(str(shards / "train")).counts(3),
+            "validation_url": str(shards / "validation"),
+            "test_url": str(shards / "test"),
+        },
+        "mlflow": {
+            "tracking_uri": f"sqlite:///{root}/mlflow.db",
+            "artifact_location": str(root / "mlartifacts"),
+            "log_model": False,
+        },
         **overrides,
     }
     path = root / f"{name}.json"
@@ -80,11 +94,25 @@ def _env() -> dict[str, str]:
 
 def _node(cfg: Path, rank: int, port: int, log: Path, cache: Path) -> subprocess.Popen:
     """One node's torchrun agent, with its own cache volume (``XDG_CACHE_HOME``, as the pods have)."""
-    cmd = torchrun_command(str(cfg), nproc_per_node=1, nnodes=2, node_rank=str(rank), max_restarts=1,
-                           rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="two-nodes", python=sys.executable)
+    cmd = torchrun_command(
+        str(cfg),
+        nproc_per_node=1,
+        nnodes=2,
+        node_rank=str(rank),
+        max_restarts=1,
+        rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_id="two-nodes",
+        python=sys.executable,
+    )
     with open(log, "a") as out:
-        return subprocess.Popen(cmd, cwd=REPO, env={**_env(), "XDG_CACHE_HOME": str(cache)},
-                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env={**_env(), "XDG_CACHE_HOME": str(cache)},
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _restart_counts(log: Path) -> set[str]:
@@ -92,7 +120,9 @@ def _restart_counts(log: Path) -> set[str]:
     return set(re.findall(r"restart count (\d+)", log.read_text()))
 
 
-def test_two_nodes_cache_half_each_sample_once_and_unequal_restart_counts_meet(tmp_path, _tiny_model_session):
+def test_two_nodes_cache_half_each_sample_once_and_unequal_restart_counts_meet(
+    tmp_path, _tiny_model_session
+):
     model, shards = _tiny_model_session, write_shards(tmp_path / "shards")
 
     # 1. one process, stopped mid-epoch: the reference class weights, and a world-size-1 checkpoint
@@ -110,7 +140,11 @@ def test_two_nodes_cache_half_each_sample_once_and_unequal_restart_counts_meet(t
     nodes = [_node(cfg, i, port, logs[i], cache=run / f"node{i}-cache") for i in (0, 1)]
     try:
         deadline = time.monotonic() + 240
-        while not (run / "ckpt" / "last.ckpt").exists() and time.monotonic() < deadline and nodes[0].poll() is None:
+        while (
+            not (run / "ckpt" / "last.ckpt").exists()
+            and time.monotonic() < deadline
+            and nodes[0].poll() is None
+        ):
             time.sleep(0.05)
         mid_epoch = tmp_path / "mid-epoch.ckpt"
         shutil.copy(run / "ckpt" / "last.ckpt", mid_epoch)
@@ -124,8 +158,12 @@ def test_two_nodes_cache_half_each_sample_once_and_unequal_restart_counts_meet(t
     restarts = [_restart_counts(log) for log in logs]
     assert codes == [0, 0], "\n".join(log.read_text()[-4000:] for log in logs)
     metrics = json.loads((run / "out" / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["resumed_at_step"] > 0  # the restarted group resumed
-    assert restarts[0] != restarts[1], restarts  # the case that hung: workers with unequal restart counts
+    assert (
+        metrics["world_size"] == 2 and metrics["resumed_at_step"] > 0
+    )  # the restarted group resumed
+    assert restarts[0] != restarts[1], (
+        restarts
+    )  # the case that hung: workers with unequal restart counts
 
     # each train sample trained once, each test sample evaluated once, weights as in one process
     assert metrics["samples_seen"] == SIZES["train"]

@@ -10,8 +10,11 @@ from finetune_assets.launchers.k8s import LogFollower
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.training import PROGRESS
 
-WORKER_LINE = f"2026-11-30 06:05:46,370 INFO finetune_assets.training: {PROGRESS} step 3/30 (10%) | epoch 1/1 | loss 0.6931 | 12.0 samples/s | ETA 0:00:40"
-MESSAGE = WORKER_LINE[WORKER_LINE.index(PROGRESS):]
+WORKER_LINE = (
+    f"2026-11-30 06:05:46,370 INFO finetune_assets.training: {PROGRESS} step 3/30 (10%) | "
+    "epoch 1/1 | loss 0.6931 | 12.0 samples/s | ETA 0:00:40"
+)
+MESSAGE = WORKER_LINE[WORKER_LINE.index(PROGRESS) :]
 
 
 class _Log:
@@ -29,20 +32,29 @@ def test_a_progress_line_loses_the_workers_prefix_and_other_lines_stay_whole():
     log_trainer_line(log, WORKER_LINE)
     log_trainer_line(log, "GPU available: False, used: False")
     log_trainer_line(log, WORKER_LINE, source="[pod-0]")
-    assert log.records == [("info", MESSAGE), ("info", "GPU available: False, used: False"),
-                           ("info", f"[pod-0] {MESSAGE}")]
+    assert log.records == [
+        ("info", MESSAGE),
+        ("info", "GPU available: False, used: False"),
+        ("info", f"[pod-0] {MESSAGE}"),
+    ]
 
 
 class _EchoLauncher(LocalTorchrunLauncher):
     """The local launcher with torchrun replaced by a process that prints what a trainer prints."""
 
     def command(self, job):
-        return [sys.executable, "-c", f"print('Seed set to 42'); print({WORKER_LINE!r}); print('done')"]
+        return [
+            sys.executable,
+            "-c",
+            f"print('Seed set to 42'); print({WORKER_LINE!r}); print('done')",
+        ]
 
 
 def test_the_local_launcher_forwards_progress_as_info(tmp_path):
     log = _Log()
-    _EchoLauncher().launch(SimpleNamespace(log=log), TrainingSpec(name="echo", config_url=str(tmp_path / "c.json")))
+    _EchoLauncher().launch(
+        SimpleNamespace(log=log), TrainingSpec(name="echo", config_url=str(tmp_path / "c.json"))
+    )
     assert ("info", MESSAGE) in log.records
     assert [m for lvl, m in log.records if m.startswith(PROGRESS)] == [MESSAGE]
 
@@ -50,7 +62,9 @@ def test_the_local_launcher_forwards_progress_as_info(tmp_path):
 def test_the_k8s_log_follower_forwards_progress_as_info():
     follower = LogFollower(api=None, namespace="ns")
     follower.pod = "finetune-0"
-    follower._lines.put(f"[finetune-0] {WORKER_LINE}")  # the follower's reader tags each line with its pod
+    follower._lines.put(
+        f"[finetune-0] {WORKER_LINE}"
+    )  # the follower's reader tags each line with its pod
     log = _Log()
     follower.drain(log)
     assert log.records == [("info", f"[finetune-0] {MESSAGE}")]

@@ -15,13 +15,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import fsspec
-import numpy as np
 import pytest
 import torch
 from streaming import StreamingDataset
 
-from finetune_assets.training.config import ConfigError, DataConfig, HyperParameters, TrainerConfig
 from finetune_assets.contracts import ContractError, read_split_stats
+from finetune_assets.training.config import ConfigError, DataConfig, HyperParameters, TrainerConfig
 from finetune_assets.training.datamodule import (
     PAD_LABEL,
     RankBlock,
@@ -31,7 +30,12 @@ from finetune_assets.training.datamodule import (
     read_index,
 )
 from finetune_assets.training.files import AtomicCheckpointIO
-from finetune_assets.training.module import ReviewClassifier, WorldSizeChanged, decays, load_classifier
+from finetune_assets.training.module import (
+    ReviewClassifier,
+    WorldSizeChanged,
+    decays,
+    load_classifier,
+)
 from finetune_assets.training.run import ATTEMPT_KEYS, _strategy, agree_on_attempt
 from finetune_assets.training.sharding import ShardedStrategy
 from finetune_assets_tests.training.fixtures import write_split
@@ -50,7 +54,9 @@ def test_eval_blocks_read_every_sample_exactly_once_with_equal_lengths(split, tm
     clean_stale_streaming_memory()
     ds = StreamingDataset(remote=str(split), local=str(tmp_path / f"cache{world}"), batch_size=1)
     blocks = [RankBlock(ds, rank, world) for rank in range(world)]
-    assert len({len(b) for b in blocks}) == 1  # every rank runs as many steps (FSDP gathers per forward)
+    assert (
+        len({len(b) for b in blocks}) == 1
+    )  # every rank runs as many steps (FSDP gathers per forward)
     real, pads = [], 0
     for block in blocks:
         for i in range(len(block)):
@@ -69,7 +75,9 @@ def test_train_label_counts_come_from_split_stats_never_from_decoding(split):
     assert read_split_stats(str(split)).counts(3) == [13, 12, 12]
     with pytest.raises(ContractError, match=r"split_stats.json: label 2 outside 0..1"):
         read_split_stats(str(split)).counts(2, where=str(split / "split_stats.json"))
-    (split / "split_stats.json").unlink()  # shards written before the stats file existed: no silent decoding
+    (
+        split / "split_stats.json"
+    ).unlink()  # shards written before the stats file existed: no silent decoding
     with pytest.raises(ContractError, match="re-materialize mds_shards"):
         read_split_stats(str(split))
 
@@ -88,17 +96,29 @@ def test_balanced_class_weights_need_the_counts_the_config_carries():
 
 def test_cache_limit_is_a_node_share_of_the_split_and_canonical_nodes_cover_the_nodes(split):
     index = read_index(str(split), "test")
-    sizes = [s["raw_data"]["bytes"] + (s.get("zip_data") or {}).get("bytes", 0) for s in index["shards"]]
+    sizes = [
+        s["raw_data"]["bytes"] + (s.get("zip_data") or {}).get("bytes", 0) for s in index["shards"]
+    ]
     assert len(sizes) > 4
     one, two = cache_limit_bytes(index, 1), cache_limit_bytes(index, 2)
     assert one >= sum(sizes) and two < one and two >= sum(sizes) / 2 + 4 * max(sizes)
     assert cache_limit_bytes({"shards": []}, 2) == 0
     data = DataConfig(train_url="/t", validation_url="/v", test_url="/e")
     assert canonical_nodes(data, 1) == 1 and canonical_nodes(data, 4) == 4
-    assert canonical_nodes(DataConfig(train_url="/t", validation_url="/v", test_url="/e", num_canonical_nodes=8), 2) == 8
+    assert (
+        canonical_nodes(
+            DataConfig(train_url="/t", validation_url="/v", test_url="/e", num_canonical_nodes=8), 2
+        )
+        == 8
+    )
     for bad in (1, 3):
         with pytest.raises(ValueError, match="multiple of the node count"):
-            canonical_nodes(DataConfig(train_url="/t", validation_url="/v", test_url="/e", num_canonical_nodes=bad), 2)
+            canonical_nodes(
+                DataConfig(
+                    train_url="/t", validation_url="/v", test_url="/e", num_canonical_nodes=bad
+                ),
+                2,
+            )
 
 
 def _store():
@@ -141,7 +161,9 @@ def test_every_rank_agrees_on_a_fresh_attempt_token_despite_stale_keys_and_unequ
     store.set(f"{ATTEMPT_KEYS}/ask/2", "stale-nonce")
     store.set(f"{ATTEMPT_KEYS}/answer/stale-nonce", "old-token")
     store.set(f"{ATTEMPT_KEYS}/ack/old-token/1", "1")
-    second = _start_group(store, 4, [1, 1, 0, 0])  # node 0's agent restarted its workers, node 1's did not
+    second = _start_group(
+        store, 4, [1, 1, 0, 0]
+    )  # node 0's agent restarted its workers, node 1's did not
     assert len(set(second)) == 1 and second[0] not in (first[0], "old-token")
 
 
@@ -153,12 +175,20 @@ def test_attempt_token_times_out_naming_the_missing_ranks():
 def test_decay_groups_by_name_survive_flat_parameters(tiny_model_dir):
     assert decays("model.bert.encoder.layer.0.attention.self.query.weight")
     assert decays("_fsdp_wrapped_module.model.bert.embeddings.word_embeddings.weight")
-    for name in ("model.bert.encoder.layer.0.output.LayerNorm.weight", "model.classifier.bias",
-                 "model.layers.0.attn_norm.weight", "model.transformer.layer.0.sa_layer_norm.weight"):
+    for name in (
+        "model.bert.encoder.layer.0.output.LayerNorm.weight",
+        "model.classifier.bias",
+        "model.layers.0.attn_norm.weight",
+        "model.transformer.layer.0.sa_layer_norm.weight",
+    ):
         assert not decays(name), name
-    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters(weight_decay=0.01))
+    module = ReviewClassifier(
+        load_classifier(str(tiny_model_dir)), HyperParameters(weight_decay=0.01)
+    )
     module._trainer = SimpleNamespace(datamodule=None, estimated_stepping_batches=10)
-    matrices = sum(1 for p in module.parameters() if p.ndim >= 2)  # the weights to decay, seen before flattening
+    matrices = sum(
+        1 for p in module.parameters() if p.ndim >= 2
+    )  # the weights to decay, seen before flattening
     with torch.no_grad():  # what FSDP with use_orig_params shows: 1-D flat views of every weight
         for p in module.parameters():
             p.data = p.data.flatten()
@@ -168,18 +198,35 @@ def test_decay_groups_by_name_survive_flat_parameters(tiny_model_dir):
 
 
 def test_fsdp_is_fsdp2_replicated_across_nodes_and_sharded_within_one():
-    config = TrainerConfig(model_dir="/m", output_dir="/o", checkpoint_dir="/c", strategy="fsdp",
-                           precision="bf16-mixed", gradient_clip_val=1.0,
-                           data=DataConfig(train_url="/t", validation_url="/v", test_url="/e"))
+    config = TrainerConfig(
+        model_dir="/m",
+        output_dir="/o",
+        checkpoint_dir="/c",
+        strategy="fsdp",
+        precision="bf16-mixed",
+        gradient_clip_val=1.0,
+        data=DataConfig(train_url="/t", validation_url="/v", test_url="/e"),
+    )
     strategy = _strategy(config, world=8, local_world=4)
     assert isinstance(strategy, ShardedStrategy)
-    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (2, 4)  # (nodes, ranks per node)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (
+        2,
+        4,
+    )  # (nodes, ranks per node)
     assert strategy._save_distributed_checkpoint is False  # one last.ckpt, as under DDP
     auto = config.model_copy(update={"strategy": "auto"})
-    assert _strategy(auto, world=8, local_world=4, parameters=110_000_000) == "ddp"  # BERT-base: a replica fits
-    assert isinstance(_strategy(auto, world=8, local_world=4, parameters=3_000_000_000), ShardedStrategy)
-    assert _strategy(auto, world=1, local_world=1, parameters=3_000_000_000) == "auto"  # one process: no wrapper
-    with pytest.raises(ConfigError, match="'16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed'"):
+    assert (
+        _strategy(auto, world=8, local_world=4, parameters=110_000_000) == "ddp"
+    )  # BERT-base: a replica fits
+    assert isinstance(
+        _strategy(auto, world=8, local_world=4, parameters=3_000_000_000), ShardedStrategy
+    )
+    assert (
+        _strategy(auto, world=1, local_world=1, parameters=3_000_000_000) == "auto"
+    )  # one process: no wrapper
+    with pytest.raises(
+        ConfigError, match="'16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed'"
+    ):
         TrainerConfig.from_dict({**config.to_dict(), "precision": "16-mixed", "accelerator": "gpu"})
 
 
@@ -199,27 +246,47 @@ def test_checkpoints_keep_object_store_urls(tmp_path):
 def test_resume_on_another_world_size_is_refused_clearly(tiny_model_dir):
     module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
     module._trainer = SimpleNamespace(world_size=1)
-    module.on_load_checkpoint({"review_classifier": {"world_size": 1, "samples_seen": 8}})  # same: fine
-    module.on_load_checkpoint({"review_classifier": {"samples_seen": 8}})  # written before it was recorded
-    with pytest.raises(WorldSizeChanged, match=r"written by 2 training processes, this run has 1.*Relaunch with 2"):
+    module.on_load_checkpoint(
+        {"review_classifier": {"world_size": 1, "samples_seen": 8}}
+    )  # same: fine
+    module.on_load_checkpoint(
+        {"review_classifier": {"samples_seen": 8}}
+    )  # written before it was recorded
+    with pytest.raises(
+        WorldSizeChanged, match=r"written by 2 training processes, this run has 1.*Relaunch with 2"
+    ):
         module.on_load_checkpoint({"review_classifier": {"world_size": 2}})
 
 
 def test_fp32_class_weighted_loss_under_bf16_logits(tiny_model_dir):
     weights = [0.3333, 1.6667, 3.1234]
-    module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters(), class_weights=weights)
+    module = ReviewClassifier(
+        load_classifier(str(tiny_model_dir)), HyperParameters(), class_weights=weights
+    )
     logits = torch.randn(6, 3).to(torch.bfloat16)
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     loss = module.train_loss(logits, labels)
-    expected = torch.nn.functional.cross_entropy(logits.float(), labels, weight=torch.tensor(weights))
+    expected = torch.nn.functional.cross_entropy(
+        logits.float(), labels, weight=torch.tensor(weights)
+    )
     assert loss.dtype == torch.float32 and torch.allclose(loss, expected)
     assert module.class_weight.dtype == torch.float32
 
 
-@pytest.mark.parametrize(("world", "bucket", "stop_after", "workers"),
-                         [(2, 1, None, 0), (3, 1, None, 0), (3, 2, None, 0), (3, 1, 2, 0), (2, 2, 3, 0), (3, 1, None, 2)])
-def test_training_counts_each_sample_once_though_streaming_repeats_some(split, tmp_path, monkeypatch, world, bucket,
-                                                                        stop_after, workers):
+@pytest.mark.parametrize(
+    ("world", "bucket", "stop_after", "workers"),
+    [
+        (2, 1, None, 0),
+        (3, 1, None, 0),
+        (3, 2, None, 0),
+        (3, 1, 2, 0),
+        (2, 2, 3, 0),
+        (3, 1, None, 2),
+    ],
+)
+def test_training_counts_each_sample_once_though_streaming_repeats_some(
+    split, tmp_path, monkeypatch, world, bucket, stop_after, workers
+):
     """Each rank as its own node, one after the other (streaming reads the world from the environment).
 
     streaming would join a process group to share its shared-memory prefix; each node here is one
@@ -237,18 +304,34 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(split, t
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
         monkeypatch.setenv("LOCAL_RANK", "0")
 
-        def loader(attempt: int) -> ResumableStreamingDataLoader:
+        def loader(attempt: int, rank: int = rank) -> ResumableStreamingDataLoader:
             clean_stale_streaming_memory()
-            ds = StreamingDataset(remote=str(split), local=str(tmp_path / f"c{rank}-{attempt}"), batch_size=4 * bucket,
-                                  shuffle=True, shuffle_seed=3, num_canonical_nodes=world)
+            ds = StreamingDataset(
+                remote=str(split),
+                local=str(tmp_path / f"c{rank}-{attempt}"),
+                batch_size=4 * bucket,
+                shuffle=True,
+                shuffle_seed=3,
+                num_canonical_nodes=world,
+            )
             repeated = repeated_positions(N, world, world, 1, rank, 4 * bucket, ds.partition_algo)
-            return ResumableStreamingDataLoader(ds, batch_size=4, collate_fn=DynamicPaddingCollator(),
-                                                epoch_fn=lambda: 0, world_size=world, bucket_batches=bucket,
-                                                repeated=repeated, num_nodes=world, num_workers=workers)
+            return ResumableStreamingDataLoader(
+                ds,
+                batch_size=4,
+                collate_fn=DynamicPaddingCollator(),
+                epoch_fn=lambda: 0,
+                world_size=world,
+                bucket_batches=bucket,
+                repeated=repeated,
+                num_nodes=world,
+                num_workers=workers,
+            )
 
         n, first = 0, loader(0)
         batches = iter(first)
-        if stop_after:  # consume some batches, then resume from the loader's state in a fresh loader
+        if (
+            stop_after
+        ):  # consume some batches, then resume from the loader's state in a fresh loader
             for _ in range(stop_after):
                 batch = next(batches)
                 first.mark_consumed(len(batch["labels"]))
@@ -267,15 +350,21 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(split, t
             n += len(keep)
         streamed.append(n)
         del batches, first
-    assert len(set(streamed)) == 1 and sum(streamed) > N  # streaming padded every rank to the same length
-    assert sorted(counted) == list(range(N))  # yet each sample is trained (and counted) exactly once
+    assert (
+        len(set(streamed)) == 1 and sum(streamed) > N
+    )  # streaming padded every rank to the same length
+    assert sorted(counted) == list(
+        range(N)
+    )  # yet each sample is trained (and counted) exactly once
 
 
 def test_mlflow_logging_wait_is_bounded():
     from finetune_assets.training.callbacks import within as _within
 
     assert _within(5, "x", lambda: 7) == 7
-    with pytest.raises(TimeoutError, match=r"MLflow logging did not finish within 0s \(mlflow.timeout_seconds\)"):
+    with pytest.raises(
+        TimeoutError, match=r"MLflow logging did not finish within 0s \(mlflow.timeout_seconds\)"
+    ):
         _within(0.2, "MLflow logging", lambda: time.sleep(5))
     with pytest.raises(KeyError):
         _within(5, "x", lambda: {}["missing"])
@@ -285,12 +374,28 @@ def test_mlflow_logging_wait_is_bounded():
 def test_fsdp_wrap_unit_is_the_whole_encoder_block_of_each_family(family):
     import transformers as t
 
-    small = dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64, vocab_size=100)
+    small = dict(
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=100,
+    )
     model, block = {
-        "distilbert": (lambda: t.DistilBertForSequenceClassification(
-            t.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=100)), "TransformerBlock"),
-        "xlm-roberta": (lambda: t.XLMRobertaForSequenceClassification(t.XLMRobertaConfig(**small)), "XLMRobertaLayer"),
-        "deberta-v2": (lambda: t.DebertaV2ForSequenceClassification(t.DebertaV2Config(**small)), "DebertaV2Layer"),
+        "distilbert": (
+            lambda: t.DistilBertForSequenceClassification(
+                t.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=100)
+            ),
+            "TransformerBlock",
+        ),
+        "xlm-roberta": (
+            lambda: t.XLMRobertaForSequenceClassification(t.XLMRobertaConfig(**small)),
+            "XLMRobertaLayer",
+        ),
+        "deberta-v2": (
+            lambda: t.DebertaV2ForSequenceClassification(t.DebertaV2Config(**small)),
+            "DebertaV2Layer",
+        ),
     }[family]
     from finetune_assets.training.sharding import encoder_layer_class
 
@@ -303,15 +408,24 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
 
     module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
     data = DataConfig(train_url="/t", validation_url="/v", test_url="/e")
-    two_nodes = SimpleNamespace(world_size=2, num_nodes=2, datamodule=SimpleNamespace(config=SimpleNamespace(data=data)))
+    two_nodes = SimpleNamespace(
+        world_size=2, num_nodes=2, datamodule=SimpleNamespace(config=SimpleNamespace(data=data))
+    )
     module._trainer = two_nodes
     checkpoint: dict = {}
     module.on_save_checkpoint(checkpoint)
-    assert checkpoint["review_classifier"] == {"world_size": 2, "num_nodes": 2, "num_canonical_nodes": 2}
+    assert checkpoint["review_classifier"] == {
+        "world_size": 2,
+        "num_nodes": 2,
+        "num_canonical_nodes": 2,
+    }
     module.on_load_checkpoint(checkpoint)  # the same layout resumes
     module._trainer = SimpleNamespace(**{**vars(two_nodes), "num_nodes": 1})
-    with pytest.raises(LayoutChanged, match=r"written on 2 nodes x 1 processes .* this run has 1 nodes x 2 "
-                                            r"processes.*Relaunch with nnodes 2 x nproc_per_node 1"):
+    with pytest.raises(
+        LayoutChanged,
+        match=r"written on 2 nodes x 1 processes .* this run has 1 nodes x 2 "
+        r"processes.*Relaunch with nnodes 2 x nproc_per_node 1",
+    ):
         module.on_load_checkpoint(checkpoint)
 
 
@@ -329,6 +443,10 @@ def test_fsdp_shards_within_a_node_and_replicates_across_nodes():
         def __getitem__(self, name):
             return ("1-D", name, self.shape[self.mesh_dim_names.index(name)])
 
-    assert fsdp_mesh(Mesh((1, 8))) == ("1-D", "tensor_parallel", 8)  # one node: shard over its 8 ranks
+    assert fsdp_mesh(Mesh((1, 8))) == (
+        "1-D",
+        "tensor_parallel",
+        8,
+    )  # one node: shard over its 8 ranks
     two_nodes = Mesh((2, 8))
     assert fsdp_mesh(two_nodes) is two_nodes  # replicate across the 2 nodes, shard within each

@@ -89,8 +89,14 @@ def world(tmp_path_factory, _tiny_model_session, arabic_reviews):
 def full_run(world):
     """An uninterrupted 2-process run that also logs and registers the model in MLflow."""
     root, model, shards = world
-    config = write_config(root, "full", model, shards, gradient_clip_val=1.0,
-                          mlflow={"log_model": True, "registered_model_name": "tiny-reviews"})
+    config = write_config(
+        root,
+        "full",
+        model,
+        shards,
+        gradient_clip_val=1.0,
+        mlflow={"log_model": True, "registered_model_name": "tiny-reviews"},
+    )
     return root, config, run_ok(config)
 
 
@@ -118,15 +124,22 @@ def test_two_process_fsdp_shards_and_matches_ddp_through_test_export_and_predict
     assert fsdp["strategy"] == "fsdp" and ddp["strategy"] == "ddp"
     total = ddp["parameters_per_rank"][0]
     assert ddp["parameters_per_rank"] == [total, total]
-    assert sum(fsdp["parameters_per_rank"]) == total and max(fsdp["parameters_per_rank"]) < 0.6 * total
+    assert (
+        sum(fsdp["parameters_per_rank"]) == total and max(fsdp["parameters_per_rank"]) < 0.6 * total
+    )
     for key in ("global_step", "samples_seen", "tokens_seen", "confusion_matrix", "accuracy"):
         assert fsdp[key] == ddp[key], key
     assert abs(fsdp["macro_f1"] - ddp["macro_f1"]) < 1e-6
     texts = ["منتج ممتاز", "سيء جدا", "الخدمة عادية لكن السعر مرتفع"]
-    a, b = _logits(config.parent / "out" / "model", texts), _logits(ddp_config.parent / "out" / "model", texts)
+    a, b = (
+        _logits(config.parent / "out" / "model", texts),
+        _logits(ddp_config.parent / "out" / "model", texts),
+    )
     assert (a - b).abs().max() < 1e-4, (a - b).abs().max()
 
-    again = run_ok(config)  # the final checkpoint exists: resume (sharded load) at the end, test and export again
+    again = run_ok(
+        config
+    )  # the final checkpoint exists: resume (sharded load) at the end, test and export again
     assert again["resumed_from"] and again["global_step"] == fsdp["global_step"]
     assert again["confusion_matrix"] == fsdp["confusion_matrix"]
 
@@ -136,8 +149,14 @@ def test_two_process_run_saves_a_pipeline_loadable_model(full_run):
 
     root, config, metrics = full_run
     assert metrics["world_size"] == 2
-    assert metrics["samples_seen"] == 2 * 96  # 2 epochs over 96 training reviews, all ranks together
-    assert 0.0 <= metrics["accuracy"] <= 1.0 and set(metrics["f1_per_class"]) == {"Positive", "Negative", "Mixed"}
+    assert (
+        metrics["samples_seen"] == 2 * 96
+    )  # 2 epochs over 96 training reviews, all ranks together
+    assert 0.0 <= metrics["accuracy"] <= 1.0 and set(metrics["f1_per_class"]) == {
+        "Positive",
+        "Negative",
+        "Mixed",
+    }
     assert sum(map(sum, metrics["confusion_matrix"])) >= 24
     model_dir = config.parent / "out" / "model"
     assert (model_dir / "model.safetensors").exists()
@@ -155,7 +174,12 @@ def test_two_process_run_is_recorded_in_mlflow(full_run):
     run = client.get_run(info["run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["optimizer"] == "adamw"
-    assert {"train/loss_step", "val/accuracy", "test/macro_f1", "throughput/samples_per_sec"} <= set(run.data.metrics)
+    assert {
+        "train/loss_step",
+        "val/accuracy",
+        "test/macro_f1",
+        "throughput/samples_per_sec",
+    } <= set(run.data.metrics)
     assert len(client.get_metric_history(info["run_id"], "train/loss_step")) > 3  # per-step history
     assert run.data.tags["dataset_version"] == "v1"
     artifacts = {a.path for a in client.list_artifacts(info["run_id"])}
@@ -174,11 +198,17 @@ def test_killed_run_resumes_without_repeating_or_skipping(world, full_run):
     deadline = time.monotonic() + 300
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    kill_tree(proc.pid, signal.SIGKILL)  # torchrun and every worker (own sessions), right after a checkpoint
+    kill_tree(
+        proc.pid, signal.SIGKILL
+    )  # torchrun and every worker (own sessions), right after a checkpoint
     proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL and last.exists(), "the run ended before it could be killed"
+    assert proc.returncode == -signal.SIGKILL and last.exists(), (
+        "the run ended before it could be killed"
+    )
     time.sleep(1.0)
-    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(config) in _cmdline(p)]
+    assert not [
+        p for p in Path("/proc").iterdir() if p.name.isdigit() and str(config) in _cmdline(p)
+    ]
     assert not (config.parent / "out" / "metrics.json").exists()
 
     resumed = run_ok(config)
@@ -191,8 +221,12 @@ def test_killed_run_resumes_without_repeating_or_skipping(world, full_run):
 
 
 def test_trainer_crash_fails_the_launcher_with_a_readable_error(tmp_path, world):
-    _, model, shards = world  # the module's shards and model (read-only here): only validation_url is broken
-    config = write_config(tmp_path, "crash", model, shards, data={"validation_url": str(tmp_path / "missing")})
+    _, model, shards = (
+        world  # the module's shards and model (read-only here): only validation_url is broken
+    )
+    config = write_config(
+        tmp_path, "crash", model, shards, data={"validation_url": str(tmp_path / "missing")}
+    )
     launcher = LocalTorchrunLauncher(nproc_per_node=2, cwd=str(REPO))
     context = dg.build_asset_context()
     with pytest.raises(TrainingFailed) as err:
@@ -218,6 +252,7 @@ def test_cancellation_kills_torchrun_and_every_worker(world):
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
+
         def arm(_signum=None, _frame=None):
             if training_started() or time.monotonic() - started > 240:
                 interrupt(None, None)
@@ -232,5 +267,7 @@ def test_cancellation_kills_torchrun_and_every_worker(world):
         signal.signal(signal.SIGALRM, previous)
     assert training_started(), "training never reached its first checkpoint"
     time.sleep(1.0)
-    leftovers = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(config) in _cmdline(p)]
+    leftovers = [
+        p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(config) in _cmdline(p)
+    ]
     assert not leftovers, f"processes still running after cancellation: {leftovers}"

@@ -13,8 +13,8 @@ import torch
 from finetune_assets.contracts import read_split_stats
 from finetune_assets.training.config import HyperParameters, TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule
-from finetune_assets.training.precision import resolve_precision
 from finetune_assets.training.module import ReviewClassifier, load_classifier
+from finetune_assets.training.precision import resolve_precision
 from finetune_assets.training.run import train
 from finetune_assets_tests.training.fixtures import write_mds_splits, write_split
 
@@ -36,8 +36,11 @@ def trainer_config(root: Path, model_dir: Path, shards: Path, **overrides) -> Tr
             "validation_url": str(shards / "validation"),
             "test_url": str(shards / "test"),
         },
-        "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "artifact_location": str(root / "mlartifacts"),
-                   "log_model": False},
+        "mlflow": {
+            "tracking_uri": f"sqlite:///{root}/mlflow.db",
+            "artifact_location": str(root / "mlartifacts"),
+            "log_model": False,
+        },
     }
     for key, value in overrides.items():
         cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
@@ -46,18 +49,25 @@ def trainer_config(root: Path, model_dir: Path, shards: Path, **overrides) -> Tr
 
 def snapshot(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` (relative path) with its content hash."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
 def shards(tmp_path, tiny_model_dir, arabic_reviews) -> Path:
-    return write_mds_splits(tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 12, 12))
+    return write_mds_splits(
+        tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 12, 12)
+    )
 
 
 def test_training_never_writes_into_the_published_shards(tmp_path, tiny_model_dir, shards):
     before = snapshot(shards)
-    assert any(name.endswith(".mds.zstd") for name in before) and not any(name.endswith(".mds") for name in before)
+    assert any(name.endswith(".mds.zstd") for name in before) and not any(
+        name.endswith(".mds") for name in before
+    )
     config = trainer_config(tmp_path, tiny_model_dir, shards)
     derived_cache = Path(MdsDataModule(config, run_key=config.checkpoint_dir).cache_dir)
 
@@ -66,16 +76,25 @@ def test_training_never_writes_into_the_published_shards(tmp_path, tiny_model_di
     assert metrics["samples_seen"] == 48 and metrics["test_samples"] == 12
     # "auto" is resolved on the training machine and recorded, in metrics.json and the MLflow params
     assert metrics["precision"] == resolve_precision("auto", "cpu") in ("bf16-mixed", "32-true")
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["precision"] == metrics["precision"]
+    assert (
+        json.loads((tmp_path / "out" / "metrics.json").read_text())["precision"]
+        == metrics["precision"]
+    )
     from mlflow import MlflowClient
 
     run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(metrics["mlflow"]["run_id"])
     assert run.data.params["precision"] == metrics["precision"]
-    assert snapshot(shards) == before  # no decompressed .mds, no index rewrite, nothing added or changed
-    assert not derived_cache.exists() and not derived_cache.parent.exists()  # removed after a successful run
+    assert (
+        snapshot(shards) == before
+    )  # no decompressed .mds, no index rewrite, nothing added or changed
+    assert (
+        not derived_cache.exists() and not derived_cache.parent.exists()
+    )  # removed after a successful run
 
 
-def test_a_given_cache_dir_receives_the_decompressed_shards_and_is_kept(tmp_path, tiny_model_dir, shards):
+def test_a_given_cache_dir_receives_the_decompressed_shards_and_is_kept(
+    tmp_path, tiny_model_dir, shards
+):
     before = snapshot(shards)
     cache = tmp_path / "cache"
     train(trainer_config(tmp_path, tiny_model_dir, shards, data={"local_cache_dir": str(cache)}))
@@ -86,16 +105,22 @@ def test_a_given_cache_dir_receives_the_decompressed_shards_and_is_kept(tmp_path
 
 def test_empty_validation_and_test_splits(tmp_path, tiny_model_dir, arabic_reviews):
     """A tiny version may have no validation or test rows: it trains, and metrics say the test was skipped."""
-    shards = write_mds_splits(tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(24, 0, 0))
+    shards = write_mds_splits(
+        tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(24, 0, 0)
+    )
     metrics = train(trainer_config(tmp_path, tiny_model_dir, shards))
     assert metrics["samples_seen"] == 24
-    assert metrics["test_samples"] == 0 and metrics["accuracy"] is None and metrics["macro_f1"] is None
+    assert (
+        metrics["test_samples"] == 0 and metrics["accuracy"] is None and metrics["macro_f1"] is None
+    )
     assert "test split" in metrics["test_skipped"] and "empty" in metrics["test_skipped"]
     assert (tmp_path / "out" / "model" / "model.safetensors").exists()
 
 
 def test_empty_train_split_is_a_clear_error(tmp_path, tiny_model_dir, arabic_reviews):
-    shards = write_mds_splits(tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(0, 6, 6))
+    shards = write_mds_splits(
+        tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(0, 6, 6)
+    )
     with pytest.raises(ValueError, match=r"train split at .*/train has no samples"):
         train(trainer_config(tmp_path, tiny_model_dir, shards))
 
@@ -106,7 +131,9 @@ def test_balanced_class_weights_change_the_training_loss(tiny_model_dir):
     model = load_classifier(str(tiny_model_dir))
     plain = ReviewClassifier(model, HyperParameters()).train_loss(logits, labels)
     weights = [0.5, 2.0, 3.0]
-    weighted = ReviewClassifier(model, HyperParameters(), class_weights=weights).train_loss(logits, labels)
+    weighted = ReviewClassifier(model, HyperParameters(), class_weights=weights).train_loss(
+        logits, labels
+    )
     per_sample = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
     w = torch.tensor(weights)[labels]
     assert plain == pytest.approx(per_sample.mean().item())
@@ -120,7 +147,14 @@ def test_balanced_class_weights_reach_the_trainer(tmp_path, tiny_model_dir, shar
     skewed = tmp_path / "skewed"
     shutil.copytree(shards, skewed)
     shutil.rmtree(skewed / "train")
-    write_split(skewed / "train", [[101, 2000 + i, 102] for i in range(20)], [0] * 14 + [1] * 4 + [2] * 2)
+    write_split(
+        skewed / "train", [[101, 2000 + i, 102] for i in range(20)], [0] * 14 + [1] * 4 + [2] * 2
+    )
     metrics = train(trainer_config(tmp_path, tiny_model_dir, skewed, class_weights="balanced"))
     assert metrics["class_weights"] == pytest.approx([20 / 42, 20 / 12, 20 / 6])
-    assert train(trainer_config(tmp_path / "plain", tiny_model_dir, skewed, class_weights="none"))["class_weights"] is None
+    assert (
+        train(trainer_config(tmp_path / "plain", tiny_model_dir, skewed, class_weights="none"))[
+            "class_weights"
+        ]
+        is None
+    )

@@ -244,7 +244,8 @@ class ReportingLauncher(TrainingLauncher):
     """Fakes the trainer (and the cluster): reports a score derived from ``lr`` to the trial through
     the study storage, as ``TrialPruning`` does, once two launches are in flight together (a barrier:
     the test fails, rather than waits, if trials do not run in parallel). Real: the trainer config
-    file, the study storage, the asset's parallel trial loop and the labels a gang is keyed by."""
+    file, the study storage, the asset's parallel trial loop and the labels a gang is keyed by.
+    """
 
     journal: str
 
@@ -253,8 +254,9 @@ class ReportingLauncher(TrainingLauncher):
         with open(self.journal, "a") as f:
             f.write(json.dumps({"labels": dict(job.labels), "env": dict(job.env)}) + "\n")
         _TWO_IN_FLIGHT.wait()
-        study = optuna.load_study(study_name=cfg.trial.study_name,
-                                  storage=tuning.open_storage(cfg.trial.storage))
+        study = optuna.load_study(
+            study_name=cfg.trial.study_name, storage=tuning.open_storage(cfg.trial.storage)
+        )
         optuna.trial.Trial(study, cfg.trial.trial_id).report(cfg.lr * 1000, cfg.max_steps)
 
 

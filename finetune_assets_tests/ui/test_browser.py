@@ -29,9 +29,17 @@ VERSION = "sample"
 DATA_ASSETS = ("raw_reviews", "pretrained_model", "tokenized_reviews", "mds_shards")
 ALL_ASSETS = (*DATA_ASSETS, "finetuned_model")
 UI_GROUP = "reviews"  # raw_reviews, tokenized_reviews, mds_shards: what the UI run materializes
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 SERVER_START_S = 240
 RUN_FINISH_S = 420
 
@@ -39,8 +47,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def chromium_path() -> str | None:
-    for candidate in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-                      shutil.which("chromium-browser")):
+    for candidate in (
+        os.environ.get("CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -65,24 +77,45 @@ LOCATIONS_QUERY = """{ workspaceOrError { ... on Workspace { locationEntries { n
 class Dagster:
     """`dagster dev` (webserver + daemon) as the README starts it, on a loopback port."""
 
-    target_args: tuple[str, ...] = ()  # empty: workspace.yaml in the repository root, as the README says
+    target_args: tuple[
+        str, ...
+    ] = ()  # empty: workspace.yaml in the repository root, as the README says
 
     def __init__(self, home: Path, root: Path, log: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "DAGSTER_HOME": str(home), "FINETUNE_ASSETS_ROOT": str(root),
-               "HF_HUB_OFFLINE": "1", "DAGSTER_DISABLE_TELEMETRY": "1"}
+        env = {
+            **os.environ,
+            "DAGSTER_HOME": str(home),
+            "FINETUNE_ASSETS_ROOT": str(root),
+            "HF_HUB_OFFLINE": "1",
+            "DAGSTER_DISABLE_TELEMETRY": "1",
+        }
         env.pop("MLFLOW_TRACKING_URI", None)
         self.log = log
         self._log_file = log.open("wb")
         self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(self.port),
-             *self.target_args],
-            cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(Path(sys.executable).parent / "dagster"),
+                "dev",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                *self.target_args,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def graphql(self, query: str, variables: dict | None = None) -> dict:
         body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        req = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}/graphql", body, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             payload = json.loads(resp.read())
         if payload.get("errors"):
@@ -98,7 +131,9 @@ class Dagster:
         last = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"dagster dev exited with {self.proc.returncode}:\n{self.tail()}")
+                raise RuntimeError(
+                    f"dagster dev exited with {self.proc.returncode}:\n{self.tail()}"
+                )
             try:
                 entries = self.graphql(LOCATIONS_QUERY)["workspaceOrError"]["locationEntries"]
             except OSError as err:  # not listening yet
@@ -107,16 +142,22 @@ class Dagster:
                 for entry in entries:
                     error = entry["locationOrLoadError"] or {}
                     if error.get("__typename") == "PythonError":
-                        raise RuntimeError(f"code location {entry['name']} failed to load: {error['message']}")
+                        raise RuntimeError(
+                            f"code location {entry['name']} failed to load: {error['message']}"
+                        )
                 if entries and all(e["loadStatus"] == "LOADED" for e in entries):
                     nodes = self.graphql("{ assetNodes { assetKey { path } } }")["assetNodes"]
                     return ["/".join(n["assetKey"]["path"]) for n in nodes]
             time.sleep(1)
-        raise RuntimeError(f"dagster dev not ready after {SERVER_START_S}s ({last}):\n{self.tail()}")
+        raise RuntimeError(
+            f"dagster dev not ready after {SERVER_START_S}s ({last}):\n{self.tail()}"
+        )
 
     def runs(self) -> list[dict]:
-        data = self.graphql("{ runsOrError { ... on Runs { results { runId status tags { key value } "
-                            "assetSelection { path } } } } }")
+        data = self.graphql(
+            "{ runsOrError { ... on Runs { results { runId status tags { key value } "
+            "assetSelection { path } } } } }"
+        )
         return data["runsOrError"]["results"]
 
     def wait_run(self, run_id: str) -> str:
@@ -130,7 +171,9 @@ class Dagster:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)  # dagster dev shuts down its webserver + daemon on SIGINT
+            os.killpg(
+                self.proc.pid, signal.SIGINT
+            )  # dagster dev shuts down its webserver + daemon on SIGINT
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -146,9 +189,9 @@ def prepared(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
 
     from finetune_assets.assets.pretrained import pretrained_model
     from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets.resources.storage_root import StorageResource
     from finetune_assets.storage import Storage
-    from finetune_assets.dataset_versions.registry import register_version
 
     home, root = tmp_path / "dagster_home", tmp_path / "root"
     home.mkdir()
@@ -157,9 +200,11 @@ def prepared(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
     with dg.DagsterInstance.get() as instance:
         register_version(instance, Storage(str(root)), VERSION, SourceSpec(uri="builtin:sample"))
         result = dg.materialize(
-            [pretrained_model], instance=instance,
+            [pretrained_model],
+            instance=instance,
             resources={"storage": StorageResource(root=str(root))},
-            run_config={"ops": {"pretrained_model": {"config": {"source": str(tiny_model_dir)}}}})
+            run_config={"ops": {"pretrained_model": {"config": {"source": str(tiny_model_dir)}}}},
+        )
         assert result.success
     return home, root
 
@@ -178,14 +223,25 @@ def dagster_dev(prepared, tmp_path: Path):
 def page():
     exe = chromium_path()
     if exe is None:
-        pytest.skip("Chromium is not installed (CI: apt-get install -y chromium); set CHROMIUM=/path to override")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
+        pytest.skip(
+            "Chromium is not installed (CI: apt-get install -y chromium); set CHROMIUM=/path to override"
+        )
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright (python) is not installed"
+    )
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile, sync_api.sync_playwright() as pw:
+    with (
+        tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
+        sync_api.sync_playwright() as pw,
+    ):
         context = pw.chromium.launch_persistent_context(
-            profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1600, "height": 1000})
+            profile,
+            executable_path=exe,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1600, "height": 1000},
+        )
         context.set_default_timeout(60_000)
         # The first visit greets with a "Join the Dagster community" dialog; mark it as seen, as Skip would.
         context.add_init_script("window.localStorage.setItem('communityNux', '\"1\"')")
@@ -207,7 +263,9 @@ def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, p
     try:
         walk_through_the_ui(dagster_dev, page)
     except BaseException:
-        shot(page, "FAILED-last-page")  # what the browser showed: the most useful artifact when CI fails
+        shot(
+            page, "FAILED-last-page"
+        )  # what the browser showed: the most useful artifact when CI fails
         raise
 
 
@@ -217,9 +275,13 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     from finetune_assets.definitions import build_defs
 
     served = dagster_dev.wait_ready()
-    groups = {n["assetKey"]["path"][-1]: n["groupName"] for n in dagster_dev.graphql(
-        "{ assetNodes { assetKey { path } groupName } }")["assetNodes"]}
-    location = dagster_dev.graphql(LOCATIONS_QUERY)["workspaceOrError"]["locationEntries"][0]["name"]
+    groups = {
+        n["assetKey"]["path"][-1]: n["groupName"]
+        for n in dagster_dev.graphql("{ assetNodes { assetKey { path } groupName } }")["assetNodes"]
+    }
+    location = dagster_dev.graphql(LOCATIONS_QUERY)["workspaceOrError"]["locationEntries"][0][
+        "name"
+    ]
     defined = {k.to_user_string() for k in build_defs().resolve_all_asset_keys()}
     assert set(DATA_ASSETS) <= defined
     expected = [a for a in ALL_ASSETS if a in defined]  # finetuned_model joins once it is defined
@@ -238,7 +300,9 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     page.reload()  # the open groups are remembered; a reload fits the whole graph into view
     for name in expected:
         page.get_by_text(name, exact=True).first.wait_for(state="visible")
-    expect(page.get_by_text(re.compile(r"^Loading"))).to_have_count(0, timeout=60_000)  # node statuses filled in
+    expect(page.get_by_text(re.compile(r"^Loading"))).to_have_count(
+        0, timeout=60_000
+    )  # node statuses filled in
     shot(page, "01-asset-graph")
 
     # 2. A dataset-version partition of raw_reviews: registered, not yet materialized.
@@ -263,7 +327,9 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     except Exception:  # noqa: BLE001 - ... otherwise pick it, as a user would
         page.get_by_text("Select a partition or create one").click()
         page.keyboard.type(VERSION)
-        page.get_by_role("menuitem").filter(has_text=re.compile(rf"^\s*{re.escape(VERSION)}\s*$")).first.click()
+        page.get_by_role("menuitem").filter(
+            has_text=re.compile(rf"^\s*{re.escape(VERSION)}\s*$")
+        ).first.click()
         title.click()  # close the partition picker
         launch.wait_for(state="visible")
     page.get_by_text("1 partition", exact=True).first.wait_for(state="visible")
@@ -278,8 +344,11 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     assert len(new) == 1, f"the UI launched {len(new)} runs"
     run = new[0]
     assert {t["key"]: t["value"] for t in run["tags"]}.get("dagster/partition") == VERSION
-    assert sorted("/".join(a["path"]) for a in run["assetSelection"]) == \
-        ["mds_shards", "raw_reviews", "tokenized_reviews"]
+    assert sorted("/".join(a["path"]) for a in run["assetSelection"]) == [
+        "mds_shards",
+        "raw_reviews",
+        "tokenized_reviews",
+    ]
     status = dagster_dev.wait_run(run["runId"])
     assert status == "SUCCESS", dagster_dev.tail()
 
@@ -298,6 +367,8 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     row.get_by_text("Show Markdown").click()
     chart = page.locator("img[src^='data:image/png;base64,']").first
     chart.wait_for(state="visible")
-    page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=chart.element_handle())
+    page.wait_for_function(
+        "img => img.complete && img.naturalWidth > 100", arg=chart.element_handle()
+    )
     shot(page, "06-label-distribution-chart")
     assert not errors, f"page errors: {errors}"

@@ -16,24 +16,71 @@ Modules: :mod:`.base` (spec, raw schema, error), :mod:`.listing` (files of a fol
 """
 
 from finetune_assets.data.builtin import is_builtin
-from finetune_assets.data.sources.base import (BLOCK_BYTES, HEAD_BYTES, MAX_RECORD_BLOCKS, PARQUET_ROW_BYTES,
-                                               RAW_SCHEMA, SourceError, SourceSpec)
+from finetune_assets.data.sources.base import (
+    BLOCK_BYTES,
+    HEAD_BYTES,
+    MAX_RECORD_BLOCKS,
+    PARQUET_ROW_BYTES,
+    RAW_SCHEMA,
+    SourceError,
+    SourceSpec,
+)
 from finetune_assets.data.sources.columns import LABEL_COLUMNS, TEXT_COLUMNS, TEXT_JOIN
 from finetune_assets.data.sources.decoding import decode, read_bytes
 from finetune_assets.data.sources.delta import DELTA_PREFIX
 from finetune_assets.data.sources.files import iter_file, read_file
 from finetune_assets.data.sources.hf import HF_PREFIX
-from finetune_assets.data.sources.listing import (ARCHIVES, COMPRESSIONS, FORMATS, Listing, file_format,
-                                                  ignored_because, list_files, list_source)
-from finetune_assets.data.sources.registry import (check_source, describe_source, is_file_source,
-                                                   iter_source, pin_source, read_source)
+from finetune_assets.data.sources.listing import (
+    ARCHIVES,
+    COMPRESSIONS,
+    FORMATS,
+    Listing,
+    file_format,
+    ignored_because,
+    list_files,
+    list_source,
+)
+from finetune_assets.data.sources.registry import (
+    check_source,
+    describe_source,
+    is_file_source,
+    iter_source,
+    pin_source,
+    read_source,
+)
 from finetune_assets.data.sources.sql import SQL_PREFIX
 
 __all__ = [
-    "ARCHIVES", "BLOCK_BYTES", "COMPRESSIONS", "DELTA_PREFIX", "FORMATS", "HEAD_BYTES", "HF_PREFIX",
-    "LABEL_COLUMNS", "MAX_RECORD_BLOCKS", "PARQUET_ROW_BYTES", "RAW_SCHEMA", "SQL_PREFIX",
-    "TEXT_COLUMNS", "TEXT_JOIN", "Listing", "SourceError", "SourceSpec", "check_source", "decode",
+    "ARCHIVES",
+    "BLOCK_BYTES",
+    "COMPRESSIONS",
+    "DELTA_PREFIX",
+    "FORMATS",
+    "HEAD_BYTES",
+    "HF_PREFIX",
+    "LABEL_COLUMNS",
+    "MAX_RECORD_BLOCKS",
+    "PARQUET_ROW_BYTES",
+    "RAW_SCHEMA",
+    "SQL_PREFIX",
+    "TEXT_COLUMNS",
+    "TEXT_JOIN",
+    "Listing",
+    "SourceError",
+    "SourceSpec",
+    "check_source",
+    "decode",
     "describe_source",
-    "file_format", "ignored_because", "is_builtin", "is_file_source", "iter_file", "iter_source",
-    "list_files", "list_source", "pin_source", "read_bytes", "read_file", "read_source",
+    "file_format",
+    "ignored_because",
+    "is_builtin",
+    "is_file_source",
+    "iter_file",
+    "iter_source",
+    "list_files",
+    "list_source",
+    "pin_source",
+    "read_bytes",
+    "read_file",
+    "read_source",
 ]

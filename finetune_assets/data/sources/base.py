@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-# Streaming (issue 15, bounded memory): a file is read in blocks of this many (decompressed) input bytes, so
+# Streaming (bounded memory): a file is read in blocks of this many (decompressed) input bytes, so
 # one huge file costs a block, not the file. The first block is at least HEAD_BYTES (the encoding checks);
 # a record still open after MAX_RECORD_BLOCKS blocks is not carried further (split_records' max_record);
 # Parquet batches hold block / PARQUET_ROW_BYTES rows (about a review's size).
@@ -16,17 +16,22 @@ MAX_RECORD_BLOCKS = 4  # 64 MiB: far above any review, and a stray quote costs a
 PARQUET_ROW_BYTES = 1024
 
 # Columns of the raw table handed to validation.
-RAW_SCHEMA = pa.schema([
-    ("text", pa.string()),
-    ("label", pa.string()),
-    ("source_file", pa.string()),
-    ("source_row", pa.int64()),  # record number in its file (0-based, bad records included)
-    ("malformed", pa.string()),  # why the reader could not use the row (None: a good row)
-    ("malformed_reason", pa.string()),  # the quarantine reason for it: malformed_row / non_text
-    ("source_line", pa.int64()),  # first physical line (CSV/TSV/JSONL, 1-based; None for Parquet)
-    ("source_line_end", pa.int64()),
-    ("raw", pa.string()),  # a bad record's raw text, first RAW_PREFIX_CHARS characters
-])
+RAW_SCHEMA = pa.schema(
+    [
+        ("text", pa.string()),
+        ("label", pa.string()),
+        ("source_file", pa.string()),
+        ("source_row", pa.int64()),  # record number in its file (0-based, bad records included)
+        ("malformed", pa.string()),  # why the reader could not use the row (None: a good row)
+        ("malformed_reason", pa.string()),  # the quarantine reason for it: malformed_row / non_text
+        (
+            "source_line",
+            pa.int64(),
+        ),  # first physical line (CSV/TSV/JSONL, 1-based; None for Parquet)
+        ("source_line_end", pa.int64()),
+        ("raw", pa.string()),  # a bad record's raw text, first RAW_PREFIX_CHARS characters
+    ]
+)
 
 
 class SourceError(ValueError):
@@ -38,7 +43,9 @@ class SourceSpec:
     uri: str
     revision: str | None = None  # Hugging Face dataset revision
     hf_split: str = "train"
-    text_column: str | None = None  # None: first of TEXT_COLUMNS present; "title,body": joined (TEXT_JOIN)
+    text_column: str | None = (
+        None  # None: first of TEXT_COLUMNS present; "title,body": joined (TEXT_JOIN)
+    )
     label_column: str | None = None  # None: first of LABEL_COLUMNS present
     encoding: str = "utf-8"
     where: str | None = None  # delta: / sql: row filter (SQL predicate), part of the version

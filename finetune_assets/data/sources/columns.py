@@ -7,13 +7,39 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from finetune_assets.data.sources.base import RAW_SCHEMA, SourceSpec, SourceError
+from finetune_assets.data.sources.base import RAW_SCHEMA, SourceError, SourceSpec
 
 # Column names looked for, in order; a file's names are compared lower-cased with spaces/dashes as "_".
-TEXT_COLUMNS = ("text", "review", "content", "sentence", "review_text", "reviewtext", "review_body", "body",
-                "comment", "comments", "review_content", "text_review", "feedback", "verified_reviews")
-LABEL_COLUMNS = ("label", "polarity", "sentiment", "rating_class", "labels", "class", "rating", "stars",
-                 "star_rating", "score", "overall", "review_score")
+TEXT_COLUMNS = (
+    "text",
+    "review",
+    "content",
+    "sentence",
+    "review_text",
+    "reviewtext",
+    "review_body",
+    "body",
+    "comment",
+    "comments",
+    "review_content",
+    "text_review",
+    "feedback",
+    "verified_reviews",
+)
+LABEL_COLUMNS = (
+    "label",
+    "polarity",
+    "sentiment",
+    "rating_class",
+    "labels",
+    "class",
+    "rating",
+    "stars",
+    "star_rating",
+    "score",
+    "overall",
+    "review_score",
+)
 # Several text columns (text_column "Title,Review Text"): joined in that order into one review text,
 # empty parts skipped, separated by this, so dedup, the split hash, the gate and predict see one string.
 TEXT_JOIN = "\n"
@@ -21,8 +47,11 @@ TEXT_JOIN = "\n"
 
 def renumber(raw: pa.Table, first_row: int, first_line: int | None = None) -> pa.Table:
     """A block's rows numbered on from ``first_row`` (and lines from ``first_line``) in the whole file."""
-    cols = {"source_row": first_row} | ({"source_line": first_line - 1, "source_line_end": first_line - 1}
-                                        if first_line is not None else {})
+    cols = {"source_row": first_row} | (
+        {"source_line": first_line - 1, "source_line_end": first_line - 1}
+        if first_line is not None
+        else {}
+    )
     for name, add in cols.items():
         if add:
             i = raw.schema.get_field_index(name)
@@ -41,12 +70,18 @@ def text_columns(table: pa.Table, wanted: str | None, path: str) -> tuple[pa.Tab
     """The text column, or several (``"title,body"``) joined into one (TEXT_JOIN) named ``"\x00text"``."""
     if wanted is None or wanted in table.column_names or "," not in wanted:
         return table, pick_column(table, wanted, TEXT_COLUMNS, "text", path)
-    cols = [pick_column(table, w.strip(), TEXT_COLUMNS, "text", path) for w in wanted.split(",") if w.strip()]
+    cols = [
+        pick_column(table, w.strip(), TEXT_COLUMNS, "text", path)
+        for w in wanted.split(",")
+        if w.strip()
+    ]
     parts = [_text_column(table.column(c)) for c in cols]
     joined = []
     for row, values in enumerate(zip(*(texts.to_pylist() for texts, _ in parts))):
         if any(problems[row] is not None for _, problems in parts):
-            joined.append(None)  # a part that is not text: the row has no usable text (empty_text quarantine)
+            joined.append(
+                None
+            )  # a part that is not text: the row has no usable text (empty_text quarantine)
             continue
         present = [v.strip() for v in values if v is not None and v.strip()]
         joined.append(TEXT_JOIN.join(present) if present else None)
@@ -57,19 +92,27 @@ def _column_key(name: str) -> str:
     return "_".join(name.lower().replace("-", " ").split())
 
 
-def pick_column(table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role: str, path: str) -> str:
+def pick_column(
+    table: pa.Table, wanted: str | None, candidates: tuple[str, ...], role: str, path: str
+) -> str:
     names = table.column_names
     if wanted is not None:
         if wanted not in names:
-            raise SourceError(f"{path}: no {role} column {wanted!r} (columns: {names}); fix {role}_column "
-                              f"(CLI --{role}-column, raw_reviews config {role}_column)")
+            raise SourceError(
+                f"{path}: no {role} column {wanted!r} (columns: {names}); fix {role}_column "
+                f"(CLI --{role}-column, raw_reviews config {role}_column)"
+            )
         return wanted
     lowered = {_column_key(n): n for n in reversed(names)}  # the first of equal keys wins
     for c in candidates:
         if c in lowered:
             return lowered[c]
     other = next((d for d in (";", "\t", "|", ",") if len(names) == 1 and d in names[0]), None)
-    hint = (f"; the header looks {other!r}-separated: export with commas (.csv) or tabs (.tsv)" if other else "")
+    hint = (
+        f"; the header looks {other!r}-separated: export with commas (.csv) or tabs (.tsv)"
+        if other
+        else ""
+    )
     raise SourceError(
         f"{path}: no {role} column found (looked for {', '.join(candidates)}; columns: {names}); "
         f"set {role}_column in the raw_reviews config (CLI: --{role}-column){hint}"
@@ -98,15 +141,35 @@ def _as_string(col: pa.ChunkedArray) -> pa.ChunkedArray:
         col = col.cast(pa.float64())
         col = pc.if_else(pc.is_nan(col), None, col)
         as_int = pc.equal(col, pc.floor(col))
-        return pc.if_else(as_int, col.cast(pa.int64(), safe=False).cast(pa.string()), col.cast(pa.string()))
+        return pc.if_else(
+            as_int, col.cast(pa.int64(), safe=False).cast(pa.string()), col.cast(pa.string())
+        )
     if pa.types.is_integer(col.type) or pa.types.is_boolean(col.type):
         return col.cast(pa.string())
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-        return pa.chunked_array([pa.array([None if v is None else v.decode("utf-8", "backslashreplace")
-                                           for v in col.to_pylist()], pa.string())])
+        return pa.chunked_array(
+            [
+                pa.array(
+                    [
+                        None if v is None else v.decode("utf-8", "backslashreplace")
+                        for v in col.to_pylist()
+                    ],
+                    pa.string(),
+                )
+            ]
+        )
     # lists, structs, timestamps ...: their value as text, so unknown_label shows what was found
-    return pa.chunked_array([pa.array([None if v is None else json.dumps(v, ensure_ascii=False, default=str)
-                                       for v in col.to_pylist()], pa.string())])
+    return pa.chunked_array(
+        [
+            pa.array(
+                [
+                    None if v is None else json.dumps(v, ensure_ascii=False, default=str)
+                    for v in col.to_pylist()
+                ],
+                pa.string(),
+            )
+        ]
+    )
 
 
 def _text_column(col: pa.ChunkedArray) -> tuple[pa.ChunkedArray, list[str | None]]:
@@ -129,21 +192,28 @@ def _text_column(col: pa.ChunkedArray) -> tuple[pa.ChunkedArray, list[str | None
         return pa.chunked_array([pa.array(texts, pa.string())]), problems
     problem = f"the text column holds {col.type}, not text"
     values = col.to_pylist()
-    return (pa.chunked_array([pa.nulls(n, pa.string())]),
-            [None if v is None else problem for v in values])
+    return (
+        pa.chunked_array([pa.nulls(n, pa.string())]),
+        [None if v is None else problem for v in values],
+    )
 
 
 def to_raw(table: pa.Table, text_col: str, label_col: str | None, source: str) -> pa.Table:
     n = table.num_rows
     texts, problems = _text_column(table.column(text_col))
-    return pa.table({
-        "text": texts,
-        "label": _as_string(table.column(label_col)) if label_col else pa.nulls(n, pa.string()),
-        "source_file": pa.array([source] * n, pa.string()),
-        "source_row": pa.array(range(n), pa.int64()),
-        "malformed": pa.array(problems, pa.string()),
-        "malformed_reason": pa.array([None if p is None else "non_text" for p in problems], pa.string()),
-        "source_line": pa.nulls(n, pa.int64()),
-        "source_line_end": pa.nulls(n, pa.int64()),
-        "raw": pa.nulls(n, pa.string()),
-    }, schema=RAW_SCHEMA)
+    return pa.table(
+        {
+            "text": texts,
+            "label": _as_string(table.column(label_col)) if label_col else pa.nulls(n, pa.string()),
+            "source_file": pa.array([source] * n, pa.string()),
+            "source_row": pa.array(range(n), pa.int64()),
+            "malformed": pa.array(problems, pa.string()),
+            "malformed_reason": pa.array(
+                [None if p is None else "non_text" for p in problems], pa.string()
+            ),
+            "source_line": pa.nulls(n, pa.int64()),
+            "source_line_end": pa.nulls(n, pa.int64()),
+            "raw": pa.nulls(n, pa.string()),
+        },
+        schema=RAW_SCHEMA,
+    )

@@ -1,5 +1,6 @@
 """A file's bytes to text: streamed decompression (fsspec infers the codec from the suffix), disguised files
-refused, and an incremental decoder whose errors name the exact line."""
+refused, and an incremental decoder whose errors name the exact line.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ import fsspec
 import fsspec.compression
 import pyarrow as pa
 
-from finetune_assets.data.binary import FIX as BINARY_FIX, what_binary
-from finetune_assets.data.sources.base import BLOCK_BYTES, HEAD_BYTES, MAX_RECORD_BLOCKS, SourceError
+from finetune_assets.data.binary import FIX as BINARY_FIX
+from finetune_assets.data.binary import what_binary
+from finetune_assets.data.sources.base import (
+    BLOCK_BYTES,
+    HEAD_BYTES,
+    MAX_RECORD_BLOCKS,
+    SourceError,
+)
 from finetune_assets.data.sources.listing import split_suffix
 
 
@@ -24,8 +31,10 @@ def read_bytes(path: str) -> bytes:
 def open_failed(path: str, compression: str | None, err: Exception) -> SourceError:
     if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
         return SourceError(f"{path}: cannot open: {err.strerror or err}")
-    return SourceError(f"{path}: cannot decompress as {compression}: {err} (a truncated or mislabelled "
-                       "download? check the file, or rename it to its real type)")
+    return SourceError(
+        f"{path}: cannot decompress as {compression}: {err} (a truncated or mislabelled "
+        "download? check the file, or rename it to its real type)"
+    )
 
 
 def _zstd_reader(infile, mode: str = "rb"):
@@ -39,7 +48,9 @@ if "zstd" not in fsspec.available_compressions():
     fsspec.compression.register_compression("zstd", _zstd_reader, "zst")
 
 
-def file_blocks(path: str, block_bytes: int, max_bytes: int | None = None) -> Iterator[tuple[bytes, bool]]:
+def file_blocks(
+    path: str, block_bytes: int, max_bytes: int | None = None
+) -> Iterator[tuple[bytes, bool]]:
     """A file's decompressed bytes as (block, last) pairs of ``block_bytes``.
 
     The first block holds at least :data:`HEAD_BYTES` and is not all whitespace unless the file is (the
@@ -72,9 +83,14 @@ def file_blocks(path: str, block_bytes: int, max_bytes: int | None = None) -> It
         raise open_failed(path, compression, err) from err
 
 
-MAGIC = {b"\x1f\x8b": ("gzip-compressed", ".gz"), b"BZh": ("bzip2-compressed", ".bz2"),
-         b"\xfd7zXZ\x00": ("xz-compressed", ".xz"), b"\x28\xb5\x2f\xfd": ("zstd-compressed", ".zst"),
-         b"PK\x03\x04": ("a zip archive (or an Excel .xlsx workbook)", None), b"PAR1": ("a Parquet file", None)}
+MAGIC = {
+    b"\x1f\x8b": ("gzip-compressed", ".gz"),
+    b"BZh": ("bzip2-compressed", ".bz2"),
+    b"\xfd7zXZ\x00": ("xz-compressed", ".xz"),
+    b"\x28\xb5\x2f\xfd": ("zstd-compressed", ".zst"),
+    b"PK\x03\x04": ("a zip archive (or an Excel .xlsx workbook)", None),
+    b"PAR1": ("a Parquet file", None),
+}
 
 
 def refuse_disguised(path: str, data: bytes, fmt: str) -> None:
@@ -83,10 +99,17 @@ def refuse_disguised(path: str, data: bytes, fmt: str) -> None:
         return
     for magic, (what, suffix) in MAGIC.items():
         if data.startswith(magic):
-            fix = (f"add {suffix} to its name" if suffix else
-                   "export it as CSV/TSV, or name it .parquet" if "Parquet" in what else "unpack or export it as CSV")
+            fix = (
+                f"add {suffix} to its name"
+                if suffix
+                else "export it as CSV/TSV, or name it .parquet"
+                if "Parquet" in what
+                else "unpack or export it as CSV"
+            )
             raise SourceError(f"{path}: the file is {what}, not {fmt} text; {fix}")
-    what = what_binary(data[:4096])  # an image, a document, an old Office file: say so, not "encoding"
+    what = what_binary(
+        data[:4096]
+    )  # an image, a document, an old Office file: say so, not "encoding"
     if what is not None:
         raise SourceError(f"{path}: this is {what}, not {fmt} text; {BINARY_FIX}")
 
@@ -113,9 +136,9 @@ class Decoder:
     def __call__(self, data: bytes, final: bool) -> str:
         if self.decoder is None:
             self._start(data)
-            data = data[self.bom:]
+            data = data[self.bom :]
         if len(self.head) < 200_000:
-            self.head += data[:200_000 - len(self.head)]
+            self.head += data[: 200_000 - len(self.head)]
         pending = self.decoder.getstate()[0]
         pending = pending if isinstance(pending, bytes) else b""
         try:
@@ -125,9 +148,10 @@ class Decoder:
             line = self.newlines - pending.count(b"\n") + blob.count(b"\n", 0, err.start) + 1
             guess = _guess_encoding(self.head)
             raise SourceError(
-                f"{self.path}: line {line}: not valid {self.encoding} (byte {blob[err.start:err.start + 1].hex()} "
+                f"{self.path}: line {line}: not valid {self.encoding} (byte {blob[err.start : err.start + 1].hex()} "
                 f"at offset {self.fed - len(pending) + err.start}); set the source encoding, e.g. encoding='{guess}' "
-                f"(CLI --encoding {guess}, raw_reviews config `encoding`)") from err
+                f"(CLI --encoding {guess}, raw_reviews config `encoding`)"
+            ) from err
         self.fed += len(data)
         self.newlines += data.count(b"\n")
         return text
@@ -135,24 +159,34 @@ class Decoder:
     def _start(self, first: bytes) -> None:
         """The encoding (a byte-order mark wins), refusing UTF-16 read as UTF-8 (every other byte NUL)."""
         self.bom = 0
-        for bom, enc in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"),
-                         (codecs.BOM_UTF16_BE, "utf-16-be")):
+        for bom, enc in (
+            (codecs.BOM_UTF8, "utf-8"),
+            (codecs.BOM_UTF16_LE, "utf-16-le"),
+            (codecs.BOM_UTF16_BE, "utf-16-be"),
+        ):
             if first.startswith(bom):
                 self.bom, self.encoding = len(bom), enc
                 break
-        head = first[self.bom:self.bom + 4000]
-        if self.encoding.replace("_", "-").lower() in ("utf-8", "utf8") and head.count(b"\x00") > len(head) // 4:
+        head = first[self.bom : self.bom + 4000]
+        if (
+            self.encoding.replace("_", "-").lower() in ("utf-8", "utf8")
+            and head.count(b"\x00") > len(head) // 4
+        ):
             line = head.count(b"\n", 0, head.index(b"\x00")) + 1
-            raise SourceError(f"{self.path}: line {line}: not valid utf-8 text (every other byte is NUL: UTF-16 "
-                              "without a byte-order mark); set the source encoding, e.g. encoding='utf-16' (CLI "
-                              "--encoding utf-16, raw_reviews config `encoding`)")
+            raise SourceError(
+                f"{self.path}: line {line}: not valid utf-8 text (every other byte is NUL: UTF-16 "
+                "without a byte-order mark); set the source encoding, e.g. encoding='utf-16' (CLI "
+                "--encoding utf-16, raw_reviews config `encoding`)"
+            )
         try:
             if not getattr(codecs.lookup(self.encoding), "_is_text_encoding", True):
                 raise LookupError(f"{self.encoding!r} is not a text encoding")
             self.decoder = codecs.getincrementaldecoder(self.encoding)()
         except LookupError as err:  # an encoding name Python does not know
-            raise SourceError(f"{self.path}: unknown encoding {self.encoding!r}: {err} (set a valid encoding: "
-                              "CLI --encoding, raw_reviews config `encoding`, e.g. cp1256, cp1252, utf-16)") from err
+            raise SourceError(
+                f"{self.path}: unknown encoding {self.encoding!r}: {err} (set a valid encoding: "
+                "CLI --encoding, raw_reviews config `encoding`, e.g. cp1256, cp1252, utf-16)"
+            ) from err
 
 
 def _guess_encoding(data: bytes) -> str:

@@ -146,7 +146,8 @@ def _quoted(name: str) -> str:
 
 def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.Table]:
     """The pinned table version's rows as :data:`RAW_SCHEMA` tables of about ``block_bytes``
-    each."""
+    each.
+    """
     from deltalake import QueryBuilder
 
     table = open_table(spec.uri)
@@ -178,7 +179,8 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
 
 def _batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.RecordBatch]:
     """The reader's batches, cut to at most ``rows`` (DataFusion may hand a whole file's rows at
-    once)."""
+    once).
+    """
     for batch in reader:
         for start in range(0, batch.num_rows, rows):
             yield batch.slice(start, rows)
@@ -186,7 +188,8 @@ def _batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.RecordBatch
 
 def _plain_strings(table: pa.Table) -> pa.Table:
     """DataFusion hands strings as ``string_view``: as plain strings (and binaries), like every
-    other reader."""
+    other reader.
+    """
     views = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
     if not any(f.type in views for f in table.schema):
         return table
@@ -209,7 +212,8 @@ def _read_problem(spec: SourceSpec, err: Exception) -> str:
 
 def check_delta(spec: SourceSpec, sample_bytes: int) -> dict[str, int]:
     """The table version opens, its columns are found and the filter parses: the first batch is
-    read."""
+    read.
+    """
     first = next(iter_delta(spec, block_bytes=max(PARQUET_ROW_BYTES, sample_bytes)), None)
     return {spec.uri: 0 if first is None else first.column("malformed").null_count}
 

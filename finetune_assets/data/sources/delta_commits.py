@@ -1,5 +1,6 @@
 """Which commits of a watched Delta table add rows: the sensor turns those (not optimize or vacuum)
-into dataset versions. Read from the commit history only, never from the data files."""
+into dataset versions. Read from the commit history only, never from the data files.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ NO_ROWS = frozenset(
 
 def rows_added(commit: dict) -> int | None:
     """The rows one history entry inserted; None when its engine did not say (counted as
-    row-adding)."""
+    row-adding).
+    """
     metrics = commit.get("operationMetrics") or {}
     for key in INSERTED:
         if key in metrics:

@@ -15,14 +15,30 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from finetune_assets.data.delimited import HeaderError, Records, RecordTooLong, split_records
-from finetune_assets.data.sources.base import (BLOCK_BYTES, HEAD_BYTES, MAX_RECORD_BLOCKS, PARQUET_ROW_BYTES,
-                                               RAW_SCHEMA, SourceError, SourceSpec)
+from finetune_assets.data.sources.base import (
+    BLOCK_BYTES,
+    HEAD_BYTES,
+    MAX_RECORD_BLOCKS,
+    PARQUET_ROW_BYTES,
+    RAW_SCHEMA,
+    SourceError,
+    SourceSpec,
+)
 from finetune_assets.data.sources.columns import pick_label, renumber, text_columns, to_raw
-from finetune_assets.data.sources.decoding import Decoder, file_blocks, open_failed, read_bytes, refuse_disguised
+from finetune_assets.data.sources.decoding import (
+    Decoder,
+    file_blocks,
+    open_failed,
+    read_bytes,
+    refuse_disguised,
+)
 from finetune_assets.data.sources.jsonl import jsonl_tables, read_json_array
 from finetune_assets.data.sources.listing import format_or_raise, list_files, split_suffix
 
-def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require_label: bool = True) -> pa.Table:
+
+def read_file(
+    path: str, spec: SourceSpec, max_bytes: int | None = None, require_label: bool = True
+) -> pa.Table:
     """One file as :data:`RAW_SCHEMA`; ``max_bytes`` reads only a prefix (a sample, for checks).
 
     The public reader for any input file (sources, ``predict``, evaluation sets); without
@@ -33,8 +49,13 @@ def read_file(path: str, spec: SourceSpec, max_bytes: int | None = None, require
     return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
 
 
-def iter_file(path: str, spec: SourceSpec, block_bytes: int = BLOCK_BYTES, max_bytes: int | None = None,
-              require_label: bool = True) -> Iterator[pa.Table]:
+def iter_file(
+    path: str,
+    spec: SourceSpec,
+    block_bytes: int = BLOCK_BYTES,
+    max_bytes: int | None = None,
+    require_label: bool = True,
+) -> Iterator[pa.Table]:
     """One file as :data:`RAW_SCHEMA` tables of about ``block_bytes`` input bytes each, in file order.
 
     Concatenated, the tables equal a whole-file read row for row (``source_row`` and lines continue across
@@ -71,21 +92,31 @@ def iter_file(path: str, spec: SourceSpec, block_bytes: int = BLOCK_BYTES, max_b
         yield from jsonl_tables(path, chunks, spec, require_label, limit)
 
 
-def _parquet_tables(path: str, spec: SourceSpec, block_bytes: int, require_label: bool) -> Iterator[pa.Table]:
+def _parquet_tables(
+    path: str, spec: SourceSpec, block_bytes: int, require_label: bool
+) -> Iterator[pa.Table]:
     """Parquet in record batches (``source_row`` continuing); a compressed Parquet file is read whole."""
     _, compression = split_suffix(path)
     try:
         with contextlib.ExitStack() as stack:
-            f = (io.BytesIO(read_bytes(path)) if compression else stack.enter_context(fsspec.open(path, "rb")))
+            f = (
+                io.BytesIO(read_bytes(path))
+                if compression
+                else stack.enter_context(fsspec.open(path, "rb"))
+            )
             head = f.read(64)
             if len(head) < 64 and not head.strip():
                 raise SourceError(f"{path}: file is empty")
             f.seek(0)
             pf = pq.ParquetFile(f)
             rows_per_batch = max(1, block_bytes // PARQUET_ROW_BYTES)
-            tables = (pa.Table.from_batches([b]) for b in pf.iter_batches(batch_size=rows_per_batch))
+            tables = (
+                pa.Table.from_batches([b]) for b in pf.iter_batches(batch_size=rows_per_batch)
+            )
             row = 0
-            for table in tables if pf.metadata.num_rows else [pf.schema_arrow.empty_table()]:  # columns checked
+            for table in (
+                tables if pf.metadata.num_rows else [pf.schema_arrow.empty_table()]
+            ):  # columns checked
                 table, text_col = text_columns(table, spec.text_column, path)
                 raw = to_raw(table, text_col, pick_label(table, spec, path, require_label), path)
                 yield renumber(raw, row)
@@ -96,8 +127,14 @@ def _parquet_tables(path: str, spec: SourceSpec, block_bytes: int, require_label
         raise open_failed(path, compression, err) from err
 
 
-def _delimited_tables(path: str, chunks: Iterator[tuple[bytes, bool]], fmt: str, spec: SourceSpec,
-                      require_label: bool, limit: int) -> Iterator[pa.Table]:
+def _delimited_tables(
+    path: str,
+    chunks: Iterator[tuple[bytes, bool]],
+    fmt: str,
+    spec: SourceSpec,
+    require_label: bool,
+    limit: int,
+) -> Iterator[pa.Table]:
     """CSV/TSV through :mod:`finetune_assets.data.delimited`, block by block: bad records quarantined with their
     lines; a record the block may cut is carried into the next (``limit``: how far, see :func:`split_records`).
 
@@ -116,11 +153,16 @@ def _delimited_tables(path: str, chunks: Iterator[tuple[bytes, bool]], fmt: str,
             text = text.replace("\r", "\n")
         try:
             # undecided line ends: nothing parsed yet, so the text is the file so far (split_records decides)
-            recs = split_records(text, "\t" if fmt == "tsv" else ",", final=final,
-                                 after=recs if mac is not None else None, max_record=limit)
+            recs = split_records(
+                text,
+                "\t" if fmt == "tsv" else ",",
+                final=final,
+                after=recs if mac is not None else None,
+                max_record=limit,
+            )
         except (HeaderError, RecordTooLong) as err:
             raise SourceError(f"{path}: {err}") from err
-        carry, text, data = text[recs.consumed:], None, None
+        carry, text, data = text[recs.consumed :], None, None
         table = _records_table(path, recs, spec, require_label) if recs.records or final else None
         # the next block needs only the header and where to go on: drop this block's Python rows now
         recs = replace(recs, columns=[], index=[], line=[], end_line=[], bad=[])
@@ -135,28 +177,44 @@ def _records_table(path: str, recs: Records, spec: SourceSpec, require_label: bo
     names = recs.header
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
-        raise SourceError(f"{path}: line {recs.header_line}: duplicate column names {dup} in the header; "
-                          "give every column its own name")
-    table = pa.table({n: pa.array(c, pa.string()) for n, c in zip(names, recs.columns)}) if names else pa.table({})
+        raise SourceError(
+            f"{path}: line {recs.header_line}: duplicate column names {dup} in the header; "
+            "give every column its own name"
+        )
+    table = (
+        pa.table({n: pa.array(c, pa.string()) for n, c in zip(names, recs.columns)})
+        if names
+        else pa.table({})
+    )
     table, text_col = text_columns(table, spec.text_column, path)
     label_col = pick_label(table, spec, path, require_label)
-    good = to_raw(table, text_col, label_col, path).drop_columns(["source_row", "source_line", "source_line_end"])
+    good = to_raw(table, text_col, label_col, path).drop_columns(
+        ["source_row", "source_line", "source_line_end"]
+    )
     good = good.append_column("source_row", pa.array(recs.index, pa.int64()))
     good = good.append_column("source_line", pa.array(recs.line, pa.int64()))
     good = good.append_column("source_line_end", pa.array(recs.end_line, pa.int64()))
-    bad = pa.table({
-        "text": pa.nulls(len(recs.bad), pa.string()),
-        "label": pa.nulls(len(recs.bad), pa.string()),
-        "source_file": pa.array([path] * len(recs.bad), pa.string()),
-        "malformed": pa.array([b.problem for b in recs.bad], pa.string()),
-        "malformed_reason": pa.array([b.reason for b in recs.bad], pa.string()),  # malformed_row, header_row ...
-        "raw": pa.array([b.raw for b in recs.bad], pa.string()),
-        "source_row": pa.array([b.index for b in recs.bad], pa.int64()),
-        "source_line": pa.array([b.line for b in recs.bad], pa.int64()),
-        "source_line_end": pa.array([b.end_line for b in recs.bad], pa.int64()),
-    })
-    both = pa.concat_tables([good.select(RAW_SCHEMA.names).cast(RAW_SCHEMA),
-                             bad.select(RAW_SCHEMA.names).cast(RAW_SCHEMA)])
+    bad = pa.table(
+        {
+            "text": pa.nulls(len(recs.bad), pa.string()),
+            "label": pa.nulls(len(recs.bad), pa.string()),
+            "source_file": pa.array([path] * len(recs.bad), pa.string()),
+            "malformed": pa.array([b.problem for b in recs.bad], pa.string()),
+            "malformed_reason": pa.array(
+                [b.reason for b in recs.bad], pa.string()
+            ),  # malformed_row, header_row ...
+            "raw": pa.array([b.raw for b in recs.bad], pa.string()),
+            "source_row": pa.array([b.index for b in recs.bad], pa.int64()),
+            "source_line": pa.array([b.line for b in recs.bad], pa.int64()),
+            "source_line_end": pa.array([b.end_line for b in recs.bad], pa.int64()),
+        }
+    )
+    both = pa.concat_tables(
+        [
+            good.select(RAW_SCHEMA.names).cast(RAW_SCHEMA),
+            bad.select(RAW_SCHEMA.names).cast(RAW_SCHEMA),
+        ]
+    )
     if recs.bad:  # file order, so the quarantine reads top to bottom
         both = both.sort_by("source_row")
     return both
@@ -177,7 +235,9 @@ def check_files(spec: SourceSpec, sample_bytes: int) -> dict[str, int]:
         if table.num_rows and good == 0:
             first = table.filter(pc.is_valid(table.column("malformed"))).slice(0, 1).to_pylist()[0]
             where = f"line {first['source_line']}: " if first["source_line"] else ""
-            raise SourceError(f"{path}: {where}no row of the first {sample_bytes} bytes can be used "
-                              f"({first['malformed']}); check the delimiter, quoting and text column")
+            raise SourceError(
+                f"{path}: {where}no row of the first {sample_bytes} bytes can be used "
+                f"({first['malformed']}); check the delimiter, quoting and text column"
+            )
         sampled[path] = good
     return sampled

@@ -16,7 +16,7 @@ def read_hf(spec: SourceSpec) -> pa.Table:
     """A Hugging Face dataset split, through ``datasets`` (needs the hub or a local HF cache)."""
     import datasets
 
-    name = spec.uri[len(HF_PREFIX):]
+    name = spec.uri[len(HF_PREFIX) :]
     try:
         ds = datasets.load_dataset(name, revision=spec.revision, split=spec.hf_split)
     except Exception as err:  # noqa: BLE001 - any hub/network failure becomes one clear message
@@ -28,7 +28,9 @@ def read_hf(spec: SourceSpec) -> pa.Table:
     label_feature = ds.features.get(label_col)
     if isinstance(label_feature, datasets.ClassLabel):  # class ids -> their names
         names = label_feature.names
-        labels = pa.array([None if i is None else names[i] for i in table.column(label_col).to_pylist()])
+        labels = pa.array(
+            [None if i is None else names[i] for i in table.column(label_col).to_pylist()]
+        )
         table = table.set_column(table.column_names.index(label_col), label_col, labels)
     return to_raw(table, text_col, label_col, spec.uri)
 

@@ -10,14 +10,31 @@ import fsspec
 from finetune_assets.data.sources.base import SourceError
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
-COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # single-file streams, decompressed as read
-ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".7z", ".rar")  # refused: unpack them into the folder
+COMPRESSIONS = {
+    ".gz": "gzip",
+    ".bz2": "bz2",
+    ".xz": "xz",
+    ".zst": "zstd",
+}  # single-file streams, decompressed as read
+ARCHIVES = (
+    ".zip",
+    ".tar",
+    ".tgz",
+    ".tar.gz",
+    ".7z",
+    ".rar",
+)  # refused: unpack them into the folder
 
 # Names in a source folder that are never data (documented in docs/reliability.md "Folder sources"):
 # hidden files and folders (".*": .DS_Store, ._* AppleDouble files, .ipynb_checkpoints/, .git/ ...),
 # OS metadata, completion markers, and documentation beside the data.
 IGNORED_DIRS = ("__MACOSX",)
-IGNORED_FILES = ("Thumbs.db", "desktop.ini", "_SUCCESS", "_labels.json")  # _labels.json: a drop's label set
+IGNORED_FILES = (
+    "Thumbs.db",
+    "desktop.ini",
+    "_SUCCESS",
+    "_labels.json",
+)  # _labels.json: a drop's label set
 DOC_SUFFIXES = (".md", ".txt", ".rst", ".pdf")
 DOC_PREFIXES = ("readme", "license", "notice")
 
@@ -38,8 +55,10 @@ def list_files(uri: str) -> list[str]:
 def list_source(uri: str) -> Listing:
     fs, path = fsspec.core.url_to_fs(uri)
     if not fs.exists(path):
-        raise SourceError(f"{uri}: no such file or folder (check the source path: `versions add --source` "
-                          "or raw_reviews config `source`)")
+        raise SourceError(
+            f"{uri}: no such file or folder (check the source path: `versions add --source` "
+            "or raw_reviews config `source`)"
+        )
     if not fs.isdir(path):
         format_or_raise(uri)
         return Listing([uri], {})
@@ -52,21 +71,24 @@ def list_source(uri: str) -> Listing:
         found = sorted(fs.find(path))
     for p in found:
         full = protocol + p if protocol and "://" not in p else p
-        why = ignored_because(p[len(base):].lstrip("/"))
+        why = ignored_because(p[len(base) :].lstrip("/"))
         if why:
             ignored[full] = why
             continue
         format_or_raise(full, in_folder=uri)
         files.append(full)
     if not files:
-        raise SourceError(f"{uri}: folder holds no data files ({', '.join(_supported())})"
-                          + (f"; ignored: {', '.join(sorted(ignored))}" if ignored else ""))
+        raise SourceError(
+            f"{uri}: folder holds no data files ({', '.join(_supported())})"
+            + (f"; ignored: {', '.join(sorted(ignored))}" if ignored else "")
+        )
     return Listing(files, ignored)
 
 
 def walk_local(root: str) -> tuple[list[str], dict[str, str]]:
     """(files, skipped path -> why): every file under ``root`` through symlinks, sorted; a second path to
-    a folder or file already reached, a symlink loop and a dangling link are skipped with the reason."""
+    a folder or file already reached, a symlink loop and a dangling link are skipped with the reason.
+    """
     files: dict[str, str] = {}  # real path -> first path reached
     skipped: dict[str, str] = {}
     seen_dirs = {os.path.realpath(root): root}
@@ -84,7 +106,9 @@ def walk_local(root: str) -> tuple[list[str], dict[str, str]]:
                 skipped[path] = f"dangling symlink to {os.readlink(path)}"
             elif entry.is_dir(follow_symlinks=True):
                 if real in ancestors:
-                    skipped[path] = f"symlink loop: {path} -> {real}, a folder above it (not followed)"
+                    skipped[path] = (
+                        f"symlink loop: {path} -> {real}, a folder above it (not followed)"
+                    )
                 elif real in seen_dirs:
                     skipped[path] = f"same folder as {seen_dirs[real]} (symlink; read once)"
                 else:
@@ -94,12 +118,13 @@ def walk_local(root: str) -> tuple[list[str], dict[str, str]]:
                 skipped[path] = f"same file as {files[real]} (symlink; read once)"
             else:
                 files[real] = path
+
     visit(root, (os.path.realpath(root),))
     return sorted(files.values()), skipped
 
 
 def ignored_because(rel: str) -> str | None:
-    """Why a file at ``rel`` (relative to a source folder) is not data, or None; the one rule, shared with the sensor."""
+    """Why a file at ``rel`` (relative to a source folder) is not data, or None (shared with the sensor)."""
     parts = rel.split("/")
     name = parts[-1]
     if any(p.startswith(".") for p in parts[:-1]):
@@ -145,7 +170,11 @@ def format_or_raise(path: str, in_folder: str | None = None) -> str:
         return fmt
     where = f" in source folder {in_folder}" if in_folder else ""
     if path.lower().endswith(ARCHIVES):
-        raise SourceError(f"{path}: archives are not read{where}; unpack it into the folder "
-                          "(compressed single files .gz/.bz2/.xz/.zst are read directly)")
-    raise SourceError(f"{path}: unsupported file type{where} (expected one of {', '.join(_supported())}); "
-                      "convert it, or move it out of the source")
+        raise SourceError(
+            f"{path}: archives are not read{where}; unpack it into the folder "
+            "(compressed single files .gz/.bz2/.xz/.zst are read directly)"
+        )
+    raise SourceError(
+        f"{path}: unsupported file type{where} (expected one of {', '.join(_supported())}); "
+        "convert it, or move it out of the source"
+    )

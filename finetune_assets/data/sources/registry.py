@@ -1,7 +1,8 @@
 """Which reader reads a source: a prefix names its family (``hf:``, ``builtin:``, ``delta:``,
 ``sql:``); anything else is a file, a folder or an fsspec URL of them. Every family yields
 :data:`RAW_SCHEMA` blocks, so all of them go through the same intake (labels, validation,
-quarantine, duplicates, splits)."""
+quarantine, duplicates, splits).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from finetune_assets.data.sources.base import BLOCK_BYTES, RAW_SCHEMA, SourceSpec
 from finetune_assets.data.builtin import BUILTIN_PREFIX
+from finetune_assets.data.sources.base import BLOCK_BYTES, RAW_SCHEMA, SourceSpec
 from finetune_assets.data.sources.builtin import check_builtin_source, iter_builtin
 from finetune_assets.data.sources.delta import (
     DELTA_PREFIX,
@@ -29,7 +30,8 @@ from finetune_assets.data.sources.sql import SQL_PREFIX, check_sql, describe_sql
 class Family:
     """One kind of source: how its rows stream (bounded blocks of :data:`RAW_SCHEMA`), and how
     registration checks it without reading it all (returns the sampled good rows per file, where it
-    samples)."""
+    samples).
+    """
 
     prefix: str
     iter: Callable[[SourceSpec, int], Iterator[pa.Table]]
@@ -56,7 +58,8 @@ def family_of(uri: str) -> Family:
 
 def is_file_source(uri: str) -> bool:
     """Files or a folder (listed, fingerprinted from the listing), not a table, a dataset id or a
-    set."""
+    set.
+    """
     return family_of(uri) is FILES
 
 

@@ -129,7 +129,8 @@ def iter_sql(
     spec: SourceSpec, block_bytes: int = BLOCK_BYTES, limit: int | None = None
 ) -> Iterator[pa.Table]:
     """The query's rows as :data:`RAW_SCHEMA` blocks; the content is checked against
-    ``spec.snapshot``."""
+    ``spec.snapshot``.
+    """
     for block, _ in _read(spec, block_bytes, limit):
         yield block
 
@@ -138,7 +139,8 @@ def _read(
     spec: SourceSpec, block_bytes: int, limit: int | None = None
 ) -> Iterator[tuple[pa.Table, str]]:
     """(block, content so far) pairs; after the last block the content is compared with the recorded
-    one."""
+    one.
+    """
     import sqlalchemy as sa
 
     url = _url(spec)
@@ -192,7 +194,8 @@ def _table(names: list[str], rows: list, uri: str) -> pa.Table:
 
 def _rows_hash(raw: pa.Table) -> int:
     """Sum of the rows' hashes: the same multiset of (text, label) rows gives the same sum in any
-    order."""
+    order.
+    """
     total = 0
     for text, label in zip(raw.column("text").to_pylist(), raw.column("label").to_pylist()):
         digest = hashlib.sha256(f"{text!r}\x1f{label!r}".encode()).digest()
@@ -212,9 +215,10 @@ def _check_unchanged(spec: SourceSpec, now: str) -> None:
 
 def pin_sql(spec: SourceSpec) -> SourceSpec:
     """Read everything once (streamed) and record its content hash, and the database snapshot
-    marker."""
+    marker.
+    """
     content = _content(0, 0)
-    for _, content in _read(replace(spec, snapshot=None), BLOCK_BYTES):
+    for _, content in _read(replace(spec, snapshot=None), BLOCK_BYTES):  # noqa: B007 - the last one
         pass
     return replace(spec, snapshot=content + _marker(spec))
 

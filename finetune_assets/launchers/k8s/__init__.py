@@ -34,7 +34,12 @@ values, and plain ``env`` entries that look like credentials are refused.
 
 from finetune_assets.launchers.k8s.launcher import K8sTorchrunLauncher
 from finetune_assets.launchers.k8s.logs import LogFollower
-from finetune_assets.launchers.k8s.manifests import gang_key, k8s_name, pod0_hosts_the_store, sanitize_label_value
+from finetune_assets.launchers.k8s.manifests import (
+    gang_key,
+    k8s_name,
+    pod0_hosts_the_store,
+    sanitize_label_value,
+)
 from finetune_assets.launchers.k8s.settings import (
     API_TIMEOUT_S,
     CONTAINER_NAME,
@@ -44,10 +49,31 @@ from finetune_assets.launchers.k8s.settings import (
     PullPolicy,
     Toleration,
 )
-from finetune_assets.launchers.k8s.verdict import GangDisrupted, Verdict, assess, job_conditions, latest_pod
+from finetune_assets.launchers.k8s.verdict import (
+    GangDisrupted,
+    Verdict,
+    assess,
+    job_conditions,
+    latest_pod,
+)
 
 __all__ = [
-    "API_TIMEOUT_S", "CONTAINER_NAME", "GANG_LABEL", "JOB_LABEL", "GangDisrupted", "K8sTorchrunLauncher",
-    "LogFollower", "PropagationPolicy", "PullPolicy", "Toleration", "Verdict", "assess", "gang_key",
-    "job_conditions", "k8s_name", "latest_pod", "pod0_hosts_the_store", "sanitize_label_value",
+    "API_TIMEOUT_S",
+    "CONTAINER_NAME",
+    "GANG_LABEL",
+    "JOB_LABEL",
+    "GangDisrupted",
+    "K8sTorchrunLauncher",
+    "LogFollower",
+    "PropagationPolicy",
+    "PullPolicy",
+    "Toleration",
+    "Verdict",
+    "assess",
+    "gang_key",
+    "job_conditions",
+    "k8s_name",
+    "latest_pod",
+    "pod0_hosts_the_store",
+    "sanitize_label_value",
 ]

@@ -40,7 +40,8 @@ def call(
     fn: Callable[..., Any], *args: Any, budget_s: float, what: str, log=None, **kwargs: Any
 ) -> Any:
     """``fn(*args, **kwargs)`` with a request timeout; 429/5xx/401/connection errors are retried
-    within ``budget_s``."""
+    within ``budget_s``.
+    """
     if not kwargs.get("follow"):  # a followed log stream is quiet for minutes: no read timeout
         kwargs.setdefault("_request_timeout", API_TIMEOUT_S)
     deadline, delay, attempt = time.monotonic() + budget_s, FIRST_DELAY_S, 0
@@ -90,7 +91,8 @@ class _Retrying:
 class ApiMixin:
     def api(self, log=None):
         """A ``DagsterKubernetesClient`` on a private client configuration (no global state), whose
-        ``core_api`` / ``batch_api`` retry through :func:`call` (so do its log helpers)."""
+        ``core_api`` / ``batch_api`` retry through :func:`call` (so do its log helpers).
+        """
         from dagster_k8s.client import DagsterKubernetesClient, PatchedApiClient
 
         configuration = kubernetes.client.Configuration()

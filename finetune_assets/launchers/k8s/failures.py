@@ -42,7 +42,9 @@ PERMANENT_PULL = re.compile(
 
 # Exit codes (fan-out podFailurePolicy): counted against the index's retries instead of failing it.
 OOM_EXIT_CODE = 137  # 128 + SIGKILL: OOM-killed, or killed by the kubelet / runtime
-TRANSIENT_EXIT_CODE = 75  # EX_TEMPFAIL: a worker's transient I/O error (data/slices.py exits with it)
+TRANSIENT_EXIT_CODE = (
+    75  # EX_TEMPFAIL: a worker's transient I/O error (data/slices.py exits with it)
+)
 RETRIED_EXIT_CODES = (TRANSIENT_EXIT_CODE, OOM_EXIT_CODE)
 
 

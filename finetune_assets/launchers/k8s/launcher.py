@@ -14,10 +14,15 @@ from finetune_assets.launchers.base import TrainingFailed, TrainingSpec
 from finetune_assets.launchers.k8s.api import ApiMixin
 from finetune_assets.launchers.k8s.logs import LogFollower
 from finetune_assets.launchers.k8s.manifests import ManifestsMixin, gang_key, k8s_name
-from finetune_assets.launchers.k8s.settings import (
-    API_TIMEOUT_S, GANG_LABEL, GONE_TIMEOUT_S, JOB_LABEL, K8sSettings, PropagationPolicy,
-)
 from finetune_assets.launchers.k8s.runs import LiveRunConflict, RunState, dagster_run_state
+from finetune_assets.launchers.k8s.settings import (
+    API_TIMEOUT_S,
+    GANG_LABEL,
+    GONE_TIMEOUT_S,
+    JOB_LABEL,
+    K8sSettings,
+    PropagationPolicy,
+)
 from finetune_assets.launchers.k8s.supervise import SupervisionMixin
 from finetune_assets.launchers.k8s.verdict import GangDisrupted, assess
 
@@ -33,8 +38,13 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         key = gang_key(job.labels, self.gang_scope)
         if key is not None:  # an asset + partition: no other gang of it may run
             try:
-                self._remove_live_gangs(log, api, key, run_state=dagster_run_state(context.instance),
-                                        own_run=context.run.run_id)
+                self._remove_live_gangs(
+                    log,
+                    api,
+                    key,
+                    run_state=dagster_run_state(context.instance),
+                    own_run=context.run.run_id,
+                )
             except LiveRunConflict as e:
                 raise TrainingFailed(str(e)) from None
         for attempt in range(self.max_resubmissions + 1):
@@ -45,44 +55,75 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                 if attempt >= self.max_resubmissions:
                     raise TrainingFailed(
                         f"{e}; the gang was disrupted {attempt + 1} time(s), more than max_resubmissions="
-                        f"{self.max_resubmissions}") from None
-                log.warning(f"{e}: resubmitting the gang ({attempt + 1}/{self.max_resubmissions}); "
-                            "the trainer resumes from its last checkpoint")
+                        f"{self.max_resubmissions}"
+                    ) from None
+                log.warning(
+                    f"{e}: resubmitting the gang ({attempt + 1}/{self.max_resubmissions}); "
+                    "the trainer resumes from its last checkpoint"
+                )
 
-    def _run_gang(self, log, api, job: TrainingSpec, owner: dict[str, Any] | None, image: str | None) -> None:
+    def _run_gang(
+        self, log, api, job: TrainingSpec, owner: dict[str, Any] | None, image: str | None
+    ) -> None:
         name = k8s_name(job.name)
         service, manifest = self.render(job, name, image)
         log.info(
             f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x {self.processes} "
             f"process(es), image {image}, command: {' '.join(self.command(job, name))}"
         )
-        self.run_job(log, api, manifest, owner, service=service, what="Training Job",
-                     assess_fn=lambda status, pods: assess(status, pods, self.nnodes),
-                     fail_fn=lambda status, pods, why: self._fail(log, api, name, pods, why))
+        self.run_job(
+            log,
+            api,
+            manifest,
+            owner,
+            service=service,
+            what="Training Job",
+            assess_fn=lambda status, pods: assess(status, pods, self.nnodes),
+            fail_fn=lambda status, pods, why: self._fail(log, api, name, pods, why),
+        )
 
-    def run_job(self, log, api, manifest: dict[str, Any], owner: dict[str, Any] | None, *,
-                what: str, assess_fn, fail_fn, service: dict[str, Any] | None = None, progress=None,
-                pod_fields: str | None = None) -> None:
+    def run_job(
+        self,
+        log,
+        api,
+        manifest: dict[str, Any],
+        owner: dict[str, Any] | None,
+        *,
+        what: str,
+        assess_fn,
+        fail_fn,
+        service: dict[str, Any] | None = None,
+        progress=None,
+        pod_fields: str | None = None,
+    ) -> None:
         """One Job (+ Service): create, supervise (see :meth:`_supervise`), always delete.
 
         Shared by the training gang and the data fan-out (``k8s_fanout.py``): they differ only in the
         manifest, the verdict (``assess_fn``), the error (``fail_fn``) and the per-poll ``progress`` report.
         """
         name, ns = manifest["metadata"]["name"], self.namespace
-        if owner is not None:  # the launching pod dies -> Kubernetes' garbage collector deletes the Job
+        if (
+            owner is not None
+        ):  # the launching pod dies -> Kubernetes' garbage collector deletes the Job
             manifest["metadata"]["ownerReferences"] = [owner]
         # Names of Secrets only; the manifest carries no secret values by construction.
-        log.debug("Rendered manifests:\n" + yaml.safe_dump_all([m for m in (service, manifest) if m], sort_keys=False))
+        log.debug(
+            "Rendered manifests:\n"
+            + yaml.safe_dump_all([m for m in (service, manifest) if m], sort_keys=False)
+        )
         follower: LogFollower | None = None
         try:
             api.batch_api.create_namespaced_job(ns, manifest)
             if service is not None:
                 uid = api.batch_api.read_namespaced_job(name, ns).metadata.uid
                 service["metadata"]["ownerReferences"] = [
-                    {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}]  # goes with the Job
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}
+                ]  # goes with the Job
                 api.core_api.create_namespaced_service(ns, service)
             follower = LogFollower(api, ns)
-            self._supervise(log, api, name, follower, what, assess_fn, fail_fn, progress, pod_fields)
+            self._supervise(
+                log, api, name, follower, what, assess_fn, fail_fn, progress, pod_fields
+            )
         except GangDisrupted:
             # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank 0
             # could still write a checkpoint while the new gang loads it.
@@ -101,24 +142,37 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         deadline = time.monotonic() + GONE_TIMEOUT_S
         while time.monotonic() < deadline:
             if not api.core_api.list_namespaced_pod(
-                    self.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S).items:
+                self.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S
+            ).items:
                 return
             time.sleep(self.poll_interval_s)
-        log.warning(f"Pods of training Job {self.namespace}/{name} still terminating after {GONE_TIMEOUT_S}s; going on")
+        log.warning(
+            f"Pods of training Job {self.namespace}/{name} still terminating after {GONE_TIMEOUT_S}s; going on"
+        )
 
     def _owner_reference(self, log, api) -> tuple[dict[str, Any] | None, str | None]:
         """The launching pod as owner of the Job (in-cluster: $HOSTNAME, the pod name; dagster-k8s does the same),
-        and its image."""
-        name = self.owner_pod or (os.environ.get("HOSTNAME") if self.load_incluster_config else None)
+        and its image.
+        """
+        name = self.owner_pod or (
+            os.environ.get("HOSTNAME") if self.load_incluster_config else None
+        )
         if not name:
             return None, None
         try:
             pod = api.core_api.read_namespaced_pod(name, self.namespace)
         except kubernetes.client.ApiException as e:
-            log.warning(f"Cannot read the launching pod {self.namespace}/{name} ({e.status} {e.reason}): the training "
-                        "Job gets no owner; if this process dies, only its TTL and the next launch remove it")
+            log.warning(
+                f"Cannot read the launching pod {self.namespace}/{name} ({e.status} {e.reason}): the training "
+                "Job gets no owner; if this process dies, only its TTL and the next launch remove it"
+            )
             return None, None
-        return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}, self._own_image(log, pod)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": name,
+            "uid": pod.metadata.uid,
+        }, self._own_image(log, pod)
 
     def _own_image(self, log, pod) -> str | None:
         """The launching container's image, by name (a mesh proxy or other sidecar may come first)."""
@@ -126,12 +180,21 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         named = [c for c in containers if c.name == self.owner_container]
         if named or len(containers) == 1:
             return (named or containers)[0].image
-        log.warning(f"The launching pod {self.namespace}/{pod.metadata.name} has no container named "
-                    f"{self.owner_container!r} (it has {[c.name for c in containers]}): set owner_container or image")
+        log.warning(
+            f"The launching pod {self.namespace}/{pod.metadata.name} has no container named "
+            f"{self.owner_container!r} (it has {[c.name for c in containers]}): set owner_container or image"
+        )
         return None
 
-    def _remove_live_gangs(self, log, api, key: str | None, what: str = "training Job",
-                           run_state: RunState | None = None, own_run: str | None = None) -> None:
+    def _remove_live_gangs(
+        self,
+        log,
+        api,
+        key: str | None,
+        what: str = "training Job",
+        run_state: RunState | None = None,
+        own_run: str | None = None,
+    ) -> None:
         """Delete unfinished gangs of the same asset + partition whose Dagster run is over: two gangs
         would write one checkpoint folder and MLflow run.
 
@@ -144,19 +207,32 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         if key is None:
             return
         ns = self.namespace
-        for other in api.batch_api.list_namespaced_job(ns, label_selector=f"{GANG_LABEL}={key}").items:
-            conditions = {c.type for c in (other.status.conditions or []) if c.status == "True"} if other.status else set()
+        for other in api.batch_api.list_namespaced_job(
+            ns, label_selector=f"{GANG_LABEL}={key}"
+        ).items:
+            conditions = (
+                {c.type for c in (other.status.conditions or []) if c.status == "True"}
+                if other.status
+                else set()
+            )
             if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
                 continue
             left_by = (other.metadata.labels or {}).get("dagster/run-id", "?")
-            state = run_state(left_by) if run_state is not None and left_by not in ("?", own_run) else None
+            state = (
+                run_state(left_by)
+                if run_state is not None and left_by not in ("?", own_run)
+                else None
+            )
             if state is not None:
                 raise LiveRunConflict(
                     f"{what} {ns}/{other.metadata.name} of the same asset and partition belongs to Dagster run "
                     f"{left_by}, which is still {state}: two gangs would write one checkpoint. Wait for that run "
-                    "(or terminate it), then launch again")
-            log.warning(f"Deleting live {what} {ns}/{other.metadata.name} of the same asset and partition "
-                        f"(left by run {left_by}, which is over) before starting a new gang")
+                    "(or terminate it), then launch again"
+                )
+            log.warning(
+                f"Deleting live {what} {ns}/{other.metadata.name} of the same asset and partition "
+                f"(left by run {left_by}, which is over) before starting a new gang"
+            )
             self._cleanup(log, api, other.metadata.name, has_service=True)
             self._wait_pods_gone(log, api, other.metadata.name)
 
@@ -168,7 +244,9 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         if that fails too, the log says exactly what is left running and how to remove it.
         """
         ns = self.namespace
-        body = kubernetes.client.V1DeleteOptions(propagation_policy=PropagationPolicy(self.delete_propagation_policy).value)
+        body = kubernetes.client.V1DeleteOptions(
+            propagation_policy=PropagationPolicy(self.delete_propagation_policy).value
+        )
         try:
             api.batch_api.delete_namespaced_job(name, ns, body=body)
             log.info(f"Deleted Job {ns}/{name}")
@@ -183,22 +261,34 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                 if e.status == 404:
                     log.info(f"Deleted Service {ns}/{name} (garbage-collected with its Job)")
                 else:
-                    log.warning(f"Could not delete Service {ns}/{name} ({e.status} {e.reason}): it holds no "
-                                "resources; Kubernetes deletes it with its Job")
+                    log.warning(
+                        f"Could not delete Service {ns}/{name} ({e.status} {e.reason}): it holds no "
+                        "resources; Kubernetes deletes it with its Job"
+                    )
             except Exception as e:
-                log.warning(f"Could not delete Service {ns}/{name} ({e!r}); Kubernetes deletes it with its Job")
+                log.warning(
+                    f"Could not delete Service {ns}/{name} ({e!r}); Kubernetes deletes it with its Job"
+                )
 
     def _suspend_instead(self, log, api, name: str, error: Exception) -> None:
         ns = self.namespace
-        why = f"{error.status} {error.reason}" if isinstance(error, kubernetes.client.ApiException) else str(error)
+        why = (
+            f"{error.status} {error.reason}"
+            if isinstance(error, kubernetes.client.ApiException)
+            else str(error)
+        )
         try:
             api.batch_api.patch_namespaced_job(name, ns, {"spec": {"suspend": True}})
         except Exception as e:
-            log.error(f"Could not delete Job {ns}/{name} ({why}) nor suspend it ({e!r}): its pods "
-                      f"({JOB_LABEL}={name}) are LEFT RUNNING and hold their resources until "
-                      f"activeDeadlineSeconds={self.timeout_s} ends them; remove them with "
-                      f"`kubectl delete job -n {ns} {name}`")
+            log.error(
+                f"Could not delete Job {ns}/{name} ({why}) nor suspend it ({e!r}): its pods "
+                f"({JOB_LABEL}={name}) are LEFT RUNNING and hold their resources until "
+                f"activeDeadlineSeconds={self.timeout_s} ends them; remove them with "
+                f"`kubectl delete job -n {ns} {name}`"
+            )
             return
-        log.warning(f"Could not delete Job {ns}/{name} ({why}); suspended it instead: the Job controller "
-                    f"terminates its pods; the Job object is left (no pods, no resources): remove it with "
-                    f"`kubectl delete job -n {ns} {name}`")
+        log.warning(
+            f"Could not delete Job {ns}/{name} ({why}); suspended it instead: the Job controller "
+            f"terminates its pods; the Job object is left (no pods, no resources): remove it with "
+            f"`kubectl delete job -n {ns} {name}`"
+        )

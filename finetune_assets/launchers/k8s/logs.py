@@ -12,13 +12,17 @@ import kubernetes
 from finetune_assets.launchers.base import log_trainer_line
 from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, CONTAINER_NAME
 
+
 def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -> str:
     """The Warning events of the Job and its pods (quota, admission, scheduling, image pulls, volumes)."""
     seen: dict[tuple[str, str], str] = {}
     for name in names:
         try:
             items = api.core_api.list_namespaced_event(
-                namespace, field_selector=f"involvedObject.name={name}", _request_timeout=API_TIMEOUT_S).items
+                namespace,
+                field_selector=f"involvedObject.name={name}",
+                _request_timeout=API_TIMEOUT_S,
+            ).items
         except Exception as e:  # events are a diagnosis; never let them hide the outcome
             return f"<events unavailable: {e!r}>"
         for ev in items:
@@ -29,7 +33,9 @@ def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -
 
 def _safe_logs(api, pod_name: str, namespace: str, tail_lines: int) -> str:
     try:
-        return api.retrieve_pod_logs(pod_name, namespace, container_name=CONTAINER_NAME, tail_lines=tail_lines)
+        return api.retrieve_pod_logs(
+            pod_name, namespace, container_name=CONTAINER_NAME, tail_lines=tail_lines
+        )
     except Exception as e:
         return f"<logs unavailable: {e!r}>"
 
@@ -57,7 +63,9 @@ class LogFollower:
         if pod is None or pod == self.pod or (self._thread is not None and self._thread.is_alive()):
             return
         self.pod = pod
-        self._thread = threading.Thread(target=self._run, args=(pod,), name=f"logs-{pod}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(pod,), name=f"logs-{pod}", daemon=True
+        )
         self._thread.start()
 
     def _run(self, pod: str) -> None:
@@ -80,7 +88,9 @@ class LogFollower:
                         if n > delivered:
                             self._lines.put(f"[{pod}] " + line.decode("utf-8", "replace"))
                             delivered = n
-                if self._finished(pod):  # a clean end of a finished container: flush the unterminated last line
+                if self._finished(
+                    pod
+                ):  # a clean end of a finished container: flush the unterminated last line
                     if buf and n + 1 > delivered:
                         self._lines.put(f"[{pod}] " + buf.decode("utf-8", "replace"))
                     return
@@ -91,12 +101,16 @@ class LogFollower:
                 if self._stop.is_set():
                     return
             failures = 0 if delivered > before else failures + 1
-            time.sleep(min(5.0, 0.2 * (failures + 1)))  # 400 (not started yet) or a broken stream: re-open
+            time.sleep(
+                min(5.0, 0.2 * (failures + 1))
+            )  # 400 (not started yet) or a broken stream: re-open
         self._lines.put(f"[{pod}] <log stream given up after {self._max_reconnects} reconnects>")
 
     def _finished(self, pod_name: str) -> bool:
         try:
-            pod = self._api.core_api.read_namespaced_pod(pod_name, self._ns, _request_timeout=API_TIMEOUT_S)
+            pod = self._api.core_api.read_namespaced_pod(
+                pod_name, self._ns, _request_timeout=API_TIMEOUT_S
+            )
         except kubernetes.client.ApiException as e:
             return e.status == 404
         except Exception:

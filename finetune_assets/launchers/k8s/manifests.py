@@ -13,9 +13,20 @@ import kubernetes
 from finetune_assets.launchers.base import TrainingSpec, torchrun_command
 from finetune_assets.launchers.k8s.passthrough import deep_merge
 from finetune_assets.launchers.k8s.settings import (
-    _DNS_LABEL, _LABEL_KEY, _SECRET_ENV, COMPONENT, CONTAINER_NAME, DEPLOYMENT_LABEL, GANG_LABEL, JOB_LABEL, POD_ENV,
-    QUEUE_LABEL, SCRATCH_MOUNTS, PullPolicy,
+    _DNS_LABEL,
+    _LABEL_KEY,
+    _SECRET_ENV,
+    COMPONENT,
+    CONTAINER_NAME,
+    DEPLOYMENT_LABEL,
+    GANG_LABEL,
+    JOB_LABEL,
+    POD_ENV,
+    QUEUE_LABEL,
+    SCRATCH_MOUNTS,
+    PullPolicy,
 )
+
 
 def k8s_name(base: str, *, max_len: int = 40) -> str:
     """A DNS-1123 label from ``base`` plus a random suffix (a retried run never collides).
@@ -39,7 +50,7 @@ def pod0_hosts_the_store(cmd: list[str], port: int) -> list[str]:
     """
     i = cmd.index("--rdzv-endpoint")
     endpoint = cmd[i + 1]
-    rest = cmd[:i] + cmd[i + 2:]
+    rest = cmd[:i] + cmd[i + 2 :]
     if rest[1:3] != ["-m", "torch.distributed.run"]:
         raise ValueError(f"not a torchrun command: {cmd[:3]}")
     script = (
@@ -66,12 +77,12 @@ def _check_plain_env(env: Mapping[str, str], where: str) -> None:
 
 def gang_key(labels: Mapping[str, str], scope: str = "") -> str | None:
     """One label value per deployment (``scope``: namespace/deployment) + asset + partition, hashed
-    (partition keys need not be valid label values)."""
+    (partition keys need not be valid label values).
+    """
     asset, partition = labels.get("dagster/asset"), labels.get("dagster/partition")
     if asset is None:
         return None
     return hashlib.sha256(f"{scope}\0{asset}\0{partition or ''}".encode()).hexdigest()[:40]
-
 
 
 class ManifestsMixin:
@@ -85,8 +96,11 @@ class ManifestsMixin:
         """The container command: the same torchrun command as the local launcher, per node."""
         if self.nnodes == 1:
             return torchrun_command(
-                job.config_url, nproc_per_node=self.processes, max_restarts=self.max_restarts,
-                python=self.python, module=self.trainer_module,
+                job.config_url,
+                nproc_per_node=self.processes,
+                max_restarts=self.max_restarts,
+                python=self.python,
+                module=self.trainer_module,
             )
         cmd = torchrun_command(
             job.config_url,
@@ -136,15 +150,27 @@ class ManifestsMixin:
             requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(self.gpus_per_node)
         return {"requests": requests, "limits": limits}
 
-    def pod_parts(self, command: list[str], env: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def pod_parts(
+        self, command: list[str], env: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The pod spec and its one container (security, scratch and storage volumes, /dev/shm, resources):
-        the same for training pods and data fan-out pods."""
-        volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.sizing()["shm_size"]}}]
-        volumes += [{"name": v, "emptyDir": {"sizeLimit": self.scratch_size}} for v in SCRATCH_MOUNTS]
+        the same for training pods and data fan-out pods.
+        """
+        volumes = [
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": self.sizing()["shm_size"]},
+            }
+        ]
+        volumes += [
+            {"name": v, "emptyDir": {"sizeLimit": self.scratch_size}} for v in SCRATCH_MOUNTS
+        ]
         mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
         mounts += [{"name": v, "mountPath": p} for v, p in SCRATCH_MOUNTS.items()]
         if self.storage_pvc_name:
-            volumes.append({"name": "storage", "persistentVolumeClaim": {"claimName": self.storage_pvc_name}})
+            volumes.append(
+                {"name": "storage", "persistentVolumeClaim": {"claimName": self.storage_pvc_name}}
+            )
             mounts.append({"name": "storage", "mountPath": self.storage_mount_path})
         pod_spec: dict[str, Any] = {
             "restartPolicy": "Never",  # torchrun restarts workers; a dead node fails the Job
@@ -185,12 +211,20 @@ class ManifestsMixin:
         }
         return pod_spec, container
 
-    def render(self, job: TrainingSpec, name: str, image: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    def render(
+        self, job: TrainingSpec, name: str, image: str | None = None
+    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """The Service (None for one node) and the Job as API-ready dicts (camelCase, no secrets)."""
-        pod_spec, container = self.pod_parts(self.command(job, name), self._env(job.env, "TrainingSpec.env"))
+        pod_spec, container = self.pod_parts(
+            self.command(job, name), self._env(job.env, "TrainingSpec.env")
+        )
         if self.nnodes > 1:
-            pod_spec["subdomain"] = name  # hostname <job>-<i> + subdomain = DNS record via the Service
-            container["ports"] = [{"name": "c10d", "containerPort": self.rdzv_port, "protocol": "TCP"}]
+            pod_spec["subdomain"] = (
+                name  # hostname <job>-<i> + subdomain = DNS record via the Service
+            )
+            container["ports"] = [
+                {"name": "c10d", "containerPort": self.rdzv_port, "protocol": "TCP"}
+            ]
         job_spec = {
             "completionMode": "Indexed",
             "completions": self.nnodes,
@@ -199,46 +233,93 @@ class ManifestsMixin:
             # A disrupted pod (eviction, preemption, node lost) is not the code's fault: not counted (the
             # launcher resubmits a fresh gang that resumes from the checkpoint). Any other non-zero exit
             # fails the whole Job at once (the controller then kills the peers). First match wins.
-            "podFailurePolicy": {"rules": [
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn", "values": [0]}},
-            ]},
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    },
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER_NAME,
+                            "operator": "NotIn",
+                            "values": [0],
+                        },
+                    },
+                ]
+            },
             "activeDeadlineSeconds": self.timeout_s,
             "ttlSecondsAfterFinished": self.ttl_seconds_after_finished,
         }
-        job_dict = self.job_manifest(name, image, self._labels(job.labels, name, gang_key(job.labels, self.gang_scope)),
-                                     pod_spec, container, job_spec, COMPONENT)
+        job_dict = self.job_manifest(
+            name,
+            image,
+            self._labels(job.labels, name, gang_key(job.labels, self.gang_scope)),
+            pod_spec,
+            container,
+            job_spec,
+            COMPONENT,
+        )
         service = None
         if self.nnodes > 1:
             service = {
                 "apiVersion": "v1",
                 "kind": "Service",
-                "metadata": {"name": name, "namespace": self.namespace, "labels": job_dict["metadata"]["labels"]},
+                "metadata": {
+                    "name": name,
+                    "namespace": self.namespace,
+                    "labels": job_dict["metadata"]["labels"],
+                },
                 "spec": {
                     "clusterIP": "None",  # headless: DNS answers with the pod IPs
                     "publishNotReadyAddresses": True,  # pod 0 resolvable before it is "ready"
                     "selector": {JOB_LABEL: name},
-                    "ports": [{"name": "c10d", "port": self.rdzv_port, "targetPort": self.rdzv_port, "protocol": "TCP"}],
+                    "ports": [
+                        {
+                            "name": "c10d",
+                            "port": self.rdzv_port,
+                            "targetPort": self.rdzv_port,
+                            "protocol": "TCP",
+                        }
+                    ],
                 },
             }
         return service, job_dict
 
-    def job_manifest(self, name: str, image: str | None, labels: dict[str, str], pod_spec: dict[str, Any],
-                     container: dict[str, Any], job_spec: dict[str, Any], component: str) -> dict[str, Any]:
+    def job_manifest(
+        self,
+        name: str,
+        image: str | None,
+        labels: dict[str, str],
+        pod_spec: dict[str, Any],
+        container: dict[str, Any],
+        job_spec: dict[str, Any],
+        component: str,
+    ) -> dict[str, Any]:
         """A Job as an API-ready dict through Dagster's builder (common labels, snake/camel conversion)."""
         image = image or self.image
         if not image:
-            raise ValueError("K8sTorchrunLauncher.image is not set and there is no launching pod to take it from: set image")
-        from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+            raise ValueError(
+                "K8sTorchrunLauncher.image is not set and there is no launching pod to take it from: set image"
+            )
+        from dagster_k8s.job import (
+            DagsterK8sJobConfig,
+            UserDefinedDagsterK8sConfig,
+            construct_dagster_k8s_job,
+        )
 
         if self.queue_name:  # Kueue admits (unsuspends) the whole Job once its quota is free
             job_spec = {**job_spec, "suspend": True}
-        parts = deep_merge({
-            "container_config": container,
-            "pod_spec_config": pod_spec,
-            "job_spec_config": job_spec,
-            "job_metadata": {"namespace": self.namespace},
-        }, self.k8s_config)
+        parts = deep_merge(
+            {
+                "container_config": container,
+                "pod_spec_config": pod_spec,
+                "job_spec_config": job_spec,
+                "job_metadata": {"namespace": self.namespace},
+            },
+            self.k8s_config,
+        )
         manifest = construct_dagster_k8s_job(
             job_config=DagsterK8sJobConfig(
                 job_image=image,
@@ -257,4 +338,3 @@ class ManifestsMixin:
         # The Job controller adds the completion index to each pod; the template may not name pods.
         job_dict["spec"]["template"]["metadata"].pop("name", None)
         return job_dict
-

@@ -10,7 +10,12 @@ from finetune_assets.launchers.base import TrainingFailed
 from finetune_assets.launchers.k8s.logs import LogFollower, _safe_logs, _warning_events
 from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, EVENTS_EVERY_S, JOB_LABEL
 from finetune_assets.launchers.k8s.verdict import (
-    GangDisrupted, _completion_index, _is_failed, _pod_state, _pod_wait, latest_pod,
+    GangDisrupted,
+    _completion_index,
+    _is_failed,
+    _pod_state,
+    _pod_wait,
+    latest_pod,
 )
 
 MAX_EVENT_OBJECTS = 10  # Events are read for the Job and at most this many waiting pods
@@ -19,10 +24,21 @@ MAX_EVENT_OBJECTS = 10  # Events are read for the Job and at most this many wait
 class SupervisionMixin:
     """The supervision half of the launcher (its fields live in :class:`K8sSettings`)."""
 
-    def _supervise(self, log, api, name: str, follower: LogFollower, what: str, assess_fn, fail_fn, progress,
-                   pod_fields: str | None = None) -> None:
+    def _supervise(
+        self,
+        log,
+        api,
+        name: str,
+        follower: LogFollower,
+        what: str,
+        assess_fn,
+        fail_fn,
+        progress,
+        pod_fields: str | None = None,
+    ) -> None:
         """Poll the Job and its pods (this Job's only: label selector, plus ``pod_fields``, e.g. the
-        fan-out leaves out Succeeded pods, so a poll stays small at 10,000 indexes)."""
+        fan-out leaves out Succeeded pods, so a poll stays small at 10,000 indexes).
+        """
         ns = self.namespace
         now = time.monotonic()
         deadline, start_deadline = now + self.timeout_s, now + self.start_timeout_s
@@ -32,12 +48,22 @@ class SupervisionMixin:
         queue_deadline = now + self.queue_timeout_s
         while True:
             follower.drain(log)
-            pods = api.core_api.list_namespaced_pod(ns, label_selector=selector, _request_timeout=API_TIMEOUT_S,
-                                                    **({"field_selector": pod_fields} if pod_fields else {})).items
+            pods = api.core_api.list_namespaced_pod(
+                ns,
+                label_selector=selector,
+                _request_timeout=API_TIMEOUT_S,
+                **({"field_selector": pod_fields} if pod_fields else {}),
+            ).items
             pod0 = latest_pod(pods, 0)  # a retried index has several pods: follow the newest
-            if pod0 is not None and pod0.status and pod0.status.phase in ("Running", "Succeeded", "Failed"):
+            if (
+                pod0 is not None
+                and pod0.status
+                and pod0.status.phase in ("Running", "Succeeded", "Failed")
+            ):
                 follower.start(pod0.metadata.name)
-            status = api.batch_api.read_namespaced_job(name, ns, _request_timeout=API_TIMEOUT_S).status
+            status = api.batch_api.read_namespaced_job(
+                name, ns, _request_timeout=API_TIMEOUT_S
+            ).status
             verdict = assess_fn(status, pods)
             if progress is not None:
                 progress(status, pods)
@@ -54,21 +80,37 @@ class SupervisionMixin:
             if verdict.kind in ("failed", "stuck"):
                 fail_fn(status, pods, verdict.why)
             now = time.monotonic()
-            if verdict.kind == "queued":  # Kueue holds the gang: its clocks start at admission, as the Job's does
+            if (
+                verdict.kind == "queued"
+            ):  # Kueue holds the gang: its clocks start at admission, as the Job's does
                 if now > queue_deadline:
-                    fail_fn(status, pods, f"not admitted within queue_timeout_s={self.queue_timeout_s}: {verdict.why}")
+                    fail_fn(
+                        status,
+                        pods,
+                        f"not admitted within queue_timeout_s={self.queue_timeout_s}: {verdict.why}",
+                    )
                 deadline, start_deadline = now + self.timeout_s, now + self.start_timeout_s
             started = started or verdict.kind == "running"
             if verdict.kind == "waiting" and now - events_read > EVENTS_EVERY_S:
-                waiting = [p.metadata.name for p in pods if _pod_wait(p)][:MAX_EVENT_OBJECTS]  # not one call per pod
+                waiting = [p.metadata.name for p in pods if _pod_wait(p)][
+                    :MAX_EVENT_OBJECTS
+                ]  # not one call per pod
                 events, events_read = _warning_events(api, ns, [name, *waiting]), now
-            note = verdict.why + (f"; events: {events}" if events and verdict.kind == "waiting" else "")
-            if note and note != last_note:  # say it once, when it changes; ContainerCreating is only info
+            note = verdict.why + (
+                f"; events: {events}" if events and verdict.kind == "waiting" else ""
+            )
+            if (
+                note and note != last_note
+            ):  # say it once, when it changes; ContainerCreating is only info
                 trouble = events or verdict.kind == "running" or "Unschedulable" in note
                 (log.warning if trouble else log.info)(f"{what} {ns}/{name}: {note}")
             last_note = note
             if not started and now > start_deadline:
-                fail_fn(status, pods, f"pods did not all start within start_timeout_s={self.start_timeout_s}: {note}")
+                fail_fn(
+                    status,
+                    pods,
+                    f"pods did not all start within start_timeout_s={self.start_timeout_s}: {note}",
+                )
             if now > deadline:
                 fail_fn(status, pods, f"timed out after {self.timeout_s}s")
             time.sleep(self.poll_interval_s)
@@ -80,13 +122,19 @@ class SupervisionMixin:
         for pod in failed_first:
             tail = _safe_logs(api, pod.metadata.name, self.namespace, self.log_tail_lines)
             state = _pod_state(pod)
-            log.error(f"Pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state}; last log lines:\n{tail}")
-            parts.append(f"--- pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state} ---\n{tail}")
+            log.error(
+                f"Pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state}; last log lines:\n{tail}"
+            )
+            parts.append(
+                f"--- pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state} ---\n{tail}"
+            )
         events = _warning_events(api, self.namespace, [name, *(p.metadata.name for p in pods)])
         if events:
             parts.append(f"--- events ---\n{events}")
         return "\n".join(parts)
 
     def _fail(self, log, api, name: str, pods: Sequence[Any], why: str) -> None:
-        raise TrainingFailed(f"training Job {self.namespace}/{name}: {why}\n" + self.failure_report(log, api, name, pods))
-
+        raise TrainingFailed(
+            f"training Job {self.namespace}/{name}: {why}\n"
+            + self.failure_report(log, api, name, pods)
+        )

@@ -29,26 +29,46 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
     disruption is a ``DisruptionTarget`` condition or an infrastructure failure without one
     (``failures.py``: kubelet evictions, admission errors, node shutdown).
     """
-    disrupted = [f"pod {p.metadata.name}: {c.reason or 'DisruptionTarget'}: {c.message or ''}".rstrip(": ")
-                 for p in pods if (c := _condition(p, "DisruptionTarget"))]
-    disrupted += [f"pod {p.metadata.name}: {why}" for p in pods
-                  if not _condition(p, "DisruptionTarget") and (why := infrastructure_reason(p))]
+    disrupted = [
+        f"pod {p.metadata.name}: {c.reason or 'DisruptionTarget'}: {c.message or ''}".rstrip(": ")
+        for p in pods
+        if (c := _condition(p, "DisruptionTarget"))
+    ]
+    disrupted += [
+        f"pod {p.metadata.name}: {why}"
+        for p in pods
+        if not _condition(p, "DisruptionTarget") and (why := infrastructure_reason(p))
+    ]
     if disrupted:
         return Verdict("disrupted", "; ".join(disrupted))
-    if "Suspended" in job_conditions(status):  # queued (Kueue) or suspended: waited on, never deleted
+    if "Suspended" in job_conditions(
+        status
+    ):  # queued (Kueue) or suspended: waited on, never deleted
         c = job_conditions(status)["Suspended"]
-        return Verdict("queued", f"Job suspended ({c.reason or 'Suspended'}: {c.message or ''}), "
-                                 "waiting for admission")
+        return Verdict(
+            "queued",
+            f"Job suspended ({c.reason or 'Suspended'}: {c.message or ''}), waiting for admission",
+        )
     conditions = job_conditions(status)
     failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
     if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":
-        return Verdict("failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason)
-    if any(_is_failed(p) for p in pods):  # fail fast: do not wait for the Job controller or hung peers
+        return Verdict(
+            "failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason
+        )
+    if any(
+        _is_failed(p) for p in pods
+    ):  # fail fast: do not wait for the Job controller or hung peers
         return Verdict("failed", "pod(s) failed")
     if failed_cond is not None:
-        return Verdict("failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason or "")
+        return Verdict(
+            "failed",
+            f"Job failed: {failed_cond.reason}: {failed_cond.message}",
+            failed_cond.reason or "",
+        )
     verdict = stuck_or_waiting(pods, nnodes)
-    if verdict.kind != "stuck" and ("Complete" in conditions or (status and (status.succeeded or 0) >= nnodes)):
+    if verdict.kind != "stuck" and (
+        "Complete" in conditions or (status and (status.succeeded or 0) >= nnodes)
+    ):
         return Verdict("complete", f"all {nnodes} pod(s) succeeded")
     return verdict
 
@@ -60,12 +80,22 @@ def job_conditions(status) -> dict[str, Any]:
 
 def stuck_or_waiting(pods: Sequence[Any], expected: int) -> Verdict:
     """For pods that have not finished: stuck (a waiting reason that will not fix itself), waiting
-    (pods missing or Pending, with the scheduler's / kubelet's reasons) or running."""
+    (pods missing or Pending, with the scheduler's / kubelet's reasons) or running.
+    """
     stuck = [(p, r) for p in pods if (r := _fatal_waiting_reason(p))]
     if stuck:
-        return Verdict("stuck", "cannot start its pods: " + "; ".join(f"{p.metadata.name}: {r}" for p, r in stuck))
-    notes = [f"pod {p.metadata.name}: {w}" for p in sorted(pods, key=_completion_index) if (w := _pod_wait(p))]
-    waiting = len(pods) < expected or any(p.status is None or p.status.phase == "Pending" for p in pods)
+        return Verdict(
+            "stuck",
+            "cannot start its pods: " + "; ".join(f"{p.metadata.name}: {r}" for p, r in stuck),
+        )
+    notes = [
+        f"pod {p.metadata.name}: {w}"
+        for p in sorted(pods, key=_completion_index)
+        if (w := _pod_wait(p))
+    ]
+    waiting = len(pods) < expected or any(
+        p.status is None or p.status.phase == "Pending" for p in pods
+    )
     if len(pods) < expected:
         notes.insert(0, f"{expected - len(pods)} of {expected} pod(s) not created")
     return Verdict("waiting" if waiting else "running", "; ".join(notes))
@@ -92,7 +122,9 @@ def _pod_wait(pod) -> str:
     for c in pod.status.conditions or []:
         if c.type == "PodScheduled" and c.status == "False":
             return f"{c.reason or 'Unscheduled'}: {c.message or ''}".rstrip(": ")
-        if c.type == "Ready" and c.status == "False" and pod.status.phase == "Running":  # e.g. its node NotReady
+        if (
+            c.type == "Ready" and c.status == "False" and pod.status.phase == "Running"
+        ):  # e.g. its node NotReady
             return f"not Ready ({c.reason or 'no reason given'}): {c.message or ''}".rstrip(": ")
     if pod.status.phase == "Pending":
         for cs in pod.status.container_statuses or []:
@@ -104,16 +136,24 @@ def _pod_wait(pod) -> str:
 
 def latest_pod(pods: Sequence[Any], index: int):
     """The newest pod of a completion index (the Job controller replaces failed and disrupted ones), or None."""
-    def newest(p) -> tuple[float, bool]:  # creation times have 1 s resolution: an unfinished pod wins a tie
+
+    def newest(
+        p,
+    ) -> tuple[float, bool]:  # creation times have 1 s resolution: an unfinished pod wins a tie
         created = p.metadata.creation_timestamp
-        return (created.timestamp() if created else 0.0, not (p.status and p.status.phase in ("Succeeded", "Failed")))
+        return (
+            created.timestamp() if created else 0.0,
+            not (p.status and p.status.phase in ("Succeeded", "Failed")),
+        )
 
     return max((p for p in pods if _completion_index(p) == index), key=newest, default=None)
 
 
 def _completion_index(pod) -> int:
     meta = pod.metadata
-    raw = (meta.annotations or {}).get(COMPLETION_INDEX_ANNOTATION) or (meta.labels or {}).get(COMPLETION_INDEX_ANNOTATION)
+    raw = (meta.annotations or {}).get(COMPLETION_INDEX_ANNOTATION) or (meta.labels or {}).get(
+        COMPLETION_INDEX_ANNOTATION
+    )
     try:
         return int(raw)
     except (TypeError, ValueError):
@@ -135,5 +175,3 @@ def _pod_state(pod) -> str:
         if term is not None:
             return f"{phase}, exit code {term.exit_code} ({term.reason or 'no reason'})"
     return phase
-
-
