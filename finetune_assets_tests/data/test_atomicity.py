@@ -54,7 +54,7 @@ def _run(root: Path, version: str, source: Path, assets) -> None:
 def _run_here(root: Path, instance, version: str, source: Path, assets) -> None:
     """In this process (cheaper than a worker), with the worker's config, so content hashes compare."""
     from finetune_assets.dataset_versions.registry import register_version
-    from finetune_assets_tests.test_assets_data import materialize
+    from finetune_assets_tests.assets.test_data_assets import materialize
 
     register_version(instance, Storage(str(root)), version, SourceSpec(uri=str(source)))
     materialize(
@@ -87,7 +87,7 @@ def _attempt_dirs(root: Path, asset: str, version: str) -> set[str]:
 
 @pytest.fixture
 def model_root(storage_root: Path, tiny_model_dir: Path, instance) -> Path:
-    from finetune_assets_tests.test_assets_data import materialize
+    from finetune_assets_tests.assets.test_data_assets import materialize
 
     materialize(storage_root, instance, ["pretrained_model"], tiny_model_dir=tiny_model_dir)
     return storage_root

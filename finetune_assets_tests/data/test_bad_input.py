@@ -446,7 +446,11 @@ def test_bad_input_through_dagster(
     """
     from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets.storage import ATTEMPTS, Storage
-    from finetune_assets_tests.test_assets_data import _failure_message, _metadata, materialize
+    from finetune_assets_tests.assets.test_data_assets import (
+        _failure_message,
+        _metadata,
+        materialize,
+    )
 
     case = CASES[name](arabic_reviews, tmp_path)
     store = Storage(str(storage_root))

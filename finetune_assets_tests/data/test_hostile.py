@@ -168,7 +168,7 @@ def test_through_dagster_counts_add_up_and_files_are_listed(
     """raw_reviews on a hostile folder: metadata rows_in = generated records; read and ignored files listed."""
     from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets.storage import Storage
-    from finetune_assets_tests.test_assets_data import _metadata, materialize
+    from finetune_assets_tests.assets.test_data_assets import _metadata, materialize
 
     folder = tmp_path / "drop"
     (folder / ".ipynb_checkpoints").mkdir(parents=True)
@@ -197,7 +197,7 @@ def test_changed_content_under_a_registered_key_is_refused_on_materialization(
     """The CLI path records a fingerprint like the sensor; raw_reviews refuses to read other content under the key."""
     from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
     from finetune_assets.storage import Storage
-    from finetune_assets_tests.test_assets_data import _failure_message, materialize
+    from finetune_assets_tests.assets.test_data_assets import _failure_message, materialize
 
     path = tmp_path / "reviews.csv"
     path.write_text("text,label\ngood one,1\nbad one,-1\n")

@@ -469,7 +469,7 @@ def test_a_failed_slice_fails_the_step_and_publishes_nothing(
     import finetune_assets.launchers.select as select
     from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets.storage import ATTEMPTS, Storage
-    from finetune_assets_tests.test_assets_data import _failure_message, materialize
+    from finetune_assets_tests.assets.test_data_assets import _failure_message, materialize
 
     store = Storage(str(storage_root))
     materialize(storage_root, instance, ["pretrained_model"], tiny_model_dir=tiny_model_dir)

@@ -19,8 +19,8 @@ import pytest
 from finetune_assets.contracts import REVIEWS_FILE
 from finetune_assets.data.sources import SourceSpec, read_source
 from finetune_assets.storage import Storage
+from finetune_assets_tests.assets.test_data_assets import materialize
 from finetune_assets_tests.conftest import _real_rows
-from finetune_assets_tests.test_assets_data import materialize
 from finetune_assets_tests.test_cli import run_cli
 
 # Rows the intake must reject, one reason each (validate.py): a blank text, an unknown label, a

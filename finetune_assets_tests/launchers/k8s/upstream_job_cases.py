@@ -11,7 +11,7 @@ names them ``mypod-<i>``. ``want`` lists only what the upstream case asserts (co
 
 from __future__ import annotations
 
-from finetune_assets_tests.k8s.job_controller import MAX_INT32
+from finetune_assets_tests.launchers.k8s.job_controller import MAX_INT32
 
 PFP = "TestSyncJobWithJobPodFailurePolicy"
 BLPI = "TestSyncJobWithJobBackoffLimitPerIndex"

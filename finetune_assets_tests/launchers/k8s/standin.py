@@ -1,6 +1,6 @@
 """A stand-in for ``finetune_assets.training``: a torchrun worker whose behaviour the config selects.
 
-Run as ``torchrun ... -m finetune_assets_tests.k8s.standin --config standin:<opts>``; ``<opts>`` is a
+Run as ``torchrun ... -m finetune_assets_tests.launchers.k8s.standin --config standin:<opts>``; ``<opts>`` is a
 comma list (so the same tests run on a real cluster, where no local file reaches the pods):
 
 - ``ok``                 print who we are and exit 0 (no process group)

@@ -21,10 +21,10 @@ import kubernetes
 import pytest
 
 from finetune_assets.launchers.k8s import JOB_LABEL, K8sTorchrunLauncher
-from finetune_assets_tests.k8s.apiserver_double import Faults, KubeApiDouble
+from finetune_assets_tests.launchers.k8s.apiserver_double import Faults, KubeApiDouble
 
-REPO = Path(__file__).resolve().parents[2]
-STANDIN = "finetune_assets_tests.k8s.standin"
+REPO = Path(__file__).resolve().parents[3]
+STANDIN = "finetune_assets_tests.launchers.k8s.standin"
 HARNESS_AGENT = "finetune-assets-tests"
 
 

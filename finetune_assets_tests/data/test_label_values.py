@@ -21,9 +21,10 @@ from finetune_assets.data.labels import (
     resolve_label_set,
 )
 from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets_tests.conftest import SHARED_DATA
 from finetune_assets_tests.test_cli import dagster_home, run_cli  # noqa: F401 - fixture
 
-ATT = Path("/work/shared/data/arabic_reviews/ATT.csv")
+ATT = SHARED_DATA / "ATT.csv"  # real reviews labelled -1/1; a generated stand-in when absent
 CAFE = unicodedata.normalize("NFC", "Café")
 CAFE_DECOMPOSED = unicodedata.normalize("NFD", "Café")
 

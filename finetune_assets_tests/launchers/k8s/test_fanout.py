@@ -17,9 +17,9 @@ import pytest
 from finetune_assets.launchers.fanout import FanOut, FanOutError
 from finetune_assets.launchers.k8s import GANG_LABEL, JOB_LABEL, K8sTorchrunLauncher
 from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner, assess_fanout, indexes
-from finetune_assets_tests.k8s.conftest import HARNESS_AGENT, Cluster
-from finetune_assets_tests.k8s.test_launcher_api import LAUNCHER_VERBS
-from finetune_assets_tests.k8s.test_manifests import K8S_VERSIONS, SECRET
+from finetune_assets_tests.launchers.k8s.conftest import HARNESS_AGENT, Cluster
+from finetune_assets_tests.launchers.k8s.test_launcher_api import LAUNCHER_VERBS
+from finetune_assets_tests.launchers.k8s.test_manifests import K8S_VERSIONS, SECRET
 
 # One part per index, written atomically (a preempted first pod may leave a .tmp behind, never a part).
 WORKER = """

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from finetune_assets_tests.k8s.conftest import Cluster, free_port
-from finetune_assets_tests.k8s.helpers import launch_in_dagster
+from finetune_assets_tests.launchers.k8s.conftest import Cluster, free_port
+from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 
 pytestmark = pytest.mark.k8s
 
@@ -176,7 +176,7 @@ def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> 
             namespace=cluster.namespace,
             load_incluster_config=False,
             kubeconfig_file=cluster.kubeconfig,
-            trainer_module="finetune_assets_tests.k8s.standin",
+            trainer_module="finetune_assets_tests.launchers.k8s.standin",
             nnodes=1,
             owner_pod=owner,
             poll_interval_s=0.5,

@@ -15,7 +15,7 @@ from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage
-from finetune_assets_tests.k8s.conftest import Cluster, free_port
+from finetune_assets_tests.launchers.k8s.conftest import Cluster, free_port
 from finetune_assets_tests.training.fixtures import publish_upstream as _publish_upstream
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]

@@ -9,8 +9,8 @@ import kubernetes
 import pytest
 
 from finetune_assets.launchers.k8s.api import ApiOutage, call
-from finetune_assets_tests.k8s.conftest import Cluster
-from finetune_assets_tests.k8s.helpers import launch_in_dagster
+from finetune_assets_tests.launchers.k8s.conftest import Cluster
+from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 
 pytestmark = pytest.mark.k8s
 

@@ -13,9 +13,9 @@ import pytest
 from finetune_assets.launchers.fanout import FanOut
 from finetune_assets.launchers.k8s import K8sTorchrunLauncher, gang_key
 from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner
-from finetune_assets_tests.k8s.conftest import HARNESS_AGENT, Cluster
-from finetune_assets_tests.k8s.helpers import launch_in_dagster
-from finetune_assets_tests.k8s.test_manifests import CONFIGS, render
+from finetune_assets_tests.launchers.k8s.conftest import HARNESS_AGENT, Cluster
+from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
+from finetune_assets_tests.launchers.k8s.test_manifests import CONFIGS, render
 
 LABELS = {
     "dagster/run-id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",

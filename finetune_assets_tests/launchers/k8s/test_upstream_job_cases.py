@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from finetune_assets_tests.k8s.job_controller import MAX_INT32, Pod, backoff_limit, sync
-from finetune_assets_tests.k8s.upstream_job_cases import CASES
+from finetune_assets_tests.launchers.k8s.job_controller import MAX_INT32, Pod, backoff_limit, sync
+from finetune_assets_tests.launchers.k8s.upstream_job_cases import CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["case"][:60] for c in CASES])
@@ -45,7 +45,7 @@ def test_the_cases_table_in_the_docs_lists_every_case() -> None:
     from pathlib import Path
 
     table = (
-        Path(__file__).resolve().parents[2] / "docs" / "k8s-job-controller-cases.md"
+        Path(__file__).resolve().parents[3] / "docs" / "k8s-job-controller-cases.md"
     ).read_text()
     missing = [c["case"] for c in CASES if f"| {c['case']} |" not in table]
     assert not missing, f"docs/k8s-job-controller-cases.md lacks {missing} (regenerate its table)"

@@ -12,7 +12,7 @@ import yaml
 from finetune_assets.launchers import TrainingSpec
 from finetune_assets.launchers.k8s import CONTAINER_NAME, JOB_LABEL, K8sTorchrunLauncher, Toleration
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 # The oldest version we support (podFailurePolicy is GA from 1.31) and a recent one.
 K8S_VERSIONS = ["1.31", "1.35"]
 SECRET = "s3cr3t-value-that-must-never-be-rendered"
@@ -294,7 +294,7 @@ def test_helm_values_use_k8s_run_launcher_and_this_code_location() -> None:
 
 
 def test_rbac_is_namespaced_and_minimal() -> None:
-    from finetune_assets_tests.k8s.test_launcher_api import LAUNCHER_VERBS
+    from finetune_assets_tests.launchers.k8s.test_launcher_api import LAUNCHER_VERBS
 
     docs = list(yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()))
     kinds = {d["kind"] for d in docs}

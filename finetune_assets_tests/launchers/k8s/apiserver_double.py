@@ -105,7 +105,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from finetune_assets_tests.k8s import job_controller
+from finetune_assets_tests.launchers.k8s import job_controller
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _CORE = re.compile(

@@ -15,8 +15,8 @@ import pytest
 from dagster._core.errors import DagsterExecutionInterruptedError
 
 from finetune_assets.launchers import TrainingSpec
-from finetune_assets_tests.k8s.conftest import HARNESS_AGENT, Cluster, free_port
-from finetune_assets_tests.k8s.helpers import launch_in_dagster
+from finetune_assets_tests.launchers.k8s.conftest import HARNESS_AGENT, Cluster, free_port
+from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 
 pytestmark = pytest.mark.k8s
 

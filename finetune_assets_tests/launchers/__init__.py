@@ -1,0 +1,1 @@
+"""Tests of the launchers: the local torchrun subprocess and the Kubernetes pods."""
