@@ -1165,7 +1165,7 @@ class KubeApiDouble:
             pod.attempt < self.faults.preempt.get(pod.index, 0),
             pod.attempt < self.faults.oom_kill.get(pod.index, 0),
         )
-        deadline = time.monotonic() + 30.0  # a loaded machine forks late
+        deadline = time.monotonic() + 5.0
         while (preempt or oom) and pod.main_pid() is None and time.monotonic() < deadline:
             time.sleep(
                 0.01
