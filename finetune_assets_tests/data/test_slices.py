@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from finetune_assets import contracts
-from finetune_assets.contracts import ACCEPTED_SCHEMA, SPLITS
+from finetune_assets.contracts import ACCEPTED_SCHEMA, REJECTED_SCHEMA, SPLITS
 from finetune_assets.data import slices
+from finetune_assets.data.conflicts import accepted_after, promoted_rows, rejected_after
 from finetune_assets.data.labels import DEFAULT_LABEL_SET
 from finetune_assets.data.sources import SourceSpec, read_source
 from finetune_assets.data.tokenize import token_dtype, tokenize_table
@@ -45,11 +46,19 @@ def test_stream_validator_in_many_small_batches_equals_one_pass(arabic_reviews: 
         SourceSpec(uri=str(arabic_reviews))
     )  # three files: duplicates within and across them
     whole = validate(raw, ValidationRules())
-    streamed = StreamValidator(ValidationRules())
+    rules = ValidationRules()
+    streamed = StreamValidator(rules)
     parts = [streamed.feed(raw.slice(i, 97)) for i in range(0, raw.num_rows, 97)]
+    plan = streamed.conflicts()  # copies with different labels, decided once all are seen
     streamed.close()
-    accepted = pa.concat_tables(p.accepted for p in parts)
-    rejected = pa.concat_tables(p.rejected for p in parts)
+    moved: list[dict] = []
+    rejected_parts = [p.rejected for p in parts]
+    promoted = promoted_rows(plan, rejected_parts, rules.split.split_of_text, ACCEPTED_SCHEMA)
+    accepted = pa.concat_tables(
+        accepted_after(plan, [p.accepted for p in parts], promoted, moved, REJECTED_SCHEMA)
+    )
+    rejected = pa.concat_tables(rejected_after(plan, rejected_parts, moved, REJECTED_SCHEMA))
+    streamed.recount(accepted, rejected, first=True)
     assert accepted.equals(whole.accepted) and rejected.equals(whole.rejected)
     assert streamed.rows_in == raw.num_rows == streamed.accepted + streamed.rejected
     assert dict(streamed.reasons) == whole.reasons and whole.reasons.get("duplicate", 0) > 0
