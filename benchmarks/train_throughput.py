@@ -37,11 +37,9 @@ from transformers import AutoTokenizer
 from finetune_assets.contracts import read_split_stats
 from finetune_assets.data.models import packaged_model_dir
 from finetune_assets.training.collate import DynamicPaddingCollator
-from finetune_assets.training.datamodule import (
-    ResumableStreamingDataLoader,
-    clean_stale_streaming_memory,
-)
 from finetune_assets.training.module import load_classifier
+from finetune_assets.training.shard_cache import clean_stale_streaming_memory
+from finetune_assets.training.streaming_loader import ResumableStreamingDataLoader
 
 REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
 if not REVIEWS.exists():

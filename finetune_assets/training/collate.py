@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+# cross-entropy's and torchmetrics' ignore_index: a padding or repeated sample counts nowhere
+PAD_LABEL = -100
+
 
 class DynamicPaddingCollator:
     """Collate MDS samples ``{"input_ids": uint16 array, "label": int}`` into model inputs.

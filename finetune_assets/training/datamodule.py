@@ -1,264 +1,39 @@
-"""MDS splits streamed with ``StreamingDataset``; resumable mid-epoch without repeating or skipping samples.
+"""The Lightning data module: MDS splits streamed with ``StreamingDataset``, evaluation split per rank.
 
-Lightning saves a stateful train loader in its checkpoints and restores it on a mid-epoch restart,
-but its fetcher pre-fetches a batch, so ``StreamingDataLoader.num_samples_yielded`` runs ahead of
-what the model consumed and a resume would skip samples. :class:`ResumableStreamingDataLoader`
-records the batches the training loop actually took (``on_after_batch_transfer``), and pins the
-dataset's epoch to Lightning's so a restart at an epoch boundary sees the uninterrupted shuffle.
+Training batches come from :class:`~.streaming_loader.ResumableStreamingDataLoader` (bucketed,
+resumable mid-epoch without repeating or skipping samples); the local copies of the shards are
+managed by :mod:`.shard_cache`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
-import math
 import os
-import random
-import re
 import shutil
-import uuid
-from collections import deque
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
-import torch
 from streaming import StreamingDataLoader, StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
 from torch.utils.data import DataLoader, Dataset
 
 from finetune_assets.data.shards import open_streaming_dataset
-from finetune_assets.training import files
-from finetune_assets.training.collate import DynamicPaddingCollator
+from finetune_assets.training.collate import PAD_LABEL, DynamicPaddingCollator
 from finetune_assets.training.config import DataConfig, TrainerConfig
+from finetune_assets.training.shard_cache import (
+    cache_limit_bytes,
+    cache_root,
+    clean_stale_streaming_memory,
+    num_samples,
+    read_index,
+    split_locations,
+)
+from finetune_assets.training.streaming_loader import (
+    ResumableStreamingDataLoader,
+    repeated_positions,
+)
 
 SPLITS = ("train", "validation", "test")
-log = logging.getLogger(__name__)
-PAD_LABEL = (
-    -100
-)  # cross-entropy's and torchmetrics' ignore_index: a padding or repeated sample counts nowhere
-
-
-class WindowCollator:
-    """One loader *window* (``bucket_batches`` batches of samples) -> its collated batches, in a loader worker.
-
-    With bucketing the window is sorted by length and cut into batches, shortest first; the loader
-    then runs them in an order every rank shares (:func:`bucket_order`). ``per_rank`` is the old
-    order, kept for the benchmark: each rank shuffles its batches with a seed drawn from its own
-    window's content, so at one step the ranks run different lengths and wait for the longest.
-    """
-
-    def __init__(
-        self,
-        collate: Callable[[list[dict[str, Any]]], Any],
-        batch_size: int,
-        bucket_batches: int,
-        seed: int,
-        per_rank: bool = False,
-    ):
-        self.collate, self.batch_size, self.bucket_batches, self.seed = (
-            collate,
-            batch_size,
-            bucket_batches,
-            seed,
-        )
-        self.per_rank = per_rank
-
-    def __call__(self, window: list[dict[str, Any]]) -> list[Any]:
-        b = self.batch_size
-        order = list(range(len(window)))  # each row's position in the window (the stream order)
-        if self.bucket_batches > 1:
-            order.sort(key=lambda i: len(window[i]["input_ids"]))
-        batches = [order[i : i + b] for i in range(0, len(order), b)]
-        if self.bucket_batches > 1 and self.per_rank:
-            digest = hashlib.blake2b(digest_size=8)
-            for sample in window:
-                digest.update(bytes(memoryview(sample["input_ids"]).cast("B")))
-            random.Random(f"{self.seed}/{digest.hexdigest()}").shuffle(batches)
-        out = []
-        for rows in batches:
-            batch = self.collate([window[i] for i in rows])
-            batch["window_index"] = torch.tensor(rows, dtype=torch.long)
-            out.append(batch)
-        return out
-
-
-def bucket_order(count: int, seed: int, epoch: int, window: int) -> list[int]:
-    """The order in which a window's length-sorted batches run: the same on every rank.
-
-    A function of (seed, epoch, window number) only, so at each step all ranks run their batch of the
-    same length rank (no rank waits for another's longer bucket), and a resume that re-reads the
-    window rebuilds the same order.
-    """
-    order = list(range(count))
-    random.Random(f"{seed}/{epoch}/{window}").shuffle(order)
-    return order
-
-
-def repeated_positions(
-    num_samples: int,
-    canonical: int,
-    nodes: int,
-    ranks_per_node: int,
-    rank: int,
-    window: int,
-    algo: str = "relaxed",
-) -> np.ndarray:
-    """Which positions of ``rank``'s epoch stream repeat a sample that another position already has.
-
-    ``StreamingDataset`` gives every rank the same number of samples by repeating some when the
-    split does not divide evenly. Positions do not depend on the shuffle (a permutation of sample
-    ids applied after partitioning) nor on the epoch, so streaming's own partition of ``range(n)``
-    says where the repeats are: an id's first occurrence in training order (window, node, rank,
-    slot) counts, the others are masked out of loss and counts. A resume at ``c`` samples per rank
-    continues the same stream from position ``c``.
-    """
-    from streaming.base.partition import get_partitions
-
-    plan = get_partitions(algo, num_samples, canonical, nodes, ranks_per_node, 1, window)[:, :, 0]
-    order = plan.transpose(2, 0, 1, 3)  # (window index, node, rank of node, slot): training order
-    flat = order.reshape(-1)
-    valid = flat >= 0
-    first = np.zeros(flat.shape, dtype=bool)
-    at = np.flatnonzero(valid)
-    first[at[np.unique(flat[at], return_index=True)[1]]] = True
-    repeated = (valid & ~first).reshape(order.shape)
-    node, local = divmod(rank, ranks_per_node)
-    mine, mine_valid = (
-        repeated[:, node, local].reshape(-1),
-        valid.reshape(order.shape)[:, node, local].reshape(-1),
-    )
-    return mine[mine_valid]  # streaming skips the -1 fillers, all at the end of a rank's stream
-
-
-class ResumableStreamingDataLoader(StreamingDataLoader):
-    """A ``StreamingDataLoader`` that resumes at the exact batch the model last consumed, with optional bucketing.
-
-    The underlying loader reads *windows* of ``bucket_batches * batch_size`` samples. With bucketing
-    (``bucket_batches > 1``) a window is sorted by length, cut into batches (less padding) and the
-    batches are shuffled with a seed derived from the window's content, so they are reproducible.
-    The state names the window's first sample plus how many of its batches were consumed, so a
-    resume re-reads that window, rebuilds the same batches and skips the consumed ones: no sample
-    repeats or goes missing, with or without bucketing.
-    """
-
-    def __init__(
-        self,
-        dataset: StreamingDataset,
-        *,
-        batch_size: int,
-        collate_fn: Callable[[list[dict[str, Any]]], Any],
-        epoch_fn: Callable[[], int],
-        world_size: int,
-        bucket_batches: int = 1,
-        seed: int = 0,
-        repeated: np.ndarray | None = None,
-        num_nodes: int = 1,
-        shared_order: bool = True,
-        **kwargs: Any,
-    ):
-        if bucket_batches < 1:
-            raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches}")
-        # Windows are bucketed and collated inside the loader's workers (pinned by the DataLoader when asked).
-        windows = WindowCollator(
-            collate_fn, batch_size, bucket_batches, seed, per_rank=not shared_order
-        )
-        self._seed, self._shared_order = seed, shared_order and bucket_batches > 1
-        super().__init__(
-            dataset, batch_size=batch_size * bucket_batches, collate_fn=windows, **kwargs
-        )
-        self.per_device_batch = batch_size
-        self.bucket_batches = bucket_batches
-        self._epoch_fn = epoch_fn
-        self._world_size = world_size
-        self._repeated = repeated  # repeated_positions() of this rank, or None: count every sample
-        self._num_nodes = num_nodes
-        self._pending: dict[str, Any] | None = None
-        self._inflight: deque[tuple[int, int, int, int]] = deque()
-        self._epoch = 0
-        self._base = 0  # global sample_in_epoch where this iteration started
-        self._resume_point = (
-            0,
-            0,
-        )  # (samples of this rank before the window, batches consumed in it)
-        self.num_samples_consumed = 0
-
-    def __len__(self) -> int:
-        # Batches per epoch (as without windows): Lightning ends an epoch after this many.
-        return math.ceil(len(self.dataset) / self.per_device_batch)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[Any]:
-        dataset: StreamingDataset = self.dataset  # type: ignore[assignment]
-        if self._pending is not None:
-            state, self._pending = self._pending, None
-        else:  # a fresh epoch: align the dataset's epoch (and so its shuffle) with Lightning's
-            # Built here, not read with dataset.state_dict(): that reads the node's shared resume
-            # buffer, which another local rank may have created but not yet written (empty JSON).
-            state = {
-                "epoch": self._epoch_fn(),
-                "sample_in_epoch": 0,
-                "num_canonical_nodes": dataset.num_canonical_nodes or self._num_nodes,
-                "shuffle_seed": dataset.shuffle_seed,
-                "initial_physical_nodes": dataset.initial_physical_nodes or self._num_nodes,
-            }
-        skip = int(state.pop("skip_batches", 0))
-        dataset.load_state_dict(state)
-        self._epoch, self._base = int(state["epoch"]), int(state["sample_in_epoch"])
-        self._inflight.clear()
-        self._resume_point = (0, skip)
-        self.num_samples_consumed = 0
-        offset = 0
-        window_samples = self.per_device_batch * self.bucket_batches
-        for w, batches in enumerate(DataLoader.__iter__(self)):
-            size = sum(len(batch["labels"]) for batch in batches)
-            if (
-                self._shared_order
-            ):  # the window's number in this rank's epoch stream: the same on every rank
-                number = (self._base // self._world_size + offset) // window_samples
-                batches = [
-                    batches[k] for k in bucket_order(len(batches), self._seed, self._epoch, number)
-                ]
-            for j, batch in enumerate(batches):
-                rows = batch.pop("window_index")
-                if w == 0 and j < skip:
-                    continue
-                self._mask_repeats(batch, self._base // self._world_size + offset + rows.numpy())
-                self._inflight.append((offset, size, j, len(batches)))
-                yield batch
-            offset += size
-
-    def _mask_repeats(self, batch: dict[str, Any], positions: np.ndarray) -> None:
-        """Label streaming's repeated samples :data:`PAD_LABEL` (no loss, not counted): each trains once."""
-        if self._repeated is None:
-            return
-        inside = positions < len(self._repeated)
-        mask = np.zeros(len(positions), dtype=bool)
-        mask[inside] = self._repeated[positions[inside]]
-        if mask.any():
-            rows = torch.from_numpy(mask)
-            batch["labels"][rows] = PAD_LABEL
-            batch["num_samples"] -= int(mask.sum())
-            batch["num_tokens"] -= int(batch["attention_mask"][rows].sum())
-
-    def mark_consumed(self, num_samples: int) -> None:
-        """Called once per batch the training step takes, in order (after Lightning's pre-fetch)."""
-        offset, size, j, count = self._inflight.popleft()
-        self._resume_point = (offset + size, 0) if j + 1 == count else (offset, j + 1)
-        self.num_samples_consumed += num_samples
-
-    def state_dict(self) -> dict[str, Any]:
-        dataset: StreamingDataset = self.dataset  # type: ignore[assignment]
-        offset, skip = self._resume_point
-        state = dataset.state_dict(self._base + offset * self._world_size, from_beginning=True)
-        state["epoch"] = self._epoch
-        state["skip_batches"] = skip
-        return state
-
-    def load_state_dict(self, obj: dict[str, Any]) -> None:
-        self._pending = dict(obj)  # applied when the next epoch iterator starts
 
 
 def balanced_class_weights(counts: list[int]) -> list[float]:
@@ -267,126 +42,6 @@ def balanced_class_weights(counts: list[int]) -> list[float]:
     if total == 0:
         raise ValueError("class_weights='balanced' needs a non-empty train split")
     return [total / (k * c) if c else 1.0 for c in counts]
-
-
-_STREAMING_SHM = re.compile(r"\d{6}_\w+")  # streaming's segment names: f"{prefix:06}_{name}"
-
-
-def clean_stale_streaming_memory() -> int:
-    """Unlink streaming's shared-memory segments that no live process maps or holds open; how many.
-
-    A SIGKILLed run leaves its segments behind, naming its local folders. streaming's own
-    ``clean_stale_shared_memory()`` unlinks *every* segment from prefix 0 up to the first gap, the
-    live ones of other trainings on this machine included, and misses stale ones after a gap. This
-    looks at ``/proc`` instead (Linux; elsewhere it falls back to streaming's function).
-    """
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or not Path("/proc/self/maps").exists():
-        clean_stale_shared_memory()
-        return 0
-    names = {p.name for p in shm.iterdir() if _STREAMING_SHM.fullmatch(p.name)}
-    if not names:
-        return 0
-    used: set[str] = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            for line in (proc / "maps").read_text().splitlines():
-                if "/dev/shm/" in line:
-                    used.add(line.split("/dev/shm/", 1)[1].split()[0])
-            for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("/dev/shm/"):
-                    used.add(target[len("/dev/shm/") :].split()[0])
-        except OSError:  # the process ended, or is not ours to inspect
-            continue
-    stale = names - used
-    for name in stale:
-        (shm / name).unlink(missing_ok=True)
-    return len(stale)
-
-
-def read_index(url: str, split: str) -> dict[str, Any]:
-    """The split's MDS ``index.json`` (local path or fsspec URL); a clear error when there is none."""
-    import json
-
-    import fsspec
-
-    path = f"{files.local_path(url).rstrip('/')}/index.json"
-    try:
-        with fsspec.open(path, "r") as f:
-            return json.load(f)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"{split} split: no MDS dataset (index.json) at {url}") from err
-    except ValueError as err:
-        raise ValueError(f"{split} split: {path} is not valid JSON: {err}") from err
-
-
-def num_samples(index: dict[str, Any]) -> int:
-    return sum(int(shard.get("samples", 0)) for shard in index.get("shards", []))
-
-
-def cache_limit_bytes(index: dict[str, Any], num_nodes: int) -> int:
-    """A split's ``cache_limit`` on one node, sized from its index: this node's share of the shards.
-
-    Training partitions samples over canonical nodes (contiguous ranges, at least one per node) and
-    evaluation reads one contiguous block per rank, so a node touches about ``1/num_nodes`` of the
-    shards; on top: the index, the shards straddling its range's two ends and streaming's minimum of
-    four of the largest shard (raw + zip) while one downloads and decompresses.
-    """
-    shards = index.get("shards", [])
-    sizes = [
-        int((s.get("raw_data") or {}).get("bytes", 0))
-        + int((s.get("zip_data") or {}).get("bytes", 0))
-        for s in shards
-    ]
-    if not sizes:
-        return 0
-    index_bytes = len(json.dumps(index)) + 1024
-    return index_bytes + math.ceil(sum(sizes) / max(1, num_nodes)) + 6 * max(sizes)
-
-
-def cache_root(
-    config: DataConfig, run_key: str, attempt: str | None = None
-) -> tuple[str, str | None]:
-    """(folder, folder to remove after success or None) for the local copies of the splits.
-
-    ``config.local_cache_dir`` when set (kept: the caller owns it). Otherwise
-    ``{scratch}/mds-cache/{hash of run_key}/{attempt}`` where ``{scratch}`` is :func:`files.scratch_root`
-    (the pods' cache volume, not the small ``/tmp`` that also holds HOME): ``run_key`` (the checkpoint dir
-    and the splits' indexes) separates runs and shard versions, and ``attempt`` (the token every rank
-    of this start of the worker group agreed on, see ``run.agree_on_attempt``; else run id + this
-    agent's restart count, which stays the same when an agent restarts its workers for another
-    node's failure) separates restarts. A SIGKILLed worker
-    leaves its streaming shared memory behind, naming its local folders; reusing those folders in
-    the next attempt fails with "Reused local directory", so every attempt gets fresh ones. The
-    trainer removes the run's folder (with what killed attempts left) after a successful run.
-    """
-    if config.local_cache_dir:
-        return files.local_path(config.local_cache_dir), None
-    run = hashlib.sha256(run_key.encode()).hexdigest()[:16]
-    if attempt is not None:
-        pass
-    elif "TORCHELASTIC_RUN_ID" in os.environ:
-        attempt = f"{os.environ['TORCHELASTIC_RUN_ID']}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    else:  # one process outside torchrun (tests, benchmarks): each call is its own attempt
-        attempt = f"pid-{os.getpid()}-{uuid.uuid4().hex}"
-    run_dir = os.path.join(files.scratch_root(), "mds-cache", run)
-    return os.path.join(run_dir, hashlib.sha256(attempt.encode()).hexdigest()[:12]), run_dir
-
-
-def split_locations(url: str, cache_dir: str, split: str) -> tuple[str, str]:
-    """(remote, local) for one split: the published folder or URL is always the *remote*.
-
-    Read in place (``remote=None``), streaming would decompress ``.mds.zstd`` shards into the
-    published folder itself, changing published data and failing on a read-only volume; so every
-    split is copied (decompressed) into its own ``local`` cache sub-folder instead.
-    """
-    url = files.local_path(url)
-    if "://" not in url and not Path(url, "index.json").exists():
-        raise FileNotFoundError(f"{split} split: no MDS dataset (index.json) at {url}")
-    return url, os.path.join(cache_dir, split)
 
 
 class RankBlock(Dataset):

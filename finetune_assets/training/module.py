@@ -23,8 +23,8 @@ from transformers import AutoModelForSequenceClassification, PretrainedConfig, P
 
 from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.data.models import load_sequence_classifier
+from finetune_assets.training.collate import PAD_LABEL
 from finetune_assets.training.config import HyperParameters
-from finetune_assets.training.datamodule import PAD_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class ReviewClassifier(pl.LightningModule):
         logits, labels = logits.float().view(-1, self.num_classes), labels.view(-1)
         kept = (
             labels != PAD_LABEL
-        )  # streaming's repeated samples (datamodule.repeated_positions) count nowhere
+        )  # streaming's repeated samples (streaming_loader.repeated_positions) count nowhere
         weight = (
             self.class_weight[labels.clamp(min=0)]
             if self.class_weight is not None

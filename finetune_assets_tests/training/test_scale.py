@@ -20,15 +20,9 @@ import torch
 from streaming import StreamingDataset
 
 from finetune_assets.contracts import ContractError, read_split_stats
+from finetune_assets.training.collate import PAD_LABEL
 from finetune_assets.training.config import ConfigError, DataConfig, HyperParameters, TrainerConfig
-from finetune_assets.training.datamodule import (
-    PAD_LABEL,
-    RankBlock,
-    cache_limit_bytes,
-    canonical_nodes,
-    clean_stale_streaming_memory,
-    read_index,
-)
+from finetune_assets.training.datamodule import RankBlock, canonical_nodes
 from finetune_assets.training.files import AtomicCheckpointIO
 from finetune_assets.training.module import (
     ReviewClassifier,
@@ -37,6 +31,11 @@ from finetune_assets.training.module import (
     load_classifier,
 )
 from finetune_assets.training.run import ATTEMPT_KEYS, _strategy, agree_on_attempt
+from finetune_assets.training.shard_cache import (
+    cache_limit_bytes,
+    clean_stale_streaming_memory,
+    read_index,
+)
 from finetune_assets.training.sharding import ShardedStrategy
 from finetune_assets_tests.training.fixtures import write_split
 
@@ -294,7 +293,10 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(
     """
     monkeypatch.setattr("streaming.base.dataset.maybe_init_dist", lambda: False)
     from finetune_assets.training.collate import DynamicPaddingCollator
-    from finetune_assets.training.datamodule import ResumableStreamingDataLoader, repeated_positions
+    from finetune_assets.training.streaming_loader import (
+        ResumableStreamingDataLoader,
+        repeated_positions,
+    )
 
     counted, streamed = [], []
     for rank in range(world):
