@@ -21,7 +21,7 @@ from finetune_assets.assets.benchmarks import benchmark_scores
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.tokenized import tokenized_reviews
-from finetune_assets.checks import (
+from finetune_assets.checks.quality_gate import (
     QualityGateConfig,
     _side_by_side,
     frozen_test_set,
