@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -42,21 +41,20 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-KEY_BYTES = 16
+from finetune_assets.data.token_index import (
+    INDEX_FORMAT,
+    KEY_BYTES,
+    MERGE_CHUNK_ROWS,
+    IndexFile,
+    KeyRun,
+    key_halves,
+    merge_runs,
+    open_index,
+    write_run,
+)
+
 CACHE_DIR = "token_cache"
 INDEX_DIR = "index"
-INDEX_FORMAT = 1
-# Index columns, stored one after the other (``hi`` is what binary searches read, contiguous):
-# key halves as little-endian uint64 (sort order: hi, then lo), segment number (into the JSON's list), row.
-_COLUMNS = (
-    ("hi", np.dtype("<u8")),
-    ("lo", np.dtype("<u8")),
-    ("seg", np.dtype("<u4")),
-    ("row", np.dtype("<u4")),
-)
-MERGE_CHUNK_ROWS = (
-    1 << 19
-)  # index entries merged at a time (about 12 MB of columns, 50 MB while sorting)
 
 
 def text_keys(texts: list[str]) -> np.ndarray:
@@ -76,82 +74,6 @@ class Hits:
     rows: np.ndarray
     ids: pa.ListArray  # compact: one buffer of token ids for all hits
     full: np.ndarray
-
-
-def _halves(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    k = np.ascontiguousarray(keys).view("<u8").reshape(-1, 2)
-    return k[:, 0], k[:, 1]
-
-
-@dataclass(frozen=True)
-class _Run:
-    """Keys sorted by (hi, lo) with where each is held: an index (memory-mapped) or one segment (in memory)."""
-
-    hi: np.ndarray
-    lo: np.ndarray
-    seg: np.ndarray
-    row: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.hi)
-
-    @classmethod
-    def of_segment(cls, keys: np.ndarray, seg: int) -> _Run:
-        hi, lo = _halves(keys)
-        order = np.lexsort((lo, hi))
-        return cls(
-            hi[order], lo[order], np.full(len(order), seg, np.uint32), order.astype(np.uint32)
-        )
-
-    def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-        """Position of each (hi, lo) in the run, -1 where absent: one binary search each (a memory-mapped run
-        reads only the pages the searches touch).
-        """
-        n = len(self.hi)
-        if n == 0 or len(hi) == 0:
-            return np.full(len(hi), -1, np.int64)
-        order = np.argsort(
-            hi
-        )  # sorted probes walk the run's pages in order (10x fewer cache misses)
-        pos = np.empty(len(hi), np.int64)
-        pos[order] = np.searchsorted(self.hi, hi[order])
-        inside = pos < n
-        p = np.where(inside, pos, 0)
-        same_hi = inside & (self.hi[p] == hi)
-        exact = same_hi & (self.lo[p] == lo)
-        # the same 64-bit hi twice in a run (~n^2/2^65: rare): walk its equal-hi entries (sorted by lo)
-        for j in np.flatnonzero(same_hi & ~exact):
-            k = p[j] + 1
-            while k < n and self.hi[k] == hi[j] and self.lo[k] <= lo[j]:
-                if self.lo[k] == lo[j]:
-                    p[j], exact[j] = k, True
-                    break
-                k += 1
-        return np.where(exact, p, -1)
-
-
-@dataclass(frozen=True)
-class _Index:
-    name: str
-    segments: list[str]
-    rows: int
-
-
-def _columns(path: str, rows: int, mode: str = "r") -> dict[str, np.ndarray]:
-    """An index file's columns, memory-mapped (file pages: nothing is read until searched)."""
-    columns, offset = {}, 0
-    for column, dtype in _COLUMNS:
-        columns[column] = (
-            np.memmap(path, dtype=dtype, mode=mode, offset=offset, shape=(rows,))
-            if rows
-            else np.empty(0, dtype)
-        )
-        offset += rows * dtype.itemsize
-    return columns
-
-
-def _open_index(path: str, rows: int) -> _Run:
-    return _Run(**_columns(path, rows))
 
 
 class TokenCache:
@@ -180,7 +102,7 @@ class TokenCache:
         return f"{self.path}/{name}{suffix}"
 
     # -- index ---------------------------------------------------------------------------------------------------
-    def _indexes(self) -> list[_Index]:
+    def _indexes(self) -> list[IndexFile]:
         try:
             names = self.fs.ls(f"{self.path}/{INDEX_DIR}", detail=False)
         except FileNotFoundError:
@@ -199,30 +121,30 @@ class TokenCache:
                 continue
             if meta.get("format") == INDEX_FORMAT:
                 found.append(
-                    _Index(Path(n).name[: -len(".json")], meta["segments"], int(meta["rows"]))
+                    IndexFile(Path(n).name[: -len(".json")], meta["segments"], int(meta["rows"]))
                 )
         return found
 
-    def _best_index(self, segments: list[str]) -> _Index | None:
+    def _best_index(self, segments: list[str]) -> IndexFile | None:
         present = set(segments)
         indexes = [
             i for i in self._indexes() if set(i.segments) <= present
         ]  # every segment it names exists
         return max(indexes, key=lambda i: (i.rows, i.name), default=None)
 
-    def _index_run(self, index: _Index) -> _Run:
+    def _index_run(self, index: IndexFile) -> KeyRun:
         url = f"{self.path}/{INDEX_DIR}/{index.name}.idx"
         if self.local:
-            return _open_index(url, index.rows)
+            return open_index(url, index.rows)
         if index.name not in self._downloads:
             if self._scratch is None:
                 self._scratch = tempfile.TemporaryDirectory(prefix="token-index-")
             local = f"{self._scratch.name}/{index.name}.idx"
             self.fs.get_file(url, local)
             self._downloads[index.name] = local
-        return _open_index(self._downloads[index.name], index.rows)
+        return open_index(self._downloads[index.name], index.rows)
 
-    def _runs(self) -> tuple[list[str], list[_Run], list[str]]:
+    def _runs(self) -> tuple[list[str], list[KeyRun], list[str]]:
         """(segment names, runs to search in order, segments searched one by one): the largest index, then
         every segment it does not list. An index deleted between listing and opening: look again once.
         """
@@ -240,13 +162,13 @@ class TokenCache:
         loose = [s for s in segments if s not in listed]
         return names, runs, loose
 
-    def _segment_run(self, name: str, seg: int) -> _Run | None:
+    def _segment_run(self, name: str, seg: int) -> KeyRun | None:
         try:
             with self.fs.open(self._seg_url(name, ".keys"), "rb") as f:
                 keys = np.frombuffer(f.read(), dtype=np.uint8).reshape(-1, KEY_BYTES)
         except FileNotFoundError:
             return None
-        return _Run.of_segment(keys, seg)
+        return KeyRun.of_segment(keys, seg)
 
     # -- lookup --------------------------------------------------------------------------------------------------
     def lookup(self, keys: np.ndarray, dtype: np.dtype) -> Hits:
@@ -255,14 +177,14 @@ class TokenCache:
         empty = Hits(np.empty(0, np.int64), pa.array([], list_type), np.empty(0, np.int32))
         if len(keys) == 0:
             return empty
-        hi, lo = _halves(keys)
+        hi, lo = key_halves(keys)
         seg_of = np.full(
             len(keys), -1, np.int64
         )  # looked-up row -> segment number (into ``names``)
         row_of = np.zeros(len(keys), np.int64)
         names, runs, loose = self._runs()
 
-        def search(run: _Run) -> None:
+        def search(run: KeyRun) -> None:
             todo = np.flatnonzero(seg_of < 0)
             pos = run.find(hi[todo], lo[todo])
             ok = pos >= 0
@@ -347,43 +269,12 @@ class TokenCache:
                 if run is None:
                     continue
                 path = f"{tmp}/{len(names)}.run"
-                _write_columns(path, run)
-                runs.append(_open_index(path, len(run)))
+                write_run(path, run)
+                runs.append(open_index(path, len(run)))
                 names.append(name)
-            total = sum(len(r) for r in runs)
             out = f"{tmp}/index.idx"
-            merged = _open_output(out, total)
-            chunks = max(1, math.ceil(total / chunk_rows))
-            bounds = [
-                (k << 64) // chunks for k in range(chunks)
-            ]  # keys are hashes: equal hi ranges, equal sizes
-            at = 0
-            for k, start in enumerate(bounds):
-                pieces = []
-                for run in runs:
-                    a = int(np.searchsorted(run.hi, np.uint64(start)))
-                    b = (
-                        int(np.searchsorted(run.hi, np.uint64(bounds[k + 1])))
-                        if k + 1 < chunks
-                        else len(run)
-                    )
-                    if b > a:
-                        pieces.append(_Run(run.hi[a:b], run.lo[a:b], run.seg[a:b], run.row[a:b]))
-                if not pieces:
-                    continue
-                hi = np.concatenate([p.hi for p in pieces])
-                lo = np.concatenate([p.lo for p in pieces])
-                order = np.lexsort((lo, hi))
-                m = len(order)
-                merged["hi"][at : at + m] = hi[order]
-                merged["lo"][at : at + m] = lo[order]
-                del hi, lo
-                merged["seg"][at : at + m] = np.concatenate([p.seg for p in pieces])[order]
-                merged["row"][at : at + m] = np.concatenate([p.row for p in pieces])[order]
-                at += m
-            for column in merged.values():
-                column.flush()
-            del merged, runs
+            total = merge_runs(runs, out, chunk_rows)
+            del runs
             name = hashlib.sha256("\n".join(names).encode()).hexdigest()[:32]
             from finetune_assets.data.slices import writing
             from finetune_assets.storage import write_bytes_atomic
@@ -409,18 +300,6 @@ class TokenCache:
     def segment(self) -> SegmentWriter:
         """Where a slice's newly tokenized rows go (a context manager: published on a clean exit)."""
         return SegmentWriter(self)
-
-
-def _open_output(path: str, rows: int) -> dict[str, np.ndarray]:
-    with open(path, "wb") as f:
-        f.truncate(rows * sum(d.itemsize for _, d in _COLUMNS))
-    return _columns(path, rows, mode="r+")
-
-
-def _write_columns(path: str, run: _Run) -> None:
-    with open(path, "wb") as f:
-        for column, dtype in _COLUMNS:
-            f.write(np.ascontiguousarray(getattr(run, column), dtype=dtype).tobytes())
 
 
 class SegmentWriter:

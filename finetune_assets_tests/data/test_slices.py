@@ -341,18 +341,17 @@ def test_the_cache_index_finds_what_the_segments_hold_and_supersedes_older_index
 
 def test_the_cache_index_tells_keys_apart_that_share_their_first_half(tmp_path):
     """Binary search is on the keys' first 8 bytes; keys equal there must still be told apart by the rest."""
-    from finetune_assets.data.token_cache import KEY_BYTES, TokenCache, _Run
+    from finetune_assets.data.token_cache import TokenCache
+    from finetune_assets.data.token_index import KEY_BYTES, KeyRun, key_halves
 
     keys = np.zeros((6, KEY_BYTES), np.uint8)
     keys[:, 8] = [5, 1, 9, 3, 7, 2]  # the same hi, lo differs
     keys[5, 0] = 1  # one with another hi
-    run = _Run.of_segment(keys, seg=0)
+    run = KeyRun.of_segment(keys, seg=0)
     probe = np.concatenate(
         [keys[[2, 0, 3, 5]], np.zeros((1, KEY_BYTES), np.uint8)]
     )  # last: lo 0, absent
-    from finetune_assets.data.token_cache import _halves
-
-    pos = run.find(*_halves(probe))
+    pos = run.find(*key_halves(probe))
     assert run.row[pos[:4]].tolist() == [2, 0, 3, 5] and pos[4] == -1
     cache = TokenCache(str(tmp_path / "ns"))
     ids = pa.array([[101, j, 102] for j in range(6)], pa.list_(pa.uint16()))
