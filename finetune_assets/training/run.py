@@ -29,6 +29,12 @@ from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.precision import resolve_precision
+from finetune_assets.training.process_group import (
+    gather,
+    init_process_group,
+    per_node,
+    torchrun_world,
+)
 from finetune_assets.training.sharding import ShardedStrategy, local_parameters
 
 log = logging.getLogger("finetune_assets.training")
@@ -68,103 +74,6 @@ def quiet_known_notices() -> None:
         tips.addFilter(_DropLitLoggerTip())
 
 
-def _world() -> tuple[int, int, int]:
-    return (
-        int(os.environ.get("RANK", 0)),
-        int(os.environ.get("WORLD_SIZE", 1)),
-        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-    )
-
-
-ATTEMPT_KEYS = "/finetune_assets/attempt"
-
-
-def agree_on_attempt(
-    store: Any, rank: int, world: int, timeout: float = 1800.0, poll: float = 0.05
-) -> str:
-    """A token that every rank of this start of the worker group gets, and no earlier start had.
-
-    The agent's store outlives worker restarts, so the process group's keys must sit under a prefix
-    that is fresh per start and equal on every node. ``TORCHELASTIC_RESTART_COUNT`` is not: it counts
-    one node agent's own restarts, so after one node's workers fail the nodes disagree and never
-    meet. Instead rank 0 draws a token and hands it to each rank that asks with a fresh nonce
-    (stale asks left by a previous start are answered harmlessly); it returns once every rank has
-    acknowledged *this* token, which no earlier start could have done.
-    """
-    import datetime
-    import uuid
-
-    if rank != 0:
-        nonce = uuid.uuid4().hex
-        store.set(f"{ATTEMPT_KEYS}/ask/{rank}", nonce)
-        answer = f"{ATTEMPT_KEYS}/answer/{nonce}"
-        store.wait([answer], datetime.timedelta(seconds=timeout))
-        token = store.get(answer).decode()
-        store.set(f"{ATTEMPT_KEYS}/ack/{token}/{rank}", "1")
-        return token
-    token = uuid.uuid4().hex
-    waiting, answered = set(range(1, world)), {}
-    deadline = time.monotonic() + timeout
-    while waiting:
-        for r in sorted(waiting):
-            if store.check([f"{ATTEMPT_KEYS}/ack/{token}/{r}"]):
-                waiting.discard(r)
-            elif store.check([f"{ATTEMPT_KEYS}/ask/{r}"]):
-                nonce = store.get(f"{ATTEMPT_KEYS}/ask/{r}").decode()
-                if answered.get(r) != nonce:
-                    store.set(f"{ATTEMPT_KEYS}/answer/{nonce}", token)
-                    answered[r] = nonce
-        if waiting and time.monotonic() > deadline:
-            raise TimeoutError(
-                f"ranks {sorted(waiting)} did not join the process group within {timeout:.0f}s"
-            )
-        time.sleep(poll if waiting else 0)
-    return token
-
-
-def _init_process_group(config: TrainerConfig) -> str | None:
-    """Join the process group through a store prefix unique to this start of the worker group.
-
-    After torchrun restarts a worker group, the agent's store still holds the previous attempt's
-    keys; gloo then reads a dead rank's address and fails with "connectFullMesh ... Connection
-    refused" when the new ranks start at different speeds. Keys under the token of
-    :func:`agree_on_attempt` are always fresh, on every node. Lightning sees the group initialised
-    and uses it. Returns the token (None outside a multi-process torchrun).
-    """
-    import datetime
-
-    import torch.distributed as dist
-    from torch.distributed.rendezvous import _torchelastic_use_agent_store
-
-    rank, world, _ = _world()
-    if world == 1 or "TORCHELASTIC_RUN_ID" not in os.environ or dist.is_initialized():
-        return None
-    timeout = datetime.timedelta(minutes=30)
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world,
-        is_master=rank == 0 and not _torchelastic_use_agent_store(),
-        timeout=timeout,
-    )
-    token = agree_on_attempt(store, rank, world, timeout=timeout.total_seconds())
-    log.info(
-        "rank %d joins attempt %s (this node's restart count %s)",
-        rank,
-        token[:8],
-        os.environ.get("TORCHELASTIC_RESTART_COUNT"),
-    )
-    gpu = config.accelerator != "cpu" and torch.cuda.is_available()
-    dist.init_process_group(
-        "nccl" if gpu else "gloo",
-        store=dist.PrefixStore(f"/finetune_assets/{token}", store),
-        rank=rank,
-        world_size=world,
-        timeout=timeout,
-    )
-    return token
-
-
 # "auto" shards models above this many parameters: below it DDP's one all-reduce per step beats
 # FSDP's per-block all-gathers, and a replica (weights, grads, Adam: 16 bytes/parameter) fits a GPU.
 FSDP_ABOVE_PARAMETERS = 1_000_000_000
@@ -199,7 +108,7 @@ def _trainer(
     validate: bool = True,
     parameters: int = 0,
 ) -> pl.Trainer:
-    _, world, local_world = _world()
+    _, world, local_world = torchrun_world()
     strategy = _strategy(config, world, local_world, parameters)
     by_steps = config.checkpoint_every_n_steps
     checkpoint = ModelCheckpoint(  # on a time interval Lightning broadcasts rank 0's decision: no rank skips a save
@@ -268,22 +177,6 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
     return logger
 
 
-def _per_node(value: Any) -> list[Any]:
-    """``value`` of each node's local leader (the others pass None), in node order: one all-gather."""
-    return [v for v in _gather(value) if v is not None]
-
-
-def _gather(value: Any) -> list[Any]:
-    """``value`` of every rank, in rank order (one all-gather; ``[value]`` outside a process group)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
-
-
 def _local_resume(resume: str | None) -> str | None:
     """The checkpoint path to hand Lightning: a node-local copy, refused unless it loads weights-only.
 
@@ -327,7 +220,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     Side jobs are callbacks (:mod:`.callbacks`): throughput counters, progress lines, the Hugging Face
     export and MLflow registration.
     """
-    rank, world, _ = _world()
+    rank, world, _ = torchrun_world()
     t0 = time.time()
     quiet_known_notices()
     # "auto" decided on the machine that trains; MLflow params and metrics.json record what ran.
@@ -335,7 +228,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     if rank == 0 and resolved != config.precision:
         log.info("precision %s -> %s on this machine", config.precision, resolved)
     config = config.model_copy(update={"precision": resolved})
-    attempt = _init_process_group(config)
+    attempt = init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
     # Reads every split's index first: a missing or empty train split fails here, with its URL.
@@ -410,7 +303,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "mds-cache"
         )  # every rank of the node is done reading the cached shards
         local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
-        cached = _per_node(datamodule.cached_shards("train") if local_leader else None)
+        cached = per_node(datamodule.cached_shards("train") if local_leader else None)
         if local_leader:
             datamodule.remove_cache()
         metrics: dict[str, Any] = {
@@ -422,7 +315,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "resumed_at_step": throughput.start_step if resume else None,
             "world_size": world,
             "strategy": config.strategy,
-            "parameters_per_rank": _gather(local_parameters(module)),
+            "parameters_per_rank": gather(local_parameters(module)),
             "precision": config.precision,  # as resolved on this machine ("auto" never appears here)
             "class_weights": weights,
             "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each

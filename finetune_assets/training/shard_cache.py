@@ -108,7 +108,7 @@ def cache_root(
     ``{scratch}/mds-cache/{hash of run_key}/{attempt}`` where ``{scratch}`` is :func:`files.scratch_root`
     (the pods' cache volume, not the small ``/tmp`` that also holds HOME): ``run_key`` (the checkpoint dir
     and the splits' indexes) separates runs and shard versions, and ``attempt`` (the token every rank
-    of this start of the worker group agreed on, see ``run.agree_on_attempt``; else run id + this
+    of this start of the worker group agreed on, see ``process_group.agree_on_attempt``; else run id + this
     agent's restart count, which stays the same when an agent restarts its workers for another
     node's failure) separates restarts. A SIGKILLed worker
     leaves its streaming shared memory behind, naming its local folders; reusing those folders in

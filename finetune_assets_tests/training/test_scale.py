@@ -30,7 +30,8 @@ from finetune_assets.training.module import (
     decays,
     load_classifier,
 )
-from finetune_assets.training.run import ATTEMPT_KEYS, _strategy, agree_on_attempt
+from finetune_assets.training.process_group import ATTEMPT_KEYS, agree_on_attempt
+from finetune_assets.training.run import _strategy
 from finetune_assets.training.shard_cache import (
     cache_limit_bytes,
     clean_stale_streaming_memory,
