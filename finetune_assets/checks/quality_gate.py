@@ -31,8 +31,8 @@ class FloorConfig(dg.Config):
     )
     baseline_margin: float | None = Field(
         0.0,
-        description="also require macro-F1 >= this version's baseline_model macro-F1 + margin (null: off; "
-        "a version whose baseline_model was not built is refused while the rule is on)",
+        description="also require macro-F1 >= this version's baseline_model macro-F1 + margin "
+        "(null: off; a version whose baseline_model was not built is refused while the rule is on)",
     )
 
 
@@ -83,8 +83,9 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
     partitions_def=dataset_versions,
     additional_deps=[RAW, BASELINE_MODEL],
     retry_policy=REGISTRY_RETRY,
-    description="Test macro-F1 of the model this materialization registered, vs the floor, its version's "
-    "baseline_model and the current champion; observes only (champion_model moves the alias).",
+    description="Test macro-F1 of the model this materialization registered, vs the floor, its "
+    "version's baseline_model and the current champion; observes only (champion_model moves "
+    "the alias).",
 )
 def quality_gate(
     context: dg.AssetCheckExecutionContext,
@@ -92,7 +93,7 @@ def quality_gate(
     storage: StorageResource,
     mlflow: MlflowResource,
 ) -> dg.AssetCheckResult:
-    """Challenger and champion scored by one evaluator on this version's test texts; nothing is promoted here."""
+    """Challenger and champion scored alike on this version's test set; promotes nothing."""
     from mlflow import MlflowClient
 
     from finetune_assets import gate
@@ -130,7 +131,8 @@ def quality_gate(
             severity=dg.AssetCheckSeverity.WARN,
             metadata={
                 **meta,
-                "decision": "not promoted: the trainer registered no model version (mlflow.log_model off?)",
+                "decision": "not promoted: the trainer registered no model version "
+                "(mlflow.log_model off?)",
             },
         )
     challenger = gate.Challenger(name, str(model.registered_model_version), score)
@@ -154,8 +156,8 @@ def quality_gate(
     problems = [r for cond in floor if (r := cond(result)) is not None]
     if worse:
         problems.append(
-            f"macro-F1 {score:.4f} < champion v{result.champion.version}'s {result.champion_score:.4f} "
-            f"on the same {len(test.texts)} test reviews"
+            f"macro-F1 {score:.4f} < champion v{result.champion.version}'s "
+            f"{result.champion_score:.4f} on the same {len(test.texts)} test reviews"
         )
     if problems:
         decision = "refused: " + "; ".join(problems)
@@ -171,7 +173,7 @@ def quality_gate(
 
 
 def _side_by_side(version: str, score: float, about: dict, result) -> dict:
-    """Challenger, its version's baseline (+ margin) and the champion in one table (the gate's three numbers)."""
+    """The gate's three numbers in one table: challenger, baseline + margin, champion."""
     baseline = about.get("baseline_macro_f1")
     champ = result.champion
     rows = [
@@ -205,7 +207,7 @@ def version_labels(store, version: str):
 
 
 def frozen_test_set(store, version: str):
-    """The frozen test split as text + label (raw_reviews' split column, as baseline_model reads it)."""
+    """The frozen test split as text + label (raw_reviews' split column, as baseline_model)."""
     from finetune_assets.assets.baseline import split_reviews
     from finetune_assets.gate import TestSet
 

@@ -1,4 +1,4 @@
-"""``raw_reviews``' data contract: schema and labels, quarantine and duplicate shares, rows per class."""
+"""``raw_reviews``' data contract: schema, labels, quarantine and duplicate shares, class sizes."""
 
 from collections import Counter
 
@@ -136,7 +136,8 @@ def raw_reviews_contract(
             rejected_by_reason=dg.MetadataValue.json(bad),
             rejected_path=where,
             examples=_examples(examples),
-            fix="read rejected.parquet (reason + detail per row); fix the drop or raise max_rejected_share",
+            fix="read rejected.parquet (reason + detail per row); fix the drop or raise "
+            "max_rejected_share",
         )
 
     if "duplicate_share" in selected:
@@ -147,8 +148,8 @@ def raw_reviews_contract(
             "duplicate_share",
             share <= config.max_duplicate_share,
             dg.AssetCheckSeverity.WARN,
-            f"{share:.2%} of rows are duplicates ({reasons.get('conflicting_duplicate', 0)} with a conflicting "
-            f"label; limit {config.max_duplicate_share:.2%})",
+            f"{share:.2%} of rows are duplicates ({reasons.get('conflicting_duplicate', 0)} with a "
+            f"conflicting label; limit {config.max_duplicate_share:.2%})",
             duplicate_share=round(share, 6),
             limit=config.max_duplicate_share,
             duplicates=dups,

@@ -1,4 +1,4 @@
-"""``mds_shards``' integrity: every split readable, counts equal to ``tokenized_reviews``', none empty."""
+"""``mds_shards``' integrity: splits readable, counts as in ``tokenized_reviews``, none empty."""
 
 import dagster as dg
 
@@ -53,7 +53,8 @@ def mds_shards_integrity(context: dg.AssetCheckExecutionContext, storage: Storag
         for split in SPLITS:
             try:
                 seen[split] = read_back_count(local / split)
-            except Exception as err:  # noqa: BLE001 - any reader failure is the finding, reported per split
+            # any reader failure is the finding, reported per split
+            except Exception as err:  # noqa: BLE001
                 seen[split], errors[split] = None, f"{type(err).__name__}: {err}"
     table = dg.MetadataValue.md(
         markdown_table(

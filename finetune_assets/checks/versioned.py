@@ -8,7 +8,7 @@ from finetune_assets.dataset_versions.partitions import dataset_versions
 def per_version_spec(
     name: str, asset: str, description: str, blocking: bool, reads=()
 ) -> dg.AssetCheckSpec:
-    """A per-version check; ``reads`` are other assets it reads (lineage + ordering inside a run)."""
+    """A per-version check; ``reads``: other assets it reads (lineage + ordering inside a run)."""
     return dg.AssetCheckSpec(
         name,
         asset=asset,

@@ -1,29 +1,33 @@
-"""Content-addressed tokenization cache under the storage root: rows shared between versions are tokenized once.
+"""Content-addressed tokenization cache under the storage root: shared rows are tokenized once.
 
 Layout under ``{root}/token_cache/{tokenizer hash}-{max_length}/``:
 
-- ``{segment}.arrow`` + ``{segment}.keys``: the rows one slice worker tokenized anew: ``key`` (16-byte hash
-  of the exact text that was tokenized), ``input_ids`` (already truncated to ``max_length``) and
-  ``full_length``; the ``.keys`` file holds the keys alone, 16 bytes each, in the segment's row order.
+- ``{segment}.arrow`` + ``{segment}.keys``: the rows one slice worker tokenized anew: ``key``
+  (16-byte hash of the exact text that was tokenized), ``input_ids`` (already truncated to
+  ``max_length``) and ``full_length``; the ``.keys`` file holds the keys alone, 16 bytes each, in
+  the segment's row order.
 - ``index/{name}.idx`` + ``{name}.json``: every key of the segments the JSON lists, sorted, with the
-  segment and row that hold it. The asset merges each version's new segments into it (:meth:`TokenCache.compact`,
-  bounded memory: a key range at a time), so a lookup is a binary search per row into one file (memory-mapped,
-  only the pages it touches) instead of a scan of every segment: a slice's lookup costs O(slice x log cache),
-  not O(cache), and the number of slices no longer multiplies the cache's size. Segments no index lists yet
-  (a version still tokenizing, a compaction that failed) are searched one by one, as before.
+  segment and row that hold it. The asset merges each version's new segments into it
+  (:meth:`TokenCache.compact`, bounded memory: a key range at a time), so a lookup is a binary
+  search per row into one file (memory-mapped, only the pages it touches) instead of a scan of every
+  segment: a slice's lookup costs O(slice x log cache), not O(cache), and the number of slices no
+  longer multiplies the cache's size. Segments no index lists yet (a version still tokenizing, a
+  compaction that failed) are searched one by one, as before.
 
 The key is the hash of the text as tokenized, not of the normalized text: two reviews with one
 normalized form (same split, same duplicate identity) can still differ in case or invisible
-characters, which a cased tokenizer encodes differently. The tokenizer hash is of its full definition
-(``tokenizer.json``: vocabulary, normalizer, post-processor), so any change starts a fresh namespace.
+characters, which a cased tokenizer encodes differently. The tokenizer hash is of its full
+definition (``tokenizer.json``: vocabulary, normalizer, post-processor), so any change starts a
+fresh namespace.
 
-Concurrency: segments and indexes are immutable and named by their content; each file is written atomically
-(temp file + rename, or one PUT on object stores), a segment's ``.keys`` only after its ``.arrow`` and an
-index's ``.json`` only after its ``.idx``, so a reader sees a complete one or none. Two versions writing at
-once add distinct segments (or the same bytes under the same name); two compacting at once each publish an
-index, and the next compaction merges from the larger one. An index is deleted only once a published one
-lists all its segments; a reader that loses that race looks again. A cache is only ever an accelerator: a
-segment or index that cannot be read makes rows misses (tokenized anew), never wrong tokens.
+Concurrency: segments and indexes are immutable and named by their content; each file is written
+atomically (temp file + rename, or one PUT on object stores), a segment's ``.keys`` only after its
+``.arrow`` and an index's ``.json`` only after its ``.idx``, so a reader sees a complete one or
+none. Two versions writing at once add distinct segments (or the same bytes under the same name);
+two compacting at once each publish an index, and the next compaction merges from the larger one. An
+index is deleted only once a published one lists all its segments; a reader that loses that race
+looks again. A cache is only ever an accelerator: a segment or index that cannot be read makes rows
+misses (tokenized anew), never wrong tokens.
 """
 
 from __future__ import annotations
@@ -81,12 +85,10 @@ class TokenCache:
         self.url = url.rstrip("/")
         self.fs, self.path = fsspec.core.url_to_fs(self.url)
         self.local = isinstance(self.fs, fsspec.implementations.local.LocalFileSystem)
-        self._downloads: dict[
-            str, str
-        ] = {}  # remote index name -> a local copy (one download per process)
-        self._scratch: tempfile.TemporaryDirectory | None = (
-            None  # where those copies live (removed with self)
-        )
+        # remote index name -> a local copy (one download per process)
+        self._downloads: dict[str, str] = {}
+        # where those copies live (removed with self)
+        self._scratch: tempfile.TemporaryDirectory | None = None
 
     def _segments(self) -> list[str]:
         try:
@@ -101,7 +103,7 @@ class TokenCache:
     def _seg_url(self, name: str, suffix: str) -> str:
         return f"{self.path}/{name}{suffix}"
 
-    # -- index ---------------------------------------------------------------------------------------------------
+    # -- index -------------------------------------------------------------------------------------
     def _indexes(self) -> list[IndexFile]:
         try:
             names = self.fs.ls(f"{self.path}/{INDEX_DIR}", detail=False)
@@ -114,10 +116,7 @@ class TokenCache:
             try:
                 with self.fs.open(n, "r") as f:
                     meta = json.load(f)
-            except (
-                FileNotFoundError,
-                ValueError,
-            ):  # deleted meanwhile by a compaction that superseded it
+            except (FileNotFoundError, ValueError):  # deleted meanwhile by a newer compaction
                 continue
             if meta.get("format") == INDEX_FORMAT:
                 found.append(
@@ -127,9 +126,8 @@ class TokenCache:
 
     def _best_index(self, segments: list[str]) -> IndexFile | None:
         present = set(segments)
-        indexes = [
-            i for i in self._indexes() if set(i.segments) <= present
-        ]  # every segment it names exists
+        # every segment it names exists
+        indexes = [i for i in self._indexes() if set(i.segments) <= present]
         return max(indexes, key=lambda i: (i.rows, i.name), default=None)
 
     def _index_run(self, index: IndexFile) -> KeyRun:
@@ -145,8 +143,9 @@ class TokenCache:
         return open_index(self._downloads[index.name], index.rows)
 
     def _runs(self) -> tuple[list[str], list[KeyRun], list[str]]:
-        """(segment names, runs to search in order, segments searched one by one): the largest index, then
-        every segment it does not list. An index deleted between listing and opening: look again once.
+        """(segment names, runs to search in order, segments searched one by one): the largest
+        index, then every segment it does not list. An index deleted between listing and opening:
+        look again once.
         """
         for attempt in range(2):
             segments = self._segments()
@@ -170,17 +169,16 @@ class TokenCache:
             return None
         return KeyRun.of_segment(keys, seg)
 
-    # -- lookup --------------------------------------------------------------------------------------------------
+    # -- lookup ------------------------------------------------------------------------------------
     def lookup(self, keys: np.ndarray, dtype: np.dtype) -> Hits:
-        """Rows of ``keys`` already in the cache, with their tokens (each segment read at most once)."""
+        """Rows of ``keys`` already in the cache, with their tokens (each segment read once)."""
         list_type = pa.list_(pa.from_numpy_dtype(dtype))
         empty = Hits(np.empty(0, np.int64), pa.array([], list_type), np.empty(0, np.int32))
         if len(keys) == 0:
             return empty
         hi, lo = key_halves(keys)
-        seg_of = np.full(
-            len(keys), -1, np.int64
-        )  # looked-up row -> segment number (into ``names``)
+        # looked-up row -> segment number (into ``names``)
+        seg_of = np.full(len(keys), -1, np.int64)
         row_of = np.zeros(len(keys), np.int64)
         names, runs, loose = self._runs()
 
@@ -202,9 +200,8 @@ class TokenCache:
                 search(run)
         rows, ids, full = [], [], []
         hit = np.flatnonzero(seg_of >= 0)
-        hit = hit[
-            np.lexsort((row_of[hit], seg_of[hit]))
-        ]  # by segment, then row: each segment read once, in order
+        # by segment, then row: each segment read once, in order
+        hit = hit[np.lexsort((row_of[hit], seg_of[hit]))]
         segs, starts = np.unique(seg_of[hit], return_index=True)
         for seg, target in zip(segs, np.split(hit, starts[1:])):
             try:
@@ -229,8 +226,8 @@ class TokenCache:
         ids: list,
         full: list,
     ) -> None:
-        """Rows ``seg_rows`` (ascending) of a segment, for looked-up rows ``target``, one decompressed
-        batch at a time.
+        """Rows ``seg_rows`` (ascending) of a segment, for looked-up rows ``target``, one
+        decompressed batch at a time.
         """
         got_rows, got_ids, got_full = [], [], []
         with self.fs.open(self._seg_url(name, ".arrow"), "rb") as f:
@@ -249,11 +246,12 @@ class TokenCache:
         ids += got_ids
         full += got_full
 
-    # -- compaction ----------------------------------------------------------------------------------------------
+    # -- compaction --------------------------------------------------------------------------------
     def compact(self, chunk_rows: int = MERGE_CHUNK_ROWS) -> dict:
-        """Merge the segments no index lists into a new index (with the largest one's entries), publish it and
-        drop the indexes it supersedes. Bounded memory: the inputs are sorted runs on disk, merged a key range
-        at a time. Safe to run concurrently and to re-run. Returns counts for the asset's metadata.
+        """Merge the segments no index lists into a new index (with the largest one's entries),
+        publish it and drop the indexes it supersedes. Bounded memory: the inputs are sorted runs on
+        disk, merged a key range at a time. Safe to run concurrently and to re-run. Returns counts
+        for the asset's metadata.
         """
         names, runs, loose = self._runs()
         if not loose:
@@ -298,13 +296,14 @@ class TokenCache:
         }
 
     def segment(self) -> SegmentWriter:
-        """Where a slice's newly tokenized rows go (a context manager: published on a clean exit)."""
+        """Where a slice's newly tokenized rows go (a context manager: published on clean exit)."""
         return SegmentWriter(self)
 
 
 class SegmentWriter:
-    """One slice's newly tokenized rows, written batch by batch (a worker holds one batch of tokens, not the
-    slice's), published as one segment on a clean exit: the tokens, then the keys that make them visible.
+    """One slice's newly tokenized rows, written batch by batch (a worker holds one batch of tokens,
+    not the slice's), published as one segment on a clean exit: the tokens, then the keys that make
+    them visible.
     """
 
     def __init__(self, cache: TokenCache):

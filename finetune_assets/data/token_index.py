@@ -1,4 +1,4 @@
-"""The token cache's key index: sorted runs of 16-byte keys, stored as columns, merged in bounded memory.
+"""The token cache's key index: sorted runs of 16-byte keys, merged in bounded memory.
 
 An index file holds four columns one after the other (``hi`` first and contiguous: it is what a
 binary search reads): each key's halves as little-endian uint64 (sort order: hi, then lo), the
@@ -16,7 +16,8 @@ import numpy as np
 KEY_BYTES = 16
 INDEX_FORMAT = 1
 # Index columns, stored one after the other (``hi`` is what binary searches read, contiguous):
-# key halves as little-endian uint64 (sort order: hi, then lo), segment number (into the JSON's list), row.
+# key halves as little-endian uint64 (sort order: hi, then lo), segment number (into the JSON's
+# list), row.
 COLUMNS = (
     ("hi", np.dtype("<u8")),
     ("lo", np.dtype("<u8")),
@@ -25,9 +26,8 @@ COLUMNS = (
 )
 
 
-MERGE_CHUNK_ROWS = (
-    1 << 19
-)  # index entries merged at a time (about 12 MB of columns, 50 MB while sorting)
+# index entries merged at a time (about 12 MB of columns, 50 MB while sorting)
+MERGE_CHUNK_ROWS = 1 << 19
 
 
 def key_halves(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +37,7 @@ def key_halves(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class KeyRun:
-    """Keys sorted by (hi, lo) with where each is held: an index (memory-mapped) or one segment (in memory)."""
+    """Keys sorted by (hi, lo), with where each is held: an index (memory-mapped) or a segment."""
 
     hi: np.ndarray
     lo: np.ndarray
@@ -56,22 +56,22 @@ class KeyRun:
         )
 
     def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-        """Position of each (hi, lo) in the run, -1 where absent: one binary search each (a memory-mapped run
-        reads only the pages the searches touch).
+        """Position of each (hi, lo) in the run, -1 where absent: one binary search each (a
+        memory-mapped run reads only the pages the searches touch).
         """
         n = len(self.hi)
         if n == 0 or len(hi) == 0:
             return np.full(len(hi), -1, np.int64)
-        order = np.argsort(
-            hi
-        )  # sorted probes walk the run's pages in order (10x fewer cache misses)
+        # sorted probes walk the run's pages in order (10x fewer cache misses)
+        order = np.argsort(hi)
         pos = np.empty(len(hi), np.int64)
         pos[order] = np.searchsorted(self.hi, hi[order])
         inside = pos < n
         p = np.where(inside, pos, 0)
         same_hi = inside & (self.hi[p] == hi)
         exact = same_hi & (self.lo[p] == lo)
-        # the same 64-bit hi twice in a run (~n^2/2^65: rare): walk its equal-hi entries (sorted by lo)
+        # the same 64-bit hi twice in a run (~n^2/2^65: rare): walk its equal-hi entries
+        # (sorted by lo)
         for j in np.flatnonzero(same_hi & ~exact):
             k = p[j] + 1
             while k < n and self.hi[k] == hi[j] and self.lo[k] <= lo[j]:
@@ -129,9 +129,8 @@ def merge_runs(runs: list[KeyRun], path: str, chunk_rows: int = MERGE_CHUNK_ROWS
     total = sum(len(r) for r in runs)
     merged = open_output(path, total)
     chunks = max(1, math.ceil(total / chunk_rows))
-    bounds = [
-        (k << 64) // chunks for k in range(chunks)
-    ]  # keys are hashes: equal hi ranges, equal sizes
+    # keys are hashes: equal hi ranges, equal sizes
+    bounds = [(k << 64) // chunks for k in range(chunks)]
     at = 0
     for k, start in enumerate(bounds):
         pieces = []

@@ -56,7 +56,6 @@ class DynamicPaddingCollator:
             "attention_mask": attention_mask,
             "labels": labels,
             "num_samples": len(seqs),
-            "num_tokens": int(
-                attention_mask.sum()
-            ),  # an int, not a tensor: counting it never syncs a device
+            # an int, not a tensor: counting it never syncs a device
+            "num_tokens": int(attention_mask.sum()),
         }

@@ -1,4 +1,4 @@
-"""The Lightning data module: MDS splits streamed with ``StreamingDataset``, evaluation split per rank.
+"""The Lightning data module: MDS splits streamed with ``StreamingDataset``; eval split per rank.
 
 Training batches come from :class:`~.streaming_loader.ResumableStreamingDataLoader` (bucketed,
 resumable mid-epoch without repeating or skipping samples); the local copies of the shards are
@@ -37,7 +37,7 @@ SPLITS = ("train", "validation", "test")
 
 
 def balanced_class_weights(counts: list[int]) -> list[float]:
-    """``n / (classes * count)`` (scikit-learn's "balanced"); a class absent from train gets 1.0 (never a target)."""
+    """``n / (classes * count)`` (scikit-learn's "balanced"); a class absent from train gets 1.0."""
     total, k = sum(counts), len(counts)
     if total == 0:
         raise ValueError("class_weights='balanced' needs a non-empty train split")
@@ -49,10 +49,10 @@ class RankBlock(Dataset):
 
     ``StreamingDataset``'s iteration pads every rank to the same length by repeating samples, so a
     confusion matrix summed over ranks counts some test samples twice. Here rank ``r`` reads samples
-    ``[r*q, (r+1)*q)`` with ``q = ceil(n / world)`` (a node reads only its ranks' contiguous share of
-    the shards); the last ranks are padded to ``q`` with a real sample labelled :data:`PAD_LABEL`,
-    which loss and metrics ignore. Every rank still runs the same number of steps, as FSDP's
-    per-forward collectives need.
+    ``[r*q, (r+1)*q)`` with ``q = ceil(n / world)`` (a node reads only its ranks' contiguous share
+    of the shards); the last ranks are padded to ``q`` with a real sample labelled
+    :data:`PAD_LABEL`, which loss and metrics ignore. Every rank still runs the same number of
+    steps, as FSDP's per-forward collectives need.
     """
 
     def __init__(self, dataset: StreamingDataset, rank: int, world: int):
@@ -73,7 +73,7 @@ class RankBlock(Dataset):
 
 
 def canonical_nodes(config: DataConfig, num_nodes: int) -> int:
-    """``num_canonical_nodes`` for a run on ``num_nodes`` nodes: the configured value or the node count.
+    """``num_canonical_nodes`` on ``num_nodes`` nodes: the configured value, else the node count.
 
     At or above the node count, so each node streams (and caches) only its own share of the shards.
     The value is saved in the loader state of every checkpoint and restored on resume (and a resume
@@ -92,8 +92,8 @@ class MdsDataModule(pl.LightningDataModule):
     """Train / validation / test ``StreamingDataset``s with dynamic-padding batches.
 
     Split sizes come from each ``index.json`` up front: an empty validation split turns validation
-    off, an empty test split skips the test (``run.train`` reports it), an empty train split is an error.
-    Evaluation splits are read by index, one contiguous block per rank (:class:`RankBlock`).
+    off, an empty test split skips the test (``run.train`` reports it), an empty train split is an
+    error. Evaluation splits are read by index, one contiguous block per rank (:class:`RankBlock`).
     """
 
     def __init__(
@@ -135,8 +135,8 @@ class MdsDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        # Segments left by a killed run make the next StreamingDataset fail ("Reused local directory"):
-        # local rank 0 removes the unused ones while the other ranks wait.
+        # Segments left by a killed run make the next StreamingDataset fail ("Reused local
+        # directory"): local rank 0 removes the unused ones while the other ranks wait.
         if int(os.environ.get("LOCAL_RANK", 0)) == 0:
             clean_stale_streaming_memory()
             self._check_free_space()
@@ -155,22 +155,22 @@ class MdsDataModule(pl.LightningDataModule):
         }
 
     def _check_free_space(self) -> None:
-        """Fail before any download when the cache folder cannot hold this node's share of the shards."""
+        """Fail before any download if the cache cannot hold this node's share of the shards."""
         os.makedirs(self.cache_dir, exist_ok=True)
         need, free = sum(self._limits().values()), shutil.disk_usage(self.cache_dir).free
         if need > free:
             raise OSError(
-                f"shard cache {self.cache_dir}: this node needs up to {need} bytes, {free} are free; "
-                "give the cache volume more room (the k8s launcher's scratch_size) or set "
+                f"shard cache {self.cache_dir}: this node needs up to {need} bytes, {free} are "
+                "free; give the cache volume more room (the k8s launcher's scratch_size) or set "
                 "data.local_cache_dir to a larger local folder"
             )
 
     def cached_shards(self, split: str) -> int:
-        """Shards of ``split`` now decompressed in this node's cache (each node should hold about its share)."""
+        """Shards of ``split`` decompressed in this node's cache (each node: about its share)."""
         return len(list(Path(self.cache_dir, split).glob("shard.*.mds")))
 
     def remove_cache(self) -> None:
-        """Delete the derived cache folder (call on one process per node, after every rank is done)."""
+        """Delete the derived cache folder (one process per node, after every rank is done)."""
         if self._owned_cache:
             shutil.rmtree(self._owned_cache, ignore_errors=True)
 
@@ -189,7 +189,8 @@ class MdsDataModule(pl.LightningDataModule):
             shuffle_seed=c.data.shuffle_seed,
             num_canonical_nodes=nodes,
             download_retry=c.data.download_retry,
-            # streaming's own defaults, given explicitly: it logs a notice per dataset for each one left unset
+            # streaming's own defaults, given explicitly: it logs a notice per dataset for each
+            # one left unset
             predownload=c.data.predownload if c.data.predownload is not None else 8 * batch_size,
             shuffle_block_size=max(4_000_000 // nodes, 1 << 18),
             cache_limit=self._limits()[split],

@@ -36,9 +36,9 @@ def agree_on_attempt(
     """A token that every rank of this start of the worker group gets, and no earlier start had.
 
     The agent's store outlives worker restarts, so the process group's keys must sit under a prefix
-    that is fresh per start and equal on every node. ``TORCHELASTIC_RESTART_COUNT`` is not: it counts
-    one node agent's own restarts, so after one node's workers fail the nodes disagree and never
-    meet. Instead rank 0 draws a token and hands it to each rank that asks with a fresh nonce
+    that is fresh per start and equal on every node. ``TORCHELASTIC_RESTART_COUNT`` is not: it
+    counts one node agent's own restarts, so after one node's workers fail the nodes disagree and
+    never meet. Instead rank 0 draws a token and hands it to each rank that asks with a fresh nonce
     (stale asks left by a previous start are answered harmlessly); it returns once every rank has
     acknowledged *this* token, which no earlier start could have done.
     """
@@ -117,12 +117,12 @@ def init_process_group(config: TrainerConfig) -> str | None:
 
 
 def per_node(value: Any) -> list[Any]:
-    """``value`` of each node's local leader (the others pass None), in node order: one all-gather."""
+    """``value`` of each node's local leader (others pass None), in node order: one all-gather."""
     return [v for v in gather(value) if v is not None]
 
 
 def gather(value: Any) -> list[Any]:
-    """``value`` of every rank, in rank order (one all-gather; ``[value]`` outside a process group)."""
+    """``value`` of every rank, in rank order (one all-gather; ``[value]`` without a group)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

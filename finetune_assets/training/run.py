@@ -1,4 +1,4 @@
-"""``train(config)``: the one function torchrun workers, the CLI and tests call (thin, like llm-foundry's)."""
+"""``train(config)``: what torchrun workers, the CLI and tests call (thin, like llm-foundry's)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ from finetune_assets.training.sharding import ShardedStrategy, local_parameters
 log = logging.getLogger("finetune_assets.training")
 
 LAST = "last.ckpt"
-MLFLOW_RUN_FILE = "mlflow_run.json"  # beside the checkpoints: a resumed run keeps logging into the same MLflow run
+# beside the checkpoints: a resumed run keeps logging into the same MLflow run
+MLFLOW_RUN_FILE = "mlflow_run.json"
 
 
 class _DropLitLoggerTip(logging.Filter):
@@ -51,18 +52,18 @@ class _DropLitLoggerTip(logging.Filter):
 
 
 def quiet_known_notices() -> None:
-    """Silence the trainer's known, harmless library notices where they arise; every other warning stays.
+    """Silence the trainer's known, harmless library notices where they arise; all else stays.
 
     Each filter names the message, the category and the module that warns (not a blanket ignore).
     """
-    # Lightning 2.6's own pytree helper uses the LeafSpec class torch deprecated; nothing of ours to change.
+    # Lightning 2.6's own pytree helper uses the LeafSpec class torch deprecated (not our code).
     warnings.filterwarnings(
         "ignore",
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
         category=FutureWarning,
         module=r"pytorch_lightning\.utilities\._pytree",
     )
-    # StreamingDataset partitions samples per rank and worker itself, so its __len__ is exact per rank.
+    # StreamingDataset partitions samples per rank and worker itself: its __len__ is exact per rank.
     warnings.filterwarnings(
         "ignore",
         message=r"Your `IterableDataset` has `__len__` defined",
@@ -89,9 +90,9 @@ def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: i
 
 
 def checkpoint_io(config: TrainerConfig) -> Any:
-    """Atomic writes; on a GPU in a background thread (Lightning's ``AsyncCheckpointIO`` copies the state
-    on the device first, then training goes on while rank 0 writes). On CPU the copy and the writer
-    would compete with training for the same cores: written in place, as before.
+    """Atomic writes; on a GPU in a background thread (Lightning's ``AsyncCheckpointIO`` copies the
+    state on the device first, then training goes on while rank 0 writes). On CPU the copy and the
+    writer would compete with training for the same cores: written in place, as before.
     """
     atomic = files.AtomicCheckpointIO()
     if config.accelerator != "cpu" and torch.cuda.is_available():
@@ -111,7 +112,8 @@ def _trainer(
     _, world, local_world = torchrun_world()
     strategy = _strategy(config, world, local_world, parameters)
     by_steps = config.checkpoint_every_n_steps
-    checkpoint = ModelCheckpoint(  # on a time interval Lightning broadcasts rank 0's decision: no rank skips a save
+    # on a time interval Lightning broadcasts rank 0's decision: no rank skips a save
+    checkpoint = ModelCheckpoint(
         dirpath=files.local_path(config.checkpoint_dir),
         filename="step-{step}",
         every_n_train_steps=by_steps,
@@ -168,7 +170,8 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
         tags=dict(m.tags) or None,
         artifact_location=m.artifact_location,
         run_id=run_id,
-        synchronous=False,  # metrics are queued and sent by mlflow's thread; finalize() flushes the queue
+        # metrics are queued and sent by mlflow's thread; finalize() flushes the queue
+        synchronous=False,
     )
     files.write_json_atomic(
         run_file, {"run_id": logger.run_id, "experiment_id": logger.experiment_id}
@@ -178,7 +181,7 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
 
 
 def _local_resume(resume: str | None) -> str | None:
-    """The checkpoint path to hand Lightning: a node-local copy, refused unless it loads weights-only.
+    """The checkpoint to hand Lightning: a node-local copy, refused unless it loads weights-only.
 
     A remote checkpoint (``s3://``) is downloaded once per node, by local rank 0 into the scratch
     folder, while the node's other ranks wait; they all read that copy (not one download per rank of
@@ -194,9 +197,8 @@ def _local_resume(resume: str | None) -> str | None:
             os.makedirs(os.path.dirname(local), exist_ok=True)
             fs, path = fsspec.core.url_to_fs(resume)
             fs.get_file(path, local)
-        torch.load(
-            local, map_location="cpu", weights_only=True, mmap=True
-        )  # raises on pickled code
+        # raises on pickled code
+        torch.load(local, map_location="cpu", weights_only=True, mmap=True)
     if dist.is_initialized():
         dist.barrier()
     return files.local_path(local)
@@ -215,10 +217,10 @@ def empty_test_metrics(test_url: str) -> dict[str, Any]:
 
 
 def train(config: TrainerConfig) -> dict[str, Any]:
-    """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json and logs to MLflow.
+    """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json, logs to MLflow.
 
-    Side jobs are callbacks (:mod:`.callbacks`): throughput counters, progress lines, the Hugging Face
-    export and MLflow registration.
+    Side jobs are callbacks (:mod:`.callbacks`): throughput counters, progress lines, the Hugging
+    Face export and MLflow registration.
     """
     rank, world, _ = torchrun_world()
     t0 = time.time()
@@ -284,11 +286,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             module, datamodule=datamodule, ckpt_path=_local_resume(resume), weights_only=True
         )
         timings["fit"] = time.time() - t  # with the Hugging Face export (on_fit_end)
-        # A final checkpoint: re-running the same inputs after success resumes at the end instead of retraining.
+        # A final checkpoint: re-running the same inputs after success resumes at the end, no
+        # retraining.
         t = time.time()
-        trainer.save_checkpoint(
-            last, weights_only=False
-        )  # the full state: a resume restores loops and callbacks
+        # the full state: a resume restores loops and callbacks
+        trainer.save_checkpoint(last, weights_only=False)
         timings["final_checkpoint"] = time.time() - t
         t = time.time()
         if datamodule.is_empty("test"):
@@ -299,9 +301,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             trainer.test(module, datamodule=datamodule, verbose=False)
             test = {**module.test_results, "test_samples": datamodule.sizes["test"]}
         timings["test"] = time.time() - t
-        trainer.strategy.barrier(
-            "mds-cache"
-        )  # every rank of the node is done reading the cached shards
+        # every rank of the node is done reading the cached shards
+        trainer.strategy.barrier("mds-cache")
         local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
         cached = per_node(datamodule.cached_shards("train") if local_leader else None)
         if local_leader:
@@ -316,12 +317,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "world_size": world,
             "strategy": config.strategy,
             "parameters_per_rank": gather(local_parameters(module)),
-            "precision": config.precision,  # as resolved on this machine ("auto" never appears here)
+            # as resolved on this machine ("auto" never appears here)
+            "precision": config.precision,
             "class_weights": weights,
             "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
-            "labels": list(
-                config.labels
-            ),  # class names in id order: f1_per_class, confusion matrix rows/columns
+            # class names in id order: f1_per_class, confusion matrix rows/columns
+            "labels": list(config.labels),
             "wall_seconds": time.time() - t0,
             "timings": timings,  # seconds per phase (where a run's time goes)
         }

@@ -1,4 +1,4 @@
-"""Where a node's copies of the MDS splits live: folders per run and attempt, sized, cleaned after a kill.
+"""Where a node's copies of the MDS splits live: per run and attempt, sized, cleaned after a kill.
 
 Every split is read through a local cache folder (never in place: streaming would decompress into
 the published folder). These functions name those folders, size a node's share of the shards, read
@@ -60,7 +60,7 @@ def clean_stale_streaming_memory() -> int:
 
 
 def read_index(url: str, split: str) -> dict[str, Any]:
-    """The split's MDS ``index.json`` (local path or fsspec URL); a clear error when there is none."""
+    """The split's MDS ``index.json`` (local path or fsspec URL); a clear error if there is none."""
     import json
 
     import fsspec
@@ -105,15 +105,16 @@ def cache_root(
     """(folder, folder to remove after success or None) for the local copies of the splits.
 
     ``config.local_cache_dir`` when set (kept: the caller owns it). Otherwise
-    ``{scratch}/mds-cache/{hash of run_key}/{attempt}`` where ``{scratch}`` is :func:`files.scratch_root`
-    (the pods' cache volume, not the small ``/tmp`` that also holds HOME): ``run_key`` (the checkpoint dir
-    and the splits' indexes) separates runs and shard versions, and ``attempt`` (the token every rank
-    of this start of the worker group agreed on, see ``process_group.agree_on_attempt``; else run id + this
-    agent's restart count, which stays the same when an agent restarts its workers for another
-    node's failure) separates restarts. A SIGKILLed worker
-    leaves its streaming shared memory behind, naming its local folders; reusing those folders in
-    the next attempt fails with "Reused local directory", so every attempt gets fresh ones. The
-    trainer removes the run's folder (with what killed attempts left) after a successful run.
+    ``{scratch}/mds-cache/{hash of run_key}/{attempt}`` where ``{scratch}`` is
+    :func:`files.scratch_root` (the pods' cache volume, not the small ``/tmp`` that also holds
+    HOME): ``run_key`` (the checkpoint dir and the splits' indexes) separates runs and shard
+    versions, and ``attempt`` (the token every rank of this start of the worker group agreed on, see
+    ``process_group.agree_on_attempt``; else run id + this agent's restart count, which stays the
+    same when an agent restarts its workers for another node's failure) separates restarts. A
+    SIGKILLed worker leaves its streaming shared memory behind, naming its local folders; reusing
+    those folders in the next attempt fails with "Reused local directory", so every attempt gets
+    fresh ones. The trainer removes the run's folder (with what killed attempts left) after a
+    successful run.
     """
     if config.local_cache_dir:
         return files.local_path(config.local_cache_dir), None
@@ -121,7 +122,10 @@ def cache_root(
     if attempt is not None:
         pass
     elif "TORCHELASTIC_RUN_ID" in os.environ:
-        attempt = f"{os.environ['TORCHELASTIC_RUN_ID']}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        attempt = (
+            f"{os.environ['TORCHELASTIC_RUN_ID']}/"
+            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        )
     else:  # one process outside torchrun (tests, benchmarks): each call is its own attempt
         attempt = f"pid-{os.getpid()}-{uuid.uuid4().hex}"
     run_dir = os.path.join(files.scratch_root(), "mds-cache", run)

@@ -1,4 +1,4 @@
-"""The train loader: length-bucketed windows, one batch order on every rank, an exact mid-epoch resume.
+"""The train loader: length-bucketed windows, one batch order on all ranks, exact resume.
 
 Lightning saves a stateful train loader in its checkpoints and restores it on a mid-epoch restart,
 but its fetcher pre-fetches a batch, so ``StreamingDataLoader.num_samples_yielded`` runs ahead of
@@ -25,7 +25,7 @@ from finetune_assets.training.collate import PAD_LABEL
 
 
 class WindowCollator:
-    """One loader *window* (``bucket_batches`` batches of samples) -> its collated batches, in a loader worker.
+    """One loader *window* (``bucket_batches`` batches of samples) -> its collated batches.
 
     With bucketing the window is sorted by length and cut into batches, shortest first; the loader
     then runs them in an order every rank shares (:func:`bucket_order`). ``per_rank`` is the old
@@ -71,8 +71,8 @@ class WindowCollator:
 def bucket_order(count: int, seed: int, epoch: int, window: int) -> list[int]:
     """The order in which a window's length-sorted batches run: the same on every rank.
 
-    A function of (seed, epoch, window number) only, so at each step all ranks run their batch of the
-    same length rank (no rank waits for another's longer bucket), and a resume that re-reads the
+    A function of (seed, epoch, window number) only, so at each step all ranks run their batch of
+    the same length rank (no rank waits for another's longer bucket), and a resume that re-reads the
     window rebuilds the same order.
     """
     order = list(range(count))
@@ -117,7 +117,7 @@ def repeated_positions(
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
-    """A ``StreamingDataLoader`` that resumes at the exact batch the model last consumed, with optional bucketing.
+    """A ``StreamingDataLoader`` resuming at the batch the model last consumed; bucketing optional.
 
     The underlying loader reads *windows* of ``bucket_batches * batch_size`` samples. With bucketing
     (``bucket_batches > 1``) a window is sorted by length, cut into batches (less padding) and the
@@ -144,7 +144,8 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
     ):
         if bucket_batches < 1:
             raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches}")
-        # Windows are bucketed and collated inside the loader's workers (pinned by the DataLoader when asked).
+        # Windows are bucketed and collated inside the loader's workers (pinned by the
+        # DataLoader when asked).
         windows = WindowCollator(
             collate_fn, batch_size, bucket_batches, seed, per_rank=not shared_order
         )
@@ -162,10 +163,8 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         self._inflight: deque[tuple[int, int, int, int]] = deque()
         self._epoch = 0
         self._base = 0  # global sample_in_epoch where this iteration started
-        self._resume_point = (
-            0,
-            0,
-        )  # (samples of this rank before the window, batches consumed in it)
+        # (samples of this rank before the window, batches consumed in it)
+        self._resume_point = (0, 0)
         self.num_samples_consumed = 0
 
     def __len__(self) -> int:
@@ -196,9 +195,8 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         window_samples = self.per_device_batch * self.bucket_batches
         for w, batches in enumerate(DataLoader.__iter__(self)):
             size = sum(len(batch["labels"]) for batch in batches)
-            if (
-                self._shared_order
-            ):  # the window's number in this rank's epoch stream: the same on every rank
+            # the window's number in this rank's epoch stream: the same on every rank
+            if self._shared_order:
                 number = (self._base // self._world_size + offset) // window_samples
                 batches = [
                     batches[k] for k in bucket_order(len(batches), self._seed, self._epoch, number)
@@ -213,7 +211,7 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
             offset += size
 
     def _mask_repeats(self, batch: dict[str, Any], positions: np.ndarray) -> None:
-        """Label streaming's repeated samples :data:`PAD_LABEL` (no loss, not counted): each trains once."""
+        """Mark streaming's repeats :data:`PAD_LABEL` (no loss, not counted): each trains once."""
         if self._repeated is None:
             return
         inside = positions < len(self._repeated)
