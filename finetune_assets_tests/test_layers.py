@@ -44,7 +44,7 @@ _PRELOADED = [
 ]
 
 _FORK_EACH = r"""
-import importlib, json, os, sys, traceback
+import importlib, json, os, signal, sys, traceback
 
 preloaded, modules = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 for name in preloaded:
@@ -56,6 +56,7 @@ for module in modules:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
+        signal.alarm(300)  # a child stuck on a lock it inherited dies and is reported, not waited on
         os.close(read)
         try:
             importlib.import_module(module)
