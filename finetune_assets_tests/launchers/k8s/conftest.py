@@ -52,7 +52,7 @@ class Cluster:
             load_incluster_config=False,
             kubeconfig_file=self.kubeconfig,
             trainer_module=STANDIN,
-            poll_interval_s=0.2,  # 2 s in production; tests notice pod changes sooner
+            poll_interval_s=0.5,
             timeout_s=120,
             cpu_request="100m",
             memory_request="256Mi",
