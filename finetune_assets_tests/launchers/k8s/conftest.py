@@ -146,7 +146,7 @@ class Cluster:
                 left["processes"] = self.double.live_processes()
             if not left or time.monotonic() > deadline:
                 return left
-            time.sleep(0.5)
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")
