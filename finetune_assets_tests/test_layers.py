@@ -11,6 +11,9 @@ MODULES = [
     "finetune_assets.training.run",
     "finetune_assets.training.callbacks",
     "finetune_assets.training.pruning",
+    "finetune_assets.training.process_group",
+    "finetune_assets.training.streaming_loader",
+    "finetune_assets.training.shard_cache",
     "finetune_assets.tracking",
     "finetune_assets.viz",
     "finetune_assets.storage",
@@ -25,6 +28,7 @@ MODULES = [
     "finetune_assets.data.evaluate",
     "finetune_assets.data.batching",
     "finetune_assets.data.vocab_fit",
+    "finetune_assets.data.token_index",
     "finetune_assets.benchmark_sets",
 ]
 
