@@ -21,6 +21,7 @@ import pytest
         "finetune_assets.gate",
         "finetune_assets.data.sources",
         "finetune_assets.data.validate",
+        "finetune_assets.data.slices",
         "finetune_assets.data.tokenize",
         "finetune_assets.data.shards",
         "finetune_assets.data.baseline",
