@@ -58,7 +58,7 @@ ACCEPTED_SCHEMA = pa.schema(
         (
             "split",
             pa.string(),
-        ),  # train/validation/test, a function of the normalized text (data/validate.py)
+        ),  # train/validation/test, a function of the normalized text (data/review_text.py)
     ]
 )
 REJECTED_SCHEMA = pa.schema(

@@ -22,6 +22,7 @@ MODULES = [
     "finetune_assets.gate",
     "finetune_assets.data.sources",
     "finetune_assets.data.validate",
+    "finetune_assets.data.slices",
     "finetune_assets.data.tokenize",
     "finetune_assets.data.shards",
     "finetune_assets.data.baseline",
