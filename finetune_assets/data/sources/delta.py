@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 
 import fsspec
 import pyarrow as pa
-import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
 from finetune_assets.data.sources.base import (
@@ -216,6 +215,8 @@ def _streamed(table, spec: SourceSpec, columns: list[str], rows: int):
 
 
 def _file_batches(root, dataset, schema, partitioned, wanted, where, columns, rows):
+    import pyarrow.dataset as pds  # imported when a table is read: it costs ~30 MB
+
     for fragment in dataset.get_fragments():
         keys = pds.get_partition_keys(fragment.partition_expression)
         in_file = [c for c in wanted if c not in partitioned]
