@@ -23,8 +23,8 @@ and Dagster start-up included. ``invariants``: rows in = accepted + rejected, an
 against the smallest version. ``worker_vs_tokenizer_cpu``: one slice worker's CPU time against the fast
 tokenizer alone on the same 100k texts (the 1.2x target). ``--delta SIZES``: the same CSV copies
 written as one Delta table (``deltalake``, streamed), ``raw_reviews`` read from ``delta:TABLE``
-under the same limit; its entry (``delta``) sits beside the file source's ``raw_reviews`` of that
-size where measured.
+under the same limit, then ``raw_reviews`` of the CSV folder itself (same run, same limit): both in
+its entry (``delta``), with their ratios.
 
 ``--one-big-file``: the other shape users export, the same copies written into *one* CSV (multi-line
 reviews, a distinct suffix per copy), ``raw_reviews`` only, per size: ``one_big_file`` in the results, with
@@ -90,7 +90,7 @@ def make_delta_table(csv_folder: Path, table: Path) -> int:
 
 
 def delta_row(step, args, base_root: Path, size: int, results: dict) -> dict:
-    """raw_reviews of a ``size``-row Delta table, next to the file source's figures of that size."""
+    """raw_reviews of a ``size``-row Delta table, then of the CSV folder it was written from."""
     source = args.work / "sources" / f"r{size}"
     if not (source / "_SUCCESS").exists():
         shutil.rmtree(source, ignore_errors=True)
@@ -109,18 +109,16 @@ def delta_row(step, args, base_root: Path, size: int, results: dict) -> dict:
         "rows_in_eq_accepted_plus_rejected": raw["rows_in"]
         == raw["row_count"] + raw["rejected_rows"],
     }
-    files = next(
-        (e["steps"]["raw_reviews"] for e in results["versions"] if e["reviews"] == size), None
+    # the CSV folder of the same copies, read in the same run under the same limit
+    files = step(root, f"f{size}", source, "raw_reviews", {})
+    entry["file_source_raw_reviews"] = files
+    entry["same_rows_as_file_source"] = (raw["row_count"], raw["rejected_rows"]) == (
+        files["row_count"],
+        files["rejected_rows"],
     )
-    if files is not None:
-        entry["file_source_raw_reviews"] = files
-        entry["same_rows_as_file_source"] = (raw["row_count"], raw["rejected_rows"]) == (
-            files["row_count"],
-            files["rejected_rows"],
-        )
-        for figure in ("peak_anon_mb", "peak_rss_mb"):
-            if files.get(figure) and raw.get(figure):
-                entry[f"{figure}_delta_vs_files"] = round(raw[figure] / files[figure], 2)
+    for figure in ("peak_anon_mb", "peak_rss_mb"):
+        if files.get(figure) and raw.get(figure):
+            entry[f"{figure}_delta_vs_files"] = round(raw[figure] / files[figure], 2)
     shutil.rmtree(root, ignore_errors=True)
     return entry
 
@@ -534,11 +532,9 @@ def main() -> None:
     workers = [int(w) for w in args.workers.split(",")]
     incremental_sizes = {int(s) for s in args.incremental.split(",") if s}
     # results of earlier invocations (other sizes) are kept; an entry of a size measured again is replaced
-    results: dict = (
-        json.loads(args.out.read_text())
-        if args.out.exists()
-        else {"versions": [], "incremental": []}
-    )
+    results: dict = {"versions": [], "incremental": []}
+    if args.out.exists():
+        results.update(json.loads(args.out.read_text()))
     results["machine"] = {
         "platform": platform.platform(),
         "cpus": os.cpu_count(),

@@ -180,6 +180,111 @@ def test_delta_problems_are_one_line_and_register_nothing(capsys, home, tmp_path
     assert not Path(home["store"].url("versions", "k.json")).exists()
 
 
+def _partitioned_table(path: Path, reviews: list[tuple[str, str]]) -> None:
+    """Partitioned by language, a date column added by a later commit, some rows deleted."""
+    import datetime as dt
+
+    from deltalake import DeltaTable, write_deltalake
+
+    first = _table(reviews[:40]).append_column("lang", pa.array(["ar", "en"] * 20))
+    write_deltalake(path, first, partition_by=["lang"])
+    later = _table(reviews[40:80]).append_column("lang", pa.array(["ar"] * 30 + ["fr"] * 10))
+    days = [dt.date(2024, 1, 1 + i % 5) for i in range(40)]
+    later = later.append_column("day", pa.array(days, pa.date32()))
+    write_deltalake(path, later, mode="append", schema_mode="merge", partition_by=["lang"])
+    DeltaTable(path).delete("stars = 3")
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        None,
+        "lang = 'ar'",
+        "day >= '2024-01-03' OR lang <> 'ar'",
+        "stars NOT IN (1, 2) AND polarity IN ('Positive', 'Mixed')",
+        "day IS NULL AND NOT (stars BETWEEN 5 AND 30)",
+        "review_text LIKE '%ا%' AND \"lang\" != 'fr'",
+    ],
+)
+def test_delta_streamed_reader_reads_what_datafusion_reads(tmp_path, reviews, monkeypatch, where):
+    """Partition values, a column older files lack, deletes and SQL's NULL rules: the streamed
+    Parquet reader gives DataFusion's rows, in the snapshot's order, without running DataFusion.
+    """
+    import deltalake
+
+    from finetune_assets.data.sources import delta
+
+    path = tmp_path / "t"
+    _partitioned_table(path, reviews)
+    spec = SourceSpec(uri=f"delta:{path}@version=2", text_column="review_text", where=where)
+    table = delta.open_table(spec.uri)
+    expected = pa.Table.from_batches(
+        delta._engine(table, spec, delta._columns(table, spec), 1000)
+    ).to_pylist()
+    monkeypatch.setattr(deltalake, "QueryBuilder", None)  # DataFusion is not what reads it
+    got = read_source(spec).select(["text", "label"]).to_pylist()
+    assert got and [tuple(r.values()) for r in got] == [tuple(r.values()) for r in expected]
+
+
+def test_delta_predicate_beyond_the_subset_still_reads_exactly(tmp_path, reviews):
+    """A function call in --where is not translated: DataFusion evaluates it, same rows."""
+    path = tmp_path / "t"
+    _partitioned_table(path, reviews)
+    spec = SourceSpec(
+        uri=f"delta:{path}@version=2", text_column="review_text", where="length(review_text) > 60"
+    )
+    texts = read_source(spec).column("text").to_pylist()
+    assert texts and all(len(t) > 60 for t in texts)
+    kept = [t for i, (t, _) in enumerate(reviews[:80]) if i % 40 != 3]  # stars = 3: deleted
+    assert len(texts) == sum(len(t) > 60 for t in kept)
+
+
+def test_delta_row_group_is_read_through_a_small_buffer(tmp_path, monkeypatch):
+    """One ~10 MB row group (delta-rs and Spark write ~128 MB ones) is read a buffer at a time,
+    never as a whole column chunk: what keeps a Delta source's memory as bounded as a file's.
+    """
+    import os
+
+    import fsspec
+    from deltalake import write_deltalake
+
+    from finetune_assets.data.sources import delta
+
+    n = 20_000  # random hex: snappy cannot shrink the 10 MB text column chunk
+    texts = [os.urandom(250).hex() for _ in range(n)]
+    write_deltalake(tmp_path / "t", pa.table({"text": texts, "label": ["Positive"] * n}))
+    largest, real_open = [], fsspec.open
+
+    class Spy:
+        """A file object that records the largest read the Parquet reader asks of it."""
+
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, size=-1):
+            data = self.f.read(size)
+            largest.append(len(data))
+            return data
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    class Opener:
+        def __init__(self, url, mode):
+            self.of = real_open(url, mode)
+
+        def __enter__(self):
+            return Spy(self.of.__enter__())
+
+        def __exit__(self, *exc):
+            return self.of.__exit__(*exc)
+
+    monkeypatch.setattr(delta.fsspec, "open", Opener)
+    blocks = list(delta.iter_delta(SourceSpec(uri=f"delta:{tmp_path / 't'}"), 100 * 1024))
+    assert sum(b.num_rows for b in blocks) == n and max(b.num_rows for b in blocks) <= 100
+    assert largest and max(largest) < 4 << 20  # the column chunk is 10 MB
+
+
 # -- SQL ------------------------------------------------------------------------------------------
 
 SECRET = (

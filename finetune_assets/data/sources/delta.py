@@ -2,12 +2,14 @@
 ``deltalake``.
 
 Registration pins the exact table version (:func:`pin_delta` rewrites the URI to ``@version=N``), so
-a dataset version reads the same rows forever (time travel), whatever was committed since. The text
-and label columns are the only columns read, and ``SourceSpec.where`` (a SQL predicate, as in
-``DeltaTable.delete``) is evaluated by delta-rs' DataFusion engine, which skips files by their
-statistics. Rows stream in record batches of about ``block_bytes``; the Parquet reader underneath
-holds one row group's column chunks, so the table writer's row-group size bounds memory
-(benchmarks/README.md).
+a dataset version reads the same rows forever (time travel), whatever was committed since. Only
+the text and label columns (and those ``SourceSpec.where`` names) are read. The version's Parquet
+files, from its add actions, are streamed one after another in record batches of about
+``block_bytes``, each file through a small read buffer, so memory stays bounded whatever the
+writer's row-group size; ``where`` (a SQL predicate, as in ``DeltaTable.delete``) skips files by
+their partition values and statistics and filters each batch (:mod:`.delta_filter`). Versions the
+streamed reader cannot read exactly (deletion vectors, column mapping, a predicate beyond the
+translated subset) go through delta-rs' DataFusion engine instead (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+import fsspec
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from finetune_assets.data.sources.base import (
     BLOCK_BYTES,
@@ -32,12 +36,15 @@ from finetune_assets.data.sources.columns import (
     text_columns,
     to_raw,
 )
+from finetune_assets.data.sources.delta_filter import to_expression
 
 DELTA_PREFIX = "delta:"
 # One DataFusion partition: files are scanned one after another in the snapshot's order, so one
 # table version gives its rows in one order every time (several partitions interleave them by
 # timing).
 SESSION = {"datafusion.execution.target_partitions": "1"}
+# Bytes of a column chunk the streamed reader holds at once (pyarrow's buffered stream).
+READ_BUFFER = 1 << 20
 
 
 class VersionGone(SourceError):
@@ -148,21 +155,15 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
     """The pinned table version's rows as :data:`RAW_SCHEMA` tables of about ``block_bytes``
     each.
     """
-    from deltalake import QueryBuilder
-
     table = open_table(spec.uri)
     columns = _columns(table, spec)
     rows = max(1, block_bytes // PARQUET_ROW_BYTES)
-    sql = f"SELECT {', '.join(map(_quoted, columns))} FROM src" + (
-        f" WHERE {spec.where}" if spec.where else ""
-    )
     try:
-        qb = QueryBuilder({**SESSION, "datafusion.execution.batch_size": str(rows)}).register(
-            "src", table
-        )
-        reader = pa.RecordBatchReader.from_stream(qb.execute(sql))
+        batches = _streamed(table, spec, columns, rows)
+        if batches is None:  # deletion vectors, column mapping, a predicate beyond the subset
+            batches = _engine(table, spec, columns, rows)
         row = 0
-        for batch in _batches(reader, rows):
+        for batch in batches:
             part = _plain_strings(pa.Table.from_batches([batch]))
             part, text_col = text_columns(part, spec.text_column, spec.uri)
             raw = to_raw(part, text_col, pick_label(part, spec, spec.uri, required=True), spec.uri)
@@ -177,12 +178,89 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
         ) from None
 
 
-def _batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.RecordBatch]:
-    """The reader's batches, cut to at most ``rows`` (DataFusion may hand a whole file's rows at
-    once).
+def _streamed(table, spec: SourceSpec, columns: list[str], rows: int):
+    """The add-actions' Parquet files, each streamed in ``rows``-row batches, or None where only
+    DataFusion can read the version.
+
+    ``ParquetFile.iter_batches`` decodes ``rows`` rows at a time and, with a read buffer and no
+    pre-buffering, holds ``READ_BUFFER`` bytes of a column chunk, not the chunk: Spark and
+    Databricks write ~128 MB row groups (delta-rs up to ~1M rows), which DataFusion's scan would
+    fetch whole. Files come in the snapshot's order, one after another, so a version's rows keep
+    one order.
     """
-    for batch in reader:
-        for start in range(0, batch.num_rows, rows):
+    from deltalake.exceptions import DeltaError, DeltaProtocolError
+
+    schema = pa.schema(table.schema().to_arrow())
+    where = to_expression(spec.where, schema) if spec.where else None
+    if spec.where and where is None:
+        return None
+    try:  # files skipped by their partition values and statistics
+        dataset = table.to_pyarrow_dataset(file_pruning_predicate=spec.where or None)
+    except DeltaProtocolError:  # the dataset refuses deletion vectors and column mapping
+        return None
+    except DeltaError:  # a predicate delta-rs cannot skip files with (LIKE): rows filtered only
+        dataset = table.to_pyarrow_dataset()
+    partitioned = set(table.metadata().partition_columns)
+    wanted = list(dict.fromkeys([*columns, *(where[1] if where else ())]))
+    return _file_batches(
+        table.table_uri.rstrip("/"),
+        dataset,
+        schema,
+        partitioned,
+        wanted,
+        where and where[0],
+        columns,
+        rows,
+    )
+
+
+def _file_batches(root, dataset, schema, partitioned, wanted, where, columns, rows):
+    import pyarrow.dataset as pds  # imported when a table is read: it costs ~30 MB
+
+    for fragment in dataset.get_fragments():
+        keys = pds.get_partition_keys(fragment.partition_expression)
+        in_file = [c for c in wanted if c not in partitioned]
+        with fsspec.open(f"{root}/{fragment.path}", "rb") as f:
+            parquet = pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
+            present = set(parquet.schema_arrow.names)
+            for batch in parquet.iter_batches(
+                batch_size=rows, columns=[c for c in in_file if c in present], use_threads=False
+            ):
+                arrays = [
+                    _column(batch, schema.field(c), keys.get(c) if c in partitioned else None)
+                    for c in wanted
+                ]
+                part = pa.Table.from_arrays(arrays, names=wanted)
+                if where is not None:
+                    part = part.filter(where)
+                if part.num_rows:
+                    yield from part.select(columns).to_batches()
+
+
+def _column(batch: pa.RecordBatch, field: pa.Field, partition_value) -> pa.Array:
+    """A column as the table's schema types it: a partition column is its file's value, and a
+    column the file predates (added since) is null.
+    """
+    if field.name in batch.schema.names:
+        array = batch.column(field.name)
+        return array if array.type == field.type else array.cast(field.type)
+    return pa.repeat(pa.scalar(partition_value, field.type), batch.num_rows)
+
+
+def _engine(table, spec: SourceSpec, columns: list[str], rows: int) -> Iterator[pa.RecordBatch]:
+    """DataFusion's scan (deletion vectors, column mapping, any SQL predicate): it holds a row
+    group's column chunks, so the writer's row-group size bounds its memory.
+    """
+    from deltalake import QueryBuilder
+
+    sql = f"SELECT {', '.join(map(_quoted, columns))} FROM src" + (
+        f" WHERE {spec.where}" if spec.where else ""
+    )
+    qb = QueryBuilder({**SESSION, "datafusion.execution.batch_size": str(rows)}).register(
+        "src", table
+    )
+    for batch in pa.RecordBatchReader.from_stream(qb.execute(sql)):
+        for start in range(0, batch.num_rows, rows):  # DataFusion may hand a file's rows at once
             yield batch.slice(start, rows)
 
 
