@@ -340,14 +340,14 @@ def _metadata(
             r["state"].lower(),
             "" if r["value"] is None else f"{r['value']:.4f}",
             "" if r["seconds"] is None else f"{r['seconds']:.0f}",
-            r["last_step"] or "",
+            r["reports"] or "",
             *(_fmt(r["params"].get(k)) for k in names),
         )
         for r in summary.rows
     ]
     meta: dict[str, Any] = {
         "trials": markdown_table(
-            ("trial", "state", "val macro-F1", "seconds", "last step", *names), rows
+            ("trial", "state", "val macro-F1", "seconds", "reports", *names), rows
         ),
         "best_trial": best["trial"],
         "best_val_macro_f1": dg.MetadataValue.float(float(best["value"])),

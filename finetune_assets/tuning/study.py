@@ -161,7 +161,7 @@ def summarize(study: optuna.Study) -> Summary:
                 "number": t.number,
                 "state": t.state.name,
                 "value": t.value,
-                "last_step": max(steps) if steps else None,
+                "reports": max(steps) if steps else None,  # reports are numbered 1, 2, ...
                 "seconds": seconds,
                 "params": dict(t.params),
                 "retry_of": t.user_attrs.get(RETRY_OF),
