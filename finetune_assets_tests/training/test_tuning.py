@@ -133,9 +133,7 @@ def test_a_killed_study_resumes_to_exactly_n_trials_and_the_final_model_uses_the
 
     meta = resumed.asset_materializations_for_node("tuning_study")[0].metadata
     table = meta["trials"].value
-    assert table.splitlines()[0].startswith(
-        "| trial | state | val macro-F1 | seconds | reports |"
-    )
+    assert table.splitlines()[0].startswith("| trial | state | val macro-F1 | seconds | reports |")
     assert "| 1 | fail |" in table and "| 2 | " in table
     assert meta["optimization_history"].value.startswith(
         "![optimization history](data:image/png;base64,"
