@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from finetune_assets.data.builtin import DEFAULT_SOURCE
+from finetune_assets.tuning.space import TuningConfig
 
 DEFAULT_RESULT = "benchmarks/results/quality_default_set.json"
 TRIAL_FIELDS = ("number", "state", "value", "reports", "pruned_at_step", "seconds", "params")
@@ -154,6 +155,7 @@ def main() -> None:
         },
         "source": args.source,
         "study_config_overrides": study_config,
+        "study_config": TuningConfig(**study_config).model_dump(),  # the budget, as it ran
         "note": args.note,
         "wall_seconds": walls,
         "wall_seconds_total": round(time.time() - started, 1),

@@ -4,7 +4,8 @@ Defaults are sized for the default version (3,000 English snippets, all-MiniLM-L
 cores: six trials of each one's full budget (its epochs: what ``finetuned_model`` then trains, so
 the study ranks exactly the runs it chooses between; a shortened proxy did not rank them), the
 first one the default recipe, a median pruner deciding from the second of four validations per
-trial, a 20-minute budget. ``finetuned_model`` with ``hyper_parameters_from: study`` then trains the
+trial once the recipe's trial finished (a trial trailing the median of the finished ones stops), a
+20-minute budget. ``finetuned_model`` with ``hyper_parameters_from: study`` then trains the
 winner. On a larger version or a GPU, widen ``epochs`` and raise ``n_trials``; on a much larger
 one, set ``trial_max_steps`` to tune on shortened runs.
 """
@@ -62,7 +63,12 @@ class TuningConfig(dg.Config):
         "median",
         description="median: stop a trial below the median of earlier trials at the same step",
     )
-    pruner_startup_trials: int = Field(2, ge=0, description="trials finished before any pruning")
+    pruner_startup_trials: int = Field(
+        1,
+        ge=0,
+        description="trials finished before any pruning (1: the default recipe's trial, so a "
+        "trial trailing it at the same report stops)",
+    )
     pruner_warmup_reports: int = Field(
         1, ge=0, description="first reports of a trial that never prune it"
     )
