@@ -123,59 +123,67 @@ def main() -> None:
         metrics = latest(root, "finetuned_model", args.key, "metrics.json")
     best = latest(root, "tuning_study", args.key, "best.json")
     trials = latest(root, "tuning_study", args.key, "trials.json")
-    if args.recorded_default or args.study_only:
-        recorded = json.loads(Path(DEFAULT_RESULT).read_text())[
-            f"{args.source}/{json.dumps({'epochs': 1})}"
-        ]
-        default = {
-            "test_macro_f1": recorded["summary"]["finetuned"]["macro_f1"],
-            "test_accuracy": recorded["summary"]["finetuned"]["accuracy"],
-            "from": f"{DEFAULT_RESULT} ({recorded['date']}, {recorded['command']})",
+    recorded = json.loads(Path(DEFAULT_RESULT).read_text())[
+        f"{args.source}/{json.dumps({'epochs': 1})}"
+    ]
+    default = {
+        "test_macro_f1": recorded["summary"]["finetuned"]["macro_f1"],
+        "test_accuracy": recorded["summary"]["finetuned"]["accuracy"],
+        "from": f"{DEFAULT_RESULT} ({recorded['date']}, {recorded['command']})",
+    }
+
+    def report(default: dict) -> None:  # written after each stage: a killed run keeps its numbers
+        default_f1 = default["test_macro_f1"]
+        result = {
+            "command": " ".join(["python", *sys.argv]),
+            "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(started)),
+            "machine": {
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "device": "cpu",
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            },
+            "source": args.source,
+            "study_config_overrides": study_config,
+            "study_config": TuningConfig(**study_config).model_dump(),  # the budget, as it ran
+            "note": args.note,
+            "wall_seconds": walls,
+            "wall_seconds_total": round(time.time() - started, 1),
+            "trials": [{k: t.get(k) for k in TRIAL_FIELDS} for t in trials],
+            "trial_states": {
+                s: sum(t["state"] == s for t in trials) for s in {t["state"] for t in trials}
+            },
+            "best_trial": best,
+            "tuned": (
+                {
+                    k: metrics.get(k)
+                    for k in ("macro_f1", "accuracy", "global_step", "train_seconds")
+                }
+                if metrics
+                else None
+            ),
+            "default_recipe": default,
+            "tuned_minus_default_macro_f1": round(metrics["macro_f1"] - default_f1, 4)
+            if metrics
+            else None,
         }
-    else:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+    report(default)
+    if not (args.recorded_default or args.study_only):
         walls["finetuned_model_default_recipe"] = materialize("finetuned_model", args.key, env)
         m = latest(root, "finetuned_model", args.key, "metrics.json")
-        default = {
-            "test_macro_f1": m["macro_f1"],
-            "test_accuracy": m["accuracy"],
-            "global_step": m.get("global_step"),
-            "train_seconds": m.get("train_seconds"),
-            "from": "finetuned_model with its default config, trained by this run",
-        }
-    default_f1 = default["test_macro_f1"]
-    result = {
-        "command": " ".join(["python", *sys.argv]),
-        "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(started)),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "device": "cpu",
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        },
-        "source": args.source,
-        "study_config_overrides": study_config,
-        "study_config": TuningConfig(**study_config).model_dump(),  # the budget, as it ran
-        "note": args.note,
-        "wall_seconds": walls,
-        "wall_seconds_total": round(time.time() - started, 1),
-        "trials": [{k: t.get(k) for k in TRIAL_FIELDS} for t in trials],
-        "trial_states": {
-            s: sum(t["state"] == s for t in trials) for s in {t["state"] for t in trials}
-        },
-        "best_trial": best,
-        "tuned": (
-            {k: metrics.get(k) for k in ("macro_f1", "accuracy", "global_step", "train_seconds")}
-            if metrics
-            else None
-        ),
-        "default_recipe": default,
-        "tuned_minus_default_macro_f1": round(metrics["macro_f1"] - default_f1, 4)
-        if metrics
-        else None,
-    }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+        report(
+            {
+                "test_macro_f1": m["macro_f1"],
+                "test_accuracy": m["accuracy"],
+                "global_step": m.get("global_step"),
+                "train_seconds": m.get("train_seconds"),
+                "from": "finetuned_model with its default config, trained by this run",
+            }
+        )
+    print(Path(args.out).read_text())
 
 
 if __name__ == "__main__":
