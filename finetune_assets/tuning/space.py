@@ -165,11 +165,14 @@ class TuningConfig(dg.Config):
             else self.class_weights[0],
         }
 
-    def sampler(self) -> Any:
+    def sampler(self, trials_so_far: int = 0) -> Any:
+        """TPE, seeded per run: ``seed`` plus the trials already in the study, so a resumed study
+        does not draw again the points its first run drew (a sampler's state is not stored).
+        """
         import optuna
 
         return optuna.samplers.TPESampler(
-            n_startup_trials=self.sampler_startup_trials, seed=self.seed
+            n_startup_trials=self.sampler_startup_trials, seed=self.seed + trials_so_far
         )
 
     def pruner_config(self) -> PrunerConfig:

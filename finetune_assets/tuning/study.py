@@ -51,6 +51,7 @@ def open_study(config: TuningConfig, storage: str, version: str) -> optuna.Study
     )
     if not study.trials and config.include_default_recipe:
         study.enqueue_trial(config.default_recipe(), user_attrs={"default_recipe": True})
+    study.sampler = config.sampler(len(study.trials))  # a resumed run draws new points
     return study
 
 

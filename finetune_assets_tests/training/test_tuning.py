@@ -214,6 +214,20 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_early(
     )
 
 
+def test_a_resumed_study_draws_new_points(tmp_path):
+    """A sampler's state is not in the storage: seeded alike, a second run would redraw the first
+    run's points (the same trial twice); the seed moves on with the study's trials.
+    """
+    config = TuningConfig(include_default_recipe=False)
+    url = str(tmp_path / "study.journal")
+    first = tuning.open_study(config, url, "v1")
+    trial = first.ask()
+    drawn = config.suggest(trial)
+    first.tell(trial, 0.5)
+    again = tuning.open_study(config, url, "v1")  # the next run, a new process
+    assert config.suggest(again.ask()) != drawn
+
+
 def test_the_search_space_rejects_what_it_cannot_search():
     with pytest.raises(ValueError, match="lr_low"):
         TuningConfig(lr_low=1e-3, lr_high=1e-4)
