@@ -84,6 +84,11 @@ def main() -> None:
         action="store_true",
         help=f"the default recipe's score from {DEFAULT_RESULT} instead of training it here",
     )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="materialize nothing: write the result from what --workdir already holds",
+    )
     parser.add_argument("--out", default="benchmarks/results/tuning.json")
     args = parser.parse_args()
     study_config = json.loads(args.study_config)
@@ -99,27 +104,31 @@ def main() -> None:
     root = work / "root"
     load_before, started = os.getloadavg(), time.time()
     walls = {}
-    if not (root / "mds_shards" / args.key).exists():
+    if not args.report_only and not (root / "mds_shards" / args.key).exists():
         subprocess.run(
             ["finetune-assets", "versions", "add", args.key, "--source", args.source], env=env
         )
         walls["upstream"] = materialize(
-            "raw_reviews,tokenized_reviews,mds_shards,pretrained_model", args.key, env
-        )
-    walls["tuning_study"] = materialize(
-        "tuning_study",
-        args.key,
-        env,
-        {"tuning_study": {"config": study_config}} if study_config else None,
-    )
-    metrics: dict = {}
-    if not args.study_only:
-        walls["finetuned_model_with_best"] = materialize(
-            "finetuned_model",
+            "raw_reviews,tokenized_reviews,mds_shards,baseline_model,pretrained_model",
             args.key,
             env,
-            {"finetuned_model": {"config": {"hyper_parameters_from": "study"}}},
         )
+    if not args.report_only:
+        walls["tuning_study"] = materialize(
+            "tuning_study",
+            args.key,
+            env,
+            {"tuning_study": {"config": study_config}} if study_config else None,
+        )
+    metrics: dict = {}
+    if not args.study_only:
+        if not args.report_only:
+            walls["finetuned_model_with_best"] = materialize(
+                "finetuned_model",
+                args.key,
+                env,
+                {"finetuned_model": {"config": {"hyper_parameters_from": "study"}}},
+            )
         metrics = latest(root, "finetuned_model", args.key, "metrics.json")
     best = latest(root, "tuning_study", args.key, "best.json")
     trials = latest(root, "tuning_study", args.key, "trials.json")
@@ -171,7 +180,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
     report(default)
-    if not (args.recorded_default or args.study_only):
+    if not (args.recorded_default or args.study_only or args.report_only):
         walls["finetuned_model_default_recipe"] = materialize("finetuned_model", args.key, env)
         m = latest(root, "finetuned_model", args.key, "metrics.json")
         report(
