@@ -6,8 +6,8 @@ opens the same storage, reports each validation's metric and asks the study's pr
 is broadcast so every rank stops at the same step. Reports are numbered 1, 2, ... (Optuna's
 ``step``): trials of different batch sizes validate at the same fractions of their budget but at
 different optimizer steps, and the median pruner compares trials at equal ``step``. A pruned run
-records ``pruned_at_step`` (the optimizer step) on the
-trial (the asset then tells the study PRUNED); its last report is the trial's value either way.
+records ``pruned_at_step`` (the optimizer step) on the trial (the asset then tells the study
+PRUNED); its last report is the trial's value either way.
 
 Optuna's own ``optuna_integration.PyTorchLightningPruningCallback`` does the same for the
 ``lightning`` package; this trainer uses ``pytorch_lightning``, whose ``Trainer`` refuses callbacks
