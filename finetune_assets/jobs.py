@@ -14,6 +14,7 @@ from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.shards import mds_shards
 from finetune_assets.assets.tokenized import tokenized_reviews
+from finetune_assets.assets.tuning import tuning_study
 
 # Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled: true``):
 # only failures outside the assets' code (a killed run worker, a lost pod, a daemon restart), at most twice.
@@ -67,4 +68,20 @@ base_model_job = dg.define_asset_job(
     tags={"finetune_assets/job": "base_model"},
 )
 
-jobs: list = [retrain_job, finetune_only_job, base_model_job]
+# The chain up to the shards and the gate's baseline, then the study (not the model: in one run
+# nothing orders tuning_study before finetuned_model). tuning/on_landing.py trains the winner after.
+TUNE_CHAIN = (raw_reviews, tokenized_reviews, mds_shards, baseline_model, tuning_study)
+
+tune_job = dg.define_asset_job(
+    name="tune_job",
+    selection=dg.AssetSelection.assets(*TUNE_CHAIN, pretrained_model),
+    description=(
+        "New data -> a hyper-parameter study for one dataset version: the chain up to mds_shards, "
+        "baseline_model, and tuning_study. The new-data sensor requests it instead of retrain_job "
+        "when the landing resource's tune_new_versions is on; finetune_only_job then trains the "
+        "study's winner (tuned_retrain_sensor)."
+    ),
+    tags={"finetune_assets/job": "tune", **RETRY_TAGS},
+)
+
+jobs: list = [retrain_job, finetune_only_job, base_model_job, tune_job]

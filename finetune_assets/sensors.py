@@ -57,6 +57,7 @@ from finetune_assets.resources.landing import (
     strip_format_suffix,
 )
 from finetune_assets.resources.storage_root import StorageResource
+from finetune_assets.tuning import on_landing
 
 CURSOR_VERSION = 1
 RUN_KEY_TAG = "dagster/run_key"
@@ -231,10 +232,11 @@ def evaluate_landing(
             f"{deferred} entries left for the next tick (tick budget {landing.tick_budget_s:g} s)"
         )
 
-    run_requests = (
+    run_requests = on_landing.route(  # retrain_job, or tune_job when the deployment tunes
         _follow_runs(context, cursor, store)
         + _requests_with_base(cursor, store, ready, waiting)
-        + rerequest
+        + rerequest,
+        landing.tune_new_versions,
     )
     _log_problems(context, cursor, problems)
 
@@ -524,7 +526,7 @@ def _log_problems(context, cursor: LandingCursor, problems: dict[str, str]) -> N
 
 @dg.sensor(
     name="landing_zone_sensor",
-    job=retrain_job,
+    jobs=[retrain_job, on_landing.tune_job],
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="New data in the landing zone -> a dataset version (partition) and a retrain_job run for it.",
@@ -535,4 +537,4 @@ def landing_zone_sensor(
     return evaluate_landing(context, landing, storage)
 
 
-sensors: list[dg.SensorDefinition] = [landing_zone_sensor]
+sensors: list[dg.SensorDefinition] = [landing_zone_sensor, on_landing.tuned_retrain_sensor]

@@ -141,6 +141,7 @@ def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(
     assert sorted(added) == ["v1", "v2"] and sorted(r.partition_key for r in runs) == ["v1", "v2"]
     assert all(r.asset_selection == [dg.AssetKey(a) for a in VERSION_CHAIN] for r in runs)
     assert all(r.tags["finetune_assets/dataset_version"] == r.partition_key for r in runs)
+    assert {r.job_name for r in runs} == {"retrain_job"}  # tuning is off unless a deployment asks
 
     daemon.cursor = None  # restarted daemon that lost its cursor (or a sensor reset)
     added, runs, _ = daemon.tick()
@@ -243,12 +244,14 @@ def test_jobs_select_the_expected_assets(storage_root):
         pytest.fail("finetuned_model is not in definitions.py yet (retrain_job would not train)")
     selected = {
         j: {k.to_user_string() for k in repo.get_job(j).asset_layer.executable_asset_keys}
-        for j in ("retrain_job", "finetune_only_job", "base_model_job")
+        for j in ("retrain_job", "finetune_only_job", "base_model_job", "tune_job")
     }
+    chain = set(VERSION_CHAIN) - {FINETUNED, CHAMPION}
     assert selected == {
         "retrain_job": {*VERSION_CHAIN, PRETRAINED},
         "finetune_only_job": {FINETUNED, CHAMPION},
         "base_model_job": {PRETRAINED},
+        "tune_job": {*chain, "tuning_study", PRETRAINED},
     }
     sensor = repo.get_sensor_def("landing_zone_sensor")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
@@ -339,15 +342,19 @@ def test_an_unreadable_drop_does_not_block_the_others(daemon, landing, arabic_re
     assert added == ["v2"] and [r.partition_key for r in runs] == ["v2"]
 
 
-def _finish(instance, request: dg.RunRequest, status) -> str:
+def _finish(instance, request: dg.RunRequest, status, job_name: str = "retrain_job") -> str:
     """What the daemon + run worker leave behind for a request: a run with its run key and an outcome."""
     from dagster._core.storage.dagster_run import DagsterRun
     from dagster._core.utils import make_new_run_id
 
     run = DagsterRun(
-        job_name="retrain_job",
+        job_name=job_name,
         run_id=make_new_run_id(),
-        tags={**request.tags, "dagster/run_key": request.run_key},
+        tags={
+            **request.tags,
+            "dagster/run_key": request.run_key,
+            "dagster/partition": request.partition_key,
+        },
         status=status,
     )
     instance.add_run(run)
@@ -489,3 +496,57 @@ def test_a_refused_blocking_data_check_is_reported_as_such(daemon, landing, arab
     daemon.tick()
     why = LandingCursor.parse(daemon.cursor).failed["v1"]
     assert "blocking check min_rows_per_class (Mixed: 12 reviews, needs 50) refused the data" in why
+
+
+def test_a_deployment_that_tunes_new_versions_tunes_then_trains_the_winner(
+    daemon, landing, arabic_reviews
+):
+    """``tune_new_versions``: the version's run is tune_job (study, no model); its success makes
+    ``tuned_retrain_sensor`` request finetune_only_job with the study's winner, once per run.
+    """
+    from finetune_assets.definitions import defs
+    from finetune_assets.tuning.on_landing import tuned_retrain_sensor
+
+    daemon.resources["landing"] = LandingZoneResource(url=str(landing), tune_new_versions=True)
+    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
+    _, (request,), _ = daemon.tick()
+    assert request.job_name == "tune_job" and request.partition_key == "v1"
+    chain = [a for a in VERSION_CHAIN if a not in (FINETUNED, CHAMPION)]
+    assert request.asset_selection == [dg.AssetKey(a) for a in [*chain, "tuning_study"]]
+    assert request.run_key.startswith("v1:")  # the version's run key: followed as a retrain run
+
+    run_id = _finish(daemon.instance, request, dg.DagsterRunStatus.SUCCESS, job_name="tune_job")
+    assert daemon.tick()[1] == [] and LandingCursor.parse(daemon.cursor).runs == {}
+    run = daemon.instance.get_run_by_id(run_id)
+    success = dg.DagsterEvent(event_type_value="PIPELINE_SUCCESS", job_name="tune_job")
+    ctx = dg.build_run_status_sensor_context(
+        sensor_name="tuned_retrain_sensor",
+        dagster_event=success,
+        dagster_instance=daemon.instance,
+        dagster_run=run,
+    )
+    final = tuned_retrain_sensor(ctx)
+    assert isinstance(final, dg.RunRequest) and final.partition_key == "v1"
+    assert final.run_key == f"{run_id}:winner"
+    job = defs.resolve_job_def("finetune_only_job")
+    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {
+        FINETUNED,
+        CHAMPION,
+    }
+    config = final.run_config["ops"][FINETUNED]["config"]
+    assert config == {"hyper_parameters_from": "study"}
+    assert dg.validate_run_config(job, final.run_config)  # the launchpad would accept it
+
+    # A tune_job run a person launched only tunes: the sensor leaves the model to them.
+    by_hand = _finish(
+        daemon.instance,
+        dg.RunRequest(run_key="by-hand", partition_key="v1"),
+        dg.DagsterRunStatus.SUCCESS,
+    )
+    ctx = dg.build_run_status_sensor_context(
+        sensor_name="tuned_retrain_sensor",
+        dagster_event=success,
+        dagster_instance=daemon.instance,
+        dagster_run=daemon.instance.get_run_by_id(by_hand),
+    )
+    assert isinstance(tuned_retrain_sensor(ctx), dg.SkipReason)

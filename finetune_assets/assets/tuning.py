@@ -170,6 +170,23 @@ class _Trials:
         return {}
 
 
+def _within_pool(context: dg.AssetExecutionContext, config: TuningConfig) -> TuningConfig:
+    """No more trials at once than the ``training`` pool has slots, when the instance limits it.
+
+    The study holds one slot for all its trials (an op cannot claim more); this keeps its gangs
+    within what the deployment allows for training at once.
+    """
+    limits = {p.name: p.limit for p in context.instance.event_log_storage.get_pool_limits()}
+    limit = limits.get(TRAINING_POOL)
+    if limit and config.parallel_trials > limit:
+        context.log.warning(
+            f"parallel_trials {config.parallel_trials} > the {TRAINING_POOL} pool's limit "
+            f"{limit}: running {limit} trials at once"
+        )
+        return config.model_copy(update={"parallel_trials": limit})
+    return config
+
+
 def _job_name(version: str, run_id: str, number: int) -> str:
     slug = re.sub(r"[^a-z0-9-]+", "-", version.lower()).strip("-")[:30] or "v"
     return f"tune-{slug}-{run_id[:8]}-t{number}"
@@ -287,6 +304,7 @@ def tuning_study(
         )
         return
     version = version_of(context)
+    config = _within_pool(context, config)
     store = storage.storage()
     url = study_storage(config, store, version)
     study = tuning.open_study(config, url, version)
@@ -340,14 +358,14 @@ def _metadata(
             r["state"].lower(),
             "" if r["value"] is None else f"{r['value']:.4f}",
             "" if r["seconds"] is None else f"{r['seconds']:.0f}",
-            r["last_step"] or "",
+            r["reports"] or "",
             *(_fmt(r["params"].get(k)) for k in names),
         )
         for r in summary.rows
     ]
     meta: dict[str, Any] = {
         "trials": markdown_table(
-            ("trial", "state", "val macro-F1", "seconds", "last step", *names), rows
+            ("trial", "state", "val macro-F1", "seconds", "reports", *names), rows
         ),
         "best_trial": best["trial"],
         "best_val_macro_f1": dg.MetadataValue.float(float(best["value"])),

@@ -214,7 +214,7 @@ class PrunerConfig(_Strict):
 
     kind: Literal["median", "none"] = "median"
     startup_trials: int = Field(2, ge=0)  # finished trials before any pruning
-    warmup_steps: int = Field(0, ge=0)  # a trial's reports before this step never prune it
+    warmup_steps: int = Field(0, ge=0)  # reports numbered below this never prune a trial
 
 
 class TrialConfig(_Strict):

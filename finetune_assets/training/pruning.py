@@ -3,8 +3,11 @@
 The study lives in durable storage (a journal file or a database), not in this process: the tuning
 asset asks for the trial and hands its id in the trainer config (``TrainerConfig.trial``); rank 0
 opens the same storage, reports each validation's metric and asks the study's pruner; the decision
-is broadcast so every rank stops at the same step. A pruned run records ``pruned_at_step`` on the
-trial (the asset then tells the study PRUNED); its last report is the trial's value either way.
+is broadcast so every rank stops at the same step. Reports are numbered 1, 2, ... (Optuna's
+``step``): trials of different batch sizes validate at the same fractions of their budget but at
+different optimizer steps, and the median pruner compares trials at equal ``step``. A pruned run
+records ``pruned_at_step`` (the optimizer step) on the trial (the asset then tells the study
+PRUNED); its last report is the trial's value either way.
 
 Optuna's own ``optuna_integration.PyTorchLightningPruningCallback`` does the same for the
 ``lightning`` package; this trainer uses ``pytorch_lightning``, whose ``Trainer`` refuses callbacks
@@ -91,6 +94,7 @@ class TrialPruning(pl.Callback):
         self.config = trial
         self.rank = rank
         self._trial: Any = None
+        self._reports = 0  # this trial's validations so far: the step it reports at
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.rank == 0 and self._trial is None:
@@ -107,6 +111,7 @@ class TrialPruning(pl.Callback):
         if trainer.sanity_checking:
             return
         step = int(trainer.global_step)
+        self._reports += 1
         prune = False
         if self.rank == 0:
             value = trainer.callback_metrics.get(self.config.metric)
@@ -114,13 +119,14 @@ class TrialPruning(pl.Callback):
                 raise RuntimeError(
                     f"trial metric {self.config.metric!r} was not logged by validation"
                 )
-            self._trial.report(float(value), step)
+            self._trial.report(float(value), self._reports)
             prune = bool(self._trial.should_prune())
             log.info(
-                "trial %s: %s %.4f at step %d%s",
+                "trial %s: %s %.4f (report %d, step %d)%s",
                 self.config.trial_id,
                 self.config.metric,
                 float(value),
+                self._reports,
                 step,
                 " -> pruned" if prune else "",
             )

@@ -1,15 +1,17 @@
 """The study's typed config: search space, budget, pruner, storage (the ``tuning_study`` launchpad).
 
 Defaults are sized for the default version (3,000 English snippets, all-MiniLM-L6-v2) on two CPU
-cores: six trials of 32 optimizer steps each (the first one the default recipe), a median pruner
-deciding at four validations per trial, so a study finishes in about 20 minutes there. Trials are
-shortened runs (``trial_max_steps``); ``finetuned_model`` with ``hyper_parameters_from: study`` then
-trains the winner on the full budget (its epochs).
+cores: six trials of each one's full budget (its epochs: what ``finetuned_model`` then trains, so
+the study ranks exactly the runs it chooses between; a shortened proxy did not rank them), the
+first one the default recipe, a median pruner deciding from the second of four validations per
+trial once the recipe's trial finished (a trial trailing the median of the finished ones stops), a
+20-minute budget. ``finetuned_model`` with ``hyper_parameters_from: study`` then trains the
+winner. On a larger version or a GPU, widen ``epochs`` and raise ``n_trials``; on a much larger
+one, set ``trial_max_steps`` to tune on shortened runs.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar, Literal, get_args
 
 import dagster as dg
@@ -52,7 +54,7 @@ class TuningConfig(dg.Config):
         1, ge=1, description="trials at once (each a training launch; k8s: one gang each)"
     )
     trial_max_steps: int = Field(
-        32, ge=-1, description="optimizer steps per trial (-1: the trial's epochs)"
+        -1, ge=-1, description="optimizer steps per trial (-1: the trial's epochs, as trained)"
     )
     reports_per_trial: int = Field(
         4, ge=1, description="validations per trial: intermediate values for the pruner"
@@ -61,9 +63,14 @@ class TuningConfig(dg.Config):
         "median",
         description="median: stop a trial below the median of earlier trials at the same step",
     )
-    pruner_startup_trials: int = Field(2, ge=0, description="trials finished before any pruning")
+    pruner_startup_trials: int = Field(
+        1,
+        ge=0,
+        description="trials finished before any pruning (1: the default recipe's trial, so a "
+        "trial trailing it at the same report stops)",
+    )
     pruner_warmup_reports: int = Field(
-        1, ge=0, description="reports of a trial before it may be pruned"
+        1, ge=0, description="first reports of a trial that never prune it"
     )
     sampler_startup_trials: int = Field(
         3, ge=1, description="random trials before TPE models the space"
@@ -158,22 +165,20 @@ class TuningConfig(dg.Config):
             else self.class_weights[0],
         }
 
-    def sampler(self) -> Any:
+    def sampler(self, trials_so_far: int = 0) -> Any:
+        """TPE, seeded per run: ``seed`` plus the trials already in the study, so a resumed study
+        does not draw again the points its first run drew (a sampler's state is not stored).
+        """
         import optuna
 
         return optuna.samplers.TPESampler(
-            n_startup_trials=self.sampler_startup_trials, seed=self.seed
+            n_startup_trials=self.sampler_startup_trials, seed=self.seed + trials_so_far
         )
 
     def pruner_config(self) -> PrunerConfig:
-        """Median pruning, warm-up counted in reports (every trial reports at the same steps)."""
-        every = (
-            math.ceil(self.trial_max_steps / self.reports_per_trial)
-            if self.trial_max_steps > 0
-            else 0
-        )
+        """Median pruning; trials report at steps 1..reports_per_trial (training/pruning.py)."""
         return PrunerConfig(
             kind=self.pruner,
             startup_trials=self.pruner_startup_trials,
-            warmup_steps=self.pruner_warmup_reports * every + 1 if every else 0,
+            warmup_steps=self.pruner_warmup_reports + 1,
         )

@@ -51,6 +51,7 @@ def open_study(config: TuningConfig, storage: str, version: str) -> optuna.Study
     )
     if not study.trials and config.include_default_recipe:
         study.enqueue_trial(config.default_recipe(), user_attrs={"default_recipe": True})
+    study.sampler = config.sampler(len(study.trials))  # a resumed run draws new points
     return study
 
 
@@ -161,7 +162,7 @@ def summarize(study: optuna.Study) -> Summary:
                 "number": t.number,
                 "state": t.state.name,
                 "value": t.value,
-                "last_step": max(steps) if steps else None,
+                "reports": max(steps) if steps else None,  # reports are numbered 1, 2, ...
                 "seconds": seconds,
                 "params": dict(t.params),
                 "retry_of": t.user_attrs.get(RETRY_OF),

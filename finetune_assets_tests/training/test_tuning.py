@@ -22,7 +22,7 @@ from finetune_assets.tuning import study as tuning
 from finetune_assets.tuning.space import TuningConfig
 from finetune_assets_tests.training.fixtures import publish_upstream
 
-# 48 train samples, batch 8 or 16: at most 6 batches an epoch; 4 steps, 2 reports (steps 2 and 4).
+# 48 train samples, batch 8 or 16: at most 6 batches an epoch; 4 steps, 2 reports (at steps 2, 4).
 STUDY = {
     "n_trials": 3,
     "trial_max_steps": 4,
@@ -133,9 +133,7 @@ def test_a_killed_study_resumes_to_exactly_n_trials_and_the_final_model_uses_the
 
     meta = resumed.asset_materializations_for_node("tuning_study")[0].metadata
     table = meta["trials"].value
-    assert table.splitlines()[0].startswith(
-        "| trial | state | val macro-F1 | seconds | last step |"
-    )
+    assert table.splitlines()[0].startswith("| trial | state | val macro-F1 | seconds | reports |")
     assert "| 1 | fail |" in table and "| 2 | " in table
     assert meta["optimization_history"].value.startswith(
         "![optimization history](data:image/png;base64,"
@@ -184,13 +182,13 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_early(
     study = tuning.open_study(TuningConfig(**{**STUDY, "include_default_recipe": False}), url, "v1")
     space = TuningConfig(**STUDY)
     dists = {"lr": optuna.distributions.FloatDistribution(space.lr_low, space.lr_high, log=True)}
-    # A finished trial with a perfect score at both steps: any real trial is below its median.
+    # A finished trial with a perfect score at both reports: any real trial is below its median.
     study.add_trial(
         optuna.trial.create_trial(
             params={"lr": 1e-4},
             distributions=dists,
             value=1.0,
-            intermediate_values={2: 1.0, 4: 1.0},
+            intermediate_values={1: 1.0, 2: 1.0},
         )
     )
     result = _materialize(
@@ -204,7 +202,8 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_early(
     assert result.success
     pruned = _study(version).trials[1]
     assert pruned.state == optuna.trial.TrialState.PRUNED
-    assert list(pruned.intermediate_values) == [2] and pruned.user_attrs["pruned_at_step"] == 2
+    # pruned at its first report (report 1), taken at optimizer step 2
+    assert list(pruned.intermediate_values) == [1] and pruned.user_attrs["pruned_at_step"] == 2
     metrics = json.loads(
         (storage_root / "tuning" / "v1" / "trials" / "0001" / "output" / "metrics.json").read_text()
     )
@@ -213,6 +212,20 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_early(
         "| 1 | pruned |"
         in result.asset_materializations_for_node("tuning_study")[0].metadata["trials"].value
     )
+
+
+def test_a_resumed_study_draws_new_points(tmp_path):
+    """A sampler's state is not in the storage: seeded alike, a second run would redraw the first
+    run's points (the same trial twice); the seed moves on with the study's trials.
+    """
+    config = TuningConfig(include_default_recipe=False)
+    url = str(tmp_path / "study.journal")
+    first = tuning.open_study(config, url, "v1")
+    trial = first.ask()
+    drawn = config.suggest(trial)
+    first.tell(trial, 0.5)
+    again = tuning.open_study(config, url, "v1")  # the next run, a new process
+    assert config.suggest(again.ask()) != drawn
 
 
 def test_the_search_space_rejects_what_it_cannot_search():

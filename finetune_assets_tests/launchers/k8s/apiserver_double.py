@@ -13,7 +13,8 @@ it through an ordinary kubeconfig (``server: http://127.0.0.1:PORT``):
   (``container``, ``tailLines``, ``follow`` as a chunked stream, like the real API server)
 
 Every request is recorded in :attr:`KubeApiDouble.calls` as ``(verb, resource, user agent)`` so a test can
-compare what the launcher really calls with what ``deploy/rbac.yaml`` grants.
+compare what the launcher really calls with what ``deploy/rbac.yaml`` grants; Jobs created and
+deleted, with their labels, in :attr:`KubeApiDouble.job_log` (which gangs existed at once).
 
 What it plays besides the API server:
 
@@ -259,6 +260,8 @@ class KubeApiDouble:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (resource, ns, name) -> obj
         self.pods: dict[tuple[str, str], _Pod] = {}  # (ns, name) -> pod
         self.calls: list[tuple[str, str, str]] = []  # (verb, resource as RBAC names it, User-Agent)
+        # Jobs as they came and went, in order: ("created" | "deleted", name, labels)
+        self.job_log: list[tuple[str, str, dict[str, str]]] = []
         self._server: ThreadingHTTPServer | None = None
         self._rv = 0
         self.faults = Faults()
@@ -550,6 +553,7 @@ class KubeApiDouble:
             if res == "jobs":
                 obj["status"] = {"startTime": _now(), "active": 0, "succeeded": 0, "failed": 0}
                 self.indexes[(ns, name)] = _Indexes()
+                self.job_log.append(("created", name, dict(meta.get("labels") or {})))
             self.objects[(res, ns, name)] = obj
         if res == "jobs":
             self._start_job(ns, obj)
@@ -636,6 +640,8 @@ class KubeApiDouble:
             if (res, ns, name) not in self.objects:
                 raise ApiError(404, "NotFound", f'{res} "{name}" not found')
             obj = self.objects.pop((res, ns, name))
+            if res == "jobs":
+                self.job_log.append(("deleted", name, dict(obj["metadata"].get("labels") or {})))
             pods = [
                 p
                 for (pns, _), p in self.pods.items()
