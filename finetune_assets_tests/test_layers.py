@@ -11,6 +11,7 @@ MODULES = [
     "finetune_assets.training.run",
     "finetune_assets.training.callbacks",
     "finetune_assets.training.pruning",
+    "finetune_assets.training.study_storage",
     "finetune_assets.training.process_group",
     "finetune_assets.training.streaming_loader",
     "finetune_assets.training.shard_cache",
@@ -98,3 +99,15 @@ def test_module_does_not_import_dagster(module, import_failures):
     assert import_failures[module] == "", (
         f"{module} pulls in dagster (it must run in a pod without it): {import_failures[module]}"
     )
+
+
+def test_loading_the_code_location_never_imports_torch():
+    """Every asset step process loads the code location; torch and Lightning cost ~570 MB there."""
+    heavy = ["torch", "pytorch_lightning", "transformers"]
+    code = (
+        "import sys, json, finetune_assets.definitions; "
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from finetune_assets.training.pruning import PRUNED_AT_STEP, make_pruner, open_storage
+from finetune_assets.training.study_storage import PRUNED_AT_STEP, make_pruner, open_storage
 from finetune_assets.tuning.space import SEARCHED, TuningConfig
 
 RETRY_OF = "retry_of"  # user attribute: this trial re-runs one a killed run left unfinished
