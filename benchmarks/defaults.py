@@ -152,7 +152,7 @@ def train_run(
 def predict_rates(model_dir: Path, texts: list[str], batch_size: int) -> dict:
     import torch
 
-    from finetune_assets.cli import Classifier
+    from finetune_assets.inference import Classifier
 
     classifier = Classifier.from_folder(model_dir)
 
@@ -210,7 +210,7 @@ def main() -> None:
         return
     started = time.time()
     result: dict = {
-        "command": " ".join(["nice -n 10 python", *sys.argv]),
+        "command": " ".join(["nice -n 19 python", *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": {
             "platform": platform.platform(),
@@ -299,7 +299,7 @@ def predict_only(args: argparse.Namespace) -> None:
                 Path(tmp) / "model", test_texts(args.predict_texts), args.predict_batch_size
             ),
             "model": "packaged base model (untrained head)",
-            "command": " ".join(["nice -n 10 python", *sys.argv]),
+            "command": " ".join(["nice -n 19 python", *sys.argv]),
             "uptime_before": before,
             "uptime_after": uptime(),
         }
