@@ -83,6 +83,9 @@ def tuned(
 
 
 TRAINING_POOL = "training"
+# A backfill policy unlike the data assets' (none): Dagster's asset backfill never puts a data step
+# and training in one run, so a training run waits in the run queue, not in a run pod (jobs.py).
+TRAINING_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,7 @@ def build_trainer_config(
     kinds={"pytorch", "mlflow"},
     owners=OWNERS,
     pool=TRAINING_POOL,  # limit concurrent trainings (CPU/GPU memory, the embedded store): docs/reliability.md
+    backfill_policy=TRAINING_BACKFILL,
     code_version="1",  # bump for a change of the training code; config defaults are folded in (staleness.py)
 )
 def finetuned_model(
