@@ -42,7 +42,12 @@ def _prepare(tmp: Path) -> dict:
     home, root = tmp / "home", tmp / "storage"
     home.mkdir()
     root.mkdir()
-    shutil.copy(REPO / "deploy" / "instance" / "dagster.yaml", home / "dagster.yaml")
+    # The deployment's instance file as it is, plus a longer code-server start timeout: on two
+    # shared cores a fresh code server can take longer than Dagster's 180 s default to import.
+    (home / "dagster.yaml").write_text(
+        (REPO / "deploy" / "instance" / "dagster.yaml").read_text()
+        + "code_servers:\n  local_startup_timeout: 900\n"
+    )
     (home / "workspace.yaml").write_text(
         "load_from:\n  - python_module:\n      module_name: finetune_assets.definitions\n"
         f"      working_directory: {REPO}\n"
@@ -180,7 +185,7 @@ def _analyse(instance, backfill_id, versions, preparation, training) -> dict:
                 "end": rec.end_time,
             }
         )
-    t0 = min(r["start"] for r in runs if r["start"])
+    t0 = min((r["start"] for r in runs if r["start"]), default=0.0)
     for r in runs:
         r["start_s"] = round(r["start"] - t0, 1) if r["start"] else None
         r["end_s"] = round(r["end"] - t0, 1) if r["end"] else None
