@@ -57,6 +57,7 @@ def _prepare(tmp: Path) -> dict:
         "FINETUNE_ASSETS_ROOT": str(root),
         "FINETUNE_ASSETS_LANDING": str(tmp / "landing"),
         "DAGSTER_DISABLE_TELEMETRY": "yes",
+        "DAGSTER_GRPC_TIMEOUT_SECONDS": "300",  # code-server calls under load (default 60 s)
     }
     os.environ.update(env)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -140,7 +141,7 @@ def main() -> None:
             )
             while instance.get_backfill(backfill_id).status == BulkActionStatus.REQUESTED:
                 if time.time() - started > args.timeout_s:
-                    raise TimeoutError(f"backfill still running after {args.timeout_s:g} s")
+                    break  # analysed as it stands: the checks say what did not happen
                 time.sleep(5)
             wall = time.time() - started
         finally:
