@@ -206,7 +206,9 @@ def _analyse(instance, backfill_id, versions, preparation, training) -> dict:
     for r in runs:
         r["start_s"] = round(r["start"] - t0, 1) if r["start"] else None
         r["end_s"] = round(r["end"] - t0, 1) if r["end"] else None
-    trainings = sorted((r for r in runs if r["kind"] == "training"), key=lambda r: r["start"])
+    trainings = sorted(
+        (r for r in runs if r["kind"] == "training"), key=lambda r: r["start"] or float("inf")
+    )
     preps = [r for r in runs if r["kind"] == "preparation" and r["partition"]]
     mixed = [
         r
