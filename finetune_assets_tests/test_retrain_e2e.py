@@ -22,12 +22,14 @@ from finetune_assets.contracts import PRETRAINED_MODEL as PRETRAINED
 from finetune_assets.data.sample import make_sample_reviews
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.definitions import build_defs
+from finetune_assets.jobs import DATA_PREPARATION
 from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.storage import Storage
 
 VERSION_CHAIN = tuple(a.key.to_user_string() for a in CHAIN_ASSETS)  # names, in flow order
+PREPARE = tuple(a.key.to_user_string() for a in DATA_PREPARATION)
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "review-classifier"
@@ -182,17 +184,23 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     assert instance.get_dynamic_partitions(DATASET_VERSIONS) == ["v1"]
     (request,) = tick.run_requests
     assert request.partition_key == "v1"
-    # Fresh deployment: this run also builds the shared base model.
-    assert set(request.asset_selection) == {dg.AssetKey(a) for a in (*VERSION_CHAIN, PRETRAINED)}
-
-    first = deploy.launch(request, _run_config(TRAIN, base=tiny_model_dir))
+    # Fresh deployment: the data-preparation run also builds the shared base model.
+    assert set(request.asset_selection) == {dg.AssetKey(a) for a in (*PREPARE, PRETRAINED)}
+    prepared = deploy.launch(request, _run_config(TRAIN, base=tiny_model_dir))
+    assert prepared.success
+    # Its data is ready: the next tick requests the version's training run (queued for its slot).
+    (request,) = deploy.tick().run_requests
+    assert set(request.asset_selection) == {dg.AssetKey(FINETUNED), dg.AssetKey("champion_model")}
+    first = deploy.launch(request, _run_config(TRAIN))
     assert first.success
-    assert {e.asset_key.to_user_string() for e in first.get_asset_materialization_events()} == {
-        *VERSION_CHAIN,
-        PRETRAINED,
+    materialized = [*prepared.get_asset_materialization_events()]
+    materialized += first.get_asset_materialization_events()
+    assert {e.asset_key.to_user_string() for e in materialized} == {*VERSION_CHAIN, PRETRAINED}
+    checks = {
+        e.check_name: e
+        for e in [*prepared.get_asset_check_evaluations(), *first.get_asset_check_evaluations()]
     }
-    checks = {e.check_name: e for e in first.get_asset_check_evaluations()}
-    # raw + shard checks ran in the same run; the blocking ones passed (training started after them)
+    # raw + shard checks ran before training; the blocking ones passed (training started after them)
     assert all(
         checks[n].passed
         for n in (

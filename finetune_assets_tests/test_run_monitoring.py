@@ -99,3 +99,18 @@ def test_an_asset_failure_and_a_cancelled_run_are_not_retried(tmp_path):
         cancelled = _run(instance, DagsterRunStatus.CANCELED)
         assert not should_retry(instance.get_run_by_id(cancelled.run_id), instance)
         assert instance.get_run_by_id(cancelled.run_id).tags.get(WILL_RETRY_TAG) != "true"
+
+
+def test_a_run_of_the_implicit_asset_job_is_retried_too(tmp_path):
+    """Asset backfills and "Materialize" in the UI run the implicit asset job, without the jobs'
+    retry tags: the instance's own default (``max_retries: 2``) covers them.
+    """
+    with _instance(tmp_path) as instance:
+        run = DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id=make_new_run_id(),
+            tags={"dagster/partition": "v1"},
+            status=DagsterRunStatus.FAILURE,  # its worker never started (launch timed out)
+        )
+        instance.add_run(run)
+        assert should_retry(instance.get_run_by_id(run.run_id), instance)

@@ -14,13 +14,14 @@ from finetune_assets.contracts import PRETRAINED_MODEL as PRETRAINED
 from finetune_assets.data.sources import SourceSpec, read_source
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.dataset_versions.registry import read_version
-from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
+from finetune_assets.jobs import DATA_PREPARATION
 from finetune_assets.resources.landing import LandingZoneResource, fingerprint
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.sensors import LandingCursor, landing_zone_sensor
 from finetune_assets.storage import Storage
 
-VERSION_CHAIN = tuple(a.key.to_user_string() for a in CHAIN_ASSETS)  # names, in flow order
+PREPARE = tuple(a.key.to_user_string() for a in DATA_PREPARATION)  # names, in flow order
+VERSION_CHAIN = (*PREPARE, FINETUNED, CHAMPION)
 
 
 class Daemon:
@@ -128,8 +129,8 @@ def test_three_versions_over_several_ticks(daemon, landing, storage_root, arabic
         assert record is not None and record.source.uri == str(uri)
         assert record.fingerprint == fingerprint(str(uri))
         assert f"{key}:{record.fingerprint}" in daemon.run_keys  # run key carries the content hash
-    # every run goes through the full chain (the base model is already built, so it is not re-run)
-    assert all(r.asset_selection == [dg.AssetKey(a) for a in VERSION_CHAIN] for r in all_runs)
+    # every version's first run prepares its data (the base model is already built: not re-run)
+    assert all(r.asset_selection == [dg.AssetKey(a) for a in PREPARE] for r in all_runs)
 
 
 def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(
@@ -139,7 +140,7 @@ def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(
     _folder(landing, "v2", [arabic_reviews / "PROD.csv", arabic_reviews / "ATT.csv"])
     added, runs, _ = daemon.tick()  # two versions at once
     assert sorted(added) == ["v1", "v2"] and sorted(r.partition_key for r in runs) == ["v1", "v2"]
-    assert all(r.asset_selection == [dg.AssetKey(a) for a in VERSION_CHAIN] for r in runs)
+    assert all(r.asset_selection == [dg.AssetKey(a) for a in PREPARE] for r in runs)
     assert all(r.tags["finetune_assets/dataset_version"] == r.partition_key for r in runs)
     assert {r.job_name for r in runs} == {"retrain_job"}  # tuning is off unless a deployment asks
 
@@ -407,8 +408,10 @@ def test_a_failed_run_is_reported_as_what_failed_and_not_requested_again(
     reports the failed step, and a failure after training is not called a quality-gate refusal.
     """
     _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _, (request,), _ = daemon.tick()
-    run_id = _run_that_fails_at(daemon.instance, request, "champion_model")
+    _, (prepare,), _ = daemon.tick()
+    _finish(daemon.instance, prepare, dg.DagsterRunStatus.SUCCESS)
+    _, (train,), _ = daemon.tick()
+    run_id = _run_that_fails_at(daemon.instance, train, "champion_model")
     _, runs, skip = daemon.tick()
     assert runs == []
     why = LandingCursor.parse(daemon.cursor).failed["v1"]
@@ -416,11 +419,23 @@ def test_a_failed_run_is_reported_as_what_failed_and_not_requested_again(
     assert "quality gate" not in why and why in skip
 
 
-def test_a_successful_or_refused_run_is_not_requested_again(daemon, landing, arabic_reviews):
+def test_data_preparation_then_training_each_run_once(daemon, landing, arabic_reviews):
+    """Training is a run of its own, requested when the version's data-preparation run succeeded:
+    the run queue, not an idle run pod, waits for the training slot. Neither run is requested twice.
+    """
     _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _, (request,), _ = daemon.tick()
-    _finish(daemon.instance, request, dg.DagsterRunStatus.SUCCESS)
+    _, (prepare,), _ = daemon.tick()
+    assert prepare.asset_selection == [dg.AssetKey(a) for a in PREPARE]
+    assert daemon.tick()[1] == []  # still running: nothing more
+    _finish(daemon.instance, prepare, dg.DagsterRunStatus.SUCCESS)
+    _, (train,), _ = daemon.tick()
+    assert train.asset_selection == [dg.AssetKey(FINETUNED), dg.AssetKey(CHAMPION)]
+    assert train.partition_key == "v1" and train.run_key == f"{prepare.run_key}:train"
+    assert train.tags["finetune_assets/phase"] == "train"
+    _finish(daemon.instance, train, dg.DagsterRunStatus.SUCCESS)
     assert daemon.tick()[1] == [] and LandingCursor.parse(daemon.cursor).runs == {}
+    daemon.cursor = None  # a lost cursor re-requests both by run key: the daemon drops them
+    assert daemon.tick()[1] == [] and daemon.tick()[1] == []
 
 
 def test_a_base_model_run_that_never_appeared_is_requested_again(
@@ -509,11 +524,14 @@ def test_a_deployment_that_tunes_new_versions_tunes_then_trains_the_winner(
 
     daemon.resources["landing"] = LandingZoneResource(url=str(landing), tune_new_versions=True)
     _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _, (request,), _ = daemon.tick()
+    _, (prepare,), _ = daemon.tick()  # data preparation as always
+    assert prepare.job_name == "retrain_job"
+    assert prepare.asset_selection == [dg.AssetKey(a) for a in PREPARE]
+    _finish(daemon.instance, prepare, dg.DagsterRunStatus.SUCCESS)
+    _, (request,), _ = daemon.tick()  # the training run is the study
     assert request.job_name == "tune_job" and request.partition_key == "v1"
-    chain = [a for a in VERSION_CHAIN if a not in (FINETUNED, CHAMPION)]
-    assert request.asset_selection == [dg.AssetKey(a) for a in [*chain, "tuning_study"]]
-    assert request.run_key.startswith("v1:")  # the version's run key: followed as a retrain run
+    assert request.asset_selection == [dg.AssetKey("tuning_study")]
+    assert request.run_key == f"{prepare.run_key}:train"  # followed as the training run
 
     run_id = _finish(daemon.instance, request, dg.DagsterRunStatus.SUCCESS, job_name="tune_job")
     assert daemon.tick()[1] == [] and LandingCursor.parse(daemon.cursor).runs == {}

@@ -10,7 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, version_of
-from finetune_assets.assets.finetuned import finetuned_model, recorded_model
+from finetune_assets.assets.finetuned import TRAINING_BACKFILL, finetuned_model, recorded_model
 from finetune_assets.checks import FloorConfig
 from finetune_assets.dataset_versions.partitions import dataset_versions
 from finetune_assets.resources.mlflow import REGISTRY_RETRY, MlflowResource
@@ -32,6 +32,7 @@ class PromotionConfig(FloorConfig):
     kinds={"mlflow"},
     owners=OWNERS,
     pool=PROMOTION_POOL,
+    backfill_policy=TRAINING_BACKFILL,  # in the training run of a backfill, behind its model
     retry_policy=REGISTRY_RETRY,
     code_version="1",
 )

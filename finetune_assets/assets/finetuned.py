@@ -3,6 +3,7 @@
 import hashlib
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 from typing import Any, ClassVar, Literal
@@ -83,6 +84,12 @@ def tuned(
 
 
 TRAINING_POOL = "training"
+# A backfill policy unlike the data assets' (none): Dagster's asset backfill never puts a data step
+# and training in one run, so a training run waits in the run queue, not in a run pod (jobs.py).
+TRAINING_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
+warnings.filterwarnings(  # the parameter is beta in Dagster 1.13; its meaning is what we rely on
+    "ignore", message="Parameter `backfill_policy` of function `asset`", category=dg.BetaWarning
+)
 
 
 @dataclass(frozen=True)
@@ -235,6 +242,7 @@ def build_trainer_config(
     kinds={"pytorch", "mlflow"},
     owners=OWNERS,
     pool=TRAINING_POOL,  # limit concurrent trainings (CPU/GPU memory, the embedded store): docs/reliability.md
+    backfill_policy=TRAINING_BACKFILL,
     code_version="1",  # bump for a change of the training code; config defaults are folded in (staleness.py)
 )
 def finetuned_model(

@@ -1,9 +1,9 @@
 """Tuning the versions the new-data sensor registers, when a deployment turns it on.
 
 Off by default (``LandingZoneResource.tune_new_versions``): ``landing_zone_sensor`` requests
-``retrain_job`` for a new version, as always. On: the version's run is ``tune_job`` instead (the
-chain up to the shards, the baseline and ``tuning_study``), same run key and tags, so the sensor
-follows it as it follows a retrain run; when it succeeds, ``tuned_retrain_sensor`` requests
+``retrain_job`` for a new version, as always (its data preparation, then its training). On: the
+version's training run is ``tune_job`` instead (``tuning_study`` in the training pool), same run
+key and tags, so the sensor follows it as it follows a training run; when it succeeds, ``tuned_retrain_sensor`` requests
 ``finetune_only_job`` for the version with ``hyper_parameters_from: study``: the winner trained on
 the full budget, then the gate and promotion as usual. Two runs, not one: in one run nothing orders
 ``tuning_study`` before ``finetuned_model`` (neither depends on the other).
@@ -25,9 +25,13 @@ WINNER_CONFIG = {"ops": {FINETUNED_MODEL: {"config": {"hyper_parameters_from": "
 
 
 def route(requests: list[dg.RunRequest], tune: bool) -> list[dg.RunRequest]:
-    """The sensor's retrain requests as they go out: to ``retrain_job``, or to ``tune_job``."""
+    """The sensor's requests as they go out: all to ``retrain_job``; when tuning, a version's
+    training run goes to ``tune_job`` as its study (data preparation runs as always).
+    """
     return [
-        _tune_first(r) if tune else r.with_replaced_attrs(job_name=retrain_job.name)
+        _tune_first(r)
+        if tune and TRAINS & set(r.asset_selection or ())
+        else r.with_replaced_attrs(job_name=retrain_job.name)
         for r in requests
     ]
 
