@@ -1,19 +1,24 @@
-"""CSV/TSV reading strategies compared on correctness (hostile files) and speed (the real review files).
+"""CSV/TSV reading strategies compared on correctness (hostile files) and speed (the real review
+files).
 
-    .venv/bin/python benchmarks/csv_readers.py [--repeats 5] [--out benchmarks/results/csv_readers.json]
+    .venv/bin/python benchmarks/csv_readers.py [--repeats 5] [--out
+    benchmarks/results/csv_readers.json]
 
 Strategies, each returning (good rows, bad records) for one file:
 
-- ``pyarrow``: ``pyarrow.csv.read_csv`` with ``newlines_in_values`` and an ``invalid_row_handler`` that
-  counts bad rows (the reader this project used before issue 12);
-- ``python_csv``: ``csv.reader`` (lenient, the stdlib default), rows with the wrong field count are bad;
+- ``pyarrow``: ``pyarrow.csv.read_csv`` with ``newlines_in_values`` and an ``invalid_row_handler``
+  that counts bad rows (the reader this project used before issue 12);
+- ``python_csv``: ``csv.reader`` (lenient, the stdlib default), rows with the wrong field count are
+  bad;
 - ``python_csv_strict``: ``csv.reader(strict=True)`` re-started on the next line after each error
   (a two-pass flavour: the error position is only known after the fact);
-- ``project``: ``finetune_assets.data.delimited.split_records`` (strict grammar, resync on the next line).
+- ``project``: ``finetune_assets.data.delimited.split_records`` (strict grammar, resync on the next
+  line).
 
-Correctness: on every generator of ``finetune_assets_tests/data/hostile.py`` (3 seeds), are the numbers of
-records and of bad records equal to the generator's own counts, and does no good row hold two reviews' tokens?
-Speed: best of ``--repeats`` over the three real files (decode + split, no validation).
+Correctness: on every generator of ``finetune_assets_tests/data/hostile.py`` (3 seeds), are the
+numbers of records and of bad records equal to the generator's own counts, and does no good row hold
+two reviews' tokens? Speed: best of ``--repeats`` over the three real files (decode + split, no
+validation).
 """
 
 from __future__ import annotations
@@ -128,7 +133,8 @@ def correctness() -> dict:
                     ok += 1
                 else:
                     problems.append(
-                        f"{gen_name}[{seed}]: {len(good) + bad} records (expected {gen.rows}), {bad} bad "
+                        f"{gen_name}[{seed}]: {len(good) + bad} records (expected {gen.rows}), "
+                        f"{bad} bad "
                         f"(expected {want_bad}), {merged} rows holding several reviews"
                     )
         out[name] = {"cases_exact": ok, "cases": cases, "problems": problems[:6]}

@@ -1,20 +1,23 @@
-"""The fast defaults, measured on real data: length bucketing x precision for training, length-sorted predict.
+"""The fast defaults, measured on real data: length bucketing x precision for training,
+length-sorted predict.
 
-Training: the trainer's defaults (AdamW 5e-5, warmup 10 %, balanced class weights, batch 8, max length 512)
-on shared/data/arabic_reviews (PROD + ATT + RES2 through read_source -> validate -> tokenize_table ->
-write_splits, as the assets do), one CPU process per run (``python -m finetune_assets.training``, the
-command torchrun runs), a fixed ``--steps`` of training, then the whole test split. The seed's recipe
-(every sequence padded to 512, fp32) and today's defaults run first, on the same data in the same
-process of this script: ``defaults_vs_seed_samples_per_sec`` is the one ratio. Then one change at a
-time: ``bucket_batches`` (1: off, 16: the default) x ``precision`` (``32``, ``bf16-mixed``; ``auto``
-picks bf16 where the CPU has AVX512-BF16/AMX, and the result says what it resolved to here).
-samples/s is the trainer's steady-state window (no start-up, validation or checkpoint saves).
-Quality after a short fixed budget (the same test samples for every run: evaluation is not shuffled) is a
-comparison between the runs, not the model's final quality.
+Training: the trainer's defaults (AdamW 5e-5, warmup 10 %, balanced class weights, batch 8, max
+length 512) on shared/data/arabic_reviews (PROD + ATT + RES2 through read_source -> validate ->
+tokenize_table -> write_splits, as the assets do), one CPU process per run (``python -m
+finetune_assets.training``, the command torchrun runs), a fixed ``--steps`` of training, then the
+whole test split. The seed's recipe (every sequence padded to 512, fp32) and today's defaults run
+first, on the same data in the same process of this script: ``defaults_vs_seed_samples_per_sec`` is
+the one ratio. Then one change at a time: ``bucket_batches`` (1: off, 16: the default) x
+``precision`` (``32``, ``bf16-mixed``; ``auto`` picks bf16 where the CPU has AVX512-BF16/AMX, and
+the result says what it resolved to here). samples/s is the trainer's steady-state window (no
+start-up, validation or checkpoint saves). Quality after a short fixed budget (the same test samples
+for every run: evaluation is not shuffled) is a comparison between the runs, not the model's final
+quality.
 
-Predict: the trained default model classifies the test texts with ``--batch-size`` 32, in input order (the
-old way) and in length-sorted batches (``finetune_assets.data.batching``, what ``predict`` now does), in
-fp32; labels must agree. Run (about 10 minutes on 2 idle cores; far longer on a loaded machine):
+Predict: the trained default model classifies the test texts with ``--batch-size`` 32, in input
+order (the old way) and in length-sorted batches (``finetune_assets.data.batching``, what
+``predict`` now does), in fp32; labels must agree. Run (about 10 minutes on 2 idle cores; far longer
+on a loaded machine):
 
     nice -n 10 python benchmarks/defaults.py [--steps 30] [--test-batches 16] [--predict-texts 160]
 """
@@ -51,15 +54,17 @@ if not REVIEWS.exists():
 
 SEED = "seed_pad512_fp32 (the seed's recipe)"
 DEFAULT = "defaults (bucketing 16, precision auto)"
-RUNS = {  # name -> (bucket_batches, precision, pad_to): the seed and today's defaults first, then one change each
+# name -> (bucket_batches, precision, pad_to): the seed and today's defaults first, then one change
+# each
+RUNS = {
     SEED: (1, "32", 512),
     DEFAULT: (16, "auto", None),
     "dynamic_fp32 (before bucketing)": (1, "32", None),
     "bucketed_fp32": (16, "32", None),
     "dynamic_bf16": (1, "bf16-mixed", None),
 }
-# The seed padded every sequence to 512; the trainer pads each batch to its longest. This runs the same
-# trainer with the data module's benchmark-only ``pad_to`` (no trainer config knob for it).
+# The seed padded every sequence to 512; the trainer pads each batch to its longest. This runs the
+# same trainer with the data module's benchmark-only ``pad_to`` (no trainer config knob for it).
 PADDED_TRAIN = (
     "import functools, sys; from finetune_assets.training import run; "
     "from finetune_assets.training.config import TrainerConfig; "
@@ -277,7 +282,9 @@ def main() -> None:
 
 
 def test_texts(limit: int) -> list[str]:
-    """The first ``limit`` texts of the test split, as raw_reviews split them (by the normalized text's hash)."""
+    """The first ``limit`` texts of the test split, as raw_reviews split them (by the normalized
+    text's hash).
+    """
     validated = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules())
     table = tokenize_table(
         validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512

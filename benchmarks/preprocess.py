@@ -1,20 +1,24 @@
-"""Preprocessing benchmark: the seed example's recipe vs this project's data path, same rows, same tokenizer.
+"""Preprocessing benchmark: the seed example's recipe vs this project's data path, same rows, same
+tokenizer.
 
-    .venv/bin/python benchmarks/preprocess.py [--data DIR] [--repeats 3] [--seed-rows N] [--out FILE]
+    .venv/bin/python benchmarks/preprocess.py [--data DIR] [--repeats 3] [--seed-rows N] [--out
+    FILE]
 
 Seed recipe (shared/seeds/000_*.txt, ``download_dataset``): HF ``datasets`` ``map`` with
-``padding="max_length"`` + ``truncation`` (max_length 512), ``ClassLabel`` cast, rename/remove columns,
-``set_format("numpy")``, then one ``MDSWriter.write`` per row built as ``{k: ds[i][k] for k in columns}``
-(uncompressed, ``size_limit="100kb"``, int32/int64 arrays padded to 512).
+``padding="max_length"`` + ``truncation`` (max_length 512), ``ClassLabel`` cast, rename/remove
+columns, ``set_format("numpy")``, then one ``MDSWriter.write`` per row built as ``{k: ds[i][k] for k
+in columns}`` (uncompressed, ``size_limit="100kb"``, int32/int64 arrays padded to 512).
 
 Project path: ``read_source`` (the CSV files themselves) -> ``validate`` -> ``tokenize_table`` ->
-``write_splits`` (unpadded uint16 ids, zstd MDS), i.e. everything ``raw_reviews`` + ``tokenized_reviews``
+``write_splits`` (unpadded uint16 ids, zstd MDS), i.e. everything ``raw_reviews`` +
+``tokenized_reviews``
 + ``mds_shards`` compute, minus Dagster and the publish step.
 
-The seed recipe is fed the rows the project accepts (already parsed: it gets its input for free), in the
-same order; both use ``finetune_assets.data.models.packaged_model_dir()``'s tokenizer (the bert-base-uncased
-WordPiece vocabulary). Each path runs ``--repeats`` times, interleaved; the best run counts (the machine is
-shared), the median is reported beside it. Rates are reviews per second over the rows each path processed.
+The seed recipe is fed the rows the project accepts (already parsed: it gets its input for free), in
+the same order; both use ``finetune_assets.data.models.packaged_model_dir()``'s tokenizer (the
+bert-base-uncased WordPiece vocabulary). Each path runs ``--repeats`` times, interleaved; the best
+run counts (the machine is shared), the median is reported beside it. Rates are reviews per second
+over the rows each path processed.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ def dir_bytes(path: Path) -> int:
 
 
 def seed_recipe(texts: list[str], labels: list[str], tokenizer, out: Path) -> dict:
-    """The seed's download_dataset body, minus the hub download and its shuffle (same rows, same order)."""
+    """The seed's download_dataset body, minus the hub download and its shuffle (same rows, same
+    order).
+    """
     import datasets
     from datasets import ClassLabel
     from streaming.base import MDSWriter
@@ -123,7 +129,9 @@ def project_path(data: Path, tokenizer, out: Path) -> dict:
 
 
 def tokenizer_only(texts: list[str], tokenizer) -> float:
-    """The ceiling: the Rust tokenizer's batch encode alone (no truncation bookkeeping, no output)."""
+    """The ceiling: the Rust tokenizer's batch encode alone (no truncation bookkeeping, no
+    output).
+    """
     backend = tokenizer.backend_tokenizer
     backend.no_truncation()
     backend.no_padding()
@@ -201,7 +209,8 @@ def main() -> None:
                 )
             )
             print(
-                f"run {r}: project {project_runs[-1]['seconds']:.2f}s, seed {seed_runs[-1]['seconds']:.2f}s",
+                f"run {r}: project {project_runs[-1]['seconds']:.2f}s, seed "
+                f"{seed_runs[-1]['seconds']:.2f}s",
                 flush=True,
             )
     finally:

@@ -1,18 +1,21 @@
-"""Is the fine-tuned model any good? Majority class, the TF-IDF baseline and the fine-tuned default model,
-on the same hash split (the project's ``SplitRule``) of one real data set.
+"""Is the fine-tuned model any good? Majority class, the TF-IDF baseline and the fine-tuned default
+model, on the same hash split (the project's ``SplitRule``) of one real data set.
 
-    python benchmarks/quality_baseline.py --data english --source reviews.csv --finetune   # one epoch on CPU
-    python benchmarks/quality_baseline.py --data arabic                  # shared/data/arabic_reviews, no training
+    # one epoch on CPU
+    python benchmarks/quality_baseline.py --data english --source reviews.csv --finetune
+    # shared/data/arabic_reviews, no training
+    python benchmarks/quality_baseline.py --data arabic
 
-``--data english`` needs ``--source``: a labelled English review file you supply (any format and columns
-``raw_reviews`` reads). The recorded English numbers were measured on 3,000 reviews of the Women's
-E-Commerce Clothing Reviews set (CC0, Kaggle nicapotato), which the project does not ship: reproducing them
-needs that file.
+``--data english`` needs ``--source``: a labelled English review file you supply (any format and
+columns ``raw_reviews`` reads). The recorded English numbers were measured on 3,000 reviews of the
+Women's E-Commerce Clothing Reviews set (CC0, Kaggle nicapotato), which the project does not ship:
+reproducing them needs that file.
 
 The baseline is ``finetune_assets.data.baseline`` (what ``baseline_model`` trains), scored with
-``finetune_assets.data.evaluate.scores`` (what the gate and ``evaluate`` use). ``--finetune`` trains the
-packaged all-MiniLM-L6-v2 with the same pure functions and ``train()`` as the assets, in one CPU process.
-Results are merged into ``benchmarks/results/quality_baseline.json`` under ``{data}`` / ``{recipe}``.
+``finetune_assets.data.evaluate.scores`` (what the gate and ``evaluate`` use). ``--finetune`` trains
+the packaged all-MiniLM-L6-v2 with the same pure functions and ``train()`` as the assets, in one CPU
+process. Results are merged into ``benchmarks/results/quality_baseline.json`` under ``{data}`` /
+``{recipe}``.
 """
 
 from __future__ import annotations

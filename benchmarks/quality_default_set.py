@@ -1,15 +1,17 @@
-"""The README's first command, measured: majority class, TF-IDF baseline and fine-tuned default model on the
-built-in English default set (``builtin:rotten_tomatoes``), and how long the whole command takes.
+"""The README's first command, measured: majority class, TF-IDF baseline and fine-tuned default
+model on the built-in English default set (``builtin:rotten_tomatoes``), and how long the whole
+command takes.
 
     nice -n 10 python benchmarks/quality_default_set.py            # a few minutes on 2 CPU cores
 
 Runs exactly the README's commands in a fresh ``DAGSTER_HOME`` and storage root (a temp folder):
-``finetune-assets versions add KEY --source SOURCE``, ``dagster asset materialize --select '*' --partition KEY``
-(``--config-json`` only when ``--finetune-config`` overrides defaults, for comparing recipes), then
-``finetune-assets summary KEY --json``. The scores are the pipeline's own: the frozen test split of
-``tokenized_reviews``, ``baseline_model``'s ``info.json`` (baseline and majority) and ``finetuned_model``'s
-``metrics.json``. Results are merged into ``benchmarks/results/quality_default_set.json`` under
-``{source}/{recipe}`` with the wall time, the training time and the load average before and after.
+``finetune-assets versions add KEY --source SOURCE``, ``dagster asset materialize --select '*'
+--partition KEY`` (``--config-json`` only when ``--finetune-config`` overrides defaults, for
+comparing recipes), then ``finetune-assets summary KEY --json``. The scores are the pipeline's own:
+the frozen test split of ``tokenized_reviews``, ``baseline_model``'s ``info.json`` (baseline and
+majority) and ``finetuned_model``'s ``metrics.json``. Results are merged into
+``benchmarks/results/quality_default_set.json`` under ``{source}/{recipe}`` with the wall time, the
+training time and the load average before and after.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
-"""Quality on real data: the offline default model fine-tuned on shared/data/arabic_reviews vs the majority class.
+"""Quality on real data: the offline default model fine-tuned on shared/data/arabic_reviews vs the
+majority class.
 
-Uses the same pure functions as the assets (read_source -> validate -> tokenize_table -> write_splits)
-and the same ``train()`` as torchrun, in one CPU process. Run:
+Uses the same pure functions as the assets (read_source -> validate -> tokenize_table ->
+write_splits) and the same ``train()`` as torchrun, in one CPU process. Run:
 
-    python benchmarks/quality_real_data.py [--epochs 1] [--class-weights balanced] [--max-train-batches N]
+    python benchmarks/quality_real_data.py [--epochs 1] [--class-weights balanced]
+    [--max-train-batches N]
 
 Defaults: AdamW lr 1e-4 with 10% linear warmup, balanced class weights (the data is ~80% Positive),
-max length 128, batch 16, length bucketing over 16 batches, one full epoch. About 25-40 minutes on 2 cores.
+max length 128, batch 16, length bucketing over 16 batches, one full epoch. About 25-40 minutes on 2
+cores.
 """
 
 from __future__ import annotations
@@ -142,7 +145,8 @@ def main() -> None:
             k: metrics[k] for k in ("accuracy", "macro_f1", "f1_per_class", "confusion_matrix")
         },
         "majority_baseline": baseline,
-        # A margin, not float noise: a model that predicts only the majority class must not "beat" it.
+        # A margin, not float noise: a model that predicts only the majority class must not "beat"
+        # it.
         "beats_majority_macro_f1": metrics["macro_f1"] > baseline["macro_f1"] + 0.01,
         "train": {
             k: metrics[k]

@@ -3,12 +3,12 @@
 
     .venv/bin/python benchmarks/raw_reviews_memory.py /tmp/i28big/work/one-file/reviews-100000.csv
 
-The file: ``benchmarks/scale.py``'s ``make_one_file`` (the shared Arabic reviews copied, ``#k`` suffixes).
-``RssAnon`` of this process is sampled every 20 ms (``peak``: the whole run, ``peak_stream``: before the
-conflict pass; ``base_mb``: after the imports). One JSON line, then (rows read, anon MB, peak so far,
-pyarrow pool MB) at each source block: where a rise with the row count would show. Unlike scale.py
-this leaves out what the Dagster step process imports (the code location), so the figure is the
-path's own.
+The file: ``benchmarks/scale.py``'s ``make_one_file`` (the shared Arabic reviews copied, ``#k``
+suffixes). ``RssAnon`` of this process is sampled every 20 ms (``peak``: the whole run,
+``peak_stream``: before the conflict pass; ``base_mb``: after the imports). One JSON line, then
+(rows read, anon MB, peak so far, pyarrow pool MB) at each source block: where a rise with the row
+count would show. Unlike scale.py this leaves out what the Dagster step process imports (the code
+location), so the figure is the path's own.
 """
 
 import json

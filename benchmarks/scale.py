@@ -1,34 +1,37 @@
-"""Scale benchmark (issue 15): raw_reviews / tokenized_reviews / mds_shards on versions of 0.1M .. 5M reviews.
+"""Scale benchmark (issue 15): raw_reviews / tokenized_reviews / mds_shards on versions of 0.1M ..
+5M reviews.
 
     .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000,5000000] [--workers 2,1]
         [--incremental 1000000] [--delta 1000000] [--work DIR] [--out benchmarks/results/scale.json]
 
-Versions: the shared Arabic reviews (``../shared/data/arabic_reviews``: PROD + ATT + RES2, 9,068 rows) copied
-until the size is reached, every text of copy ``k`` suffixed with `` #k`` (so no copy duplicates another),
-one CSV file per copy in a version folder (a version grows by adding files). The "+5%" version is the 1M
-(else the largest) version plus 5% more copies, materialized after it: its shared rows come from the
-token cache.
+Versions: the shared Arabic reviews (``../shared/data/arabic_reviews``: PROD + ATT + RES2, 9,068
+rows) copied until the size is reached, every text of copy ``k`` suffixed with `` #k`` (so no copy
+duplicates another), one CSV file per copy in a version folder (a version grows by adding files).
+The "+5%" version is the 1M (else the largest) version plus 5% more copies, materialized after it:
+its shared rows come from the token cache.
 
-Each step is materialized through the real code location (``build_defs`` + ``dg.materialize``) in its own
-child process, inside its own memory cgroup with a hard 2 GiB limit (``--memory-limit-mb``), as a pod's
-container would be: a step that needs more is OOM-killed and the benchmark fails. Memory figures, sampled
-every 0.1 s: ``peak_anon_mb``, the anonymous memory of the child and all its slice workers, each page
-counted once (what the code holds, the figure that must not grow with the version); ``peak_working_set_mb``
-(usage minus inactive page cache: what the kubelet evicts on); ``peak_rss_mb``, the sum of the processes'
-RSS (an over-count: shared libraries count once per process). ``wall_s`` is the step's materialization
-time inside the child (Dagster start-up excluded). Before each full tokenization the token cache is
-emptied (a cold run), so 1 vs 2 workers compare like for like; ``load_avg`` is the 1-minute load average
-when the step started; ``cpu_s_incl_startup`` is the CPU time of the child and all its workers, Python
-and Dagster start-up included. ``invariants``: rows in = accepted + rejected, and no review changed split
-against the smallest version. ``worker_vs_tokenizer_cpu``: one slice worker's CPU time against the fast
+Each step is materialized through the real code location (``build_defs`` + ``dg.materialize``) in
+its own child process, inside its own memory cgroup with a hard 2 GiB limit (``--memory-limit-mb``),
+as a pod's container would be: a step that needs more is OOM-killed and the benchmark fails. Memory
+figures, sampled every 0.1 s: ``peak_anon_mb``, the anonymous memory of the child and all its slice
+workers, each page counted once (what the code holds, the figure that must not grow with the
+version); ``peak_working_set_mb`` (usage minus inactive page cache: what the kubelet evicts on);
+``peak_rss_mb``, the sum of the processes' RSS (an over-count: shared libraries count once per
+process). ``wall_s`` is the step's materialization time inside the child (Dagster start-up
+excluded). Before each full tokenization the token cache is emptied (a cold run), so 1 vs 2 workers
+compare like for like; ``load_avg`` is the 1-minute load average when the step started;
+``cpu_s_incl_startup`` is the CPU time of the child and all its workers, Python and Dagster start-up
+included. ``invariants``: rows in = accepted + rejected, and no review changed split against the
+smallest version. ``worker_vs_tokenizer_cpu``: one slice worker's CPU time against the fast
 tokenizer alone on the same 100k texts (the 1.2x target). ``--delta SIZES``: the same CSV copies
 written as one Delta table (``deltalake``, streamed), ``raw_reviews`` read from ``delta:TABLE``
 under the same limit, then ``raw_reviews`` of the CSV folder itself (same run, same limit): both in
 its entry (``delta``), with their ratios.
 
 ``--one-big-file``: the other shape users export, the same copies written into *one* CSV (multi-line
-reviews, a distinct suffix per copy), ``raw_reviews`` only, per size: ``one_big_file`` in the results, with
-``peak_anon_mb_largest_vs_smallest`` (the target: within 1.2x from 0.1M to 5M rows, under 1 GiB).
+reviews, a distinct suffix per copy), ``raw_reviews`` only, per size: ``one_big_file`` in the
+results, with ``peak_anon_mb_largest_vs_smallest`` (the target: within 1.2x from 0.1M to 5M rows,
+under 1 GiB).
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ STEPS = ("raw_reviews", "tokenized_reviews", "mds_shards")
 
 
 def make_version(data: Path, folder: Path, rows: int, first_copy: int = 0) -> int:
-    """CSV copies of the shared reviews (texts suffixed ``#k``) until ``rows``; returns the rows written."""
+    """CSV copies of the shared reviews (texts suffixed ``#k``) until ``rows``; returns the rows
+    written.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
@@ -124,7 +129,9 @@ def delta_row(step, args, base_root: Path, size: int, results: dict) -> dict:
 
 
 def make_one_file(data: Path, path: Path, rows: int) -> int:
-    """One CSV of ``rows`` reviews: the shared reviews copied, copy ``k``'s texts suffixed `` #k``."""
+    """One CSV of ``rows`` reviews: the shared reviews copied, copy ``k``'s texts suffixed ``
+    #k``.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
@@ -203,14 +210,15 @@ def tree_rss_mb(pid: int) -> float:
 
 
 class MemoryCgroup:
-    """A cgroup (v1 memory controller) holding one step's process tree, with a hard limit like a pod's.
+    """A cgroup (v1 memory controller) holding one step's process tree, with a hard limit like a
+    pod's.
 
     The kernel counts each page once for the whole tree, which summing per-process RSS does not
     (shared libraries, torch's among them, count once per process there). ``anon`` is the tree's
     anonymous memory (``total_rss``: what the code holds, what a version's size could grow);
-    ``working_set`` is usage minus inactive file cache, the figure the kubelet evicts and OOM-kills on.
-    With ``limit_bytes`` the step runs under that limit; the page cache is reclaimed under it, a step
-    that needs more anonymous memory is OOM-killed (exit -9), as in a pod.
+    ``working_set`` is usage minus inactive file cache, the figure the kubelet evicts and OOM-kills
+    on. With ``limit_bytes`` the step runs under that limit; the page cache is reclaimed under it, a
+    step that needs more anonymous memory is OOM-killed (exit -9), as in a pod.
     """
 
     def __init__(self, name: str, limit_bytes: int | None):
@@ -256,8 +264,9 @@ class MemoryCgroup:
 def run_step(
     root: Path, version: str, source: Path, step: str, config: dict, limit_bytes: int | None = None
 ) -> dict:
-    """One asset in a child process; wall time from inside it; peak memory of its process tree from here:
-    the cgroup's anonymous memory and working set (when cgroups are writable), and the sum of RSS.
+    """One asset in a child process; wall time from inside it; peak memory of its process tree from
+    here: the cgroup's anonymous memory and working set (when cgroups are writable), and the sum of
+    RSS.
     """
     import resource
 
@@ -374,8 +383,8 @@ def _step(root: str, version: str, source: str, step: str, config: str) -> None:
 
 
 def invariants(root: Path, version: str, raw_step: dict, reference: Path) -> dict:
-    """What must hold at every size: rows in = accepted + rejected, and each review's split is the one it
-    had in the smallest version (joined on the text; the first call writes the reference).
+    """What must hold at every size: rows in = accepted + rejected, and each review's split is the
+    one it had in the smallest version (joined on the text; the first call writes the reference).
     """
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -409,8 +418,9 @@ def _encode_all(backend, texts: list[str], method: str, clock=time.perf_counter)
 
 
 def tokenizer_alone(root: Path, version: str, limit: int = 100_000) -> dict:
-    """The fast tokenizer's own single-thread rate on the version's accepted texts (the 1.2x reference):
-    ``encode_batch`` and ``encode_batch_fast`` (no character offsets, what the workers call); the faster counts.
+    """The fast tokenizer's own single-thread rate on the version's accepted texts (the 1.2x
+    reference): ``encode_batch`` and ``encode_batch_fast`` (no character offsets, what the workers
+    call); the faster counts.
     """
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
@@ -438,9 +448,10 @@ def tokenizer_alone(root: Path, version: str, limit: int = 100_000) -> dict:
 
 
 def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000, repeats: int = 3) -> dict:
-    """CPU seconds of one slice worker (``tokenize_slice``, cold cache) vs the fast tokenizer alone on the same
-    texts (the faster of ``encode_batch`` / ``encode_batch_fast``), in this process: the worker's own overhead
-    (reading, hashing, truncation, Arrow, the cache), whatever the machine's load.
+    """CPU seconds of one slice worker (``tokenize_slice``, cold cache) vs the fast tokenizer alone
+    on the same texts (the faster of ``encode_batch`` / ``encode_batch_fast``), in this process: the
+    worker's own overhead (reading, hashing, truncation, Arrow, the cache), whatever the machine's
+    load.
     """
     import tempfile
 
@@ -464,9 +475,8 @@ def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000, repeats: int = 3
         groups = pq.ParquetFile(f"{tmp}/r.parquet").metadata.num_row_groups
         alone: dict[str, float] = {}
         worker = float("inf")
-        for attempt in range(
-            repeats
-        ):  # interleaved, best of each: the other core's work shifts every figure
+        # interleaved, best of each: the other core's work shifts every figure
+        for attempt in range(repeats):
             for m in ("encode_batch", "encode_batch_fast"):
                 alone[m] = min(
                     alone.get(m, float("inf")), _encode_all(backend, texts, m, time.process_time)
@@ -482,9 +492,8 @@ def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000, repeats: int = 3
                 cache=f"{tmp}/cache-{attempt}",
             )
             c0 = time.process_time()
-            slices.tokenize_slice(
-                spec, 0, log=lambda m: None
-            )  # a cold cache each time: every row tokenized
+            # a cold cache each time: every row tokenized
+            slices.tokenize_slice(spec, 0, log=lambda m: None)
             worker = min(worker, time.process_time() - c0)
     fastest = min(alone.values())
     return {
@@ -531,7 +540,8 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     workers = [int(w) for w in args.workers.split(",")]
     incremental_sizes = {int(s) for s in args.incremental.split(",") if s}
-    # results of earlier invocations (other sizes) are kept; an entry of a size measured again is replaced
+    # results of earlier invocations (other sizes) are kept; an entry of a size measured again is
+    # replaced
     results: dict = {"versions": [], "incremental": []}
     if args.out.exists():
         results.update(json.loads(args.out.read_text()))
@@ -668,7 +678,9 @@ def incremental(
     w: int,
     full_s: float,
 ) -> dict:
-    """+5% new rows on top of ``version``: its shared rows come from the cache its full run just filled."""
+    """+5% new rows on top of ``version``: its shared rows come from the cache its full run just
+    filled.
+    """
     more = work / "sources" / f"r{size}-plus5"
     shutil.rmtree(more, ignore_errors=True)
     shutil.copytree(source, more)
@@ -696,9 +708,8 @@ def incremental(
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_step":
         _step(*sys.argv[2:])
-    elif (
-        len(sys.argv) > 1 and sys.argv[1] == "_cpu"
-    ):  # _cpu REVIEWS_PARQUET OUT_JSON: add the CPU comparison
+    # _cpu REVIEWS_PARQUET OUT_JSON: add the CPU comparison
+    elif len(sys.argv) > 1 and sys.argv[1] == "_cpu":
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         out = Path(sys.argv[3])
         results = json.loads(out.read_text())

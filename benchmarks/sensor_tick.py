@@ -1,8 +1,8 @@
 """Filesystem calls and seconds of the landing sensor over N registered folders on ``memory://``.
 
-Counts the listing calls one tick makes once every folder is registered (what each 30-second tick costs
-forever after; on S3/GCS each call is a network round trip). Run it against another checkout with
-``PYTHONPATH=/path/to/checkout`` to compare. Writes ``benchmarks/results/sensor_tick.json``.
+Counts the listing calls one tick makes once every folder is registered (what each 30-second tick
+costs forever after; on S3/GCS each call is a network round trip). Run it against another checkout
+with ``PYTHONPATH=/path/to/checkout`` to compare. Writes ``benchmarks/results/sensor_tick.json``.
 
     .venv/bin/python benchmarks/sensor_tick.py --folders 500
 """

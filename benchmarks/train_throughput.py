@@ -1,17 +1,18 @@
-"""Training throughput: this project's dynamic padding vs the seed's pad-to-512, and loader vs step rate.
+"""Training throughput: this project's dynamic padding vs the seed's pad-to-512, and loader vs step
+rate.
 
 Same model (the packaged all-MiniLM-L6-v2), same data (real reviews from shared/data/arabic_reviews,
-tokenized with its tokenizer, written as MDS with the ``mds_shards`` schema), same machine, same batch
-size, same optimizer (the seed's Adadelta), the trainer's own train loader. Only the batching differs:
-pad every sequence to 512 (seed), pad each batch to its longest (default), or also bucket by length
-(``--bucket-batches`` windows). Run (about 5 minutes on 2 CPU cores):
+tokenized with its tokenizer, written as MDS with the ``mds_shards`` schema), same machine, same
+batch size, same optimizer (the seed's Adadelta), the trainer's own train loader. Only the batching
+differs: pad every sequence to 512 (seed), pad each batch to its longest (default), or also bucket
+by length (``--bucket-batches`` windows). Run (about 5 minutes on 2 CPU cores):
 
     python benchmarks/train_throughput.py [--steps 10] [--padded-steps 3] [--bucket-batches 16]
 
-``--sample-recipes NAME[,NAME]`` instead trains whole runs, as the README's main command does, on the
-offline ``builtin:sample`` data (torchrun, one process, OMP threads = cores, like the local launcher) for
-each named recipe in ``RECIPES``, and records wall time, where it went, and test quality under
-``sample_recipes`` in the same results file (the throughput part is kept):
+``--sample-recipes NAME[,NAME]`` instead trains whole runs, as the README's main command does, on
+the offline ``builtin:sample`` data (torchrun, one process, OMP threads = cores, like the local
+launcher) for each named recipe in ``RECIPES``, and records wall time, where it went, and test
+quality under ``sample_recipes`` in the same results file (the throughput part is kept):
 
     python benchmarks/train_throughput.py --sample-recipes seed_adadelta,adamw_5e-5,adamw_1e-4
 """
@@ -172,7 +173,9 @@ RECIPES: dict[str, dict] = {
 
 
 def sample_shards(root: Path) -> dict[str, int]:
-    """``builtin:sample`` through the same pure functions as raw_reviews -> tokenized_reviews -> mds_shards."""
+    """``builtin:sample`` through the same pure functions as raw_reviews -> tokenized_reviews ->
+    mds_shards.
+    """
     from collections import Counter
 
     import pyarrow as pa

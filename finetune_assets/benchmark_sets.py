@@ -1,10 +1,10 @@
 """Benchmark sets: external labelled review files that never train, frozen at registration.
 
-``finetune-assets benchmarks add NAME --source FILE`` reads the file with the same readers as dataset
-versions, maps its labels, and publishes a frozen copy under ``{root}/benchmark_sets/{NAME}/`` (atomic,
-like every asset output), so a later change of the file cannot change a benchmark's history.
-``benchmark_scores[v]`` scores each version's fine-tuned model and baseline on every registered set.
-No Dagster here (the CLI uses it).
+``finetune-assets benchmarks add NAME --source FILE`` reads the file with the same readers as
+dataset versions, maps its labels, and publishes a frozen copy under
+``{root}/benchmark_sets/{NAME}/`` (atomic, like every asset output), so a later change of the file
+cannot change a benchmark's history. ``benchmark_scores[v]`` scores each version's fine-tuned model
+and baseline on every registered set. No Dagster here (the CLI uses it).
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ class BenchmarkSet:
 
 
 def read_labelled(spec: SourceSpec) -> tuple[list[str], list[str]]:
-    """(texts, raw labels) of a labelled file, through the dataset readers; any unusable row refuses the file.
+    """(texts, raw labels) of a labelled file, through the dataset readers; any unusable row refuses
+    the file.
 
-    Unreadable rows, empty texts and missing labels are named (file and row), never skipped: a score on a
-    silently shrunk file is a different benchmark.
+    Unreadable rows, empty texts and missing labels are named (file and row), never skipped: a score
+    on a silently shrunk file is a different benchmark.
     """
     raw = read_source(spec)
     cols = [
@@ -47,9 +48,8 @@ def read_labelled(spec: SourceSpec) -> tuple[list[str], list[str]]:
     for t, lab, f, r, m in zip(*cols):
         if m is not None:
             bad.append(f"{f} row {r}: {m}")
-        elif (
-            t is None or not t.strip()
-        ):  # non-text cells arrive flagged in ``malformed`` (data/sources/)
+        # non-text cells arrive flagged in ``malformed`` (data/sources/)
+        elif t is None or not t.strip():
             bad.append(f"{f} row {r}: empty review")
         elif lab is None or not str(lab).strip():
             bad.append(f"{f} row {r}: no label (choose the column with --label-column)")
@@ -68,7 +68,8 @@ def add_benchmark_set(
     """Read, check and freeze a labelled file as benchmark set ``name``; returns its record.
 
     Unusable rows refuse the file (``read_labelled``). Labels are mapped (``label_mapping`` over the
-    default 1/-1/0 mapping); a label nothing maps stays as written, and scoring refuses models that cannot predict it.
+    default 1/-1/0 mapping); a label nothing maps stays as written, and scoring refuses models that
+    cannot predict it.
     """
     texts, raw_labels = read_labelled(spec)
     mapping = {

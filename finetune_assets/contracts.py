@@ -1,8 +1,8 @@
 """What the assets publish, in one place: asset names, file names, splits, schemas, typed readers.
 
 Every producer writes with these names and every consumer (downstream assets, checks, the CLI, the
-trainer in a pod) reads through these readers, so a renamed file or column is one edit here. Kept free
-of Dagster: the trainer and the slice workers import it too.
+trainer in a pod) reads through these readers, so a renamed file or column is one edit here. Kept
+free of Dagster: the trainer and the slice workers import it too.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ SPLITS = (TRAIN, VALIDATION, TEST)
 REVIEWS_FILE = "reviews.parquet"  # raw_reviews: accepted rows (ACCEPTED_SCHEMA)
 REJECTED_FILE = "rejected.parquet"  # raw_reviews: quarantined rows with a reason (REJECTED_SCHEMA)
 LABELS_FILE = "labels.json"  # raw_reviews, tokenized_reviews: the version's LabelSet
-TOKEN_PARTS_DIR = "parts"  # tokenized_reviews: parts/{i:05d}.arrow, Arrow IPC (TOKEN_COLUMNS), one per slice, row order
+# tokenized_reviews: parts/{i:05d}.arrow, Arrow IPC (TOKEN_COLUMNS), one per slice, row order
+TOKEN_PARTS_DIR = "parts"
 TOKEN_STATS_FILE = "stats.json"  # tokenized_reviews: rows per split + token-length statistics
 SPLIT_STATS_FILE = "split_stats.json"  # mds_shards/{split}/: samples and samples per label id
 TOKENIZATION_FILE = (
@@ -48,17 +49,18 @@ TRAINING_RESULT_FILE = (
 TRAINER_CONFIG_FILE = "trainer_config.json"  # finetuned_model: the trainer's whole configuration
 BEST_FILE = "best.json"  # tuning_study: the best trial (trial, value, params, study_name, storage)
 
-# -- schemas -----------------------------------------------------------------------------------------
+# -- schemas ---------------------------------------------------------------------------------------
 ACCEPTED_SCHEMA = pa.schema(
     [
         ("text", pa.string()),
         ("label", pa.string()),
         ("source_file", pa.string()),
         ("source_row", pa.int64()),
+        # train/validation/test, a function of the normalized text (data/review_text.py)
         (
             "split",
             pa.string(),
-        ),  # train/validation/test, a function of the normalized text (data/review_text.py)
+        ),
     ]
 )
 REJECTED_SCHEMA = pa.schema(
@@ -74,21 +76,26 @@ REJECTED_SCHEMA = pa.schema(
         ("raw", pa.string()),  # a malformed record's raw text (bounded prefix): recoverable by hand
     ]
 )
-# tokens.arrow: input_ids list<uint8|16|32> (unpadded, smallest type for the vocabulary), length int32,
-# full_length int32 (before truncation), label int8 (id in the version's label set), split dictionary<string>.
+# tokens.arrow: input_ids list<uint8|16|32> (unpadded, smallest type for the vocabulary), length
+# int32, full_length int32 (before truncation), label int8 (id in the version's label set), split
+# dictionary<string>.
 TOKEN_COLUMNS = ("input_ids", "length", "full_length", "label", "split")
 
 
 def mds_columns(id_dtype: str) -> dict[str, str]:
-    """The MDS schema of every split: unpadded token ids of numpy dtype ``id_dtype`` and the label id."""
+    """The MDS schema of every split: unpadded token ids of numpy dtype ``id_dtype`` and the
+    label id.
+    """
     return {"input_ids": f"ndarray:{id_dtype}", "label": "int8"}
 
 
 class ContractError(ValueError):
-    """A published artifact that does not hold what its contract promises (the message names the file)."""
+    """A published artifact that does not hold what its contract promises (the message names the
+    file).
+    """
 
 
-# -- typed readers -----------------------------------------------------------------------------------
+# -- typed readers ---------------------------------------------------------------------------------
 def _fs_and_path(url: str, fs=None):
     import fsspec
 
@@ -126,7 +133,9 @@ def read_rejected(attempt_url: str, fs=None) -> pa.Table:
 
 
 def iter_token_batches(attempt_url: str, fs=None, columns: list[str] | None = None):
-    """tokenized_reviews' record batches in row order (its parts in index order), one batch in memory at a time."""
+    """tokenized_reviews' record batches in row order (its parts in index order), one batch in
+    memory at a time.
+    """
     fs, path = _fs_and_path(f"{attempt_url}/{TOKEN_PARTS_DIR}", fs)
     files = sorted(fs.glob(f"{path}/*.arrow"))
     if not files:
@@ -167,8 +176,9 @@ def read_token_stats(attempt_url: str, fs=None) -> TokenStats:
 
 @dataclass(frozen=True)
 class Tokenization:
-    """pretrained_model's ``tokenization.json``: the fast tokenizer as ``AutoTokenizer`` configured it (no
-    truncation, no padding), its size (added tokens included) and the longest input the model takes.
+    """pretrained_model's ``tokenization.json``: the fast tokenizer as ``AutoTokenizer`` configured
+    it (no truncation, no padding), its size (added tokens included) and the longest input the model
+    takes.
 
     Written where transformers is loaded anyway, so that tokenized_reviews needs only ``tokenizers``
     (transformers' import alone is ~6 s and ~0.8 GB per step, measured).
@@ -179,7 +189,8 @@ class Tokenization:
     max_input_tokens: int
 
     def to_json(self) -> str:
-        # the tokenizer JSON kept as a string, byte for byte: its hash names the token cache's namespace
+        # the tokenizer JSON kept as a string, byte for byte: its hash names the token cache's
+        # namespace
         return json.dumps(
             {
                 "vocab_size": self.vocab_size,
@@ -191,7 +202,9 @@ class Tokenization:
 
 
 def read_tokenization(attempt_url: str, fs=None) -> Tokenization | None:
-    """pretrained_model's tokenization facts; None for a model published before they were written."""
+    """pretrained_model's tokenization facts; None for a model published before they were
+    written.
+    """
     try:
         obj = read_json(f"{attempt_url}/{TOKENIZATION_FILE}", fs)
     except FileNotFoundError:
@@ -205,7 +218,9 @@ def read_tokenization(attempt_url: str, fs=None) -> Tokenization | None:
 
 @dataclass(frozen=True)
 class SplitStats:
-    """One MDS split's ``split_stats.json``: computed once by mds_shards, where the labels are at hand."""
+    """One MDS split's ``split_stats.json``: computed once by mds_shards, where the labels are at
+    hand.
+    """
 
     samples: int
     label_counts: dict[int, int]  # label id -> samples
@@ -220,7 +235,9 @@ class SplitStats:
         )
 
     def counts(self, num_classes: int, where: str = "split") -> list[int]:
-        """Samples per label id 0..num_classes-1; an id outside that range is an error naming ``where``."""
+        """Samples per label id 0..num_classes-1; an id outside that range is an error naming
+        ``where``.
+        """
         out = [0] * num_classes
         for label, n in self.label_counts.items():
             if not 0 <= label < num_classes:
@@ -230,7 +247,9 @@ class SplitStats:
 
 
 def read_split_stats(split_url: str, fs=None) -> SplitStats:
-    """``{split_url}/split_stats.json``; a split published before the file existed is a clear error."""
+    """``{split_url}/split_stats.json``; a split published before the file existed is a clear
+    error.
+    """
     url = f"{split_url.rstrip('/')}/{SPLIT_STATS_FILE}"
     fs, path = _fs_and_path(url, fs)
     if not fs.exists(path):
@@ -245,7 +264,8 @@ def read_split_stats(split_url: str, fs=None) -> SplitStats:
 
 
 class TrainingResult(BaseModel):
-    """What the trainer's rank 0 writes as ``metrics.json`` and finetuned_model reads (never by key strings).
+    """What the trainer's rank 0 writes as ``metrics.json`` and finetuned_model reads (never by key
+    strings).
 
     Test scores are None (with ``test_skipped`` saying why) when the test split is empty.
     """
@@ -267,8 +287,8 @@ class TrainingResult(BaseModel):
         float  # over the steady-state window (``throughput``), the whole training time without one
     )
     tokens_per_sec: float
-    # The steady-state window (training steps only: no start-up, validation or checkpoint saves), what
-    # it covers, and MFU where the device's peak is known (training/throughput.py).
+    # The steady-state window (training steps only: no start-up, validation or checkpoint saves),
+    # what it covers, and MFU where the device's peak is known (training/throughput.py).
     throughput: dict[str, Any] = {}
     global_step: int
     epochs: int

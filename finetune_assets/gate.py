@@ -3,10 +3,11 @@
 Kept free of Dagster (the asset check is a thin wrapper), so a person can re-run a decision by hand.
 
 "Same test data" means the same *texts and labels*: the test split of a dataset version (fixed by
-each review's text hash, so a newer version's test split is a superset of an older one's). Each model
-is scored from the raw test texts with *its own* tokenizer, so a champion trained on another base
-model (another vocabulary) is still compared fairly. Scores are cached on the MLflow model version as
-tags keyed by the test data's hash, so a champion is re-scored only when the test data changed.
+each review's text hash, so a newer version's test split is a superset of an older one's). Each
+model is scored from the raw test texts with *its own* tokenizer, so a champion trained on another
+base model (another vocabulary) is still compared fairly. Scores are cached on the MLflow model
+version as tags keyed by the test data's hash, so a champion is re-scored only when the test data
+changed.
 """
 
 import contextlib
@@ -54,7 +55,9 @@ class TestSet:
 
 
 def majority_baseline(test: TestSet) -> float:
-    """Macro-F1 of always predicting the most frequent test class: the floor any model must clear."""
+    """Macro-F1 of always predicting the most frequent test class: the floor any model must
+    clear.
+    """
     if len(test.labels) == 0:
         return 0.0
     majority = int(np.bincount(test.labels, minlength=len(test.names)).argmax())
@@ -62,11 +65,14 @@ def majority_baseline(test: TestSet) -> float:
 
 
 def score_model(root: Path, test: TestSet, max_length: int = 512, batch_size: int = 32) -> float:
-    """Macro-F1 of a saved classifier on the test texts (``inference.Classifier``, the model's own tokenizer)."""
+    """Macro-F1 of a saved classifier on the test texts (``inference.Classifier``, the model's
+    own tokenizer).
+    """
     from finetune_assets.inference import Classifier
 
     classifier = Classifier.from_folder(root)
-    # Map the model's class names to our label ids by name (a model saved with other ids still scores right).
+    # Map the model's class names to our label ids by name (a model saved with other ids still
+    # scores right).
     label2id = {n: i for i, n in enumerate(test.names)}
     unknown = sorted(set(classifier.labels) - set(label2id))
     if unknown:
@@ -92,14 +98,17 @@ NOT_FOUND_CODES = frozenset({"RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"})
 
 
 def is_not_found(err: Exception) -> bool:
-    """Whether an MLflow error says "no such registered model" (and nothing else: locks, outages, auth)."""
+    """Whether an MLflow error says "no such registered model" (and nothing else: locks, outages,
+    auth).
+    """
     return getattr(err, "error_code", None) in NOT_FOUND_CODES
 
 
 def current_champion(
     client, name: str, test: TestSet, alias: str = CHAMPION_ALIAS
 ) -> Champion | None:
-    """The version holding ``alias`` of registered model ``name``; None only when there provably is none.
+    """The version holding ``alias`` of registered model ``name``; None only when there provably is
+    none.
 
     The alias is read from the registered model itself (an absent alias is then a fact, not an error
     message to parse); only "registered model not found" means no champion. Any other registry error
@@ -132,11 +141,14 @@ def current_champion(
 
 
 def score_registered(client, name: str, version: str, test: TestSet, tracking_uri: str) -> float:
-    """Download a registered model version and score it (then cache the score as a tag on the version)."""
+    """Download a registered model version and score it (then cache the score as a tag on the
+    version).
+    """
     import mlflow
 
     # Resolve the version through *this* client's registry: a ``models:/name/version`` URI would be
-    # resolved against mlflow's process-global registry URI instead (unset in a Dagster run: ./mlflow.db).
+    # resolved against mlflow's process-global registry URI instead (unset in a Dagster run:
+    # ./mlflow.db).
     source = client.get_model_version_download_uri(name, version)
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         local = mlflow.artifacts.download_artifacts(
@@ -153,12 +165,14 @@ def remember_score(client, name: str, version: str, test: TestSet, score: float)
     client.set_model_version_tag(name, version, TAG_SCORE, repr(float(score)))
 
 
-# -- promotion: one decision rule for the check (observes) and the champion_model asset (acts) ----------
+# -- promotion: one decision rule for the check (observes) and the champion_model asset (acts) -----
 
 
 @dataclass(frozen=True)
 class Challenger:
-    """The exact registered version a run produced, with its score on its dataset version's test split."""
+    """The exact registered version a run produced, with its score on its dataset version's test
+    split.
+    """
 
     name: str
     version: str
@@ -182,8 +196,9 @@ class Comparison:
         return self.champion is not None and self.champion.version == self.challenger.version
 
 
-# A condition returns None when the challenger satisfies it, else the reason it is refused. Promotion
-# takes a list of them: another rule (say "beats its version's baseline by a margin") is one more item.
+# A condition returns None when the challenger satisfies it, else the reason it is refused.
+# Promotion takes a list of them: another rule (say "beats its version's baseline by a margin") is
+# one more item.
 Condition = Callable[[Comparison], str | None]
 
 
@@ -208,8 +223,8 @@ def beats_baseline(baseline_metrics: dict, margin: float) -> Condition:
 
 
 def beats_champion(min_improvement: float = 0.0) -> Condition:
-    """Strictly better than the champion (by more than ``min_improvement``): a tie keeps the champion,
-    so a retry that reproduces the same model never moves the alias.
+    """Strictly better than the champion (by more than ``min_improvement``): a tie keeps the
+    champion, so a retry that reproduces the same model never moves the alias.
     """
 
     def condition(c: Comparison) -> str | None:
@@ -219,7 +234,8 @@ def beats_champion(min_improvement: float = 0.0) -> Condition:
             return None
         return (
             f"macro-F1 {c.challenger.score:.4f} does not beat champion v{c.champion.version}'s "
-            f"{c.champion_score:.4f} (by more than {min_improvement:g}) on the same {len(c.test.texts)} "
+            f"{c.champion_score:.4f} (by more than {min_improvement:g}) on the same "
+            f"{len(c.test.texts)} "
             "test reviews"
         )
 
@@ -234,7 +250,9 @@ def compare(
     tracking_uri: str,
     alias: str = CHAMPION_ALIAS,
 ) -> Comparison:
-    """Read the champion (scoring it on ``test`` unless cached) and apply every condition; changes no alias."""
+    """Read the champion (scoring it on ``test`` unless cached) and apply every condition;
+    changes no alias.
+    """
     champ = current_champion(client, challenger.name, test, alias)
     champ_score = None
     if champ is not None:
@@ -273,11 +291,12 @@ def promote(
     alias: str = CHAMPION_ALIAS,
     lock: contextlib.AbstractContextManager | None = None,
 ) -> Comparison:
-    """Compare and, if every condition holds, move ``alias`` to the challenger, inside one critical section.
+    """Compare and, if every condition holds, move ``alias`` to the challenger, inside one critical
+    section.
 
-    MLflow has no compare-and-set on aliases: ``lock`` (plus the ``promotion`` pool of size 1 around the
-    asset) makes read, compare and set one step, so finish order never decides the champion. A registry
-    error while reading propagates before anything is set.
+    MLflow has no compare-and-set on aliases: ``lock`` (plus the ``promotion`` pool of size 1 around
+    the asset) makes read, compare and set one step, so finish order never decides the champion. A
+    registry error while reading propagates before anything is set.
     """
     with lock or contextlib.nullcontext():
         result = compare(client, challenger, test, conditions, tracking_uri, alias)

@@ -20,8 +20,8 @@ class ModelFolderError(ValueError):
 def find_model_dirs(root: Path) -> tuple[Path, Path]:
     """(weights folder, tokenizer folder) of a saved model.
 
-    A Hugging Face folder (``save_pretrained``), a published ``finetuned_model`` attempt (its ``model/``),
-    or an MLflow transformers artifact (weights and tokenizer in sub-folders).
+    A Hugging Face folder (``save_pretrained``), a published ``finetuned_model`` attempt (its
+    ``model/``), or an MLflow transformers artifact (weights and tokenizer in sub-folders).
     """
     if not root.exists():
         raise ModelFolderError(f"model folder {root} does not exist")
@@ -90,7 +90,9 @@ class Classifier:
     def predict_labels(
         self, texts: Sequence[str], max_length: int = 512, batch_size: int = 32
     ) -> list[str]:
-        """The predicted class name per text, in input order; batches of similar length (less padding)."""
+        """The predicted class name per text, in input order; batches of similar length (less
+        padding).
+        """
         from finetune_assets.data.batching import predict_in_length_order
 
         results = predict_in_length_order(

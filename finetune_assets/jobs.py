@@ -1,8 +1,9 @@
 """Jobs over the asset graph: full retrain of one dataset version, and retraining the model only.
 
-Selections name the asset definitions themselves (``AssetSelection.assets(obj)``), so a renamed asset
-cannot leave a job selecting nothing. Asset checks of the selected assets run in the same run (an asset
-selection includes its checks), so the blocking data checks stop a bad version before it reaches training.
+Selections name the asset definitions themselves (``AssetSelection.assets(obj)``), so a renamed
+asset cannot leave a job selecting nothing. Asset checks of the selected assets run in the same run
+(an asset selection includes its checks), so the blocking data checks stop a bad version before it
+reaches training.
 """
 
 import warnings
@@ -18,10 +19,11 @@ from finetune_assets.assets.shards import mds_shards
 from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.assets.tuning import tuning_study
 
-# Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled: true``):
-# only failures outside the assets' code (a killed run worker, a lost pod, a daemon restart), at most twice.
-# A failed asset or a refused blocking check is a result, not an accident: it is not retried (a person
-# decides, or the sensor's bounded re-request rule does, see docs/reliability.md).
+# Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled:
+# true``): only failures outside the assets' code (a killed run worker, a lost pod, a daemon
+# restart), at most twice. A failed asset or a refused blocking check is a result, not an accident:
+# it is not retried (a person decides, or the sensor's bounded re-request rule does, see
+# docs/reliability.md).
 RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure": "false"}
 
 # The per-version chain, in two runs. Data preparation holds no pool, so it never waits for a
@@ -49,10 +51,13 @@ retrain_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets(*VERSION_CHAIN, pretrained_model),
     description=(
         "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> "
-        "mds_shards -> finetuned_model -> champion_model, and baseline_model (the gate's bar), with "
+        "mds_shards -> finetuned_model -> champion_model, and baseline_model (the gate's bar), "
+        "with "
         "their checks. pretrained_model is in the selection so a fresh deployment can "
-        "build the base model in the same run; the new-data sensor selects it only while it has never been "
-        "published (it is shared by all versions, rebuilding it per version would make every version stale)."
+        "build the base model in the same run; the new-data sensor selects it only while it has "
+        "never been "
+        "published (it is shared by all versions, rebuilding it per version would make every "
+        "version stale)."
     ),
     tags={"finetune_assets/job": "retrain", **RETRY_TAGS},
 )
@@ -61,8 +66,10 @@ finetune_only_job = dg.define_asset_job(
     name="finetune_only_job",
     selection=dg.AssetSelection.assets(finetuned_model, champion_model),
     description=(
-        "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with new "
-        "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base model that "
+        "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with "
+        "new "
+        "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base "
+        "model that "
         "shares the tokenizer. Launch it for one version or as a backfill over several."
     ),
     tags={"finetune_assets/job": "finetune_only", **RETRY_TAGS},
@@ -72,8 +79,10 @@ base_model_job = dg.define_asset_job(
     name="base_model_job",
     selection=dg.AssetSelection.assets(pretrained_model),
     description=(
-        "Rebuild pretrained_model (e.g. config source: a new base model). Every version's tokenized_reviews, "
-        "mds_shards and finetuned_model then show as stale; 'Materialize stale' rebuilds only those."
+        "Rebuild pretrained_model (e.g. config source: a new base model). Every version's "
+        "tokenized_reviews, "
+        "mds_shards and finetuned_model then show as stale; 'Materialize stale' rebuilds only "
+        "those."
     ),
     tags={"finetune_assets/job": "base_model"},
 )

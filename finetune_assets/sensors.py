@@ -10,10 +10,12 @@ Idempotence, in layers:
 
 - the cursor (returned in ``SensorResult`` only, never ``update_cursor``) remembers each registered
   version with its listing signature, so repeated ticks do no work and request nothing;
-- a version already present as a partition (cursor lost, or registered by the CLI) is never added again;
-- every run key is ``{version}:{fingerprint}`` (names, sizes, mtimes from the listing): the daemon drops
-  a request whose key it has seen, so even a lost cursor cannot start a duplicate run, while a deleted
-  version re-landed with *different* content still runs (Dagster's run-key dedup is permanent);
+- a version already present as a partition (cursor lost, or registered by the CLI) is never added
+  again;
+- every run key is ``{version}:{fingerprint}`` (names, sizes, mtimes from the listing): the daemon
+  drops a request whose key it has seen, so even a lost cursor cannot start a duplicate run, while a
+  deleted version re-landed with *different* content still runs (Dagster's run-key dedup is
+  permanent);
 - a run's end is reported, never re-run by the sensor (``version_runs.follow_runs``): Dagster's run
   retries are the one retry layer; only a request that never became a run is requested again.
 
@@ -81,7 +83,8 @@ def evaluate_landing(
 
     Work is bounded: one listing, then per-entry work only for entries not yet registered, stopping
     once ``landing.tick_budget_s`` is spent (``clock`` is injectable for tests); what was done is in
-    the returned cursor and the next tick goes on from there. One entry's error never stops the others.
+    the returned cursor and the next tick goes on from there. One entry's error never stops the
+    others.
     """
     cursor = LandingCursor.parse(context.cursor)
     store = storage.storage()
@@ -125,7 +128,8 @@ def evaluate_landing(
                 ready,
                 rerequest,
             )
-        except Exception as err:  # noqa: BLE001 - an unreadable drop (deleted mid-read, permissions) is its own problem
+        # an unreadable drop (deleted mid-read, permissions) is its own problem
+        except Exception as err:  # noqa: BLE001
             problems[e.name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
 
     for watched in landing.delta_tables:
@@ -247,9 +251,8 @@ def _consider(
     except LabelError as err:
         problems[e.name] = str(err)
         return
-    write_version(
-        store, key, SourceSpec(uri=e.uri), fingerprint=fp, labels=labels
-    )  # before the run can start
+    # before the run can start
+    write_version(store, key, SourceSpec(uri=e.uri), fingerprint=fp, labels=labels)
     cursor.registered[key] = {"fp": fp, "sig": e.signature}
     new_partitions.append(key)
     ready.append((key, fp, e.uri))

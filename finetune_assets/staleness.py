@@ -21,7 +21,9 @@ import dagster as dg
 
 
 def config_defaults(config_cls: type[dg.Config]) -> dict:
-    """The default of every field that has one, less ``unversioned`` (required fields have no default)."""
+    """The default of every field that has one, less ``unversioned`` (required fields have no
+    default).
+    """
     skip = set(getattr(config_cls, "unversioned", ()))
     unknown = skip - set(config_cls.model_fields)
     if unknown:
@@ -40,14 +42,18 @@ def config_code_version(config_cls: type[dg.Config], revision: str) -> str:
 
 
 def config_class(asset: dg.AssetsDefinition) -> type[dg.Config] | None:
-    """The ``dg.Config`` class of the asset function's ``config`` parameter (None: not configurable)."""
+    """The ``dg.Config`` class of the asset function's ``config`` parameter (None: not
+    configurable).
+    """
     hints = get_type_hints(asset.op.compute_fn.decorated_fn)
     cls = hints.get("config")
     return cls if isinstance(cls, type) and issubclass(cls, dg.Config) else None
 
 
 def with_config_versions(assets: Iterable[dg.AssetsDefinition]) -> Sequence[dg.AssetsDefinition]:
-    """Each configurable asset with its config defaults folded into its code version (call once, at the root)."""
+    """Each configurable asset with its config defaults folded into its code version (call once,
+    at the root).
+    """
     out = []
     for asset in assets:
         cls = config_class(asset)

@@ -1,4 +1,5 @@
-"""Atomic, versioned publishing of asset outputs under one storage root (a local folder or any fsspec URL).
+"""Atomic, versioned publishing of asset outputs under one storage root (a local folder or any
+fsspec URL).
 
 Layout per asset and partition::
 
@@ -10,11 +11,12 @@ atomic step (``os.replace`` locally, a single-object PUT on object stores). Read
 ``CURRENT``, so a killed write leaves the previous version (or nothing) visible, never a partial
 one, and two partitions never share a directory. Kept free of Dagster: pods and the CLI use it too.
 
-Concurrency: the pointer's read-compare-write runs under a lock (local roots), so concurrent publishes
-of one partition chain ``previous`` exactly and never delete each other's attempts; on object stores,
-where fsspec offers no portable conditional PUT, one run per partition (tag concurrency limit) is the
-guard. Attempts in use are leased (``leases/``): a writer's lease is refreshed by a heartbeat, a run's
-pin by each of its steps, and garbage collection never removes a leased attempt.
+Concurrency: the pointer's read-compare-write runs under a lock (local roots), so concurrent
+publishes of one partition chain ``previous`` exactly and never delete each other's attempts; on
+object stores, where fsspec offers no portable conditional PUT, one run per partition (tag
+concurrency limit) is the guard. Attempts in use are leased (``leases/``): a writer's lease is
+refreshed by a heartbeat, a run's pin by each of its steps, and garbage collection never removes a
+leased attempt.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from finetune_assets.dataset_versions.keys import validate_version_key
-from finetune_assets.storage_files import (  # noqa: F401 - re-exported: callers import them from here
+
+# re-exported: callers import them from here
+from finetune_assets.storage_files import (  # noqa: F401
     DEFAULT_ROOT,
     ROOT_SETTING,
     STORAGE_ROOT_ENV,
@@ -51,7 +55,8 @@ UNPARTITIONED = "_"
 POINTER = "CURRENT"
 ATTEMPTS = "attempts"
 LOCKS = ".locks"
-RECORDS = "records"  # {prefix}/records/{attempt}.json: the pointer as it was when that attempt was published
+# {prefix}/records/{attempt}.json: the pointer as it was when that attempt was published
+RECORDS = "records"
 LEASES = (
     "leases"  # {prefix}/leases/{holder}.json: an attempt in use (being written, or read by a run)
 )
@@ -118,7 +123,8 @@ class Storage:
     def publish(self, asset: str, partition: str | None = None) -> Iterator[Staging]:
         """Yield a staging area; publish it atomically only if the block succeeds.
 
-        Set ``staging.data_version`` (content hash) and optionally ``staging.metadata`` inside the block.
+        Set ``staging.data_version`` (content hash) and optionally ``staging.metadata`` inside the
+        block.
         """
         prefix = self.prefix(asset, partition)
         attempt = f"{time.strftime(ATTEMPT_TIME, time.gmtime())}-{uuid.uuid4().hex[:8]}"
@@ -139,7 +145,8 @@ class Storage:
                 if not self.is_local:
                     self.fs.put(str(local_dir) + "/", url + "/", recursive=True)
                 with self.lock(f"pointer-{asset}-{partition or UNPARTITIONED}"):
-                    # Read inside the critical section: a publish that finished meanwhile becomes ``previous``.
+                    # Read inside the critical section: a publish that finished meanwhile becomes
+                    # ``previous``.
                     previous = self.current(asset, partition)
                     record = {
                         "attempt": attempt,
@@ -159,9 +166,8 @@ class Storage:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        with contextlib.suppress(
-            OSError
-        ):  # the new version is published; cleanup can wait for the next one
+        # the new version is published; cleanup can wait for the next one
+        with contextlib.suppress(OSError):
             self._collect_garbage(
                 prefix,
                 keep={attempt, previous.attempt} if previous else {attempt},
@@ -183,7 +189,9 @@ class Storage:
     def _heartbeat(
         self, prefix: str, holder: str, attempt: str, ttl_s: float = LEASE_TTL_S
     ) -> Iterator[None]:
-        """Lease ``attempt`` while the block runs, refreshed every ``ttl_s / 3`` by a daemon thread."""
+        """Lease ``attempt`` while the block runs, refreshed every ``ttl_s / 3`` by a daemon
+        thread.
+        """
         import threading
 
         self._write_lease(prefix, holder, attempt, ttl_s)
@@ -222,9 +230,9 @@ class Storage:
     def pinned(self, asset: str, run_id: str, partition: str | None = None) -> Published:
         """What ``asset`` looked like when run ``run_id`` first read it, leased for that run.
 
-        Every step of a run reads the same attempt (a publish of a new base model between tokenizing and
-        training does not mix tokenizers), and that attempt is not collected while the run goes on: each
-        call renews the pin for ``PIN_TTL_S``.
+        Every step of a run reads the same attempt (a publish of a new base model between tokenizing
+        and training does not mix tokenizers), and that attempt is not collected while the run goes
+        on: each call renews the pin for ``PIN_TTL_S``.
         """
         prefix = self.prefix(asset, partition)
         holder = "run-" + "".join(c for c in run_id if c.isalnum() or c == "-")[:64]
@@ -266,7 +274,9 @@ class Storage:
         return self.require(asset, partition)
 
     def history(self, asset: str, partition: str | None = None, depth: int = 8) -> list[Published]:
-        """``CURRENT`` and the attempts it replaced, newest first, as far as their records remain."""
+        """``CURRENT`` and the attempts it replaced, newest first, as far as their records
+        remain.
+        """
         prefix = self.prefix(asset, partition)
         out, published = [], self.current(asset, partition)
         while published is not None and len(out) < depth:
@@ -310,9 +320,9 @@ class Storage:
                 self.fs.rm(url, recursive=True)
 
     def _collect_garbage(self, prefix: str, keep: set[str], retired: str | None) -> None:
-        """Keep the new version and the one it replaced (a reader may still be streaming it); remove the
-        version before that and attempts abandoned long ago by killed runs, unless an attempt is leased
-        (being written, or pinned by a live run).
+        """Keep the new version and the one it replaced (a reader may still be streaming it); remove
+        the version before that and attempts abandoned long ago by killed runs, unless an attempt is
+        leased (being written, or pinned by a live run).
         """
         attempts = join(prefix, ATTEMPTS)
         now = time.time()
@@ -327,10 +337,11 @@ class Storage:
 
     @contextlib.contextmanager
     def lock(self, name: str) -> Iterator[None]:
-        """Mutual exclusion between processes sharing this local root (``fcntl.flock``, released on exit or death).
+        """Mutual exclusion between processes sharing this local root (``fcntl.flock``, released on
+        exit or death).
 
-        Object stores have no lock: there a Dagster pool / tag concurrency limit serializes the writers
-        (docs/reliability.md, "Production semantics").
+        Object stores have no lock: there a Dagster pool / tag concurrency limit serializes the
+        writers (docs/reliability.md, "Production semantics").
         """
         if not self.is_local:
             yield

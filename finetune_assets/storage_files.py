@@ -27,7 +27,9 @@ class StorageRootError(OSError):
 
 
 def make_dirs(path: Path, root: str, exist_ok: bool = True) -> None:
-    """``mkdir -p`` under the storage root; a failure (read-only or system path) names the root setting."""
+    """``mkdir -p`` under the storage root; a failure (read-only or system path) names the root
+    setting.
+    """
     try:
         path.mkdir(parents=True, exist_ok=exist_ok)
     except FileExistsError:
@@ -39,14 +41,17 @@ def make_dirs(path: Path, root: str, exist_ok: bool = True) -> None:
 
 
 def default_root() -> str:
-    """``$FINETUNE_ASSETS_ROOT``, else ``./.finetune_assets``: one rule for Dagster, the CLI and scripts."""
+    """``$FINETUNE_ASSETS_ROOT``, else ``./.finetune_assets``: one rule for Dagster, the CLI and
+    scripts.
+    """
     return os.environ.get(STORAGE_ROOT_ENV) or DEFAULT_ROOT
 
 
 def write_bytes_atomic(url: str, body: bytes) -> None:
     """Replace one small file in a single step: readers see the old or the new bytes, never a mix.
 
-    Local: a temp file in the same folder, fsync, ``os.replace``. Remote: one PUT (atomic on object stores).
+    Local: a temp file in the same folder, fsync, ``os.replace``. Remote: one PUT (atomic on object
+    stores).
     """
     fs, path = fsspec.core.url_to_fs(url)
     if not isinstance(fs, LocalFileSystem):
@@ -71,17 +76,19 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
-# Keys that name the library which wrote a file, not what it holds (an upgrade must not make data stale).
+# Keys that name the library which wrote a file, not what it holds (an upgrade must not make data
+# stale).
 WRITER_KEYS = frozenset({"transformers_version"})
 
 
 def hash_tree(path: Path, exclude: tuple[str, ...] = ()) -> str:
     """Content hash of a local file or folder (relative names + content), the asset's data version.
 
-    Content, not writer metadata: Parquet and Arrow files are hashed by their table (schema + values, not
-    the footer's ``created_by`` nor the compression), JSON files without ``WRITER_KEYS`` such as the
-    ``transformers_version`` that ``save_pretrained`` stamps into ``config.json``. So a library upgrade
-    that rewrites the same data leaves data versions, and staleness, unchanged. Other files: their bytes.
+    Content, not writer metadata: Parquet and Arrow files are hashed by their table (schema +
+    values, not the footer's ``created_by`` nor the compression), JSON files without ``WRITER_KEYS``
+    such as the ``transformers_version`` that ``save_pretrained`` stamps into ``config.json``. So a
+    library upgrade that rewrites the same data leaves data versions, and staleness, unchanged.
+    Other files: their bytes.
     """
     import hashlib
 
@@ -124,7 +131,9 @@ def _hash_content(path: Path, digest) -> None:
 
 
 def _read_table(path: Path):
-    """The table in a Parquet or Arrow IPC file; None when it is not one (then its bytes are hashed)."""
+    """The table in a Parquet or Arrow IPC file; None when it is not one (then its bytes are
+    hashed).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -1,4 +1,5 @@
-"""The MLflow tracking-URI rule, in one place for the Dagster resource, the trainer and the CLI (no Dagster).
+"""The MLflow tracking-URI rule, in one place for the Dagster resource, the trainer and the CLI (no
+Dagster).
 
 An explicit URI wins, then ``$MLFLOW_TRACKING_URI``, else an embedded SQLite store in a local folder
 (the storage root's ``mlflow/``; the trainer's output folder when it runs standalone), so the
@@ -16,7 +17,9 @@ EMBEDDED_DB = "mlflow.db"
 
 
 def configured_uri(explicit: str | None) -> str | None:
-    """The URI a person set (argument, then environment), or None when the embedded store applies."""
+    """The URI a person set (argument, then environment), or None when the embedded store
+    applies.
+    """
     return explicit or os.environ.get(TRACKING_ENV) or None
 
 

@@ -118,11 +118,13 @@ def track(
 
 
 def requests_with_base(cursor: LandingCursor, store, ready, waiting) -> list[dg.RunRequest]:
-    """Run requests for ready versions; only one run at a time builds a missing ``pretrained_model``.
+    """Run requests for ready versions; only one run at a time builds a missing
+    ``pretrained_model``.
 
     Every version shares the base model: two runs publishing it concurrently would race, so while it
     is unpublished one version's run builds it (``base_run_key`` names that version) and the others
-    wait in the cursor. When that run is given up (``follow_runs``), the next waiting version builds it.
+    wait in the cursor. When that run is given up (``follow_runs``), the next waiting version builds
+    it.
     """
     queue = list(ready)
     for key, fp in list(cursor.awaiting_base.items()):
@@ -209,7 +211,9 @@ def follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
 
 
 def run_outcome(instance, run: dg.DagsterRun) -> str:
-    """How a finished, unsuccessful run ended, in words a person acts on (its run group's events)."""
+    """How a finished, unsuccessful run ended, in words a person acts on (its run group's
+    events).
+    """
     rid = run.run_id[:8]
     if run.status == dg.DagsterRunStatus.CANCELED:
         return f"run {rid} was cancelled; not re-requested (launch retrain_job for it to resume)"

@@ -1,4 +1,5 @@
-"""Pictures for materialization metadata: small PNGs inlined in Markdown, as people read them in the UI.
+"""Pictures for materialization metadata: small PNGs inlined in Markdown, as people read them in the
+UI.
 
 Pure (no Dagster): each ``*_md`` returns a Markdown string with a base64 ``data:image/png`` image
 and the numbers as a table beneath it (so the values stay searchable and copyable); wrap it in
@@ -140,7 +141,9 @@ def token_length_md(lengths: Sequence[int], max_length: int | None = None) -> st
 
 
 def confusion_matrix_figure(matrix: Sequence[Sequence[int]], labels: Sequence[str]):
-    """The heat map as a matplotlib ``Figure`` (the trainer logs it to MLflow with ``log_figure``)."""
+    """The heat map as a matplotlib ``Figure`` (the trainer logs it to MLflow with
+    ``log_figure``).
+    """
     import numpy as np
 
     m = np.asarray(matrix, dtype=np.int64)
@@ -173,7 +176,9 @@ def confusion_matrix_png(matrix: Sequence[Sequence[int]], labels: Sequence[str])
 
 
 def confusion_matrix_md(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> str:
-    """Heat map (colour = share of the true class) + the counts as a table (rows true, columns predicted)."""
+    """Heat map (colour = share of the true class) + the counts as a table (rows true, columns
+    predicted).
+    """
     if len(matrix) != len(labels) or any(len(row) != len(labels) for row in matrix):
         raise ValueError(
             f"confusion matrix must be {len(labels)}x{len(labels)} for labels {list(labels)}"

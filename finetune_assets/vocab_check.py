@@ -1,8 +1,10 @@
-"""``tokenized_reviews`` check ``vocabulary_fit``: does the base model's vocabulary cover this data's language?
+"""``tokenized_reviews`` check ``vocabulary_fit``: does the base model's vocabulary cover this
+data's language?
 
-A warning, never blocking: training still runs, but the UI says why a model may learn little and what to do.
-Measures (``finetune_assets.data.vocab_fit``) on a spread sample of the version's reviews with the published
-``pretrained_model`` tokenizer; the truncated share comes from ``tokenized_reviews``' own statistics.
+A warning, never blocking: training still runs, but the UI says why a model may learn little and
+what to do. Measures (``finetune_assets.data.vocab_fit``) on a spread sample of the version's
+reviews with the published ``pretrained_model`` tokenizer; the truncated share comes from
+``tokenized_reviews``' own statistics.
 """
 
 import dagster as dg
@@ -39,13 +41,16 @@ class VocabularyFitConfig(dg.Config):
     blocking=False,
     partitions_def=dataset_versions,
     additional_deps=[RAW_REVIEWS, PRETRAINED_MODEL],
-    description="The base model's tokenizer covers the reviews' language: unknown tokens, tokens per "
+    description="The base model's tokenizer covers the reviews' language: unknown tokens, tokens "
+    "per "
     "word, words split into single characters, truncated reviews (warning).",
 )
 def vocabulary_fit(
     context: dg.AssetCheckExecutionContext, config: VocabularyFitConfig, storage: StorageResource
 ) -> dg.AssetCheckResult:
-    """Warns when the base model sees this data as characters or unknown tokens, and says which setting fixes it."""
+    """Warns when the base model sees this data as characters or unknown tokens, and says which
+    setting fixes it.
+    """
     from transformers import AutoTokenizer
 
     from finetune_assets.data.vocab_fit import FitLimits, advice, measure

@@ -1,4 +1,6 @@
-"""Shared fixtures: a tiny BERT built from a config, the real review files, a storage root, an instance."""
+"""Shared fixtures: a tiny BERT built from a config, the real review files, a storage root, an
+instance.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +13,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data" / "arabic_reviews"
-if (
-    not SHARED_DATA.exists()
-):  # CI clones main beside a copy of shared/; sessions run from /work/main
+# CI clones main beside a copy of shared/; sessions run from /work/main
+if not SHARED_DATA.exists():
     SHARED_DATA = Path("/work/shared/data/arabic_reviews")
 
 
 @pytest.fixture(autouse=True)
 def _isolate_mlflow_globals():
-    """``mlflow.set_tracking_uri/set_registry_uri`` also set ``MLFLOW_*_URI`` in ``os.environ``; a test
-    that calls them (directly or through the CLI in-process) must not point later tests' subprocesses
-    (torchrun trainers, ``dagster`` CLI runs) at its own store.
+    """``mlflow.set_tracking_uri/set_registry_uri`` also set ``MLFLOW_*_URI`` in ``os.environ``; a
+    test that calls them (directly or through the CLI in-process) must not point later tests'
+    subprocesses (torchrun trainers, ``dagster`` CLI runs) at its own store.
     """
     keys = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
     saved = {k: os.environ.get(k) for k in keys}
@@ -58,7 +59,9 @@ def _tiny_model_session(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def tiny_model_dir(_tiny_model_session: Path, tmp_path: Path) -> Path:
-    """A 2-layer, 32-wide BertForSequenceClassification folder (real WordPiece vocab), copied per test."""
+    """A 2-layer, 32-wide BertForSequenceClassification folder (real WordPiece vocab), copied per
+    test.
+    """
     dst = tmp_path / "tiny-bert"
     shutil.copytree(_tiny_model_session, dst)
     return dst
@@ -102,8 +105,8 @@ def _real_rows(path: Path) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="session")
 def binary_reviews_tsv(arabic_reviews: Path, tmp_path_factory) -> Path:
-    """A user's binary file written from real reviews: 150 Positive + 150 Negative of PROD.csv (its Mixed
-    rows left out), one line each, labels written ``1`` / ``0`` as binary sets usually come.
+    """A user's binary file written from real reviews: 150 Positive + 150 Negative of PROD.csv (its
+    Mixed rows left out), one line each, labels written ``1`` / ``0`` as binary sets usually come.
     """
     rows = [
         (t, lab)
@@ -122,9 +125,10 @@ def binary_reviews_tsv(arabic_reviews: Path, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def star_reviews_csv(arabic_reviews: Path, tmp_path_factory) -> Path:
     """A user's 1-5 star file written from real reviews of RES2.csv (title line, then body), columns
-    ``Title``, ``Review Text``, ``stars``. The star values are NOT real ratings: they are derived from the
-    real 3-class labels (Negative -> 1, 2, Mixed -> 3, Positive -> 4, 5, alternating in file order),
-    because no real star-rated set may be committed. 80 Negative, 40 Mixed, 80 Positive: 40 per star.
+    ``Title``, ``Review Text``, ``stars``. The star values are NOT real ratings: they are derived
+    from the real 3-class labels (Negative -> 1, 2, Mixed -> 3, Positive -> 4, 5, alternating in
+    file order), because no real star-rated set may be committed. 80 Negative, 40 Mixed, 80
+    Positive: 40 per star.
     """
     import csv
 

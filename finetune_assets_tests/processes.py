@@ -9,7 +9,9 @@ from finetune_assets.launchers.local import process_tree
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal every process group in the tree of ``pid`` (torchrun, its workers, their loader workers)."""
+    """Signal every process group in the tree of ``pid`` (torchrun, its workers, their loader
+    workers).
+    """
     for pgid in sorted(set(process_tree(pid).values())):
         try:
             os.killpg(pgid, sig)

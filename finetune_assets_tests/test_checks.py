@@ -103,7 +103,8 @@ def test_contract_and_shards_pass_on_real_reviews(
         "no_empty_split": True,
     }
     per_class = checks["min_rows_per_class"].metadata["rows_per_class"].value
-    # two reviews appear twice with different labels: no majority, so both copies of each are quarantined
+    # two reviews appear twice with different labels: no majority, so both copies of each are
+    # quarantined
     assert per_class == {"Positive": 3094, "Negative": 862, "Mixed": 306}
     assert checks["duplicate_share"].metadata["conflicting_duplicates"].value == 4
     assert "| test |" in checks["counts_match_tokenized"].metadata["splits"].value
@@ -164,9 +165,8 @@ def test_threshold_is_check_config(instance, storage_root, base, arabic_reviews)
     )
     check = _checks(result)["min_rows_per_class"]
     assert not check.passed and "Mixed" in check.description
-    assert (
-        Storage(str(storage_root)).current("tokenized_reviews", "v1") is None
-    )  # blocked by config
+    # blocked by config
+    assert Storage(str(storage_root)).current("tokenized_reviews", "v1") is None
 
 
 def test_shard_integrity_catches_corruption_and_drift(instance, storage_root, base, arabic_reviews):
@@ -174,7 +174,8 @@ def test_shard_integrity_catches_corruption_and_drift(instance, storage_root, ba
     store = Storage(str(storage_root))
     shards = Path(store.require("mds_shards", "v1").url)
     (shards / "validation" / "index.json").write_text("{not json")
-    # raw_reviews + tokenized_reviews re-made with another split rule: the shards no longer match them
+    # raw_reviews + tokenized_reviews re-made with another split rule: the shards no longer match
+    # them
     result = _run(
         instance,
         storage_root,
@@ -193,11 +194,13 @@ def test_shard_integrity_catches_corruption_and_drift(instance, storage_root, ba
     assert "test" in checks["counts_match_tokenized"].metadata["mismatches"].value
 
 
-# -- quality gate ------------------------------------------------------------------------------------
+# -- quality gate ----------------------------------------------------------------------------------
 
 
 def _biased_model(src: Path, dst: Path, label: str) -> Path:
-    """The tiny BERT with its head forced to predict one class: a known, cheap score for the gate."""
+    """The tiny BERT with its head forced to predict one class: a known, cheap score for the
+    gate.
+    """
     from transformers import BertForSequenceClassification
 
     shutil.copytree(src, dst)
@@ -219,7 +222,8 @@ def _register_challenger(instance, storage_root: Path, version: str, model_dir: 
     store = Storage(str(storage_root))
     resource = MlflowResource()
     uri = resource.resolve_tracking_uri(store)
-    # Only a client bound to this store: setting the process-wide URI would hide a gate that forgets its own.
+    # Only a client bound to this store: setting the process-wide URI would hide a gate that forgets
+    # its own.
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(resource.experiment_name)
     exp_id = (
@@ -266,8 +270,8 @@ def _register_challenger(instance, storage_root: Path, version: str, model_dir: 
     return str(mv.version)
 
 
-# These tests are about which model is compared and when the alias moves, with biased stand-in models
-# near the majority class: the deployment has turned the majority and baseline rules off
+# These tests are about which model is compared and when the alias moves, with biased stand-in
+# models near the majority class: the deployment has turned the majority and baseline rules off
 # (test_gate_defaults.py covers the defaults).
 RULES_OFF = {"must_beat_majority_baseline": False, "baseline_margin": None}
 
@@ -326,9 +330,8 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(
     first = _register_challenger(instance, storage_root, "v1", good)
     check = _gate(instance, storage_root, "v1")
     assert check.passed and "first model" in check.metadata["decision"].value
-    assert (
-        _client(storage_root).get_registered_model("review-classifier").aliases == {}
-    )  # the check only observes
+    # the check only observes
+    assert _client(storage_root).get_registered_model("review-classifier").aliases == {}
     assert "first model" in _decision(_promote(instance, storage_root, "v1"))
     assert _champion(storage_root) == first
 
@@ -339,13 +342,13 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(
     assert meta["challenger_macro_f1"].value < meta["champion_macro_f1"].value
     assert meta["champion"].value == f"review-classifier v{first}"
     assert "refused" in meta["decision"].value and _champion(storage_root) == first
-    assert "refused" in _decision(
-        _promote(instance, storage_root, "v1")
-    )  # alone, it applies the rule itself
+    # alone, it applies the rule itself
+    assert "refused" in _decision(_promote(instance, storage_root, "v1"))
     assert worse != first and _champion(storage_root) == first
 
-    # A new version with a bigger test split: the champion is re-scored on *this* test data; a challenger
-    # exactly as good passes the gate but does not take the alias (a tie keeps the champion).
+    # A new version with a bigger test split: the champion is re-scored on *this* test data; a
+    # challenger exactly as good passes the gate but does not take the alias (a tie keeps the
+    # champion).
     drop = tmp_path / "v2"
     drop.mkdir()
     for f in ("PROD.csv", "RES2.csv"):
@@ -369,8 +372,9 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(
 def test_gate_and_promotion_act_on_the_recorded_model_not_current(
     instance, storage_root, base, arabic_reviews, tmp_path
 ):
-    """A gate run alone on an old version: it scores the model its materialization recorded, even after
-    another writer moved CURRENT to a foreign model, and cannot move the alias back to an old model.
+    """A gate run alone on an old version: it scores the model its materialization recorded, even
+    after another writer moved CURRENT to a foreign model, and cannot move the alias back to an old
+    model.
     """
     assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
     first = _register_challenger(
@@ -384,21 +388,22 @@ def test_gate_and_promotion_act_on_the_recorded_model_not_current(
         _biased_model(base, staging.local_dir / "model", "Mixed")
         staging.data_version = "foreign"
     check = _gate(instance, storage_root, "v1")
-    assert (
-        check.passed and check.metadata["challenger_macro_f1"].value > 0.2
-    )  # the recorded (Positive) model
+    # the recorded (Positive) model
+    assert check.passed and check.metadata["challenger_macro_f1"].value > 0.2
     # An old version's model re-promoted alone ties with the champion it already is: nothing moves.
     assert "already holds" in _decision(_promote(instance, storage_root, "v1"))
     assert _champion(storage_root) == first
 
 
-# -- promotion semantics on a real (SQLite) registry, no training: gate.promote is what champion_model runs ------
+# -- promotion semantics on a real (SQLite) registry, no training --
+# gate.promote is what champion_model runs
 
 
 @pytest.fixture(scope="module")
 def _migrated_registry_db(tmp_path_factory) -> Path:
-    """An empty MLflow SQLite store with its schema already created (MLflow's migrations take seconds on
-    two cores); each registry test gets its own copy, so the tests stay as isolated as with a fresh file.
+    """An empty MLflow SQLite store with its schema already created (MLflow's migrations take
+    seconds on two cores); each registry test gets its own copy, so the tests stay as isolated as
+    with a fresh file.
     """
     import mlflow
 
@@ -410,7 +415,9 @@ def _migrated_registry_db(tmp_path_factory) -> Path:
 
 
 class _Registry:
-    """A real MLflow SQLite registry with versions whose scores are cached on the test data (no model needed)."""
+    """A real MLflow SQLite registry with versions whose scores are cached on the test data (no
+    model needed).
+    """
 
     def __init__(self, tmp_path: Path, template: Path):
         import mlflow
@@ -446,8 +453,9 @@ class _Registry:
 
 
 class _FlakyClient:
-    """Wraps a real MlflowClient; the listed reads raise the given MLflow error (a locked SQLite store, an
-    outage). Everything else is the real registry, so an alias set by mistake would really be set.
+    """Wraps a real MlflowClient; the listed reads raise the given MLflow error (a locked SQLite
+    store, an outage). Everything else is the real registry, so an alias set by mistake would really
+    be set.
     """
 
     def __init__(self, client, error_code: str, methods=("get_registered_model",)):
@@ -492,9 +500,8 @@ def test_only_not_found_means_no_champion(tmp_path, _migrated_registry_db):
     from finetune_assets import gate
 
     reg = _Registry(tmp_path, _migrated_registry_db)
-    assert (
-        gate.current_champion(reg.client, "never-registered", reg.test) is None
-    )  # RESOURCE_DOES_NOT_EXIST
+    # RESOURCE_DOES_NOT_EXIST
+    assert gate.current_champion(reg.client, "never-registered", reg.test) is None
     assert gate.current_champion(reg.client, "m", reg.test) is None  # registered, no alias yet
     first = reg.version(0.3)
     assert "first model" in gate.describe(reg.promote(first, 0.3)) and reg.champion() == first
@@ -511,8 +518,9 @@ def test_a_tie_or_a_retry_keeps_the_champion(tmp_path, _migrated_registry_db):
 
 
 def test_concurrent_promotions_cannot_let_a_worse_model_win(tmp_path, _migrated_registry_db):
-    """Barrier between read and set: the worse challenger reads first and sets after the better one. Without a critical
-    section both compare with the old champion and the finish order decides (worse wins).
+    """Barrier between read and set: the worse challenger reads first and sets after the better one.
+    Without a critical section both compare with the old champion and the finish order decides
+    (worse wins).
     """
     import threading
 
@@ -525,7 +533,9 @@ def test_concurrent_promotions_cannot_let_a_worse_model_win(tmp_path, _migrated_
     better_set = threading.Event()
 
     class SlowSet:
-        """The worse run's client: after reading, it sets only once the better run has set (or after 1 s)."""
+        """The worse run's client: after reading, it sets only once the better run has set (or
+        after 1 s).
+        """
 
         def __getattr__(self, name):
             if name == "set_registered_model_alias":

@@ -33,7 +33,8 @@ def test_import_stays_light():
     """`finetune-assets --help` must not pay for Dagster, torch, transformers or MLflow."""
     code = (
         "import sys, finetune_assets.cli; "
-        "print(sorted(m for m in ('dagster', 'torch', 'transformers', 'mlflow', 'matplotlib') if m in sys.modules))"
+        "print(sorted(m for m in ('dagster', 'torch', 'transformers', 'mlflow', 'matplotlib') if "
+        "m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -88,9 +89,8 @@ def test_predict_file_in_batches_keeps_order(capsys, tmp_path, tiny_model_dir, s
             "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts))
         )
     else:
-        path.write_text(
-            "\n".join(texts[:3]) + "\n\n" + "\n".join(texts[3:]) + "\n"
-        )  # blank lines skipped
+        # blank lines skipped
+        path.write_text("\n".join(texts[:3]) + "\n\n" + "\n".join(texts[3:]) + "\n")
     code, out, err = run_cli(
         capsys,
         "predict",
@@ -135,7 +135,9 @@ def test_predict_batching_does_not_change_scores(capsys, tmp_path, tiny_model_di
 def test_predict_batches_by_length_and_answers_in_input_order(
     capsys, monkeypatch, tmp_path, tiny_model_dir
 ):
-    """The model sees batches of similar length (little padding); each answer still lands on its own line."""
+    """The model sees batches of similar length (little padding); each answer still lands on its
+    own line.
+    """
     from finetune_assets.inference import Classifier
 
     rng = __import__("random").Random(0)
@@ -277,7 +279,9 @@ def test_model_uri_aliases():
 
 @pytest.mark.slow
 def test_predict_from_mlflow_registry(capsys, tmp_path, storage_root, tiny_model_dir, monkeypatch):
-    """A model registered in the embedded store under the storage root loads by version and by alias."""
+    """A model registered in the embedded store under the storage root loads by version and by
+    alias.
+    """
     import mlflow
     import transformers
 
@@ -322,7 +326,9 @@ def test_predict_from_mlflow_registry(capsys, tmp_path, storage_root, tiny_model
 
 
 def test_predict_output_survives_any_text_and_reports_bad_rows(capsys, tmp_path, tiny_model_dir):
-    """Multi-line, tab-holding, BOM-prefixed CSV input; empty and invisible-only texts are per-row errors."""
+    """Multi-line, tab-holding, BOM-prefixed CSV input; empty and invisible-only texts are
+    per-row errors.
+    """
     path = tmp_path / "in.csv"
     texts = ["line one\nline two", "tab\there", "\u200f\u200b", "", "fine"]
     import csv as _csv
@@ -337,9 +343,8 @@ def test_predict_output_survives_any_text_and_reports_bad_rows(capsys, tmp_path,
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["text"] for r in rows] == texts  # one output row per input row, in order
     assert [("error" in r) for r in rows] == [False, False, True, True, False]
-    assert (
-        rows[2]["error"].startswith("empty_text") and rows[2]["where"] == f"{path}:5"
-    )  # (review 1 spans 2-3)
+    # (review 1 spans 2-3)
+    assert rows[2]["error"].startswith("empty_text") and rows[2]["where"] == f"{path}:5"
     assert f"{path}:6: empty_text" in err and "2 of 5 input row(s) could not be classified" in err
     code, out, _ = run_cli(
         capsys,
@@ -421,8 +426,8 @@ def _report(
     inputs: dict[str, int] | None = None,
     root: str = ".",
 ):
-    """A materialization event as a run records it: data version, the code version of the code location
-    (``build_defs``), and per input its event pointer and data version.
+    """A materialization event as a run records it: data version, the code version of the code
+    location (``build_defs``), and per input its event pointer and data version.
     """
     import dagster as dg
 
@@ -490,7 +495,8 @@ def test_versions_status_materialized_stale_missing(capsys, dagster_home, storag
     row = status()["tokenized_reviews"]
     assert row["status"] == "stale" and row["stale_because"][0].startswith("raw_reviews: ")
 
-    # the version's latest run failed: what it never materialized is "failed" (with the sensor's tag), not "missing"
+    # the version's latest run failed: what it never materialized is "failed" (with the sensor's
+    # tag), not "missing"
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 
     instance.add_run(
@@ -516,8 +522,9 @@ def test_versions_status_materialized_stale_missing(capsys, dagster_home, storag
 def test_versions_status_agrees_with_dagsters_stale_flags_after_a_default_change(
     capsys, dagster_home, storage_root, monkeypatch
 ):
-    """A config default folded into a code version (staleness.py): the UI marks the asset stale; so must
-    ``versions status``, cell for cell, with Dagster's resolver (what the UI and GraphQL staleStatus use).
+    """A config default folded into a code version (staleness.py): the UI marks the asset stale; so
+    must ``versions status``, cell for cell, with Dagster's resolver (what the UI and GraphQL
+    staleStatus use).
     """
     import dagster as dg
     from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
@@ -551,9 +558,10 @@ def test_versions_status_agrees_with_dagsters_stale_flags_after_a_default_change
             for r in map(json.loads, out.splitlines())
             if r["status"] != "missing"
         }
+        # as the UI builds it
         resolver = CachingStaleStatusResolver(
             instance, build_defs(root).resolve_asset_graph(), LoadingContextForTest(instance)
-        )  # as the UI builds it
+        )
         ui = {
             a: "stale"
             if resolver.get_status(dg.AssetKey(a), None if a == "pretrained_model" else "v1")
@@ -565,9 +573,8 @@ def test_versions_status_agrees_with_dagsters_stale_flags_after_a_default_change
 
     cli, ui = cli_and_ui()
     assert cli == ui and cli["tokenized_reviews"] == "materialized"
-    monkeypatch.setattr(
-        TokenizeConfig.model_fields["max_length"], "default", 256
-    )  # a person edits a default
+    # a person edits a default
+    monkeypatch.setattr(TokenizeConfig.model_fields["max_length"], "default", 256)
     cli, ui = cli_and_ui()
     assert (
         cli == ui and cli["tokenized_reviews"] == "stale" and cli["raw_reviews"] == "materialized"
@@ -633,9 +640,8 @@ def test_versions_add_refuses_another_source_under_a_key(
     assert json.loads((storage_root / "versions" / "v1.json").read_text())["source"]["uri"] == str(
         b
     )
-    monkeypatch.chdir(
-        tmp_path
-    )  # a relative path is recorded absolute, so the record works from anywhere
+    # a relative path is recorded absolute, so the record works from anywhere
+    monkeypatch.chdir(tmp_path)
     assert (
         run_cli(capsys, "--root", str(storage_root), "versions", "add", "v0", "--source", "a.csv")[
             0
@@ -653,9 +659,8 @@ def test_versions_add_refuses_another_source_under_a_key(
     )
     code, _, err = run_cli(capsys, *add, str(a), "--replace")
     assert code == 2 and "raw_reviews already materialized" in err and "new key" in err
-    b.write_text(
-        "text,label\nchanged,1\nworse,-1\nokay,0\n"
-    )  # same path, new content, under a materialized key
+    # same path, new content, under a materialized key
+    b.write_text("text,label\nchanged,1\nworse,-1\nokay,0\n")
     code, _, err = run_cli(capsys, *add, str(b))
     assert code == 2 and "changed since it was registered" in err
 

@@ -1,4 +1,6 @@
-"""The published artifacts' contracts: what a producer writes is what its consumers read, or a clear error."""
+"""The published artifacts' contracts: what a producer writes is what its consumers read, or a
+clear error.
+"""
 
 from __future__ import annotations
 
@@ -52,9 +54,8 @@ def test_validate_stores_a_split_that_depends_only_on_the_normalized_text():
     )
     result = validate(raw, ValidationRules(split=SplitRule(validation=0.3, test=0.3)))
     assert result.accepted.schema == ACCEPTED_SCHEMA
-    assert result.rejected.column("reason").to_pylist() == [
-        "duplicate"
-    ]  # the RLM copy is the same review
+    # the RLM copy is the same review
+    assert result.rejected.column("reason").to_pylist() == ["duplicate"]
     rule = SplitRule(validation=0.3, test=0.3)
     assert result.accepted.column("split").to_pylist() == rule.assign(["Great phone", "awful"])
     assert rule.of_key(normalize_text("\u200f  great   PHONE ")) == rule.assign(["Great phone"])[0]

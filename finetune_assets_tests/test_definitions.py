@@ -1,7 +1,8 @@
 """The code location loads, and its graph matches the committed snapshot.
 
 An accidental change to the graph (a key, a dependency, a partitioning, a check, a sensor, a job)
-fails here. To accept an intended change: ``UPDATE_SNAPSHOTS=1 pytest finetune_assets_tests/test_definitions.py``.
+fails here. To accept an intended change: ``UPDATE_SNAPSHOTS=1 pytest
+finetune_assets_tests/test_definitions.py``.
 """
 
 import json
@@ -16,7 +17,9 @@ SNAPSHOT = Path(__file__).parent / "snapshots" / "definitions.json"
 
 
 def launchpad_schema(assets_def: dg.AssetsDefinition) -> dict | None:
-    """The asset's config as the launchpad shows it: per field its type (or choices), default and whether required."""
+    """The asset's config as the launchpad shows it: per field its type (or choices), default and
+    whether required.
+    """
     field = assets_def.op.config_field
     if field is None or not hasattr(field.config_type, "fields"):  # no config (Dagster shows Any)
         return None
@@ -58,7 +61,8 @@ def graph_snapshot(d: dg.Definitions) -> dict:
             "launchpad": schemas.get(key.to_user_string()),
         }
     checks = sorted(
-        f"{k.asset_key.to_user_string()}:{k.name}:{'blocking' if graph.get_check_spec(k).blocking else 'non-blocking'}"
+        f"{k.asset_key.to_user_string()}:{k.name}:"
+        + ("blocking" if graph.get_check_spec(k).blocking else "non-blocking")
         for k in graph.asset_check_keys
     )
     repo = d.get_repository_def()
@@ -100,8 +104,9 @@ def test_training_and_promotion_run_in_pools(tmp_path):
 
 
 def test_deployment_instance_serializes_one_partition_and_sizes_the_pools(tmp_path):
-    """deploy/instance/dagster.yaml, loaded by a real instance: a second run of a partition waits for the first
-    (the run queue's own tag-limit counter decides), other partitions do not; pools default to 1.
+    """deploy/instance/dagster.yaml, loaded by a real instance: a second run of a partition waits
+    for the first (the run queue's own tag-limit counter decides), other partitions do not; pools
+    default to 1.
     """
     import yaml
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus

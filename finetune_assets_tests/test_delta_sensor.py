@@ -46,24 +46,20 @@ def test_one_version_per_row_adding_commit(instance, tmp_path: Path, storage_roo
     assert record.source.uri == f"delta:{table}@version=2"
 
     DeltaTable(table).optimize.compact()  # 3: rewrites files, adds no rows
-    DeltaTable(table).vacuum(
-        retention_hours=0, enforce_retention_duration=False, dry_run=False
-    )  # 4, 5
+    # 4, 5
+    DeltaTable(table).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     DeltaTable(table).delete("text = 'review number 0, quite good'")  # 6: removes rows only
     assert daemon.tick()[:2] == ([], [])
 
     write_deltalake(table, _rows(20, 1), mode="append")  # 7
-    write_deltalake(
-        table, _rows(21, 1), mode="append"
-    )  # 8, vacuumed away before the sensor sees it
+    # 8, vacuumed away before the sensor sees it
+    write_deltalake(table, _rows(21, 1), mode="append")
     write_deltalake(table, _rows(22, 1), mode="overwrite")  # 9
-    DeltaTable(table).vacuum(
-        retention_hours=0, enforce_retention_duration=False, dry_run=False
-    )  # 10, 11
+    # 10, 11
+    DeltaTable(table).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     added, _, skip = daemon.tick()
-    assert added == [
-        "reviews-v9"
-    ]  # 7 and 8 cannot be read any more: said in the log, not registered
+    # 7 and 8 cannot be read any more: said in the log, not registered
+    assert added == ["reviews-v9"]
     assert daemon.tick()[:2] == ([], [])
 
 
@@ -94,10 +90,11 @@ def test_min_new_rows_batches_commits(tmp_path: Path):
         ),
         ({"operation": "OPTIMIZE", "operationMetrics": {"numAddedFiles": "1"}}, 0),
         ({"operation": "VACUUM END", "operationMetrics": {}}, 0),
+        # unknown: counted as adding rows, never silently skipped
         (
             {"operation": "SOMETHING NEW"},
             None,
-        ),  # unknown: counted as adding rows, never silently skipped
+        ),
     ],
 )
 def test_rows_added_by_engine_metrics(commit, rows):

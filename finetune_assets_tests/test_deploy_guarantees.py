@@ -1,8 +1,9 @@
 """The Helm values and the instance file carry the same guarantees, and a real instance loads them.
 
-``deploy/instance/dagster.yaml`` is the definition (Dagster's instance schema); ``deploy/values.yaml``
-must say the same in the Helm chart's keys (camelCase under ``concurrency`` and ``dagsterDaemon``,
-rendered by the chart's ``configmap-instance.yaml`` / ``_concurrency.tpl`` into snake_case).
+``deploy/instance/dagster.yaml`` is the definition (Dagster's instance schema);
+``deploy/values.yaml`` must say the same in the Helm chart's keys (camelCase under ``concurrency``
+and ``dagsterDaemon``, rendered by the chart's ``configmap-instance.yaml`` / ``_concurrency.tpl``
+into snake_case).
 """
 
 from __future__ import annotations

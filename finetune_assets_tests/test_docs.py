@@ -1,4 +1,6 @@
-"""The documents that promise behaviour point at tests that exist, and CI runs what the README says."""
+"""The documents that promise behaviour point at tests that exist, and CI runs what the README
+says.
+"""
 
 import re
 from pathlib import Path
@@ -51,8 +53,8 @@ def test_the_github_workflow_runs_the_tests_and_materializes_what_the_readme_say
 def test_the_readme_shows_both_launch_commands():
     readme = (REPO / "README.md").read_text()
     assert (
-        "dagster asset materialize -m finetune_assets.definitions --select '*' --partition rotten_tomatoes"
-        in readme
+        "dagster asset materialize -m finetune_assets.definitions --select '*' --partition "
+        "rotten_tomatoes" in readme
     )
     assert (
         "dg launch -m finetune_assets.definitions --assets '*' --partition rotten_tomatoes"
@@ -68,9 +70,8 @@ def test_readme_first_command_trains_on_the_real_default_set_and_ends_with_its_s
     add = re.search(r"finetune-assets versions add (\S+) --source (\S+) &&", first)
     assert add, first
     key, source = add.groups()
-    assert (
-        source == DEFAULT_SOURCE and source != "builtin:sample"
-    )  # real reviews, not the generated sentences
+    # real reviews, not the generated sentences
+    assert source == DEFAULT_SOURCE and source != "builtin:sample"
     check_builtin(source)  # a known set whose package is installed
     assert f"--select '*' --partition {key};" in first
     assert first.rstrip().endswith(f"finetune-assets summary {key}")

@@ -28,9 +28,8 @@ def test_a_first_model_no_better_than_the_majority_class_is_not_promoted(tmp_pat
     majority = gate.majority_baseline(TEST)
     assert majority == 0.25
     for config in (QualityGateConfig(), PromotionConfig()):
-        refusals = _refusals(
-            config, Storage(str(tmp_path)), majority
-        )  # what the landing-zone run scored
+        # what the landing-zone run scored
+        refusals = _refusals(config, Storage(str(tmp_path)), majority)
         assert any("below the floor" in r for r in refusals), refusals
 
 

@@ -1,4 +1,6 @@
-"""One inference class for the CLI, the gate and the benchmark sets: same folder layouts, same answers."""
+"""One inference class for the CLI, the gate and the benchmark sets: same folder layouts, same
+answers.
+"""
 
 from __future__ import annotations
 
@@ -25,9 +27,8 @@ def test_every_published_layout_loads_the_same_model_and_answers_the_same(
 ):
     attempt = tmp_path / "attempt"  # a published finetuned_model attempt: model/ inside
     shutil.copytree(tiny_model_dir, attempt / "model")
-    mlflow_like = (
-        tmp_path / "artifact"
-    )  # an MLflow transformers artifact: weights and tokenizer apart
+    # an MLflow transformers artifact: weights and tokenizer apart
+    mlflow_like = tmp_path / "artifact"
     shutil.copytree(tiny_model_dir, mlflow_like / "model" / "model")
     (mlflow_like / "model" / "components" / "tokenizer").mkdir(parents=True)
     for f in tiny_model_dir.iterdir():

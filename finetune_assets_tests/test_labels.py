@@ -1,4 +1,6 @@
-"""Label sets per dataset version: inference rules, explicit flags, refusals, and what is recorded."""
+"""Label sets per dataset version: inference rules, explicit flags, refusals, and what is
+recorded.
+"""
 
 from __future__ import annotations
 
@@ -23,27 +25,29 @@ from finetune_assets.data.labels import (
 from finetune_assets.data.validate import ValidationRules, validate
 from finetune_assets_tests.test_cli import run_cli
 
-# The files a user brings (``binary_reviews_tsv``, ``star_reviews_csv`` in conftest.py) are written from the
-# shared real Arabic reviews: those tests skip where the shared data is absent.
+# The files a user brings (``binary_reviews_tsv``, ``star_reviews_csv`` in conftest.py) are written
+# from the shared real Arabic reviews: those tests skip where the shared data is absent.
 
 
-# -- inference --------------------------------------------------------------------------------------
+# -- inference -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "values, names",
     [
+        # the seed's numeric polarity
         (
             ["1", "-1", "0", "1.0", "-1.0"],
             ("Positive", "Negative", "Mixed"),
-        ),  # the seed's numeric polarity
+        ),
         (["5", "3", "4", "1", "2", "5.0"], STARS_LABEL_SET.names),
         ([" positive", "NEGATIVE", "Neutral ", "negative"], ("Negative", "Neutral", "Positive")),
         (["Very Positive", "mixed", "very negative"], ("Very negative", "Mixed", "Very positive")),
+        # unknown names: sorted, first spelling
         (
             ["spam", "ham ", "Ham", "eggs"],
             ("eggs", "ham", "spam"),
-        ),  # unknown names: sorted, first spelling
+        ),
     ],
 )
 def test_inferred_label_sets(values, names):
@@ -153,9 +157,8 @@ def test_registered_model_name_is_one_per_set_of_classes():
     assert registered_model_name("review-classifier", DEFAULT_LABEL_SET) == "review-classifier"
     binary = LabelSet(("Negative", "Positive"))
     assert registered_model_name("rc", binary) == "rc-negative-positive"
-    assert (
-        registered_model_name("rc", LabelSet(("Positive", "Negative"))) == "rc-negative-positive"
-    )  # by name
+    # by name
+    assert registered_model_name("rc", LabelSet(("Positive", "Negative"))) == "rc-negative-positive"
     assert (
         registered_model_name("rc", STARS_LABEL_SET) == "rc-1_star-2_stars-3_stars-4_stars-5_stars"
     )
@@ -165,7 +168,7 @@ def test_registered_model_name_is_one_per_set_of_classes():
     assert len(odd) == 3  # slugs that could collide carry a hash
 
 
-# -- registration (CLI) -----------------------------------------------------------------------------
+# -- registration (CLI) ----------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -297,7 +300,7 @@ def test_versions_add_refuses_a_class_without_reviews(
     assert not (storage_root / "versions" / "binary.json").exists()
 
 
-# -- landing drops ----------------------------------------------------------------------------------
+# -- landing drops ---------------------------------------------------------------------------------
 
 
 def test_a_landing_folder_carries_its_labels_in_a_manifest(
@@ -329,13 +332,13 @@ def test_a_landing_folder_carries_its_labels_in_a_manifest(
     assert record.label_set == LabelSet(
         ("Negative", "Positive"), {"0": "Negative", "1": "Positive"}
     )
-    assert (
-        read_version(Storage(str(storage_root)), "typo") is None
-    )  # refused with a reason, nothing written
+    # refused with a reason, nothing written
+    assert read_version(Storage(str(storage_root)), "typo") is None
     # other labels under the registered key are other content: refused, the record keeps its labels
-    # re-landed as tools and editors save: a new file renamed over the old one. The sensor reads only the
-    # landing listing for registered folders (the folder's own mtime), so an in-place rewrite of a file
-    # inside a registered folder goes unseen; reported to the lead, not this test's to settle.
+    # re-landed as tools and editors save: a new file renamed over the old one. The sensor reads
+    # only the landing listing for registered folders (the folder's own mtime), so an in-place
+    # rewrite of a file inside a registered folder goes unseen; reported to the lead, not this
+    # test's to settle.
     relanded = good / "_labels.json.tmp"
     relanded.write_text(
         json.dumps(

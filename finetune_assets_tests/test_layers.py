@@ -1,4 +1,6 @@
-"""The layers stay apart: what runs in a training pod, and the pure data path, never import Dagster."""
+"""The layers stay apart: what runs in a training pod, and the pure data path, never import
+Dagster.
+"""
 
 import json
 import subprocess
@@ -62,7 +64,8 @@ for module in modules:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        signal.alarm(300)  # a child stuck on a lock it inherited dies and is reported, not waited on
+        # a child stuck on a lock it inherited dies and is reported, not waited on
+        signal.alarm(300)
         os.close(read)
         try:
             importlib.import_module(module)

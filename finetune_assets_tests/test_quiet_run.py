@@ -1,5 +1,5 @@
-"""A first run prints what a person needs: known, harmless notices are silenced where they arise, and
-nothing else (the filters name message, category and module; they are not a blanket ignore).
+"""A first run prints what a person needs: known, harmless notices are silenced where they arise,
+and nothing else (the filters name message, category and module; they are not a blanket ignore).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ def test_loading_the_definitions_prints_no_partitioned_check_preview_warning():
 
 
 def _shown(setup: str, warn: str) -> str:
-    """stderr of a fresh interpreter that runs ``setup`` then ``warn`` under the default warning filters
-    (pytest's own capture would override the filters under test).
+    """stderr of a fresh interpreter that runs ``setup`` then ``warn`` under the default warning
+    filters (pytest's own capture would override the filters under test).
     """
     proc = subprocess.run(
         [sys.executable, "-W", "default", "-c", f"{setup}\nimport warnings\n{warn}"],
@@ -44,8 +44,9 @@ def test_the_same_preview_warning_from_elsewhere_still_shows():
 
 def test_the_trainers_filters_keep_other_warnings():
     setup = "from finetune_assets.training.run import quiet_known_notices; quiet_known_notices()"
-    # One interpreter (importing the trainer costs seconds): a marker on stderr separates the warnings
-    # that must show from Lightning's own, which must not. Warnings are written to stderr as they are raised.
+    # One interpreter (importing the trainer costs seconds): a marker on stderr separates the
+    # warnings that must show from Lightning's own, which must not. Warnings are written to stderr
+    # as they are raised.
     out = _shown(
         setup,
         "warnings.warn('a real problem', UserWarning)\n"
@@ -58,7 +59,6 @@ def test_the_trainers_filters_keep_other_warnings():
     shown, marker, hidden = out.partition("\n--- lightning below ---\n")
     assert marker, out[-2000:]
     assert "UserWarning: a real problem" in shown
-    assert (
-        "FutureWarning: `isinstance(treespec, LeafSpec)`" in shown
-    )  # the same words from our code still show
+    # the same words from our code still show
+    assert "FutureWarning: `isinstance(treespec, LeafSpec)`" in shown
     assert "LeafSpec" not in hidden  # Lightning's own use of it is silenced

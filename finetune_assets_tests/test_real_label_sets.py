@@ -1,7 +1,8 @@
-"""Review sets with their own label sets through the whole graph, with ``dagster.materialize`` and with the
-CLI as a user types it: a binary ``1``/``0`` TSV of real reviews and a 1-5 star CSV whose texts are real and
-whose stars are derived from the real 3-class labels (``binary_reviews_tsv``, ``star_reviews_csv`` in
-conftest.py, written from the shared Arabic reviews; skipped where those are absent).
+"""Review sets with their own label sets through the whole graph, with ``dagster.materialize`` and
+with the CLI as a user types it: a binary ``1``/``0`` TSV of real reviews and a 1-5 star CSV whose
+texts are real and whose stars are derived from the real 3-class labels (``binary_reviews_tsv``,
+``star_reviews_csv`` in conftest.py, written from the shared Arabic reviews; skipped where those are
+absent).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def _run_config(tiny_model_dir: Path) -> dict:
             "raw_reviews_contract": {"config": CONTRACT},
             "finetuned_model": {"config": {**QUICK_TRAINING, "accelerator": "cpu"}},
             # a 2-layer model trained 4 batches is not meant to beat the TF-IDF baseline_model (0.91
-            # macro-F1 on the binary set) nor the majority class; gate and promotion still run within
-            # each label set's own registered model (first model: champion)
+            # macro-F1 on the binary set) nor the majority class; gate and promotion still run
+            # within each label set's own registered model (first model: champion)
             "finetuned_model_quality_gate": {"config": RULES_OFF},
             "champion_model": {"config": RULES_OFF},
         }
@@ -81,9 +82,8 @@ def test_binary_and_star_sets_through_dagster_materialize(
         binary,
         labels=label_set_of_source(binary, BINARY_LABELS.names, BINARY_LABELS.mapping),
     )
-    register_version(
-        instance, store, "stars", stars, labels=label_set_of_source(stars)
-    )  # inferred: five classes
+    # inferred: five classes
+    register_version(instance, store, "stars", stars, labels=label_set_of_source(stars))
     client = MlflowClient(MlflowResource().resolve_tracking_uri(store))
     ops = _run_config(tiny_model_dir)["ops"]
     assert dg.materialize(
@@ -120,7 +120,8 @@ def test_binary_and_star_sets_through_dagster_materialize(
         assert len(matrix) == len(names) and all(len(r) == len(names) for r in matrix)
         assert all(f"**{n}**" in model["confusion_matrix_chart"] for n in names)
         assert model["registered_model"].startswith(f"{model_name} v")
-        # the gate compared within the label set's own registered model: first model -> champion there
+        # the gate compared within the label set's own registered model: first model -> champion
+        # there
         assert checks["quality_gate"].passed, checks["quality_gate"].description
         assert str(client.get_model_version_by_alias(model_name, "champion").version) == "1"
         published = store.require("finetuned_model", version)
@@ -129,9 +130,8 @@ def test_binary_and_star_sets_through_dagster_materialize(
         review = "الأكل لذيذ والخدمة ممتازة"  # "the food is tasty and the service excellent"
         [(label, _, scores)] = Classifier.from_folder(Path(published.url)).predict([review], 64)
         assert label in names and list(scores) == names
-    assert not client.search_registered_models(
-        "name = 'review-classifier'"
-    )  # the seed's model untouched
+    # the seed's model untouched
+    assert not client.search_registered_models("name = 'review-classifier'")
     # predict as a user types it, on the binary model trained above: the version's own class names
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "cli_home"), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -156,9 +156,10 @@ def test_binary_and_star_sets_through_dagster_materialize(
 
 def test_label_sets_registered_through_the_cli(user_env, binary_reviews_tsv, star_reviews_csv):  # noqa: F811
     """The user's path with the CLI up to the graph run: the binary set refused without flags, then
-    registered with its labels; the star set registered with the one-flag 3-class mapping and title + body.
-    Cut: the CLI graph run of this set (minutes; the README path test runs ``dagster asset materialize``
-    as a user types it); predict through the CLI is in the ``dagster.materialize`` test above.
+    registered with its labels; the star set registered with the one-flag 3-class mapping and
+    title + body. Cut: the CLI graph run of this set (minutes; the README path test runs ``dagster
+    asset materialize`` as a user types it); predict through the CLI is in the
+    ``dagster.materialize`` test above.
     """
     import subprocess
 

@@ -1,4 +1,5 @@
-"""End to end: a drop in the landing folder -> sensor -> retrain run (real torchrun, real MLflow) -> quality gate.
+"""End to end: a drop in the landing folder -> sensor -> retrain run (real torchrun, real MLflow) ->
+quality gate.
 
 What the product promises: new data turns into a model without a person in the loop, the
 first model becomes ``@champion``, and a worse model never takes the alias. Everything below is the
@@ -37,11 +38,11 @@ GATE = dg.AssetCheckKey(dg.AssetKey(FINETUNED), "quality_gate")
 
 # Small but real training on the tiny BERT: AdamW with a high lr learns the built-in sample's
 # polarity words; short sequences and no loader workers keep it quick on CPU. Two epochs give a
-# clearly-better-than-chance first model (one epoch of the randomly initialised tiny model can
-# still sit at the majority class, which the gate now refuses); four epochs learn the sample
-# almost perfectly and are the "new hyper-parameters, no new data" retrain at the end.
-# Unweighted loss: one short epoch then leaves room for a longer run to be measurably better (the default
-# balanced weights already get the tiny model near 1.0 in one epoch on the sample, leaving none).
+# clearly-better-than-chance first model (one epoch of the randomly initialised tiny model can still
+# sit at the majority class, which the gate now refuses); four epochs learn the sample almost
+# perfectly and are the "new hyper-parameters, no new data" retrain at the end. Unweighted loss: one
+# short epoch then leaves room for a longer run to be measurably better (the default balanced
+# weights already get the tiny model near 1.0 in one epoch on the sample, leaving none).
 TRAIN = {
     "epochs": 2,
     "batch_size": 16,
@@ -53,20 +54,22 @@ TRAIN = {
     "log_every_n_steps": 50,
     "checkpoint_every_n_steps": 1000,
     "class_weights": "none",
-    # The scores above were calibrated in fp32 without length bucketing; the gate's logic is under test here,
-    # not the fast defaults (those are measured in benchmarks/defaults.py and trained in test_user_path.py).
+    # The scores above were calibrated in fp32 without length bucketing; the gate's logic is under
+    # test here, not the fast defaults (those are measured in benchmarks/defaults.py and trained in
+    # test_user_path.py).
     "precision": "32",
     "bucket_batches": 1,
 }
 LONGER = {**TRAIN, "epochs": 4}
-# The forced worse model: one optimizer step with a negligible lr leaves the pretrained_model's randomly
-# initialised classification head as it was. Same base, same dataset version, same test split as the
-# first model, so the only difference the gate can see is the training itself: an honest comparison.
+# The forced worse model: one optimizer step with a negligible lr leaves the pretrained_model's
+# randomly initialised classification head as it was. Same base, same dataset version, same test
+# split as the first model, so the only difference the gate can see is the training itself: an
+# honest comparison.
 UNTRAINED = {**TRAIN, "lr": 1e-9, "max_steps": 1}
 
 
-# baseline_model runs in retrain_job (the gate's bar), but on these reviews TF-IDF scores 1.0, which the
-# tiny BERT cannot reach: the rule is off here so that the champion comparison is what is tested
+# baseline_model runs in retrain_job (the gate's bar), but on these reviews TF-IDF scores 1.0, which
+# the tiny BERT cannot reach: the rule is off here so that the champion comparison is what is tested
 # (test_gate_defaults.py tests the baseline rule; test_quality_assets.py its table).
 BASELINE_OFF = {"config": {"baseline_margin": None}}
 
@@ -112,7 +115,9 @@ class Deployment:
         return result
 
     def launch(self, request: dg.RunRequest, run_config: dg.RunConfig) -> dg.ExecuteInProcessResult:
-        """What the daemon does with a run request (run config is what a person sets on the sensor/job)."""
+        """What the daemon does with a run request (run config is what a person sets on the
+        sensor/job).
+        """
         job = self.repo.get_job(request.job_name or "retrain_job")
         return job.execute_in_process(
             instance=self.instance,
@@ -151,7 +156,9 @@ class Deployment:
         )
 
     def gate_history(self) -> list:
-        """Every recorded quality_gate execution, oldest first, as the instance's event log stores them."""
+        """Every recorded quality_gate execution, oldest first, as the instance's event log
+        stores them.
+        """
         records = self.instance.event_log_storage.get_asset_check_execution_history(GATE, limit=20)
         return sorted(records, key=lambda r: r.id)
 
@@ -166,15 +173,14 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     instance, storage_root, tiny_model_dir, tmp_path, monkeypatch
 ):
     landing = tmp_path / "landing"
-    monkeypatch.setenv(
-        "FINETUNE_ASSETS_LANDING", str(landing)
-    )  # LandingZoneResource's default location
-    monkeypatch.delenv(
-        "MLFLOW_TRACKING_URI", raising=False
-    )  # the embedded SQLite store under the root
+    # LandingZoneResource's default location
+    monkeypatch.setenv("FINETUNE_ASSETS_LANDING", str(landing))
+    # the embedded SQLite store under the root
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     deploy = Deployment(instance, storage_root)
 
-    # -- v1 lands: the built-in sample reviews (English, polarity words a tiny model learns), as a folder
+    # -- v1 lands: the built-in sample reviews (English, polarity words a tiny model learns), as a
+    # folder
     drop = landing / "v1"
     drop.mkdir(parents=True)
     pacsv.write_csv(make_sample_reviews(), drop / "reviews.csv")
@@ -217,7 +223,8 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     meta = gate.metadata
     assert gate.passed and "first model" in meta["decision"].value
     assert meta["registered_model"].value == f"{MODEL} v{first_version}"
-    # The model really learned: far above always predicting the majority class on the frozen test split.
+    # The model really learned: far above always predicting the majority class on the frozen test
+    # split.
     assert meta["challenger_macro_f1"].value > meta["majority_baseline_macro_f1"].value + 0.2
     assert deploy.champion() == first_version
 
@@ -227,9 +234,8 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     # -- retrain without new data, forced worse: finetune_only_job on the same version
     worse = deploy.run_job("finetune_only_job", "v1", _run_config(UNTRAINED))
     assert not worse.success  # the blocking gate failed the run
-    worse_version = _registered_version(
-        worse
-    )  # the trainer registered it; only the alias is withheld
+    # the trainer registered it; only the alias is withheld
+    worse_version = _registered_version(worse)
     assert worse_version != first_version
     (refused,) = [e for e in worse.get_asset_check_evaluations() if e.check_name == "quality_gate"]
     assert not refused.passed and refused.severity == dg.AssetCheckSeverity.ERROR
@@ -244,13 +250,13 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     assert meta["delta_macro_f1"].value < 0 and "refused" in meta["decision"].value
     assert deploy.champion() == first_version  # the alias did not move
 
-    # A cache miss (as when a newer version brings other test data): the gate re-scores the champion from
-    # its MLflow artifact, through the deployment's registry, and reaches the same scores and decision.
+    # A cache miss (as when a newer version brings other test data): the gate re-scores the champion
+    # from its MLflow artifact, through the deployment's registry, and reaches the same scores and
+    # decision.
     client = MlflowClient(deploy.tracking_uri)
     cached = client.get_model_version(MODEL, first_version).tags
-    assert (
-        float(cached["gate.macro_f1"]) == gate.metadata["challenger_macro_f1"].value
-    )  # not rounded
+    # not rounded
+    assert float(cached["gate.macro_f1"]) == gate.metadata["challenger_macro_f1"].value
     client.delete_model_version_tag(MODEL, first_version, "gate.test_data")
     again = deploy.run_gate("v1")
     assert not again.passed and again.metadata["champion"].value == f"{MODEL} v{first_version}"
@@ -264,7 +270,8 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     )
     assert deploy.champion() == first_version
 
-    # The instance's event log holds both decisions, in order, for v1, with the scores a person acts on.
+    # The instance's event log holds both decisions, in order, for v1, with the scores a person acts
+    # on.
     history = deploy.gate_history()
     assert [(r.status, r.partition) for r in history] == [
         (Status.SUCCEEDED, "v1"),
@@ -280,7 +287,8 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     assert stored.metadata["champion_macro_f1"].value > stored.metadata["challenger_macro_f1"].value
     assert stored.metadata["decision"].value == meta["decision"].value
 
-    # -- retrain with new hyper-parameters (more epochs), no new data: a better-or-equal model takes the alias
+    # -- retrain with new hyper-parameters (more epochs), no new data: a better-or-equal model takes
+    # the alias
     better = deploy.run_job("finetune_only_job", "v1", _run_config(LONGER))
     assert better.success
     better_version = _registered_version(better)
@@ -289,16 +297,13 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     ]
     meta = promoted.metadata
     assert promoted.passed and meta["decision"].value.startswith("will promote")
-    assert (
-        meta["champion"].value == f"{MODEL} v{first_version}"
-    )  # compared with the first model, not the refused one
-    assert (
-        meta["challenger_macro_f1"].value >= meta["champion_macro_f1"].value
-    )  # ~1.0 vs ~0.6 today
+    # compared with the first model, not the refused one
+    assert meta["champion"].value == f"{MODEL} v{first_version}"
+    # ~1.0 vs ~0.6 today
+    assert meta["challenger_macro_f1"].value >= meta["champion_macro_f1"].value
     assert deploy.champion() == better_version
-    (decision,) = better.asset_materializations_for_node(
-        "champion_model"
-    )  # the asset acted, the check observed
+    # the asset acted, the check observed
+    (decision,) = better.asset_materializations_for_node("champion_model")
     assert (
         decision.metadata["decision"].value.startswith("promoted")
         and decision.metadata["promoted"].value
@@ -317,8 +322,8 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
 def test_a_retried_finetuned_model_reuses_its_registered_version(
     storage_root, instance, tiny_model_dir, arabic_reviews
 ):
-    """A retry (same inputs + config) resumes the finished checkpoint and finds its version by training key:
-    exactly one registered version, and the alias it holds does not move.
+    """A retry (same inputs + config) resumes the finished checkpoint and finds its version by
+    training key: exactly one registered version, and the alias it holds does not move.
     """
     from finetune_assets.assets.finetuned import finetuned_model
     from finetune_assets.resources.storage_root import StorageResource

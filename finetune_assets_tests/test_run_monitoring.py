@@ -77,18 +77,17 @@ def _run(instance, status: DagsterRunStatus) -> DagsterRun:
 
 def test_a_dead_run_worker_is_failed_by_monitoring_and_retried(tmp_path):
     with _instance(tmp_path) as instance:
-        # The daemon runs the monitoring loop only when enabled (off by default in open-source Dagster).
+        # The daemon runs the monitoring loop only when enabled (off by default in open-source
+        # Dagster).
         assert instance.run_monitoring_enabled
-        run = _run(
-            instance, DagsterRunStatus.STARTED
-        )  # its worker was SIGKILLed: STARTED forever before
+        # its worker was SIGKILLed: STARTED forever before
+        run = _run(instance, DagsterRunStatus.STARTED)
         (record,) = instance.get_run_records(dg.RunsFilter(run_ids=[run.run_id]))
         monitor_started_run(instance, None, record, logging.getLogger("test"))
         failed = instance.get_run_by_id(run.run_id)
         assert failed.status == DagsterRunStatus.FAILURE
-        assert should_retry(
-            failed, instance
-        )  # the daemon re-launches it (max_retries 2 on the job)
+        # the daemon re-launches it (max_retries 2 on the job)
+        assert should_retry(failed, instance)
 
 
 def test_an_asset_failure_and_a_cancelled_run_are_not_retried(tmp_path):

@@ -1,4 +1,6 @@
-"""Hostile configuration: remote code, keys and paths escaping the storage root, unknown config keys."""
+"""Hostile configuration: remote code, keys and paths escaping the storage root, unknown config
+keys.
+"""
 
 import json
 
@@ -37,7 +39,8 @@ def _plant_remote_code(model_dir, marker, model_type):
     (model_dir / "config.json").write_text(json.dumps(cfg))
     (model_dir / "evil.py").write_text(
         f"open({str(marker)!r}, 'w').write('ran')\n"
-        "from transformers import BertConfig as EvilConfig, BertForSequenceClassification as EvilModel\n"
+        "from transformers import BertConfig as EvilConfig, BertForSequenceClassification as "
+        "EvilModel\n"
     )
 
 
@@ -47,9 +50,8 @@ def test_model_source_remote_code_is_never_executed(tiny_model_dir, tmp_path, mo
     _plant_remote_code(tiny_model_dir, marker, model_type)
     out = tmp_path / "out"
     out.mkdir()
-    if (
-        model_type == "bert"
-    ):  # a known architecture loads with transformers' own class, ignoring auto_map
+    # a known architecture loads with transformers' own class, ignoring auto_map
+    if model_type == "bert":
         summary = save_pretrained_model(str(tiny_model_dir), None, out)
         assert summary.architecture == "BertForSequenceClassification"
     else:  # an unknown one is refused rather than importing the folder's Python

@@ -1,4 +1,6 @@
-"""The new-data sensor against a real instance: versions of the Arabic reviews landing over several ticks."""
+"""The new-data sensor against a real instance: versions of the Arabic reviews landing over
+several ticks.
+"""
 
 import shutil
 from pathlib import Path
@@ -25,7 +27,9 @@ VERSION_CHAIN = (*PREPARE, FINETUNED, CHAMPION)
 
 
 class Daemon:
-    """What the sensor daemon does with a tick's result: apply partition requests, keep the cursor, dedupe run keys."""
+    """What the sensor daemon does with a tick's result: apply partition requests, keep the
+    cursor, dedupe run keys.
+    """
 
     def __init__(self, instance, landing: Path, storage_root: Path):
         self.instance = instance
@@ -103,7 +107,8 @@ def test_three_versions_over_several_ticks(daemon, landing, storage_root, arabic
     all_runs = list(runs)
 
     _folder(landing, "v2", [prod, att])
-    # v3 = PROD + ATT + RES2 as one Parquet file, dropped as a plain file (no marker: it must settle first)
+    # v3 = PROD + ATT + RES2 as one Parquet file, dropped as a plain file (no marker: it must settle
+    # first)
     table = pa.concat_tables(
         [read_source(SourceSpec(uri=str(f))).select(["text", "label"]) for f in (prod, att, res2)]
     )
@@ -146,9 +151,8 @@ def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(
 
     daemon.cursor = None  # restarted daemon that lost its cursor (or a sensor reset)
     added, runs, _ = daemon.tick()
-    assert (
-        added == [] and runs == []
-    )  # partitions exist; re-requested runs carry run keys already seen
+    # partitions exist; re-requested runs carry run keys already seen
+    assert added == [] and runs == []
     added, runs, _ = daemon.tick()
     assert (added, runs) == ([], [])
 
@@ -170,9 +174,8 @@ def test_incomplete_and_malformed_drops_produce_nothing_but_a_reason(
     assert "-lead: invalid dataset version key" in skip
     assert "v9.csv: waiting one tick" in skip
     assert "ambiguous" in skip and "_tmp" not in skip
-    (landing / "v9.csv").write_text(
-        "text,label\ngood,1\n"
-    )  # ...and keeps changing: not complete yet
+    # ...and keeps changing: not complete yet
+    (landing / "v9.csv").write_text("text,label\ngood,1\n")
     added, runs, skip = daemon.tick()
     assert (added, runs) == ([], []) and "v9.csv: waiting one tick" in skip
     assert daemon.instance.get_dynamic_partitions(DATASET_VERSIONS) == []
@@ -198,7 +201,8 @@ def test_changed_content_under_a_registered_key_is_refused(daemon, landing, arab
 def test_deleted_version_relanded_with_new_content_runs_again(daemon, landing, arabic_reviews):
     v1 = _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
     _, first, _ = daemon.tick()
-    # The user deletes the partition and the drop, resets the sensor, and lands different data as v1.
+    # The user deletes the partition and the drop, resets the sensor, and lands different data as
+    # v1.
     daemon.instance.delete_dynamic_partition(DATASET_VERSIONS, "v1")
     shutil.rmtree(v1)
     daemon.cursor = None
@@ -305,9 +309,8 @@ def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_sav
         result = sensors.evaluate_landing(
             ctx, resources["landing"], resources["storage"], clock=lambda: clock[0]
         )
-        assert (
-            clock[0] - start <= 10.0 + 0.5
-        )  # the budget, plus the one drop in progress when it ran out
+        # the budget, plus the one drop in progress when it ran out
+        assert clock[0] - start <= 10.0 + 0.5
         for req in result.dynamic_partitions_requests or []:
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
             registered += len(req.partition_keys)
@@ -336,15 +339,16 @@ def test_an_unreadable_drop_does_not_block_the_others(daemon, landing, arabic_re
     monkeypatch.setattr(sensors, "fingerprint", flaky)
     added, runs, _ = daemon.tick()
     assert added == ["v1", "v3"] and sorted(r.partition_key for r in runs) == ["v1", "v3"]
-    monkeypatch.setattr(
-        sensors, "fingerprint", fingerprint
-    )  # readable again: registered on the next tick
+    # readable again: registered on the next tick
+    monkeypatch.setattr(sensors, "fingerprint", fingerprint)
     added, runs, _ = daemon.tick()
     assert added == ["v2"] and [r.partition_key for r in runs] == ["v2"]
 
 
 def _finish(instance, request: dg.RunRequest, status, job_name: str = "retrain_job") -> str:
-    """What the daemon + run worker leave behind for a request: a run with its run key and an outcome."""
+    """What the daemon + run worker leave behind for a request: a run with its run key and an
+    outcome.
+    """
     from dagster._core.storage.dagster_run import DagsterRun
     from dagster._core.utils import make_new_run_id
 
@@ -367,9 +371,8 @@ def test_a_cancelled_run_is_never_requested_again(daemon, landing, arabic_review
 
     _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
     _, (request,), _ = daemon.tick()
-    cancelled = _finish(
-        daemon.instance, request, dg.DagsterRunStatus.CANCELED
-    )  # an operator's decision
+    # an operator's decision
+    cancelled = _finish(daemon.instance, request, dg.DagsterRunStatus.CANCELED)
     _, runs, skip = daemon.tick()
     assert runs == [] and "was cancelled; not re-requested" in skip
     assert daemon.instance.get_run_by_id(cancelled).tags[STATUS_TAG].startswith("failed: run")
@@ -441,7 +444,9 @@ def test_data_preparation_then_training_each_run_once(daemon, landing, arabic_re
 def test_a_base_model_run_that_never_appeared_is_requested_again(
     instance, landing, storage_root, arabic_reviews
 ):
-    """A version waiting for the base model never waits forever: its builder's run is followed too."""
+    """A version waiting for the base model never waits forever: its builder's run is followed
+    too.
+    """
     import json
 
     from finetune_assets.sensors import LOST_AFTER_S
@@ -451,9 +456,8 @@ def test_a_base_model_run_that_never_appeared_is_requested_again(
     _folder(landing, "v2", [arabic_reviews / "PROD.csv"])
     _, (first,), _ = daemon.tick()
     assert dg.AssetKey(PRETRAINED) in first.asset_selection
-    data = json.loads(
-        daemon.cursor
-    )  # the request was dropped: no run appears for longer than the grace period
+    # the request was dropped: no run appears for longer than the grace period
+    data = json.loads(daemon.cursor)
     data["runs"][first.partition_key]["at"] -= LOST_AFTER_S + 1
     daemon.cursor = json.dumps(data)
     _, (again,), _ = daemon.tick()
@@ -463,7 +467,8 @@ def test_a_base_model_run_that_never_appeared_is_requested_again(
 
 def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
     """The sensor's fingerprint and the source reader share one ignore rule: an edit to a file the
-    reader reads (``_2024.csv``) is a new fingerprint; an edit to one it ignores (hidden, README) is not.
+    reader reads (``_2024.csv``) is a new fingerprint; an edit to one it ignores (hidden, README) is
+    not.
     """
     drop = tmp_path / "v1"
     drop.mkdir()

@@ -1,4 +1,6 @@
-"""What Dagster marks stale after changing only the base model, or only a hyper-parameter default."""
+"""What Dagster marks stale after changing only the base model, or only a hyper-parameter
+default.
+"""
 
 import json
 import re
@@ -33,7 +35,9 @@ CHAIN = ["raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model"]
 
 
 def _chain_assets():
-    """The five assets the way the code location builds them: config defaults folded into code versions."""
+    """The five assets the way the code location builds them: config defaults folded into code
+    versions.
+    """
     return with_config_versions(
         [raw_reviews, pretrained_model, tokenized_reviews, mds_shards, finetuned_model]
     )
@@ -172,13 +176,16 @@ FRESH_ALL = dict.fromkeys(ALL, StaleStatus.FRESH)
 
 
 def _change_default(monkeypatch, config_cls, field: str, value) -> None:
-    """Edit one default as a person would in the source (the class is rebuilt by nobody: its field info changes)."""
+    """Edit one default as a person would in the source (the class is rebuilt by nobody: its
+    field info changes).
+    """
     monkeypatch.setattr(config_cls.model_fields[field], "default", value)
 
 
-# (config class, field, new default, assets Dagster then marks stale). Only the asset whose default changed:
-# its descendants follow once it is rebuilt *and* its content (the data version is a content hash) changes,
-# as the base-model test above shows; a rebuild that writes the same bytes leaves them fresh.
+# (config class, field, new default, assets Dagster then marks stale). Only the asset whose default
+# changed: its descendants follow once it is rebuilt *and* its content (the data version is a
+# content hash) changes, as the base-model test above shows; a rebuild that writes the same bytes
+# leaves them fresh.
 DEFAULT_CHANGES = [
     (RawReviewsConfig, "max_text_chars", 10_000, {"raw_reviews"}),
     (PretrainedModelConfig, "seed", 1, {"pretrained_model"}),
@@ -197,9 +204,8 @@ def test_changing_one_default_at_a_time_marks_exactly_the_expected_assets_stale(
     for config_cls, field, value, expected in DEFAULT_CHANGES:
         with monkeypatch.context() as m:
             _change_default(m, config_cls, field, value)
-            status = _status(
-                _chain_assets(), instance
-            )  # rebuilt like the code location rebuilds on reload
+            # rebuilt like the code location rebuilds on reload
+            status = _status(_chain_assets(), instance)
         stale = {k for k, v in status.items() if v == StaleStatus.STALE}
         assert stale == expected, (
             f"{config_cls.__name__}.{field}: stale {sorted(stale)}, expected {sorted(expected)}"
@@ -216,8 +222,9 @@ def _code_versions(tmp_path) -> dict[str, str]:
 def test_every_configurable_asset_versions_each_default_except_the_unversioned(
     tmp_path, monkeypatch
 ):
-    """Over the whole code location, every field of every asset's config, one at a time: a versioned default
-    changes exactly its own asset's code version; an ``unversioned`` one (cannot change the output) changes none.
+    """Over the whole code location, every field of every asset's config, one at a time: a versioned
+    default changes exactly its own asset's code version; an ``unversioned`` one (cannot change the
+    output) changes none.
     """
     before = _code_versions(tmp_path)
     defs = build_defs(str(tmp_path))
@@ -238,9 +245,8 @@ def test_every_configurable_asset_versions_each_default_except_the_unversioned(
         configs["champion_model"] is PromotionConfig and configs["baseline_model"] is BaselineConfig
     )
     for key, config_cls in configs.items():
-        assert re.match(
-            r"\d+-[0-9a-f]+$", before[key]
-        )  # the code revision, then the hash of the defaults
+        # the code revision, then the hash of the defaults
+        assert re.match(r"\d+-[0-9a-f]+$", before[key])
         for field in config_cls.model_fields:
             with monkeypatch.context() as m:
                 _change_default(m, config_cls, field, "another default")
@@ -261,17 +267,17 @@ def test_a_code_revision_bump_changes_the_code_version(tmp_path):
     assert new.code_versions_by_key[key].startswith("2-") and old.code_versions_by_key[
         key
     ].startswith("1-")
-    assert (
-        new.code_versions_by_key[key][2:] == old.code_versions_by_key[key][2:]
-    )  # same defaults, same hash
+    # same defaults, same hash
+    assert new.code_versions_by_key[key][2:] == old.code_versions_by_key[key][2:]
 
 
 # -- data versions hash content, not the writing library -------------------------------------
 
 
 def test_a_writer_library_upgrade_does_not_change_data_versions(tmp_path):
-    """Same reviews and weights written by a newer pyarrow / transformers: same data versions; changed data:
-    a new one. Parquet's footer names its writer (``created_by``), save_pretrained stamps its version.
+    """Same reviews and weights written by a newer pyarrow / transformers: same data versions;
+    changed data: a new one. Parquet's footer names its writer (``created_by``), save_pretrained
+    stamps its version.
     """
     import json
 

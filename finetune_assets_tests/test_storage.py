@@ -1,4 +1,6 @@
-"""Storage root: atomic publish, CURRENT pointer, garbage collection, isolation, path safety, fsspec roots."""
+"""Storage root: atomic publish, CURRENT pointer, garbage collection, isolation, path safety,
+fsspec roots.
+"""
 
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ def _attempts(store: Storage, asset: str, partition: str | None) -> list[str]:
 
 @pytest.fixture(params=["local", "memory"])
 def store(request, storage_root: Path) -> Storage:
-    """The same tests over a local folder and an fsspec object-store-like root (the remote code path)."""
+    """The same tests over a local folder and an fsspec object-store-like root (the remote code
+    path).
+    """
     if request.param == "local":
         yield Storage(str(storage_root))
         return
@@ -241,8 +245,9 @@ def test_hash_tree_depends_on_names_and_bytes(tmp_path: Path):
 def test_concurrent_publishes_of_one_partition_chain_previous_and_keep_both(
     storage_root: Path, monkeypatch
 ):
-    """Barrier between the pointer read and write: without a critical section both publishes read the
-    same previous, one attempt drops out of the chain and is collected while Dagster's record names it.
+    """Barrier between the pointer read and write: without a critical section both publishes read
+    the same previous, one attempt drops out of the chain and is collected while Dagster's record
+    names it.
     """
     import threading
 
@@ -288,11 +293,12 @@ def test_a_run_keeps_its_base_model_while_another_publishes(store: Storage):
     """A base-model publish during another run changes neither that run's files nor deletes them."""
     used = _publish(store, "pretrained_model", None, "tokenizer A")
     assert store.pinned("pretrained_model", "run-1").attempt == used  # tokenize step
+    # enough publishes to retire the first
     for body in (
         "tokenizer B",
         "tokenizer C",
         "tokenizer D",
-    ):  # enough publishes to retire the first
+    ):
         _publish(store, "pretrained_model", None, body)
     pinned = store.pinned("pretrained_model", "run-1")  # train step of the same run
     assert pinned.attempt == used and pinned.data_version == hash_tree_of(store, pinned.url)
@@ -308,7 +314,9 @@ def hash_tree_of(store: Storage, url: str) -> str:
 
 
 def test_an_old_attempt_still_being_written_is_not_collected(store: Storage):
-    """GC treats attempts older than an hour as abandoned, unless the writer's heartbeat lease is alive."""
+    """GC treats attempts older than an hour as abandoned, unless the writer's heartbeat lease is
+    alive.
+    """
     prefix = store.prefix("finetuned_model", "v1")
     old = "20000101T000000-deadbeef"  # started long ago: a long training, still writing
     _put(store, join(prefix, ATTEMPTS, old, "partial.bin"), b"x")

@@ -1,4 +1,6 @@
-"""One MLflow tracking-URI rule for the resource, the trainer and the CLI; one Markdown-table writer."""
+"""One MLflow tracking-URI rule for the resource, the trainer and the CLI; one Markdown-table
+writer.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The README's path, through the CLI, as a user types it: add a version, materialize, check, predict.
+"""The README's path, through the CLI, as a user types it: add a version, materialize, check,
+predict.
 
 Subprocesses with a temporary ``DAGSTER_HOME`` and storage root; the only deviation from the README
 is a tiny model (``--config-json``) and a short training so the test takes minutes, not hours.
@@ -62,7 +63,8 @@ def sh(env: dict[str, str], *argv: str, stdin: str | None = None) -> str:
     )
     if proc.returncode != 0:
         raise AssertionError(
-            f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+            f"{' '.join(argv)} exited "
+            f"{proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
     return proc.stdout
 
@@ -133,6 +135,7 @@ def test_readme_path_through_the_cli(user_env, tiny_model_dir):
     assert rows["finetuned_model"]["status"] == "materialized"
     assert all(r["status"] == "materialized" for r in rows.values()), rows  # nothing left stale
 
+    # piped output defaults to JSON lines; TSV on request
     out = sh(
         user_env,
         "finetune-assets",
@@ -142,7 +145,7 @@ def test_readme_path_through_the_cli(user_env, tiny_model_dir):
         "--format",
         "tsv",
         "a fine product, fast delivery",
-    )  # piped output defaults to JSON lines; TSV on request
+    )
     label, score, text = out.rstrip("\n").split("\t")
     assert (
         label in LABELS
@@ -160,7 +163,8 @@ def test_readme_path_through_the_cli(user_env, tiny_model_dir):
     )
     assert [json.loads(line)["text"] for line in out.splitlines()] == ["first", "second"]
 
-    # The MLflow store the README's `mlflow ui` opens has the run, and the registry serves the model.
+    # The MLflow store the README's `mlflow ui` opens has the run, and the registry serves the
+    # model.
     import mlflow
 
     store = Path(user_env["FINETUNE_ASSETS_ROOT"]) / "mlflow" / "mlflow.db"
@@ -173,7 +177,8 @@ def test_readme_path_through_the_cli(user_env, tiny_model_dir):
         filter_string=f"tags.dataset_version = '{VERSION}'",
     )
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    # The registered name carries a non-default label set (here review-classifier-negative-positive).
+    # The registered name carries a non-default label set (here
+    # review-classifier-negative-positive).
     versions = client.search_model_versions("name LIKE 'review-classifier%'")
     assert versions, "no registered model version"
     (name,) = {v.name for v in versions}

@@ -1,4 +1,6 @@
-"""A tiny BERT classifier built from a config (never downloaded): the model every training test uses."""
+"""A tiny BERT classifier built from a config (never downloaded): the model every training test
+uses.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from finetune_assets.data.models import packaged_model_dir
 
 
 def build_tiny_bert(out_dir: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
-    """A tiny BertForSequenceClassification with the packaged model's real WordPiece tokenizer (tests)."""
+    """A tiny BertForSequenceClassification with the packaged model's real WordPiece tokenizer
+    (tests).
+    """
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 

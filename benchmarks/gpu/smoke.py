@@ -114,7 +114,8 @@ def write_data(root: Path, sizes: dict[str, int], seed: int = 0) -> Path:
 
 
 def build_encoder(out: Path, tokenizer_dir: Path, shape: dict, seed: int = 0) -> Path:
-    """A BERT classifier of ``shape`` with random weights and the carried tokenizer, as an HF folder.
+    """A BERT classifier of ``shape`` with random weights and the carried tokenizer, as an HF
+    folder.
 
     No ``safe_serialization`` argument: transformers 5 always writes safetensors and 4.57's default
     is the same.
@@ -140,12 +141,15 @@ def build_encoder(out: Path, tokenizer_dir: Path, shape: dict, seed: int = 0) ->
 
 
 def killed_and_resumed(cfg: dict, work: Path, steps: int) -> dict:
-    """A process trains until its half-way checkpoint exists and is SIGKILLed; then it is resumed."""
+    """A process trains until its half-way checkpoint exists and is SIGKILLed; then it is
+    resumed.
+    """
     work.mkdir(parents=True, exist_ok=True)
     path = work / "killed.json"
     path.write_text(json.dumps(cfg))
     last = Path(cfg["checkpoint_dir"]) / "last.ckpt"
-    # Not this process's process-group variables (an in-process run set them; its store holds the port)
+    # Not this process's process-group variables (an in-process run set them; its store holds the
+    # port)
     env = {
         k: v
         for k, v in os.environ.items()
@@ -180,7 +184,9 @@ def killed_and_resumed(cfg: dict, work: Path, steps: int) -> dict:
 
 
 def train_one(config_path: str, metrics_path: str | None) -> int:
-    """``--train``: one ``train()`` of a JSON config, as the killed and the resumed process run it."""
+    """``--train``: one ``train()`` of a JSON config, as the killed and the resumed process run
+    it.
+    """
     from finetune_assets.training.config import TrainerConfig
     from finetune_assets.training.run import train
 

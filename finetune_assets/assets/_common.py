@@ -20,7 +20,9 @@ def markdown_table(header: tuple[str, ...], rows: list[tuple]) -> dg.MetadataVal
 
 
 def launch_labels(context: dg.AssetExecutionContext, asset: str, version: str) -> dict[str, str]:
-    """Labels of the pods/Jobs a step starts: a retried run finds (and replaces) what a dead one left."""
+    """Labels of the pods/Jobs a step starts: a retried run finds (and replaces) what a dead one
+    left.
+    """
     return {
         "dagster/run-id": context.run.run_id,
         "dagster/asset": asset,

@@ -1,4 +1,5 @@
-"""``baseline_model[v]``: the TF-IDF + logistic-regression baseline of one dataset version, in seconds on CPU.
+"""``baseline_model[v]``: the TF-IDF + logistic-regression baseline of one dataset version, in
+seconds on CPU.
 
 Same train split and same frozen test split as ``finetuned_model[v]`` (the ``split`` column of
 ``raw_reviews``), so its scores are the bar the fine-tuned model must clear (the quality gate
@@ -52,7 +53,9 @@ class BaselineConfig(dg.Config):
 
 
 def split_reviews(store: Storage, version: str) -> dict[str, tuple[list[str], list[str]]]:
-    """(texts, labels) per split, from the split column ``raw_reviews`` stored beside each review."""
+    """(texts, labels) per split, from the split column ``raw_reviews`` stored beside each
+    review.
+    """
     reviews = read_reviews(
         store.require(RAW_REVIEWS, version).url, store.fs, columns=["text", "label", "split"]
     )
@@ -78,7 +81,9 @@ def baseline_model(
     storage: StorageResource,
     mlflow: MlflowResource,
 ) -> dg.MaterializeResult:
-    """TF-IDF word + char n-grams with logistic regression: the bar finetuned_model must beat on the same test split."""
+    """TF-IDF word + char n-grams with logistic regression: the bar finetuned_model must beat on
+    the same test split.
+    """
     version = version_of(context)
     store = storage.storage()
     parts = split_reviews(store, version)
@@ -110,9 +115,8 @@ def baseline_model(
             **({"macro_f1": test["macro_f1"], "accuracy": test["accuracy"]} if test else {}),
         }
         run = _log_mlflow(context, mlflow, store, version, info, staging.local_dir)
-        if run.get(
-            "run_id"
-        ):  # for benchmark_scores' metrics (baseline.json is outside the data version)
+        # for benchmark_scores' metrics (baseline.json is outside the data version)
+        if run.get("run_id"):
             model.save_info(staging.local_dir, {**info, "mlflow_run_id": run["run_id"]})
     return dg.MaterializeResult(
         metadata=_metadata(info, model.labels, staging.url, run, mlflow),
@@ -121,7 +125,9 @@ def baseline_model(
 
 
 def read_baseline_info(store: Storage, version: str) -> dict | None:
-    """The published ``baseline.json`` of a version (test scores, labels), or None if never materialized."""
+    """The published ``baseline.json`` of a version (test scores, labels), or None if never
+    materialized.
+    """
     published = store.current(BASELINE_MODEL, version)
     return None if published is None else store.read_json(f"{published.url}/{INFO_FILE}")
 
@@ -173,7 +179,9 @@ def _metadata(
 def _log_mlflow(
     context, mlflow: MlflowResource, store: Storage, version: str, info: dict, folder
 ) -> dict:
-    """One MLflow run per baseline fit, in the fine-tuned runs' experiment; a tracking outage only warns."""
+    """One MLflow run per baseline fit, in the fine-tuned runs' experiment; a tracking outage
+    only warns.
+    """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 

@@ -1,9 +1,11 @@
-"""``benchmark_scores[v]``: the fine-tuned model and the baseline of version ``v`` scored on every benchmark set.
+"""``benchmark_scores[v]``: the fine-tuned model and the baseline of version ``v`` scored on every
+benchmark set.
 
-Benchmark sets (``finetune-assets benchmarks add``) are labelled files that never train. The metadata holds
-this version's scores and a table across every version scored so far (one row per version and set), and
-the scores are logged as metrics (``bench_{set}_accuracy`` / ``_macro_f1``) on the version's MLflow runs.
-A set whose labels the model cannot predict is refused by name in the table, never scored on a subset.
+Benchmark sets (``finetune-assets benchmarks add``) are labelled files that never train. The
+metadata holds this version's scores and a table across every version scored so far (one row per
+version and set), and the scores are logged as metrics (``bench_{set}_accuracy`` / ``_macro_f1``) on
+the version's MLflow runs. A set whose labels the model cannot predict is refused by name in the
+table, never scored on a subset.
 """
 
 import json
@@ -24,7 +26,9 @@ SCORES_FILE = "scores.json"
 
 
 def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512) -> dict:
-    """Scores of one classifier on one set, or ``{"refused": reason}`` when the label sets do not match."""
+    """Scores of one classifier on one set, or ``{"refused": reason}`` when the label sets do not
+    match.
+    """
     from finetune_assets.data.evaluate import LabelSetMismatch, map_labels, scores
 
     try:
@@ -55,7 +59,9 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
 def benchmark_scores(
     context: dg.AssetExecutionContext, storage: StorageResource, mlflow: MlflowResource
 ) -> dg.MaterializeResult:
-    """Fine-tuned model and baseline of this version scored on every registered benchmark set (never trained on)."""
+    """Fine-tuned model and baseline of this version scored on every registered benchmark set
+    (never trained on).
+    """
     from pathlib import Path
 
     from finetune_assets.benchmark_sets import list_benchmark_sets, read_benchmark_set
@@ -114,7 +120,10 @@ def _cell(result: dict) -> str:
 
 
 def _row_cells(entry: dict) -> str:
-    return f"fine-tuned {_cell(entry['finetuned'])}, baseline {_cell(entry['baseline'])} (accuracy / macro-F1)"
+    return (
+        f"fine-tuned {_cell(entry['finetuned'])}, baseline {_cell(entry['baseline'])} "
+        "(accuracy / macro-F1)"
+    )
 
 
 def _table(by_version: dict[str, dict]) -> str:
@@ -166,7 +175,9 @@ def _all_versions(store: Storage) -> dict[str, dict]:
 def _log_mlflow(
     context, mlflow: MlflowResource, store: Storage, version: str, finetuned, results: dict
 ) -> None:
-    """Benchmark metrics on the fine-tuned run and on the baseline run of this version (when they exist)."""
+    """Benchmark metrics on the fine-tuned run and on the baseline run of this version (when they
+    exist).
+    """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 

@@ -1,9 +1,11 @@
-"""``champion_model[v]``: the promotion decision for the model ``finetuned_model[v]`` registered in this run.
+"""``champion_model[v]``: the promotion decision for the model ``finetuned_model[v]`` registered in
+this run.
 
-The ``quality_gate`` check only scores and observes; this asset acts (moves the MLflow alias), so the
-decision has its own lineage and history in the UI. It runs behind the gate (blocking check on its
-upstream), in the ``promotion`` pool (limit 1, see docs/reliability.md) and under a storage lock, and
-inside that critical section it re-reads the champion, compares, and sets: finish order never decides.
+The ``quality_gate`` check only scores and observes; this asset acts (moves the MLflow alias), so
+the decision has its own lineage and history in the UI. It runs behind the gate (blocking check on
+its upstream), in the ``promotion`` pool (limit 1, see docs/reliability.md) and under a storage
+lock, and inside that critical section it re-reads the champion, compares, and sets: finish order
+never decides.
 """
 
 import dagster as dg
@@ -42,7 +44,9 @@ def champion_model(
     storage: StorageResource,
     mlflow: MlflowResource,
 ) -> dg.MaterializeResult:
-    """Moves the champion alias to this run's model only if it is strictly better than the champion."""
+    """Moves the champion alias to this run's model only if it is strictly better than the
+    champion.
+    """
     from mlflow import MlflowClient
 
     from finetune_assets import gate

@@ -1,4 +1,6 @@
-"""``finetuned_model[v]``: BERT fine-tuned on ``mds_shards[v]`` by torchrun (through a launcher), tracked in MLflow."""
+"""``finetuned_model[v]``: BERT fine-tuned on ``mds_shards[v]`` by torchrun (through a launcher),
+tracked in MLflow.
+"""
 
 import hashlib
 import json
@@ -42,7 +44,9 @@ from finetune_assets.training.config import HyperParameters, TrainerConfig
 
 
 class FinetuneConfig(dg.Config, HyperParameters):
-    """The trainer's ``HyperParameters`` (fields, bounds, choices, defaults: training/config.py) plus the run name."""
+    """The trainer's ``HyperParameters`` (fields, bounds, choices, defaults: training/config.py)
+    plus the run name.
+    """
 
     # Fields that cannot change the trained model: left out of the code version (staleness.py).
     # hyper_parameters_from: "config" (the default) changes nothing; "study" is a launchpad
@@ -94,7 +98,9 @@ warnings.filterwarnings(  # the parameter is beta in Dagster 1.13; its meaning i
 
 @dataclass(frozen=True)
 class RecordedModel:
-    """What one recorded ``finetuned_model`` materialization produced (Dagster's record, not ``CURRENT``)."""
+    """What one recorded ``finetuned_model`` materialization produced (Dagster's record, not
+    ``CURRENT``).
+    """
 
     run_id: str
     model_url: str
@@ -200,10 +206,12 @@ def build_trainer_config(
                 "train_url": f"{shards.url}/train",
                 "validation_url": f"{shards.url}/validation",
                 "test_url": f"{shards.url}/test",
-                # None: each worker node caches the shards in a temp folder keyed by the checkpoint dir and
-                # the shard indexes (the published shards are the remote, never read in place).
+                # None: each worker node caches the shards in a temp folder keyed by the checkpoint
+                # dir and the shard indexes (the published shards are the remote, never read in
+                # place).
                 "local_cache_dir": None,
-                # Forward only: the trainer gets the train split's label counts from here, never by counting.
+                # Forward only: the trainer gets the train split's label counts from here, never by
+                # counting.
                 "train_label_counts": read_split_stats(f"{shards.url}/{TRAIN}", store.fs).counts(
                     len(labels.names), where=f"{MDS_SHARDS}[{version}]/{TRAIN}"
                 ),
@@ -225,9 +233,12 @@ def build_trainer_config(
                     "labels": ",".join(labels.names),
                     "shard_data_version": shards.data_version,
                     "pretrained_data_version": pretrained.data_version,
-                    # hashes the same inputs + settings as the checkpoint folder: a retry finds its version
-                    "training_inputs": f"{registered_model_name(mlflow.registered_model_name, labels)}"
-                    f"-{config_hash}",
+                    # hashes the same inputs + settings as the checkpoint folder: a retry finds its
+                    # version
+                    "training_inputs": (
+                        registered_model_name(mlflow.registered_model_name, labels)
+                        + f"-{config_hash}"
+                    ),
                 },
             },
         }
@@ -241,9 +252,11 @@ def build_trainer_config(
     group_name="models",
     kinds={"pytorch", "mlflow"},
     owners=OWNERS,
-    pool=TRAINING_POOL,  # limit concurrent trainings (CPU/GPU memory, the embedded store): docs/reliability.md
+    # limit concurrent trainings (CPU/GPU memory, the embedded store): docs/reliability.md
+    pool=TRAINING_POOL,
     backfill_policy=TRAINING_BACKFILL,
-    code_version="1",  # bump for a change of the training code; config defaults are folded in (staleness.py)
+    # bump for a change of the training code; config defaults are folded in (staleness.py)
+    code_version="1",
 )
 def finetuned_model(
     context: dg.AssetExecutionContext,
@@ -252,7 +265,9 @@ def finetuned_model(
     launcher: TrainingLauncher,
     mlflow: MlflowResource,
 ) -> dg.MaterializeResult:
-    """BERT review classifier fine-tuned by torchrun on the MDS shards; metrics and MLflow version attached."""
+    """BERT review classifier fine-tuned by torchrun on the MDS shards; metrics and MLflow
+    version attached.
+    """
     version = version_of(context)
     store = storage.storage()
     run_id = context.run.run_id
@@ -265,7 +280,8 @@ def finetuned_model(
             f"hyper-parameters of {best['study_name']} trial {best['trial']}: {best['params']}"
         )
     with store.publish(FINETUNED_MODEL, version) as staging:
-        # Pods cannot see this machine's staging folder: with a remote root they write to the attempt URL.
+        # Pods cannot see this machine's staging folder: with a remote root they write to the
+        # attempt URL.
         output_dir = str(staging.local_dir) if store.is_local else staging.url
         trainer, config_hash, pretrained = build_trainer_config(
             config,

@@ -1,4 +1,6 @@
-"""``pretrained_model``: the base BERT (weights + tokenizer + config) every version fine-tunes from."""
+"""``pretrained_model``: the base BERT (weights + tokenizer + config) every version fine-tunes
+from.
+"""
 
 import dagster as dg
 from pydantic import Field
@@ -13,7 +15,8 @@ from finetune_assets.storage import hash_tree
 class PretrainedModelConfig(dg.Config):
     source: str = Field(
         DEFAULT_MODEL,
-        description="hub id (bert-base-uncased), a local HF folder, or the packaged offline default",
+        description="hub id (bert-base-uncased), a local HF folder, or the packaged offline "
+        "default",
     )
     revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
     seed: int = Field(0, description="seed for the freshly initialised classification head")

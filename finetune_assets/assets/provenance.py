@@ -60,9 +60,9 @@ def read_recorded(
 
     A publish moves ``CURRENT`` inside the asset's body; Dagster records the materialization after
     the body returns. A run killed in between leaves storage ahead of the event log: ``CURRENT``
-    names data no materialization describes. The next reader notices (the recorded data version differs) and
-    points ``CURRENT`` back at the attempt Dagster recorded (kept as ``previous``). Storage with no
-    Dagster record at all (published by a script or a test) is left as it is.
+    names data no materialization describes. The next reader notices (the recorded data version
+    differs) and points ``CURRENT`` back at the attempt Dagster recorded (kept as ``previous``).
+    Storage with no Dagster record at all (published by a script or a test) is left as it is.
     """
     current = store.require(asset, partition)
     key = dg.AssetKey(asset)
@@ -78,7 +78,8 @@ def read_recorded(
     for older in store.history(asset, partition)[1:]:
         if older.data_version == recorded:
             dg.get_dagster_logger().warning(
-                f"{where}: storage was ahead of Dagster (attempt {current.attempt} published by a run that "
+                f"{where}: storage was ahead of Dagster (attempt {current.attempt} published by "
+                "a run that "
                 f"died before recording it); restored the recorded attempt {older.attempt}"
             )
             return store.restore(asset, older.attempt, partition)

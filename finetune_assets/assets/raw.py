@@ -37,9 +37,8 @@ from finetune_assets.resources.storage_root import StorageResource
 class RawReviewsConfig(dg.Config):
     """Overrides for the registered source of a version; empty fields keep the registered value."""
 
-    unversioned: ClassVar[tuple[str, ...]] = (
-        "batch_rows",
-    )  # the data version hashes rows, not row groups
+    # the data version hashes rows, not row groups
+    unversioned: ClassVar[tuple[str, ...]] = ("batch_rows",)
 
     source: str | None = Field(
         None,
@@ -54,7 +53,8 @@ class RawReviewsConfig(dg.Config):
     encoding: str | None = Field(None, description="text encoding of CSV/TSV files, e.g. cp1256")
     label_mapping: dict[str, str] | None = Field(
         None,
-        description="raw label -> class name of the version's label set (overrides its recorded mapping)",
+        description="raw label -> class name of the version's label set (overrides its recorded "
+        "mapping)",
     )
     max_text_chars: int = Field(20_000, description="longer reviews are quarantined as too_long")
     validation_fraction: float = Field(
@@ -76,9 +76,9 @@ class RawReviewsConfig(dg.Config):
     )
 
 
-# Input bytes read per source block. A block's parsed rows cost ~10x its bytes in Python objects, and
-# a file reaches that steady state after a few blocks, so half the readers' 16 MiB default keeps the
-# peak flat from 0.1M rows (a ~27 MB file) to millions (benchmarks/scale.py --one-big-file).
+# Input bytes read per source block. A block's parsed rows cost ~10x its bytes in Python objects,
+# and a file reaches that steady state after a few blocks, so half the readers' 16 MiB default keeps
+# the peak flat from 0.1M rows (a ~27 MB file) to millions (benchmarks/scale.py --one-big-file).
 SOURCE_BLOCK_BYTES = 8 << 20
 
 
@@ -86,8 +86,10 @@ def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpe
     record = read_version(storage, version)
     if config.source is None and record is None:
         raise dg.Failure(
-            f"dataset version {version!r} has no registered source under {storage.root}; register it with "
-            f"`finetune-assets versions add {version} --source PATH` or set raw_reviews config `source`"
+            f"dataset version {version!r} has no registered source under {storage.root}; "
+            "register it with "
+            f"`finetune-assets versions add {version} --source PATH` or set raw_reviews config "
+            "`source`"
         )
     base = record.source if record is not None else SourceSpec(uri=config.source)
     overrides = {
@@ -151,11 +153,11 @@ def raw_reviews(
             (staging.local_dir / LABELS_FILE).write_text(
                 json.dumps(rules.labels.to_dict(), ensure_ascii=False)
             )
-            # The labels are part of the data version (same reviews, other classes: another dataset).
+            # The labels are part of the data version (same reviews, other classes: another
+            # dataset).
             staging.data_version = digest
-            if (
-                rules.labels != DEFAULT_LABEL_SET
-            ):  # the seed's classes keep the data version they always had
+            # the seed's classes keep the data version they always had
+            if rules.labels != DEFAULT_LABEL_SET:
                 staging.data_version = f"{staging.data_version[:48]}-{rules.labels.fingerprint()}"
             staging.metadata = {
                 "rows": validator.accepted,
@@ -166,8 +168,10 @@ def raw_reviews(
         validator.close()
     if validator.across:
         context.log.warning(
-            "reviews repeated across files (the copy in the file read first is kept; the others are in "
-            f"rejected.parquet with reason duplicate / conflicting_duplicate): {dict(validator.across)}"
+            "reviews repeated across files (the copy in the file read first is kept; the others "
+            "are in "
+            "rejected.parquet with reason duplicate / conflicting_duplicate): "
+            f"{dict(validator.across)}"
         )
     n_in = validator.rows_in
     counts = validator.label_counts
@@ -205,10 +209,12 @@ def _stream_validated(
     batch_rows: int,
     context: dg.AssetExecutionContext,
 ) -> str:
-    """Source -> validated Parquet files, one batch in memory at a time; returns the accepted rows' content hash.
+    """Source -> validated Parquet files, one batch in memory at a time; returns the accepted rows'
+    content hash.
 
-    Accepted rows are written in row groups of ``batch_rows`` (the unit ``tokenized_reviews`` slices by).
-    The hash covers every accepted row's fields, each row terminated, so it does not depend on batching.
+    Accepted rows are written in row groups of ``batch_rows`` (the unit ``tokenized_reviews`` slices
+    by). The hash covers every accepted row's fields, each row terminated, so it does not depend on
+    batching.
     """
     import hashlib
 
@@ -257,8 +263,9 @@ def _digest_rows(digest, table: pa.Table) -> None:
 
 
 def _resolve_conflicts(validator: StreamValidator, out, batch_rows: int, context) -> str | None:
-    """Apply the duplicate policy (data.conflicts) once every copy is seen: both files rewritten a row group
-    at a time, the counters and the content hash recomputed; None (nothing read again) without conflicts.
+    """Apply the duplicate policy (data.conflicts) once every copy is seen: both files rewritten a
+    row group at a time, the counters and the content hash recomputed; None (nothing read again)
+    without conflicts.
     """
     import hashlib
 
@@ -334,7 +341,9 @@ def _files_metadata(context: dg.AssetExecutionContext, spec: SourceSpec) -> dict
 
 
 def _refuse_changed_content(store, version: str, spec: SourceSpec) -> None:
-    """A version is immutable: its registered source must still hold the content fingerprinted at registration."""
+    """A version is immutable: its registered source must still hold the content fingerprinted at
+    registration.
+    """
     from finetune_assets.dataset_versions.registry import content_changed
 
     problem = content_changed(store, version, spec)

@@ -15,9 +15,8 @@ from finetune_assets.resources.storage_root import StorageResource
 
 
 class ShardsConfig(dg.Config):
-    unversioned: ClassVar[tuple[str, ...]] = (
-        "workers",
-    )  # the same samples whatever the worker count (staleness.py)
+    # the same samples whatever the worker count (staleness.py)
+    unversioned: ClassVar[tuple[str, ...]] = ("workers",)
 
     size_limit: str = Field("64mb", description="maximum bytes per shard before compression")
     workers: int | None = Field(
@@ -100,8 +99,8 @@ def mds_shards(
                 [(s, r.samples, r.shards, r.bytes) for s, r in results.items()],
             ),
             "samples_per_split": dg.MetadataValue.json({s: r.samples for s, r in results.items()}),
-            # label id -> samples per split, also in each split's split_stats.json (finetuned_model puts the train
-            # split's into the trainer config)
+            # label id -> samples per split, also in each split's split_stats.json (finetuned_model
+            # puts the train split's into the trainer config)
             "label_counts_per_split": dg.MetadataValue.json(
                 {s: r.label_counts for s, r in results.items()}
             ),

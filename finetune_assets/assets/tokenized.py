@@ -1,4 +1,6 @@
-"""``tokenized_reviews[v]``: unpadded token ids, integer labels and raw_reviews' split, as Arrow IPC."""
+"""``tokenized_reviews[v]``: unpadded token ids, integer labels and raw_reviews' split, as Arrow
+IPC.
+"""
 
 import json
 import re
@@ -31,7 +33,8 @@ from finetune_assets.resources.storage_root import StorageResource
 
 
 class TokenizeConfig(dg.Config):
-    # Same tokens whatever the batch, slicing, worker count or cache (staleness.py; tests/data/test_slices.py).
+    # Same tokens whatever the batch, slicing, worker count or cache (staleness.py;
+    # tests/data/test_slices.py).
     unversioned: ClassVar[tuple[str, ...]] = ("batch_size", "workers", "slice_rows", "cache")
 
     max_length: int = Field(
@@ -63,7 +66,8 @@ class TokenizeConfig(dg.Config):
 def tokenized_reviews(
     context: dg.AssetExecutionContext, config: TokenizeConfig, storage: StorageResource
 ) -> dg.MaterializeResult:
-    """Token ids per review (unpadded), label id and the train/validation/test split raw_reviews assigned.
+    """Token ids per review (unpadded), label id and the train/validation/test split raw_reviews
+    assigned.
 
     Tokenized by slice workers (``data/slices.py``), one part per slice in ``parts/``, in row order.
     """
@@ -138,7 +142,8 @@ def tokenized_reviews(
         (staging.local_dir / LABELS_FILE).write_text(
             json.dumps(labels.to_dict(), ensure_ascii=False)
         )
-        # A function of the inputs (the output is deterministic in them), so it is the same whatever the slicing.
+        # A function of the inputs (the output is deterministic in them), so it is the same whatever
+        # the slicing.
         staging.data_version = _digest(
             raw.data_version, tok_hash, max_length, labels.to_dict(), "parts-v1"
         )
@@ -184,14 +189,16 @@ def _fan_out(
     from finetune_assets.data.slices import WORKER_ENV
     from finetune_assets.launchers.fanout import FanOut, FanOutError, python_module
 
-    # DNS-1123 (a Kubernetes Job name): lower-case alphanumerics and "-", <= 52 characters, the run id kept
+    # DNS-1123 (a Kubernetes Job name): lower-case alphanumerics and "-", <= 52 characters, the run
+    # id kept
     name = re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{context.run.run_id[:8]}".lower())[-52:].strip("-")
+    # code: the same interpreter/image, cwd and PYTHONPATH
     job = FanOut(
         name=name,
         command=python_module("finetune_assets.data.slices", "work", "--spec", spec_url),
         count=count,
         env=dict(WORKER_ENV),
-    )  # code: the same interpreter/image, cwd and PYTHONPATH
+    )
     try:
         runner.run(job, context.log.info)
     except FanOutError as err:
@@ -199,9 +206,9 @@ def _fan_out(
 
 
 def _index_cache(context: dg.AssetExecutionContext, cache_url: str | None) -> dict:
-    """Merge this version's new cache segments into the cache's index, so the next version's lookups are one
-    binary search per row. The cache only speeds things up: a failed merge is a warning (the segments stay
-    searchable one by one), never a failed version.
+    """Merge this version's new cache segments into the cache's index, so the next version's lookups
+    are one binary search per row. The cache only speeds things up: a failed merge is a warning (the
+    segments stay searchable one by one), never a failed version.
     """
     if cache_url is None:
         return {}

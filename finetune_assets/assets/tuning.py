@@ -157,9 +157,8 @@ class _Trials:
             self.context.log.warning(f"trial {n} failed: {str(err)[:2000]}")
             raise tuning.TrainingFailedTrial(str(err)) from err
         finally:
-            _remove(
-                f"{folder}/output/model"
-            )  # a trial's weights are not kept (the winner is retrained)
+            # a trial's weights are not kept (the winner is retrained)
+            _remove(f"{folder}/output/model")
             _remove(f"{folder}/checkpoints")
 
     def _env(self) -> dict[str, str]:

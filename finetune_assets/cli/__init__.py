@@ -30,15 +30,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# values that may start with "-" ("-1=Negative,1=Positive")
 VALUE_FLAGS = (
     "--label-mapping",
     "--labels",
-)  # values that may start with "-" ("-1=Negative,1=Positive")
+)
 
 
 def _join_dash_values(argv: list[str]) -> list[str]:
-    """``--label-mapping -1=Negative`` as ``--label-mapping=-1=Negative``: argparse reads a value that
-    starts with ``-`` and is not a plain negative number as an option (and says "expected one argument").
+    """``--label-mapping -1=Negative`` as ``--label-mapping=-1=Negative``: argparse reads a value
+    that starts with ``-`` and is not a plain negative number as an option (and says "expected one
+    argument").
     """
     out: list[str] = []
     it = iter(argv)

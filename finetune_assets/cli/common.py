@@ -6,8 +6,9 @@ import os
 import time
 from pathlib import Path
 
-# == finetune_assets.storage.STORAGE_ROOT_ENV; not imported at module level (storage is Dagster-free but pulls
-# in fsspec), so `--help` stays fast; the commands import storage and contracts where they need them.
+# == finetune_assets.storage.STORAGE_ROOT_ENV; not imported at module level (storage is Dagster-free
+# but pulls in fsspec), so `--help` stays fast; the commands import storage and contracts where they
+# need them.
 ROOT_ENV = "FINETUNE_ASSETS_ROOT"
 
 
@@ -71,15 +72,16 @@ def open_instance():
         )
     check_writable_dir(home, f"DAGSTER_HOME {home}", "DAGSTER_HOME")
     home.mkdir(parents=True, exist_ok=True)
-    if not any(
-        home.iterdir()
-    ):  # a fresh home: an empty dagster.yaml means defaults, without Dagster's warning
+    # a fresh home: an empty dagster.yaml means defaults, without Dagster's warning
+    if not any(home.iterdir()):
         (home / "dagster.yaml").write_text("")
     return dg.DagsterInstance.get()
 
 
 def tracking_uri_of(args) -> str:
-    """The rule of ``finetune_assets.tracking``, its embedded store under the storage root (as MlflowResource)."""
+    """The rule of ``finetune_assets.tracking``, its embedded store under the storage root (as
+    MlflowResource).
+    """
     from finetune_assets.tracking import tracking_uri
 
     root = root_of(args)

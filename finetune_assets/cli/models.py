@@ -8,7 +8,9 @@ from finetune_assets.cli.common import CliError, root_of, tracking_uri_of
 
 
 def _normalize_model_uri(uri: str) -> str:
-    """``models:/name/champion`` -> ``models:/name@champion``; numeric versions and ``latest`` stay."""
+    """``models:/name/champion`` -> ``models:/name@champion``; numeric versions and ``latest``
+    stay.
+    """
     if uri.startswith("models:/") and "@" not in uri:
         name, _, ref = uri[len("models:/") :].rpartition("/")
         if name and ref and not ref.isdigit() and ref != "latest":
@@ -60,7 +62,8 @@ def _classifier_for_version(args):
 
         hint = (
             "it is registered but finetuned_model has not been materialized; run "
-            f"`dagster asset materialize -m finetune_assets.definitions --select '*' --partition {version}`"
+            "`dagster asset materialize -m finetune_assets.definitions --select '*' --partition "
+            f"{version}`"
             if read_version(storage, version) is not None
             else "it is not registered; see `finetune-assets versions list`"
         )
@@ -81,7 +84,9 @@ def _classifier_for_version(args):
 
 
 def _baseline_for_version(args):
-    """baseline_model[v]: TF-IDF + logistic regression, with the same ``predict`` as ``inference.Classifier``."""
+    """baseline_model[v]: TF-IDF + logistic regression, with the same ``predict`` as
+    ``inference.Classifier``.
+    """
     from finetune_assets.contracts import BASELINE_MODEL
     from finetune_assets.data.baseline import BaselineModel
     from finetune_assets.dataset_versions.partitions import validate_version_key
@@ -92,8 +97,10 @@ def _baseline_for_version(args):
     published = storage.current(BASELINE_MODEL, version)
     if published is None:
         raise CliError(
-            f"no baseline_model for dataset version {version!r} under {storage.root}; materialize it "
-            f"with `dagster asset materialize -m finetune_assets.definitions --select baseline_model "
+            f"no baseline_model for dataset version {version!r} under {storage.root}; "
+            "materialize it "
+            "with `dagster asset materialize -m finetune_assets.definitions --select "
+            "baseline_model "
             f"--partition {version}`"
         )
     with storage.local_copy(published.url) as local:

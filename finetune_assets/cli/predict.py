@@ -12,7 +12,9 @@ from finetune_assets.cli.models import load_classifier
 
 @dataclass
 class InputRow:
-    """One input to classify: where it came from, its text, and why it cannot be classified (if so)."""
+    """One input to classify: where it came from, its text, and why it cannot be classified (if
+    so).
+    """
 
     where: str
     text: str | None
@@ -32,7 +34,9 @@ def _check_text(row: InputRow) -> InputRow:
 
 
 def _refuse_binary_input(path: str, command: str) -> None:
-    """An image, spreadsheet or other binary file given as input: say what it is and how to get text."""
+    """An image, spreadsheet or other binary file given as input: say what it is and how to get
+    text.
+    """
     from finetune_assets.data.binary import refuse_binary
     from finetune_assets.data.sources import COMPRESSIONS, file_format
 
@@ -50,7 +54,9 @@ def _refuse_binary_input(path: str, command: str) -> None:
 
 
 def _rows_from_file(path: Path, column: str | None, encoding: str) -> tuple[list[InputRow], int]:
-    """Rows of --file, read by the same readers as dataset sources; (rows, blank lines skipped in TXT)."""
+    """Rows of --file, read by the same readers as dataset sources; (rows, blank lines skipped in
+    TXT).
+    """
     from finetune_assets.data.sources import (
         SourceError,
         SourceSpec,
@@ -135,9 +141,8 @@ def cmd_predict(args) -> int:
     if skipped:
         print(f"note: {skipped} blank line(s) skipped (one review per line)", file=sys.stderr)
     fmt = "jsonl" if args.json else args.format
-    if (
-        fmt == "auto"
-    ):  # a terminal gets readable columns; a pipe or file gets JSON lines, safe for any text
+    # a terminal gets readable columns; a pipe or file gets JSON lines, safe for any text
+    if fmt == "auto":
         fmt = "tsv" if sys.stdout.isatty() else "jsonl"
     classifier = load_classifier(args)
     todo = [r for r in rows if r.error is None]
@@ -194,7 +199,8 @@ def cmd_predict(args) -> int:
             print(f"{label}\t{score:.4f}\t{_escape_tsv(row.text)}")
     if errors:
         print(
-            f"error: {errors} of {len(rows)} input row(s) could not be classified (see the lines above)",
+            f"error: {errors} of {len(rows)} input row(s) could not be classified (see the lines "
+            "above)",
             file=sys.stderr,
         )
         return 1
@@ -240,11 +246,13 @@ def register(sub) -> None:
     pr = sub.add_parser(
         "predict",
         help="classify text with a trained model",
-        description="Classify text: prints label, score and text per input (JSON lines when piped, tab "
+        description="Classify text: prints label, score and text per input (JSON lines when "
+        "piped, tab "
         "separated on a terminal).",
         epilog="examples:\n"
         "  finetune-assets predict --version sample 'a fine product'\n"
-        "  finetune-assets predict --model-uri models:/review-classifier@champion --file reviews.csv\n"
+        "  finetune-assets predict --model-uri models:/review-classifier@champion --file "
+        "reviews.csv\n"
         "  cat reviews.txt | finetune-assets predict --model path/to/model --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -301,7 +309,8 @@ def register(sub) -> None:
         epilog="examples:\n"
         "  finetune-assets evaluate --version sample --file labelled.csv\n"
         "  finetune-assets evaluate --version sample --baseline --file labelled.csv --json\n"
-        "  finetune-assets evaluate --model-uri models:/review-classifier@champion --file test.jsonl",
+        "  finetune-assets evaluate --model-uri models:/review-classifier@champion --file "
+        "test.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     esrc = ev.add_argument_group("model (choose one)")

@@ -6,7 +6,9 @@ from finetune_assets.cli.common import CliError, open_storage, print_json, track
 
 
 def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
-    """What the first command ends with: rows, test scores of fine-tuned / baseline / majority, champion or not."""
+    """What the first command ends with: rows, test scores of fine-tuned / baseline / majority,
+    champion or not.
+    """
     from finetune_assets.contracts import (
         BASELINE_MODEL,
         FINETUNED_MODEL,
@@ -30,9 +32,8 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     out["splits"] = read_token_stats(tokens.url, storage.fs).splits if tokens else None
     try:
         result = read_training_result(model.url, storage.fs) if model else None
-    except (
-        FileNotFoundError
-    ):  # a model folder published without the trainer's result: no scores to show
+    # a model folder published without the trainer's result: no scores to show
+    except FileNotFoundError:
         result = None
     out["finetuned"] = (
         {"accuracy": result.accuracy, "macro_f1": result.macro_f1} if result else None
@@ -98,7 +99,8 @@ def format_summary(s: dict) -> str:
             else "no model holds @champion"
         )
         lines.append(
-            f"champion: no, {holder} ({s['gate_decision'] or 'the quality gate has not decided yet'})"
+            f"champion: no, {holder} "
+            f"({s['gate_decision'] or 'the quality gate has not decided yet'})"
         )
     else:
         lines.append(

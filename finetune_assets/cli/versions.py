@@ -58,7 +58,9 @@ def cmd_versions_add(args) -> int:
         query=args.query,
     )
     storage = open_storage(args, write=True)
-    try:  # source and label set are checked now: a bad or ambiguous one is refused before anything is written
+    # source and label set are checked now: a bad or ambiguous one is refused before anything is
+    # written
+    try:
         sampled = check_source(spec)
         spec = pin_source(spec)  # a Delta version, a SQL content hash: what the key names
         notes: list[str] = []
@@ -126,9 +128,8 @@ def cmd_versions_list(args) -> int:
         print_json(rows)
     else:
         for r in rows:
-            print(
-                f"{r['version']}\t{r['source'] or '(no source recorded)'}\t{r['registered_at'] or ''}".rstrip()
-            )
+            source = r["source"] or "(no source recorded)"
+            print(f"{r['version']}\t{source}\t{r['registered_at'] or ''}".rstrip())
     return 0
 
 
@@ -199,7 +200,8 @@ def version_status(instance, versions: Sequence[str], resolver) -> list[dict]:
     from finetune_assets.sensors import STATUS_TAG
 
     rows = []
-    # The graph as users see it in `versions status`: the unpartitioned base model, then per version.
+    # The graph as users see it in `versions status`: the unpartitioned base model, then per
+    # version.
     cells = [(None, PRETRAINED_MODEL)] + [(v, a) for v in versions for a in PARTITIONED_ASSETS]
     failed = {v: _failed_last_run(instance, v) for v in versions}
     for version, asset in cells:
@@ -223,16 +225,17 @@ def version_status(instance, versions: Sequence[str], resolver) -> list[dict]:
                 stale_because=stale,
             )
         elif version is not None and failed.get(version) is not None:
-            run = failed[
-                version
-            ]  # never materialized and the version's latest run failed: say so, not "missing"
+            # never materialized and the version's latest run failed: say so, not "missing"
+            run = failed[version]
             row.update(status="failed", run_id=run.run_id, detail=run.tags.get(STATUS_TAG, ""))
         rows.append(row)
     return rows
 
 
 def _failed_last_run(instance, version: str):
-    """The version's most recent run if it failed or was cancelled (the sensor's retry rule may tag it)."""
+    """The version's most recent run if it failed or was cancelled (the sensor's retry rule may
+    tag it).
+    """
     import dagster as dg
 
     records = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": version}), limit=1)
@@ -254,7 +257,8 @@ def cmd_versions_status(args) -> int:
     if unknown:
         raise CliError(
             f"dataset version(s) not registered: {', '.join(unknown)} "
-            f"(registered: {', '.join(known) or 'none'}; add one with `finetune-assets versions add`)"
+            f"(registered: {', '.join(known) or 'none'}; add one with `finetune-assets versions "
+            "add`)"
         )
     rows = version_status(instance, args.versions or known, stale_resolver(instance, root_of(args)))
     if args.json:
@@ -302,7 +306,8 @@ def register(sub) -> None:
     add.add_argument(
         "--replace",
         action="store_true",
-        help="point an already registered key at a different source (only if nothing is materialized)",
+        help="point an already registered key at a different source (only if nothing is "
+        "materialized)",
     )
     add.add_argument(
         "--labels",

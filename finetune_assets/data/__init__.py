@@ -1,1 +1,3 @@
-"""Pure data path (no Dagster): read and validate sources, tokenize, split, write shards, load models."""
+"""Pure data path (no Dagster): read and validate sources, tokenize, split, write shards, load
+models.
+"""

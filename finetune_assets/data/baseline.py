@@ -1,11 +1,12 @@
-"""The linear baseline every fine-tuned model must beat: TF-IDF word + character n-grams, logistic regression.
+"""The linear baseline every fine-tuned model must beat: TF-IDF word + character n-grams, logistic
+regression.
 
 Trained in seconds on CPU on the same train split and scored on the same frozen test split as the
-fine-tuned model, it answers "is the expensive model any good?" for any data and any base model: character
-n-grams need no vocabulary, so the baseline stays honest where a base model's tokenizer does not fit the
-language. Saved as plain arrays and JSON (``baseline.npz``: idf weights and coefficients; ``vocabulary.json``;
-``baseline.json``: recipe, labels, scores), so loading never unpickles code from the storage root and takes
-well under a second. No Dagster here.
+fine-tuned model, it answers "is the expensive model any good?" for any data and any base model:
+character n-grams need no vocabulary, so the baseline stays honest where a base model's tokenizer
+does not fit the language. Saved as plain arrays and JSON (``baseline.npz``: idf weights and
+coefficients; ``vocabulary.json``; ``baseline.json``: recipe, labels, scores), so loading never
+unpickles code from the storage root and takes well under a second. No Dagster here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ ANALYZERS = ("word", "char")
 
 @dataclass(frozen=True)
 class BaselineSettings:
-    """The baseline's recipe; ``class_weight`` balanced by default like the fine-tuned model (macro-F1 counts)."""
+    """The baseline's recipe; ``class_weight`` balanced by default like the fine-tuned model
+    (macro-F1 counts).
+    """
 
     word_ngrams: tuple[int, int] = (1, 2)
     char_ngrams: tuple[int, int] = (2, 5)
@@ -97,7 +100,8 @@ class BaselineModel:
         classes = set(labels)
         if len(classes) < 2:
             raise ValueError(
-                f"the baseline needs at least two classes in the training split, got {sorted(classes)}"
+                "the baseline needs at least two classes in the training split, got "
+                f"{sorted(classes)}"
             )
         # min_df counts documents: on a tiny split it must not remove every term
         if settings.min_df > 1 and len(texts) < 20 * settings.min_df:
@@ -108,13 +112,17 @@ class BaselineModel:
     def predict_labels(
         self, texts: Sequence[str], max_length: int | None = None, batch_size: int | None = None
     ) -> list[str]:
-        """The class per text; the signature of ``inference.Classifier.predict_labels`` (no tokenizer, no batches)."""
+        """The class per text; the signature of ``inference.Classifier.predict_labels`` (no
+        tokenizer, no batches).
+        """
         return [str(x) for x in self.pipeline.predict(list(texts))] if len(texts) else []
 
     def predict(
         self, texts: Sequence[str], max_length: int | None = None
     ) -> list[tuple[str, float, dict]]:
-        """(label, probability, probabilities by label) per text; ``max_length`` is ignored (no tokenizer)."""
+        """(label, probability, probabilities by label) per text; ``max_length`` is ignored (no
+        tokenizer).
+        """
         probs = self.pipeline.predict_proba(list(texts))
         classes = [str(c) for c in self.pipeline.classes_]
         out = []
@@ -156,7 +164,9 @@ class BaselineModel:
 
     @classmethod
     def load(cls, folder: Path, source: str | None = None) -> BaselineModel:
-        """Rebuild the fitted pipeline from arrays + vocabularies (``allow_pickle=False``: data only)."""
+        """Rebuild the fitted pipeline from arrays + vocabularies (``allow_pickle=False``: data
+        only).
+        """
         if not all((folder / f).is_file() for f in (MODEL_FILE, VOCAB_FILE, INFO_FILE)):
             raise FileNotFoundError(
                 f"{folder} lacks {MODEL_FILE}, {VOCAB_FILE} or {INFO_FILE}: "
@@ -194,8 +204,8 @@ def beats_baseline(
 ) -> Decision:
     """Promote only a model whose test macro-F1 is at least the baseline's plus ``margin``.
 
-    Both metric dicts come from the same frozen test split (``finetuned_model``'s ``metrics.json`` and
-    ``baseline_model``'s ``baseline.json``: ``macro_f1``); a tie passes at margin 0.
+    Both metric dicts come from the same frozen test split (``finetuned_model``'s ``metrics.json``
+    and ``baseline_model``'s ``baseline.json``: ``macro_f1``); a tie passes at margin 0.
     """
     challenger = float(challenger_metrics["macro_f1"])
     baseline = float(baseline_metrics["macro_f1"])

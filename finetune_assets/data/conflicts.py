@@ -1,13 +1,14 @@
 """Copies of one review with different labels: decided once every copy has been seen.
 
 ``majority`` (the default): with 3 or more copies and one label held by more than half of them, that
-label wins (a copy holding it is the accepted one, the others are ``duplicate`` / ``conflicting_duplicate``);
-otherwise every copy, the first included, is quarantined as ``conflicting_duplicate`` (no training on a
-coin flip). ``first``: the first copy read is kept, as before.
+label wins (a copy holding it is the accepted one, the others are ``duplicate`` /
+``conflicting_duplicate``); otherwise every copy, the first included, is quarantined as
+``conflicting_duplicate`` (no training on a coin flip). ``first``: the first copy read is kept, as
+before.
 
-Validation streams (the first copy is written before a later one is read), so the decision is a plan of
-edits by position applied afterwards (:func:`apply_plan`); it is empty, and costs nothing, when no
-review has conflicting copies.
+Validation streams (the first copy is written before a later one is read), so the decision is a plan
+of edits by position applied afterwards (:func:`apply_plan`); it is empty, and costs nothing, when
+no review has conflicting copies.
 """
 
 from __future__ import annotations
@@ -23,25 +24,24 @@ POLICIES = ("majority", "first")
 
 @dataclass
 class Plan:
-    """Edits by global row position (accepted: its index in the accepted rows; rejected: likewise)."""
+    """Edits by global row position (accepted: its index in the accepted rows; rejected:
+    likewise).
+    """
 
-    drop_accepted: dict[int, str] = field(
-        default_factory=dict
-    )  # accepted pos -> detail (quarantined)
-    promote: dict[int, str] = field(
-        default_factory=dict
-    )  # rejected pos -> class (becomes the accepted copy)
-    relabel: dict[int, tuple[str, str]] = field(
-        default_factory=dict
-    )  # rejected pos -> (reason, detail)
+    # accepted pos -> detail (quarantined)
+    drop_accepted: dict[int, str] = field(default_factory=dict)
+    # rejected pos -> class (becomes the accepted copy)
+    promote: dict[int, str] = field(default_factory=dict)
+    # rejected pos -> (reason, detail)
+    relabel: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.drop_accepted or self.promote or self.relabel)
 
 
 def decide(copies: Iterable[tuple[bytes, str, int, str]]) -> Plan:
-    """``copies``: (text hash, class, position, "a"ccepted / "r"ejected) of every copy of the reviews that
-    have copies with different classes; the accepted one is the first copy read.
+    """``copies``: (text hash, class, position, "a"ccepted / "r"ejected) of every copy of the
+    reviews that have copies with different classes; the accepted one is the first copy read.
     """
     by_key: dict[bytes, list[tuple[str, int, str]]] = {}
     for h, label, pos, kind in copies:
@@ -106,7 +106,9 @@ def accepted_after(
     moved: list[dict],
     rejected_schema: pa.Schema,
 ) -> Iterator[pa.Table]:
-    """The accepted rows without the ones the plan quarantines (appended to ``moved``), then ``promoted``."""
+    """The accepted rows without the ones the plan quarantines (appended to ``moved``), then
+    ``promoted``.
+    """
     pos = 0
     for table in accepted:
         n = table.num_rows
@@ -137,7 +139,9 @@ def accepted_after(
 def rejected_after(
     plan: Plan, rejected: Iterable[pa.Table], moved: list[dict], schema: pa.Schema
 ) -> Iterator[pa.Table]:
-    """The rejected rows relabelled by the plan, without the promoted ones, then the ``moved`` rows."""
+    """The rejected rows relabelled by the plan, without the promoted ones, then the ``moved``
+    rows.
+    """
     pos = 0
     for table in rejected:
         n = table.num_rows

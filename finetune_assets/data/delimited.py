@@ -14,17 +14,18 @@ that parses but has the wrong number of fields is reported whole (its boundaries
 Every physical line ends up in exactly one of: the header, a record, a reported bad record, or
 a blank line; :func:`split_records` checks that sum against ``text.count("\\n")``.
 
-Record boundaries are never guessed: a record equal to the header (``cat a.csv b.csv``) is reported as
-``header_row``; a record whose line end (LF or CRLF) differs from the records on both sides of it
+Record boundaries are never guessed: a record equal to the header (``cat a.csv b.csv``) is reported
+as ``header_row``; a record whose line end (LF or CRLF) differs from the records on both sides of it
 (CRLF, LF, CRLF) may be the first line of a multi-line review written without quotes, so it and the
-record after it are reported as ``ambiguous_line_end`` with their raw text rather than published as two
-reviews. A file that switches line ends for good (``cat windows.csv unix.csv``) costs nothing. (A bare
-CR inside a line is text, as in any reader.)
+record after it are reported as ``ambiguous_line_end`` with their raw text rather than published as
+two reviews. A file that switches line ends for good (``cat windows.csv unix.csv``) costs nothing.
+(A bare CR inside a line is text, as in any reader.)
 
-Streaming (a file too large for memory, :func:`finetune_assets.data.sources.iter_file`): the text comes in
-blocks; ``split_records(block, final=False)`` stops before the first record that may continue in the next
-block and says where (``consumed``); the caller prepends the rest to the next block and passes the result
-as ``after``, so the header, record numbers and line numbers continue exactly as in a whole-file read.
+Streaming (a file too large for memory, :func:`finetune_assets.data.sources.iter_file`): the text
+comes in blocks; ``split_records(block, final=False)`` stops before the first record that may
+continue in the next block and says where (``consumed``); the caller prepends the rest to the next
+block and passes the result as ``after``, so the header, record numbers and line numbers continue
+exactly as in a whole-file read.
 """
 
 from __future__ import annotations
@@ -114,15 +115,15 @@ def split_records(
 ) -> Records:
     """Every record of ``text`` (header first), good rows column-wise, bad records with their lines.
 
-    ``final=False``: ``text`` is one block of a longer file; a record whose parse reaches the end of ``text``
-    (it may go on in the next block) is left unparsed from ``consumed`` on. ``after``: the previous block's
-    result (its header, next line and record number are continued). A record still open after ``max_record``
-    characters is not carried on (memory stays bounded): it costs its first physical line, like any broken
-    record, so rows in still equal accepted + rejected; :class:`RecordTooLong` if that one line is longer.
+    ``final=False``: ``text`` is one block of a longer file; a record whose parse reaches the end of
+    ``text`` (it may go on in the next block) is left unparsed from ``consumed`` on. ``after``: the
+    previous block's result (its header, next line and record number are continued). A record still
+    open after ``max_record`` characters is not carried on (memory stays bounded): it costs its
+    first physical line, like any broken record, so rows in still equal accepted + rejected;
+    :class:`RecordTooLong` if that one line is longer.
     """
-    if (
-        final and after is None and "\n" not in text and "\r" in text
-    ):  # classic Mac line ends (old exports)
+    # classic Mac line ends (old exports)
+    if final and after is None and "\n" not in text and "\r" in text:
         text = text.replace("\r", "\n")
     match = _field_pattern(delimiter).match
     n = len(text)
@@ -190,9 +191,8 @@ def split_records(
             header_key = _header_key(fields)
             continue
         held, out.held = out.held, None
-        second = (
-            held is not None and term != held.line_end
-        )  # back to the line end before it (or EOF)
+        # back to the line end before it (or EOF)
+        second = held is not None and term != held.line_end
         if second:
             _ambiguous(out, held)
         odd = not second and term is not None and out.line_end != "" and term != out.line_end
@@ -254,9 +254,8 @@ def split_records(
             )
         out.line_end = term or out.line_end
         record_no += 1
-    if (
-        out is not None and out.held is not None and not final
-    ):  # decided by the next block: re-parse it
+    # decided by the next block: re-parse it
+    if out is not None and out.held is not None and not final:
         held, out.held = out.held, None
         _drop_last(out, held)
         pos, line, record_no, blank, out.line_end = (
@@ -287,7 +286,9 @@ _SECOND = (
 
 
 def _line_end(text: str, pos: int) -> str | None:
-    """The line end of a record whose next record starts at ``pos`` (None at the end of the text)."""
+    """The line end of a record whose next record starts at ``pos`` (None at the end of the
+    text).
+    """
     if pos > len(text) or text[pos - 1 : pos] != "\n":
         return None
     return "\r\n" if text[pos - 2 : pos - 1] == "\r" else "\n"
@@ -306,7 +307,9 @@ def _drop_last(out: Records, held: _Held) -> None:
 
 
 def _ambiguous(out: Records, held: _Held) -> None:
-    """The held record is one line of a review whose line break was taken for a record end: quarantined."""
+    """The held record is one line of a review whose line break was taken for a record end:
+    quarantined.
+    """
     if not held.good and out.bad[-1].reason == "header_row":
         return
     _drop_last(out, held)
@@ -330,8 +333,8 @@ def _header_key(fields: list[str]) -> list[str]:
 def _parse_record(
     text: str, pos: int, delimiter: str, match
 ) -> tuple[list[str], int, int, str | None, bool, bool]:
-    """One record with quotes in it: (fields, end of its content, next position, problem, last field quoted,
-    open end: the outcome depends on the end of ``text``, so more text could change it).
+    """One record with quotes in it: (fields, end of its content, next position, problem, last field
+    quoted, open end: the outcome depends on the end of ``text``, so more text could change it).
     """
     fields: list[str] = []
     while True:
@@ -360,11 +363,13 @@ def _parse_record(
             )
         else:
             problem = (
-                f"text after the closing quote of field {k} (an undoubled quote inside a quoted field, "
+                f"text after the closing quote of field {k} (an undoubled quote inside a quoted "
+                "field, "
                 "or a stray quote)"
             )
-        # A quote after a quoted field, or a field opening a quote, means the quoted pattern found no closing
-        # quote (it only backtracks after scanning to the end of the text): more text may close it.
+        # A quote after a quoted field, or a field opening a quote, means the quoted pattern found
+        # no closing quote (it only backtracks after scanning to the end of the text): more text may
+        # close it.
         return fields, end, end, problem, False, c == '"' and (quoted is not None or plain == "")
 
 

@@ -1,4 +1,5 @@
-"""Scores of a classifier on labelled texts: one definition for the baseline, the CLI and benchmark sets.
+"""Scores of a classifier on labelled texts: one definition for the baseline, the CLI and benchmark
+sets.
 
 Every macro-F1 outside the trainer comes from here (scikit-learn underneath), with the trainer's
 torchmetrics rule, so the numbers are comparable (a test checks the two on the same predictions).
@@ -18,13 +19,17 @@ class LabelSetMismatch(ValueError):
 
 
 def order_labels(names) -> list[str]:
-    """A label set in a stable order: the known classes in LABELS order, then others alphabetically."""
+    """A label set in a stable order: the known classes in LABELS order, then others
+    alphabetically.
+    """
     names = set(names)
     return [n for n in LABELS if n in names] + sorted(n for n in names if n not in LABELS)
 
 
 def scores(y_true: Sequence[str], y_pred: Sequence[str], labels: Sequence[str]) -> dict:
-    """accuracy, macro_f1, f1_per_class, confusion_matrix (rows true, columns predicted, in ``labels`` order)."""
+    """accuracy, macro_f1, f1_per_class, confusion_matrix (rows true, columns predicted, in
+    ``labels`` order).
+    """
     index = {name: i for i, name in enumerate(labels)}
     unknown = sorted({y for y in [*y_true, *y_pred] if y not in index})
     if unknown:
@@ -82,16 +87,16 @@ def majority_scores(
 def map_labels(
     raw: Sequence[str | None], mapping: dict[str, str] | None, labels: Sequence[str], where: str
 ) -> list[str]:
-    """Raw labels of a labelled file -> the model's label names; refuses (naming them) labels it cannot predict.
+    """Raw labels of a labelled file -> the model's label names; refuses (naming them) labels it
+    cannot predict.
 
     A label already in ``labels`` stays; otherwise ``mapping`` over the default one (1/-1/0 and
     names; exact, then lower-case, then as a number: ``1.0`` == ``1``) decides.
     Nothing is dropped: one unknown label refuses the whole file, because a score on a silently
     shrunk set is a different benchmark.
     """
-    defaults = {
-        k: v for k, v in DEFAULT_LABEL_MAPPING.items() if v in labels
-    }  # 1/-1/0 only where they fit
+    # 1/-1/0 only where they fit
+    defaults = {k: v for k, v in DEFAULT_LABEL_MAPPING.items() if v in labels}
     try:
         label_set = LabelSet(tuple(labels), {**defaults, **(mapping or {})})
     except LabelError as err:
@@ -109,7 +114,8 @@ def map_labels(
             f"{k!r} ({n} rows)" for k, n in sorted(unknown.items(), key=lambda kv: -kv[1])[:10]
         )
         raise LabelSetMismatch(
-            f"{where}: labels {shown} do not match the model's label set {list(labels)}; map them with "
+            f"{where}: labels {shown} do not match the model's label set {list(labels)}; map "
+            "them with "
             '--label-mapping \'{"raw": "Class", ...}\' (or score a model trained on these labels)'
         )
     return out

@@ -1,7 +1,8 @@
 """A label set: a version's ordered class names and how raw label values map to them.
 
-What every step downstream follows (label ids, the model head's ``id2label``, class weights, metrics,
-the registered model's name). How a source's set is inferred or given: :mod:`finetune_assets.data.labels`.
+What every step downstream follows (label ids, the model head's ``id2label``, class weights,
+metrics, the registered model's name). How a source's set is inferred or given:
+:mod:`finetune_assets.data.labels`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from finetune_assets.data.label_values import is_missing, label_key, shown
 
 MAX_CLASSES = 127  # label ids are stored as int8
 
-# The seed's classes, in the order of ``arbml/arabic_100k_reviews``: the set of numeric 1 / -1 / 0 data.
+# The seed's classes, in the order of ``arbml/arabic_100k_reviews``: the set of numeric 1 / -1 / 0
+# data.
 LABELS: tuple[str, ...] = ("Positive", "Negative", "Mixed")
 LABEL2ID: dict[str, int] = {name: i for i, name in enumerate(LABELS)}
 ID2LABEL: dict[int, str] = dict(enumerate(LABELS))
@@ -30,8 +32,8 @@ DEFAULT_LABEL_MAPPING: dict[str, str] = {
     "neutral": "Mixed",
 }
 
-# Known sentiment classes (keys of label_values.SYNONYMS), most negative first; a text label set made
-# only of these is ordered by it.
+# Known sentiment classes (keys of label_values.SYNONYMS), most negative first; a text label set
+# made only of these is ordered by it.
 POLARITY_ORDER: tuple[str, ...] = (
     "very negative",
     "negative",
@@ -41,7 +43,8 @@ POLARITY_ORDER: tuple[str, ...] = (
     "very positive",
 )
 STAR_NAMES: tuple[str, ...] = ("1 star", "2 stars", "3 stars", "4 stars", "5 stars")
-# The documented one-flag mapping of star ratings to three sentiment classes (README, "Star ratings").
+# The documented one-flag mapping of star ratings to three sentiment classes (README, "Star
+# ratings").
 STARS_TO_SENTIMENT: dict[str, str] = {
     "1": "Negative",
     "2": "Negative",
@@ -55,7 +58,9 @@ MAPPING_FLAG = "--label-mapping"
 
 
 class LabelError(ValueError):
-    """A label set that cannot be used or inferred; the message names the values and the flag that fixes it."""
+    """A label set that cannot be used or inferred; the message names the values and the flag
+    that fixes it.
+    """
 
 
 normalize_value = label_key  # the identity of a raw label value (label_values module docstring)
@@ -70,7 +75,8 @@ def class_name(raw: str) -> str:
 
 @dataclass(frozen=True)
 class LabelSet:
-    """Ordered class names (id = position) and raw value -> name (keys normalized, see :func:`normalize_value`).
+    """Ordered class names (id = position) and raw value -> name (keys normalized, see
+    :func:`normalize_value`).
 
     A raw value equal to a class name (case-insensitively) maps to it without a mapping entry.
     """
@@ -108,7 +114,8 @@ class LabelSet:
         unknown = sorted({v for v in mapping.values() if v not in names})
         if unknown:
             raise LabelError(
-                f"the label mapping maps to {unknown}, which are not among the labels {list(names)}; "
+                f"the label mapping maps to {unknown}, which are not among the labels "
+                f"{list(names)}; "
                 f"add them to {LABELS_FLAG} or fix {MAPPING_FLAG}"
             )
         object.__setattr__(self, "names", names)
@@ -127,7 +134,9 @@ class LabelSet:
         return {n: i for i, n in enumerate(self.names)}
 
     def map(self, raw: str | None) -> str | None:
-        """The class of a raw label value, or None when it is not in the set (the row is quarantined)."""
+        """The class of a raw label value, or None when it is not in the set (the row is
+        quarantined).
+        """
         if is_missing(raw):
             return None
         key = label_key(raw)
@@ -139,7 +148,9 @@ class LabelSet:
         return None
 
     def with_mapping(self, mapping: Mapping[str, str]) -> LabelSet:
-        """The same classes with another raw-value mapping (a per-run override of the mapping only)."""
+        """The same classes with another raw-value mapping (a per-run override of the mapping
+        only).
+        """
         return LabelSet(self.names, mapping)
 
     def to_dict(self) -> dict[str, object]:
@@ -150,7 +161,9 @@ class LabelSet:
         return cls(tuple(obj["names"]), dict(obj.get("mapping") or {}))  # type: ignore[arg-type]
 
     def fingerprint(self) -> str:
-        """Hash of names (in order) and mapping: part of a version's identity and its data version."""
+        """Hash of names (in order) and mapping: part of a version's identity and its data
+        version.
+        """
         body = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
@@ -166,8 +179,8 @@ STARS_LABEL_SET = LabelSet(STAR_NAMES, {str(i): name for i, name in enumerate(ST
 
 
 def labels_from_metadata(metadata: Mapping[str, object] | None) -> LabelSet:
-    """The label set a publication (``raw_reviews`` and what is built from it) records in its metadata;
-    the seed's classes for publications made before label sets.
+    """The label set a publication (``raw_reviews`` and what is built from it) records in its
+    metadata; the seed's classes for publications made before label sets.
     """
     labels = (metadata or {}).get("labels")
     return LabelSet.from_dict(labels) if labels else DEFAULT_LABEL_SET  # type: ignore[arg-type]
@@ -177,19 +190,19 @@ def registered_model_name(base: str, labels: LabelSet) -> str:
     """The MLflow registered model of a label set: one per set of class names, so a champion is only
     ever compared with challengers that predict the same classes.
 
-    The seed's three classes keep ``base`` (existing champions stay where they are); any other set is
-    ``{base}-{names}`` with the class names sorted, lower-cased, spaces as ``_`` (``review-classifier-negative-
-    positive``, ``review-classifier-1_star-2_stars-3_stars-4_stars-5_stars``), plus a short hash when other
-    characters or the length could make two sets collide. The order of the
-    names does not matter: the gate maps a model's outputs to classes by name.
+    The seed's three classes keep ``base`` (existing champions stay where they are); any other set
+    is ``{base}-{names}`` with the class names sorted, lower-cased, spaces as ``_``
+    (``review-classifier-negative- positive``,
+    ``review-classifier-1_star-2_stars-3_stars-4_stars-5_stars``), plus a short hash when other
+    characters or the length could make two sets collide. The order of the names does not matter:
+    the gate maps a model's outputs to classes by name.
     """
     names = sorted(labels.names, key=str.casefold)
     if {n.casefold() for n in names} == {n.casefold() for n in LABELS}:
         return base
     slug = "-".join(re.sub(r"[^a-z0-9]+", "_", n.casefold()).strip("_") or "_" for n in names)
-    exact = all(
-        re.fullmatch(r"[A-Za-z0-9]+( [A-Za-z0-9]+)*", n) for n in names
-    )  # slug maps back uniquely
+    # slug maps back uniquely
+    exact = all(re.fullmatch(r"[A-Za-z0-9]+( [A-Za-z0-9]+)*", n) for n in names)
     if not exact or len(slug) > 80:
         digest = hashlib.sha256("\x00".join(n.casefold() for n in names).encode()).hexdigest()[:8]
         slug = f"{slug[:80]}-{digest}"

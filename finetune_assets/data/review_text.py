@@ -1,4 +1,5 @@
-"""The identity of a review's text: what duplicate detection, emptiness and the split are decided on.
+"""The identity of a review's text: what duplicate detection, emptiness and the split are decided
+on.
 
 :func:`normalize_text` (invisible code points removed, NFKC, case-folded, whitespace collapsed) is a
 review's identity; :func:`text_key` hashes it for the duplicate index; :func:`split_key` is coarser
@@ -19,7 +20,8 @@ from finetune_assets.contracts import SPLITS
 # Code points removed before validation and duplicate detection (documented in docs/reliability.md):
 # format characters (Unicode category Cf: zero-width space/joiners, LRM/RLM, bidi embeddings and
 # isolates, word joiner, BOM, soft hyphen, Arabic letter mark ...), control characters other than
-# whitespace (Cc), variation selectors, and the blank fillers U+115F, U+1160, U+3164, U+FFA0, U+2800.
+# whitespace (Cc), variation selectors, and the blank fillers U+115F, U+1160, U+3164, U+FFA0,
+# U+2800.
 _INVISIBLE = re.compile(
     "[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f"  # Cc that is not whitespace
     "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
@@ -30,8 +32,8 @@ _INVISIBLE = re.compile(
 )
 
 
-# Cells that spreadsheets, pandas, R and database dumps write for "no value" (pyarrow's list, plus \\N):
-# a review that is only one of these is empty, not a review.
+# Cells that spreadsheets, pandas, R and database dumps write for "no value" (pyarrow's list, plus
+# \\N): a review that is only one of these is empty, not a review.
 NULL_MARKERS = frozenset(
     {
         "#N/A",
@@ -57,7 +59,8 @@ NULL_MARKERS = frozenset(
 
 
 def normalize_text(text: str) -> str:
-    """The identity of a review: invisible code points removed, NFKC, case-folded, whitespace collapsed.
+    """The identity of a review: invisible code points removed, NFKC, case-folded, whitespace
+    collapsed.
 
     Used for emptiness, duplicate detection and split assignment, so a review prefixed with a
     right-to-left mark is the same review (same split) as the plain one.
@@ -69,15 +72,17 @@ _NON_WORD = re.compile(r"[\W_]+")
 
 
 def split_key(normalized: str) -> str:
-    """Coarser than duplicate detection: everything but letters and digits removed (punctuation, spacing,
-    symbols, combining marks), so ``Great, phone!`` and ``great phone`` share a split though both are
-    kept; a review without letters or digits keeps its text.
+    """Coarser than duplicate detection: everything but letters and digits removed (punctuation,
+    spacing, symbols, combining marks), so ``Great, phone!`` and ``great phone`` share a split
+    though both are kept; a review without letters or digits keeps its text.
     """
     return _NON_WORD.sub("", normalized) or normalized
 
 
 def text_key(normalized: str) -> bytes:
-    """The duplicate-detection identity of a review: a 16-byte hash of its normalized text (never the text)."""
+    """The duplicate-detection identity of a review: a 16-byte hash of its normalized text (never
+    the text).
+    """
     return hashlib.blake2b(normalized.encode(), digest_size=16).digest()
 
 
@@ -121,7 +126,9 @@ class SplitRule:
 
 
 def split_column(accepted: pa.Table) -> pa.Array:
-    """The ``split`` column raw_reviews stored (dictionary-encoded); a table without one is an error."""
+    """The ``split`` column raw_reviews stored (dictionary-encoded); a table without one is an
+    error.
+    """
     if "split" not in accepted.column_names:
         raise ValueError(
             "the reviews have no 'split' column: they must come from raw_reviews (data.validate), "

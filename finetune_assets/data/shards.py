@@ -22,13 +22,15 @@ COMPRESSION = "zstd"
 
 
 def streaming_module(name: str):
-    """``importlib.import_module(name)`` for a ``streaming.base`` module, without running the package ``__init__``s.
+    """``importlib.import_module(name)`` for a ``streaming.base`` module, without running the
+    package ``__init__``s.
 
-    ``streaming/__init__`` eagerly imports its text, vision and multimodal datasets, which load transformers
-    and scikit-learn: 5.6 s and ~1 GB per process, measured here, against 1.6 s and ~0.5 GB for what the MDS
-    writer, ``merge_index`` and ``StreamingDataset`` need. Every shard worker and the shard step pay it, so
-    the two packages are registered bare just for this import and removed after it: the loaded modules
-    stay (the same objects a later plain ``import streaming`` finds), no bare package is left behind.
+    ``streaming/__init__`` eagerly imports its text, vision and multimodal datasets, which load
+    transformers and scikit-learn: 5.6 s and ~1 GB per process, measured here, against 1.6 s and
+    ~0.5 GB for what the MDS writer, ``merge_index`` and ``StreamingDataset`` need. Every shard
+    worker and the shard step pay it, so the two packages are registered bare just for this import
+    and removed after it: the loaded modules stay (the same objects a later plain ``import
+    streaming`` finds), no bare package is left behind.
     """
     import importlib
     import importlib.util
@@ -42,9 +44,8 @@ def streaming_module(name: str):
             )
             bare.append(package)
     try:
-        importlib.import_module(
-            "streaming.base.format"
-        )  # first, as streaming.base does: util <-> format is circular
+        # first, as streaming.base does: util <-> format is circular
+        importlib.import_module("streaming.base.format")
         return importlib.import_module(name)
     finally:
         for package in bare:
@@ -96,8 +97,9 @@ def write_split(
 
 
 def write_split_stats(out_dir: Path, labels: np.ndarray) -> SplitStats:
-    """``split_stats.json`` beside the split's index.json (StreamingDataset ignores files it does not index):
-    samples and samples per label id, computed once where the labels are at hand; the trainer config carries them.
+    """``split_stats.json`` beside the split's index.json (StreamingDataset ignores files it does
+    not index): samples and samples per label id, computed once where the labels are at hand; the
+    trainer config carries them.
     """
     ids, counts = np.unique(np.asarray(labels, dtype=np.int64), return_counts=True)
     stats = SplitStats(
@@ -127,7 +129,8 @@ def write_splits(
 
 
 def open_streaming_dataset(attempts: int = 8, **kwargs):
-    """``StreamingDataset(**kwargs)``, retried when another process on this host grabs the same shared-memory prefix.
+    """``StreamingDataset(**kwargs)``, retried when another process on this host grabs the same
+    shared-memory prefix.
 
     streaming registers a prefix per node: every rank scans for the first free one, the local leader
     creates it, the other local ranks check it, with process-group barriers between the steps (and
@@ -152,9 +155,8 @@ def open_streaming_dataset(attempts: int = 8, **kwargs):
     dataset = None
     for attempt in range(attempts):
         failed = False
-        if (
-            dataset is not None
-        ):  # this node already has its dataset: join the barriers of a retrying node
+        # this node already has its dataset: join the barriers of a retrying node
+        if dataset is not None:
             for _ in range(3):
                 dist.barrier()
         else:
@@ -207,9 +209,8 @@ def read_back_count(split_dir: Path) -> int:
     import tempfile
 
     index = json.loads((split_dir / "index.json").read_text())
-    if not index.get(
-        "shards"
-    ):  # an empty split (tiny versions): StreamingDataset refuses to open it
+    # an empty split (tiny versions): StreamingDataset refuses to open it
+    if not index.get("shards"):
         return 0
     with tempfile.TemporaryDirectory(prefix="mds-readback-") as cache:
         ds = open_streaming_dataset(remote=str(split_dir), local=cache, shuffle=False, batch_size=1)

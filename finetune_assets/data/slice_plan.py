@@ -1,7 +1,8 @@
-"""Slice plans and their specs: what each slice worker (:mod:`finetune_assets.data.slices`) reads and writes.
+"""Slice plans and their specs: what each slice worker (:mod:`finetune_assets.data.slices`) reads
+and writes.
 
-Specs travel as JSON through storage (the asset writes one, each worker reads it); a part appears whole
-or not at all (:func:`writing`). Dagster-free (test_layers.py).
+Specs travel as JSON through storage (the asset writes one, each worker reads it); a part appears
+whole or not at all (:func:`writing`). Dagster-free (test_layers.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by the fan-out runner, as a Kubernetes
 PARTS = TOKEN_PARTS_DIR
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 # EX_TEMPFAIL (sysexits.h): a transient I/O error (object store 503, reset, timeout); the Kubernetes
-# fan-out retries the index for it (launchers/k8s/failures.py) instead of failing it as a code error.
+# fan-out retries the index for it (launchers/k8s/failures.py) instead of failing it as a code
+# error.
 TRANSIENT_EXIT_CODE = 75
 
 
@@ -61,9 +63,8 @@ class TokenizeSpec:
 class ShardsSpec:
     tokens: str  # URL of the tokenized_reviews attempt (its parts/)
     out: str  # staging URL of the mds_shards attempt
-    groups: list[
-        list[int]
-    ]  # per index: the token parts [start, stop) it writes, one sub-dataset per part
+    # per index: the token parts [start, stop) it writes, one sub-dataset per part
+    groups: list[list[int]]
     size_limit: str | int = "64mb"
     stage: str = "shards"
 
@@ -77,9 +78,10 @@ SHARD_ROWS_PER_WORKER = 32_000
 
 
 def group_parts(parts: int, workers: int, rows: int | None = None) -> list[list[int]]:
-    """Contiguous ranges of parts (slices), one per worker: a worker pays its imports once, however many parts
-    it takes. Shard workers pass ``rows``: streaming's import is worth a second worker only from
-    :data:`SHARD_ROWS_PER_WORKER` rows each. Parts are about equal in rows (:func:`plan_slices`).
+    """Contiguous ranges of parts (slices), one per worker: a worker pays its imports once, however
+    many parts it takes. Shard workers pass ``rows``: streaming's import is worth a second worker
+    only from :data:`SHARD_ROWS_PER_WORKER` rows each. Parts are about equal in rows
+    (:func:`plan_slices`).
     """
     useful = workers if rows is None else max(1, rows // SHARD_ROWS_PER_WORKER)
     count = max(1, min(parts, workers, useful))
@@ -88,8 +90,9 @@ def group_parts(parts: int, workers: int, rows: int | None = None) -> list[list[
 
 
 def plan_slices(row_group_rows: list[int], workers: int, slice_rows: int) -> list[list[int]]:
-    """Contiguous row-group ranges of about equal rows: at least ``workers`` (all cores busy), at most
-    ``slice_rows`` rows each where row groups allow (a worker's memory), never more than the row groups.
+    """Contiguous row-group ranges of about equal rows: at least ``workers`` (all cores busy), at
+    most ``slice_rows`` rows each where row groups allow (a worker's memory), never more than the
+    row groups.
 
     The count is a multiple of ``workers`` where row groups allow, so no worker idles through a last
     round (5 slices on 2 workers would leave one core idle for a fifth of the step).
@@ -105,9 +108,8 @@ def plan_slices(row_group_rows: list[int], workers: int, slice_rows: int) -> lis
     cuts = [0]
     for k in range(1, count):
         target = total * k / count
-        i = int(
-            np.searchsorted(cum, target)
-        )  # cum[i - 1] < target <= cum[i]: cut at the nearer boundary
+        # cum[i - 1] < target <= cum[i]: cut at the nearer boundary
+        i = int(np.searchsorted(cum, target))
         if i > 0 and target - cum[i - 1] < cum[min(i, groups)] - target:
             i -= 1
         cuts.append(min(max(i, cuts[-1] + 1), groups - (count - k)))
@@ -142,13 +144,13 @@ def read_part_stats(out: str, count: int) -> list[dict]:
     return stats
 
 
-# -- output helpers: a part appears whole or not at all --------------------------------------------------
+# -- output helpers: a part appears whole or not at all --------------------------------------------
 @contextlib.contextmanager
 def writing(url: str):
     """A local path to write ``url``'s content to; on success it replaces ``url`` in one step.
 
-    Local: a hidden temp file in the target folder (same filesystem), then ``os.replace``. Remote: a temp
-    file, then one upload (atomic on object stores). On failure nothing appears at ``url``.
+    Local: a hidden temp file in the target folder (same filesystem), then ``os.replace``. Remote: a
+    temp file, then one upload (atomic on object stores). On failure nothing appears at ``url``.
     """
     fs, path = fsspec.core.url_to_fs(url)
     local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)

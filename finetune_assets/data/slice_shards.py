@@ -1,5 +1,5 @@
-"""The shard slice worker (token parts -> one MDS sub-dataset per part and split) and the merge of the
-parts' indexes into one dataset per split. Dagster-free (test_layers.py).
+"""The shard slice worker (token parts -> one MDS sub-dataset per part and split) and the merge of
+the parts' indexes into one dataset per split. Dagster-free (test_layers.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from finetune_assets.data.slice_plan import (
 
 
 def shard_slice(spec: ShardsSpec, index: int, log=print) -> list[dict]:
-    """Index ``index`` of a shards fan-out: each of its token parts becomes its own MDS sub-dataset."""
+    """Index ``index`` of a shards fan-out: each of its token parts becomes its own MDS
+    sub-dataset.
+    """
     return [shard_part(spec, part, log) for part in range(*spec.groups[index])]
 
 
@@ -100,7 +102,9 @@ def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
 
 
 class _MergeNotices(logging.Filter):
-    """merge_index's two notices per split (its temp folder; the output folder exists, which it must)."""
+    """merge_index's two notices per split (its temp folder; the output folder exists, which it
+    must).
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -109,7 +113,9 @@ class _MergeNotices(logging.Filter):
 
 @contextlib.contextmanager
 def _quiet_merge_notices():
-    """Drop only those notices, only during the merge, on the two loggers streaming emits them on."""
+    """Drop only those notices, only during the merge, on the two loggers streaming emits them
+    on.
+    """
     loggers = [logging.getLogger(), logging.getLogger("streaming.base.storage.upload")]
     drop = _MergeNotices()
     for logger in loggers:
@@ -122,11 +128,12 @@ def _quiet_merge_notices():
 
 
 def merge_shards(out: str, local_dir: Path, count: int) -> dict[str, dict]:
-    """Join the slices' MDS sub-datasets into one dataset per split with ``streaming.base.util.merge_index``.
+    """Join the slices' MDS sub-datasets into one dataset per split with
+    ``streaming.base.util.merge_index``.
 
-    The merged ``{split}/index.json`` (and ``split_stats.json``) is written into ``local_dir`` (the publish
-    staging folder); shard basenames become ``{i:05d}/shard...``, in slice order. Returns per split:
-    samples, shards, bytes, label_counts (summed from the parts' stats).
+    The merged ``{split}/index.json`` (and ``split_stats.json``) is written into ``local_dir`` (the
+    publish staging folder); shard basenames become ``{i:05d}/shard...``, in slice order. Returns
+    per split: samples, shards, bytes, label_counts (summed from the parts' stats).
     """
     from finetune_assets.data.shards import streaming_module
 

@@ -1,4 +1,5 @@
-"""The tokenize slice worker: row groups of ``reviews.parquet`` -> one token part (+ its stats JSON).
+"""The tokenize slice worker: row groups of ``reviews.parquet`` -> one token part (+ its stats
+JSON).
 
 Cached rows come from the token cache (searched memory-mapped), the others are tokenized and added
 to it as one segment when the slice is done. Dagster-free (test_layers.py).
@@ -22,14 +23,13 @@ from finetune_assets.data.validate import split_column
 
 
 def tokenize_group(spec: TokenizeSpec, index: int, log=print) -> list[dict]:
-    """Index ``index`` of a tokenize fan-out: its slices one after the other, each its own part (a worker
-    pays its imports once, however many slices it takes; a slice bounds its memory).
+    """Index ``index`` of a tokenize fan-out: its slices one after the other, each its own part (a
+    worker pays its imports once, however many slices it takes; a slice bounds its memory).
     """
     from finetune_assets.data.token_cache import TokenCache
 
-    cache = (
-        TokenCache(spec.cache) if spec.cache else None
-    )  # one per worker: a remote index is downloaded once
+    # one per worker: a remote index is downloaded once
+    cache = TokenCache(spec.cache) if spec.cache else None
     return [tokenize_slice(spec, i, log, cache) for i in spec.slices_of(index)]
 
 
@@ -52,7 +52,8 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print, cache=None) -> dic
     fs, path = fsspec.core.url_to_fs(spec.reviews)
     with fs.open(path, "rb") as raw_file:
         reviews = pq.ParquetFile(raw_file)
-        # A cache with no segment yet (a first version) is not looked up: no first pass over the texts.
+        # A cache with no segment yet (a first version) is not looked up: no first pass over the
+        # texts.
         hits = None
         if cache is not None and cache.has_segments():
             keys = np.concatenate(
@@ -73,7 +74,8 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print, cache=None) -> dic
         hist = np.zeros(0, dtype=np.int64)
         split_counts = dict.fromkeys(SPLITS, 0)
         row = new_count = 0
-        # rows tokenized anew go to the cache batch by batch, published as one segment when the slice is done
+        # rows tokenized anew go to the cache batch by batch, published as one segment when the
+        # slice is done
         with (
             writing(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local,
             cache.segment() if cache is not None else contextlib.nullcontext() as segment,
@@ -146,6 +148,7 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print, cache=None) -> dic
     }
     _put_json(f"{spec.out}/{PARTS}/{part_name(index)}.json", stats)
     log(
-        f"slice {index}: {row} rows tokenized ({stats['reused']} from the cache) in {stats['seconds']} s"
+        f"slice {index}: {row} rows tokenized ({stats['reused']} from the cache) in "
+        f"{stats['seconds']} s"
     )
     return stats

@@ -1,27 +1,32 @@
-"""Slice workers: tokenization and MDS shard writing over slices of a version, one process (or pod) per slice.
+"""Slice workers: tokenization and MDS shard writing over slices of a version, one process (or pod)
+per slice.
 
-    python -m finetune_assets.data.slices work --spec URL      # the slice index comes from $JOB_COMPLETION_INDEX
+    # the slice index comes from $JOB_COMPLETION_INDEX
+    python -m finetune_assets.data.slices work --spec URL
 
-The asset plans the slices (:func:`plan_slices`), writes a spec JSON into its staging attempt and fans the
-command out (``launchers/fanout.py``: local subprocesses or a Kubernetes Indexed Job). Workers read and
-write only through storage URLs (fsspec), one part per slice, a re-run slice overwriting its own part:
+The asset plans the slices (:func:`plan_slices`), writes a spec JSON into its staging attempt and
+fans the command out (``launchers/fanout.py``: local subprocesses or a Kubernetes Indexed Job).
+Workers read and write only through storage URLs (fsspec), one part per slice, a re-run slice
+overwriting its own part:
 
-- ``tokenize``: row groups ``[start, stop)`` of ``reviews.parquet`` -> ``{out}/parts/{i:05d}.arrow`` (token
-  ids, lengths, label id, split) + ``{i:05d}.json`` (counts, token-length histogram, cache reuse).
-- ``shards``: token parts ``[start, stop)`` -> one MDS sub-dataset per part and split, ``{out}/{split}/{part:05d}/``
-  (a worker takes several parts: streaming's import costs seconds), then the asset
-  joins them with streaming's ``merge_index`` into ``{out}/{split}/index.json`` (as llm-foundry's converters do).
+- ``tokenize``: row groups ``[start, stop)`` of ``reviews.parquet`` -> ``{out}/parts/{i:05d}.arrow``
+  (token ids, lengths, label id, split) + ``{i:05d}.json`` (counts, token-length histogram, cache
+  reuse).
+- ``shards``: token parts ``[start, stop)`` -> one MDS sub-dataset per part and split,
+  ``{out}/{split}/{part:05d}/`` (a worker takes several parts: streaming's import costs seconds),
+  then the asset joins them with streaming's ``merge_index`` into ``{out}/{split}/index.json`` (as
+  llm-foundry's converters do).
 
 **Order.** Slices are contiguous ranges of ``reviews.parquet`` row groups and each worker keeps row
-order, so part ``i`` precedes part ``i + 1`` and a split's samples are in ``reviews.parquet`` row order
-whatever the number of slices or workers: the same samples in the same order (shard boundaries differ).
+order, so part ``i`` precedes part ``i + 1`` and a split's samples are in ``reviews.parquet`` row
+order whatever the number of slices or workers: the same samples in the same order (shard boundaries
+differ).
 
-**Memory.** A worker holds one slice's keys and cached tokens plus one batch, bounded by ``slice_rows``
-and ``batch_size``, not by the version's size; the token cache's index is searched memory-mapped (page
-cache, only the pages its binary searches touch), never loaded. One process per core: the fast
-tokenizer's own thread pool is switched off (``TOKENIZERS_PARALLELISM=false``), parallelism comes from
-the workers.
-Dagster-free (test_layers.py).
+**Memory.** A worker holds one slice's keys and cached tokens plus one batch, bounded by
+``slice_rows`` and ``batch_size``, not by the version's size; the token cache's index is searched
+memory-mapped (page cache, only the pages its binary searches touch), never loaded. One process per
+core: the fast tokenizer's own thread pool is switched off (``TOKENIZERS_PARALLELISM=false``),
+parallelism comes from the workers. Dagster-free (test_layers.py).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import argparse
 import os
 import sys
 
-# The pieces live in slice_plan / slice_tokenize / slice_shards; callers use them through this module.
+# The pieces live in slice_plan / slice_tokenize / slice_shards; callers use them through this
+# module.
 from finetune_assets.data.slice_plan import (
     INDEX_ENV,
     PARTS,

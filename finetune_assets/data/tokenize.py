@@ -1,4 +1,5 @@
-"""Batched fast-tokenizer encoding into unpadded token ids; the split comes with the rows from raw_reviews.
+"""Batched fast-tokenizer encoding into unpadded token ids; the split comes with the rows from
+raw_reviews.
 
 Padding is the trainer's job (per batch, to the longest sequence), so nothing is stored padded.
 Texts are encoded in full and truncated here, which keeps the original length for the
@@ -30,8 +31,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
 def truncate_keeping_specials(
     ids: np.ndarray, special_mask: list[int], max_length: int
 ) -> np.ndarray:
-    """Cut the text, not the model's own special tokens: leading specials (``[CLS]``, ``<s>``) + as much
-    text as fits + trailing specials (``[SEP]``, ``</s>``), whatever the tokenizer's post-processor added.
+    """Cut the text, not the model's own special tokens: leading specials (``[CLS]``, ``<s>``) + as
+    much text as fits + trailing specials (``[SEP]``, ``</s>``), whatever the tokenizer's
+    post-processor added.
     """
     if len(ids) <= max_length:
         return ids
@@ -59,7 +61,9 @@ def tokenize_table(
     progress: Callable[[int, int], None] | None = None,
     labels: LabelSet = DEFAULT_LABEL_SET,
 ) -> pa.Table:
-    """``accepted`` (text, label, split) -> input_ids (list of uint), length, label (int8 id in ``labels``), split."""
+    """``accepted`` (text, label, split) -> input_ids (list of uint), length, label (int8 id in
+    ``labels``), split.
+    """
     if max_length < 2:
         raise ValueError("max_length must be at least 2 (room for [CLS] and [SEP])")
     backend = tokenizer.backend_tokenizer
@@ -85,10 +89,12 @@ def tokenize_table(
 def encode_texts(
     backend, texts: list[str], max_length: int, dtype: np.dtype
 ) -> tuple[pa.ListArray, np.ndarray]:
-    """One fast-tokenizer batch: token ids truncated to ``max_length`` keeping specials, and each full length.
+    """One fast-tokenizer batch: token ids truncated to ``max_length`` keeping specials, and each
+    full length.
 
-    ``encode_batch_fast`` (tokenizers >= 0.20) skips the character offsets nothing here uses. The ids go
-    into one flat buffer in one pass; only the rows that need truncating are touched one by one.
+    ``encode_batch_fast`` (tokenizers >= 0.20) skips the character offsets nothing here uses. The
+    ids go into one flat buffer in one pass; only the rows that need truncating are touched one by
+    one.
     """
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     encodings = encode(texts)
@@ -106,7 +112,9 @@ def encode_texts(
 
 
 def label_ids(names: pa.Array | pa.ChunkedArray, labels: LabelSet) -> np.ndarray:
-    """Class names (an Arrow string column) -> int8 ids in ``labels``; an unknown name is an error."""
+    """Class names (an Arrow string column) -> int8 ids in ``labels``; an unknown name is an
+    error.
+    """
     names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
     ids = pc.index_in(names, value_set=pa.array(list(labels.names), pa.string()))
     if ids.null_count:
@@ -117,16 +125,15 @@ def label_ids(names: pa.Array | pa.ChunkedArray, labels: LabelSet) -> np.ndarray
     return ids.to_numpy().astype(np.int8)
 
 
-SPLIT_DICTIONARY = pa.array(
-    SPLITS, pa.string()
-)  # one fixed dictionary: batches of one IPC file must share it
+# one fixed dictionary: batches of one IPC file must share it
+SPLIT_DICTIONARY = pa.array(SPLITS, pa.string())
 
 
 def token_batch(
     ids: pa.ListArray, full_lengths, labels: np.ndarray, splits: pa.Array, dtype: np.dtype
 ) -> pa.RecordBatch:
-    """The tokenized rows' columns: input_ids (list of uint), length, full_length, label id, split (``splits``:
-    the plain strings :func:`~finetune_assets.data.validate.split_column` gives).
+    """The tokenized rows' columns: input_ids (list of uint), length, full_length, label id, split
+    (``splits``: the plain strings :func:`~finetune_assets.data.validate.split_column` gives).
     """
     ids = ids.cast(pa.list_(pa.from_numpy_dtype(dtype)))
     codes = pc.index_in(splits, value_set=SPLIT_DICTIONARY)
@@ -145,12 +152,16 @@ def token_batch(
 
 
 def length_histogram(full_lengths) -> np.ndarray:
-    """Counts per full token length: what :func:`length_stats` needs, mergeable across slices, bounded size."""
+    """Counts per full token length: what :func:`length_stats` needs, mergeable across slices,
+    bounded size.
+    """
     return np.bincount(np.asarray(full_lengths, dtype=np.int64))
 
 
 def stats_from_histogram(hist: np.ndarray, max_length: int) -> dict[str, float]:
-    """:func:`length_stats` from a merged :func:`length_histogram` (same numbers, no per-row array)."""
+    """:func:`length_stats` from a merged :func:`length_histogram` (same numbers, no per-row
+    array).
+    """
     n = int(hist.sum())
     if n == 0:
         return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "max": 0.0, "truncated_share": 0.0}

@@ -1,8 +1,9 @@
 """Validate raw rows into accepted reviews and a quarantine table with a reason per row.
 
-Nothing is dropped silently: ``accepted.num_rows + rejected.num_rows == raw.num_rows`` always.
-A review's identity and split: :mod:`finetune_assets.data.review_text`; the duplicate index:
-:mod:`finetune_assets.data.seen_texts`; copies with different labels: :mod:`finetune_assets.data.conflicts`.
+Nothing is dropped silently: ``accepted.num_rows + rejected.num_rows == raw.num_rows`` always. A
+review's identity and split: :mod:`finetune_assets.data.review_text`; the duplicate index:
+:mod:`finetune_assets.data.seen_texts`; copies with different labels:
+:mod:`finetune_assets.data.conflicts`.
 """
 
 from __future__ import annotations
@@ -55,9 +56,8 @@ class ValidationRules:
     )
     max_text_chars: int = 20_000
     labels: LabelSet = field(default_factory=lambda: DEFAULT_LABEL_SET)  # the version's classes
-    split: SplitRule = field(
-        default_factory=SplitRule
-    )  # each accepted review's train/validation/test
+    # each accepted review's train/validation/test
+    split: SplitRule = field(default_factory=SplitRule)
     duplicate_conflicts: str = (
         "majority"  # copies with different labels: data.conflicts (or "first")
     )
@@ -65,11 +65,11 @@ class ValidationRules:
     def __post_init__(self):
         if self.duplicate_conflicts not in POLICIES:
             raise ValueError(
-                f"duplicate_conflicts must be one of {list(POLICIES)}, not {self.duplicate_conflicts!r}"
+                f"duplicate_conflicts must be one of {list(POLICIES)}, not "
+                f"{self.duplicate_conflicts!r}"
             )
-        if (
-            self.label_mapping is not None
-        ):  # raises LabelError (a ValueError) for unknown class names
+        # raises LabelError (a ValueError) for unknown class names
+        if self.label_mapping is not None:
             object.__setattr__(self, "labels", self.labels.with_mapping(self.label_mapping))
 
 
@@ -115,9 +115,8 @@ class StreamValidator:
         self.rejected += result.rejected.num_rows
         self.reasons.update(result.rejected.column("reason").to_pylist())
         self.labels.update(result.accepted.column("label").to_pylist())
-        if (
-            self.accepted + self.rejected != self.rows_in
-        ):  # the invariant we promise, checked per batch
+        # the invariant we promise, checked per batch
+        if self.accepted + self.rejected != self.rows_in:
             raise RuntimeError("validation lost rows: accepted + rejected != input")
         return result
 
@@ -132,7 +131,9 @@ class StreamValidator:
         return decide(self.seen.conflicting_copies())
 
     def recount(self, accepted: pa.Table, rejected: pa.Table, first: bool) -> None:
-        """Counters from the rows after :meth:`conflicts` was applied (called per batch, ``first`` resets)."""
+        """Counters from the rows after :meth:`conflicts` was applied (called per batch,
+        ``first`` resets).
+        """
         if first:
             self.accepted = self.rejected = 0
             self.reasons, self.labels = Counter(), Counter()
@@ -146,7 +147,9 @@ class StreamValidator:
 
 
 def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
-    """All rows of ``raw`` at once (small tables, tests, predict); :class:`StreamValidator` for versions."""
+    """All rows of ``raw`` at once (small tables, tests, predict); :class:`StreamValidator` for
+    versions.
+    """
     validator = StreamValidator(rules)
     try:
         result = validator.feed(raw)
@@ -173,7 +176,9 @@ def _validate_batch(
     across: Counter,
     base: tuple[int, int] = (0, 0),
 ) -> Validated:
-    """One batch; ``base``: the accepted and rejected rows before it (positions for data.conflicts)."""
+    """One batch; ``base``: the accepted and rejected rows before it (positions for
+    data.conflicts).
+    """
     accepted: dict[str, list] = {name: [] for name in ACCEPTED_SCHEMA.names}
     rejected: dict[str, list] = {name: [] for name in REJECTED_SCHEMA.names}
     first_across = dict(across)

@@ -1,9 +1,10 @@
-"""How well a base model's tokenizer covers a data set's language, measured on a sample of its reviews.
+"""How well a base model's tokenizer covers a data set's language, measured on a sample of its
+reviews.
 
-A model whose vocabulary does not cover the language sees text as unknown tokens or as single characters
-(the offline English MiniLM on Arabic reviews: most words become letter sequences), and fine-tuning then
-learns little that a character n-gram baseline does not do better. Measured per pre-tokenized word (the
-tokenizer's own word split) of at least two characters. No Dagster here.
+A model whose vocabulary does not cover the language sees text as unknown tokens or as single
+characters (the offline English MiniLM on Arabic reviews: most words become letter sequences), and
+fine-tuning then learns little that a character n-gram baseline does not do better. Measured per
+pre-tokenized word (the tokenizer's own word split) of at least two characters. No Dagster here.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class FitLimits:
             )
         if fit.truncated_share > self.max_truncated_share:
             out.append(
-                f"{fit.truncated_share:.1%} of reviews are truncated (limit {self.max_truncated_share:.1%})"
+                f"{fit.truncated_share:.1%} of reviews are truncated (limit "
+                f"{self.max_truncated_share:.1%})"
             )
         return out
 
@@ -66,13 +68,15 @@ def advice(problems: list[str], fit: VocabFit) -> str:
         vocab = [p for p in problems if "truncated" not in p]
         if vocab:
             steps.append(
-                "use a base model whose vocabulary covers this language: set pretrained_model config "
+                "use a base model whose vocabulary covers this language: set pretrained_model "
+                "config "
                 "`source` to a Hugging Face hub id or a local model folder (e.g. a multilingual or "
                 "language-specific BERT), then re-materialize pretrained_model and this version"
             )
     if any("truncated" in p for p in problems):
         steps.append(
-            "raise tokenized_reviews config `max_length` (up to the model's limit) or accept that long "
+            "raise tokenized_reviews config `max_length` (up to the model's limit) or accept "
+            "that long "
             "reviews are cut"
         )
     return "; ".join(steps)

@@ -1,11 +1,11 @@
 """Registering a dataset version: the dynamic partition plus where its reviews come from.
 
 The sensor and the CLI both register through here, so a version always has a recorded source
-(``{root}/versions/{key}.json``) that ``raw_reviews`` reads; re-registering the same source is a no-op.
-A key names one content forever: a different source under a registered key is refused (``replace``
-only while nothing was materialized), concurrent registrations of one key are serialized by a
-lock file created atomically, and the content fingerprint recorded at registration is checked
-again before every read (:func:`content_changed`).
+(``{root}/versions/{key}.json``) that ``raw_reviews`` reads; re-registering the same source is a
+no-op. A key names one content forever: a different source under a registered key is refused
+(``replace`` only while nothing was materialized), concurrent registrations of one key are
+serialized by a lock file created atomically, and the content fingerprint recorded at registration
+is checked again before every read (:func:`content_changed`).
 """
 
 from __future__ import annotations
@@ -113,7 +113,9 @@ def materialized_assets(
 
 @contextlib.contextmanager
 def version_lock(storage: Storage, key: str) -> Iterator[None]:
-    """One registration of ``key`` at a time: the lock file is created exclusively (O_EXCL / ``xb``)."""
+    """One registration of ``key`` at a time: the lock file is created exclusively (O_EXCL /
+    ``xb``).
+    """
     url = storage.url("versions", f"{validate_version_key(key)}.lock")
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
@@ -145,8 +147,8 @@ def version_lock(storage: Storage, key: str) -> Iterator[None]:
 
 
 def _create_remote(storage: Storage, url: str, body: bytes) -> None:
-    """Exclusive create on an object store where the filesystem supports it (``xb``: conditional PUT);
-    elsewhere a check-then-write, which narrows but does not close the race (documented).
+    """Exclusive create on an object store where the filesystem supports it (``xb``: conditional
+    PUT); elsewhere a check-then-write, which narrows but does not close the race (documented).
     """
     try:
         with storage.fs.open(url, "xb") as f:
@@ -176,9 +178,9 @@ def register_version(
 ) -> VersionRecord:
     """Record the source, then add the partition (so a visible partition always has a source).
 
-    The same source again is a no-op; a different one is refused unless ``replace`` and nothing of the
-    version was materialized yet. The label set is part of the version: registering other labels under
-    an existing key is refused.
+    The same source again is a no-op; a different one is refused unless ``replace`` and nothing of
+    the version was materialized yet. The label set is part of the version: registering other labels
+    under an existing key is refused.
     """
     validate_version_key(key)
     with version_lock(storage, key):
@@ -235,8 +237,8 @@ def remove_version(
 ) -> list[str]:
     """Delete the partition and its record; refused while assets are materialized unless ``force``.
 
-    Published files stay where they are (returned: the assets that had some); nothing is deleted from
-    storage, so a forced removal can be undone by registering the same source again.
+    Published files stay where they are (returned: the assets that had some); nothing is deleted
+    from storage, so a forced removal can be undone by registering the same source again.
     """
     validate_version_key(key)
     with version_lock(storage, key):
@@ -259,7 +261,9 @@ def remove_version(
 
 
 def content_changed(storage: Storage, key: str, source: SourceSpec) -> str | None:
-    """Why reading ``source`` for ``key`` is refused (its content differs from the registered one), or None."""
+    """Why reading ``source`` for ``key`` is refused (its content differs from the registered
+    one), or None.
+    """
     record = read_version(storage, key)
     if record is None or record.fingerprint is None or record.source.uri != source.uri:
         return None
@@ -271,7 +275,10 @@ def content_changed(storage: Storage, key: str, source: SourceSpec) -> str | Non
         return None
     return (
         f"{source.uri}: content changed after dataset version {key} was registered (fingerprint "
-        f"{record.fingerprint} -> {now}); versions are immutable: register the new content under a new key "
-        f"(`finetune-assets versions add NEW_KEY --source {source.uri}`), restore the original files, or, if "
-        f"nothing of {key} was materialized, re-register it with `versions add {key} --source ... --replace`"
+        f"{record.fingerprint} -> {now}); versions are immutable: register the new content under "
+        "a new key "
+        f"(`finetune-assets versions add NEW_KEY --source {source.uri}`), restore the original "
+        "files, or, if "
+        f"nothing of {key} was materialized, re-register it with `versions add {key} --source "
+        "... --replace`"
     )

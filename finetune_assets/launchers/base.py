@@ -56,7 +56,9 @@ def torchrun_command(
     python: str | None = None,
     module: str = TRAINER_MODULE,
 ) -> list[str]:
-    """``torchrun`` for one node. Single node uses ``--standalone``; multi-node uses c10d rendezvous."""
+    """``torchrun`` for one node. Single node uses ``--standalone``; multi-node uses c10d
+    rendezvous.
+    """
     cmd = [python or sys.executable, "-m", "torch.distributed.run"]
     if nnodes == 1 and rdzv_endpoint is None:
         cmd += ["--standalone", "--nnodes", "1"]

@@ -1,9 +1,10 @@
 """Fan-out: one command run once per index (0..count-1), as a Kubernetes Indexed Job runs its pods.
 
-The protocol (``FanOut``, ``FanOutRunner``, ``FanOutError``) is shared by the local runner below and the
-Kubernetes runner (``launchers/k8s_fanout.py``): the index arrives as env ``JOB_COMPLETION_INDEX`` exactly
-as an Indexed Job sets it, and workers read and write only through storage URLs, so switching runners
-changes where the processes run, never what they compute. Dagster-free (the data workers import it).
+The protocol (``FanOut``, ``FanOutRunner``, ``FanOutError``) is shared by the local runner below and
+the Kubernetes runner (``launchers/k8s_fanout.py``): the index arrives as env
+``JOB_COMPLETION_INDEX`` exactly as an Indexed Job sets it, and workers read and write only through
+storage URLs, so switching runners changes where the processes run, never what they compute.
+Dagster-free (the data workers import it).
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ class FanOutError(RuntimeError):
 
     def __init__(self, message: str, failed: dict[int, tuple[int, list[str]]] | None = None):
         super().__init__(message)
-        self.failed = (
-            failed or {}
-        )  # index -> (exit code, last log lines), where the runner knows them
+        # index -> (exit code, last log lines), where the runner knows them
+        self.failed = failed or {}
 
     @classmethod
     def of(cls, name: str, failed: dict[int, tuple[int, list[str]]]) -> FanOutError:
@@ -52,7 +52,9 @@ class FanOutError(RuntimeError):
 
 
 def runner_width(runner: FanOutRunner) -> int | None:
-    """How many indexes a runner runs at once (``workers`` / ``parallelism``), None when unbounded or unknown."""
+    """How many indexes a runner runs at once (``workers`` / ``parallelism``), None when
+    unbounded or unknown.
+    """
     for attr in ("workers", "parallelism"):
         value = getattr(runner, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
@@ -62,12 +64,16 @@ def runner_width(runner: FanOutRunner) -> int | None:
 
 class FanOutRunner(Protocol):
     def run(self, job: FanOut, log: Callable[[str], None]) -> None:
-        """Return when every index succeeded; raise FanOutError otherwise. A re-run index overwrites its own part."""
+        """Return when every index succeeded; raise FanOutError otherwise. A re-run index
+        overwrites its own part.
+        """
         ...
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (cgroup/affinity aware where the OS says), not the host's count."""
+    """Cores this process may run on (cgroup/affinity aware where the OS says), not the host's
+    count.
+    """
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS
@@ -78,8 +84,8 @@ def usable_cores() -> int:
 class LocalFanOutRunner:
     """The indexes as subprocesses of this process, at most ``workers`` at a time.
 
-    Each line a worker prints is forwarded to ``log`` prefixed with ``[index]``. After the first failure
-    no new index starts (the running ones finish), and FanOutError names every failed index.
+    Each line a worker prints is forwarded to ``log`` prefixed with ``[index]``. After the first
+    failure no new index starts (the running ones finish), and FanOutError names every failed index.
     """
 
     workers: int = field(default_factory=usable_cores)

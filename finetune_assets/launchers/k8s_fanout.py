@@ -59,30 +59,33 @@ COMPONENT = "finetune-data-worker"
 MAX_INDEXES = 100_000  # the API server's limit on completions when backoffLimitPerIndex is set
 UNFINISHED_OR_FAILED = "status.phase!=Succeeded"  # pods a fan-out poll needs (field selector)
 UNLIMITED_BACKOFF = 2**31 - 1  # the API default of backoffLimit when backoffLimitPerIndex is set
+# data workers: CPU, one process
 WORKER_SETTINGS = {
     "gpus_per_node": 0,
     "nproc_per_node": 1,
     "nnodes": 1,
-}  # data workers: CPU, one process
+}
 
 
 @dataclass(frozen=True)
 class K8sFanOutRunner:
     """A :class:`~finetune_assets.launchers.fanout.FanOutRunner` that runs each index as a pod."""
 
-    launcher: K8sTorchrunLauncher  # the training launcher's settings: one place for image, namespace, secrets...
-    labels: Mapping[str, str] = field(
-        default_factory=dict
-    )  # dagster/run-id, dagster/asset, dagster/partition
+    # the training launcher's settings: one place for image, namespace, secrets...
+    launcher: K8sTorchrunLauncher
+    # dagster/run-id, dagster/asset, dagster/partition
+    labels: Mapping[str, str] = field(default_factory=dict)
     parallelism: int | None = None  # pods at once; None = every index at once
     retries_per_index: int = 2  # backoffLimitPerIndex
-    # Dagster's word on a left-over Job's run (launchers/k8s/runs.py); None: every left-over is an orphan
+    # Dagster's word on a left-over Job's run (launchers/k8s/runs.py); None: every left-over is an
+    # orphan
     run_state: RunState | None = None
 
     def __post_init__(self) -> None:
         if self.parallelism is not None and self.parallelism < 1:
             raise ValueError(
-                f"parallelism={self.parallelism}: at least 1 pod at a time (or None for every index)"
+                f"parallelism={self.parallelism}: at least 1 pod at a time (or None for every "
+                "index)"
             )
         if self.retries_per_index < 0:
             raise ValueError(f"retries_per_index={self.retries_per_index} must be >= 0")
@@ -106,15 +109,17 @@ class K8sFanOutRunner:
         )
 
     def command(self, job: FanOut) -> list[str]:
-        """The worker command; a local interpreter path (``sys.executable``) becomes the image's ``python``."""
+        """The worker command; a local interpreter path (``sys.executable``) becomes the image's
+        ``python``.
+        """
         cmd = list(job.command)
         if cmd and (cmd[0] == sys.executable or os.path.basename(cmd[0]).startswith("python")):
             cmd[0] = self.launcher.python
         return cmd
 
     def dedupe_key(self, job: FanOut) -> str:
-        """One value per asset + partition when the labels name them (a retried run replaces a live Job
-        left by a dead one), else per fan-out name (a retried step of the same run).
+        """One value per asset + partition when the labels name them (a retried run replaces a live
+        Job left by a dead one), else per fan-out name (a retried step of the same run).
         """
         return (
             gang_key(self.labels, self.launcher.gang_scope)
@@ -194,8 +199,10 @@ class K8sFanOutRunner:
         parallelism = manifest["spec"]["parallelism"]
         ns = workers.namespace
         lines.info(
-            f"Launching fan-out Job {ns}/{name}: {job.count} index(es), {parallelism} pod(s) at a time, "
-            f"up to {self.retries_per_index} retries per index, image {image}, command: {' '.join(self.command(job))}"
+            f"Launching fan-out Job {ns}/{name}: {job.count} index(es), {parallelism} pod(s) at "
+            "a time, "
+            f"up to {self.retries_per_index} retries per index, image {image}, command: "
+            f"{' '.join(self.command(job))}"
         )
         workers.run_job(
             lines,
@@ -212,9 +219,8 @@ class K8sFanOutRunner:
         )
 
     def _fail(self, log, api, name: str, count: int, status, pods: Sequence[Any], why: str) -> None:
-        with contextlib.suppress(
-            Exception
-        ):  # the pods as of (not before) the status that failed the index
+        # the pods as of (not before) the status that failed the index
+        with contextlib.suppress(Exception):
             pods = api.core_api.list_namespaced_pod(
                 self.launcher.namespace,
                 label_selector=f"{JOB_LABEL}={name}",
@@ -283,7 +289,9 @@ def indexes(text: str | None) -> set[int]:
 
 
 class _Progress:
-    """Says once per pod when an index's pod failed or was disrupted (and will be replaced), and when indexes finish."""
+    """Says once per pod when an index's pod failed or was disrupted (and will be replaced), and
+    when indexes finish.
+    """
 
     def __init__(self, log, what: str, count: int):
         self._log, self._what, self._count = log, what, count
@@ -297,7 +305,8 @@ class _Progress:
                 continue
             if (c := _condition(pod, "DisruptionTarget")) is not None:
                 self._log.warning(
-                    f"{self._what}: index {index}: pod {name} disrupted ({c.reason or 'DisruptionTarget'}); "
+                    f"{self._what}: index {index}: pod {name} disrupted "
+                    f"({c.reason or 'DisruptionTarget'}); "
                     "the Job controller replaces it without counting a retry"
                 )
             elif _is_failed(pod):
@@ -312,7 +321,9 @@ class _Progress:
 
 
 class _Lines:
-    """The launcher helpers' ``log.info/warning/error`` onto the protocol's one ``log(str)``; debug is dropped."""
+    """The launcher helpers' ``log.info/warning/error`` onto the protocol's one ``log(str)``;
+    debug is dropped.
+    """
 
     def __init__(self, log: Callable[[str], None]):
         self._log = log

@@ -1,4 +1,6 @@
-"""Run torchrun as a subprocess on this machine, stream its log into Dagster, kill its process group on cancel."""
+"""Run torchrun as a subprocess on this machine, stream its log into Dagster, kill its process
+group on cancel.
+"""
 
 from __future__ import annotations
 
@@ -70,7 +72,9 @@ def _alive_in_group(pid: int, pgid: int) -> bool:
 
 
 def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM torchrun (it stops its workers), then SIGKILL every process group of the tree that is left."""
+    """SIGTERM torchrun (it stops its workers), then SIGKILL every process group of the tree that
+    is left.
+    """
     tree = process_tree(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -90,7 +94,9 @@ def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 class LocalTorchrunLauncher(TrainingLauncher):
-    """``torchrun --standalone --nproc-per-node N`` on this machine (CPU with gloo, or local GPUs)."""
+    """``torchrun --standalone --nproc-per-node N`` on this machine (CPU with gloo, or local
+    GPUs).
+    """
 
     # A worker killed mid-run (OOM killer, a stray SIGKILL) costs one restart of the worker group,
     # which resumes from the last checkpoint; a trainer that fails again fails the asset.
@@ -137,16 +143,16 @@ class LocalTorchrunLauncher(TrainingLauncher):
                     if proc.poll() is not None:
                         reader.join(timeout=10)
                 self._drain(lines, context, tail, timeout=0)
-            except (
-                BaseException
-            ):  # Dagster termination (DagsterExecutionInterruptedError), Ctrl-C, ...
+            # Dagster termination (DagsterExecutionInterruptedError), Ctrl-C, ...
+            except BaseException:
                 context.log.warning(f"{job.name}: interrupted, killing the torchrun process group")
                 kill_process_group(proc)
                 raise
             if proc.returncode != 0:
                 detail = _error_from_files(error_dir) or "\n".join(tail)
                 raise TrainingFailed(
-                    f"training job {job.name} failed (torchrun exit code {proc.returncode}):\n{detail}"
+                    f"training job {job.name} failed (torchrun exit code "
+                    f"{proc.returncode}):\n{detail}"
                 )
             context.log.info(f"{job.name}: training finished")
 

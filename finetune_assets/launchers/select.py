@@ -48,8 +48,8 @@ def fanout_runner_from_env(
 ) -> FanOutRunner:
     """Where the data assets' slice workers run; the same switch as the training launcher.
 
-    ``local``: subprocesses, ``workers`` at a time (default: the usable cores). ``k8s``: an Indexed Job
-    with one pod per slice (``launchers/k8s_fanout.py``), configured like the training launcher,
+    ``local``: subprocesses, ``workers`` at a time (default: the usable cores). ``k8s``: an Indexed
+    Job with one pod per slice (``launchers/k8s_fanout.py``), configured like the training launcher,
     ``workers`` pods at a time (default: every slice at once). ``labels`` (``dagster/run-id``,
     ``dagster/asset``, ``dagster/partition``) let a retried run replace a live Job a dead one left;
     ``instance`` (the step's Dagster instance) says whether that run is really over.

@@ -1,17 +1,19 @@
-"""Where new dataset versions land: a local folder or any fsspec URL, watched by the new-data sensor.
+"""Where new dataset versions land: a local folder or any fsspec URL, watched by the new-data
+sensor.
 
 A dataset version is one entry directly under the landing location:
 
-- a sub-folder ``{key}/`` holding CSV / TSV / JSONL / Parquet files, complete once ``{key}/_SUCCESS`` exists
-  (the marker Spark, Hadoop and most copy tools write last);
+- a sub-folder ``{key}/`` holding CSV / TSV / JSONL / Parquet files, complete once
+  ``{key}/_SUCCESS`` exists (the marker Spark, Hadoop and most copy tools write last);
 - a single file ``{key}.csv`` (or .tsv / .jsonl / .json / .parquet), complete once its size and
   modification time have not changed between two sensor ticks (no marker needed for a plain copy).
 
-Entries whose name starts with ``.`` or ``_`` are in-progress uploads or bookkeeping and are ignored.
-Delta tables listed in ``delta_tables`` are watched too: each new row-adding commit (or each
-``min_new_rows`` new rows) becomes a version ``{name}-v{table version}`` pinned to that version.
-No Dagster logic beyond the resource itself: listing and fingerprinting are plain functions, tested directly.
-Both read listings only, never file contents, so a sensor tick stays cheap whatever the drops weigh.
+Entries whose name starts with ``.`` or ``_`` are in-progress uploads or bookkeeping and are
+ignored. Delta tables listed in ``delta_tables`` are watched too: each new row-adding commit (or
+each ``min_new_rows`` new rows) becomes a version ``{name}-v{table version}`` pinned to that
+version. No Dagster logic beyond the resource itself: listing and fingerprinting are plain
+functions, tested directly. Both read listings only, never file contents, so a sensor tick stays
+cheap whatever the drops weigh.
 """
 
 import hashlib
@@ -38,7 +40,8 @@ class LandedEntry:
     key: str  # proposed version key (folder name, or file name without its extension)
     uri: str  # fsspec URL (or local path) of the file or folder
     is_dir: bool
-    signature: str  # from the listing entry itself (size + mtime; a folder's own mtime where the store has one)
+    # from the listing entry itself (size + mtime; a folder's own mtime where the store has one)
+    signature: str
 
 
 class WatchedDeltaTable(dg.Config):
@@ -50,7 +53,8 @@ class WatchedDeltaTable(dg.Config):
         default=1,
         ge=1,
         description=(
-            "a new version once this many rows were added since the last one (1: one per row-adding "
+            "a new version once this many rows were added since the last one (1: one per "
+            "row-adding "
             "commit); commits that add no rows (optimize, vacuum) never count"
         ),
     )
@@ -65,11 +69,14 @@ class WatchedDeltaTable(dg.Config):
 
 
 class LandingZoneResource(dg.ConfigurableResource):
-    """The landing location the sensor watches; default ``$FINETUNE_ASSETS_LANDING`` or ``./landing``."""
+    """The landing location the sensor watches; default ``$FINETUNE_ASSETS_LANDING`` or
+    ``./landing``.
+    """
 
     url: str | None = Field(
         default=None,
-        description=f"folder or fsspec URL (s3://bucket/landing); empty: ${LANDING_ENV} or ./{DEFAULT_LANDING}",
+        description=f"folder or fsspec URL (s3://bucket/landing); empty: ${LANDING_ENV} or "
+        f"./{DEFAULT_LANDING}",
     )
     success_marker: str = Field(
         default=SUCCESS_MARKER, description="file that marks a version folder as completely written"
@@ -105,12 +112,14 @@ class LandingZoneResource(dg.ConfigurableResource):
     def list_entries(self) -> list[LandedEntry]:
         """Every candidate version directly under the landing location, sorted by name.
 
-        One listing call, nothing per entry: a tick over thousands of registered folders costs no more
-        I/O than that listing. Per-folder work (marker, fingerprint) is done only for new entries.
+        One listing call, nothing per entry: a tick over thousands of registered folders costs no
+        more I/O than that listing. Per-folder work (marker, fingerprint) is done only for new
+        entries.
         """
         url = self.location()
         fs, root = fsspec.core.url_to_fs(url)
-        fs.invalidate_cache()  # object-store listings are cached per process; each tick must see new drops
+        # object-store listings are cached per process; each tick must see new drops
+        fs.invalidate_cache()
         if not fs.exists(root):
             if self.create_if_missing and "://" not in url:
                 os.makedirs(root, exist_ok=True)
@@ -134,7 +143,9 @@ class LandingZoneResource(dg.ConfigurableResource):
         return entries
 
     def marker_present(self, entry: LandedEntry) -> bool:
-        """Whether a folder is complete (its marker exists): one request, for unregistered folders only."""
+        """Whether a folder is complete (its marker exists): one request, for unregistered
+        folders only.
+        """
         fs, path = fsspec.core.url_to_fs(entry.uri)
         return fs.exists(f"{path.rstrip('/')}/{self.success_marker}")
 
@@ -175,11 +186,12 @@ def _signature(files: list[tuple[str, dict]]) -> str:
 
 
 def fingerprint(uri: str, exclude: tuple[str, ...] = (SUCCESS_MARKER,)) -> str:
-    """Fingerprint of a landed file or folder from its listing: relative names, sizes, mtimes / ETags.
+    """Fingerprint of a landed file or folder from its listing: relative names, sizes, mtimes /
+    ETags.
 
     No file is read (a multi-GB drop costs one listing, not a full read inside the sensor tick); any
-    rewrite changes size or mtime, so a re-landed drop gets a new fingerprint and run key. The content
-    hash proper is ``raw_reviews``' data version, computed in the run.
+    rewrite changes size or mtime, so a re-landed drop gets a new fingerprint and run key. The
+    content hash proper is ``raw_reviews``' data version, computed in the run.
     """
     fs, path = fsspec.core.url_to_fs(uri)
     if fs.isdir(path):

@@ -1,4 +1,6 @@
-"""MLflow as a typed resource: where runs are tracked, which registered model they feed, how to link them."""
+"""MLflow as a typed resource: where runs are tracked, which registered model they feed, how to
+link them.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ class MlflowResource(dg.ConfigurableResource):
 
     tracking_uri: str | None = Field(
         default=None,
-        description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI or SQLite under the storage root",
+        description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI or SQLite under the "
+        "storage root",
     )
     experiment_name: str = Field(default="review-classifier")
     registered_model_name: str = Field(default="review-classifier")

@@ -1,4 +1,6 @@
-"""The trainer that torchrun runs in every worker (local subprocess or Kubernetes pod). No Dagster here."""
+"""The trainer that torchrun runs in every worker (local subprocess or Kubernetes pod). No
+Dagster here.
+"""
 
 from finetune_assets.training.config import (
     ConfigError,
@@ -17,5 +19,6 @@ __all__ = [
     "TrainerConfig",
 ]
 
-# The first word of rank 0's progress lines (callbacks.Progress); launchers pick them out of the output.
+# The first word of rank 0's progress lines (callbacks.Progress); launchers pick them out of the
+# output.
 PROGRESS = "progress:"

@@ -1,4 +1,6 @@
-"""``python -m finetune_assets.training --config <path or fsspec URL>``: what torchrun runs in every worker."""
+"""``python -m finetune_assets.training --config <path or fsspec URL>``: what torchrun runs in
+every worker.
+"""
 
 from __future__ import annotations
 

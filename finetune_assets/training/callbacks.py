@@ -1,12 +1,13 @@
-"""The trainer's side jobs as Lightning callbacks, so ``train()`` and ``ReviewClassifier`` stay about training.
+"""The trainer's side jobs as Lightning callbacks, so ``train()`` and ``ReviewClassifier`` stay
+about training.
 
 - :class:`~.throughput.Throughput` (in :mod:`.throughput`): run totals and the steady-state window.
 - :class:`Progress`: rank 0 writes one progress line at a steady time interval (step/total, epoch,
   loss, samples/s, ETA) to the log, which both launchers forward to the Dagster log, and the same
   numbers as ``progress/*`` metrics to MLflow.
 - :class:`HuggingFaceCheckpointer`: at the end of fit, the trained weights as a Hugging Face folder;
-  then (:meth:`~HuggingFaceCheckpointer.publish`) the MLflow artifacts, the transformers-flavor model
-  and its registered version, and the folder published under ``output_dir/model``. Modelled on
+  then (:meth:`~HuggingFaceCheckpointer.publish`) the MLflow artifacts, the transformers-flavor
+  model and its registered version, and the folder published under ``output_dir/model``. Modelled on
   llm-foundry's ``HuggingFaceCheckpointer`` (which also exports at fit end and registers to MLflow).
 """
 
@@ -42,11 +43,14 @@ __all__ = [
 
 log = logging.getLogger("finetune_assets.training")
 
-TRAINING_KEY_TAG = "training_inputs"  # model-version tag: hash of the run's inputs + config (idempotent registration)
+# model-version tag: hash of the run's inputs + config (idempotent registration)
+TRAINING_KEY_TAG = "training_inputs"
 
 
 def trainer_tracking_uri(config: TrainerConfig) -> str:
-    """The run's MLflow store: the rule of :mod:`finetune_assets.tracking`, embedded beside a local output."""
+    """The run's MLflow store: the rule of :mod:`finetune_assets.tracking`, embedded beside a
+    local output.
+    """
     return tracking.tracking_uri(
         config.mlflow.tracking_uri,
         files.local_path(config.output_dir),
@@ -67,10 +71,10 @@ def _clock(seconds: float) -> str:
 class Progress(pl.Callback):
     """Rank 0: one line every ``every_seconds`` of training, and once at the end.
 
-    ``progress: step 120/400 (30%) | epoch 1/2 | loss 0.4123 | 38.2 samples/s | ETA 0:02:11``: the loss
-    is rank 0's mean since the last line, samples/s and ETA are over this start's steps (a resumed run
-    does not count the steps it skipped). Time-based, not step-based, so a slow CPU run and a fast GPU
-    run both report at a pace a person can read.
+    ``progress: step 120/400 (30%) | epoch 1/2 | loss 0.4123 | 38.2 samples/s | ETA 0:02:11``: the
+    loss is rank 0's mean since the last line, samples/s and ETA are over this start's steps (a
+    resumed run does not count the steps it skipped). Time-based, not step-based, so a slow CPU run
+    and a fast GPU run both report at a pace a person can read.
     """
 
     def __init__(
@@ -108,9 +112,8 @@ class Progress(pl.Callback):
         if not trainer.is_global_zero:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(
-            loss, torch.Tensor
-        ):  # summed on the device: read (one host sync) only when reporting
+        # summed on the device: read (one host sync) only when reporting
+        if isinstance(loss, torch.Tensor):
             self._loss_sum = loss.detach().float() + (
                 self._loss_sum if self._loss_sum is not None else 0.0
             )
@@ -142,9 +145,10 @@ class Progress(pl.Callback):
             else f"step {step}"
         )
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
+        # 1 past at the end
         epoch = (
             trainer.current_epoch + 1 if epochs is None else min(trainer.current_epoch + 1, epochs)
-        )  # 1 past at the end
+        )
         line = (
             f"{PROGRESS} {where} | epoch {epoch}/{epochs or '?'} | loss {loss:.4f} | "
             f"{samples_per_sec:.1f} samples/s | ETA {_clock(eta)}"
@@ -168,8 +172,9 @@ class Progress(pl.Callback):
 
 
 def within(seconds: float, what: str, fn: Any) -> Any:
-    """``fn()`` on a daemon thread, waited for at most ``seconds``: a hung tracking server fails the run
-    (whose final checkpoint makes a re-run go straight to logging) instead of holding it forever.
+    """``fn()`` on a daemon thread, waited for at most ``seconds``: a hung tracking server fails the
+    run (whose final checkpoint makes a re-run go straight to logging) instead of holding it
+    forever.
     """
     box: dict[str, Any] = {}
 
@@ -203,7 +208,9 @@ def _signature() -> Any:
 
 
 class _DropLocalModelCardNotice(logging.Filter):
-    """mlflow asks the Hub for a model card named by the pipeline's path; ours is a local folder, never a repo."""
+    """mlflow asks the Hub for a model card named by the pipeline's path; ours is a local folder,
+    never a repo.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith(
@@ -212,7 +219,8 @@ class _DropLocalModelCardNotice(logging.Filter):
 
 
 class HuggingFaceCheckpointer(pl.Callback):
-    """The trained model as a Hugging Face folder, logged and registered in MLflow, published atomically.
+    """The trained model as a Hugging Face folder, logged and registered in MLflow, published
+    atomically.
 
     ``on_fit_end`` gathers the weights (a collective under FSDP: every rank takes part) and rank 0
     saves them with the tokenizer into a local staging folder (the scratch volume, not /tmp).
@@ -230,16 +238,16 @@ class HuggingFaceCheckpointer(pl.Callback):
         state = trainer.strategy.lightning_module_state_dict()
         if trainer.is_global_zero:
             self.cleanup()
-            model = export_classifier(
-                pl_module.model.config, state
-            )  # the trained model's class and id2label
+            # the trained model's class and id2label
+            model = export_classifier(pl_module.model.config, state)
             os.makedirs(files.scratch_root(), exist_ok=True)
             self.staging = Path(tempfile.mkdtemp(prefix="model-", dir=files.scratch_root()))
             model.save_pretrained(self.staging, safe_serialization=True)
             self.tokenizer.save_pretrained(self.staging)
 
     def publish(self, metrics: dict[str, Any]) -> dict[str, Any] | None:
-        """Rank 0: MLflow logging and registration (when a logger is set), then ``output_dir/model``.
+        """Rank 0: MLflow logging and registration (when a logger is set), then
+        ``output_dir/model``.
 
         Returns what MLflow recorded (run, registered version), None without a logger.
         """
@@ -265,7 +273,9 @@ class HuggingFaceCheckpointer(pl.Callback):
             self.staging = None
 
     def _log_to_mlflow(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Confusion matrix, metrics file and the model (transformers flavor), registered as a new version."""
+        """Confusion matrix, metrics file and the model (transformers flavor), registered as a
+        new version.
+        """
         card_notice = _DropLocalModelCardNotice()
         logging.getLogger("mlflow.transformers").addFilter(card_notice)
         try:
@@ -299,13 +309,13 @@ class HuggingFaceCheckpointer(pl.Callback):
         if not config.mlflow.log_model:
             return info
         mlflow.set_tracking_uri(uri)
-        # The registry is the tracking store: an inherited MLFLOW_REGISTRY_URI must not divert the version.
+        # The registry is the tracking store: an inherited MLFLOW_REGISTRY_URI must not divert the
+        # version.
         mlflow.set_registry_uri(uri)
         name = config.mlflow.registered_model_name
         key = config.mlflow.tags.get(TRAINING_KEY_TAG)
-        if (
-            name and key
-        ):  # a retry of the same inputs + config reuses its version instead of registering another
+        # a retry of the same inputs + config reuses its version instead of registering another
+        if name and key:
             found = mlflow.MlflowClient(uri, registry_uri=uri).search_model_versions(
                 f"name = '{name}' and tags.{TRAINING_KEY_TAG} = '{key}'"
             )
@@ -333,8 +343,9 @@ class HuggingFaceCheckpointer(pl.Callback):
                 transformers_model=pipe,
                 name="model",
                 task="text-classification",
-                # Given, not inferred: inference times out by a signal, which fails on this worker thread
-                # (a warning, then mlflow falls back to this same default signature for the task).
+                # Given, not inferred: inference times out by a signal, which fails on this worker
+                # thread (a warning, then mlflow falls back to this same default signature for the
+                # task).
                 signature=_signature(),
                 pip_requirements=[
                     f"transformers=={transformers.__version__}",
@@ -343,7 +354,8 @@ class HuggingFaceCheckpointer(pl.Callback):
                 input_example=["a fine product"],
             )
         if name:
-            # Registered with its tags in one call: a version never exists without the key that finds it again.
+            # Registered with its tags in one call: a version never exists without the key that
+            # finds it again.
             version = mlflow.register_model(
                 model_info.model_uri, name, tags=dict(config.mlflow.tags)
             )

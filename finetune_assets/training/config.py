@@ -1,10 +1,11 @@
 """The trainer's whole input, written once as pydantic models.
 
 ``HyperParameters`` is what a person tunes: the ``finetuned_model`` launchpad config *is* this model
-(``FinetuneConfig(dg.Config, HyperParameters)``), so every field, bound, choice and default lives here
-and only here. ``TrainerConfig`` adds what one run is wired to (paths, shard URLs, labels, MLflow). The
-asset writes it as JSON; every torchrun worker validates the same model when it reads it, so a
-typo fails fast with the key's path instead of being ignored. No Dagster here: this runs inside pods.
+(``FinetuneConfig(dg.Config, HyperParameters)``), so every field, bound, choice and default lives
+here and only here. ``TrainerConfig`` adds what one run is wired to (paths, shard URLs, labels,
+MLflow). The asset writes it as JSON; every torchrun worker validates the same model when it reads
+it, so a typo fails fast with the key's path instead of being ignored. No Dagster here: this runs
+inside pods.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from finetune_assets.data.labels import LABELS
 
 Optimizer = Literal["adamw", "adadelta"]
-# "auto": bf16-mixed where the CPU (AVX512-BF16 / AMX) or GPU supports bf16, else 32 (training/precision.py).
+# "auto": bf16-mixed where the CPU (AVX512-BF16 / AMX) or GPU supports bf16, else 32
+# (training/precision.py).
 Precision = Literal["auto", "32", "32-true", "bf16-mixed", "16-mixed"]
 Strategy = Literal["ddp", "fsdp", "auto"]
 Accelerator = Literal["auto", "cpu", "gpu"]
@@ -36,7 +38,8 @@ class _Strict(BaseModel):
 
 
 class HyperParameters(_Strict):
-    """What a person may change per run (the launchpad shows exactly these fields, with these defaults).
+    """What a person may change per run (the launchpad shows exactly these fields, with these
+    defaults).
 
     AdamW lr 5e-5 with 10% linear warmup then linear decay is the usual recipe for fine-tuning a
     pretrained BERT; the seed's recipe stays one setting away: ``optimizer="adadelta", lr=1.0,
@@ -128,9 +131,8 @@ class HyperParameters(_Strict):
     @field_validator("precision", mode="before")
     @classmethod
     def _precision_number(cls, value: Any) -> Any:
-        return (
-            str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-        )  # 32 == "32"
+        # 32 == "32"
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _gpu_only_precision(self) -> HyperParameters:
@@ -138,11 +140,11 @@ class HyperParameters(_Strict):
             raise ValueError(
                 "precision '16-mixed' needs a GPU; use 'auto', '32' or 'bf16-mixed' on CPU"
             )
-        if (
-            self.strategy == "fsdp" and self.precision == "16-mixed"
-        ):  # Lightning's ModelParallelStrategy
+        # Lightning's ModelParallelStrategy
+        if self.strategy == "fsdp" and self.precision == "16-mixed":
             raise ValueError(
-                "precision '16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed' or '32'"
+                "precision '16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed' or "
+                "'32'"
             )
         return self
 
@@ -161,16 +163,17 @@ class DataConfig(_Strict):
     # published shards are never read in place. None: a per-run folder under the temp dir, removed
     # after a successful run. A folder given here is kept (e.g. a persistent volume).
     local_cache_dir: str | None = None
-    prefetch_factor: int = Field(
-        2, ge=1
-    )  # batches (windows) each worker reads ahead, with num_workers > 0
+    # batches (windows) each worker reads ahead, with num_workers > 0
+    prefetch_factor: int = Field(2, ge=1)
     shuffle_seed: int = 9176
     # Length buckets run in one order on every rank (each step, all ranks the same length rank);
-    # "per_rank" (each rank its own order: ranks wait for the longest) only for comparison in benchmarks/.
+    # "per_rank" (each rank its own order: ranks wait for the longest) only for comparison in
+    # benchmarks/.
     bucket_order: Literal["shared", "per_rank"] = "shared"
     download_retry: int = Field(2, ge=0)
-    # None: the run's node count, so each node streams and caches only its share of the shards. Saved
-    # in every checkpoint's loader state and restored on resume (a world-size change is refused).
+    # None: the run's node count, so each node streams and caches only its share of the shards.
+    # Saved in every checkpoint's loader state and restored on resume (a world-size change is
+    # refused).
     num_canonical_nodes: int | None = Field(None, ge=1)
     predownload: int | None = None
     # Samples per label id in the train split (mds_shards' train/split_stats.json, carried here by
@@ -186,18 +189,20 @@ class DataConfig(_Strict):
 
 
 class MlflowConfig(_Strict):
-    """Where rank 0 records the run. Empty ``tracking_uri`` means ``MLFLOW_TRACKING_URI`` or mlflow's default."""
+    """Where rank 0 records the run. Empty ``tracking_uri`` means ``MLFLOW_TRACKING_URI`` or
+    mlflow's default.
+    """
 
     tracking_uri: str | None = None
     experiment_name: str = Field("review-classifier", min_length=1)
     artifact_location: str | None = None  # used only when the experiment is created
     registered_model_name: str | None = "review-classifier"
     run_name: str | None = None
-    tags: dict[str, str] = Field(
-        default_factory=dict
-    )  # dataset_version, shard_data_version, code_version...
+    # dataset_version, shard_data_version, code_version...
+    tags: dict[str, str] = Field(default_factory=dict)
     log_model: bool = True
-    # Rank 0's logging + registration after training; past it the run fails (a re-run resumes at the end).
+    # Rank 0's logging + registration after training; past it the run fails (a re-run resumes at the
+    # end).
     timeout_seconds: float = Field(900.0, gt=0)
 
     @field_validator("tags")
@@ -237,9 +242,8 @@ class TrainerConfig(HyperParameters):
 
     model_dir: str = Field(min_length=1)  # HF folder of the pretrained model (weights + tokenizer)
     output_dir: str = Field(min_length=1)  # rank 0 writes model/ and metrics.json here
-    checkpoint_dir: str = Field(
-        min_length=1
-    )  # stable across restarts of the same inputs: resume reads last.ckpt
+    # stable across restarts of the same inputs: resume reads last.ckpt
+    checkpoint_dir: str = Field(min_length=1)
     data: DataConfig
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     # The dataset version's classes in label-id order (the shards' labels are ids into this list);
@@ -255,7 +259,9 @@ class TrainerConfig(HyperParameters):
         return labels
 
     def train_label_counts(self) -> list[int]:
-        """The train split's samples per label id that class_weights 'balanced' needs (checked here, not counted)."""
+        """The train split's samples per label id that class_weights 'balanced' needs (checked
+        here, not counted).
+        """
         counts = self.data.train_label_counts
         if counts is None or len(counts) != len(self.labels) or min(counts) < 0:
             raise ConfigError(
@@ -295,6 +301,7 @@ class TrainerConfig(HyperParameters):
 
     def hparams(self) -> dict[str, Any]:
         """Flat, secret-free parameters for MLflow (paths and tracking left out)."""
+        # data, not a knob
         data = self.data.model_dump(
             exclude={
                 "train_url",
@@ -303,7 +310,7 @@ class TrainerConfig(HyperParameters):
                 "local_cache_dir",
                 "train_label_counts",
             }
-        )  # data, not a knob
+        )
         return {
             **self.hyper_parameters(),
             "labels": list(self.labels),
@@ -312,7 +319,9 @@ class TrainerConfig(HyperParameters):
 
 
 def explain(err: ValidationError) -> str:
-    """One line per problem, each naming the key's dotted path (``unknown key 'data.batchsize'``)."""
+    """One line per problem, each naming the key's dotted path (``unknown key
+    'data.batchsize'``).
+    """
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "config"

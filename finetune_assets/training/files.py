@@ -1,4 +1,6 @@
-"""Atomic writes to a local folder or any fsspec URL: a killed writer never leaves a partial file."""
+"""Atomic writes to a local folder or any fsspec URL: a killed writer never leaves a partial
+file.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from finetune_assets.storage import write_bytes_atomic
 def scratch_root() -> str:
     """Local folder for large derived files (shard cache, model staging, remote checkpoints).
 
-    ``$XDG_CACHE_HOME/finetune_assets``: the Kubernetes launcher points it at the pods' cache volume,
-    so these never fill the small ``/tmp`` that also holds HOME. Else the temp dir (local runs).
+    ``$XDG_CACHE_HOME/finetune_assets``: the Kubernetes launcher points it at the pods' cache
+    volume, so these never fill the small ``/tmp`` that also holds HOME. Else the temp dir (local
+    runs).
     """
     return os.path.join(
         os.environ.get("XDG_CACHE_HOME") or tempfile.gettempdir(), "finetune_assets"
@@ -68,7 +71,8 @@ def publish_dir(local_dir: Path, url: str) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoints written atomically, so a SIGKILL mid-save keeps the previous ``last.ckpt``.
+    """Lightning checkpoints written atomically, so a SIGKILL mid-save keeps the previous
+    ``last.ckpt``.
 
     ``torch.save`` streams into a temp file (beside the target locally, in the scratch folder for a
     remote target, then one upload): the checkpoint is never held in memory a second time.

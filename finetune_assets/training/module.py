@@ -1,5 +1,5 @@
-"""The Lightning module: a sequence classifier of the checkpoint's own architecture plus loss, metrics,
-optimizers, throughput.
+"""The Lightning module: a sequence classifier of the checkpoint's own architecture plus loss,
+metrics, optimizers, throughput.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def load_classifier(model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET) -> Pre
 def export_classifier(config: PretrainedConfig, state: dict[str, torch.Tensor]) -> PreTrainedModel:
     """The trained weights in a model built from the trained model's own config (and so its class).
 
-    ``state`` is the Lightning module's state dict (``model.`` prefixed); a missing or extra key fails.
+    ``state`` is the Lightning module's state dict (``model.`` prefixed); a missing or extra key
+    fails.
     """
     weights = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
     model = AutoModelForSequenceClassification.from_config(config)
@@ -75,15 +76,17 @@ def _eval_metrics(prefix: str, num_classes: int) -> MetricCollection:
 def decays(name: str) -> bool:
     """Weight decay by parameter *name*: not biases, not norms (any layer-norm spelling).
 
-    By name, not ``p.ndim``: under FSDP with ``use_orig_params`` a parameter may be a flat 1-D shard,
-    and a shape rule would then switch decay off for every weight.
+    By name, not ``p.ndim``: under FSDP with ``use_orig_params`` a parameter may be a flat 1-D
+    shard, and a shape rule would then switch decay off for every weight.
     """
     parts = name.lower().split(".")
     return parts[-1] != "bias" and not any("norm" in part for part in parts[-2:])
 
 
 class LayoutChanged(RuntimeError):
-    """A checkpoint resumed on another process layout than wrote it (refused, not silently re-planned)."""
+    """A checkpoint resumed on another process layout than wrote it (refused, not silently
+    re-planned).
+    """
 
 
 class WorldSizeChanged(LayoutChanged):
@@ -91,7 +94,9 @@ class WorldSizeChanged(LayoutChanged):
 
 
 class ReviewClassifier(pl.LightningModule):
-    """Owns loss, metrics and optimizers; the HF model is injected so tests and benchmarks can share it."""
+    """Owns loss, metrics and optimizers; the HF model is injected so tests and benchmarks can
+    share it.
+    """
 
     def __init__(
         self,
@@ -102,9 +107,8 @@ class ReviewClassifier(pl.LightningModule):
     ):
         super().__init__()
         self.seed = seed
-        self.model = (
-            model.train()
-        )  # from_pretrained returns eval mode; dropout must be on while training
+        # from_pretrained returns eval mode; dropout must be on while training
+        self.model = model.train()
         # The classes, in id order, from the model's own config (set from the version's label set).
         self.labels: tuple[str, ...] = tuple(
             model.config.id2label[i] for i in range(model.config.num_labels)
@@ -126,28 +130,30 @@ class ReviewClassifier(pl.LightningModule):
         self.test_results: dict[str, Any] = {}
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:
-        # No labels to the model: losses are computed here (class weights, masked repeats and padding).
+        # No labels to the model: losses are computed here (class weights, masked repeats and
+        # padding).
         return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 
     # -- training --------------------------------------------------------------------------
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        # Dropout masks as a function of (seed, position, rank), not of the RNG's history: a run resumed
-        # from a checkpoint draws the same masks as an uninterrupted one, so it ends with the same weights.
+        # Dropout masks as a function of (seed, position, rank), not of the RNG's history: a run
+        # resumed from a checkpoint draws the same masks as an uninterrupted one, so it ends with
+        # the same weights.
         key = f"{self.seed}/{self.current_epoch}/{batch_idx}/{self.global_step}/{self.global_rank}"
         torch.manual_seed(
             int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
         )
 
     def train_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy in fp32, weighted per class when ``class_weights`` were given (mean over the batch's weights).
+        """Cross-entropy in fp32, weighted per class when ``class_weights`` were given (mean over
+        the batch's weights).
 
         fp32 whatever the precision: bf16 would round the class weights (and the loss) to 3 digits.
         """
         logits, labels = logits.float().view(-1, self.num_classes), labels.view(-1)
-        kept = (
-            labels != PAD_LABEL
-        )  # streaming's repeated samples (streaming_loader.repeated_positions) count nowhere
+        # streaming's repeated samples (streaming_loader.repeated_positions) count nowhere
+        kept = labels != PAD_LABEL
         weight = (
             self.class_weight[labels.clamp(min=0)]
             if self.class_weight is not None
@@ -155,15 +161,15 @@ class ReviewClassifier(pl.LightningModule):
         )
         weight = weight * kept
         per_sample = F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="none")
-        return (per_sample * weight).sum() / weight.sum().clamp(
-            min=1e-12
-        )  # 0, not NaN, for an all-repeat batch
+        # 0, not NaN, for an all-repeat batch
+        return (per_sample * weight).sum() / weight.sum().clamp(min=1e-12)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
         bs = batch["labels"].shape[0]
-        # The mean over all ranks, reduced once per log interval and once per epoch (not every step).
+        # The mean over all ranks, reduced once per log interval and once per epoch (not every
+        # step).
         if (batch_idx + 1) % (
             self.trainer.log_every_n_steps * self.trainer.accumulate_grad_batches
         ) == 0:
@@ -203,9 +209,8 @@ class ReviewClassifier(pl.LightningModule):
         self._eval_step(batch, self.test_metrics, self.test_loss)
 
     def _log_eval(self, metrics: MetricCollection, loss: MeanMetric) -> dict[str, Any]:
-        values = (
-            metrics.compute()
-        )  # torchmetrics syncs the states across ranks (a rank may have none)
+        # torchmetrics syncs the states across ranks (a rank may have none)
+        values = metrics.compute()
         prefix = metrics.prefix or ""
         self.log(f"{prefix}loss", float(loss.compute()), sync_dist=False)
         loss.reset()
@@ -277,17 +282,16 @@ class ReviewClassifier(pl.LightningModule):
     def total_steps(self) -> int:
         """Optimizer steps of the whole run, computed from the train dataset's length.
 
-        Not ``trainer.estimated_stepping_batches``: it builds the train loader before a checkpoint is
-        restored, and Lightning then never hands that loader its saved state, so a mid-epoch resume
-        would restart the epoch from its first sample (samples repeated and skipped).
+        Not ``trainer.estimated_stepping_batches``: it builds the train loader before a checkpoint
+        is restored, and Lightning then never hands that loader its saved state, so a mid-epoch
+        resume would restart the epoch from its first sample (samples repeated and skipped).
         """
         t = self.trainer
         datasets = getattr(t.datamodule, "datasets", {}) if t.datamodule is not None else {}
         if "train" not in datasets:
             return int(t.estimated_stepping_batches)
-        batches = math.ceil(
-            len(datasets["train"]) / t.datamodule.config.batch_size
-        )  # per rank, as the loader
+        # per rank, as the loader
+        batches = math.ceil(len(datasets["train"]) / t.datamodule.config.batch_size)
         limit = t.limit_train_batches
         batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
         steps = math.ceil(batches / t.accumulate_grad_batches) * max(t.max_epochs or 1, 1)
@@ -296,7 +300,9 @@ class ReviewClassifier(pl.LightningModule):
     # -- checkpoint state ------------------------------------------------------------------
 
     def configure_model(self) -> None:
-        """Under ``strategy: fsdp`` shard the encoder on the strategy's mesh (once: see :mod:`.sharding`)."""
+        """Under ``strategy: fsdp`` shard the encoder on the strategy's mesh (once: see
+        :mod:`.sharding`).
+        """
         mesh = self.device_mesh  # set by Lightning's ModelParallelStrategy only
         if mesh is not None:
             from finetune_assets.training.sharding import fsdp_mesh, shard_encoder
@@ -304,7 +310,9 @@ class ReviewClassifier(pl.LightningModule):
             shard_encoder(self.model, fsdp_mesh(mesh))
 
     def _layout(self) -> dict[str, int]:
-        """World size, nodes and streaming's canonical nodes: what the data order and repeat mask depend on."""
+        """World size, nodes and streaming's canonical nodes: what the data order and repeat mask
+        depend on.
+        """
         from finetune_assets.training.datamodule import canonical_nodes
 
         t = self.trainer
@@ -325,10 +333,13 @@ class ReviewClassifier(pl.LightningModule):
         saved = state.get("world_size")  # absent in checkpoints written before it was recorded
         if saved is not None and int(saved) != now["world_size"]:
             raise WorldSizeChanged(
-                f"the checkpoint being resumed was written by {saved} training processes, this run has "
+                f"the checkpoint being resumed was written by {saved} training processes, this "
+                "run has "
                 f"{now['world_size']}. A resume keeps the world size: the global batch "
-                f"(processes x batch_size x accumulate_grad_batches), the LR schedule's step count and the "
-                f"data order all depend on it. Relaunch with {saved} processes (nnodes x nproc_per_node), "
+                "(processes x batch_size x accumulate_grad_batches), the LR schedule's step "
+                "count and the "
+                f"data order all depend on it. Relaunch with {saved} processes (nnodes x "
+                "nproc_per_node), "
                 "or delete the checkpoint folder (checkpoint_dir) to start this training over."
             )
         changed = [
@@ -341,11 +352,15 @@ class ReviewClassifier(pl.LightningModule):
                 int(saved) // int(state["num_nodes"]) if saved and state.get("num_nodes") else "?"
             )
             raise LayoutChanged(
-                f"the checkpoint being resumed was written on {state.get('num_nodes')} nodes x {ranks} processes "
+                f"the checkpoint being resumed was written on {state.get('num_nodes')} nodes x "
+                f"{ranks} processes "
                 f"(data.num_canonical_nodes {state.get('num_canonical_nodes')}), this run has "
                 f"{now['num_nodes']} nodes x {now['world_size'] // now['num_nodes']} processes "
-                f"(data.num_canonical_nodes {now.get('num_canonical_nodes')}): which samples each rank "
-                "streams, and so which repeats are masked, depend on the node layout. Relaunch with "
-                f"nnodes {state.get('num_nodes')} x nproc_per_node {ranks}, or delete the checkpoint folder "
+                f"(data.num_canonical_nodes {now.get('num_canonical_nodes')}): which samples "
+                "each rank "
+                "streams, and so which repeats are masked, depend on the node layout. Relaunch "
+                "with "
+                f"nnodes {state.get('num_nodes')} x nproc_per_node {ranks}, or delete the "
+                "checkpoint folder "
                 "(checkpoint_dir) to start this training over."
             )

@@ -12,14 +12,18 @@ import torch
 
 
 def cpu_supports_bf16() -> bool:
-    """AVX512-BF16 or AMX (Intel Sapphire Rapids+, AMD Zen 4+): what makes CPU bf16 faster, not just smaller."""
+    """AVX512-BF16 or AMX (Intel Sapphire Rapids+, AMD Zen 4+): what makes CPU bf16 faster, not
+    just smaller.
+    """
     cpu = torch.cpu
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:
-    """The Lightning precision a run uses: ``auto`` decided for this machine, ``32`` spelled ``32-true``."""
+    """The Lightning precision a run uses: ``auto`` decided for this machine, ``32`` spelled
+    ``32-true``.
+    """
     if precision == "auto":
         gpu = accelerator != "cpu" and torch.cuda.is_available()
         if gpu:

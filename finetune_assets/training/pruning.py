@@ -98,7 +98,6 @@ class TrialPruning(pl.Callback):
             )
             if prune:
                 self._trial.set_user_attr(PRUNED_AT_STEP, step)
-        if trainer.strategy.broadcast(
-            prune, src=0
-        ):  # one decision: ranks must not leave the loop apart
+        # one decision: ranks must not leave the loop apart
+        if trainer.strategy.broadcast(prune, src=0):
             trainer.should_stop = True

@@ -310,9 +310,8 @@ class Throughput(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         self._clean = False  # this step's interval holds the save: not a steady-state step
-        self._sync(
-            trainer
-        )  # every rank saves (Lightning dumps on all, writes on rank 0): totals are exact
+        # every rank saves (Lightning dumps on all, writes on rank 0): totals are exact
+        self._sync(trainer)
         checkpoint.setdefault(CHECKPOINT_KEY, {}).update(
             samples_seen=self.samples_seen,
             tokens_seen=self.tokens_seen,

@@ -2,11 +2,12 @@
 
 Off by default (``LandingZoneResource.tune_new_versions``): ``landing_zone_sensor`` requests
 ``retrain_job`` for a new version, as always (its data preparation, then its training). On: the
-version's training run is ``tune_job`` instead (``tuning_study`` in the training pool), same run
-key and tags, so the sensor follows it as it follows a training run; when it succeeds, ``tuned_retrain_sensor`` requests
-``finetune_only_job`` for the version with ``hyper_parameters_from: study``: the winner trained on
-the full budget, then the gate and promotion as usual. Two runs, not one: in one run nothing orders
-``tuning_study`` before ``finetuned_model`` (neither depends on the other).
+version's training run is ``tune_job`` instead (``tuning_study`` in the training pool), same run key
+and tags, so the sensor follows it as it follows a training run; when it succeeds,
+``tuned_retrain_sensor`` requests ``finetune_only_job`` for the version with
+``hyper_parameters_from: study``: the winner trained on the full budget, then the gate and promotion
+as usual. Two runs, not one: in one run nothing orders ``tuning_study`` before ``finetuned_model``
+(neither depends on the other).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def route(requests: list[dg.RunRequest], tune: bool) -> list[dg.RunRequest]:
 
 
 def _tune_first(request: dg.RunRequest) -> dg.RunRequest:
-    """The same version's run with the study in place of the model (run key kept: one per version)."""
+    """The same version's run with the study in place of the model (run key kept: one per
+    version).
+    """
     selection = [k for k in request.asset_selection or () if k not in TRAINS]
     return request.with_replaced_attrs(
         job_name=tune_job.name,
@@ -47,7 +50,9 @@ def _tune_first(request: dg.RunRequest) -> dg.RunRequest:
 
 
 def winner_request(run: dg.DagsterRun) -> dg.RunRequest | dg.SkipReason:
-    """``finetune_only_job`` with the study's winner for the version a sensor-made tune run tuned."""
+    """``finetune_only_job`` with the study's winner for the version a sensor-made tune run
+    tuned.
+    """
     version = run.tags.get("dagster/partition")
     if run.tags.get(AUTO_TUNE_TAG) != "true" or not version:
         return dg.SkipReason(f"run {run.run_id[:8]} was not requested by the new-data sensor")

@@ -102,9 +102,8 @@ def objective(
             raise TrainingFailedTrial(
                 f"trial {trial.number} finished without reporting a validation metric"
             )
-        return reported.intermediate_values[
-            max(reported.intermediate_values)
-        ]  # the model it ended with
+        # the model it ended with
+        return reported.intermediate_values[max(reported.intermediate_values)]
 
     return run
 

@@ -1,4 +1,6 @@
-"""The four data assets through Dagster, on real reviews: materialize per version, metadata, clear failures."""
+"""The four data assets through Dagster, on real reviews: materialize per version, metadata,
+clear failures.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ def materialize(
     raise_on_error: bool = True,
     extra_ops: dict | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Materialize ``selection`` from the real code location (``build_defs``) over ``storage_root``."""
+    """Materialize ``selection`` from the real code location (``build_defs``) over
+    ``storage_root``.
+    """
     defs = build_defs(str(storage_root))
     assets = [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)]
     ops: dict = {}
@@ -173,7 +177,9 @@ def test_unregistered_version_fails_with_how_to_register(base_model: Path, insta
 def test_bad_source_fails_naming_the_file_and_nothing_is_published(
     case, base_model: Path, instance, arabic_reviews: Path, tmp_path: Path
 ):
-    """The Dagster failure names file and problem; no CURRENT pointer and no attempt folder remain."""
+    """The Dagster failure names file and problem; no CURRENT pointer and no attempt folder
+    remain.
+    """
     if case == "missing_file":
         path, expect = tmp_path / "nowhere.csv", "no such file"
     elif case == "unreadable_format":

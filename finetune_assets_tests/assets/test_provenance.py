@@ -1,8 +1,8 @@
 """A re-execution reads what its root run read, and Dagster's lineage names the input actually used.
 
-Scenario: version v1 is built, training fails, ``pretrained_model`` is rebuilt from another base model,
-and the failed run is re-executed from failure (a new run id, the same root run id: what a person does
-from the UI and what the daemon's run retries do, ``ReexecutionOptions.from_failure``).
+Scenario: version v1 is built, training fails, ``pretrained_model`` is rebuilt from another base
+model, and the failed run is re-executed from failure (a new run id, the same root run id: what a
+person does from the UI and what the daemon's run retries do, ``ReexecutionOptions.from_failure``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ ROOT_ENV = "PROVENANCE_TEST_ROOT"  # the storage root of the reconstructed job (
 
 class FailOnceLauncher(CopyLauncher):
     """Fails the first training (a lost pod, say), then 'trains' like ``CopyLauncher``; records what
-    each attempt trained from (``model_dir`` of the trainer config) in ``{root}/trained_from.jsonl``.
+    each attempt trained from (``model_dir`` of the trainer config) in
+    ``{root}/trained_from.jsonl``.
     """
 
     def launch(self, context, job) -> None:
@@ -48,7 +49,9 @@ class FailOnceLauncher(CopyLauncher):
 
 
 def chain_job() -> dg.JobDefinition:
-    """Reconstructable (re-execution loads the job by reference), in-process, one root from the env."""
+    """Reconstructable (re-execution loads the job by reference), in-process, one root from the
+    env.
+    """
     defs = dg.Definitions(
         assets=_chain_assets(),
         jobs=[dg.define_asset_job("chain", selection=CHAIN, executor_def=dg.in_process_executor)],
@@ -118,11 +121,13 @@ def test_reexecution_trains_with_the_base_model_its_shards_were_tokenized_with(
     trained = [
         json.loads(line) for line in (storage_root / "trained_from.jsonl").read_text().splitlines()
     ]
+    # the shards' tokenizer, both times
     assert [t["model_dir"] for t in trained] == [
         old.url,
         old.url,
-    ]  # the shards' tokenizer, both times
-    # Lineage: Dagster's record says the old base model (data version and event), not the newest one.
+    ]
+    # Lineage: Dagster's record says the old base model (data version and event), not the newest
+    # one.
     assert mat.tags[f"dagster/input_data_version/{PRETRAINED_MODEL}"] == old.data_version
     pointer = int(mat.tags[f"dagster/input_event_pointer/{PRETRAINED_MODEL}"])
     used = instance.fetch_materializations(dg.AssetKey(PRETRAINED_MODEL), limit=10).records

@@ -1,5 +1,5 @@
-"""A run killed after ``CURRENT`` moved but before Dagster recorded the materialization: the next run
-notices storage ahead of Dagster's record and restores the recorded attempt before reading.
+"""A run killed after ``CURRENT`` moved but before Dagster recorded the materialization: the next
+run notices storage ahead of Dagster's record and restores the recorded attempt before reading.
 """
 
 from __future__ import annotations
@@ -53,9 +53,8 @@ def test_a_kill_between_publish_and_record_is_repaired_by_the_next_reader(tmp_pa
     assert _write(storage_root, home, "recorded", kill=False) == 0
     assert _write(storage_root, home, "unrecorded", kill=True) == -9  # killed in the window
     store = Storage(str(storage_root))
-    assert (
-        store.require("tokenized_reviews").data_version == "unrecorded"
-    )  # storage ahead of Dagster
+    # storage ahead of Dagster
+    assert store.require("tokenized_reviews").data_version == "unrecorded"
 
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
         (record,) = instance.fetch_materializations(

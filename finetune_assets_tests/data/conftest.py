@@ -1,4 +1,6 @@
-"""Fixtures for the pure data path: the real review files, the real WordPiece tokenizer, independent counts."""
+"""Fixtures for the pure data path: the real review files, the real WordPiece tokenizer,
+independent counts.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ def csv_rows(path: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    """The packaged model's fast tokenizer (the bert-base-uncased WordPiece vocabulary), as tiny_model_dir has."""
+    """The packaged model's fast tokenizer (the bert-base-uncased WordPiece vocabulary), as
+    tiny_model_dir has.
+    """
     from transformers import AutoTokenizer
 
     from finetune_assets.data.models import packaged_model_dir

@@ -1,4 +1,5 @@
-"""A generator of hostile review files, with the expected outcome of every record computed by the generator.
+"""A generator of hostile review files, with the expected outcome of every record computed by the
+generator.
 
 It fakes what careless exporters write: spreadsheets (BOM, CRLF or classic-Mac CR line ends, UTF-16
 "Unicode text" TSV, stray and undoubled quotes, cells pasted with tabs/newlines), database dumps
@@ -65,9 +66,8 @@ class Generated:
     name: str
     body: bytes
     delimiter: str
-    expected: list[tuple[str | None, str | None]] = field(
-        default_factory=list
-    )  # (token, reason or None)
+    # (token, reason or None)
+    expected: list[tuple[str | None, str | None]] = field(default_factory=list)
     encoding: str = "utf-8"
 
     @property
@@ -99,7 +99,9 @@ class Writer:
     def text(
         self, multiline: bool = False, quotes: bool = False, delimiters: bool = True
     ) -> tuple[str, str]:
-        """A unique review (its token first) with commas, tabs, quotes or newlines that force quoting."""
+        """A unique review (its token first) with commas, tabs, quotes or newlines that force
+        quoting.
+        """
         token = f"R{self.n:05d}"
         self.n += 1
         words = [self.rng.choice(WORDS) for _ in range(self.rng.randint(2, 9))]
@@ -141,7 +143,9 @@ def _mix(w: Writer, n: int) -> None:
 
 
 def stray_quote(rng: random.Random) -> Generated:
-    """The issue's case: one unclosed quote in the middle of a file of quoted and unquoted reviews."""
+    """The issue's case: one unclosed quote in the middle of a file of quoted and unquoted
+    reviews.
+    """
     w = Writer(rng)
     w.header()
     _mix(w, 60)
@@ -151,7 +155,9 @@ def stray_quote(rng: random.Random) -> Generated:
 
 
 def stray_quote_no_more_quotes(rng: random.Random) -> Generated:
-    """A stray quote with no quote after it: every later line would otherwise collapse into one field."""
+    """A stray quote with no quote after it: every later line would otherwise collapse into one
+    field.
+    """
     w = Writer(rng)
     w.header()
     for _ in range(40):
@@ -163,7 +169,9 @@ def stray_quote_no_more_quotes(rng: random.Random) -> Generated:
 
 
 def excel_export(rng: random.Random) -> Generated:
-    """Excel "CSV UTF-8": BOM, CRLF, multi-line cells, an undoubled quote and text after a closing quote."""
+    """Excel "CSV UTF-8": BOM, CRLF, multi-line cells, an undoubled quote and text after a
+    closing quote.
+    """
     w = Writer(rng, newline="\r\n")
     w.header()
     _mix(w, 40)
@@ -184,8 +192,8 @@ def mac_cr_export(rng: random.Random) -> Generated:
 
 
 def scraper_rows(rng: random.Random) -> Generated:
-    """Scraped reviews: unquoted commas (too many fields), a missing label, invisible-only and RLM-prefixed
-    copies, null markers, a megabyte review, blank lines.
+    """Scraped reviews: unquoted commas (too many fields), a missing label, invisible-only and
+    RLM-prefixed copies, null markers, a megabyte review, blank lines.
     """
     w = Writer(rng)
     w.header()
@@ -212,7 +220,9 @@ def scraper_rows(rng: random.Random) -> Generated:
 
 
 def concatenated_exports(rng: random.Random) -> Generated:
-    """``cat a.csv b.csv``: the second header is a ``header_row``, never a review in a class "polarity"."""
+    """``cat a.csv b.csv``: the second header is a ``header_row``, never a review in a class
+    "polarity".
+    """
     w = Writer(rng)
     w.header()
     _mix(w, 30)
@@ -222,7 +232,9 @@ def concatenated_exports(rng: random.Random) -> Generated:
 
 
 def tsv_unclosed_quote(rng: random.Random) -> Generated:
-    """The issue's TSV case: a field starting with an unclosed quote must not merge the next reviews."""
+    """The issue's TSV case: a field starting with an unclosed quote must not merge the next
+    reviews.
+    """
     w = Writer(rng, delimiter="\t")
     w.header()
     for _ in range(30):
@@ -235,7 +247,9 @@ def tsv_unclosed_quote(rng: random.Random) -> Generated:
 
 
 def db_dump_tsv(rng: random.Random) -> Generated:
-    """A database dump as TSV: ``\\N`` nulls, a bare quote inside an unquoted cell (quarantined, not guessed)."""
+    """A database dump as TSV: ``\\N`` nulls, a bare quote inside an unquoted cell (quarantined,
+    not guessed).
+    """
     w = Writer(rng, delimiter="\t")
     w.header(("id", "review", "sentiment"))
     for i in range(40):
@@ -256,7 +270,9 @@ def utf16_unicode_text(rng: random.Random) -> Generated:
 
 
 def cut_download(rng: random.Random) -> Generated:
-    """A download cut inside a multi-line quoted review: each line of the stub is quarantined on its own."""
+    """A download cut inside a multi-line quoted review: each line of the stub is quarantined on
+    its own.
+    """
     w = Writer(rng)
     w.header()
     _mix(w, 30)
@@ -267,7 +283,9 @@ def cut_download(rng: random.Random) -> Generated:
 
 
 def undoubled_quote_multiline(rng: random.Random) -> Generated:
-    """A hand-edited multi-line cell with an undoubled quote: its tail (``more text",1``) must not become a review."""
+    """A hand-edited multi-line cell with an undoubled quote: its tail (``more text",1``) must
+    not become a review.
+    """
     w = Writer(rng)
     w.header()
     _mix(w, 20)
@@ -279,8 +297,8 @@ def undoubled_quote_multiline(rng: random.Random) -> Generated:
 
 
 def repeated_headers(rng: random.Random) -> Generated:
-    """Several exports pasted together: headers repeated anywhere, one behind a BOM, one upper-cased, one
-    quoted, with CRLF line ends (each ``header_row``).
+    """Several exports pasted together: headers repeated anywhere, one behind a BOM, one
+    upper-cased, one quoted, with CRLF line ends (each ``header_row``).
     """
     w = Writer(rng, newline="\r\n")
     w.header()
@@ -319,9 +337,9 @@ def label_spellings(rng: random.Random) -> Generated:
 
 
 def mixed_line_endings(rng: random.Random) -> Generated:
-    """Line ends mixed in one file: a CRLF file where a review's inner line break is a bare LF (unquoted)
-    and an LF file where it is a CRLF; both lines are ``ambiguous_line_end``, never two reviews. A bare CR
-    inside a line stays text.
+    """Line ends mixed in one file: a CRLF file where a review's inner line break is a bare LF
+    (unquoted) and an LF file where it is a CRLF; both lines are ``ambiguous_line_end``, never two
+    reviews. A bare CR inside a line stays text.
     """
     out_body, expected, n = "", [], 0
     for newline, odd in (("\r\n", "\n"), ("\n", "\r\n")):
@@ -342,8 +360,8 @@ def mixed_line_endings(rng: random.Random) -> Generated:
 
 
 def jsonl_text_key_changes(rng: random.Random) -> Generated:
-    """A scraper's JSON Lines whose text key changes half-way (``review`` -> ``body``) and rows with no
-    text key at all: each row without the chosen key is ``missing_text_field`` (raw line kept).
+    """A scraper's JSON Lines whose text key changes half-way (``review`` -> ``body``) and rows with
+    no text key at all: each row without the chosen key is ``missing_text_field`` (raw line kept).
     """
     import json
 
@@ -360,17 +378,16 @@ def jsonl_text_key_changes(rng: random.Random) -> Generated:
         key = rng.choice(("body", "Review Text", "comment_txt"))
         lines.append(json.dumps({key: text, "sentiment": "1"}, ensure_ascii=False))
         w.expected.append((token, "missing_text_field"))
-    lines.append(
-        json.dumps({"review": None, "sentiment": "1"})
-    )  # the key with no value: empty text
+    # the key with no value: empty text
+    lines.append(json.dumps({"review": None, "sentiment": "1"}))
     w.expected.append((None, "empty_text"))
     return Generated("scraped.jsonl", ("\n".join(lines) + "\n").encode(), "", w.expected)
 
 
 def conflicting_copies(rng: random.Random) -> Generated:
-    """Copies of one review with different labels: 3+ copies with a majority label keep one copy of it
-    (the first copy read may be the outvoted one); no majority (2 copies, or 2:2) quarantines every copy
-    as ``conflicting_duplicate``.
+    """Copies of one review with different labels: 3+ copies with a majority label keep one copy of
+    it (the first copy read may be the outvoted one); no majority (2 copies, or 2:2) quarantines
+    every copy as ``conflicting_duplicate``.
     """
     w = Writer(rng)
     w.header()

@@ -1,11 +1,13 @@
-"""Materialize data assets of one dataset version in a separate process (for kill / concurrency tests).
+"""Materialize data assets of one dataset version in a separate process (for kill / concurrency
+tests).
 
-    python -m finetune_assets_tests.data.materialize_worker ROOT VERSION SOURCE ASSETS [--hang-in tokens|shards]
+    python -m finetune_assets_tests.data.materialize_worker ROOT VERSION SOURCE ASSETS [--hang-in
+    tokens|shards]
         [--marker PATH]
 
-``--hang-in`` makes the write stop half-way inside the asset's publish block (the slice workers' token
-parts or MDS sub-datasets written, not yet merged and published), touch ``--marker`` and sleep: the
-test then SIGKILLs the process exactly while the attempt folder holds partial data.
+``--hang-in`` makes the write stop half-way inside the asset's publish block (the slice workers'
+token parts or MDS sub-datasets written, not yet merged and published), touch ``--marker`` and
+sleep: the test then SIGKILLs the process exactly while the attempt folder holds partial data.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ def _hang(marker: Path) -> None:
 
 
 def _hang_in_tokens(marker: Path) -> None:
-    """Let the slice workers write their token parts into the attempt, then hang before the publish."""
+    """Let the slice workers write their token parts into the attempt, then hang before the
+    publish.
+    """
     import finetune_assets.data.slices as slices
 
     def hang(*args, **kwargs):
@@ -32,7 +36,9 @@ def _hang_in_tokens(marker: Path) -> None:
 
 
 def _hang_in_shards(marker: Path) -> None:
-    """Let the slice workers write their MDS sub-datasets (shards on disk), then hang before the merge."""
+    """Let the slice workers write their MDS sub-datasets (shards on disk), then hang before the
+    merge.
+    """
     import finetune_assets.data.slices as slices
 
     def hang(*args, **kwargs):

@@ -52,7 +52,9 @@ def _run(root: Path, version: str, source: Path, assets) -> None:
 
 
 def _run_here(root: Path, instance, version: str, source: Path, assets) -> None:
-    """In this process (cheaper than a worker), with the worker's config, so content hashes compare."""
+    """In this process (cheaper than a worker), with the worker's config, so content hashes
+    compare.
+    """
     from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets_tests.assets.test_data_assets import materialize
 
@@ -132,9 +134,8 @@ def test_sigkill_mid_write_keeps_previous_complete_version(
     _run_here(model_root, instance, "v1", source, [asset])
     after = store.require(asset, "v1")
     assert after.attempt not in {partial_attempt, before.attempt if before else None}
-    if (
-        previous
-    ):  # same inputs, same content hash: the partial write did not leak into the new version
+    # same inputs, same content hash: the partial write did not leak into the new version
+    if previous:
         assert after.data_version == before.data_version
     if asset == "mds_shards":
         from finetune_assets.data.shards import read_back_count

@@ -6,7 +6,8 @@ Every case ends in exactly one of two ways:
 - ``quarantine``: the read succeeds and ``input rows == accepted + rejected``, with the expected
   rejection reasons counted (input rows counted independently of the reader under test).
 
-docs/reliability.md cites these test ids (``test_bad_input[<case>]``, ``test_bad_input_through_dagster[<case>]``).
+docs/reliability.md cites these test ids (``test_bad_input[<case>]``,
+``test_bad_input_through_dagster[<case>]``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ class Case:
     path: Path
     error: str | None = None  # regex the SourceError message must match (besides the file path)
     rows: int | None = None  # input rows, counted independently
-    reasons: dict[str, int] = field(
-        default_factory=dict
-    )  # rejection reasons expected (exact counts)
+    # rejection reasons expected (exact counts)
+    reasons: dict[str, int] = field(default_factory=dict)
     spec: dict = field(default_factory=dict)  # SourceSpec overrides
     rules: dict = field(default_factory=dict)  # ValidationRules overrides
     accepted_labels: set[str] | None = None  # classes present among accepted rows
@@ -60,16 +60,17 @@ def _baseline_reasons(src: Path) -> dict[str, int]:
     return validate(raw, ValidationRules()).reasons
 
 
-# -- the cases --------------------------------------------------------------------------------------
+# -- the cases -------------------------------------------------------------------------------------
 
 
 def truncated_mid_row(src: Path, tmp: Path) -> Case:
-    """PROD.csv cut in the middle of a (single-line) row: the complete rows stay, the stub is quarantined."""
+    """PROD.csv cut in the middle of a (single-line) row: the complete rows stay, the stub is
+    quarantined.
+    """
     text = (src / "PROD.csv").read_text(encoding="utf-8")
     start = text.index("\n", len(text) // 2) + 1
-    while (
-        text[start] == '"' or text.index(",", start) - start < 8
-    ):  # an unquoted row with a long text
+    # an unquoted row with a long text
+    while text[start] == '"' or text.index(",", start) - start < 8:
         start = text.index("\n", start) + 1
     cut = text[: start + 6]
     path = tmp / "PROD_truncated.csv"
@@ -91,8 +92,9 @@ def truncated_mid_quote(src: Path, tmp: Path) -> Case:
     path = tmp / "ATT_truncated.csv"
     path.write_text(cut, encoding="utf-8")
     complete = [r[1:] for r in csv.reader(io.StringIO(text[:start], newline="")) if r][1:]
-    # the unclosed quote runs to the end of the file: each of its physical lines is quarantined on its own
-    # (the reader cannot tell a cut download from a stray quote, and must not swallow lines for either)
+    # the unclosed quote runs to the end of the file: each of its physical lines is quarantined on
+    # its own (the reader cannot tell a cut download from a stray quote, and must not swallow lines
+    # for either)
     stub_lines = cut[start:].count("\n") + 1
     return Case(
         path,
@@ -105,7 +107,8 @@ def wrong_delimiter(src: Path, tmp: Path) -> Case:
     path = _write_csv(tmp / "PROD_semicolon.csv", ["text", "polarity"], _prod(src), delimiter=";")
     return Case(
         path,
-        error=r"no text column found .*columns: \['text;polarity'\].*the header looks ';'-separated",
+        error=r"no text column found .*columns: \['text;polarity'\].*the header looks "
+        r"';'-separated",
     )
 
 
@@ -143,9 +146,8 @@ def unknown_encoding_name(src: Path, tmp: Path) -> Case:
 
 
 def missing_text_column(src: Path, tmp: Path) -> Case:
-    path = _write_csv(
-        tmp / "PROD_opinion.csv", ["opinion", "polarity"], _prod(src)
-    )  # "body" is found
+    # "body" is found
+    path = _write_csv(tmp / "PROD_opinion.csv", ["opinion", "polarity"], _prod(src))
     return Case(
         path,
         error=r"no text column found \(looked for text, review, content, sentence, .*; "
@@ -211,9 +213,8 @@ def nan_and_empty_texts(src: Path, tmp: Path) -> Case:
 def extremely_long_texts(src: Path, tmp: Path) -> Case:
     rows = _prod(src)[:500]
     for i in range(0, 50, 5):
-        rows[i][0] = (rows[i][0] + " ") * (
-            25_000 // max(1, len(rows[i][0])) + 1
-        )  # > 20,000 characters
+        # > 20,000 characters
+        rows[i][0] = (rows[i][0] + " ") * (25_000 // max(1, len(rows[i][0])) + 1)
     rows[1][0] = "x" * 1_000_000  # one megabyte in one cell
     path = _write_csv(tmp / "PROD_long.csv", ["text", "polarity"], rows)
     n = len(rows)
@@ -228,9 +229,9 @@ def extremely_long_texts(src: Path, tmp: Path) -> Case:
 
 
 def _reasons_of(rows: list[list[str]], skip: set[int]) -> dict[str, int]:
-    """Duplicates among rows (those not otherwise rejected), computed independently of validate(): copies
-    with one label are duplicates; with different labels the majority (3+ copies, more than half) keeps
-    one copy, else every copy is a conflicting_duplicate (docs/reliability.md).
+    """Duplicates among rows (those not otherwise rejected), computed independently of validate():
+    copies with one label are duplicates; with different labels the majority (3+ copies, more than
+    half) keeps one copy, else every copy is a conflicting_duplicate (docs/reliability.md).
     """
     from collections import Counter
 
@@ -280,9 +281,8 @@ def parquet_wrong_schema(src: Path, tmp: Path) -> Case:
     pq.write_table(
         pa.table({"remark": [r[0] for r in rows], "grade": [int(r[1]) for r in rows]}), path
     )
-    return Case(
-        path, error=r"no text column found .*columns: \['remark', 'grade'\]"
-    )  # comment/stars are found
+    # comment/stars are found
+    return Case(path, error=r"no text column found .*columns: \['remark', 'grade'\]")
 
 
 def parquet_list_text_column(src: Path, tmp: Path) -> Case:
@@ -347,9 +347,8 @@ def jsonl_mixed_types(src: Path, tmp: Path) -> Case:
         json.dumps({"text": "جيد", "label": 1}) + "\n" + json.dumps({"text": 5, "label": 1}) + "\n",
         encoding="utf-8",
     )
-    return Case(
-        path, rows=2, reasons={"non_text": 1}
-    )  # the number is quarantined, the review is read
+    # the number is quarantined, the review is read
+    return Case(path, rows=2, reasons={"non_text": 1})
 
 
 def tsv_variant(src: Path, tmp: Path) -> Case:
@@ -441,8 +440,8 @@ def test_bad_input(name: str, arabic_reviews: Path, tmp_path: Path):
 def test_bad_input_through_dagster(
     name: str, arabic_reviews: Path, tmp_path: Path, storage_root: Path, instance
 ):
-    """The same cases through ``raw_reviews``: a Failure naming file + problem and nothing published,
-    or a published quarantine whose metadata counts add up to the input rows.
+    """The same cases through ``raw_reviews``: a Failure naming file + problem and nothing
+    published, or a published quarantine whose metadata counts add up to the input rows.
     """
     from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets.storage import ATTEMPTS, Storage

@@ -1,4 +1,6 @@
-"""Folders through symlinks, near-duplicates and splits, and the messages for inputs that are not text."""
+"""Folders through symlinks, near-duplicates and splits, and the messages for inputs that are not
+text.
+"""
 
 from __future__ import annotations
 
@@ -99,9 +101,8 @@ def test_an_unusable_storage_root_names_the_setting(tmp_path: Path):
 
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    store = Storage(
-        str(blocker / "root")
-    )  # under a file: cannot be created (as under /proc for root)
+    # under a file: cannot be created (as under /proc for root)
+    store = Storage(str(blocker / "root"))
     with pytest.raises(StorageRootError) as info:
         with store.publish("raw_reviews", "v1") as staging:
             staging.data_version = "x"
@@ -150,17 +151,16 @@ def test_conflicting_copies_majority_wins_else_all_quarantined_and_first_keeps_t
     "name", ["mixed_line_endings", "repeated_headers", "jsonl_text_key_changes"]
 )
 def test_new_record_boundaries_stream_like_the_whole_file(tmp_path: Path, name: str, block: int):
-    """A record whose line end is decided by the next record is re-read with the next block, so blocks
-    cut anywhere give the same rows, reasons and raw text as the whole-file read.
+    """A record whose line end is decided by the next record is re-read with the next block, so
+    blocks cut anywhere give the same rows, reasons and raw text as the whole-file read.
     """
     import random
 
     from finetune_assets_tests.data.hostile import GENERATORS
     from finetune_assets_tests.data.test_source_streaming import assert_streams_like_whole
 
-    gens = [
-        GENERATORS[name](random.Random(seed)) for seed in range(8)
-    ]  # past the first block's 4 KiB
+    # past the first block's 4 KiB
+    gens = [GENERATORS[name](random.Random(seed)) for seed in range(8)]
     path = tmp_path / gens[0].name
     path.write_bytes(b"".join(g.body for g in gens))
     whole = assert_streams_like_whole(path, block)

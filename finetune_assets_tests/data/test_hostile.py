@@ -1,4 +1,6 @@
-"""Hostile inputs from :mod:`hostile`: exact row accounting against counts the generator knows independently."""
+"""Hostile inputs from :mod:`hostile`: exact row accounting against counts the generator knows
+independently.
+"""
 
 from __future__ import annotations
 
@@ -26,9 +28,8 @@ def _check(gen: Generated, path: Path, spec: dict | None = None) -> None:
     assert result.reasons == gen.reasons
     accepted = result.accepted.column("text").to_pylist()
     tokens = [TOKEN.findall(t) for t in accepted]
-    assert all(len(t) == 1 for t in tokens), [t for t in accepted if len(TOKEN.findall(t)) != 1][
-        :3
-    ]  # no merges
+    # no merges
+    assert all(len(t) == 1 for t in tokens), [t for t in accepted if len(TOKEN.findall(t)) != 1][:3]
     assert {t[0] for t in tokens} == gen.accepted_tokens
     bad = result.rejected.filter(
         pa.compute.equal(result.rejected.column("reason"), "malformed_row")
@@ -76,8 +77,9 @@ def _compress(body: bytes, codec: str) -> bytes:
 
 
 def test_folder_reads_every_data_file_and_lists_what_it_ignores(tmp_path: Path):
-    """Compressed files and ``_``-prefixed names are read; hidden folders (a stale notebook checkpoint),
-    OS metadata and docs are ignored and listed; the accounting holds over the whole folder.
+    """Compressed files and ``_``-prefixed names are read; hidden folders (a stale notebook
+    checkpoint), OS metadata and docs are ignored and listed; the accounting holds over the whole
+    folder.
     """
     rng = random.Random(7)
     folder = tmp_path / "drop"
@@ -165,7 +167,9 @@ def test_corrupt_compressed_file_names_the_file(tmp_path: Path):
 def test_through_dagster_counts_add_up_and_files_are_listed(
     tmp_path: Path, storage_root: Path, instance
 ):
-    """raw_reviews on a hostile folder: metadata rows_in = generated records; read and ignored files listed."""
+    """raw_reviews on a hostile folder: metadata rows_in = generated records; read and ignored
+    files listed.
+    """
     from finetune_assets.dataset_versions.registry import register_version
     from finetune_assets.storage import Storage
     from finetune_assets_tests.assets.test_data_assets import _metadata, materialize
@@ -194,7 +198,9 @@ def test_through_dagster_counts_add_up_and_files_are_listed(
 def test_changed_content_under_a_registered_key_is_refused_on_materialization(
     tmp_path: Path, storage_root: Path, instance
 ):
-    """The CLI path records a fingerprint like the sensor; raw_reviews refuses to read other content under the key."""
+    """The CLI path records a fingerprint like the sensor; raw_reviews refuses to read other
+    content under the key.
+    """
     from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
     from finetune_assets.storage import Storage
     from finetune_assets_tests.assets.test_data_assets import _failure_message, materialize
@@ -218,7 +224,9 @@ def test_changed_content_under_a_registered_key_is_refused_on_materialization(
 
 
 def test_parquet_label_and_text_representations_are_read_as_their_values(tmp_path: Path):
-    """pandas ``category`` (dictionary), decimal, binary and list labels: the value, never a marker."""
+    """pandas ``category`` (dictionary), decimal, binary and list labels: the value, never a
+    marker.
+    """
     import decimal
 
     import pyarrow.parquet as pq
@@ -318,8 +326,8 @@ def test_disguised_file_says_what_it_really_is(tmp_path: Path, body: bytes, expe
     "delimiter,newline", [(",", "\n"), (",", "\r\n"), ("\t", "\n"), ("\t", "\r\n")]
 )
 def test_splitter_reads_back_whatever_csv_writer_writes(delimiter: str, newline: str):
-    """Any field an RFC 4180 writer can quote (delimiters, quotes, CR, LF, invisible marks) reads back exactly,
-    with line spans that add up to the file's lines.
+    """Any field an RFC 4180 writer can quote (delimiters, quotes, CR, LF, invisible marks) reads
+    back exactly, with line spans that add up to the file's lines.
     """
     import csv
     import io
@@ -327,7 +335,8 @@ def test_splitter_reads_back_whatever_csv_writer_writes(delimiter: str, newline:
     from finetune_assets.data.delimited import split_records
 
     rng = random.Random(11)
-    # (no lone CR: csv.writer leaves a field ending in CR unquoted, and before LF that reads as CRLF in any reader)
+    # (no lone CR: csv.writer leaves a field ending in CR unquoted, and before LF that reads as CRLF
+    # in any reader)
     alphabet = ["a", "ج", " ", ",", "\t", '"', '""', "\n", "\r\n", "\u200f", "x y"]
     rows = [["h1", "h2", "h3"]] + [
         ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8))) for _ in range(3)]
@@ -343,7 +352,9 @@ def test_splitter_reads_back_whatever_csv_writer_writes(delimiter: str, newline:
 
 
 def test_jsonl_with_broken_lines_quarantines_each_line(tmp_path: Path):
-    """A scraper's JSON Lines: a line cut mid-object, a bare list, a number as text, plain strings, CRLF."""
+    """A scraper's JSON Lines: a line cut mid-object, a bare list, a number as text, plain
+    strings, CRLF.
+    """
     import json
 
     lines = [json.dumps({"review": f"R{i:05d} fine", "sentiment": 1}) for i in range(20)]

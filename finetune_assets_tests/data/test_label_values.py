@@ -1,4 +1,6 @@
-"""Label values as people write them: one class per meaning, missing markers never a class, -1/1 binary."""
+"""Label values as people write them: one class per meaning, missing markers never a class, -1/1
+binary.
+"""
 
 from __future__ import annotations
 
@@ -205,8 +207,9 @@ def _minus_one_one_csv(tmp_path: Path) -> Path:
 def test_versions_add_minus_one_one_with_no_flags_and_with_a_dash_mapping(
     capsys, dagster_home, storage_root, tmp_path
 ):
-    """The shared ATT.csv (real reviews, -1/1 only) registers two classes with no flags; the mapping flag
-    parses as users type it (``--label-mapping -1=...``, which argparse alone reads as an option).
+    """The shared ATT.csv (real reviews, -1/1 only) registers two classes with no flags; the mapping
+    flag parses as users type it (``--label-mapping -1=...``, which argparse alone reads as an
+    option).
     """
     source = str(_minus_one_one_csv(tmp_path))
     root = ("--root", str(storage_root))

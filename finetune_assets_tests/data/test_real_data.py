@@ -1,4 +1,6 @@
-"""The data path on the real Arabic review files: reading, label mapping, counts, stable splits, shards."""
+"""The data path on the real Arabic review files: reading, label mapping, counts, stable splits,
+shards.
+"""
 
 from __future__ import annotations
 
@@ -87,7 +89,8 @@ def test_duplicates_in_prod_are_quarantined_with_reason(arabic_reviews: Path):
     for r in csv_rows(path):
         if r["text"].strip():
             copies.setdefault(normalize_text(r["text"]), []).append(r["polarity"])
-    # one copy kept when the copies agree or a majority label holds (3+ copies); else none (data/conflicts.py)
+    # one copy kept when the copies agree or a majority label holds (3+ copies); else none
+    # (data/conflicts.py)
     kept = [
         len(ls) >= 3 and 2 * Counter(ls).most_common(1)[0][1] > len(ls) or len(set(ls)) == 1
         for ls in copies.values()
@@ -200,9 +203,8 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(
         assert {p.name for p in (out / split).iterdir()} == {"index.json", "split_stats.json"} | {
             f"shard.{i:05d}.mds.zstd" for i in range(results[split].shards)
         }
-        stats = json.loads(
-            (out / split / "split_stats.json").read_text()
-        )  # what the trainer's class weights read
+        # what the trainer's class weights read
+        stats = json.loads((out / split / "split_stats.json").read_text())
         assert stats == {
             "samples": len(want),
             "label_counts": {

@@ -1,4 +1,6 @@
-"""The duplicate index: exact answers from a file larger than its private page cache, read memory-mapped."""
+"""The duplicate index: exact answers from a file larger than its private page cache, read
+memory-mapped.
+"""
 
 import hashlib
 
@@ -6,9 +8,10 @@ from finetune_assets.data.seen_texts import SeenTexts
 
 
 def test_index_beyond_its_private_cache_answers_exactly_through_the_mapped_file():
-    """40k reviews (~3 MB of index) through a 2 MB private cache: every key found with its first copy,
-    unknown keys not found, conflicting copies listed. The cache stays capped (what made 5M rows peak
-    higher than 0.1M) and the file is memory-mapped (page cache, not the process's anonymous memory).
+    """40k reviews (~3 MB of index) through a 2 MB private cache: every key found with its first
+    copy, unknown keys not found, conflicting copies listed. The cache stays capped (what made 5M
+    rows peak higher than 0.1M) and the file is memory-mapped (page cache, not the process's
+    anonymous memory).
     """
     seen = SeenTexts(cache_mb=2)
     try:

@@ -1,7 +1,8 @@
 """Bounded-memory validation, slice workers, merged MDS, the token cache and the fan-out runner.
 
-The workers run in this process here (``tokenize_slice`` / ``shard_slice`` are what the CLI calls), so
-slicing invariance and cache reuse are checked in seconds; the subprocess path has its own tests below.
+The workers run in this process here (``tokenize_slice`` / ``shard_slice`` are what the CLI calls),
+so slicing invariance and cache reuse are checked in seconds; the subprocess path has its own tests
+below.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ def test_plan_slices_cover_every_row_group_once_in_order():
 
 
 def test_stream_validator_in_many_small_batches_equals_one_pass(arabic_reviews: Path):
-    """Duplicates across batch boundaries are found (on-disk hash index), with the same details and counts."""
-    raw = read_source(
-        SourceSpec(uri=str(arabic_reviews))
-    )  # three files: duplicates within and across them
+    """Duplicates across batch boundaries are found (on-disk hash index), with the same details
+    and counts.
+    """
+    # three files: duplicates within and across them
+    raw = read_source(SourceSpec(uri=str(arabic_reviews)))
     whole = validate(raw, ValidationRules())
     rules = ValidationRules()
     streamed = StreamValidator(rules)
@@ -66,7 +68,7 @@ def test_stream_validator_in_many_small_batches_equals_one_pass(arabic_reviews: 
     assert streamed.label_counts == whole.label_counts
 
 
-# -- slice workers, in process -------------------------------------------------------------------------
+# -- slice workers, in process ---------------------------------------------------------------------
 def _reviews(
     tmp_path: Path,
     arabic_reviews: Path,
@@ -136,9 +138,8 @@ def _samples(split_dir: Path) -> list[tuple[tuple[int, ...], int]]:
         return []
     import tempfile
 
-    with (
-        tempfile.TemporaryDirectory() as cache
-    ):  # read as the trainer does: remote = the published folder
+    # read as the trainer does: remote = the published folder
+    with tempfile.TemporaryDirectory() as cache:
         ds = open_streaming_dataset(remote=str(split_dir), local=cache, shuffle=False, batch_size=1)
         out = [
             (tuple(int(x) for x in ds[i]["input_ids"]), int(ds[i]["label"]))
@@ -222,14 +223,15 @@ def test_cache_reuses_shared_rows_and_gives_identical_tokens(arabic_reviews, tok
     cached = pa.Table.from_batches(list(contracts.iter_token_batches(cached_url)))
     fresh = pa.Table.from_batches(list(contracts.iter_token_batches(fresh_url)))
     assert cached.equals(fresh)
-    # another max_length is another namespace in the asset; within one, a third run reuses everything
+    # another max_length is another namespace in the asset; within one, a third run reuses
+    # everything
     _, stats = _tokenize(tmp_path, "v3", second, tokenizer, workers=1, cache=cache)
     assert sum(s["reused"] for s in stats) == 320
 
 
 def test_a_cache_segment_appears_whole_after_its_slice_or_not_at_all(tmp_path):
-    """Segments are written batch by batch but published only when the slice is done: a worker killed or
-    failing mid-slice leaves nothing a later lookup could half-read.
+    """Segments are written batch by batch but published only when the slice is done: a worker
+    killed or failing mid-slice leaves nothing a later lookup could half-read.
     """
     from finetune_assets.data.token_cache import TokenCache, text_keys
 
@@ -242,9 +244,8 @@ def test_a_cache_segment_appears_whole_after_its_slice_or_not_at_all(tmp_path):
             segment.write(text_keys(texts[:5]), ids.slice(0, 5), full[:5])
             raise RuntimeError("worker failed mid-slice")
     assert not cache.has_segments()
-    assert not (tmp_path / "ns").exists() or not any(
-        (tmp_path / "ns").iterdir()
-    )  # no partial file either
+    # no partial file either
+    assert not (tmp_path / "ns").exists() or not any((tmp_path / "ns").iterdir())
     with cache.segment() as segment:
         for start, stop in ((0, 4), (4, 7), (7, 10)):  # three batches, one segment
             segment.write(
@@ -275,10 +276,10 @@ def _looked_up(cache, texts: list[str]) -> dict[int, list[int]]:
 
 @pytest.mark.parametrize("root", ["local", "memory"])
 def test_the_cache_index_finds_what_the_segments_hold_and_supersedes_older_indexes(tmp_path, root):
-    """compact() merges new segments into one sorted index (in key-range chunks: 7 entries a chunk here);
-    lookups through it give the tokens the segments hold; a segment no index lists yet is still found; the
-    next compaction lists both and drops the index it supersedes. ``memory``: an object-store root, where a
-    worker downloads the index once instead of memory-mapping it.
+    """compact() merges new segments into one sorted index (in key-range chunks: 7 entries a chunk
+    here); lookups through it give the tokens the segments hold; a segment no index lists yet is
+    still found; the next compaction lists both and drops the index it supersedes. ``memory``: an
+    object-store root, where a worker downloads the index once instead of memory-mapping it.
     """
     import fsspec
 
@@ -307,9 +308,8 @@ def test_the_cache_index_finds_what_the_segments_hold_and_supersedes_older_index
     )
     held = sorted((names[seg], row) for seg, row in zip(run.seg.tolist(), run.row.tolist()))
     sizes = sorted(sum(1 for n, _ in held if n == name) for name in names)
-    assert sizes == [10, 30] and held == sorted(
-        {(n, r) for n, r in held}
-    )  # each (segment, row) once
+    # each (segment, row) once
+    assert sizes == [10, 30] and held == sorted({(n, r) for n, r in held})
     assert all(
         sorted(r for n, r in held if n == name) == list(range(size))
         for name, size in ((name, sum(1 for n, _ in held if n == name)) for name in names)
@@ -332,15 +332,18 @@ def test_the_cache_index_finds_what_the_segments_hold_and_supersedes_older_index
         0: [101, 103, 102],
         1: [101, 5, 102],
     }
+    # re-run: no-op
     assert cache.compact() == {
         "index_rows": 65,
         "indexed_segments": 3,
         "merged_segments": 0,
-    }  # re-run: no-op
+    }
 
 
 def test_the_cache_index_tells_keys_apart_that_share_their_first_half(tmp_path):
-    """Binary search is on the keys' first 8 bytes; keys equal there must still be told apart by the rest."""
+    """Binary search is on the keys' first 8 bytes; keys equal there must still be told apart by
+    the rest.
+    """
     from finetune_assets.data.token_cache import TokenCache
     from finetune_assets.data.token_index import KEY_BYTES, KeyRun, key_halves
 
@@ -348,9 +351,8 @@ def test_the_cache_index_tells_keys_apart_that_share_their_first_half(tmp_path):
     keys[:, 8] = [5, 1, 9, 3, 7, 2]  # the same hi, lo differs
     keys[5, 0] = 1  # one with another hi
     run = KeyRun.of_segment(keys, seg=0)
-    probe = np.concatenate(
-        [keys[[2, 0, 3, 5]], np.zeros((1, KEY_BYTES), np.uint8)]
-    )  # last: lo 0, absent
+    # last: lo 0, absent
+    probe = np.concatenate([keys[[2, 0, 3, 5]], np.zeros((1, KEY_BYTES), np.uint8)])
     pos = run.find(*key_halves(probe))
     assert run.row[pos[:4]].tolist() == [2, 0, 3, 5] and pos[4] == -1
     cache = TokenCache(str(tmp_path / "ns"))
@@ -368,10 +370,10 @@ def test_the_cache_index_tells_keys_apart_that_share_their_first_half(tmp_path):
 
 
 def test_indexes_published_concurrently_are_merged_and_a_missing_segment_is_a_miss(tmp_path):
-    """Two versions compacting at once publish two indexes, neither listing the other's segment: lookups use
-    the larger plus the other's segment as loose; the next compaction supersedes both. A segment whose tokens
-    are gone makes its rows misses (tokenized anew), not an error; an index naming a segment that is gone
-    is not used.
+    """Two versions compacting at once publish two indexes, neither listing the other's segment:
+    lookups use the larger plus the other's segment as loose; the next compaction supersedes both. A
+    segment whose tokens are gone makes its rows misses (tokenized anew), not an error; an index
+    naming a segment that is gone is not used.
     """
     from finetune_assets.data.token_cache import INDEX_DIR, TokenCache
 
@@ -382,16 +384,14 @@ def test_indexes_published_concurrently_are_merged_and_a_missing_segment_is_a_mi
     TokenCache(str(left)).compact()
     TokenCache(str(right)).compact()
     b_segment = next(right.glob("*.arrow")).stem
-    ns = (
-        tmp_path / "ns"
-    )  # both writers' files in one cache, as two concurrent versions would leave them
+    # both writers' files in one cache, as two concurrent versions would leave them
+    ns = tmp_path / "ns"
     shutil.copytree(left, ns)
     shutil.copytree(right, ns, dirs_exist_ok=True)
     cache = TokenCache(str(ns))
     names, runs, loose = cache._runs()
-    assert (
-        len(runs) == 1 and len(runs[0]) == 10 and len(loose) == 1
-    )  # the larger index, the other segment loose
+    # the larger index, the other segment loose
+    assert len(runs) == 1 and len(runs[0]) == 10 and len(loose) == 1
     assert len(_looked_up(cache, a + b)) == 15
     assert cache.compact()["merged_segments"] == 1
     assert len(list((ns / INDEX_DIR).iterdir())) == 2  # both older indexes superseded
@@ -403,7 +403,7 @@ def test_indexes_published_concurrently_are_merged_and_a_missing_segment_is_a_mi
     assert sorted(_looked_up(cache, a + b)) == list(range(10))  # a's segment, searched loose
 
 
-# -- the local fan-out runner ---------------------------------------------------------------------------------
+# -- the local fan-out runner ----------------------------------------------------------------------
 _WORKER = r"""
 import os, sys, time, pathlib
 i = int(os.environ["JOB_COMPLETION_INDEX"])
@@ -440,11 +440,12 @@ def test_local_runner_names_the_failed_indexes_and_their_last_lines(tmp_path):
     assert "index 1 exited 3" in str(err.value) and "slice 1 is broken" in str(err.value)
 
 
-# -- through Dagster: a failed slice publishes nothing ---------------------------------------------------------
+# -- through Dagster: a failed slice publishes nothing ---------------------------------------------
 class CrashingSliceRunner:
-    """Test double of a fan-out runner: the real LocalFanOutRunner and real slice workers, except that
-    slice 1's process prints a line and exits 7 before doing any work (a crashed pod / OOM-killed worker).
-    It fakes only which process dies; ordering, concurrency and the other slices' output are real.
+    """Test double of a fan-out runner: the real LocalFanOutRunner and real slice workers, except
+    that slice 1's process prints a line and exits 7 before doing any work (a crashed pod /
+    OOM-killed worker). It fakes only which process dies; ordering, concurrency and the other
+    slices' output are real.
     """
 
     def __init__(self):
@@ -460,12 +461,13 @@ class CrashingSliceRunner:
             "sys.argv = ['slices', *sys.argv[1:]]\n"
             "runpy.run_module('finetune_assets.data.slices', run_name='__main__')\n"
         )
+        # job.command = [python, -m, module, ...]
         command = [
             job.command[0],
             "-c",
             crash,
             *job.command[3:],
-        ]  # job.command = [python, -m, module, ...]
+        ]
         LocalFanOutRunner(self.workers).run(dataclasses.replace(job, command=command), log)
 
 
@@ -489,9 +491,8 @@ def test_a_failed_slice_fails_the_step_and_publishes_nothing(
         or store.require("tokenized_reviews", "v1").metadata["parts"] >= 2
     )
     monkeypatch.setattr(select, "fanout_runner_from_env", lambda **kw: CrashingSliceRunner())
-    monkeypatch.setattr(
-        slices, "SHARD_ROWS_PER_WORKER", 1
-    )  # a small version still gets 2 shard workers
+    # a small version still gets 2 shard workers
+    monkeypatch.setattr(slices, "SHARD_ROWS_PER_WORKER", 1)
     result = materialize(
         storage_root,
         instance,
@@ -505,6 +506,5 @@ def test_a_failed_slice_fails_the_step_and_publishes_nothing(
     assert "index 1 exited 7" in message and "slice 1 killed" in message
     assert store.current(asset, "v1") is None
     attempts = storage_root / asset / "v1" / ATTEMPTS
-    assert not attempts.exists() or not any(
-        attempts.iterdir()
-    )  # the parts the other slices wrote are gone
+    # the parts the other slices wrote are gone
+    assert not attempts.exists() or not any(attempts.iterdir())

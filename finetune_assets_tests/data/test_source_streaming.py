@@ -1,5 +1,5 @@
-"""Streaming one large source file in bounded blocks: the blocks, concatenated, equal the
-whole-file read row for row, whatever the block size; and memory is bounded by the block, not the file.
+"""Streaming one large source file in bounded blocks: the blocks, concatenated, equal the whole-file
+read row for row, whatever the block size; and memory is bounded by the block, not the file.
 
 Tiny block sizes put block boundaries inside quoted multi-line fields, CRLF pairs, byte-order marks'
 neighbours and multi-byte characters. (The first block is at least HEAD_BYTES, so files are larger.)
@@ -38,7 +38,9 @@ BLOCKS = (7, 61, 300)  # bytes: boundaries fall everywhere
 
 
 def assert_streams_like_whole(path: Path, block: int, min_blocks: int = 3, **spec) -> pa.Table:
-    """Streamed with ``block`` equals the whole-file read (all RAW_SCHEMA columns); returns the whole read."""
+    """Streamed with ``block`` equals the whole-file read (all RAW_SCHEMA columns); returns the
+    whole read.
+    """
     spec = SourceSpec(uri=str(path), **spec)
     whole = read_file(str(path), spec)
     blocks = list(iter_file(str(path), spec, block_bytes=block))
@@ -88,9 +90,8 @@ def test_csv_multiline_quoted_fields_crlf_bom_multibyte(
     data = _write_csv(path, rows, newline, bom=bom)
     assert len(data) > 2 * HEAD_BYTES
     whole = assert_streams_like_whole(path, block)
-    assert (
-        whole.column("malformed").null_count == whole.num_rows
-    )  # csv.writer's output is all good rows
+    # csv.writer's output is all good rows
+    assert whole.column("malformed").null_count == whole.num_rows
     assert [[r["text"], r["label"]] for r in whole.to_pylist()] == rows[1:]
     assert whole.column("source_line_end").to_pylist()[-1] == data.count(b"\n")
 
@@ -145,7 +146,9 @@ def _malformed_csv(tail: str) -> str:
 def test_malformed_records_stray_quotes_field_counts_unclosed_quote(
     tmp_path: Path, block: int, tail: str
 ):
-    """Bad records are quarantined with the same record numbers, lines and raw text as a whole-file read."""
+    """Bad records are quarantined with the same record numbers, lines and raw text as a
+    whole-file read.
+    """
     path = tmp_path / "bad.csv"
     path.write_text(_malformed_csv(tail), encoding="utf-8")
     whole = assert_streams_like_whole(path, block)
@@ -270,8 +273,9 @@ def test_parquet_in_batches_over_several_row_groups(tmp_path: Path, block: int):
 
 
 def test_a_quote_never_closed_is_not_carried_without_limit(tmp_path: Path):
-    """A stray opening quote with no closing quote anywhere after it: the carried text stops growing at
-    MAX_RECORD_BLOCKS blocks; its first line is quarantined as a whole-file read does, and rows add up.
+    """A stray opening quote with no closing quote anywhere after it: the carried text stops growing
+    at MAX_RECORD_BLOCKS blocks; its first line is quarantined as a whole-file read does, and rows
+    add up.
     """
     body = 'text,label\nfine,positive\n"never closed,negative\n' + "".join(
         f"review {i},positive\n" for i in range(MAX_RECORD_BLOCKS * HEAD_BYTES // 10)
@@ -294,9 +298,8 @@ def test_one_line_longer_than_the_limit_is_an_error(tmp_path: Path):
     path.write_text("text,label\n" + "x" * (MAX_RECORD_BLOCKS * HEAD_BYTES + 1000) + ",positive\n")
     with pytest.raises(SourceError, match=r"long\.csv: line 2: no line end within"):
         list(iter_file(str(path), SourceSpec(uri=str(path)), block_bytes=300))
-    assert (
-        read_file(str(path), SourceSpec(uri=str(path))).num_rows == 1
-    )  # a whole-file block reads it
+    # a whole-file block reads it
+    assert read_file(str(path), SourceSpec(uri=str(path))).num_rows == 1
 
 
 def test_iter_source_streams_every_file_of_a_folder(tmp_path: Path):
@@ -321,8 +324,8 @@ def test_read_file_and_samples(tmp_path: Path):
 
 
 def test_memory_is_bounded_by_the_block_not_the_file(tmp_path: Path):
-    """A ~9 MB CSV read in 256 KB blocks: Python's peak allocation stays far below the file size (about
-    2.6 MB: parsed rows cost ~10x their bytes; a whole-file read peaks near 7x the file).
+    """A ~9 MB CSV read in 256 KB blocks: Python's peak allocation stays far below the file size
+    (about 2.6 MB: parsed rows cost ~10x their bytes; a whole-file read peaks near 7x the file).
     """
     path = tmp_path / "big.csv"
     row = '"a review, with a comma\nand a second line {i}",positive\n'
@@ -332,9 +335,8 @@ def test_memory_is_bounded_by_the_block_not_the_file(tmp_path: Path):
             f.write("".join(row.format(i=i) for i in range(start, start + 10_000)))
     size = path.stat().st_size
     assert size > 9_000_000
-    list(
-        iter_file(str(path), SourceSpec(uri=str(path)), max_bytes=1000)
-    )  # lazy imports happen outside the peak
+    # lazy imports happen outside the peak
+    list(iter_file(str(path), SourceSpec(uri=str(path)), max_bytes=1000))
     rows = 0
     tracemalloc.start()
     try:

@@ -78,9 +78,8 @@ def test_delta_version_is_pinned_and_time_travels(capsys, home, storage_root, tm
 
     path = tmp_path / "reviews_delta"
     write_deltalake(path, _table(reviews[:30] + HOSTILE))  # version 0
-    write_deltalake(
-        path, _table(reviews[30:60] + reviews[:1]), mode="append"
-    )  # 1: a repeat of row 0
+    # 1: a repeat of row 0
+    write_deltalake(path, _table(reviews[30:60] + reviews[:1]), mode="append")
     code, out, err = _add(
         capsys, home, "k1", "--source", f"delta:{path}", "--text-column", "review_text"
     )

@@ -1,10 +1,11 @@
-"""Issue 14's 'done means' on the shared Arabic data: for one dataset version, the baseline, the fine-tuned model
-and the gate's decision are what the UI shows, and the vocabulary-fit check warns.
+"""Issue 14's 'done means' on the shared Arabic data: for one dataset version, the baseline, the
+fine-tuned model and the gate's decision are what the UI shows, and the vocabulary-fit check warns.
 
-The real code location (``build_defs``, local torchrun launcher) materializes the whole graph, as the README's
-``--select '*'`` does, on the shared PROD.csv; the only deviations are the tiny BERT (English WordPiece vocabulary,
-like the default model) and a few training batches. Everything is then read back from the Dagster instance's
-event log, the store the UI's asset and check pages read (not from the run's in-process result).
+The real code location (``build_defs``, local torchrun launcher) materializes the whole graph, as
+the README's ``--select '*'`` does, on the shared PROD.csv; the only deviations are the tiny BERT
+(English WordPiece vocabulary, like the default model) and a few training batches. Everything is
+then read back from the Dagster instance's event log, the store the UI's asset and check pages read
+(not from the run's in-process result).
 """
 
 from pathlib import Path
@@ -59,9 +60,8 @@ def _check_history(instance: dg.DagsterInstance, asset: str, check: str) -> list
 def test_arabic_version_shows_baseline_finetuned_gate_and_vocabulary_warning(
     instance, storage_root, tiny_model_dir, arabic_reviews, monkeypatch
 ):
-    monkeypatch.delenv(
-        "MLFLOW_TRACKING_URI", raising=False
-    )  # the embedded SQLite store under the root
+    # the embedded SQLite store under the root
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     register_version(
         instance,
         Storage(str(storage_root)),
@@ -81,7 +81,8 @@ def test_arabic_version_shows_baseline_finetuned_gate_and_vocabulary_warning(
     result = job.execute_in_process(
         instance=instance, partition_key=VERSION, run_config=run_config, raise_on_error=False
     )
-    # The run may fail only because the blocking gate refused the model (a few batches of a tiny model).
+    # The run may fail only because the blocking gate refused the model (a few batches of a tiny
+    # model).
     failed = [e.step_key for e in result.all_events if e.is_step_failure]
     assert result.success or all(
         "quality_gate" in (step or "") or "champion" in (step or "") for step in failed
@@ -89,9 +90,8 @@ def test_arabic_version_shows_baseline_finetuned_gate_and_vocabulary_warning(
 
     baseline = _latest_materialization(instance, "baseline_model")
     assert baseline["test_samples"].value > 300  # PROD.csv's frozen test split, not a toy
-    assert (
-        baseline["macro_f1"].value > baseline["majority_macro_f1"].value + 0.15
-    )  # real reviews, a real bar
+    # real reviews, a real bar
+    assert baseline["macro_f1"].value > baseline["majority_macro_f1"].value + 0.15
     assert "confusion_matrix_chart" in baseline
 
     finetuned = _latest_materialization(instance, "finetuned_model")
@@ -116,8 +116,7 @@ def test_arabic_version_shows_baseline_finetuned_gate_and_vocabulary_warning(
     (vocab,) = _check_history(instance, "tokenized_reviews", "vocabulary_fit")
     evaluation = vocab.event.dagster_event.event_specific_data
     assert vocab.status == Status.FAILED and not evaluation.passed
-    assert (
-        evaluation.severity == dg.AssetCheckSeverity.WARN
-    )  # a warning: training still ran (above)
+    # a warning: training still ran (above)
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN
     assert evaluation.metadata["single_char_share"].value > 0.5
     assert "hub id" in evaluation.description

@@ -1,4 +1,6 @@
-"""The baseline, its decision rule and the shared scores, on real reviews (the shared Arabic PROD.csv; no Dagster)."""
+"""The baseline, its decision rule and the shared scores, on real reviews (the shared Arabic
+PROD.csv; no Dagster).
+"""
 
 import pytest
 
@@ -11,7 +13,9 @@ from finetune_assets.data.validate import SplitRule, ValidationRules, validate
 
 @pytest.fixture(scope="module")
 def real_split(arabic_reviews):
-    """PROD.csv's 4,262 accepted reviews (73 % Positive), split by the project's hash rule; the fit takes seconds."""
+    """PROD.csv's 4,262 accepted reviews (73 % Positive), split by the project's hash rule; the
+    fit takes seconds.
+    """
     accepted = validate(
         read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()
     ).accepted
@@ -63,9 +67,8 @@ def test_beats_baseline_needs_the_margin():
         0.05,
     )
     assert "0.6200" in d.reason and "0.6500" in d.reason and "does not beat" in d.reason
-    assert (
-        beats_baseline({"macro_f1": 0.449}, {"macro_f1": 0.581}).passed is False
-    )  # the Arabic numbers of the baseline benchmark
+    # the Arabic numbers of the baseline benchmark
+    assert beats_baseline({"macro_f1": 0.449}, {"macro_f1": 0.581}).passed is False
 
 
 def test_label_mapping_refuses_labels_the_model_cannot_predict():
@@ -82,7 +85,6 @@ def test_label_mapping_refuses_labels_the_model_cannot_predict():
     ]
     with pytest.raises(LabelSetMismatch, match=r"'spam' \(2 rows\).*--label-mapping"):
         map_labels(["spam", "Positive", "spam"], None, LABELS, "f.csv")
-    with pytest.raises(
-        LabelSetMismatch, match="'Mixed'"
-    ):  # a binary model cannot be scored on three classes
+    # a binary model cannot be scored on three classes
+    with pytest.raises(LabelSetMismatch, match="'Mixed'"):
         map_labels(["Positive", "Mixed"], None, ["Positive", "Negative"], "f.csv")

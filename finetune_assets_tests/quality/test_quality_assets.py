@@ -1,9 +1,10 @@
-"""baseline_model, vocabulary_fit, the gate's baseline condition, benchmark sets, evaluate and summary, with the
-tiny BERT as base model: version "en" is the project's generated English sample (builtin:sample), version "ar"
-and the user's labelled files are real reviews (the shared Arabic PROD.csv).
+"""baseline_model, vocabulary_fit, the gate's baseline condition, benchmark sets, evaluate and
+summary, with the tiny BERT as base model: version "en" is the project's generated English sample
+(builtin:sample), version "ar" and the user's labelled files are real reviews (the shared Arabic
+PROD.csv).
 
-One deployment is built per module (base model, two versions, their baselines) and shared by the tests:
-materializing is the slow part, the assertions are cheap.
+One deployment is built per module (base model, two versions, their baselines) and shared by the
+tests: materializing is the slow part, the assertions are cheap.
 """
 
 import json
@@ -114,15 +115,13 @@ def test_baseline_model_scores_the_frozen_test_split(deployment):
     tokens_stats = deployment.store.read_json(
         f"{deployment.store.require('tokenized_reviews', 'en').url}/stats.json"
     )
-    assert (
-        info["rows"]["test"] == tokens_stats["splits"]["test"]
-    )  # the same frozen split as finetuned_model
+    # the same frozen split as finetuned_model
+    assert info["rows"]["test"] == tokens_stats["splits"]["test"]
     assert meta["macro_f1"].value == pytest.approx(info["test"]["macro_f1"])
     assert meta["macro_f1"].value > meta["majority_macro_f1"].value + 0.15
     assert "confusion_matrix_chart" in meta and "| Mixed |" in meta["f1_per_class"].value
-    if (
-        "ar" in deployment.results
-    ):  # real reviews: the baseline is well above the majority class there too
+    # real reviews: the baseline is well above the majority class there too
+    if "ar" in deployment.results:
         arabic = read_baseline_info(deployment.store, "ar")
         assert arabic["test"]["macro_f1"] > arabic["majority"]["macro_f1"] + 0.15
     # its own MLflow run, in the fine-tuned runs' experiment
@@ -150,8 +149,9 @@ def test_vocabulary_fit_passes_on_english_and_warns_on_arabic(deployment):
 
 
 def _gate(deployment, version: str, score: float, config: QualityGateConfig):
-    """The gate's conditions for a challenger scoring ``score`` on version ``version``, with no champion (the
-    test texts are en's: only their majority class enters the floor, and the default floor is 0).
+    """The gate's conditions for a challenger scoring ``score`` on version ``version``, with no
+    champion (the test texts are en's: only their majority class enters the floor, and the default
+    floor is 0).
     """
     test = frozen_test_set(deployment.store, "en")
     conditions, about = gate_conditions(config, test, deployment.store, version)
@@ -183,9 +183,8 @@ def test_gate_refuses_a_challenger_below_its_own_baseline(deployment):
     margin, _, meta = _gate(
         deployment, "en", baseline + 0.01, QualityGateConfig(baseline_margin=0.05)
     )
-    assert (
-        not margin.promotable and f"needs >= {baseline + 0.05:.4f}" in margin.refusals[0]
-    )  # the margin counts
+    # the margin counts
+    assert not margin.promotable and f"needs >= {baseline + 0.05:.4f}" in margin.refusals[0]
     assert "| baseline_model[en] + margin 0.0500 |" in meta["scores"].value
 
     # No baseline: refused (the rule cannot be checked), said in the decision and the table.
@@ -210,16 +209,17 @@ def _cli(capsys, root: Path, *argv) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def labelled_files(tmp_path_factory, arabic_reviews) -> dict[str, Path]:
-    """Real reviews (PROD.csv) as a user's labelled files: 1-5 stars from their polarity (needs a mapping), and
-    a spam/ham set (no mapping fits).
+    """Real reviews (PROD.csv) as a user's labelled files: 1-5 stars from their polarity (needs a
+    mapping), and a spam/ham set (no mapping fits).
     """
     out = tmp_path_factory.mktemp("labelled")
     table = read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))).slice(0, 120)
+    # both star values of a class occur
     to_stars = {
         "1": ("4", "5"),
         "0": ("3", "3"),
         "-1": ("1", "2"),
-    }  # both star values of a class occur
+    }
     stars = [to_stars[lab][i % 2] for i, lab in enumerate(table.column("label").to_pylist())]
     stars = pa.table({"review": table.column("text"), "stars": stars})
     pacsv.write_csv(stars, out / "stars.csv")
@@ -264,7 +264,8 @@ def test_evaluate_prints_scores_and_refuses_foreign_labels(deployment, labelled_
     result = json.loads(out)
     assert result["samples"] == 120 and sum(map(sum, result["confusion_matrix"])) == 120
     assert set(result["f1_per_class"]) == {"Positive", "Negative", "Mixed"}
-    # without the mapping, stars 2..5 are labels the model cannot predict ("1" maps to Positive by default)
+    # without the mapping, stars 2..5 are labels the model cannot predict ("1" maps to Positive by
+    # default)
     code, _, err = _cli(
         capsys,
         root,
@@ -336,12 +337,12 @@ def test_benchmark_sets_score_every_model_and_refuse_foreign_label_sets(
     code, out, err = _cli(
         capsys, root, "benchmarks", "add", "spam", "--source", str(labelled_files["spam"])
     )
-    assert code == 0, (
-        err
-    )  # registering is allowed: a model with spam/ham labels could be scored on it
+    # registering is allowed: a model with spam/ham labels could be scored on it
+    assert code == 0, err
     code, out, _ = _cli(capsys, root, "benchmarks", "list", "--json")
     assert [json.loads(line)["name"] for line in out.splitlines()] == ["spam", "stars"]
-    # Stand-in for a trained finetuned_model[en]: the untrained tiny BERT published where the trainer publishes.
+    # Stand-in for a trained finetuned_model[en]: the untrained tiny BERT published where the
+    # trainer publishes.
     with store.publish("finetuned_model", "en") as staging:
         shutil.copytree(deployment.model_dir, staging.local_dir / "model")
         staging.data_version = hash_tree(staging.local_dir)
@@ -359,9 +360,8 @@ def test_benchmark_sets_score_every_model_and_refuse_foreign_label_sets(
 def test_summary_reads_what_was_published(deployment, capsys):
     code, out, err = _cli(capsys, deployment.root, "summary", "en")
     assert code == 0, err
-    sample = validate(
-        read_source(SourceSpec(uri=SAMPLE_SOURCE)), ValidationRules()
-    )  # duplicates are rejected
+    # duplicates are rejected
+    sample = validate(read_source(SourceSpec(uri=SAMPLE_SOURCE)), ValidationRules())
     rows, rejected = sample.accepted.num_rows, sample.rejected.num_rows
     assert out.startswith(f"dataset version en: {rows} reviews ({rejected} rejected)")
     info = read_baseline_info(deployment.store, "en")

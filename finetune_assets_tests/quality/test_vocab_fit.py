@@ -1,5 +1,6 @@
-"""The vocabulary-fit measure flags the offline English model on the shared Arabic data and passes on English
-(the project's generated English sample: the fit depends on the language, not on the reviews being real).
+"""The vocabulary-fit measure flags the offline English model on the shared Arabic data and passes
+on English (the project's generated English sample: the fit depends on the language, not on the
+reviews being real).
 """
 
 import pytest

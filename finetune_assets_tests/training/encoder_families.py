@@ -1,12 +1,13 @@
-"""Tiny random encoders of every supported family, each with a tokenizer trained here (``tokenizers``).
+"""Tiny random encoders of every supported family, each with a tokenizer trained here
+(``tokenizers``).
 
-What they are: the real transformers classes (``XLMRobertaForSequenceClassification`` ...) with a few
-thousand parameters, and fast tokenizers of the family's algorithm and special tokens (WordPiece with
-``[CLS]``/``[SEP]``, byte-level BPE with ``<s>``/``</s>``, Unigram), saved as Hugging Face folders that
-``AutoModel*`` / ``AutoTokenizer`` / ``transformers.pipeline`` load offline.
-What they are not: pretrained. Their vocabularies are small, except XLM-RoBERTa's, padded past 65,536
-pieces so token ids need 32 bits as with the real 250k vocabulary; RoBERTa's position table is short
-(66 = 64 + padding offset) so a too-long ``max_length`` would index past it.
+What they are: the real transformers classes (``XLMRobertaForSequenceClassification`` ...) with a
+few thousand parameters, and fast tokenizers of the family's algorithm and special tokens (WordPiece
+with ``[CLS]``/``[SEP]``, byte-level BPE with ``<s>``/``</s>``, Unigram), saved as Hugging Face
+folders that ``AutoModel*`` / ``AutoTokenizer`` / ``transformers.pipeline`` load offline. What they
+are not: pretrained. Their vocabularies are small, except XLM-RoBERTa's, padded past 65,536 pieces
+so token ids need 32 bits as with the real 250k vocabulary; RoBERTa's position table is short (66 =
+64 + padding offset) so a too-long ``max_length`` would index past it.
 """
 
 from __future__ import annotations
@@ -268,8 +269,7 @@ def build_family(
     model = tf.AutoModelForSequenceClassification.from_config(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    fast.model_max_length = (
-        10**6
-    )  # unset, as on many hub tokenizers: the position table must bound lengths
+    # unset, as on many hub tokenizers: the position table must bound lengths
+    fast.model_max_length = 10**6
     fast.save_pretrained(out_dir)
     return out_dir

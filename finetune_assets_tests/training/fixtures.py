@@ -78,7 +78,9 @@ def publish_upstream(
     reviews_csv: Path,
     sizes: tuple[int, int, int] = (96, 24, 24),
 ) -> None:
-    """Publish ``pretrained_model`` (the tiny BERT) and ``mds_shards[version]`` as the real assets would."""
+    """Publish ``pretrained_model`` (the tiny BERT) and ``mds_shards[version]`` as the real
+    assets would.
+    """
     from finetune_assets.storage import hash_tree
 
     with store.publish("pretrained_model") as staging:

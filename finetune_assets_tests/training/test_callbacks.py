@@ -1,5 +1,5 @@
-"""The trainer's callbacks: progress lines a person can read, run totals that survive a resume, and the
-progress reaching MLflow as metrics in a real (tiny) ``train()``.
+"""The trainer's callbacks: progress lines a person can read, run totals that survive a resume, and
+the progress reaching MLflow as metrics in a real (tiny) ``train()``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ class _Logger:
 
 
 def _trainer(**kw):
-    """A Trainer's attributes the callbacks read; ``reduce`` is the identity of a 1-process group."""
+    """A Trainer's attributes the callbacks read; ``reduce`` is the identity of a 1-process
+    group.
+    """
     base = dict(
         global_step=0,
         world_size=1,
@@ -111,9 +113,8 @@ def test_throughput_totals_travel_in_the_checkpoint():
         first.on_train_batch_end(trainer, None, None, _batch(8, 64), i)
     checkpoint: dict = {"review_classifier": {"world_size": 1}}
     first.on_save_checkpoint(trainer, None, checkpoint)
-    assert (
-        checkpoint["review_classifier"]["world_size"] == 1
-    )  # the module's entry is kept beside the totals
+    # the module's entry is kept beside the totals
+    assert checkpoint["review_classifier"]["world_size"] == 1
     assert (
         checkpoint["review_classifier"]["samples_seen"] == 24
         and checkpoint["review_classifier"]["tokens_seen"] == 192
@@ -134,9 +135,8 @@ def test_train_logs_progress_lines_and_progress_metrics(
     with caplog.at_level(logging.INFO, logger="finetune_assets.training"):
         metrics = train(config)
     lines = [m for m in caplog.messages if m.startswith(PROGRESS)]
-    assert lines and lines[-1].startswith(
-        f"{PROGRESS} step 3/3 (100%) | epoch 1/1 | loss "
-    )  # 24 samples / batch 8
+    # 24 samples / batch 8
+    assert lines and lines[-1].startswith(f"{PROGRESS} step 3/3 (100%) | epoch 1/1 | loss ")
     assert lines[-1].endswith("ETA 0:00:00")
     client = mlflow.MlflowClient(config.mlflow.tracking_uri)
     history = client.get_metric_history(metrics["mlflow"]["run_id"], "progress/fraction")
@@ -146,8 +146,9 @@ def test_train_logs_progress_lines_and_progress_metrics(
 def test_steady_state_throughput_leaves_out_checkpoint_saves(
     tmp_path, tiny_model_dir, arabic_reviews, monkeypatch
 ):
-    """A checkpoint save that takes 1000 s (on a shifted clock, no real wait) appears in the training
-    time but in no steady-state interval; the first steps and the epoch's last are left out too.
+    """A checkpoint save that takes 1000 s (on a shifted clock, no real wait) appears in the
+    training time but in no steady-state interval; the first steps and the epoch's last are left out
+    too.
     """
     import types
 
@@ -174,10 +175,10 @@ def test_steady_state_throughput_leaves_out_checkpoint_saves(
     )
     metrics = train(config)
     window = metrics["throughput"]
-    assert (
-        metrics["global_step"] == 12 and metrics["train_seconds"] > 4000
-    )  # saves after steps 3, 6, 9, 12
-    # 12 batches: 1-2 warm-up, 3/6/9 end in a save, 12 is the last: batches 4, 5, 7, 8, 10, 11 remain
+    # saves after steps 3, 6, 9, 12
+    assert metrics["global_step"] == 12 and metrics["train_seconds"] > 4000
+    # 12 batches: 1-2 warm-up, 3/6/9 end in a save, 12 is the last: batches 4, 5, 7, 8, 10, 11
+    # remain
     assert window["window_batches"] == 6 and window["window_first_step"] == 3
     assert 0 < window["window_seconds"] < 1000
     assert metrics["samples_per_sec"] == pytest.approx(window["samples_per_sec"])

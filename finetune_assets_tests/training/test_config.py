@@ -24,26 +24,28 @@ def test_defaults_fine_tune_with_adamw_bucketing_and_auto_precision(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(_cfg()))
     c = TrainerConfig.from_json(str(path))
+    # one epoch: benchmarks/README.md
     assert (c.optimizer, c.lr, c.warmup_ratio, c.epochs, c.batch_size) == (
         "adamw",
         5e-5,
         0.1,
         1,
         8,
-    )  # one epoch: benchmarks/README.md
+    )
     assert c.class_weights == "balanced" and c.num_workers == 0
+    # the measured fast defaults (benchmarks/defaults.py)
     assert (c.precision, c.bucket_batches) == (
         "auto",
         16,
-    )  # the measured fast defaults (benchmarks/defaults.py)
+    )
     seed = TrainerConfig.from_dict(_cfg(optimizer="adadelta", lr=1.0, warmup_ratio=0.0))
     assert (seed.optimizer, seed.lr, seed.gamma) == ("adadelta", 1.0, 0.7)  # the seed's recipe
     assert TrainerConfig.from_dict(json.loads(c.to_json())) == c  # round trip
 
 
 def test_the_trainer_and_the_launchpad_share_one_set_of_defaults():
-    """The Dagster config adds only the run name and where the hyper-parameters come from: every trainer
-    hyper-parameter, with its default, is the same field.
+    """The Dagster config adds only the run name and where the hyper-parameters come from: every
+    trainer hyper-parameter, with its default, is the same field.
     """
     from finetune_assets.assets.finetuned import FinetuneConfig
 
@@ -69,10 +71,11 @@ def test_the_trainer_and_the_launchpad_share_one_set_of_defaults():
             _cfg(data={"train_url": "a", "validation_url": "b", "test_url": "c", "batchsize": 4}),
             "unknown key 'data.batchsize'",
         ),
+        # the old nested shape is refused, not ignored
         (
             _cfg(optim={"name": "adamw"}),
             "unknown key 'optim'",
-        ),  # the old nested shape is refused, not ignored
+        ),
         (
             {"model_dir": "/m", "output_dir": "/o", "checkpoint_dir": "/c"},
             "missing required key 'data'",
@@ -164,8 +167,9 @@ def test_auto_precision_is_bf16_only_where_the_hardware_has_it(monkeypatch):
 def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_runs(
     config, needle, tmp_path
 ):
-    """Choices are checked by Dagster's schema, bounds by the same pydantic model when the step starts,
-    before any input is read or a launcher called (the launcher here would fail the test if reached).
+    """Choices are checked by Dagster's schema, bounds by the same pydantic model when the step
+    starts, before any input is read or a launcher called (the launcher here would fail the test if
+    reached).
     """
     import dagster as dg
 

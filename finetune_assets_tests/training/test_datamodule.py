@@ -1,4 +1,6 @@
-"""The train loader resumes at the exact consumed batch (with Lightning-style pre-fetch), bucketed or not."""
+"""The train loader resumes at the exact consumed batch (with Lightning-style pre-fetch),
+bucketed or not.
+"""
 
 from __future__ import annotations
 
@@ -58,7 +60,9 @@ def _ids(batch) -> list[int]:
 
 
 def _consume(it, loader, n: int) -> list[int]:
-    """Take ``n`` batches the way Lightning does: fetch one ahead, mark each as consumed when used."""
+    """Take ``n`` batches the way Lightning does: fetch one ahead, mark each as consumed when
+    used.
+    """
     seen, ahead = [], next(it)
     for _ in range(n):
         batch, ahead = ahead, next(it, None)
@@ -72,7 +76,8 @@ def _consume(it, loader, n: int) -> list[int]:
 @pytest.mark.parametrize("bucket", [1, 4])
 @pytest.mark.parametrize("stop_after", [3, 5, 13])
 def test_resume_neither_repeats_nor_skips(synthetic_split, bucket, stop_after):
-    clean_stale_streaming_memory()  # only unused segments: other trainings on this machine keep theirs
+    # only unused segments: other trainings on this machine keep theirs
+    clean_stale_streaming_memory()
     full = _loader(synthetic_split, bucket)
     assert len(full) == -(-N // 8)
     reference = [i for batch in full for i in _ids(batch)]
@@ -86,7 +91,8 @@ def test_resume_neither_repeats_nor_skips(synthetic_split, bucket, stop_after):
     state = first.state_dict()
     del it, first
     gc.collect()
-    clean_stale_streaming_memory()  # only unused segments: other trainings on this machine keep theirs
+    # only unused segments: other trainings on this machine keep theirs
+    clean_stale_streaming_memory()
 
     second = _loader(synthetic_split, bucket)
     second.load_state_dict(state)
@@ -96,7 +102,8 @@ def test_resume_neither_repeats_nor_skips(synthetic_split, bucket, stop_after):
 
 
 def test_bucketing_reduces_padding(synthetic_split):
-    clean_stale_streaming_memory()  # only unused segments: other trainings on this machine keep theirs
+    # only unused segments: other trainings on this machine keep theirs
+    clean_stale_streaming_memory()
     padded = {}
     for bucket in (1, 4):
         loader = _loader(synthetic_split, bucket)
@@ -108,8 +115,8 @@ def test_bucketing_reduces_padding(synthetic_split):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_every_rank_runs_the_same_length_bucket_at_each_step(tmp_path, synthetic_split, shared):
-    """Two ranks' streams (two splits of other samples) -> at each step both run the k-th shortest batch
-    of their window; the old per-rank order (``shared=False``) does not.
+    """Two ranks' streams (two splits of other samples) -> at each step both run the k-th shortest
+    batch of their window; the old per-rank order (``shared=False``) does not.
     """
     rng = np.random.default_rng(1)
     ids = [
@@ -123,16 +130,16 @@ def test_every_rank_runs_the_same_length_bucket_at_each_step(tmp_path, synthetic
         loader = _loader(split, 4, shared=shared)
         widths = [int(b["input_ids"].shape[1]) for b in loader]
         windows = [widths[i : i + 4] for i in range(0, len(widths), 4)]
-        ranks.append(
-            [sorted(w).index(x) for w in windows for x in w]
-        )  # each batch's length rank in its window
+        # each batch's length rank in its window
+        ranks.append([sorted(w).index(x) for w in windows for x in w])
         del loader
         gc.collect()
     assert (ranks[0] == ranks[1]) is shared
 
 
 def test_split_locations_never_read_published_shards_in_place(tmp_path, synthetic_split):
-    # A local published folder is the remote too: streaming copies it into the cache, never writes beside it.
+    # A local published folder is the remote too: streaming copies it into the cache, never writes
+    # beside it.
     assert split_locations(str(synthetic_split), "/cache", "train") == (
         str(synthetic_split),
         "/cache/train",
@@ -154,14 +161,14 @@ def test_cache_root_is_shared_by_ranks_and_fresh_per_run_and_attempt(tmp_path, m
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     a, owned = cache_root(data, "ckpt-a")
-    assert (
-        a == cache_root(data, "ckpt-a")[0]
-    )  # every local rank of the node derives the same folder
+    # every local rank of the node derives the same folder
+    assert a == cache_root(data, "ckpt-a")[0]
     assert owned is not None and Path(a).parent == Path(owned)  # removed as a whole after success
     assert cache_root(data, "ckpt-b")[0] != a  # another run / other shards: another folder
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     restarted, owned_again = cache_root(data, "ckpt-a")
-    # a restarted group must not reuse folders that a killed worker's stale shared memory still names
+    # a restarted group must not reuse folders that a killed worker's stale shared memory still
+    # names
     assert restarted != a and owned_again == owned
     # the token the group agreed on keys the folder: fresh per start even where this agent's restart
     # count did not change (it restarted its workers for another node's failure)
@@ -180,26 +187,27 @@ def test_cache_root_is_shared_by_ranks_and_fresh_per_run_and_attempt(tmp_path, m
         test_url="/d/test",
         local_cache_dir=str(tmp_path / "cache"),
     )
+    # the caller's folder is kept
     assert cache_root(given, "ckpt-a") == (
         str(tmp_path / "cache"),
         None,
-    )  # the caller's folder is kept
+    )
 
 
 def test_label_counts_and_balanced_weights(synthetic_split, tmp_path):
+    # labels i % 3 over 203 samples
     assert read_split_stats(str(synthetic_split)).counts(3) == [
         68,
         68,
         67,
-    ]  # labels i % 3 over 203 samples
+    ]
     skewed = write_split(tmp_path / "skewed", [[101, 7, 102]] * 10, [0] * 7 + [1] * 2 + [2])
     counts = read_split_stats(str(skewed)).counts(3)
     assert counts == [7, 2, 1]
     weights = balanced_class_weights(counts)
     assert weights == pytest.approx([10 / 21, 10 / 6, 10 / 3])  # n / (classes * count)
-    assert sum(w * c for w, c in zip(weights, counts)) == pytest.approx(
-        10
-    )  # total weight unchanged
+    # total weight unchanged
+    assert sum(w * c for w, c in zip(weights, counts)) == pytest.approx(10)
     assert balanced_class_weights([5, 0, 5])[1] == 1.0  # absent class: never a target, any weight
     with pytest.raises(ValueError, match="non-empty train split"):
         balanced_class_weights([0, 0, 0])

@@ -1,7 +1,8 @@
-"""Every encoder family: loaded with its own class, tokenized with its own special tokens, trained, exported
-with identical logits, loaded by ``transformers.pipeline`` and used by ``predict``.
+"""Every encoder family: loaded with its own class, tokenized with its own special tokens, trained,
+exported with identical logits, loaded by ``transformers.pipeline`` and used by ``predict``.
 
-Tiny random models with tokenizers trained in the test (``encoder_families.py``), on real review text.
+Tiny random models with tokenizers trained in the test (``encoder_families.py``), on real review
+text.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ THREE = LabelSet(("Negative", "Mixed", "Positive"))
 
 
 def _reviews() -> list[tuple[str, str]]:
-    """Binary English reviews (the project's generator): tokenizers are trained on them, tiny models learn them."""
+    """Binary English reviews (the project's generator): tokenizers are trained on them, tiny
+    models learn them.
+    """
     from finetune_assets.data.sample import make_sample_reviews
 
     table = make_sample_reviews(600, seed=3)
@@ -74,15 +77,13 @@ def _batch(model_dir: Path, texts: list[str]) -> dict[str, torch.Tensor]:
 def test_round_trip_own_class_no_missing_weights_identical_logits(family, family_dirs, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    model = load_classifier(
-        str(family_dirs[family]), THREE
-    )  # a new 3-class head on the 2-class checkpoint
+    # a new 3-class head on the 2-class checkpoint
+    model = load_classifier(str(family_dirs[family]), THREE)
     assert type(model).__name__ == CLASSES[family]
     assert model.config.id2label == {0: "Negative", 1: "Mixed", 2: "Positive"}
     module = ReviewClassifier(model, HyperParameters()).eval()
-    with (
-        torch.no_grad()
-    ):  # train a little so the export cannot pass by re-reading the pretrained weights
+    # train a little so the export cannot pass by re-reading the pretrained weights
+    with torch.no_grad():
         for p in module.model.parameters():
             p.add_(0.01 * torch.randn_like(p))
     batch = _batch(family_dirs[family], ["Great phone, works perfectly!", "Dont waste your money."])
@@ -106,8 +107,9 @@ def test_round_trip_own_class_no_missing_weights_identical_logits(family, family
 
 
 def test_a_class_that_does_not_match_the_checkpoint_fails_loudly(family_dirs, tmp_path):
-    """XLM-RoBERTa weights under a BERT config (what a hard-coded BERT class does): every encoder weight
-    is missing. Without output_loading_info this trains a randomly initialised encoder with a warning.
+    """XLM-RoBERTa weights under a BERT config (what a hard-coded BERT class does): every encoder
+    weight is missing. Without output_loading_info this trains a randomly initialised encoder with a
+    warning.
     """
     folder = tmp_path / "xlmr-as-bert"
     shutil.copytree(family_dirs["xlm-roberta"], folder)
@@ -148,9 +150,8 @@ def test_tokenize_keeps_the_models_special_tokens_within_its_position_limit(fami
     first, last = tok("x")["input_ids"][0], tok("x")["input_ids"][-1]  # <s>/</s> or [CLS]/[SEP]
     assert len(ids[0]) == limit and table.column("full_length").to_pylist()[0] > limit
     assert ids[0][0] == first and ids[0][-1] == last and ids[1][0] == first and ids[1][-1] == last
-    assert (
-        ids == tok([long, "Great phone!"], truncation=True, max_length=limit)["input_ids"]
-    )  # HF's own truncation
+    # HF's own truncation
+    assert ids == tok([long, "Great phone!"], truncation=True, max_length=limit)["input_ids"]
     facts = tokenization_of(tok, config)  # what pretrained_model publishes for tokenized_reviews
     assert facts.max_input_tokens == min(limit, tok.model_max_length) and facts.vocab_size == len(
         tok
@@ -241,9 +242,8 @@ def _check_trained_model(out: Path, family: str, metrics: dict) -> None:
         "Positive",
     }
     classifier = Classifier.from_folder(out / "model")
-    [(label, score, scores)] = classifier.predict(
-        ["Works great!"], max_length=512
-    )  # capped at the position limit
+    # capped at the position limit
+    [(label, score, scores)] = classifier.predict(["Works great!"], max_length=512)
     assert label in ("Negative", "Positive") and set(scores) == {"Negative", "Positive"}
 
 
@@ -266,7 +266,8 @@ def test_family_trains_in_process_saves_and_predicts(
 @pytest.mark.slow
 def test_xlm_roberta_under_torchrun_registers_a_pipeline_in_mlflow(family_dirs, tmp_path):
     """The most different family (Unigram, ``</s>`` separator, 32-bit ids, offset positions) through
-    ``torchrun --nproc-per-node 2`` with the MLflow transformers flavor, as ``finetuned_model`` runs it.
+    ``torchrun --nproc-per-node 2`` with the MLflow transformers flavor, as ``finetuned_model`` runs
+    it.
     """
     from finetune_assets.launchers.base import torchrun_command
 

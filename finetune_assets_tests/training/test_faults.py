@@ -1,10 +1,11 @@
-"""Faults that really happen to a training run: a killed worker (torchrun restarts the group) and a killed run.
+"""Faults that really happen to a training run: a killed worker (torchrun restarts the group) and a
+killed run.
 
-The killed worker resumes from ``last.ckpt`` with the streaming state, so it must end exactly where an
-uninterrupted run ends: the same samples (count and token total), the same steps, and the same weights.
-Weights are compared with a float tolerance (1e-5 absolute): every sample, its order, the optimizer and
-scheduler state and the dropout masks (seeded per batch, see ``ReviewClassifier.on_train_batch_start``)
-are the same, so only float reduction order could differ.
+The killed worker resumes from ``last.ckpt`` with the streaming state, so it must end exactly where
+an uninterrupted run ends: the same samples (count and token total), the same steps, and the same
+weights. Weights are compared with a float tolerance (1e-5 absolute): every sample, its order, the
+optimizer and scheduler state and the dropout masks (seeded per batch, see
+``ReviewClassifier.on_train_batch_start``) are the same, so only float reduction order could differ.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def _workers(agent: int) -> dict[int, int]:
 def _kill_after_checkpoint(
     proc: subprocess.Popen, last: Path, rank: int = 1, timeout: float = 240
 ) -> int | None:
-    """SIGKILL one worker once ``last`` exists (mid-epoch); its pid, or None if the run ended first."""
+    """SIGKILL one worker once ``last`` exists (mid-epoch); its pid, or None if the run ended
+    first.
+    """
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         if last.exists():
@@ -85,7 +88,8 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one
     tmp_path, _tiny_model_session, arabic_reviews
 ):
     shards = write_mds_splits(tmp_path / "shards", _tiny_model_session, arabic_reviews / "PROD.csv")
-    # Separate roots: each run gets its own MLflow store (two processes creating one SQLite schema race).
+    # Separate roots: each run gets its own MLflow store (two processes creating one SQLite schema
+    # race).
     reference_cfg = write_config(
         tmp_path / "reference", "run", _tiny_model_session, shards, **SETTINGS
     )
@@ -114,7 +118,8 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one
                 proc.wait()
         return proc.returncode, log.read_text(), killed
 
-    # One after the other: two gloo groups starting at once on one host can refuse each other's connections.
+    # One after the other: two gloo groups starting at once on one host can refuse each other's
+    # connections.
     rc, log, _ = run(reference_cfg, 0)
     assert rc == 0, f"reference run failed:\n{log[-4000:]}"
     rc, log, killed = run(faulted_cfg, 1, fault=True)
@@ -123,15 +128,15 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one
 
     reference = json.loads((reference_cfg.parent / "out" / "metrics.json").read_text())
     resumed = json.loads((faulted_cfg.parent / "out" / "metrics.json").read_text())
-    assert resumed["resumed_from"] == str(
-        faulted_cfg.parent / "ckpt" / "last.ckpt"
-    )  # the restarted group resumed
+    # the restarted group resumed
+    assert resumed["resumed_from"] == str(faulted_cfg.parent / "ckpt" / "last.ckpt")
     assert 0 < resumed["resumed_at_step"] < reference["global_step"] == 12
+    # exactly: no sample repeated or skipped
     for key in (
         "samples_seen",
         "tokens_seen",
         "global_step",
-    ):  # exactly: no sample repeated or skipped
+    ):
         assert resumed[key] == reference[key], key
     assert resumed["samples_seen"] == 96
     ref_w, res_w = _weights(reference_cfg), _weights(faulted_cfg)
@@ -141,7 +146,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_like_an_uninterrupted_one
 
 
 class KillWholeRunLauncher(LocalTorchrunLauncher):
-    """Like a node loss: SIGKILL torchrun and every worker once a checkpoint exists (the asset then fails)."""
+    """Like a node loss: SIGKILL torchrun and every worker once a checkpoint exists (the asset
+    then fails).
+    """
 
     def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
         checkpoint_dir = Path(json.loads(Path(job.config_url).read_text())["checkpoint_dir"])
@@ -207,9 +214,8 @@ def test_a_killed_run_rematerialized_with_the_same_inputs_resumes(
         )
 
     killed = materialize(KillWholeRunLauncher(nproc_per_node=1, cwd=str(REPO)))
-    assert (
-        not killed.success and store.current("finetuned_model", "v1") is None
-    )  # nothing half-published
+    # nothing half-published
+    assert not killed.success and store.current("finetuned_model", "v1") is None
     checkpoints = list(
         (storage_root / "finetuned_model" / "v1" / "checkpoints").glob("*/last.ckpt")
     )
@@ -218,8 +224,7 @@ def test_a_killed_run_rematerialized_with_the_same_inputs_resumes(
     again = materialize(LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO)))
     assert again.success
     meta = again.asset_materializations_for_node("finetuned_model")[0].metadata
-    assert (
-        meta["resumed_at_step"].value > 0
-    )  # resumed from the killed run's checkpoint, not from scratch
+    # resumed from the killed run's checkpoint, not from scratch
+    assert meta["resumed_at_step"].value > 0
     assert meta["checkpoint_key"].value == checkpoints[0].parent.name
     assert meta["samples_seen"].value == 96 and meta["global_step"].value == 96 // 4

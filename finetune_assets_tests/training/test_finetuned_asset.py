@@ -1,4 +1,6 @@
-"""``finetuned_model`` materialized through Dagster with the local torchrun launcher on fixture shards."""
+"""``finetuned_model`` materialized through Dagster with the local torchrun launcher on fixture
+shards.
+"""
 
 from __future__ import annotations
 
@@ -54,10 +56,11 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
     meta = mat.metadata
     assert 0.0 <= meta["accuracy"].value <= 1.0 and "macro_f1" in meta and "f1_Mixed" in meta
     assert meta["samples_seen"].value == 96
+    # precision "auto", as resolved where it trained
     assert meta["precision"].value in (
         "bf16-mixed",
         "32-true",
-    )  # precision "auto", as resolved where it trained
+    )
     assert meta["registered_model"].value == "review-classifier v1"
     assert meta["mlflow_run"].value.startswith("http://mlflow.example:5000/#/experiments/")
     assert meta["confusion_matrix_chart"].value.startswith(

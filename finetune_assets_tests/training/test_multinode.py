@@ -1,4 +1,5 @@
-"""Two nodes on one machine (``torchrun --nnodes 2`` with c10d rendezvous on localhost, gloo), on uneven data.
+"""Two nodes on one machine (``torchrun --nnodes 2`` with c10d rendezvous on localhost, gloo), on
+uneven data.
 
 One run carries the checks a 2-node job depends on: each node caches about half the train shards
 (its own cache folder); every train sample is trained, and every test sample evaluated, exactly
@@ -46,9 +47,8 @@ def write_shards(root: Path) -> Path:
     start = 0
     for split, n in SIZES.items():
         ids = [[101, 1000 + start + i, *range(2000, 2000 + (i * 7) % 40), 102] for i in range(n)]
-        write_split(
-            root / split, ids, [_label(start + i) for i in range(n)], size_limit=1 << 9
-        )  # ~20 shards
+        # ~20 shards
+        write_split(root / split, ids, [_label(start + i) for i in range(n)], size_limit=1 << 9)
         start += n
     return root
 
@@ -93,7 +93,9 @@ def _env() -> dict[str, str]:
 
 
 def _node(cfg: Path, rank: int, port: int, log: Path, cache: Path) -> subprocess.Popen:
-    """One node's torchrun agent, with its own cache volume (``XDG_CACHE_HOME``, as the pods have)."""
+    """One node's torchrun agent, with its own cache volume (``XDG_CACHE_HOME``, as the pods
+    have).
+    """
     cmd = torchrun_command(
         str(cfg),
         nproc_per_node=1,
@@ -116,7 +118,9 @@ def _node(cfg: Path, rank: int, port: int, log: Path, cache: Path) -> subprocess
 
 
 def _restart_counts(log: Path) -> set[str]:
-    """The TORCHELASTIC_RESTART_COUNT values a node's workers were started with (the trainer logs them)."""
+    """The TORCHELASTIC_RESTART_COUNT values a node's workers were started with (the trainer logs
+    them).
+    """
     return set(re.findall(r"restart count (\d+)", log.read_text()))
 
 
@@ -130,9 +134,10 @@ def test_two_nodes_cache_half_each_sample_once_and_unequal_restart_counts_meet(
     single = train(TrainerConfig.from_json(str(single_cfg)))
     assert sum(map(sum, single["confusion_matrix"])) == SIZES["test"]
 
-    # 2. two nodes. Once a checkpoint exists, node 0's worker is frozen and node 1's killed: node 1's
-    # agent restarts its worker (restart count 1), node 0's agent restarts its healthy-looking one for
-    # the membership change (restart count stays 0). Their workers must still meet.
+    # 2. two nodes. Once a checkpoint exists, node 0's worker is frozen and node 1's killed: node
+    #    1's
+    # agent restarts its worker (restart count 1), node 0's agent restarts its healthy-looking one
+    # for the membership change (restart count stays 0). Their workers must still meet.
     run = tmp_path / "two"
     cfg = config(run, "run", model, shards)
     logs = [run / "node0.log", run / "node1.log"]
@@ -158,19 +163,18 @@ def test_two_nodes_cache_half_each_sample_once_and_unequal_restart_counts_meet(
     restarts = [_restart_counts(log) for log in logs]
     assert codes == [0, 0], "\n".join(log.read_text()[-4000:] for log in logs)
     metrics = json.loads((run / "out" / "metrics.json").read_text())
-    assert (
-        metrics["world_size"] == 2 and metrics["resumed_at_step"] > 0
-    )  # the restarted group resumed
-    assert restarts[0] != restarts[1], (
-        restarts
-    )  # the case that hung: workers with unequal restart counts
+    # the restarted group resumed
+    assert metrics["world_size"] == 2 and metrics["resumed_at_step"] > 0
+    # the case that hung: workers with unequal restart counts
+    assert restarts[0] != restarts[1], restarts
 
     # each train sample trained once, each test sample evaluated once, weights as in one process
     assert metrics["samples_seen"] == SIZES["train"]
     assert sum(map(sum, metrics["confusion_matrix"])) == SIZES["test"]
     assert metrics["class_weights"] == pytest.approx(single["class_weights"])
 
-    # each node cached (about) its half of the train shards, in its own cache volume, removed after success
+    # each node cached (about) its half of the train shards, in its own cache volume, removed after
+    # success
     shards_total = len(read_index(str(shards / "train"), "train")["shards"])
     per_node = metrics["train_shards_cached_per_node"]
     assert len(per_node) == 2 and shards_total >= 8, (per_node, shards_total)

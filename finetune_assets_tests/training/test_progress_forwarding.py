@@ -1,4 +1,6 @@
-"""Rank 0's progress lines reach the Dagster log at info, trimmed to the message, through both launchers."""
+"""Rank 0's progress lines reach the Dagster log at info, trimmed to the message, through both
+launchers.
+"""
 
 from __future__ import annotations
 
@@ -62,9 +64,8 @@ def test_the_local_launcher_forwards_progress_as_info(tmp_path):
 def test_the_k8s_log_follower_forwards_progress_as_info():
     follower = LogFollower(api=None, namespace="ns")
     follower.pod = "finetune-0"
-    follower._lines.put(
-        f"[finetune-0] {WORKER_LINE}"
-    )  # the follower's reader tags each line with its pod
+    # the follower's reader tags each line with its pod
+    follower._lines.put(f"[finetune-0] {WORKER_LINE}")
     log = _Log()
     follower.drain(log)
     assert log.records == [("info", f"[finetune-0] {MESSAGE}")]

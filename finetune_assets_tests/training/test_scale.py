@@ -54,9 +54,8 @@ def test_eval_blocks_read_every_sample_exactly_once_with_equal_lengths(split, tm
     clean_stale_streaming_memory()
     ds = StreamingDataset(remote=str(split), local=str(tmp_path / f"cache{world}"), batch_size=1)
     blocks = [RankBlock(ds, rank, world) for rank in range(world)]
-    assert (
-        len({len(b) for b in blocks}) == 1
-    )  # every rank runs as many steps (FSDP gathers per forward)
+    # every rank runs as many steps (FSDP gathers per forward)
+    assert len({len(b) for b in blocks}) == 1
     real, pads = [], 0
     for block in blocks:
         for i in range(len(block)):
@@ -161,9 +160,8 @@ def test_every_rank_agrees_on_a_fresh_attempt_token_despite_stale_keys_and_unequ
     store.set(f"{ATTEMPT_KEYS}/ask/2", "stale-nonce")
     store.set(f"{ATTEMPT_KEYS}/answer/stale-nonce", "old-token")
     store.set(f"{ATTEMPT_KEYS}/ack/old-token/1", "1")
-    second = _start_group(
-        store, 4, [1, 1, 0, 0]
-    )  # node 0's agent restarted its workers, node 1's did not
+    # node 0's agent restarted its workers, node 1's did not
+    second = _start_group(store, 4, [1, 1, 0, 0])
     assert len(set(second)) == 1 and second[0] not in (first[0], "old-token")
 
 
@@ -186,9 +184,8 @@ def test_decay_groups_by_name_survive_flat_parameters(tiny_model_dir):
         load_classifier(str(tiny_model_dir)), HyperParameters(weight_decay=0.01)
     )
     module._trainer = SimpleNamespace(datamodule=None, estimated_stepping_batches=10)
-    matrices = sum(
-        1 for p in module.parameters() if p.ndim >= 2
-    )  # the weights to decay, seen before flattening
+    # the weights to decay, seen before flattening
+    matrices = sum(1 for p in module.parameters() if p.ndim >= 2)
     with torch.no_grad():  # what FSDP with use_orig_params shows: 1-D flat views of every weight
         for p in module.parameters():
             p.data = p.data.flatten()
@@ -209,21 +206,20 @@ def test_fsdp_is_fsdp2_replicated_across_nodes_and_sharded_within_one():
     )
     strategy = _strategy(config, world=8, local_world=4)
     assert isinstance(strategy, ShardedStrategy)
+    # (nodes, ranks per node)
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (
         2,
         4,
-    )  # (nodes, ranks per node)
+    )
     assert strategy._save_distributed_checkpoint is False  # one last.ckpt, as under DDP
     auto = config.model_copy(update={"strategy": "auto"})
-    assert (
-        _strategy(auto, world=8, local_world=4, parameters=110_000_000) == "ddp"
-    )  # BERT-base: a replica fits
+    # BERT-base: a replica fits
+    assert _strategy(auto, world=8, local_world=4, parameters=110_000_000) == "ddp"
     assert isinstance(
         _strategy(auto, world=8, local_world=4, parameters=3_000_000_000), ShardedStrategy
     )
-    assert (
-        _strategy(auto, world=1, local_world=1, parameters=3_000_000_000) == "auto"
-    )  # one process: no wrapper
+    # one process: no wrapper
+    assert _strategy(auto, world=1, local_world=1, parameters=3_000_000_000) == "auto"
     with pytest.raises(
         ConfigError, match="'16-mixed' is not supported with strategy 'fsdp'; use 'bf16-mixed'"
     ):
@@ -246,12 +242,10 @@ def test_checkpoints_keep_object_store_urls(tmp_path):
 def test_resume_on_another_world_size_is_refused_clearly(tiny_model_dir):
     module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
     module._trainer = SimpleNamespace(world_size=1)
-    module.on_load_checkpoint(
-        {"review_classifier": {"world_size": 1, "samples_seen": 8}}
-    )  # same: fine
-    module.on_load_checkpoint(
-        {"review_classifier": {"samples_seen": 8}}
-    )  # written before it was recorded
+    # same: fine
+    module.on_load_checkpoint({"review_classifier": {"world_size": 1, "samples_seen": 8}})
+    # written before it was recorded
+    module.on_load_checkpoint({"review_classifier": {"samples_seen": 8}})
     with pytest.raises(
         WorldSizeChanged, match=r"written by 2 training processes, this run has 1.*Relaunch with 2"
     ):
@@ -287,7 +281,8 @@ def test_fp32_class_weighted_loss_under_bf16_logits(tiny_model_dir):
 def test_training_counts_each_sample_once_though_streaming_repeats_some(
     split, tmp_path, monkeypatch, world, bucket, stop_after, workers
 ):
-    """Each rank as its own node, one after the other (streaming reads the world from the environment).
+    """Each rank as its own node, one after the other (streaming reads the world from the
+    environment).
 
     streaming would join a process group to share its shared-memory prefix; each node here is one
     process with its own prefix, so that step is skipped.
@@ -332,9 +327,8 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(
 
         n, first = 0, loader(0)
         batches = iter(first)
-        if (
-            stop_after
-        ):  # consume some batches, then resume from the loader's state in a fresh loader
+        # consume some batches, then resume from the loader's state in a fresh loader
+        if stop_after:
             for _ in range(stop_after):
                 batch = next(batches)
                 first.mark_consumed(len(batch["labels"]))
@@ -353,12 +347,10 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(
             n += len(keep)
         streamed.append(n)
         del batches, first
-    assert (
-        len(set(streamed)) == 1 and sum(streamed) > N
-    )  # streaming padded every rank to the same length
-    assert sorted(counted) == list(
-        range(N)
-    )  # yet each sample is trained (and counted) exactly once
+    # streaming padded every rank to the same length
+    assert len(set(streamed)) == 1 and sum(streamed) > N
+    # yet each sample is trained (and counted) exactly once
+    assert sorted(counted) == list(range(N))
 
 
 def test_mlflow_logging_wait_is_bounded():
@@ -406,7 +398,9 @@ def test_fsdp_wrap_unit_is_the_whole_encoder_block_of_each_family(family):
 
 
 def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_model_dir):
-    """2 nodes x 1 process -> 1 node x 2: the world size matches, the streamed partition does not."""
+    """2 nodes x 1 process -> 1 node x 2: the world size matches, the streamed partition does
+    not.
+    """
     from finetune_assets.training.module import LayoutChanged
 
     module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
@@ -433,7 +427,9 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
 
 
 def test_fsdp_shards_within_a_node_and_replicates_across_nodes():
-    """The strategy's (nodes x ranks per node) mesh: 1-D over the ranks on one node, HSDP's 2-D mesh across nodes."""
+    """The strategy's (nodes x ranks per node) mesh: 1-D over the ranks on one node, HSDP's 2-D
+    mesh across nodes.
+    """
     from finetune_assets.training.sharding import fsdp_mesh
 
     class Mesh:  # a DeviceMesh's shape and names, which is all fsdp_mesh reads
@@ -446,10 +442,11 @@ def test_fsdp_shards_within_a_node_and_replicates_across_nodes():
         def __getitem__(self, name):
             return ("1-D", name, self.shape[self.mesh_dim_names.index(name)])
 
+    # one node: shard over its 8 ranks
     assert fsdp_mesh(Mesh((1, 8))) == (
         "1-D",
         "tensor_parallel",
         8,
-    )  # one node: shard over its 8 ranks
+    )
     two_nodes = Mesh((2, 8))
     assert fsdp_mesh(two_nodes) is two_nodes  # replicate across the 2 nodes, shard within each

@@ -111,11 +111,12 @@ def _logits(model_dir: Path, texts: list[str]):
 
 
 def test_two_process_fsdp_shards_and_matches_ddp_through_test_export_and_predict(world, full_run):
-    """FSDP (FSDP2 on gloo) runs fit -> validation -> test -> export -> predict, then a re-run resumes at the end.
+    """FSDP (FSDP2 on gloo) runs fit -> validation -> test -> export -> predict, then a re-run
+    resumes at the end.
 
     Lightning's FSDP refused CPU, and after fit its ``trainer.test()`` re-wrapped the wrapped model
-    ("'weight' must be 2-D"). Same data, seed and clipping as the DDP run: the same test metrics, and
-    exported logits within 1e-4 (only the order of the gradient sums differs).
+    ("'weight' must be 2-D"). Same data, seed and clipping as the DDP run: the same test metrics,
+    and exported logits within 1e-4 (only the order of the gradient sums differs).
     """
     root, model, shards = world
     _, ddp_config, ddp = full_run
@@ -137,9 +138,8 @@ def test_two_process_fsdp_shards_and_matches_ddp_through_test_export_and_predict
     )
     assert (a - b).abs().max() < 1e-4, (a - b).abs().max()
 
-    again = run_ok(
-        config
-    )  # the final checkpoint exists: resume (sharded load) at the end, test and export again
+    # the final checkpoint exists: resume (sharded load) at the end, test and export again
+    again = run_ok(config)
     assert again["resumed_from"] and again["global_step"] == fsdp["global_step"]
     assert again["confusion_matrix"] == fsdp["confusion_matrix"]
 
@@ -149,9 +149,8 @@ def test_two_process_run_saves_a_pipeline_loadable_model(full_run):
 
     root, config, metrics = full_run
     assert metrics["world_size"] == 2
-    assert (
-        metrics["samples_seen"] == 2 * 96
-    )  # 2 epochs over 96 training reviews, all ranks together
+    # 2 epochs over 96 training reviews, all ranks together
+    assert metrics["samples_seen"] == 2 * 96
     assert 0.0 <= metrics["accuracy"] <= 1.0 and set(metrics["f1_per_class"]) == {
         "Positive",
         "Negative",
@@ -198,9 +197,8 @@ def test_killed_run_resumes_without_repeating_or_skipping(world, full_run):
     deadline = time.monotonic() + 300
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    kill_tree(
-        proc.pid, signal.SIGKILL
-    )  # torchrun and every worker (own sessions), right after a checkpoint
+    # torchrun and every worker (own sessions), right after a checkpoint
+    kill_tree(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL and last.exists(), (
         "the run ended before it could be killed"
@@ -214,7 +212,8 @@ def test_killed_run_resumes_without_repeating_or_skipping(world, full_run):
     resumed = run_ok(config)
     assert resumed["resumed_from"] == str(last)
     assert 0 < resumed["resumed_at_step"] < reference["global_step"]
-    # Same samples, each exactly once: counts and the (order-free) token total match the uninterrupted run.
+    # Same samples, each exactly once: counts and the (order-free) token total match the
+    # uninterrupted run.
     assert resumed["samples_seen"] == reference["samples_seen"]
     assert resumed["tokens_seen"] == reference["tokens_seen"]
     assert resumed["global_step"] == reference["global_step"]
@@ -237,7 +236,9 @@ def test_trainer_crash_fails_the_launcher_with_a_readable_error(tmp_path, world)
 
 
 def test_cancellation_kills_torchrun_and_every_worker(world):
-    """Dagster terminates a run by interrupting the step; the launcher must leave no worker behind."""
+    """Dagster terminates a run by interrupting the step; the launcher must leave no worker
+    behind.
+    """
     root, model, shards = world
     config = write_config(root, "cancel", model, shards, epochs=50)
     launcher = LocalTorchrunLauncher(nproc_per_node=2, cwd=str(REPO))
@@ -245,7 +246,8 @@ def test_cancellation_kills_torchrun_and_every_worker(world):
     started = time.monotonic()
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt  # what Dagster's termination raises in the step (as DagsterExecutionInterruptedError)
+        # what Dagster's termination raises in the step (as DagsterExecutionInterruptedError)
+        raise KeyboardInterrupt
 
     def training_started() -> bool:
         return (config.parent / "ckpt" / "last.ckpt").exists()

@@ -1,4 +1,6 @@
-"""``train()`` in one process (tiny BERT, real reviews): published shards untouched, empty splits, class weights."""
+"""``train()`` in one process (tiny BERT, real reviews): published shards untouched, empty
+splits, class weights.
+"""
 
 from __future__ import annotations
 
@@ -84,12 +86,10 @@ def test_training_never_writes_into_the_published_shards(tmp_path, tiny_model_di
 
     run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(metrics["mlflow"]["run_id"])
     assert run.data.params["precision"] == metrics["precision"]
-    assert (
-        snapshot(shards) == before
-    )  # no decompressed .mds, no index rewrite, nothing added or changed
-    assert (
-        not derived_cache.exists() and not derived_cache.parent.exists()
-    )  # removed after a successful run
+    # no decompressed .mds, no index rewrite, nothing added or changed
+    assert snapshot(shards) == before
+    # removed after a successful run
+    assert not derived_cache.exists() and not derived_cache.parent.exists()
 
 
 def test_a_given_cache_dir_receives_the_decompressed_shards_and_is_kept(
@@ -104,7 +104,9 @@ def test_a_given_cache_dir_receives_the_decompressed_shards_and_is_kept(
 
 
 def test_empty_validation_and_test_splits(tmp_path, tiny_model_dir, arabic_reviews):
-    """A tiny version may have no validation or test rows: it trains, and metrics say the test was skipped."""
+    """A tiny version may have no validation or test rows: it trains, and metrics say the test
+    was skipped.
+    """
     shards = write_mds_splits(
         tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(24, 0, 0)
     )

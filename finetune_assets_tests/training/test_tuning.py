@@ -255,9 +255,10 @@ _TWO_IN_FLIGHT = threading.Barrier(2, timeout=120)
 
 class ReportingLauncher(TrainingLauncher):
     """Fakes the trainer (and the cluster): reports a score derived from ``lr`` to the trial through
-    the study storage, as ``TrialPruning`` does, once two launches are in flight together (a barrier:
-    the test fails, rather than waits, if trials do not run in parallel). Real: the trainer config
-    file, the study storage, the asset's parallel trial loop and the labels a gang is keyed by.
+    the study storage, as ``TrialPruning`` does, once two launches are in flight together (a
+    barrier: the test fails, rather than waits, if trials do not run in parallel). Real: the trainer
+    config file, the study storage, the asset's parallel trial loop and the labels a gang is keyed
+    by.
     """
 
     journal: str

@@ -171,9 +171,8 @@ class Dagster:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(
-                self.proc.pid, signal.SIGINT
-            )  # dagster dev shuts down its webserver + daemon on SIGINT
+            # dagster dev shuts down its webserver + daemon on SIGINT
+            os.killpg(self.proc.pid, signal.SIGINT)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -184,7 +183,9 @@ class Dagster:
 
 @pytest.fixture
 def prepared(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
-    """A registered version and a tiny pretrained_model, so the UI run takes seconds, not minutes."""
+    """A registered version and a tiny pretrained_model, so the UI run takes seconds, not
+    minutes.
+    """
     import dagster as dg
 
     from finetune_assets.assets.pretrained import pretrained_model
@@ -224,7 +225,8 @@ def page():
     exe = chromium_path()
     if exe is None:
         pytest.skip(
-            "Chromium is not installed (CI: apt-get install -y chromium); set CHROMIUM=/path to override"
+            "Chromium is not installed (CI: apt-get install -y chromium); set CHROMIUM=/path to "
+            "override"
         )
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright (python) is not installed"
@@ -243,7 +245,8 @@ def page():
             viewport={"width": 1600, "height": 1000},
         )
         context.set_default_timeout(60_000)
-        # The first visit greets with a "Join the Dagster community" dialog; mark it as seen, as Skip would.
+        # The first visit greets with a "Join the Dagster community" dialog; mark it as seen, as
+        # Skip would.
         context.add_init_script("window.localStorage.setItem('communityNux', '\"1\"')")
         try:
             yield context.pages[0] if context.pages else context.new_page()
@@ -263,9 +266,8 @@ def test_asset_graph_partition_and_materialization_in_the_browser(dagster_dev, p
     try:
         walk_through_the_ui(dagster_dev, page)
     except BaseException:
-        shot(
-            page, "FAILED-last-page"
-        )  # what the browser showed: the most useful artifact when CI fails
+        # what the browser showed: the most useful artifact when CI fails
+        shot(page, "FAILED-last-page")
         raise
 
 
@@ -289,7 +291,8 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
 
-    # 1. The global asset graph shows every asset (groups start collapsed: open each one, as a user would).
+    # 1. The global asset graph shows every asset (groups start collapsed: open each one, as a user
+    #    would).
     page.goto(f"{dagster_dev.url}/asset-groups")
     for group in sorted({groups[name] for name in expected}):
         members = [n for n in expected if groups[n] == group]
@@ -300,9 +303,8 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     page.reload()  # the open groups are remembered; a reload fits the whole graph into view
     for name in expected:
         page.get_by_text(name, exact=True).first.wait_for(state="visible")
-    expect(page.get_by_text(re.compile(r"^Loading"))).to_have_count(
-        0, timeout=60_000
-    )  # node statuses filled in
+    # node statuses filled in
+    expect(page.get_by_text(re.compile(r"^Loading"))).to_have_count(0, timeout=60_000)
     shot(page, "01-asset-graph")
 
     # 2. A dataset-version partition of raw_reviews: registered, not yet materialized.

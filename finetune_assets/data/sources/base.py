@@ -1,4 +1,6 @@
-"""What every source family shares: the spec of a source, the raw table it becomes, its error, block sizes."""
+"""What every source family shares: the spec of a source, the raw table it becomes, its error,
+block sizes.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 # Streaming (bounded memory): a file is read in blocks of this many (decompressed) input bytes, so
-# one huge file costs a block, not the file. The first block is at least HEAD_BYTES (the encoding checks);
-# a record still open after MAX_RECORD_BLOCKS blocks is not carried further (split_records' max_record);
-# Parquet batches hold block / PARQUET_ROW_BYTES rows (about a review's size).
+# one huge file costs a block, not the file. The first block is at least HEAD_BYTES (the encoding
+# checks); a record still open after MAX_RECORD_BLOCKS blocks is not carried further (split_records'
+# max_record); Parquet batches hold block / PARQUET_ROW_BYTES rows (about a review's size).
 BLOCK_BYTES = 16 << 20  # parsed rows cost ~10x their bytes in Python objects: ~160 MB peak
 HEAD_BYTES = 4096
 MAX_RECORD_BLOCKS = 4  # 64 MiB: far above any review, and a stray quote costs at most 4 rescans
@@ -24,10 +26,11 @@ RAW_SCHEMA = pa.schema(
         ("source_row", pa.int64()),  # record number in its file (0-based, bad records included)
         ("malformed", pa.string()),  # why the reader could not use the row (None: a good row)
         ("malformed_reason", pa.string()),  # the quarantine reason for it: malformed_row / non_text
+        # first physical line (CSV/TSV/JSONL, 1-based; None for Parquet)
         (
             "source_line",
             pa.int64(),
-        ),  # first physical line (CSV/TSV/JSONL, 1-based; None for Parquet)
+        ),
         ("source_line_end", pa.int64()),
         ("raw", pa.string()),  # a bad record's raw text, first RAW_PREFIX_CHARS characters
     ]

@@ -1,4 +1,6 @@
-"""Finding the text and label columns of any table, and turning them into :data:`RAW_SCHEMA` rows."""
+"""Finding the text and label columns of any table, and turning them into :data:`RAW_SCHEMA`
+rows.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import pyarrow.compute as pc
 
 from finetune_assets.data.sources.base import RAW_SCHEMA, SourceError, SourceSpec
 
-# Column names looked for, in order; a file's names are compared lower-cased with spaces/dashes as "_".
+# Column names looked for, in order; a file's names are compared lower-cased with spaces/dashes as
+# "_".
 TEXT_COLUMNS = (
     "text",
     "review",
@@ -41,12 +44,15 @@ LABEL_COLUMNS = (
     "review_score",
 )
 # Several text columns (text_column "Title,Review Text"): joined in that order into one review text,
-# empty parts skipped, separated by this, so dedup, the split hash, the gate and predict see one string.
+# empty parts skipped, separated by this, so dedup, the split hash, the gate and predict see one
+# string.
 TEXT_JOIN = "\n"
 
 
 def renumber(raw: pa.Table, first_row: int, first_line: int | None = None) -> pa.Table:
-    """A block's rows numbered on from ``first_row`` (and lines from ``first_line``) in the whole file."""
+    """A block's rows numbered on from ``first_row`` (and lines from ``first_line``) in the whole
+    file.
+    """
     cols = {"source_row": first_row} | (
         {"source_line": first_line - 1, "source_line_end": first_line - 1}
         if first_line is not None
@@ -67,7 +73,9 @@ def pick_label(table: pa.Table, spec: SourceSpec, path: str, required: bool) -> 
 
 
 def text_columns(table: pa.Table, wanted: str | None, path: str) -> tuple[pa.Table, str]:
-    """The text column, or several (``"title,body"``) joined into one (TEXT_JOIN) named ``"\x00text"``."""
+    """The text column, or several (``"title,body"``) joined into one (TEXT_JOIN) named
+    ``"\x00text"``.
+    """
     if wanted is None or wanted in table.column_names or "," not in wanted:
         return table, pick_column(table, wanted, TEXT_COLUMNS, "text", path)
     cols = [
@@ -79,9 +87,8 @@ def text_columns(table: pa.Table, wanted: str | None, path: str) -> tuple[pa.Tab
     joined = []
     for row, values in enumerate(zip(*(texts.to_pylist() for texts, _ in parts))):
         if any(problems[row] is not None for _, problems in parts):
-            joined.append(
-                None
-            )  # a part that is not text: the row has no usable text (empty_text quarantine)
+            # a part that is not text: the row has no usable text (empty_text quarantine)
+            joined.append(None)
             continue
         present = [v.strip() for v in values if v is not None and v.strip()]
         joined.append(TEXT_JOIN.join(present) if present else None)
@@ -129,7 +136,9 @@ def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _as_string(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Labels as strings, whatever their Parquet/JSON representation (the value itself, never a marker)."""
+    """Labels as strings, whatever their Parquet/JSON representation (the value itself, never a
+    marker).
+    """
     col = _plain(col)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         return col.cast(pa.string())

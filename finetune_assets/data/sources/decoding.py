@@ -1,5 +1,5 @@
-"""A file's bytes to text: streamed decompression (fsspec infers the codec from the suffix), disguised files
-refused, and an incremental decoder whose errors name the exact line.
+"""A file's bytes to text: streamed decompression (fsspec infers the codec from the suffix),
+disguised files refused, and an incremental decoder whose errors name the exact line.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def open_failed(path: str, compression: str | None, err: Exception) -> SourceErr
 
 
 def _zstd_reader(infile, mode: str = "rb"):
-    """fsspec reads ``.zst`` only with the ``zstandard`` package; pyarrow's codec streams it without one."""
+    """fsspec reads ``.zst`` only with the ``zstandard`` package; pyarrow's codec streams it
+    without one.
+    """
     if "r" not in mode:
         raise ValueError("zstd: this codec only reads")
     return pa.CompressedInputStream(pa.PythonFile(infile, mode="r"), "zstd")
@@ -53,9 +55,9 @@ def file_blocks(
 ) -> Iterator[tuple[bytes, bool]]:
     """A file's decompressed bytes as (block, last) pairs of ``block_bytes``.
 
-    The first block holds at least :data:`HEAD_BYTES` and is not all whitespace unless the file is (the
-    empty-file, disguised-file and UTF-16 checks look at it). ``max_bytes``: one block, the prefix cut
-    after its last full line (a sample).
+    The first block holds at least :data:`HEAD_BYTES` and is not all whitespace unless the file is
+    (the empty-file, disguised-file and UTF-16 checks look at it). ``max_bytes``: one block, the
+    prefix cut after its last full line (a sample).
     """
     _, compression = split_suffix(path)
     try:
@@ -94,7 +96,9 @@ MAGIC = {
 
 
 def refuse_disguised(path: str, data: bytes, fmt: str) -> None:
-    """A text format whose bytes say otherwise (a .csv that is really gzip, Excel or Parquet): say what it is."""
+    """A text format whose bytes say otherwise (a .csv that is really gzip, Excel or Parquet):
+    say what it is.
+    """
     if fmt == "parquet":
         return
     for magic, (what, suffix) in MAGIC.items():
@@ -107,15 +111,16 @@ def refuse_disguised(path: str, data: bytes, fmt: str) -> None:
                 else "unpack or export it as CSV"
             )
             raise SourceError(f"{path}: the file is {what}, not {fmt} text; {fix}")
-    what = what_binary(
-        data[:4096]
-    )  # an image, a document, an old Office file: say so, not "encoding"
+    # an image, a document, an old Office file: say so, not "encoding"
+    what = what_binary(data[:4096])
     if what is not None:
         raise SourceError(f"{path}: this is {what}, not {fmt} text; {BINARY_FIX}")
 
 
 def decode(path: str, data: bytes, encoding: str) -> str:
-    """Bytes to text: a byte-order mark wins over ``encoding``; an error names the line and a likely encoding."""
+    """Bytes to text: a byte-order mark wins over ``encoding``; an error names the line and a
+    likely encoding.
+    """
     return Decoder(path, encoding)(data, final=True)
 
 
@@ -123,8 +128,8 @@ class Decoder:
     """A file's bytes to text block by block, as :func:`decode` on the whole file would give.
 
     The byte-order mark and the UTF-16-without-BOM check are decided on the first block (at least
-    :data:`HEAD_BYTES`); an incremental decoder keeps a character split across blocks whole; a decode
-    error names its line and offset in the whole file.
+    :data:`HEAD_BYTES`); an incremental decoder keeps a character split across blocks whole; a
+    decode error names its line and offset in the whole file.
     """
 
     def __init__(self, path: str, encoding: str):
@@ -148,8 +153,10 @@ class Decoder:
             line = self.newlines - pending.count(b"\n") + blob.count(b"\n", 0, err.start) + 1
             guess = _guess_encoding(self.head)
             raise SourceError(
-                f"{self.path}: line {line}: not valid {self.encoding} (byte {blob[err.start : err.start + 1].hex()} "
-                f"at offset {self.fed - len(pending) + err.start}); set the source encoding, e.g. encoding='{guess}' "
+                f"{self.path}: line {line}: not valid {self.encoding} (byte "
+                f"{blob[err.start : err.start + 1].hex()} "
+                f"at offset {self.fed - len(pending) + err.start}); set the source encoding, "
+                f"e.g. encoding='{guess}' "
                 f"(CLI --encoding {guess}, raw_reviews config `encoding`)"
             ) from err
         self.fed += len(data)
@@ -157,7 +164,9 @@ class Decoder:
         return text
 
     def _start(self, first: bytes) -> None:
-        """The encoding (a byte-order mark wins), refusing UTF-16 read as UTF-8 (every other byte NUL)."""
+        """The encoding (a byte-order mark wins), refusing UTF-16 read as UTF-8 (every other byte
+        NUL).
+        """
         self.bom = 0
         for bom, enc in (
             (codecs.BOM_UTF8, "utf-8"),

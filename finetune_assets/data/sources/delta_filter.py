@@ -191,14 +191,17 @@ def _type(node) -> pa.DataType | None:
 
 
 def _operand(node, other) -> pc.Expression:
-    """A parsed node as an expression; a literal takes the type of the column it is compared with."""
+    """A parsed node as an expression; a literal takes the type of the column it is compared
+    with.
+    """
     if isinstance(node, _Column):
         return pc.field(node.name)
     if isinstance(node, tuple) and node[0] == "lit":
         target = _type(other)
         value = node[1]
         if value is None:
-            raise _Untranslatable  # "= NULL" is never true in SQL: leave such oddities to DataFusion
+            # "= NULL" is never true in SQL: leave such oddities to DataFusion
+            raise _Untranslatable
         scalar = pa.scalar(value)
         return pc.scalar(scalar.cast(target) if target is not None else scalar)
     return node

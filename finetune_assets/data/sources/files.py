@@ -1,4 +1,6 @@
-"""Readers of one input file (CSV / TSV / JSON / JSON Lines / Parquet), streamed in bounded blocks."""
+"""Readers of one input file (CSV / TSV / JSON / JSON Lines / Parquet), streamed in bounded
+blocks.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +44,8 @@ def read_file(
     """One file as :data:`RAW_SCHEMA`; ``max_bytes`` reads only a prefix (a sample, for checks).
 
     The public reader for any input file (sources, ``predict``, evaluation sets); without
-    ``require_label`` the label column is optional (null when absent). Streamed (:func:`iter_file`) and
-    concatenated.
+    ``require_label`` the label column is optional (null when absent). Streamed (:func:`iter_file`)
+    and concatenated.
     """
     tables = list(iter_file(path, spec, max_bytes=max_bytes, require_label=require_label))
     return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
@@ -56,16 +58,17 @@ def iter_file(
     max_bytes: int | None = None,
     require_label: bool = True,
 ) -> Iterator[pa.Table]:
-    """One file as :data:`RAW_SCHEMA` tables of about ``block_bytes`` input bytes each, in file order.
+    """One file as :data:`RAW_SCHEMA` tables of about ``block_bytes`` input bytes each, in file
+    order.
 
-    Concatenated, the tables equal a whole-file read row for row (``source_row`` and lines continue across
-    blocks): CSV/TSV blocks end on record boundaries (:func:`split_records` carries an unfinished record
-    over), text is decoded incrementally (a character split across blocks decodes whole), compressed files
-    are decompressed as a stream, JSON Lines blocks end on line ends, Parquet is read in batches of about
-    ``block_bytes / PARQUET_ROW_BYTES`` rows. A JSON array file (``[...]``) is read whole: it has no lines
-    to cut on. Where a block could differ from the whole file, the first block decides: the columns of a
-    JSON Lines file (later blocks get the first block's columns, null where absent) and classic-Mac
-    (CR-only) line ends.
+    Concatenated, the tables equal a whole-file read row for row (``source_row`` and lines continue
+    across blocks): CSV/TSV blocks end on record boundaries (:func:`split_records` carries an
+    unfinished record over), text is decoded incrementally (a character split across blocks decodes
+    whole), compressed files are decompressed as a stream, JSON Lines blocks end on line ends,
+    Parquet is read in batches of about ``block_bytes / PARQUET_ROW_BYTES`` rows. A JSON array file
+    (``[...]``) is read whole: it has no lines to cut on. Where a block could differ from the whole
+    file, the first block decides: the columns of a JSON Lines file (later blocks get the first
+    block's columns, null where absent) and classic-Mac (CR-only) line ends.
     """
     fmt = format_or_raise(path)
     if fmt == "parquet":
@@ -95,7 +98,9 @@ def iter_file(
 def _parquet_tables(
     path: str, spec: SourceSpec, block_bytes: int, require_label: bool
 ) -> Iterator[pa.Table]:
-    """Parquet in record batches (``source_row`` continuing); a compressed Parquet file is read whole."""
+    """Parquet in record batches (``source_row`` continuing); a compressed Parquet file is read
+    whole.
+    """
     _, compression = split_suffix(path)
     try:
         with contextlib.ExitStack() as stack:
@@ -114,9 +119,8 @@ def _parquet_tables(
                 pa.Table.from_batches([b]) for b in pf.iter_batches(batch_size=rows_per_batch)
             )
             row = 0
-            for table in (
-                tables if pf.metadata.num_rows else [pf.schema_arrow.empty_table()]
-            ):  # columns checked
+            # columns checked
+            for table in tables if pf.metadata.num_rows else [pf.schema_arrow.empty_table()]:
                 table, text_col = text_columns(table, spec.text_column, path)
                 raw = to_raw(table, text_col, pick_label(table, spec, path, require_label), path)
                 yield renumber(raw, row)
@@ -135,11 +139,12 @@ def _delimited_tables(
     require_label: bool,
     limit: int,
 ) -> Iterator[pa.Table]:
-    """CSV/TSV through :mod:`finetune_assets.data.delimited`, block by block: bad records quarantined with their
-    lines; a record the block may cut is carried into the next (``limit``: how far, see :func:`split_records`).
+    """CSV/TSV through :mod:`finetune_assets.data.delimited`, block by block: bad records
+    quarantined with their lines; a record the block may cut is carried into the next (``limit``:
+    how far, see :func:`split_records`).
 
-    Classic-Mac line ends (CR only) are decided on the first text holding a line end: no LF in it, a CR
-    before its end.
+    Classic-Mac line ends (CR only) are decided on the first text holding a line end: no LF in it, a
+    CR before its end.
     """
     decoder = Decoder(path, spec.encoding)
     carry, recs, mac, yielded = "", None, None, False
@@ -152,7 +157,8 @@ def _delimited_tables(
         if mac:
             text = text.replace("\r", "\n")
         try:
-            # undecided line ends: nothing parsed yet, so the text is the file so far (split_records decides)
+            # undecided line ends: nothing parsed yet, so the text is the file so far (split_records
+            # decides)
             recs = split_records(
                 text,
                 "\t" if fmt == "tsv" else ",",
@@ -200,9 +206,8 @@ def _records_table(path: str, recs: Records, spec: SourceSpec, require_label: bo
             "label": pa.nulls(len(recs.bad), pa.string()),
             "source_file": pa.array([path] * len(recs.bad), pa.string()),
             "malformed": pa.array([b.problem for b in recs.bad], pa.string()),
-            "malformed_reason": pa.array(
-                [b.reason for b in recs.bad], pa.string()
-            ),  # malformed_row, header_row ...
+            # malformed_row, header_row ...
+            "malformed_reason": pa.array([b.reason for b in recs.bad], pa.string()),
             "raw": pa.array([b.raw for b in recs.bad], pa.string()),
             "source_row": pa.array([b.index for b in recs.bad], pa.int64()),
             "source_line": pa.array([b.line for b in recs.bad], pa.int64()),
@@ -227,7 +232,9 @@ def iter_files(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
 
 
 def check_files(spec: SourceSpec, sample_bytes: int) -> dict[str, int]:
-    """Every file opens, its columns are found and a sample parses: the sampled good rows per file."""
+    """Every file opens, its columns are found and a sample parses: the sampled good rows per
+    file.
+    """
     sampled = {}
     for path in list_files(spec.uri):
         table = read_file(path, spec, max_bytes=sample_bytes)

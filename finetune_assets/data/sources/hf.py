@@ -1,4 +1,6 @@
-"""``hf:owner/name`` sources: a Hugging Face dataset split, class ids named by the dataset's features."""
+"""``hf:owner/name`` sources: a Hugging Face dataset split, class ids named by the dataset's
+features.
+"""
 
 from __future__ import annotations
 

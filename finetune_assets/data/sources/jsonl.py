@@ -1,4 +1,6 @@
-"""JSON sources: a JSON array read whole; JSON Lines in blocks, line by line where pyarrow refuses one."""
+"""JSON sources: a JSON array read whole; JSON Lines in blocks, line by line where pyarrow
+refuses one.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ def jsonl_tables(
     require_label: bool,
     limit: int,
 ) -> Iterator[pa.Table]:
-    """JSON Lines in blocks cut after a line end: pyarrow per block, line by line where it refuses one."""
+    """JSON Lines in blocks cut after a line end: pyarrow per block, line by line where it
+    refuses one.
+    """
     decoder = Decoder(path, "utf-8")
     carry, line, record, names = b"", 1, 0, None
     for data, final in chunks:
@@ -58,9 +62,8 @@ def jsonl_tables(
         if not block:
             continue
         first, lines = decoder.decoder is None, block.count(b"\n")
-        text = decoder(
-            block, final
-        )  # validates the text and names a bad line; pyarrow reads the bytes
+        # validates the text and names a bad line; pyarrow reads the bytes
+        text = decoder(block, final)
         raw = None
         if text.strip():
             raw, found = _jsonl_block(
@@ -87,13 +90,15 @@ def _jsonl_block(
     require_label: bool,
     names: list[str] | None,
 ) -> tuple[pa.Table, list[str]]:
-    """One block of JSON Lines (records and lines numbered from the block start) and its column names.
+    """One block of JSON Lines (records and lines numbered from the block start) and its column
+    names.
 
-    ``names``: the first block's columns, added as nulls where a later block lacks them, so that the text
-    and label columns are chosen as on the first block (a whole-file read sees every column).
+    ``names``: the first block's columns, added as nulls where a later block lacks them, so that the
+    text and label columns are chosen as on the first block (a whole-file read sees every column).
     """
     try:
-        # block as large as the data: one long review never fails with "straddling object" block errors
+        # block as large as the data: one long review never fails with "straddling object" block
+        # errors
         table = pajson.read_json(
             io.BytesIO(data),
             read_options=pajson.ReadOptions(block_size=max(1 << 20, len(data) + 1)),
@@ -119,8 +124,8 @@ def _jsonl_block(
 def _read_jsonl_lines(
     path: str, text: str, spec: SourceSpec, require_label: bool, names: list[str] | None = None
 ) -> tuple[pa.Table, list[str]]:
-    """JSON Lines that pyarrow refuses (a cut line, mixed types, plain strings): line by line, each bad line
-    quarantined with its number and raw text, like a broken CSV record.
+    """JSON Lines that pyarrow refuses (a cut line, mixed types, plain strings): line by line, each
+    bad line quarantined with its number and raw text, like a broken CSV record.
     """
     good: list[tuple[int, int, dict | str]] = []  # (record number, line, object or plain string)
     bad: list[tuple[int, int, str, str]] = []  # (record number, line, problem, raw)
@@ -136,9 +141,8 @@ def _read_jsonl_lines(
                 (record, n, f"not valid JSON ({getattr(err, 'msg', err)})", line[:RAW_PREFIX_CHARS])
             )
         else:
-            if isinstance(
-                obj, (dict, str)
-            ):  # a plain string is the text of a review without a label
+            # a plain string is the text of a review without a label
+            if isinstance(obj, (dict, str)):
                 good.append((record, n, obj))
             else:
                 bad.append(
@@ -201,9 +205,8 @@ def flag_missing_text(raw: pa.Table, lines: list[str], text_key: str) -> pa.Tabl
     """Rows of ``raw`` (numbered by ``source_line``, 1-based into ``lines``) whose object has no
     ``text_key`` get ``malformed`` (the keys found), ``malformed_reason`` and ``raw`` (the line).
     """
-    if (
-        text_key.startswith("\x00") or not raw.num_rows
-    ):  # several text columns joined: each is optional
+    # several text columns joined: each is optional
+    if text_key.startswith("\x00") or not raw.num_rows:
         return raw
     cols = {
         n: raw.column(n).to_pylist()

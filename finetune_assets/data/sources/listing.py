@@ -1,4 +1,6 @@
-"""Which files of a file or folder source are data: formats by suffix, ignore rules, archives refused."""
+"""Which files of a file or folder source are data: formats by suffix, ignore rules, archives
+refused.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import fsspec
 from finetune_assets.data.sources.base import SourceError
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+# single-file streams, decompressed as read
 COMPRESSIONS = {
     ".gz": "gzip",
     ".bz2": "bz2",
     ".xz": "xz",
     ".zst": "zstd",
-}  # single-file streams, decompressed as read
+}
+# refused: unpack them into the folder
 ARCHIVES = (
     ".zip",
     ".tar",
@@ -23,18 +27,19 @@ ARCHIVES = (
     ".tar.gz",
     ".7z",
     ".rar",
-)  # refused: unpack them into the folder
+)
 
 # Names in a source folder that are never data (documented in docs/reliability.md "Folder sources"):
 # hidden files and folders (".*": .DS_Store, ._* AppleDouble files, .ipynb_checkpoints/, .git/ ...),
 # OS metadata, completion markers, and documentation beside the data.
 IGNORED_DIRS = ("__MACOSX",)
+# _labels.json: a drop's label set
 IGNORED_FILES = (
     "Thumbs.db",
     "desktop.ini",
     "_SUCCESS",
     "_labels.json",
-)  # _labels.json: a drop's label set
+)
 DOC_SUFFIXES = (".md", ".txt", ".rst", ".pdf")
 DOC_PREFIXES = ("readme", "license", "notice")
 
@@ -86,8 +91,9 @@ def list_source(uri: str) -> Listing:
 
 
 def walk_local(root: str) -> tuple[list[str], dict[str, str]]:
-    """(files, skipped path -> why): every file under ``root`` through symlinks, sorted; a second path to
-    a folder or file already reached, a symlink loop and a dangling link are skipped with the reason.
+    """(files, skipped path -> why): every file under ``root`` through symlinks, sorted; a second
+    path to a folder or file already reached, a symlink loop and a dangling link are skipped with
+    the reason.
     """
     files: dict[str, str] = {}  # real path -> first path reached
     skipped: dict[str, str] = {}
@@ -124,7 +130,9 @@ def walk_local(root: str) -> tuple[list[str], dict[str, str]]:
 
 
 def ignored_because(rel: str) -> str | None:
-    """Why a file at ``rel`` (relative to a source folder) is not data, or None (shared with the sensor)."""
+    """Why a file at ``rel`` (relative to a source folder) is not data, or None (shared with the
+    sensor).
+    """
     parts = rel.split("/")
     name = parts[-1]
     if any(p.startswith(".") for p in parts[:-1]):
@@ -160,7 +168,9 @@ def split_suffix(path: str) -> tuple[str | None, str | None]:
 
 
 def file_format(path: str) -> str | None:
-    """csv / tsv / jsonl / parquet from the file name (compression suffixes looked through), else None."""
+    """csv / tsv / jsonl / parquet from the file name (compression suffixes looked through), else
+    None.
+    """
     return split_suffix(path)[0]
 
 

@@ -1,4 +1,5 @@
-"""Run the training command as multi-node torchrun pods on Kubernetes (an Indexed Job + headless Service).
+"""Run the training command as multi-node torchrun pods on Kubernetes (an Indexed Job + headless
+Service).
 
 Why the ``execute_k8s_job`` machinery and not ``PipesK8sClient``
 ------------------------------------------------------------------
@@ -18,12 +19,12 @@ call ``execute_k8s_job`` itself: it creates no Service, streams logs from whiche
 (not rank 0), and with ``parallelism > 1`` waits until no pod is active, so one dead rank with hung
 peers would hang until the timeout. Here the supervision loop streams the index-0 pod, fails as soon
 as any pod fails (copying every pod's log tail and the Warning Events into the Dagster log and the
-error), says why pods wait (scheduler, quota/admission, image pulls) and bounds that wait, resubmits a
-fresh gang that resumes from the checkpoint when a pod is disrupted (``DisruptionTarget``: eviction,
-preemption, node lost), and always deletes the Job and the Service (success, failure, timeout,
-interruption). Owner references (launching pod -> Job -> Service) let Kubernetes delete the gang when
-this process dies with its pod; the next attempt deletes any live gang of the same asset + partition.
-Pod 0 hosts the c10d store unconditionally (:func:`pod0_hosts_the_store`).
+error), says why pods wait (scheduler, quota/admission, image pulls) and bounds that wait, resubmits
+a fresh gang that resumes from the checkpoint when a pod is disrupted (``DisruptionTarget``:
+eviction, preemption, node lost), and always deletes the Job and the Service (success, failure,
+timeout, interruption). Owner references (launching pod -> Job -> Service) let Kubernetes delete the
+gang when this process dies with its pod; the next attempt deletes any live gang of the same asset +
+partition. Pod 0 hosts the c10d store unconditionally (:func:`pod0_hosts_the_store`).
 
 Security: pods run non-root with a read-only root filesystem (writable emptyDirs for ``/tmp``,
 caches and ``/dev/shm``), no privilege escalation, all capabilities dropped, the RuntimeDefault

@@ -20,9 +20,8 @@ INFRA_POD_REASONS = {
     "Shutdown": "graceful node shutdown (older kubelets)",
     "DeadlineExceeded": None,  # the Job's own deadline: not infrastructure (listed to say so)
 }
-INFRA_POD_REASON_PREFIXES = (
-    "OutOf",
-)  # kubelet admission: OutOfcpu, OutOfmemory, OutOfnvidia.com/gpu
+# kubelet admission: OutOfcpu, OutOfmemory, OutOfnvidia.com/gpu
+INFRA_POD_REASON_PREFIXES = ("OutOf",)
 
 # Container waiting reasons: the kubelet retries these itself (back-off), so the launcher keeps
 # waiting within start_timeout_s, unless the message says the image or config cannot ever work.
@@ -35,7 +34,8 @@ TRANSIENT_WAITING = {
 }
 FATAL_WAITING = {"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
 PERMANENT_PULL = re.compile(
-    r"not found|manifest unknown|name unknown|unauthorized|authentication required|access denied|denied|"
+    r"not found|manifest unknown|name unknown|unauthorized|authentication required|access "
+    r"denied|denied|"
     r"invalid reference format",
     re.I,
 )

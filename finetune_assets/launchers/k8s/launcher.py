@@ -28,7 +28,9 @@ from finetune_assets.launchers.k8s.verdict import GangDisrupted, assess
 
 
 class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSettings):
-    """Runs the torchrun command as ``nnodes`` pods of an Indexed Job with c10d rendezvous on pod 0."""
+    """Runs the torchrun command as ``nnodes`` pods of an Indexed Job with c10d rendezvous on
+    pod 0.
+    """
 
     def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
         log = context.log
@@ -54,7 +56,8 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             except GangDisrupted as e:
                 if attempt >= self.max_resubmissions:
                     raise TrainingFailed(
-                        f"{e}; the gang was disrupted {attempt + 1} time(s), more than max_resubmissions="
+                        f"{e}; the gang was disrupted {attempt + 1} time(s), more than "
+                        "max_resubmissions="
                         f"{self.max_resubmissions}"
                     ) from None
                 log.warning(
@@ -68,7 +71,8 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         name = k8s_name(job.name)
         service, manifest = self.render(job, name, image)
         log.info(
-            f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x {self.processes} "
+            f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x "
+            f"{self.processes} "
             f"process(es), image {image}, command: {' '.join(self.command(job, name))}"
         )
         self.run_job(
@@ -98,13 +102,13 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
     ) -> None:
         """One Job (+ Service): create, supervise (see :meth:`_supervise`), always delete.
 
-        Shared by the training gang and the data fan-out (``k8s_fanout.py``): they differ only in the
-        manifest, the verdict (``assess_fn``), the error (``fail_fn``) and the per-poll ``progress`` report.
+        Shared by the training gang and the data fan-out (``k8s_fanout.py``): they differ only in
+        the manifest, the verdict (``assess_fn``), the error (``fail_fn``) and the per-poll
+        ``progress`` report.
         """
         name, ns = manifest["metadata"]["name"], self.namespace
-        if (
-            owner is not None
-        ):  # the launching pod dies -> Kubernetes' garbage collector deletes the Job
+        # the launching pod dies -> Kubernetes' garbage collector deletes the Job
+        if owner is not None:
             manifest["metadata"]["ownerReferences"] = [owner]
         # Names of Secrets only; the manifest carries no secret values by construction.
         log.debug(
@@ -116,23 +120,24 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             api.batch_api.create_namespaced_job(ns, manifest)
             if service is not None:
                 uid = api.batch_api.read_namespaced_job(name, ns).metadata.uid
+                # goes with the Job
                 service["metadata"]["ownerReferences"] = [
                     {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}
-                ]  # goes with the Job
+                ]
                 api.core_api.create_namespaced_service(ns, service)
             follower = LogFollower(api, ns)
             self._supervise(
                 log, api, name, follower, what, assess_fn, fail_fn, progress, pod_fields
             )
         except GangDisrupted:
-            # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank 0
-            # could still write a checkpoint while the new gang loads it.
+            # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank
+            # 0 could still write a checkpoint while the new gang loads it.
             self._cleanup(log, api, name, service is not None)
             self._wait_pods_gone(log, api, name)
             raise
         finally:
-            # Delete first: whatever interrupted us (failure, timeout, run termination) must not keep
-            # the pods alive. Deleting the pods also ends the follow stream of the log thread.
+            # Delete first: whatever interrupted us (failure, timeout, run termination) must not
+            # keep the pods alive. Deleting the pods also ends the follow stream of the log thread.
             self._cleanup(log, api, name, service is not None)
             if follower is not None:
                 follower.stop()
@@ -147,12 +152,13 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                 return
             time.sleep(self.poll_interval_s)
         log.warning(
-            f"Pods of training Job {self.namespace}/{name} still terminating after {GONE_TIMEOUT_S}s; going on"
+            f"Pods of training Job {self.namespace}/{name} still terminating after "
+            f"{GONE_TIMEOUT_S}s; going on"
         )
 
     def _owner_reference(self, log, api) -> tuple[dict[str, Any] | None, str | None]:
-        """The launching pod as owner of the Job (in-cluster: $HOSTNAME, the pod name; dagster-k8s does the same),
-        and its image.
+        """The launching pod as owner of the Job (in-cluster: $HOSTNAME, the pod name; dagster-k8s
+        does the same), and its image.
         """
         name = self.owner_pod or (
             os.environ.get("HOSTNAME") if self.load_incluster_config else None
@@ -163,8 +169,10 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             pod = api.core_api.read_namespaced_pod(name, self.namespace)
         except kubernetes.client.ApiException as e:
             log.warning(
-                f"Cannot read the launching pod {self.namespace}/{name} ({e.status} {e.reason}): the training "
-                "Job gets no owner; if this process dies, only its TTL and the next launch remove it"
+                f"Cannot read the launching pod {self.namespace}/{name} ({e.status} {e.reason}): "
+                "the training "
+                "Job gets no owner; if this process dies, only its TTL and the next launch "
+                "remove it"
             )
             return None, None
         return {
@@ -175,14 +183,17 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         }, self._own_image(log, pod)
 
     def _own_image(self, log, pod) -> str | None:
-        """The launching container's image, by name (a mesh proxy or other sidecar may come first)."""
+        """The launching container's image, by name (a mesh proxy or other sidecar may come
+        first).
+        """
         containers = list(pod.spec.containers or []) if pod.spec else []
         named = [c for c in containers if c.name == self.owner_container]
         if named or len(containers) == 1:
             return (named or containers)[0].image
         log.warning(
             f"The launching pod {self.namespace}/{pod.metadata.name} has no container named "
-            f"{self.owner_container!r} (it has {[c.name for c in containers]}): set owner_container or image"
+            f"{self.owner_container!r} (it has {[c.name for c in containers]}): set "
+            "owner_container or image"
         )
         return None
 
@@ -195,14 +206,14 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         run_state: RunState | None = None,
         own_run: str | None = None,
     ) -> None:
-        """Delete unfinished gangs of the same asset + partition whose Dagster run is over: two gangs
-        would write one checkpoint folder and MLflow run.
+        """Delete unfinished gangs of the same asset + partition whose Dagster run is over: two
+        gangs would write one checkpoint folder and MLflow run.
 
-        Dagster is asked first (``run_state``): a Job whose run is still live (another run training the
-        same partition) is left alone and this launch fails naming that run. A Job of this very run (a
-        retried step) or of a finished or deleted run is an orphan: deleted rather than adopted (it may
-        run another config; the new gang resumes from the same checkpoint). Without ``run_state``
-        every unfinished Job of the key is treated as an orphan.
+        Dagster is asked first (``run_state``): a Job whose run is still live (another run training
+        the same partition) is left alone and this launch fails naming that run. A Job of this very
+        run (a retried step) or of a finished or deleted run is an orphan: deleted rather than
+        adopted (it may run another config; the new gang resumes from the same checkpoint). Without
+        ``run_state`` every unfinished Job of the key is treated as an orphan.
         """
         if key is None:
             return
@@ -225,8 +236,10 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             )
             if state is not None:
                 raise LiveRunConflict(
-                    f"{what} {ns}/{other.metadata.name} of the same asset and partition belongs to Dagster run "
-                    f"{left_by}, which is still {state}: two gangs would write one checkpoint. Wait for that run "
+                    f"{what} {ns}/{other.metadata.name} of the same asset and partition belongs "
+                    "to Dagster run "
+                    f"{left_by}, which is still {state}: two gangs would write one checkpoint. "
+                    "Wait for that run "
                     "(or terminate it), then launch again"
                 )
             log.warning(
@@ -262,12 +275,14 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                     log.info(f"Deleted Service {ns}/{name} (garbage-collected with its Job)")
                 else:
                     log.warning(
-                        f"Could not delete Service {ns}/{name} ({e.status} {e.reason}): it holds no "
+                        f"Could not delete Service {ns}/{name} ({e.status} {e.reason}): it holds "
+                        "no "
                         "resources; Kubernetes deletes it with its Job"
                     )
             except Exception as e:
                 log.warning(
-                    f"Could not delete Service {ns}/{name} ({e!r}); Kubernetes deletes it with its Job"
+                    f"Could not delete Service {ns}/{name} ({e!r}); Kubernetes deletes it with "
+                    "its Job"
                 )
 
     def _suspend_instead(self, log, api, name: str, error: Exception) -> None:

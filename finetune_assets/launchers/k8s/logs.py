@@ -14,7 +14,9 @@ from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, CONTAINER_NAME
 
 
 def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -> str:
-    """The Warning events of the Job and its pods (quota, admission, scheduling, image pulls, volumes)."""
+    """The Warning events of the Job and its pods (quota, admission, scheduling, image pulls,
+    volumes).
+    """
     seen: dict[tuple[str, str], str] = {}
     for name in names:
         try:
@@ -41,12 +43,13 @@ def _safe_logs(api, pod_name: str, namespace: str, tail_lines: int) -> str:
 
 
 class LogFollower:
-    """Follows one pod's log at a time on a background thread; the caller drains lines into ``context.log``.
+    """Follows one pod's log at a time on a background thread; the caller drains lines into
+    ``context.log``.
 
     Lines go through a queue so that only the launching thread touches the Dagster logger. A stream
-    that ends or breaks while the pod still runs (API server restart, kubelet hiccup, idle timeout of a
-    proxy) is re-opened and the lines already delivered are skipped, so nothing repeats or goes missing
-    (unless the kubelet rotated the log file in between, at 10 MiB by default).
+    that ends or breaks while the pod still runs (API server restart, kubelet hiccup, idle timeout
+    of a proxy) is re-opened and the lines already delivered are skipped, so nothing repeats or goes
+    missing (unless the kubelet rotated the log file in between, at 10 MiB by default).
     """
 
     def __init__(self, api, namespace: str, max_reconnects: int = 100):
@@ -88,9 +91,8 @@ class LogFollower:
                         if n > delivered:
                             self._lines.put(f"[{pod}] " + line.decode("utf-8", "replace"))
                             delivered = n
-                if self._finished(
-                    pod
-                ):  # a clean end of a finished container: flush the unterminated last line
+                # a clean end of a finished container: flush the unterminated last line
+                if self._finished(pod):
                     if buf and n + 1 > delivered:
                         self._lines.put(f"[{pod}] " + buf.decode("utf-8", "replace"))
                     return
@@ -101,9 +103,8 @@ class LogFollower:
                 if self._stop.is_set():
                     return
             failures = 0 if delivered > before else failures + 1
-            time.sleep(
-                min(5.0, 0.2 * (failures + 1))
-            )  # 400 (not started yet) or a broken stream: re-open
+            # 400 (not started yet) or a broken stream: re-open
+            time.sleep(min(5.0, 0.2 * (failures + 1)))
         self._lines.put(f"[{pod}] <log stream given up after {self._max_reconnects} reconnects>")
 
     def _finished(self, pod_name: str) -> bool:

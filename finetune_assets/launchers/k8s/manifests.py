@@ -1,4 +1,6 @@
-"""Rendering: the Job, the Service and the pod template as API-ready dicts (no secrets, no API calls)."""
+"""Rendering: the Job, the Service and the pod template as API-ready dicts (no secrets, no API
+calls).
+"""
 
 from __future__ import annotations
 
@@ -40,13 +42,14 @@ def k8s_name(base: str, *, max_len: int = 40) -> str:
 
 
 def pod0_hosts_the_store(cmd: list[str], port: int) -> list[str]:
-    """Wrap a multi-node torchrun command so that pod 0 always hosts the c10d store (TorchX does the same).
+    """Wrap a multi-node torchrun command so that pod 0 always hosts the c10d store (TorchX does the
+    same).
 
-    torchrun hosts the store only when the endpoint resolves to its own address; while cluster DNS lags
-    behind a new pod nobody would host it and every pod fails. Pod 0 is given ``localhost`` (always its
-    own), the others pod 0's DNS name; one pod template serves every index, hence the ``sh`` test on
-    ``JOB_COMPLETION_INDEX`` (``exec``: no shell stays behind). Rank 0 lands on pod 0 because c10d
-    orders nodes by address and ``<job>-0.`` sorts before every ``<job>-<i>.``.
+    torchrun hosts the store only when the endpoint resolves to its own address; while cluster DNS
+    lags behind a new pod nobody would host it and every pod fails. Pod 0 is given ``localhost``
+    (always its own), the others pod 0's DNS name; one pod template serves every index, hence the
+    ``sh`` test on ``JOB_COMPLETION_INDEX`` (``exec``: no shell stays behind). Rank 0 lands on pod 0
+    because c10d orders nodes by address and ``<job>-0.`` sorts before every ``<job>-<i>.``.
     """
     i = cmd.index("--rdzv-endpoint")
     endpoint = cmd[i + 1]
@@ -70,7 +73,8 @@ def _check_plain_env(env: Mapping[str, str], where: str) -> None:
     for key in env:
         if _SECRET_ENV.search(key):
             raise ValueError(
-                f"{where}: {key!r} looks like a credential; put it in a Kubernetes Secret and list the "
+                f"{where}: {key!r} looks like a credential; put it in a Kubernetes Secret and "
+                "list the "
                 "Secret's name in env_secret_names instead of passing its value"
             )
 
@@ -153,8 +157,8 @@ class ManifestsMixin:
     def pod_parts(
         self, command: list[str], env: list[dict[str, Any]]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The pod spec and its one container (security, scratch and storage volumes, /dev/shm, resources):
-        the same for training pods and data fan-out pods.
+        """The pod spec and its one container (security, scratch and storage volumes, /dev/shm,
+        resources): the same for training pods and data fan-out pods.
         """
         volumes = [
             {
@@ -177,15 +181,17 @@ class ManifestsMixin:
             "automountServiceAccountToken": False,  # the trainer never calls the Kubernetes API
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": 30,
-            # The pause container is PID 1: it reaps orphans (DataLoader workers), and torchrun gets the
-            # kernel's ordinary signal semantics (a PID 1 ignores signals it has no handler for).
+            # The pause container is PID 1: it reaps orphans (DataLoader workers), and torchrun gets
+            # the kernel's ordinary signal semantics (a PID 1 ignores signals it has no handler
+            # for).
             "shareProcessNamespace": True,
             "securityContext": {
                 "runAsNonRoot": True,
                 "runAsUser": self.run_as_user,
                 "runAsGroup": self.run_as_user,
                 "fsGroup": self.run_as_user,
-                "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of a big RWX volume per pod
+                # no recursive chown of a big RWX volume per pod
+                "fsGroupChangePolicy": "OnRootMismatch",
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "volumes": volumes,
@@ -214,7 +220,9 @@ class ManifestsMixin:
     def render(
         self, job: TrainingSpec, name: str, image: str | None = None
     ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        """The Service (None for one node) and the Job as API-ready dicts (camelCase, no secrets)."""
+        """The Service (None for one node) and the Job as API-ready dicts (camelCase, no
+        secrets).
+        """
         pod_spec, container = self.pod_parts(
             self.command(job, name), self._env(job.env, "TrainingSpec.env")
         )
@@ -230,9 +238,10 @@ class ManifestsMixin:
             "completions": self.nnodes,
             "parallelism": self.nnodes,
             "backoffLimit": 0,
-            # A disrupted pod (eviction, preemption, node lost) is not the code's fault: not counted (the
-            # launcher resubmits a fresh gang that resumes from the checkpoint). Any other non-zero exit
-            # fails the whole Job at once (the controller then kills the peers). First match wins.
+            # A disrupted pod (eviction, preemption, node lost) is not the code's fault: not counted
+            # (the launcher resubmits a fresh gang that resumes from the checkpoint). Any other
+            # non-zero exit fails the whole Job at once (the controller then kills the peers). First
+            # match wins.
             "podFailurePolicy": {
                 "rules": [
                     {
@@ -297,11 +306,14 @@ class ManifestsMixin:
         job_spec: dict[str, Any],
         component: str,
     ) -> dict[str, Any]:
-        """A Job as an API-ready dict through Dagster's builder (common labels, snake/camel conversion)."""
+        """A Job as an API-ready dict through Dagster's builder (common labels, snake/camel
+        conversion).
+        """
         image = image or self.image
         if not image:
             raise ValueError(
-                "K8sTorchrunLauncher.image is not set and there is no launching pod to take it from: set image"
+                "K8sTorchrunLauncher.image is not set and there is no launching pod to take it "
+                "from: set image"
             )
         from dagster_k8s.job import (
             DagsterK8sJobConfig,

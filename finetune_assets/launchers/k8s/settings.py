@@ -17,7 +17,8 @@ CONTAINER_NAME = "trainer"
 JOB_LABEL = "finetune-assets/training-job"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 COMPONENT = "finetune-trainer"
-# One value per asset + partition on every Job: finds a live gang left by a dead launcher (see gang_key).
+# One value per asset + partition on every Job: finds a live gang left by a dead launcher (see
+# gang_key).
 GANG_LABEL = "finetune-assets/gang"
 DEPLOYMENT_LABEL = "finetune-assets/deployment"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -46,13 +47,15 @@ POD_ENV = {
     "TORCH_HOME": "/cache/torch",
     "TRITON_CACHE_DIR": "/cache/triton",
     "MPLCONFIGDIR": "/cache/matplotlib",
-    # A replaced pod's torchrun agent cannot rejoin the rendezvous' shared TCP store in torch 2.x (it waits
-    # for a MASTER_ADDR the node-0 agent never republishes): give each round its own store instead.
+    # A replaced pod's torchrun agent cannot rejoin the rendezvous' shared TCP store in torch 2.x
+    # (it waits for a MASTER_ADDR the node-0 agent never republishes): give each round its own store
+    # instead.
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
 }
 
 
-# Resource sizing per process when a field is "auto" (an 8-GPU pod gets 8x, /dev/shm on top of memory).
+# Resource sizing per process when a field is "auto" (an 8-GPU pod gets 8x, /dev/shm on top of
+# memory).
 AUTO = "auto"
 CPU_PER_PROCESS = 1
 CPU_LIMIT_PER_PROCESS = 4
@@ -85,7 +88,9 @@ class PropagationPolicy(str, Enum):
 
 
 class Toleration(dg.Config):
-    """One pod toleration (e.g. for tainted GPU nodes: key ``nvidia.com/gpu``, operator ``Exists``)."""
+    """One pod toleration (e.g. for tainted GPU nodes: key ``nvidia.com/gpu``, operator
+    ``Exists``).
+    """
 
     key: str | None = None
     operator: TolerationOperator = TolerationOperator.EQUAL
@@ -105,11 +110,14 @@ class Toleration(dg.Config):
 
 
 class K8sSettings(TrainingLauncher):
-    """The fields of :class:`~finetune_assets.launchers.k8s.K8sTorchrunLauncher` and what derives from them."""
+    """The fields of :class:`~finetune_assets.launchers.k8s.K8sTorchrunLauncher` and what derives
+    from them.
+    """
 
     image: str | None = Field(
         default=None,
-        description="Image with this package installed (deploy/Dockerfile). Unset: the launching pod's "
+        description="Image with this package installed (deploy/Dockerfile). Unset: the launching "
+        "pod's "
         "own image (in-cluster), so the Helm values name the image once.",
     )
     namespace: str = Field(default="default", description="Namespace of the Job, Service and pods.")
@@ -139,11 +147,13 @@ class K8sSettings(TrainingLauncher):
     )
     memory_limit: str | None = Field(
         default=AUTO,
-        description=f"'auto' = {MEM_LIMIT_PER_PROCESS_GI}Gi per process + /dev/shm; None = no limit.",
+        description=f"'auto' = {MEM_LIMIT_PER_PROCESS_GI}Gi per process + /dev/shm; None = no "
+        "limit.",
     )
     shm_size: str = Field(
         default=AUTO,
-        description="Memory-backed /dev/shm (DataLoader, NCCL, streaming); counts against the memory "
+        description="Memory-backed /dev/shm (DataLoader, NCCL, streaming); counts against the "
+        "memory "
         f"limit. 'auto' = {SHM_PER_GPU_GI}Gi per GPU process, else 1Gi.",
     )
     scratch_size: str = Field(
@@ -158,7 +168,8 @@ class K8sSettings(TrainingLauncher):
     k8s_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Pod-template passthrough for the training pods, in dagster-k8s's "
-        "UserDefinedDagsterK8sConfig shape (see launchers/k8s/passthrough.py): annotations, priorityClassName, "
+        "UserDefinedDagsterK8sConfig shape (see launchers/k8s/passthrough.py): annotations, "
+        "priorityClassName, "
         "schedulerName, affinity, runtimeClassName, extra resources...",
     )
     # The data fan-out's CPU workers get their own pool: nothing above is inherited.
@@ -183,7 +194,8 @@ class K8sSettings(TrainingLauncher):
     queue_name: str | None = Field(
         default=None,
         description="Kueue LocalQueue: the Job is created suspended with the "
-        "kueue.x-k8s.io/queue-name label, and Kueue admits the whole gang at once (see deploy/README.md).",
+        "kueue.x-k8s.io/queue-name label, and Kueue admits the whole gang at once (see "
+        "deploy/README.md).",
     )
     deployment: str = Field(
         default="default",
@@ -217,8 +229,10 @@ class K8sSettings(TrainingLauncher):
     rdzv_timeout_s: int = Field(
         default=1800,
         ge=1,
-        description="c10d rendezvous join and read timeout: longer than the worst gap between the first and the last "
-        "pod starting (GPU node scale-up, a multi-GB image pull). torchrun's own default read timeout is 60 s.",
+        description="c10d rendezvous join and read timeout: longer than the worst gap between "
+        "the first and the last "
+        "pod starting (GPU node scale-up, a multi-GB image pull). torchrun's own default read "
+        "timeout is 60 s.",
     )
     timeout_s: int = Field(
         default=24 * 3600,
@@ -245,7 +259,8 @@ class K8sSettings(TrainingLauncher):
         default=600,
         gt=0,
         description="How long API calls are retried (429, 5xx, 401, connection errors) "
-        "before the launcher gives up; the gang keeps running meanwhile (supervision only lost sight of it).",
+        "before the launcher gives up; the gang keeps running meanwhile (supervision only lost "
+        "sight of it).",
     )
     start_timeout_s: int = Field(
         default=1800,
@@ -262,7 +277,8 @@ class K8sSettings(TrainingLauncher):
     max_resubmissions: int = Field(
         default=3,
         ge=0,
-        description="Fresh gangs after a disruption (eviction, preemption, node lost); each resumes "
+        description="Fresh gangs after a disruption (eviction, preemption, node lost); each "
+        "resumes "
         "from the last checkpoint. Failures of the training code itself are never resubmitted.",
     )
     owner_pod: str | None = Field(
@@ -273,7 +289,8 @@ class K8sSettings(TrainingLauncher):
     owner_container: str = Field(
         default="dagster",
         description="The launching pod's container whose image the gang runs when image is "
-        "unset (dagster-k8s names the run container 'dagster'; a mesh sidecar may be listed first).",
+        "unset (dagster-k8s names the run container 'dagster'; a mesh sidecar may be listed "
+        "first).",
     )
     log_tail_lines: int = Field(default=100, ge=1)
 
@@ -283,7 +300,9 @@ class K8sSettings(TrainingLauncher):
         return self.nproc_per_node or self.gpus_per_node or 1
 
     def sizing(self) -> dict[str, str | None]:
-        """CPU, memory and /dev/shm per pod, derived from the processes where "auto"; refuses what cannot work."""
+        """CPU, memory and /dev/shm per pod, derived from the processes where "auto"; refuses
+        what cannot work.
+        """
         from kubernetes.utils import parse_quantity
 
         n, gpus = self.processes, self.gpus_per_node
@@ -326,15 +345,18 @@ class K8sSettings(TrainingLauncher):
             need = shm_gi + MEM_HEADROOM_PER_PROCESS_GI * n
             if parse_quantity(out["memory_limit"]) / 2**30 < need:
                 raise ValueError(
-                    f"memory_limit={out['memory_limit']} cannot hold /dev/shm ({shm}, memory-backed: it counts against "
-                    f"the container's memory limit) plus {MEM_HEADROOM_PER_PROCESS_GI}Gi for each of {n} process(es): "
+                    f"memory_limit={out['memory_limit']} cannot hold /dev/shm ({shm}, "
+                    "memory-backed: it counts against "
+                    f"the container's memory limit) plus {MEM_HEADROOM_PER_PROCESS_GI}Gi for "
+                    f"each of {n} process(es): "
                     f"raise memory_limit to at least {gi(need)} (or 'auto'), or lower shm_size"
                 )
         for kind in ("cpu", "memory"):
             req, lim = out[f"{kind}_request"], out[f"{kind}_limit"]
             if lim is not None and parse_quantity(req) > parse_quantity(lim):
                 raise ValueError(
-                    f"{kind}_request={req} is above {kind}_limit={lim}: lower the request or raise the limit"
+                    f"{kind}_request={req} is above {kind}_limit={lim}: lower the request or "
+                    "raise the limit"
                 )
         return out
 
@@ -353,13 +375,16 @@ class K8sSettings(TrainingLauncher):
 
     @model_validator(mode="after")
     def _coherent_timeouts(self):
-        """Pods that start first wait in the rendezvous for the last one: if that wait ends before the
-        launcher's own start timeout, early pods fail holding their GPUs while the gang could still form.
+        """Pods that start first wait in the rendezvous for the last one: if that wait ends before
+        the launcher's own start timeout, early pods fail holding their GPUs while the gang could
+        still form.
         """
         if self.nnodes > 1 and self.rdzv_timeout_s < self.start_timeout_s:
             raise ValueError(
-                f"rdzv_timeout_s={self.rdzv_timeout_s} is shorter than start_timeout_s={self.start_timeout_s}: "
-                "early pods would leave the rendezvous before the last pod may start; raise rdzv_timeout_s "
+                f"rdzv_timeout_s={self.rdzv_timeout_s} is shorter than "
+                f"start_timeout_s={self.start_timeout_s}: "
+                "early pods would leave the rendezvous before the last pod may start; raise "
+                "rdzv_timeout_s "
                 "or lower start_timeout_s"
             )
         return self

@@ -1,4 +1,6 @@
-"""Supervision: poll a running Job, stream pod 0, say why pods wait, fail fast with every pod's log tail."""
+"""Supervision: poll a running Job, stream pod 0, say why pods wait, fail fast with every pod's
+log tail.
+"""
 
 from __future__ import annotations
 
@@ -80,28 +82,26 @@ class SupervisionMixin:
             if verdict.kind in ("failed", "stuck"):
                 fail_fn(status, pods, verdict.why)
             now = time.monotonic()
-            if (
-                verdict.kind == "queued"
-            ):  # Kueue holds the gang: its clocks start at admission, as the Job's does
+            # Kueue holds the gang: its clocks start at admission, as the Job's does
+            if verdict.kind == "queued":
                 if now > queue_deadline:
                     fail_fn(
                         status,
                         pods,
-                        f"not admitted within queue_timeout_s={self.queue_timeout_s}: {verdict.why}",
+                        f"not admitted within queue_timeout_s={self.queue_timeout_s}: "
+                        f"{verdict.why}",
                     )
                 deadline, start_deadline = now + self.timeout_s, now + self.start_timeout_s
             started = started or verdict.kind == "running"
             if verdict.kind == "waiting" and now - events_read > EVENTS_EVERY_S:
-                waiting = [p.metadata.name for p in pods if _pod_wait(p)][
-                    :MAX_EVENT_OBJECTS
-                ]  # not one call per pod
+                # not one call per pod
+                waiting = [p.metadata.name for p in pods if _pod_wait(p)][:MAX_EVENT_OBJECTS]
                 events, events_read = _warning_events(api, ns, [name, *waiting]), now
             note = verdict.why + (
                 f"; events: {events}" if events and verdict.kind == "waiting" else ""
             )
-            if (
-                note and note != last_note
-            ):  # say it once, when it changes; ContainerCreating is only info
+            # say it once, when it changes; ContainerCreating is only info
+            if note and note != last_note:
                 trouble = events or verdict.kind == "running" or "Unschedulable" in note
                 (log.warning if trouble else log.info)(f"{what} {ns}/{name}: {note}")
             last_note = note
@@ -116,14 +116,17 @@ class SupervisionMixin:
             time.sleep(self.poll_interval_s)
 
     def failure_report(self, log, api, name: str, pods: Sequence[Any], unit: str = "node") -> str:
-        """Copy each given pod's log tail (failed ones first) and the Warning events into the log; return them."""
+        """Copy each given pod's log tail (failed ones first) and the Warning events into the
+        log; return them.
+        """
         parts = []
         failed_first = sorted(pods, key=lambda p: (not _is_failed(p), _completion_index(p)))
         for pod in failed_first:
             tail = _safe_logs(api, pod.metadata.name, self.namespace, self.log_tail_lines)
             state = _pod_state(pod)
             log.error(
-                f"Pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state}; last log lines:\n{tail}"
+                f"Pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state}; last log "
+                f"lines:\n{tail}"
             )
             parts.append(
                 f"--- pod {pod.metadata.name} ({unit} {_completion_index(pod)}) {state} ---\n{tail}"

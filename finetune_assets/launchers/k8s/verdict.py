@@ -11,7 +11,9 @@ from finetune_assets.launchers.k8s.settings import COMPLETION_INDEX_ANNOTATION
 
 
 class GangDisrupted(Exception):
-    """A pod of the gang was disrupted (eviction, preemption, node lost): resubmit rather than fail."""
+    """A pod of the gang was disrupted (eviction, preemption, node lost): resubmit rather than
+    fail.
+    """
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,8 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
     ]
     if disrupted:
         return Verdict("disrupted", "; ".join(disrupted))
-    if "Suspended" in job_conditions(
-        status
-    ):  # queued (Kueue) or suspended: waited on, never deleted
+    # queued (Kueue) or suspended: waited on, never deleted
+    if "Suspended" in job_conditions(status):
         c = job_conditions(status)["Suspended"]
         return Verdict(
             "queued",
@@ -55,9 +56,8 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
         return Verdict(
             "failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason
         )
-    if any(
-        _is_failed(p) for p in pods
-    ):  # fail fast: do not wait for the Job controller or hung peers
+    # fail fast: do not wait for the Job controller or hung peers
+    if any(_is_failed(p) for p in pods):
         return Verdict("failed", "pod(s) failed")
     if failed_cond is not None:
         return Verdict(
@@ -116,26 +116,30 @@ def _is_failed(pod) -> bool:
 
 
 def _pod_wait(pod) -> str:
-    """Why a pod is not (fully) running, in the scheduler's / kubelet's words; "" when it is fine."""
+    """Why a pod is not (fully) running, in the scheduler's / kubelet's words; "" when it is
+    fine.
+    """
     if pod.status is None:
         return "no status yet"
     for c in pod.status.conditions or []:
         if c.type == "PodScheduled" and c.status == "False":
             return f"{c.reason or 'Unscheduled'}: {c.message or ''}".rstrip(": ")
-        if (
-            c.type == "Ready" and c.status == "False" and pod.status.phase == "Running"
-        ):  # e.g. its node NotReady
+        # e.g. its node NotReady
+        if c.type == "Ready" and c.status == "False" and pod.status.phase == "Running":
             return f"not Ready ({c.reason or 'no reason given'}): {c.message or ''}".rstrip(": ")
     if pod.status.phase == "Pending":
         for cs in pod.status.container_statuses or []:
             if cs.state and cs.state.waiting is not None:
-                return f"{cs.state.waiting.reason or 'Waiting'} {cs.state.waiting.message or ''}".strip()
+                waiting = cs.state.waiting
+                return f"{waiting.reason or 'Waiting'} {waiting.message or ''}".strip()
         return "Pending"
     return ""
 
 
 def latest_pod(pods: Sequence[Any], index: int):
-    """The newest pod of a completion index (the Job controller replaces failed and disrupted ones), or None."""
+    """The newest pod of a completion index (the Job controller replaces failed and disrupted
+    ones), or None.
+    """
 
     def newest(
         p,

@@ -12,9 +12,9 @@ it through an ordinary kubeconfig (``server: http://127.0.0.1:PORT``):
   / get, and ``pods/{name}/log``
   (``container``, ``tailLines``, ``follow`` as a chunked stream, like the real API server)
 
-Every request is recorded in :attr:`KubeApiDouble.calls` as ``(verb, resource, user agent)`` so a test can
-compare what the launcher really calls with what ``deploy/rbac.yaml`` grants; Jobs created and
-deleted, with their labels, in :attr:`KubeApiDouble.job_log` (which gangs existed at once).
+Every request is recorded in :attr:`KubeApiDouble.calls` as ``(verb, resource, user agent)`` so a
+test can compare what the launcher really calls with what ``deploy/rbac.yaml`` grants; Jobs created
+and deleted, with their labels, in :attr:`KubeApiDouble.job_log` (which gangs existed at once).
 
 What it plays besides the API server:
 
@@ -34,37 +34,38 @@ What it plays besides the API server:
   ``env`` including ``valueFrom.fieldRef``/``secretKeyRef``, and ``$(VAR)`` expansion of env values,
   command and args exactly like the kubelet: ``$$`` escapes, unknown references stay literal).
   ``emptyDir`` mounts become per-pod folders: env values under a mount (``HOME=/tmp``,
-  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder, unless they name an existing host path
-  below the mount (a test's storage root under ``/tmp``: the shared storage); ``/dev/shm`` is a private tmpfs per
-  pod (``unshare`` mount namespace, when the host allows it; see ``private_shm``), and
-  the host filesystem plays the shared storage (paths in args and config files are not rewritten). Phase
-  Pending -> Running -> Succeeded/Failed from the exit code (signal N -> exit code 128+N).
-  Users, capabilities, resources, node selectors and images are NOT enforced (schema tests cover
-  the manifests; a real cluster covers the rest).
+  ``XDG_CACHE_HOME=/cache``) are rewritten to the pod's folder, unless they name an existing host
+  path below the mount (a test's storage root under ``/tmp``: the shared storage); ``/dev/shm`` is a
+  private tmpfs per pod (``unshare`` mount namespace, when the host allows it; see ``private_shm``),
+  and the host filesystem plays the shared storage (paths in args and config files are not
+  rewritten). Phase Pending -> Running -> Succeeded/Failed from the exit code (signal N -> exit code
+  128+N). Users, capabilities, resources, node selectors and images are NOT enforced (schema tests
+  cover the manifests; a real cluster covers the rest).
 - **Node isolation and cluster DNS** (when the host permits ``unshare``: root, or user namespaces).
   Each pod process runs in its own UTS, PID and mount namespace: its own hostname ``<job>-<i>``, its
-  own PID 1 (the container command, or a reaping shell when ``shareProcessNamespace`` is set, like the
-  pause container), its own ``/dev/shm`` tmpfs, and its own ``/etc/hosts`` written the kubelet's way
-  (``<podIP> <host>.<subdomain>.<ns>.svc.cluster.local <host>``). Each pod gets its own loopback
+  own PID 1 (the container command, or a reaping shell when ``shareProcessNamespace`` is set, like
+  the pause container), its own ``/dev/shm`` tmpfs, and its own ``/etc/hosts`` written the kubelet's
+  way (``<podIP> <host>.<subdomain>.<ns>.svc.cluster.local <host>``). Each pod gets its own loopback
   address ``127.0.0.N`` as pod IP. Other pods' names (``<host>.<svc>.<ns>.svc``) resolve only after
-  the pod is Running and ``faults.dns_lag_s`` has passed (the double rewrites every pod's hosts file,
-  as CoreDNS would start answering); ``/etc/nsswitch.conf`` says ``hosts: files``, so nothing else resolves.
-  So "who hosts the c10d store" and rank order behave as on a cluster. NOT isolated: the network
-  namespace is shared, so ports are one space (a second process binding the same port fails instead
-  of hosting a split-brain store as it could on a cluster), and NetworkPolicies are not enforced.
-  Without ``unshare`` (:attr:`KubeApiDouble.isolated` is False) the double falls back to rewriting
-  Service DNS names in args/env to pod 0's address at start, which is kinder; tests that need the
-  unkind behaviour skip themselves.
-- **Faults** (:class:`Faults`, set per test on :attr:`KubeApiDouble.faults`): per-index Pending delay,
-  DNS lag, unschedulable pods (``PodScheduled=False/Unschedulable`` + a ``FailedScheduling`` Event),
-  pod creation refused (quota / admission: the Job gets ``FailedCreate`` Events and no pods), image
-  pull failure (``ErrImagePull`` + Event), cut log streams; and :meth:`KubeApiDouble.evict` (Eviction
-  API: ``DisruptionTarget`` condition, SIGTERM, the pod object goes away) and
-  :meth:`KubeApiDouble.node_not_ready` (processes die silently, ``Ready=False``, then the taint
-  manager's eviction); per index, the first N pods preempted (``faults.preempt``: ``DisruptionTarget``
-  ``PreemptionByScheduler``, SIGTERM, the pod goes away) or OOM-killed (``faults.oom_kill``: SIGKILL,
-  exit code 137, terminated reason ``OOMKilled``) as soon as they run, so a retried index's first pod
-  may have half-written its output. Memory limits themselves are NOT enforced.
+  the pod is Running and ``faults.dns_lag_s`` has passed (the double rewrites every pod's hosts
+  file, as CoreDNS would start answering); ``/etc/nsswitch.conf`` says ``hosts: files``, so nothing
+  else resolves. So "who hosts the c10d store" and rank order behave as on a cluster. NOT isolated:
+  the network namespace is shared, so ports are one space (a second process binding the same port
+  fails instead of hosting a split-brain store as it could on a cluster), and NetworkPolicies are
+  not enforced. Without ``unshare`` (:attr:`KubeApiDouble.isolated` is False) the double falls back
+  to rewriting Service DNS names in args/env to pod 0's address at start, which is kinder; tests
+  that need the unkind behaviour skip themselves.
+- **Faults** (:class:`Faults`, set per test on :attr:`KubeApiDouble.faults`): per-index Pending
+  delay, DNS lag, unschedulable pods (``PodScheduled=False/Unschedulable`` + a ``FailedScheduling``
+  Event), pod creation refused (quota / admission: the Job gets ``FailedCreate`` Events and no
+  pods), image pull failure (``ErrImagePull`` + Event), cut log streams; and
+  :meth:`KubeApiDouble.evict` (Eviction API: ``DisruptionTarget`` condition, SIGTERM, the pod object
+  goes away) and :meth:`KubeApiDouble.node_not_ready` (processes die silently, ``Ready=False``, then
+  the taint manager's eviction); per index, the first N pods preempted (``faults.preempt``:
+  ``DisruptionTarget`` ``PreemptionByScheduler``, SIGTERM, the pod goes away) or OOM-killed
+  (``faults.oom_kill``: SIGKILL, exit code 137, terminated reason ``OOMKilled``) as soon as they
+  run, so a retried index's first pod may have half-written its output. Memory limits themselves are
+  NOT enforced.
 - **API server trouble** (``faults.api_burst`` / ``api_outage_s`` / ``fail_job_deletes``): for the
   launcher's requests only (not the test harness' user agent), from the first request made while a
   pod runs: a burst of 429 with ``Retry-After``, 500, 503, 401 or a connection dropped without an
@@ -137,9 +138,8 @@ def expand(value: str, env: dict[str, str]) -> str:
 class Faults:
     """What the cluster does wrong, per test (delays are in seconds, scaled down from minutes)."""
 
-    pending_s: dict[int, float] = field(
-        default_factory=dict
-    )  # per completion index: Pending before start
+    # per completion index: Pending before start
+    pending_s: dict[int, float] = field(default_factory=dict)
     dns_lag_s: float = 0.0  # a Running pod's DNS name resolves this long after it started
     unschedulable: str | None = None  # the scheduler's message; pods stay Pending
     refuse_pods: str | None = (
@@ -149,7 +149,8 @@ class Faults:
     log_cut_s: float | None = (
         None  # follow streams end after this long (API server / kubelet hiccup)
     )
-    # per completion index: how many of its first pods are preempted / OOM-killed as soon as they run
+    # per completion index: how many of its first pods are preempted / OOM-killed as soon as they
+    # run
     preempt: dict[int, int] = field(default_factory=dict)
     oom_kill: dict[int, int] = field(default_factory=dict)
     # API errors for the launcher's requests (not the test harness'), from the first request made
@@ -270,7 +271,8 @@ class KubeApiDouble:
         self.indexes: dict[
             tuple[str, str], _Indexes
         ] = {}  # (ns, job) -> the Job controller's per-index books
-        # Own hostname, PID 1, /dev/shm and /etc/hosts per pod when the host allows it (see docstring).
+        # Own hostname, PID 1, /dev/shm and /etc/hosts per pod when the host allows it (see
+        # docstring).
         self.isolated = _isolation_flags() is not None
         self.private_shm = self.isolated
 
@@ -338,7 +340,9 @@ class KubeApiDouble:
             return next(p for (ns, n), p in self.pods.items() if n == name)
 
     def evict(self, name: str, reason: str = "EvictionByEvictionAPI") -> None:
-        """The Eviction API (drain, spot reclaim, autoscaler): ``DisruptionTarget``, SIGTERM, pod deleted."""
+        """The Eviction API (drain, spot reclaim, autoscaler): ``DisruptionTarget``, SIGTERM, pod
+        deleted.
+        """
         pod = self._pod_named(name)
         with self.lock:
             pod.disrupted = True
@@ -357,9 +361,8 @@ class KubeApiDouble:
         def go() -> None:
             pod.terminate(self.grace_s)
             pod.done.wait(10)
-            time.sleep(
-                1.0
-            )  # the terminated pod is visible a moment, then removed (finalizers done)
+            # the terminated pod is visible a moment, then removed (finalizers done)
+            time.sleep(1.0)
             with self.lock:
                 self.pods.pop((ns, pod.name), None)
 
@@ -373,8 +376,9 @@ class KubeApiDouble:
             "Pod ephemeral local storage usage exceeds the total limit of containers 8Gi."
         ),
     ) -> None:
-        """A kubelet-initiated eviction (emptyDir / ephemeral-storage limit, node pressure): the containers
-        are killed (exit 137), the pod ends Failed with ``status.reason`` and NO ``DisruptionTarget``.
+        """A kubelet-initiated eviction (emptyDir / ephemeral-storage limit, node pressure): the
+        containers are killed (exit 137), the pod ends Failed with ``status.reason`` and NO
+        ``DisruptionTarget``.
         """
         pod = self._pod_named(name)
         pod.kubelet_reason = (reason, message)
@@ -383,7 +387,9 @@ class KubeApiDouble:
                 os.killpg(pod.proc.pid, signal.SIGKILL)
 
     def node_not_ready(self, name: str, evict_after_s: float = 2.0) -> None:
-        """The pod's node stops reporting: its processes die silently, ``Ready=False``, later evicted."""
+        """The pod's node stops reporting: its processes die silently, ``Ready=False``, later
+        evicted.
+        """
         pod = self._pod_named(name)
         with self.lock:
             pod.silent = True
@@ -513,7 +519,9 @@ class KubeApiDouble:
                 )
 
     def _patch_job(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        """A merge patch of ``spec.suspend`` (Kueue admission, the launcher's fallback to a failed delete)."""
+        """A merge patch of ``spec.suspend`` (Kueue admission, the launcher's fallback to a
+        failed delete).
+        """
         with self.lock:
             job = self.objects.get(("jobs", ns, name))
             if job is None:
@@ -560,7 +568,9 @@ class KubeApiDouble:
         return obj
 
     def _create_bare_pod(self, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
-        """A pod without a Job and without a process: plays the Dagster run pod that owns a training Job."""
+        """A pod without a Job and without a process: plays the Dagster run pod that owns a
+        training Job.
+        """
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
@@ -720,7 +730,9 @@ class KubeApiDouble:
             timer.start()
 
     def _fill(self, ns: str, name: str) -> None:
-        """One pass of the Job controller (:func:`job_controller.sync` decides): status, new pods, kills."""
+        """One pass of the Job controller (:func:`job_controller.sync` decides): status, new
+        pods, kills.
+        """
         with self.lock:
             job, books = self.objects.get(("jobs", ns, name)), self.indexes.get((ns, name))
             if job is None or books is None or self._job_finished(ns, name):
@@ -747,7 +759,8 @@ class KubeApiDouble:
                 books.records[pod.name].deleting = True
         if job["spec"].get("suspend"):  # a suspended Job's pods are deleted (the Job stays)
             threading.Thread(target=self._reap, args=(ns, doomed), daemon=True).start()
-        else:  # a failed Job's remaining pods are terminated (kept here: their logs feed failure reports)
+        # a failed Job's remaining pods are terminated (kept here: their logs feed failure reports)
+        else:
             for pod in doomed:
                 threading.Thread(target=pod.terminate, args=(self.grace_s,), daemon=True).start()
         for index in result.to_create:
@@ -760,7 +773,9 @@ class KubeApiDouble:
             )
 
     def _finish_when_gone(self, ns: str, job: dict[str, Any], books: _Indexes) -> None:
-        """``Failed`` follows ``FailureTarget`` once no pod of the Job is left running (Kubernetes >= 1.31)."""
+        """``Failed`` follows ``FailureTarget`` once no pod of the Job is left running
+        (Kubernetes >= 1.31).
+        """
         if not all(self._gone(ns, r.name) for r in books.records.values()):
             return
         target = next(c for c in job["status"]["conditions"] if c["type"] == "FailureTarget")
@@ -774,9 +789,8 @@ class KubeApiDouble:
 
     def _create_pod(self, ns: str, job: dict[str, Any], index: int) -> None:
         job_name, uid = job["metadata"]["name"], job["metadata"]["uid"]
-        if (
-            self.faults.refuse_pods
-        ):  # quota / LimitRange / Pod Security admission: no pod, an Event on the Job
+        # quota / LimitRange / Pod Security admission: no pod, an Event on the Job
+        if self.faults.refuse_pods:
             self.add_event(ns, job, "FailedCreate", f"Error creating: {self.faults.refuse_pods}")
             return
         template = copy.deepcopy(job["spec"]["template"])
@@ -874,16 +888,16 @@ class KubeApiDouble:
     def _schedule_and_pull(self, ns: str, pod: _Pod) -> bool:
         """Pending: scheduling, image pull, faults. False when the pod never gets to start."""
         f, status = self.faults, pod.obj["status"]
-        if (
-            f.admission_errors > 0
-        ):  # kubelet admission fails (device plugin restarted): Failed, never ran
+        # kubelet admission fails (device plugin restarted): Failed, never ran
+        if f.admission_errors > 0:
             with self.lock:
                 f.admission_errors -= 1
                 status.update(
                     phase="Failed",
                     reason="UnexpectedAdmissionError",
                     message=(
-                        "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+                        "Allocate failed due to no healthy devices present; cannot allocate "
+                        "unhealthy devices "
                         "nvidia.com/gpu, which is unexpected"
                     ),
                 )
@@ -926,9 +940,8 @@ class KubeApiDouble:
         container = pod.obj["spec"]["containers"][0]
         if not self._schedule_and_pull(ns, pod):
             pod.done.set()
-            if (
-                pod.obj["status"]["phase"] == "Failed"
-            ):  # admission error: a failure without an exit code
+            # admission error: a failure without an exit code
+            if pod.obj["status"]["phase"] == "Failed":
                 with self.lock:
                     if (record := self.indexes[(ns, job_name)].records.get(pod.name)) is not None:
                         record.phase = "Failed"
@@ -969,17 +982,15 @@ class KubeApiDouble:
             self._publish_dns_later(ns, pod)
             self._inject_faults(pod)
             rc = pod.proc.wait()
-        code = (
-            128 - rc if rc < 0 else rc
-        )  # killed by signal N -> 128 + N, as the container runtime reports
+        # killed by signal N -> 128 + N, as the container runtime reports
+        code = 128 - rc if rc < 0 else rc
         if pod.silent:  # a NotReady node reports nothing; the taint manager's eviction follows
             pod.done.set()
             return
         with self.lock:
             pod.obj["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
-            if (
-                pod.kubelet_reason is not None
-            ):  # a kubelet eviction: no DisruptionTarget, a pod-level reason
+            # a kubelet eviction: no DisruptionTarget, a pod-level reason
+            if pod.kubelet_reason is not None:
                 pod.obj["status"]["reason"], pod.obj["status"]["message"] = pod.kubelet_reason
             pod.obj["status"]["containerStatuses"][0].update(
                 ready=False,
@@ -1011,7 +1022,8 @@ class KubeApiDouble:
         for path in mounts.values():
             path.mkdir(parents=True, exist_ok=True)
         env: dict[str, str] = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",  # the "image" PATH
+            # the "image" PATH
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
             "HOSTNAME": pod.obj["spec"].get("hostname") or pod.name,
         }
@@ -1055,21 +1067,21 @@ class KubeApiDouble:
         with self.lock:  # one order with publish(): a name published meanwhile is never missed
             pod.own_hosts = f"127.0.0.1\tlocalhost\n{pod.ip}\t{fqdn} {hostname}\n"
             pod.hosts_path.write_text(pod.own_hosts + self._dns_lines())
-        nsswitch = (
-            pod.root / "nsswitch.conf"
-        )  # names answer from the hosts file only: unknown = NXDOMAIN at once
+        # names answer from the hosts file only: unknown = NXDOMAIN at once
+        nsswitch = pod.root / "nsswitch.conf"
         nsswitch.write_text("passwd: files\ngroup: files\nhosts: files\n")
         q = shlex.quote
         setup = (
             f"hostname {q(hostname)} && mount --bind {q(str(pod.hosts_path))} /etc/hosts && "
-            f"mount --bind {q(str(nsswitch))} /etc/nsswitch.conf && mount -t tmpfs -o size=1g tmpfs /dev/shm"
+            f"mount --bind {q(str(nsswitch))} /etc/nsswitch.conf && mount -t tmpfs -o size=1g "
+            "tmpfs /dev/shm"
         )
-        if spec.get(
-            "shareProcessNamespace"
-        ):  # the pause container is PID 1 and reaps; the command is not PID 1
+        # the pause container is PID 1 and reaps; the command is not PID 1
+        if spec.get("shareProcessNamespace"):
             pod.main_depth = 2
             run = '"$0" "$@" & wait $!'
-        else:  # the container's command is PID 1 of its namespace (signals without handlers are ignored)
+        # the container's command is PID 1 of its namespace (signals without handlers are ignored)
+        else:
             pod.main_depth = 1
             run = 'exec "$0" "$@"'
         return [*_isolation_flags(), "sh", "-c", f"{setup} && {run}", *argv]
@@ -1079,7 +1091,9 @@ class KubeApiDouble:
             return "".join(f"{ip}\t{name}\n" for name, ip in self.dns.items())
 
     def _publish_dns_later(self, ns: str, pod: _Pod) -> None:
-        """CoreDNS answers for ``<host>.<subdomain>.<ns>.svc`` once the pod runs, after ``dns_lag_s``."""
+        """CoreDNS answers for ``<host>.<subdomain>.<ns>.svc`` once the pod runs, after
+        ``dns_lag_s``.
+        """
         spec = pod.obj["spec"]
         if not spec.get("subdomain"):
             return
@@ -1113,7 +1127,9 @@ class KubeApiDouble:
         return value  # an existing host path (a storage root under /tmp) plays the shared storage
 
     def _dns(self, ns: str, value: str) -> str:
-        """Fallback without isolation: Service names become pod 0's address at start (kinder than CoreDNS)."""
+        """Fallback without isolation: Service names become pod 0's address at start (kinder than
+        CoreDNS).
+        """
         if self.isolated:
             return value
         with self.lock:
@@ -1166,16 +1182,17 @@ class KubeApiDouble:
             )
 
     def _inject_faults(self, pod: _Pod) -> None:
-        """``faults.preempt`` / ``faults.oom_kill``: the pod's first attempts die right after they start running."""
+        """``faults.preempt`` / ``faults.oom_kill``: the pod's first attempts die right after
+        they start running.
+        """
         preempt, oom = (
             pod.attempt < self.faults.preempt.get(pod.index, 0),
             pod.attempt < self.faults.oom_kill.get(pod.index, 0),
         )
         deadline = time.monotonic() + 5.0
         while (preempt or oom) and pod.main_pid() is None and time.monotonic() < deadline:
-            time.sleep(
-                0.01
-            )  # `unshare` blocks SIGTERM until it has forked the pod's process: hit that process
+            # `unshare` blocks SIGTERM until it has forked the pod's process: hit that process
+            time.sleep(0.01)
         if preempt:
             self.evict(pod.name, "PreemptionByScheduler")
         elif oom and pod.proc is not None:
@@ -1184,7 +1201,9 @@ class KubeApiDouble:
                 os.killpg(pod.proc.pid, signal.SIGKILL)
 
     def _on_pod_finished(self, ns: str, job_name: str, pod: _Pod, code: int) -> None:
-        """The pod's record as the controller reads it (phase, exit code, DisruptionTarget), then a sync."""
+        """The pod's record as the controller reads it (phase, exit code, DisruptionTarget), then
+        a sync.
+        """
         with self.lock:
             job, books = self.objects.get(("jobs", ns, job_name)), self.indexes.get((ns, job_name))
             if job is None or books is None or pod.name not in books.records:
@@ -1245,11 +1264,12 @@ class KubeApiDouble:
 
 @dataclass
 class _Indexes:
-    """What the Job controller knows of a Job's pods (the real one: its informer cache and finalizers)."""
+    """What the Job controller knows of a Job's pods (the real one: its informer cache and
+    finalizers).
+    """
 
-    records: dict[str, job_controller.Pod] = field(
-        default_factory=dict
-    )  # pod name -> what it reads
+    # pod name -> what it reads
+    records: dict[str, job_controller.Pod] = field(default_factory=dict)
     attempts: Counter = field(default_factory=Counter)  # pods created per index
 
 
@@ -1257,7 +1277,9 @@ _ISOLATION_PROBE: list[str] | None | bool = False
 
 
 def _isolation_flags() -> list[str] | None:
-    """``unshare`` flags for a pod's own UTS/PID/mount namespaces, if this host permits them (root or user ns)."""
+    """``unshare`` flags for a pod's own UTS/PID/mount namespaces, if this host permits them
+    (root or user ns).
+    """
     global _ISOLATION_PROBE
     if _ISOLATION_PROBE is False:
         _ISOLATION_PROBE = None
@@ -1277,7 +1299,10 @@ def _isolation_flags() -> list[str] | None:
                 "private",
                 "--mount-proc",
             ]
-            probe = "hostname probe && mount -t tmpfs -o size=1m tmpfs /dev/shm && mount --bind /dev/null /etc/hosts"
+            probe = (
+                "hostname probe && mount -t tmpfs -o size=1m tmpfs /dev/shm && mount --bind "
+                "/dev/null /etc/hosts"
+            )
             for user in ([], ["--user", "--map-root-user"]):
                 flags = ["unshare", *user, *base]
                 ok = (
@@ -1384,9 +1409,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             with open(pod.log_path, "rb") as f:
                 while True:
-                    if (
-                        cut_at is not None and time.monotonic() > cut_at
-                    ):  # the connection drops mid-stream
+                    # the connection drops mid-stream
+                    if cut_at is not None and time.monotonic() > cut_at:
                         self.close_connection = True
                         return
                     finished = pod.done.is_set()

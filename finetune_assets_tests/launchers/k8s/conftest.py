@@ -88,7 +88,9 @@ class Cluster:
         core.create_namespaced_secret(self.namespace, body)
 
     def create_pod(self, name: str) -> str:
-        """A bare pod standing in for the Dagster run pod that owns a training Job (on the double: no process)."""
+        """A bare pod standing in for the Dagster run pod that owns a training Job (on the
+        double: no process).
+        """
         core, _ = self._apis()
         core.create_namespaced_pod(
             self.namespace,
@@ -155,7 +157,8 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         image = os.environ.get("FINETUNE_K8S_TEST_IMAGE")
         if not image:
             pytest.skip(
-                "KUBECONFIG is set: also set FINETUNE_K8S_TEST_IMAGE to run the k8s tests on that cluster"
+                "KUBECONFIG is set: also set FINETUNE_K8S_TEST_IMAGE to run the k8s tests on "
+                "that cluster"
             )
         yield Cluster(
             kubeconfig=os.environ["KUBECONFIG"].split(os.pathsep)[0],

@@ -1,17 +1,20 @@
-"""A stand-in for ``finetune_assets.training``: a torchrun worker whose behaviour the config selects.
+"""A stand-in for ``finetune_assets.training``: a torchrun worker whose behaviour the config
+selects.
 
-Run as ``torchrun ... -m finetune_assets_tests.launchers.k8s.standin --config standin:<opts>``; ``<opts>`` is a
-comma list (so the same tests run on a real cluster, where no local file reaches the pods):
+Run as ``torchrun ... -m finetune_assets_tests.launchers.k8s.standin --config standin:<opts>``;
+``<opts>`` is a comma list (so the same tests run on a real cluster, where no local file reaches the
+pods):
 
 - ``ok``                 print who we are and exit 0 (no process group)
 - ``allreduce``          ``init_process_group("gloo")``, all_reduce(rank + 1), print the sum
 - ``fail-node=I``        the worker on pod index I prints an error and exits 3; the others hang
 - ``sleep=S``            sleep S seconds (a hung trainer)
-- ``selfkill-node=I``    on the first attempt the worker on pod I SIGKILLs itself (torchrun restarts)
+- ``selfkill-node=I``    on the first attempt the worker on pod I SIGKILLs itself (torchrun
+                         restarts)
 - ``killagent-node=I``   the worker on pod I SIGKILLs its torchrun agent (the pod's main process)
 - ``env=NAME``           print a sha256 prefix of $NAME (proves delivery without printing the value)
-- ``train=N,ckpt=PATH``  N steps of ``step_s`` (default 0.3) seconds; rank 0 checkpoints the step count
-                         to PATH (a shared file) after each; a new run resumes from it
+- ``train=N,ckpt=PATH``  N steps of ``step_s`` (default 0.3) seconds; rank 0 checkpoints the step
+                         count to PATH (a shared file) after each; a new run resumes from it
 - ``lines=N``            print N numbered lines, a few per second (log streaming)
 """
 
@@ -45,14 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     print(
-        f"standin: node={node} rank={rank} world={world} attempt={attempt} host={os.environ.get('HOSTNAME')}",
+        f"standin: node={node} rank={rank} world={world} attempt={attempt} "
+        f"host={os.environ.get('HOSTNAME')}",
         flush=True,
     )
 
     if "env" in opts:
         value = os.environ.get(opts["env"], "")
         print(
-            f"standin: {opts['env']} sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} set={bool(value)}",
+            f"standin: {opts['env']} sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} "
+            f"set={bool(value)}",
             flush=True,
         )
     if opts.get("fail-node") == str(node):

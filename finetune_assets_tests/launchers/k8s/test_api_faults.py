@@ -47,10 +47,11 @@ def test_a_job_that_cannot_be_deleted_is_suspended_and_the_log_says_so(
     cluster: Cluster, double, faults, instance
 ) -> None:
     """Deletes keep failing past the outage budget: the Job is suspended (its pods terminated)."""
+    # the pod is still starting when the launch fails
     faults.fail_job_deletes, faults.pending_s = (
         1000,
         {0: 60.0},
-    )  # the pod is still starting when the launch fails
+    )
     launcher = cluster.launcher(nnodes=1, api_outage_budget_s=2, start_timeout_s=2)
     launched = launch_in_dagster(launcher, "standin:ok", instance)
     assert not launched.success

@@ -1,4 +1,5 @@
-"""What a real cluster does to a gang that the kind path never shows, played by the API double's faults.
+"""What a real cluster does to a gang that the kind path never shows, played by the API double's
+faults.
 
 Delays are scaled down from minutes to seconds; each test names the defect it would have caught.
 """
@@ -20,9 +21,9 @@ pytestmark = pytest.mark.k8s
 def test_pod0_starting_last_with_lagging_dns_still_trains_with_rank0_on_pod0(
     cluster: Cluster, isolated, faults, instance
 ) -> None:
-    """Pod 0 waits for its GPU node / image while pod 1 runs, and pod DNS names resolve only 10 s after a pod
-    runs: pod 1 waits in the rendezvous, pod 0 hosts the store without resolving itself. (Before the fix:
-    nobody hosted the store, every pod failed after torchrun's 60 s read timeout.)
+    """Pod 0 waits for its GPU node / image while pod 1 runs, and pod DNS names resolve only 10 s
+    after a pod runs: pod 1 waits in the rendezvous, pod 0 hosts the store without resolving itself.
+    (Before the fix: nobody hosted the store, every pod failed after torchrun's 60 s read timeout.)
     """
     faults.pending_s, faults.dns_lag_s = {0: 3.0}, 10.0
     launched = launch_in_dagster(
@@ -36,7 +37,9 @@ def test_pod0_starting_last_with_lagging_dns_still_trains_with_rank0_on_pod0(
 
 
 def test_a_rendezvous_timeout_shorter_than_the_start_timeout_is_refused(cluster: Cluster) -> None:
-    """Early pods would leave the rendezvous (holding GPUs) while the launcher still waits for the last."""
+    """Early pods would leave the rendezvous (holding GPUs) while the launcher still waits for
+    the last.
+    """
     with pytest.raises(ValueError, match="rdzv_timeout_s=2 is shorter than start_timeout_s=1800"):
         cluster.launcher(nnodes=2, rdzv_timeout_s=2)
     assert cluster.launcher(nnodes=2, rdzv_timeout_s=2, start_timeout_s=2).rdzv_timeout_s == 2
@@ -66,10 +69,11 @@ def _when_step(ckpt, step: int, then, timeout_s: float = 60.0) -> threading.Thre
 def test_an_evicted_pod_resubmits_the_gang_which_resumes(
     cluster: Cluster, double, faults, instance, tmp_path
 ) -> None:
-    """Spot reclaim / drain evicts the pod mid-run: a fresh gang resumes from the checkpoint and finishes with
-    the global step of an uninterrupted run. One pod keeps it cheap; that the peers' failures after an
-    eviction count as the disruption, and that a node going NotReady ends in the taint manager's
-    eviction (the same ``DisruptionTarget`` path), is ``test_supervision.py`` on recorded objects.
+    """Spot reclaim / drain evicts the pod mid-run: a fresh gang resumes from the checkpoint and
+    finishes with the global step of an uninterrupted run. One pod keeps it cheap; that the peers'
+    failures after an eviction count as the disruption, and that a node going NotReady ends in the
+    taint manager's eviction (the same ``DisruptionTarget`` path), is ``test_supervision.py`` on
+    recorded objects.
     """
     ckpt = tmp_path / "step"
     _when_step(ckpt, 2, lambda: double.evict(_pods_of_index(double, 0)[0]))
@@ -84,18 +88,18 @@ def test_an_evicted_pod_resubmits_the_gang_which_resumes(
     )
     finished = re.findall(r"standin: trained global_step=(\d+) resumed_at=(\d+)", launched.logs)
     assert len(finished) == 1, launched.logs[-3000:]  # only the resubmitted gang finished
-    assert (
-        finished[0][0] == "6" and int(finished[0][1]) >= 2
-    )  # same global step as uninterrupted, resumed
+    # same global step as uninterrupted, resumed
+    assert finished[0][0] == "6" and int(finished[0][1]) >= 2
     assert double.live_processes() == []
 
 
 def test_infrastructure_failures_without_disruption_target_resubmit(
     cluster: Cluster, double, faults, instance, tmp_path
 ) -> None:
-    """The first pod fails kubelet admission (UnexpectedAdmissionError: a device plugin restarted); the
-    next is evicted by the kubelet for its emptyDir usage (Failed/Evicted, exit 137, no DisruptionTarget).
-    Both are the cluster's doing (failures.py): resubmitted, and the gang resumes from the checkpoint.
+    """The first pod fails kubelet admission (UnexpectedAdmissionError: a device plugin restarted);
+    the next is evicted by the kubelet for its emptyDir usage (Failed/Evicted, exit 137, no
+    DisruptionTarget). Both are the cluster's doing (failures.py): resubmitted, and the gang resumes
+    from the checkpoint.
     """
     faults.admission_errors = 1
     ckpt = tmp_path / "step"
@@ -128,7 +132,8 @@ def test_infrastructure_failures_without_disruption_target_resubmit(
         ),
         (
             "refuse_pods",
-            'pods "x" is forbidden: exceeded quota: gpu-quota, requested: nvidia.com/gpu=8, used: 8, limited: 8',
+            'pods "x" is forbidden: exceeded quota: gpu-quota, requested: nvidia.com/gpu=8, '
+            "used: 8, limited: 8",
             'FailedCreate: Error creating: pods "x" is forbidden: exceeded quota: gpu-quota',
         ),
     ],
@@ -163,13 +168,16 @@ def test_an_image_pull_error_fails_at_once_with_the_kubelets_message(
 
 
 def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> str:
-    """Start a gang from a separate process and SIGKILL that process once the trainer runs (OOMKilled run pod)."""
+    """Start a gang from a separate process and SIGKILL that process once the trainer runs
+    (OOMKilled run pod).
+    """
     import json
     import signal
     import subprocess
     import sys
 
-    # with an owner pod, no image: the launcher takes the launching pod's own image (one image setting)
+    # with an owner pod, no image: the launcher takes the launching pod's own image (one image
+    # setting)
     fields = json.dumps(
         dict(
             image=None if owner else cluster.image,
@@ -194,8 +202,15 @@ class C:  # the parts of a Dagster context the launcher uses
     log, instance = logging.getLogger("launcher"), dg.DagsterInstance.ephemeral()
     run = types.SimpleNamespace(run_id="dead-run")
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingSpec(name="abandoned", config_url="standin:sleep=600",
-    labels={{"dagster/asset": "trained", "dagster/partition": {partition!r}, "dagster/run-id": "dead-run"}}))
+K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingSpec(
+    name="abandoned",
+    config_url="standin:sleep=600",
+    labels={{
+        "dagster/asset": "trained",
+        "dagster/partition": {partition!r},
+        "dagster/run-id": "dead-run",
+    }},
+))
 """
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -226,7 +241,9 @@ def test_the_launching_pod_dying_garbage_collects_the_gang(
 def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(
     cluster: Cluster, double, instance
 ) -> None:
-    """A gang left running by a dead attempt (created here directly, as that attempt rendered it)."""
+    """A gang left running by a dead attempt (created here directly, as that attempt rendered
+    it).
+    """
     from finetune_assets.launchers import TrainingSpec
 
     name = "left-over-gang"
@@ -270,8 +287,8 @@ def test_the_log_follower_resumes_after_the_stream_breaks(
 def test_a_live_gang_of_a_running_dagster_run_is_left_alone(
     cluster: Cluster, double, instance
 ) -> None:
-    """Dagster is asked first: the other run is STARTED, so its Job is not deleted and the launch fails
-    naming it; once that run is gone from the instance, the next launch removes the orphan.
+    """Dagster is asked first: the other run is STARTED, so its Job is not deleted and the launch
+    fails naming it; once that run is gone from the instance, the next launch removes the orphan.
     """
     import dagster as dg
 

@@ -1,8 +1,9 @@
-"""The data fan-out as a Kubernetes Indexed Job (``K8sFanOutRunner``): manifests offline, 3 pods through the API double.
+"""The data fan-out as a Kubernetes Indexed Job (``K8sFanOutRunner``): manifests offline, 3 pods
+through the API double.
 
-The worker is a few lines of Python that write one part per ``JOB_COMPLETION_INDEX`` through fsspec under
-the root its environment names, as the slice workers do; the host filesystem plays the object-store root
-(see the double's docstring).
+The worker is a few lines of Python that write one part per ``JOB_COMPLETION_INDEX`` through fsspec
+under the root its environment names, as the slice workers do; the host filesystem plays the
+object-store root (see the double's docstring).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from finetune_assets_tests.launchers.k8s.conftest import HARNESS_AGENT, Cluster
 from finetune_assets_tests.launchers.k8s.test_launcher_api import LAUNCHER_VERBS
 from finetune_assets_tests.launchers.k8s.test_manifests import K8S_VERSIONS, SECRET
 
-# One part per index, written atomically (a preempted first pod may leave a .tmp behind, never a part).
+# One part per index, written atomically (a preempted first pod may leave a .tmp behind, never a
+# part).
 WORKER = """
 import os, sys, time, fsspec
 i = int(os.environ["JOB_COMPLETION_INDEX"])
@@ -105,19 +107,18 @@ def test_fanout_manifest_shape() -> None:
         and spec["completions"] == 3
         and spec["parallelism"] == 2
     )
-    assert (
-        spec["backoffLimitPerIndex"] == 4 and spec["maxFailedIndexes"] == 0
-    )  # retry per slice, fail fast after
-    assert (
-        spec["backoffLimit"] == 2**31 - 1
-    )  # checked whatever backoffLimitPerIndex says (upstream default)
+    # retry per slice, fail fast after
+    assert spec["backoffLimitPerIndex"] == 4 and spec["maxFailedIndexes"] == 0
+    # checked whatever backoffLimitPerIndex says (upstream default)
+    assert spec["backoffLimit"] == 2**31 - 1
     rules = spec["podFailurePolicy"]["rules"]
     assert [r["action"] for r in rules] == ["Ignore", "Count", "FailIndex"]
     assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    # transient I/O (EX_TEMPFAIL) and OOM get retries
     assert rules[1]["onExitCodes"]["values"] == [
         75,
         137,
-    ]  # transient I/O (EX_TEMPFAIL) and OOM get retries
+    ]
     # the training launcher's settings, but no GPU and one process per worker pod; no Service
     assert "nvidia.com/gpu" not in container["resources"]["requests"] and "subdomain" not in pod
     # the GPU pool's node selector is not inherited: CPU workers have their own (none here)
@@ -131,7 +132,8 @@ def test_fanout_manifest_shape() -> None:
         container["securityContext"]["readOnlyRootFilesystem"] is True
         and pod["automountServiceAccountToken"] is False
     )
-    # the local interpreter path becomes the image's python; the index arrives from the Job controller
+    # the local interpreter path becomes the image's python; the index arrives from the Job
+    # controller
     assert container["command"][:2] == ["python", "-c"]
     assert {"name": "FANOUT_TOTAL", "value": "3"} in container["env"]
     labels = spec["template"]["metadata"]["labels"]
@@ -170,7 +172,7 @@ def test_completed_and_failed_indexes_parse() -> None:
     )
 
 
-# -- 3 pods through the API double ------------------------------------------------------------------
+# -- 3 pods through the API double -----------------------------------------------------------------
 
 
 def run(cluster: Cluster, job: FanOut, timeout_s: int = 90, **fields) -> tuple[list[str], str]:
@@ -201,9 +203,8 @@ def test_three_pods_run_every_index_despite_a_late_pod(
     lines, _ = run(cluster, fanout(str(tmp_path)))
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     text = "\n".join(lines)
-    assert re.search(r"\[\S+-0-\w{5}\] worker 0 wrote part-0.txt", text), (
-        text
-    )  # index 0's log streamed
+    # index 0's log streamed
+    assert re.search(r"\[\S+-0-\w{5}\] worker 0 wrote part-0.txt", text), text
     assert "3/3 index(es) succeeded" in text and "all 3 index(es) succeeded" in text
     # deploy/rbac.yaml grants the training launcher's verbs; the fan-out needs no more
     assert {
@@ -215,15 +216,16 @@ def test_three_pods_run_every_index_despite_a_late_pod(
 def test_a_preempted_and_an_oom_killed_index_are_retried(
     cluster: Cluster, double, faults, tmp_path
 ) -> None:
-    """Index 1's first pod is preempted (replaced, not counted), index 2's is OOM-killed (counted, retried)."""
+    """Index 1's first pod is preempted (replaced, not counted), index 2's is OOM-killed
+    (counted, retried).
+    """
     faults.preempt, faults.oom_kill = {1: 1}, {2: 1}
     lines, name = run(cluster, fanout(str(tmp_path)), retries_per_index=1)
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     books = double.indexes[(cluster.namespace, name)]
     counted = [r.index for r in books.records.values() if r.phase == "Failed" and not r.conditions]
-    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and counted == [
-        2
-    ]  # the preemption is not counted
+    # the preemption is not counted
+    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and counted == [2]
     assert re.search(r"index 2: pod \S+ Failed, exit code 137 \(OOMKilled\)", "\n".join(lines)), (
         lines
     )
@@ -233,16 +235,18 @@ def test_a_preempted_and_an_oom_killed_index_are_retried(
 @pytest.mark.parametrize(
     ("fault", "says", "pods"),
     [
+        # the worker's own error: FailIndex, not retried
         (
             "exit",
             "worker 1: slice 1 is unreadable",
             1,
-        ),  # the worker's own error: FailIndex, not retried
+        ),
+        # OOM every time: retried once (retries_per_index=1), then failed
         (
             "oom",
             "exit code 137 (OOMKilled)",
             2,
-        ),  # OOM every time: retried once (retries_per_index=1), then failed
+        ),
     ],
 )
 def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(
@@ -258,9 +262,8 @@ def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(
         )
     message = str(err.value)
     assert "failed index(es) [1]" in message and says in message, message
-    assert re.search(r"--- pod \S+-1-\w{5} \(index 1\) Failed", message), (
-        message
-    )  # its log tail, by index
+    # its log tail, by index
+    assert re.search(r"--- pod \S+-1-\w{5} \(index 1\) Failed", message), message
     name = re.search(r"fan-out Job [^/\s]+/(\S+):", message).group(1)
     assert double.indexes[(cluster.namespace, name)].attempts[1] == pods
 
@@ -283,7 +286,9 @@ def test_a_hung_index_fails_the_fanout_at_the_deadline_naming_it(cluster: Cluste
 def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(
     cluster: Cluster, double, tmp_path
 ) -> None:
-    """A run pod died mid fan-out (no owner here: launched from outside the cluster); its retry replaces the Job."""
+    """A run pod died mid fan-out (no owner here: launched from outside the cluster); its retry
+    replaces the Job.
+    """
     runner = K8sFanOutRunner(cluster.launcher(timeout_s=90), labels=LABELS)
     left = runner.render(
         FanOut(
@@ -358,8 +363,8 @@ def test_a_slice_workers_transient_io_error_exits_75(monkeypatch, capsys) -> Non
 
 @pytest.mark.k8s
 def test_an_index_exiting_75_is_retried(cluster: Cluster, double, tmp_path) -> None:
-    """EX_TEMPFAIL counts against the index's retries (an object-store 503 among thousands of slices)
-    instead of failing it as the worker's own error.
+    """EX_TEMPFAIL counts against the index's retries (an object-store 503 among thousands of
+    slices) instead of failing it as the worker's own error.
     """
     flaky = (
         "import os, sys, pathlib; i = os.environ['JOB_COMPLETION_INDEX']; "
@@ -412,9 +417,10 @@ def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:
 def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
     cluster: Cluster, double, arabic_reviews, tmp_path, monkeypatch
 ) -> None:
-    """Both stages as the assets run them (``_fan_out``: the real ``python -m finetune_assets.data.slices work``
-    command and ``WORKER_ENV``), once through 2 local workers and once as 3 pods: the merged MDS samples of
-    every split are the same, in the same order. 120 validated reviews in 6 row groups, 3 tokenize slices.
+    """Both stages as the assets run them (``_fan_out``: the real ``python -m
+    finetune_assets.data.slices work`` command and ``WORKER_ENV``), once through 2 local workers and
+    once as 3 pods: the merged MDS samples of every split are the same, in the same order. 120
+    validated reviews in 6 row groups, 3 tokenize slices.
     """
     import json
 
@@ -439,14 +445,15 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
     group_rows = [pq.ParquetFile(reviews).metadata.row_group(i).num_rows for i in range(6)]
     tokenizer_json = Path(packaged_model_dir()) / "tokenizer.json"  # the real WordPiece vocabulary
     vocab = tokenizers.Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
-    monkeypatch.setattr(
-        slices, "SHARD_ROWS_PER_WORKER", 1
-    )  # a small version still gets several shard workers
+    # a small version still gets several shard workers
+    monkeypatch.setattr(slices, "SHARD_ROWS_PER_WORKER", 1)
 
     def fan_out(
         runner, kind: str, spec: slices.TokenizeSpec | slices.ShardsSpec, count: int
     ) -> str | None:
-        """``assets.tokenized._fan_out`` without Dagster; returns the Kubernetes Job's name (None: local)."""
+        """``assets.tokenized._fan_out`` without Dagster; returns the Kubernetes Job's name
+        (None: local).
+        """
         slices.write_spec(f"{spec.out}/_work/spec.json", spec)
         job = FanOut(
             name=f"{kind}-v1-0f1e2d3c",
@@ -459,9 +466,8 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
         if isinstance(runner, LocalFanOutRunner):
             runner.run(job, print)
             return None
-        _, name = run(
-            cluster, job, timeout_s=120
-        )  # checks that the Job and its pods are gone afterwards
+        # checks that the Job and its pods are gone afterwards
+        _, name = run(cluster, job, timeout_s=120)
         return name
 
     merged, samples = {}, {}
@@ -471,10 +477,10 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
     ):
         width = runner_width(runner)
         plan = slices.plan_slices(group_rows, width or 1, slice_rows=40)
-        assert len(plan) == (4 if where == "local" else 3), (
-            plan
-        )  # locally a multiple of the 2 workers
+        # locally a multiple of the 2 workers
+        assert len(plan) == (4 if where == "local" else 3), plan
         tokens = str(tmp_path / where / "tokenized")
+        # as tokenized_reviews groups them
         tok_spec = slices.TokenizeSpec(
             reviews=str(reviews),
             out=tokens,
@@ -485,10 +491,9 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
             labels=DEFAULT_LABEL_SET.to_dict(),
             batch_size=7,
             groups=slices.group_parts(len(plan), width or len(plan)),
-        )  # as tokenized_reviews groups them
-        assert tok_spec.count == (
-            2 if where == "local" else 3
-        )  # 2 processes locally; one pod per slice
+        )
+        # 2 processes locally; one pod per slice
+        assert tok_spec.count == (2 if where == "local" else 3)
         tok_job = fan_out(runner, "tok", tok_spec, tok_spec.count)
         rows = sum(p["rows"] for p in slices.read_part_stats(tokens, len(plan)))
         assert rows == 120, f"{where}: {rows} rows tokenized"
@@ -496,9 +501,8 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
             assert dict(double.indexes[(cluster.namespace, tok_job)].attempts) == {0: 1, 1: 1, 2: 1}
         shards = tmp_path / where / "mds"
         groups = slices.group_parts(len(plan), width or len(plan), rows)
-        assert len(groups) == (2 if where == "local" else 3), (
-            groups
-        )  # other slicings and groupings, the same samples
+        # other slicings and groupings, the same samples
+        assert len(groups) == (2 if where == "local" else 3), groups
         fan_out(
             runner,
             "mds",

@@ -69,9 +69,8 @@ def test_finetuned_model_trains_across_two_pods(
     assert result.success, logs[-8000:]
     assert "2 pod(s) x 1 process(es)" in logs and "all 2 pod(s) succeeded" in logs
     meta = result.asset_materializations_for_node("finetuned_model")[0].metadata
-    assert (
-        meta["samples_seen"].value == 96
-    )  # one epoch over the 96 training reviews, both ranks together
+    # one epoch over the 96 training reviews, both ranks together
+    assert meta["samples_seen"].value == 96
     assert 0.0 <= meta["accuracy"].value <= 1.0
     assert meta["mlflow_run"].value.startswith("http://mlflow.example:5000/#/experiments/")
     assert store.require("finetuned_model", "v1") is not None

@@ -1,4 +1,5 @@
-"""The k8s launcher end to end against a Kubernetes API: Dagster run -> launcher -> API -> pods -> torchrun.
+"""The k8s launcher end to end against a Kubernetes API: Dagster run -> launcher -> API -> pods ->
+torchrun.
 
 Runs against the loopback API test double by default and against a real cluster when KUBECONFIG and
 FINETUNE_K8S_TEST_IMAGE are set (see conftest.py and deploy/README.md).
@@ -20,7 +21,8 @@ from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 
 pytestmark = pytest.mark.k8s
 
-# Exactly the (verb, resource) pairs the launcher calls; deploy/rbac.yaml must grant these and no more.
+# Exactly the (verb, resource) pairs the launcher calls; deploy/rbac.yaml must grant these and no
+# more.
 LAUNCHER_VERBS = {
     ("create", "services"),
     ("delete", "services"),
@@ -45,9 +47,8 @@ def _port(cluster: Cluster) -> int:
 def test_one_node_succeeds_streams_logs_and_cleans_up(cluster: Cluster, instance) -> None:
     launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance)
     assert launched.success, launched.logs
-    assert re.search(
-        r"\[\S+-0-\w+\] standin: node=0 rank=0 world=1", launched.logs
-    )  # rank-0 pod log streamed
+    # rank-0 pod log streamed
+    assert re.search(r"\[\S+-0-\w+\] standin: node=0 rank=0 world=1", launched.logs)
     assert f"Deleted Job {cluster.namespace}/{launched.job_name}" in launched.logs
     assert cluster.leftovers(launched.job_name) == {}
 
@@ -65,7 +66,9 @@ def test_two_nodes_rendezvous_through_the_headless_service(cluster: Cluster, ins
 
 
 def test_a_failed_pod_fails_the_run_fast_with_its_log(cluster: Cluster, instance) -> None:
-    """Node 1 exits 3 while node 0 hangs: the run fails at once, with node 1's error, and cleans up."""
+    """Node 1 exits 3 while node 0 hangs: the run fails at once, with node 1's error, and cleans
+    up.
+    """
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), timeout_s=300),
         "standin:fail-node=1",
@@ -73,9 +76,8 @@ def test_a_failed_pod_fails_the_run_fast_with_its_log(cluster: Cluster, instance
     )
     assert not launched.success
     assert "boom on node 1" in launched.logs  # the failed pod's log tail reached the Dagster run
-    assert (
-        "pod(s) failed" in launched.logs and "exit code 1" in launched.logs
-    )  # torchrun: a worker failed
+    # torchrun: a worker failed
+    assert "pod(s) failed" in launched.logs and "exit code 1" in launched.logs
     for node in (0, 1):  # every pod's tail is kept, not only the failed one's
         assert re.search(rf"--- pod \S+-{node}-\w+ \(node {node}\)", launched.logs), launched.logs[
             -3000:
@@ -131,7 +133,9 @@ def test_interruption_deletes_the_job(cluster: Cluster) -> None:
 
 
 def test_killed_worker_is_restarted_by_torchrun(cluster: Cluster, instance) -> None:
-    """SIGKILL of node 1's worker: torchrun (--max-restarts 1) restarts the group and the run succeeds."""
+    """SIGKILL of node 1's worker: torchrun (--max-restarts 1) restarts the group and the run
+    succeeds.
+    """
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1),
         "standin:selfkill-node=1,allreduce",
@@ -145,11 +149,12 @@ def test_killed_worker_is_restarted_by_torchrun(cluster: Cluster, instance) -> N
 
 
 def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
-    """SIGKILL of node 1's torchrun agent (the pod's main process): the pod dies with 137, the run fails.
+    """SIGKILL of node 1's torchrun agent (the pod's main process): the pod dies with 137, the run
+    fails.
 
-    The worker can kill its agent because torchrun is not PID 1 (``shareProcessNamespace``: the pause
-    container is); as PID 1 of its namespace the kernel would ignore the signal, on a real node and in
-    the double's per-pod PID namespace alike.
+    The worker can kill its agent because torchrun is not PID 1 (``shareProcessNamespace``: the
+    pause container is); as PID 1 of its namespace the kernel would ignore the signal, on a real
+    node and in the double's per-pod PID namespace alike.
     """
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1, timeout_s=300),
@@ -165,12 +170,13 @@ def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
 def test_secret_values_never_reach_the_dagster_logs(
     cluster: Cluster, instance, monkeypatch
 ) -> None:
-    """Credentials go Secret -> envFrom -> pod; never through the manifest or the Dagster event log."""
+    """Credentials go Secret -> envFrom -> pod; never through the manifest or the Dagster event
+    log.
+    """
     value = f"pw-{uuid.uuid4().hex}"
     secret = f"ft-test-creds-{uuid.uuid4().hex[:6]}"
-    monkeypatch.setenv(
-        "MLFLOW_TRACKING_PASSWORD", value
-    )  # also in the launching process: must not leak
+    # also in the launching process: must not leak
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", value)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", value)
     cluster.create_secret(
         secret, {"MLFLOW_TRACKING_PASSWORD": value, "AWS_SECRET_ACCESS_KEY": value}
@@ -185,12 +191,10 @@ def test_secret_values_never_reach_the_dagster_logs(
     finally:
         cluster.delete_secret(secret)
     assert launched.success, launched.logs
-    assert (
-        f"sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} set=True" in launched.logs
-    )  # delivered
-    assert (
-        "Rendered manifests" in launched.logs and f"name: {secret}" in launched.logs
-    )  # referenced by name
+    # delivered
+    assert f"sha256={hashlib.sha256(value.encode()).hexdigest()[:12]} set=True" in launched.logs
+    # referenced by name
+    assert "Rendered manifests" in launched.logs and f"name: {secret}" in launched.logs
     assert value not in launched.logs
 
 
@@ -206,15 +210,16 @@ def test_a_missing_secret_fails_clearly(cluster: Cluster, instance) -> None:
 
 
 def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, double, instance) -> None:
-    """The calls the launcher made in this session (not the harness's) are exactly LAUNCHER_VERBS."""
+    """The calls the launcher made in this session (not the harness's) are exactly
+    LAUNCHER_VERBS.
+    """
 
     def called() -> set[tuple[str, str]]:
         return {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT}
 
     usual = LAUNCHER_VERBS - FALLBACK_VERBS
-    if (
-        called() - FALLBACK_VERBS != usual
-    ):  # run alone: one failing multi-node launch from an owning pod
+    # run alone: one failing multi-node launch from an owning pod
+    if called() - FALLBACK_VERBS != usual:
         owner = cluster.create_pod(f"run-pod-{uuid.uuid4().hex[:6]}")
         launched = launch_in_dagster(
             cluster.launcher(nnodes=2, rdzv_port=free_port(), owner_pod=owner),

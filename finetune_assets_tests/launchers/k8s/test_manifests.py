@@ -1,4 +1,6 @@
-"""Every manifest the k8s launcher renders and every file in deploy/ against the official OpenAPI schema."""
+"""Every manifest the k8s launcher renders and every file in deploy/ against the official OpenAPI
+schema.
+"""
 
 from __future__ import annotations
 
@@ -145,9 +147,8 @@ def test_rendered_job_shape(config: str) -> None:
     )
     rules = spec["podFailurePolicy"]["rules"]
     assert spec["backoffLimit"] == 0 and [r["action"] for r in rules] == ["Ignore", "FailJob"]
-    assert rules[0]["onPodConditions"] == [
-        {"type": "DisruptionTarget", "status": "True"}
-    ]  # disruption is not the code's fault
+    # disruption is not the code's fault
+    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
     assert (
         spec["activeDeadlineSeconds"] == launcher.timeout_s and spec["ttlSecondsAfterFinished"] >= 0
     )
@@ -158,9 +159,8 @@ def test_rendered_job_shape(config: str) -> None:
         pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
     )
     sc = container["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == [
-        "ALL"
-    ]  # (+ added ones)
+    # (+ added ones)
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
     assert sc["readOnlyRootFilesystem"] is True
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/dev/shm", "/tmp", "/cache"} <= mounts
@@ -186,8 +186,8 @@ def test_rendered_job_shape(config: str) -> None:
     if nnodes > 1:  # pod 0 hosts the c10d store on localhost; the others dial pod 0's DNS name
         assert cmd[:2] == ["sh", "-c"] and pod["shareProcessNamespace"] is True
         assert (
-            f"then e=localhost:{launcher.rdzv_port}; else e=ft-abc123-0.ft-abc123.ml-train.svc:{launcher.rdzv_port};"
-            in cmd[2]
+            f"then e=localhost:{launcher.rdzv_port}; else "
+            f"e=ft-abc123-0.ft-abc123.ml-train.svc:{launcher.rdzv_port};" in cmd[2]
         )
         assert "--rdzv-endpoint" not in cmd[3:]
         cmd = cmd[3:]
@@ -206,9 +206,8 @@ def test_rendered_job_shape(config: str) -> None:
     # multi-node: c10d on pod 0 through the headless Service, unique rendezvous id
     assert cmd[cmd.index("--node-rank") + 1] == "$(JOB_COMPLETION_INDEX)"
     assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
-    timeout = (
-        launcher.rdzv_timeout_s
-    )  # longer than any pod start gap (torchrun's default read timeout is 60 s)
+    # longer than any pod start gap (torchrun's default read timeout is 60 s)
+    timeout = launcher.rdzv_timeout_s
     assert (
         cmd[cmd.index("--rdzv-conf") + 1] == f"join_timeout={timeout},read_timeout={timeout}"
         and timeout >= 600
@@ -223,7 +222,9 @@ def test_rendered_job_shape(config: str) -> None:
 
 
 def test_no_secret_values_in_manifests(monkeypatch) -> None:
-    """Secrets are referenced by name; a credential in the launcher's own environment never leaks in."""
+    """Secrets are referenced by name; a credential in the launcher's own environment never leaks
+    in.
+    """
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
     _, manifests = render("ft-abc123", **CONFIGS["2-nodes-gpu"])
@@ -342,9 +343,8 @@ def test_an_8_gpu_pod_renders_coherent_resources() -> None:
         parse_quantity(res["limits"]["memory"]),
         parse_quantity(res["requests"]["memory"]),
     )
-    assert (
-        shm >= 8 * 2**30 and limit >= shm + 8 * 2**30 and request <= limit
-    )  # shm counts against the limit
+    # shm counts against the limit
+    assert shm >= 8 * 2**30 and limit >= shm + 8 * 2**30 and request <= limit
     assert parse_quantity(res["requests"]["cpu"]) >= 8 and parse_quantity(
         res["limits"]["cpu"]
     ) >= parse_quantity(res["requests"]["cpu"])

@@ -1,4 +1,6 @@
-"""The supervision verdict on Job and Pod JSON in the shapes a real API server returns (see recorded/README.md)."""
+"""The supervision verdict on Job and Pod JSON in the shapes a real API server returns (see
+recorded/README.md).
+"""
 
 from __future__ import annotations
 
@@ -31,17 +33,19 @@ def load(case: str):
             "ft-abc123-1-x7k2p: EvictionByEvictionAPI: Eviction API: evicting",
         ),
         ("taint_manager", "disrupted", "DeletionByTaintManager"),
+        # fail fast on the failed pod, before the controller's Failed
         (
             "failjob",
             "failed",
             "pod(s) failed",
-        ),  # fail fast on the failed pod, before the controller's Failed
+        ),
         ("deadline", "failed", "DeadlineExceeded"),
         ("image_pull", "stuck", "ErrImagePull: rpc error: code = NotFound"),
         (
             "unschedulable",
             "waiting",
-            "ft-abc123-0-q9w8e: Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu",
+            "ft-abc123-0-q9w8e: Unschedulable: 0/4 nodes are available: 4 Insufficient "
+            "nvidia.com/gpu",
         ),
         ("no_pods", "waiting", "2 of 2 pod(s) not created"),
         (
@@ -82,11 +86,12 @@ def test_deadline_is_named_as_such() -> None:
             "pull access denied, repository does not exist or may require authorization",
             True,
         ),
+        # the runtime hiccupped: the kubelet retries
         (
             "CreateContainerError",
             "context deadline exceeded",
             False,
-        ),  # the runtime hiccupped: the kubelet retries
+        ),
         ("CreateContainerConfigError", 'secret "finetune-s3" not found', True),
         ("InvalidImageName", "couldn't parse image reference", True),
     ],

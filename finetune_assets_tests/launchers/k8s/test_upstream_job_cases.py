@@ -36,9 +36,8 @@ def test_backoff_limit_defaults_like_the_api_server() -> None:
     """
     assert backoff_limit({"backoffLimitPerIndex": 2}) == MAX_INT32
     assert backoff_limit({}) == 6
-    assert (
-        backoff_limit({"backoffLimitPerIndex": 2, "backoffLimit": 0}) == 0
-    )  # explicit wins: the fan-out bug
+    # explicit wins: the fan-out bug
+    assert backoff_limit({"backoffLimitPerIndex": 2, "backoffLimit": 0}) == 0
 
 
 def test_the_cases_table_in_the_docs_lists_every_case() -> None:

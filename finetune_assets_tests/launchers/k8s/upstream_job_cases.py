@@ -222,7 +222,8 @@ CASES: list[dict] = [
     ),
     dict(
         test=PFP,
-        case="default job based on OnExitCodes; JobManagedBy enabled triggers adding interim condition",
+        case="default job based on OnExitCodes; JobManagedBy enabled triggers adding interim "
+        "condition",
         spec=job(backoff_limit=0, podFailurePolicy={"rules": ON_EXIT_CODE_RULES}),
         pods=[("mypod-0", 0, "Failed", {"exit_codes": {"": 10}})],
         want=dict(
@@ -234,7 +235,8 @@ CASES: list[dict] = [
     ),
     dict(
         test=PFP,
-        case="count pod failure based on OnExitCodes; both rules are matching, the first is executed only",
+        case="count pod failure based on OnExitCodes; both rules are matching, the first is "
+        "executed only",
         spec=job(
             podFailurePolicy={
                 "rules": [
@@ -373,7 +375,8 @@ CASES: list[dict] = [
             failed_indexes="",
             terminating=0,
             conditions=fail_job(
-                "Container x for pod default/mypod-0 failed with exit code 3 matching FailJob rule at index 0"
+                "Container x for pod default/mypod-0 failed with exit code 3 matching FailJob "
+                "rule at index 0"
             ),
         ),
     ),
@@ -437,7 +440,8 @@ CASES: list[dict] = [
     # -- success, start, suspend ---------------------------------------------------------------
     dict(
         test=SP,
-        case="job without successPolicy; jobSuccessPolicy is enabled; job got SuccessCriteriaMet and "
+        case="job without successPolicy; jobSuccessPolicy is enabled; job got SuccessCriteriaMet "
+        "and "
         "Completion with CompletionsReached reason conditions",
         spec=job(backoff_limit=MAX_INT32, completionMode="Indexed"),
         pods=[("a1", 0, "Succeeded", {})],
