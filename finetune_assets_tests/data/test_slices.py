@@ -19,7 +19,7 @@ import pytest
 
 from finetune_assets import contracts
 from finetune_assets.contracts import ACCEPTED_SCHEMA, REJECTED_SCHEMA, SPLITS
-from finetune_assets.data import slices
+from finetune_assets.data import slice_plan, slices
 from finetune_assets.data.conflicts import accepted_after, promoted_rows, rejected_after
 from finetune_assets.data.labels import DEFAULT_LABEL_SET
 from finetune_assets.data.sources import SourceSpec, read_source
@@ -492,7 +492,7 @@ def test_a_failed_slice_fails_the_step_and_publishes_nothing(
     )
     monkeypatch.setattr(select, "fanout_runner_from_env", lambda **kw: CrashingSliceRunner())
     # a small version still gets 2 shard workers
-    monkeypatch.setattr(slices, "SHARD_ROWS_PER_WORKER", 1)
+    monkeypatch.setattr(slice_plan, "SHARD_ROWS_PER_WORKER", 1)
     result = materialize(
         storage_root,
         instance,

@@ -428,7 +428,7 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
     import tokenizers
 
     from finetune_assets.contracts import SPLITS
-    from finetune_assets.data import slices
+    from finetune_assets.data import slice_plan, slices
     from finetune_assets.data.labels import DEFAULT_LABEL_SET
     from finetune_assets.data.models import packaged_model_dir
     from finetune_assets.data.sources import SourceSpec, read_source
@@ -446,7 +446,7 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
     tokenizer_json = Path(packaged_model_dir()) / "tokenizer.json"  # the real WordPiece vocabulary
     vocab = tokenizers.Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
     # a small version still gets several shard workers
-    monkeypatch.setattr(slices, "SHARD_ROWS_PER_WORKER", 1)
+    monkeypatch.setattr(slice_plan, "SHARD_ROWS_PER_WORKER", 1)
 
     def fan_out(
         runner, kind: str, spec: slices.TokenizeSpec | slices.ShardsSpec, count: int
