@@ -95,10 +95,11 @@ tune_job = dg.define_asset_job(
     name="tune_job",
     selection=dg.AssetSelection.assets(*TUNE_CHAIN, pretrained_model),
     description=(
-        "New data -> a hyper-parameter study for one dataset version: the chain up to mds_shards, "
-        "baseline_model, and tuning_study. The new-data sensor requests it instead of retrain_job "
-        "when the landing resource's tune_new_versions is on; finetune_only_job then trains the "
-        "study's winner (tuned_retrain_sensor)."
+        "A hyper-parameter study for one dataset version: the chain up to mds_shards, "
+        "baseline_model, and tuning_study. With the landing resource's tune_new_versions on, the "
+        "new-data sensor prepares a version's data as always, then requests this job with only "
+        "tuning_study selected as the version's training run; tuned_retrain_sensor then trains "
+        "the study's winner with finetune_only_job."
     ),
     tags={"finetune_assets/job": "tune", **RETRY_TAGS},
 )
