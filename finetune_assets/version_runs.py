@@ -232,15 +232,17 @@ def run_outcome(instance, run: dg.DagsterRun) -> str:
                 if evaluation.check_name == "quality_gate":
                     gate = evaluation.description or "refused"
                 elif this_run:
+                    fix = getattr(evaluation.metadata.get("fix"), "value", "")
                     refused.append(
-                        f"{evaluation.check_name} ({evaluation.description or 'failed'})"
+                        f"{evaluation.check_name} ({evaluation.description or 'failed'}"
+                        + (f"; fix: {fix})" if fix else ")")
                     )
             elif event.event_type == dg.DagsterEventType.STEP_FAILURE and this_run:
                 failed.append(f"{event.step_key} ({_first_line(event.step_failure_data.error)})")
     if gate is not None:
         return f"trained, but the quality gate refused the model: {gate}"
     if refused:  # a blocking data check stopped the chain: the data needs fixing, not the run
-        return f"run {rid}: blocking check {'; '.join(refused)[:300]} refused the data"
+        return f"run {rid}: blocking check {'; '.join(refused)[:800]} refused the data"
     steps = "; ".join(failed) or "the run worker (no step failed: see the run's events)"
     return f"run {rid} failed at {steps}; fix it, then re-execute run {rid} from failure"
 

@@ -132,6 +132,8 @@ def test_bad_labels_block_tokenization(instance, storage_root, base, arabic_revi
     assert "unknown_label" in checks["rejected_share"].metadata["examples"].value
     assert not checks["min_rows_per_class"].passed
     assert checks["min_rows_per_class"].metadata["rows_per_class"].value["Mixed"] == 0
+    # A class with no review at all: the fix says how to declare the data's own classes.
+    assert "_labels.json" in checks["min_rows_per_class"].metadata["fix"].value
     assert checks["schema_and_labels"].passed  # what was accepted is still well-formed
     # Blocking ERROR checks: nothing downstream of raw_reviews ran for this version.
     materialized = {

@@ -503,7 +503,10 @@ def test_a_refused_blocking_data_check_is_reported_as_such(daemon, landing, arab
     def raw():
         yield dg.Output(None)
         yield dg.AssetCheckResult(
-            check_name="min_rows_per_class", passed=False, description="Mixed: 12 reviews, needs 50"
+            check_name="min_rows_per_class",
+            passed=False,
+            description="Mixed: 12 reviews, needs 50",
+            metadata={"fix": "add Mixed reviews"},
         )
 
     dg.materialize(
@@ -515,7 +518,10 @@ def test_a_refused_blocking_data_check_is_reported_as_such(daemon, landing, arab
     )
     daemon.tick()
     why = LandingCursor.parse(daemon.cursor).failed["v1"]
-    assert "blocking check min_rows_per_class (Mixed: 12 reviews, needs 50) refused the data" in why
+    assert (
+        "blocking check min_rows_per_class (Mixed: 12 reviews, needs 50; fix: add Mixed reviews) "
+        "refused the data" in why
+    )
 
 
 def test_a_deployment_that_tunes_new_versions_tunes_then_trains_the_winner(

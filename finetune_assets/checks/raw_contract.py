@@ -173,10 +173,25 @@ def raw_reviews_contract(
             ),
             rows_per_class=dg.MetadataValue.json(per_class),
             minimum=config.min_rows_per_class,
-            fix="add reviews of the short classes to the drop, or lower min_rows_per_class"
-            if short
-            else "",
+            fix=_short_classes_fix(short, classes),
         )
+
+
+def _short_classes_fix(short: dict[str, int], classes) -> str:
+    """A class with no review at all is most often one the data never had: the version was
+    registered with the default classes. Say how to declare them before suggesting more data.
+    """
+    if not short:
+        return ""
+    fix = "add reviews of the short classes to the drop, or lower min_rows_per_class"
+    absent = sorted(k for k, v in short.items() if v == 0)
+    if absent:
+        fix = (
+            f"no review is labelled {absent}, one of the version's classes {list(classes)}: if "
+            "the data has no such class, register the version with its own classes (a _labels.json "
+            "beside a landing drop's files, or finetune-assets versions add --labels); else " + fix
+        )
+    return fix
 
 
 def _examples(table: pa.Table) -> dg.MetadataValue:
