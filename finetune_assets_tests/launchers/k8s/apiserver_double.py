@@ -206,16 +206,24 @@ class _Pod:
         self.attempt = 0  # pods of the same Job and index created before this one
         self.main_depth = 0  # how far below the Popen process the container's main process is
         self.hosts_path = root / "hosts"
+        # written by the isolating shell once the pod's sandbox is set up (see _isolate)
+        self.started_path = root / "started"
 
     @property
     def index(self) -> int:
         return int(self.obj["metadata"].get("annotations", {}).get(INDEX_KEY, -1))
 
     def main_pid(self) -> int | None:
-        """The container's main process: what a kubelet sends SIGTERM to (not the whole group)."""
+        """The container's main process: what a kubelet sends SIGTERM to (not the whole group).
+
+        None while the isolating shell still sets up the sandbox: its ``hostname`` and ``mount``
+        children are not the container (a SIGTERM to one that has just exited would be lost).
+        """
         if self.proc is None:
             return None
-        pid, depth = self.proc.pid, getattr(self, "main_depth", 0)
+        pid, depth = self.proc.pid, self.main_depth
+        if depth and not self.started_path.exists():
+            return None
         for _ in range(depth):
             try:
                 children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -231,18 +239,19 @@ class _Pod:
         return self.obj["metadata"]["name"]
 
     def terminate(self, grace_s: float) -> None:
+        """The kubelet's way: SIGTERM to the main process, SIGKILL to all once the grace period
+        is over, whatever became of the SIGTERM (ignored by a PID 1, or its target gone).
+        """
         self.deleting = True
         if self.proc is None or self.proc.poll() is not None:
             return
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                main = self.main_pid() if sig == signal.SIGTERM else None
+            main = self.main_pid() if sig == signal.SIGTERM else None
+            with contextlib.suppress(ProcessLookupError):
                 if main is not None:
                     os.kill(main, sig)
                 else:
                     os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
             try:
                 self.proc.wait(wait)
                 return
@@ -732,6 +741,11 @@ class KubeApiDouble:
     def _fill(self, ns: str, name: str) -> None:
         """One pass of the Job controller (:func:`job_controller.sync` decides): status, new
         pods, kills.
+
+        One pass at a time, its new pods recorded before the lock is let go: pods that end at the
+        same moment each trigger a pass, and a pass that decided before the other's new pods were
+        recorded would create the same replacements again (upstream: one worker per Job key and
+        the creation expectations).
         """
         with self.lock:
             job, books = self.objects.get(("jobs", ns, name)), self.indexes.get((ns, name))
@@ -757,20 +771,19 @@ class KubeApiDouble:
             doomed = [p for n in result.to_delete if (p := self.pods.get((ns, n))) is not None]
             for pod in doomed:
                 books.records[pod.name].deleting = True
+            for index in result.to_create:
+                self._create_pod(ns, job, index)
+            status["active"] = sum(
+                1
+                for r in books.records.values()
+                if r.phase in ("Pending", "Running") and not r.deleting
+            )
         if job["spec"].get("suspend"):  # a suspended Job's pods are deleted (the Job stays)
             threading.Thread(target=self._reap, args=(ns, doomed), daemon=True).start()
         # a failed Job's remaining pods are terminated (kept here: their logs feed failure reports)
         else:
             for pod in doomed:
                 threading.Thread(target=pod.terminate, args=(self.grace_s,), daemon=True).start()
-        for index in result.to_create:
-            self._create_pod(ns, job, index)
-        with self.lock:
-            status["active"] = sum(
-                1
-                for r in books.records.values()
-                if r.phase in ("Pending", "Running") and not r.deleting
-            )
 
     def _finish_when_gone(self, ns: str, job: dict[str, Any], books: _Indexes) -> None:
         """``Failed`` follows ``FailureTarget`` once no pod of the Job is left running
@@ -1084,7 +1097,9 @@ class KubeApiDouble:
         else:
             pod.main_depth = 1
             run = 'exec "$0" "$@"'
-        return [*_isolation_flags(), "sh", "-c", f"{setup} && {run}", *argv]
+        # `: >` is the shell's own: no child that main_pid could take for the container
+        started = f": > {q(str(pod.started_path))}"
+        return [*_isolation_flags(), "sh", "-c", f"{setup} && {started} && {run}", *argv]
 
     def _dns_lines(self) -> str:
         with self.lock:
@@ -1183,7 +1198,8 @@ class KubeApiDouble:
 
     def _inject_faults(self, pod: _Pod) -> None:
         """``faults.preempt`` / ``faults.oom_kill``: the pod's first attempts die right after
-        they start running.
+        they start running: once the container's main process exists (not the sandbox set-up;
+        see :meth:`_Pod.main_pid`), or after 5 s.
         """
         preempt, oom = (
             pod.attempt < self.faults.preempt.get(pod.index, 0),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -229,6 +230,57 @@ def test_a_preempted_and_an_oom_killed_index_are_retried(
     assert re.search(r"index 2: pod \S+ Failed, exit code 137 \(OOMKilled\)", "\n".join(lines)), (
         lines
     )
+
+
+@pytest.mark.k8s
+def test_pods_of_two_indexes_failing_at_once_get_one_replacement_each(
+    cluster: Cluster, double, faults, monkeypatch
+) -> None:
+    """Two syncs of one Job (its pods failed at the same moment) create each replacement once, as
+    the real controller's per-Job work queue and creation expectations guarantee. Pods stay
+    Pending (unschedulable): no process; a slow pod creation plays a descheduled thread.
+    """
+    import threading
+    import types
+    import uuid
+
+    from finetune_assets.launchers.k8s.settings import CONTAINER_NAME
+    from finetune_assets_tests.launchers.k8s import apiserver_double
+
+    faults.unschedulable = "0/3 nodes are available: 3 Insufficient cpu."
+    runner = K8sFanOutRunner(cluster.launcher(), labels=LABELS, retries_per_index=1)
+    name = "tok-v1-twofail-abc123"
+    cluster.create_job(runner.render(fanout("unused", count=2), name))
+    books = double.indexes[(cluster.namespace, name)]
+    for record in books.records.values():  # both first pods OOM-killed (counted, retried)
+        record.phase, record.exit_codes = "Failed", {CONTAINER_NAME: 137}
+
+    def slow_uuid4() -> uuid.UUID:
+        time.sleep(0.05)
+        return uuid.uuid4()
+
+    monkeypatch.setattr(apiserver_double, "uuid", types.SimpleNamespace(uuid4=slow_uuid4))
+    start = threading.Barrier(2)
+
+    def sync() -> None:  # what each pod's _on_pod_finished ends with
+        start.wait()
+        double._fill(cluster.namespace, name)
+
+    threads = [threading.Thread(target=sync) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert dict(books.attempts) == {0: 2, 1: 2}
+    finally:
+        double.handle(
+            "DELETE",
+            f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/{name}",
+            {},
+            {},
+            HARNESS_AGENT,
+        )
 
 
 @pytest.mark.k8s
