@@ -69,6 +69,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[1]
 INSTANCE_FILE = REPO / "deploy" / "instance" / "dagster.yaml"
+VALUES_FILE = REPO / "deploy" / "values.yaml"
 POSTGRES_ENV = "FINETUNE_TEST_POSTGRES_URL"
 NAMESPACE = "finetune-test"
 PER_CLASS = 100  # Positive and Negative reviews per version: quick to tokenize and train
@@ -145,7 +146,21 @@ def _drops(tmp: Path, arabic_reviews: Path) -> dict[str, Path]:
 
 def _instance_file(home: Path, db_url: str, kubeconfig: Path, pod_env: list[str]) -> dict:
     settings = yaml.safe_load(INSTANCE_FILE.read_text())
-    settings["storage"] = {"postgres": {"postgres_url": db_url}}
+    # The storage block the chart renders (its ``dagsterYaml.postgresql.config``), scheme included
+    url = urlsplit(db_url)
+    chart = yaml.safe_load(VALUES_FILE.read_text())["postgresql"]
+    settings["storage"] = {
+        "postgres": {
+            "postgres_db": {
+                "username": url.username,
+                "password": url.password or "",
+                "hostname": url.hostname,
+                "port": url.port,
+                "db_name": url.path.lstrip("/"),
+                "scheme": chart["postgresqlScheme"],
+            }
+        }
+    }
     settings["run_launcher"] = {
         "module": "dagster_k8s",
         "class": "K8sRunLauncher",
@@ -432,7 +447,13 @@ def _check(instance, double, versions: list[str], facts: dict) -> None:
     for version in versions:
         assert _materialized(instance, FINETUNED_MODEL, version), version
         baseline = _materialized(instance, BASELINE_MODEL, version)
-        evaluations = [h for h in history if h.partition == version and h.event is not None]
+        evaluations = [
+            h
+            for h in history
+            if h.partition == version
+            and h.event is not None
+            and h.event.dagster_event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+        ]
         assert baseline and evaluations, version
         evaluation = evaluations[0].event
         assert baseline.timestamp < evaluation.timestamp, version

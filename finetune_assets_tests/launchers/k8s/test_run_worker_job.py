@@ -77,6 +77,9 @@ def test_a_sigkilled_run_pod_fails_the_job_and_the_launchers_health_check(
         lambda: (h := launcher.check_run_worker_health(run)).status == WorkerStatus.FAILED and h
     )
     assert "no active pods" in health.msg
+    # what monitoring adds to the run's failure: the pod's state and the container's last lines
+    info = launcher.get_run_worker_debug_info(run, include_container_logs=True)
+    assert "Pod status: Failed" in info and "Terminated with exit code 137" in info
     dead = core.read_namespaced_pod(pod.metadata.name, cluster.namespace)
     assert dead.status.phase == "Failed"
     assert dead.status.container_statuses[0].state.terminated.exit_code == 137
