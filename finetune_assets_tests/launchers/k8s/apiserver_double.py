@@ -6,7 +6,8 @@ it through an ordinary kubeconfig (``server: http://127.0.0.1:PORT``):
 
 - ``batch/v1`` Jobs: create / get / list (``fieldSelector=metadata.name=``) / delete / patch
   (``spec.suspend`` only)
-- ``batch/v1`` Jobs also list by ``labelSelector``
+- ``batch/v1`` Jobs also list by ``labelSelector``, and ``jobs/{name}/status`` get (the run
+  launcher's ``read_namespaced_job_status``: the same object)
 - ``v1`` Services: create / get / delete;  ``v1`` Secrets: create / get / delete (test set-up only)
 - ``v1`` Pods: list (``labelSelector``, ``fieldSelector`` on ``metadata.name`` and ``status.phase``)
   / get, and ``pods/{name}/log``
@@ -21,7 +22,10 @@ What it plays besides the API server:
 - **Job controller** (``completionMode: Indexed``): one pod per index up to ``parallelism``, named
   ``<job>-<i>-<rand>``, labelled ``job-name`` / ``batch.kubernetes.io/job-completion-index`` and
   annotated with the index (and ``job-index-failure-count`` with ``backoffLimitPerIndex``),
-  ``spec.hostname = <job>-<i>``, ``JOB_COMPLETION_INDEX`` injected into the container env. What
+  ``spec.hostname = <job>-<i>``, ``JOB_COMPLETION_INDEX`` injected into the container env. Also
+  ``NonIndexed`` (the API default) with one completion and parallelism 1 only, the shape of a
+  Dagster run worker's Job (``dagster_k8s.K8sRunLauncher``): one pod ``<job>-<rand>`` without index
+  label, annotation, hostname or env, and no ``completedIndexes`` in the Job status. What
   to do after each pod change is decided by :mod:`job_controller` (``backoffLimit`` with its API
   default, ``backoffLimitPerIndex``, ``maxFailedIndexes``, ``podFailurePolicy``, ``suspend``,
   ``FailureTarget`` before ``Failed``), which passes cases transcribed from Kubernetes' own
@@ -717,8 +721,12 @@ class KubeApiDouble:
 
     def _start_job(self, ns: str, job: dict[str, Any]) -> None:
         spec = job["spec"]
-        if spec.get("completionMode") != "Indexed":
-            raise ApiError(422, "Invalid", "the double only runs Indexed Jobs")
+        if spec.get("completionMode", "NonIndexed") != "Indexed" and (
+            int(spec.get("completions") or 1) != 1 or int(spec.get("parallelism", 1)) != 1
+        ):
+            raise ApiError(
+                422, "Invalid", "the double runs Indexed Jobs and single-pod NonIndexed Jobs only"
+            )
         name = job["metadata"]["name"]
         self._fill(ns, name)
         deadline = spec.get("activeDeadlineSeconds")
@@ -756,11 +764,9 @@ class KubeApiDouble:
                 self._finish_when_gone(ns, job, books)  # the terminal condition waits for the pods
                 return
             result = job_controller.sync(job["spec"], list(books.records.values()), ns)
-            status.update(
-                succeeded=result.succeeded,
-                failed=result.failed,
-                completedIndexes=result.completed_indexes,
-            )
+            status.update(succeeded=result.succeeded, failed=result.failed)
+            if job["spec"].get("completionMode") == "Indexed":
+                status["completedIndexes"] = result.completed_indexes
             if result.failed_indexes is not None:
                 status["failedIndexes"] = result.failed_indexes
             for ctype, reason, message in result.conditions:
@@ -808,18 +814,23 @@ class KubeApiDouble:
             return
         template = copy.deepcopy(job["spec"]["template"])
         meta = template.get("metadata") or {}
-        pod_name = f"{job_name}-{index}-{uuid.uuid4().hex[:5]}"
+        # NonIndexed (the API default; a Dagster run worker's Job): `<job>-<rand>`, no index label,
+        # annotation, hostname or JOB_COMPLETION_INDEX; the controller's books still use index 0.
+        indexed = job["spec"].get("completionMode") == "Indexed"
+        suffix = uuid.uuid4().hex[:5]
+        pod_name = f"{job_name}-{index}-{suffix}" if indexed else f"{job_name}-{suffix}"
         labels = {
             **(meta.get("labels") or {}),
             "job-name": job_name,
             "batch.kubernetes.io/job-name": job_name,
             "controller-uid": uid,
             "batch.kubernetes.io/controller-uid": uid,
-            INDEX_KEY: str(index),
+            **({INDEX_KEY: str(index)} if indexed else {}),
         }
         spec = template["spec"]
-        spec["hostname"] = f"{job_name}-{index}"
-        for c in spec["containers"]:
+        if indexed:
+            spec["hostname"] = f"{job_name}-{index}"
+        for c in spec["containers"] if indexed else ():
             env = c.setdefault("env", [])
             if not any(e["name"] == "JOB_COMPLETION_INDEX" for e in env):
                 env.append(
@@ -838,7 +849,10 @@ class KubeApiDouble:
                 "namespace": ns,
                 "uid": str(uuid.uuid4()),
                 "labels": labels,
-                "annotations": {**(meta.get("annotations") or {}), INDEX_KEY: str(index)},
+                "annotations": {
+                    **(meta.get("annotations") or {}),
+                    **({INDEX_KEY: str(index)} if indexed else {}),
+                },
                 "creationTimestamp": _now(),
                 "ownerReferences": [
                     {
