@@ -8,6 +8,7 @@ default graph needs no tracking server.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -38,6 +39,32 @@ def tracking_uri(explicit: str | None, embedded_dir: str, fix: str) -> str:
             f"(an embedded SQLite store needs a local folder): {fix}"
         )
     return f"sqlite:///{Path(embedded_dir).expanduser().resolve()}/{EMBEDDED_DB}"
+
+
+@functools.cache
+def ensure_embedded_store(uri: str) -> str:
+    """Create the embedded SQLite store once, holding a file lock beside it; ``uri`` back.
+
+    MLflow creates its tables (Alembic migrations) when a process first opens a store. Runs that
+    open a fresh store at once (a sensor's or a backfill's data-preparation runs of several
+    versions) race in those migrations ("Online migration expected to match one row") and fail.
+    The first process migrates under the lock; later ones find the tables made. Once per process.
+    """
+    if not uri.startswith("sqlite:///"):
+        return uri
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(f"{db.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return uri
 
 
 def safe_uri(uri: str | None) -> str | None:

@@ -261,16 +261,6 @@ def _backfill_with_a_kill(instance, double, home, root, tmp, arabic_reviews, tin
     run_config = {"ops": {"pretrained_model": {"config": {"source": str(tiny)}}}}
     assert base.execute_in_process(instance=instance, run_config=run_config).success
 
-    # The tracking store exists before the first run, as the chart's MLflow server does
-    # (MLFLOW_TRACKING_URI in values.yaml). Created by three data-preparation runs at once, the
-    # embedded SQLite store's Alembic migrations race and fail baseline_model (docs/reliability.md).
-    from mlflow import MlflowClient
-
-    from finetune_assets.resources.mlflow import MlflowResource
-
-    (root / "mlflow").mkdir(exist_ok=True)
-    MlflowClient(tracking_uri=MlflowResource().resolve_tracking_uri(store)).search_experiments()
-
     # The install step deploy/README.md prescribes: the pools exist before the first backfill
     # (created lazily instead, the queue's first pass does not see them and every training run
     # starts and waits in its pod; two run workers creating one at once collide on its row)

@@ -82,3 +82,35 @@ def test_the_storage_root_default_has_one_place(monkeypatch):
     assert StorageResource().root == DEFAULT_ROOT == default_root()
     assert cli_common.root_of(argparse.Namespace(root=None)) == DEFAULT_ROOT
     assert Path(DEFAULT_ROOT).name == ".finetune_assets"
+
+
+def _open_fresh_store_at_once(root: str, barrier, i: int) -> None:
+    from mlflow import MlflowClient
+
+    from finetune_assets.resources.mlflow import MlflowResource
+    from finetune_assets.storage import Storage
+
+    barrier.wait(timeout=120)  # every process opens the fresh store at the same moment
+    uri = MlflowResource().resolve_tracking_uri(Storage(root))
+    MlflowClient(tracking_uri=uri).create_experiment(f"version-{i}")
+
+
+def test_runs_opening_a_fresh_embedded_store_at_once_all_succeed(tmp_path, monkeypatch):
+    """Several versions' data-preparation runs start together on a fresh storage root (a sensor
+    tick, a backfill): without a tracking server each opens the embedded SQLite store, whose
+    first open creates the tables. Unserialized, those migrations race and some runs fail.
+    """
+    import multiprocessing
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(3)
+    procs = [
+        ctx.Process(target=_open_fresh_store_at_once, args=(str(tmp_path), barrier, i))
+        for i in range(3)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0, 0]

@@ -8,7 +8,13 @@ import dagster as dg
 from pydantic import Field
 
 from finetune_assets.storage import Storage
-from finetune_assets.tracking import configured_uri, run_url, tracking_uri, web_ui
+from finetune_assets.tracking import (
+    configured_uri,
+    ensure_embedded_store,
+    run_url,
+    tracking_uri,
+    web_ui,
+)
 
 # The step-level retry for what talks to the registry (champion_model, quality_gate): an outage or a
 # "database is locked" passes in seconds to minutes; a dg.Failure(allow_retries=False) (nothing to
@@ -41,9 +47,10 @@ class MlflowResource(dg.ConfigurableResource):
     )
 
     def resolve_tracking_uri(self, storage: Storage) -> str:
-        return tracking_uri(
+        uri = tracking_uri(
             self.tracking_uri, storage.url("mlflow"), "set MlflowResource.tracking_uri"
         )
+        return uri if configured_uri(self.tracking_uri) else ensure_embedded_store(uri)
 
     def artifact_location(self, storage: Storage) -> str | None:
         """Artifacts beside the embedded store; a tracking server decides for itself."""
