@@ -33,8 +33,8 @@ Overrides of the instance file, each because a test must:
 - ``code_servers.local_startup_timeout``: the daemon's code server on two busy cores.
 
 Set up as deploy/README.md says to install: the pools ``training`` and ``promotion`` are created
-before the first backfill, and the MLflow tracking store exists before the first run (the chart's
-server; here the embedded store, created once).
+before the first backfill. No MLflow server: the three data-preparation runs open the embedded
+store together on a fresh storage root, so its creation is serialized by the product itself.
 
 Run config of the backfill (what a person sets in the launchpad), not instance settings: the
 in-process executor (one process per run pod instead of one per step: CI time; pools are claimed
