@@ -42,8 +42,9 @@ def tracking_uri(explicit: str | None, embedded_dir: str, fix: str) -> str:
 
 
 @functools.cache
-def ensure_embedded_store(uri: str) -> str:
-    """Create the embedded SQLite store once, holding a file lock beside it; ``uri`` back.
+def ensure_sqlite_store(uri: str) -> str:
+    """Create a SQLite store (the embedded one, or one a person named) holding a file lock beside
+    it; ``uri`` back, and any other URI as it is (a tracking server migrates itself).
 
     MLflow creates its tables (Alembic migrations) when a process first opens a store. Runs that
     open a fresh store at once (a sensor's or a backfill's data-preparation runs of several

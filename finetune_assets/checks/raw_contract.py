@@ -1,6 +1,7 @@
 """``raw_reviews``' data contract: schema, labels, quarantine and duplicate shares, class sizes."""
 
 from collections import Counter
+from collections.abc import Sequence
 
 import dagster as dg
 import pyarrow as pa
@@ -177,7 +178,7 @@ def raw_reviews_contract(
         )
 
 
-def _short_classes_fix(short: dict[str, int], classes) -> str:
+def _short_classes_fix(short: dict[str, int], classes: Sequence[str]) -> str:
     """A class with no review at all is most often one the data never had: the version was
     registered with the default classes. Say how to declare them before suggesting more data.
     """

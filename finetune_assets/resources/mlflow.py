@@ -10,7 +10,7 @@ from pydantic import Field
 from finetune_assets.storage import Storage
 from finetune_assets.tracking import (
     configured_uri,
-    ensure_embedded_store,
+    ensure_sqlite_store,
     run_url,
     tracking_uri,
     web_ui,
@@ -47,10 +47,11 @@ class MlflowResource(dg.ConfigurableResource):
     )
 
     def resolve_tracking_uri(self, storage: Storage) -> str:
-        uri = tracking_uri(
-            self.tracking_uri, storage.url("mlflow"), "set MlflowResource.tracking_uri"
+        return ensure_sqlite_store(
+            tracking_uri(
+                self.tracking_uri, storage.url("mlflow"), "set MlflowResource.tracking_uri"
+            )
         )
-        return uri if configured_uri(self.tracking_uri) else ensure_embedded_store(uri)
 
     def artifact_location(self, storage: Storage) -> str | None:
         """Artifacts beside the embedded store; a tracking server decides for itself."""

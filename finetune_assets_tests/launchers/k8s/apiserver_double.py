@@ -830,17 +830,17 @@ class KubeApiDouble:
         spec = template["spec"]
         if indexed:
             spec["hostname"] = f"{job_name}-{index}"
-        for c in spec["containers"] if indexed else ():
-            env = c.setdefault("env", [])
-            if not any(e["name"] == "JOB_COMPLETION_INDEX" for e in env):
-                env.append(
-                    {
-                        "name": "JOB_COMPLETION_INDEX",
-                        "valueFrom": {
-                            "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}
-                        },
-                    }
-                )
+            for c in spec["containers"]:
+                env = c.setdefault("env", [])
+                if not any(e["name"] == "JOB_COMPLETION_INDEX" for e in env):
+                    env.append(
+                        {
+                            "name": "JOB_COMPLETION_INDEX",
+                            "valueFrom": {
+                                "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}
+                            },
+                        }
+                    )
         obj = {
             "apiVersion": "v1",
             "kind": "Pod",
