@@ -54,3 +54,6 @@ class SourceSpec:
     where: str | None = None  # delta: / sql: row filter (SQL predicate), part of the version
     query: str | None = None  # sql: a table name or a SELECT statement
     snapshot: str | None = None  # sql: what registration read (content hash, snapshot marker)
+    # delta: options for delta-rs' storage (AWS_REGION, AZURE_STORAGE_ACCOUNT_NAME, ...); a value
+    # "env:NAME" is read from the environment at each read, so secrets are never recorded
+    storage_options: dict[str, str] | None = None
