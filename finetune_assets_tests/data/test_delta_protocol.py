@@ -276,3 +276,38 @@ def test_where_keeps_exactly_datafusions_rows(nulls_table, where):
     except SourceError:
         got = None
     assert got == expected, where
+
+
+# -- change data: deletes and updates in place ---------------------------------------------------
+
+
+@pytest.mark.parametrize("cdf", [True, False])
+def test_delete_on_a_change_data_table_is_a_new_version(tmp_path, reviews, cdf):
+    """A DELETE (then an UPDATE) is due at once on a table with a change data feed, and its
+    version reads without the deleted rows; without the feed it is said, not silently skipped.
+    """
+    from deltalake import DeltaTable, write_deltalake
+
+    from finetune_assets.data.sources.delta_commits import due_versions
+
+    path = tmp_path / "t"
+    config = {"delta.enableChangeDataFeed": "true"} if cdf else None
+    rows = reviews[:30]
+    write_deltalake(
+        path,
+        pa.table({"text": [t for t, _ in rows], "label": [lab for _, lab in rows]}),
+        configuration=config,
+    )
+    gone = rows[3][0]
+    DeltaTable(path).delete(f"text = '{gone}'")  # version 1
+    DeltaTable(path).update(updates={"label": "'Mixed'"}, predicate=f"text = '{rows[4][0]}'")
+    notes: list[str] = []
+    due, latest, _ = due_versions(str(path), 0, 0, min_new_rows=100, notes=notes)
+    assert latest == 2
+    if not cdf:
+        assert due == [] and len(notes) == 2
+        assert all("not a new version, rows changed in place" in n for n in notes)
+        return
+    assert due == [1, 2] and not notes
+    texts = read_source(SourceSpec(uri=f"delta:{path}@version=1")).column("text").to_pylist()
+    assert gone not in texts and len(texts) == len(rows) - 1
