@@ -74,9 +74,13 @@ def _family(type_: pa.DataType) -> str:
     return str(type_)
 
 
-def render_where(where: str, schema: pa.Schema, dialect: str | None = None) -> tuple[str, set[str]]:
+def render_where(
+    where: str, schema: pa.Schema | None, dialect: str | None = None
+) -> tuple[str, set[str]]:
     """(the predicate rendered from its parse tree for ``dialect``, the columns it reads); a
     predicate that is not one allowed expression over the schema's columns is a SourceError.
+    Without a schema (a database query's columns are the database's to resolve) only the shape
+    is checked and names are kept as written.
     """
     import sqlglot
     from sqlglot import exp
@@ -95,6 +99,8 @@ def render_where(where: str, schema: pa.Schema, dialect: str | None = None) -> t
                 "aggregate)"
             )
     columns: set[str] = set()
+    if schema is None:
+        return tree.sql(dialect=dialect), {c.name for c in tree.find_all(exp.Column)}
     for column in list(tree.find_all(exp.Column)):
         name = _resolve(column, schema, problem)
         columns.add(name)
