@@ -322,7 +322,9 @@ def register(sub) -> None:
         help="delta: an option for delta-rs' storage (repeatable; in the version), e.g. "
         "AWS_REGION=eu-west-1; VALUE env:NAME reads $NAME at each read (secrets)",
     )
-    add.add_argument("--revision")
+    add.add_argument(
+        "--revision", help="hf: a branch, tag or commit (default: the commit the hub has now)"
+    )
     add.add_argument("--text-column")
     add.add_argument("--label-column")
     add.add_argument("--encoding", default="utf-8")
