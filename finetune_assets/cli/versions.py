@@ -39,6 +39,18 @@ def _storage_options(pairs: Sequence[str] | None) -> dict[str, str] | None:
     return out or None
 
 
+def _delimiter(value: str | None) -> str | None:
+    """``--delimiter`` as one character (``tab`` or ``\\t`` for a tab)."""
+    if value is None:
+        return None
+    value = "\t" if value in ("tab", "\\t") else value
+    if len(value) != 1 or value in '"\r\n':
+        raise CliError(
+            f"--delimiter {value!r}: one character, e.g. ';' or tab (nothing registered)"
+        )
+    return value
+
+
 def cmd_versions_add(args) -> int:
     from finetune_assets.data.labels import (
         LabelError,
@@ -72,6 +84,7 @@ def cmd_versions_add(args) -> int:
         where=args.where,
         query=args.query,
         storage_options=_storage_options(args.storage_option),
+        delimiter=_delimiter(args.delimiter),
     )
     storage = open_storage(args, write=True)
     # source and label set are checked now: a bad or ambiguous one is refused before anything is
@@ -328,6 +341,11 @@ def register(sub) -> None:
     add.add_argument("--text-column")
     add.add_argument("--label-column")
     add.add_argument("--encoding", default="utf-8")
+    add.add_argument(
+        "--delimiter",
+        help="CSV/TSV field delimiter, e.g. ';' or tab (default: sniffed from a .csv header among "
+        ", ; tab |, tab for .tsv; recorded in the version)",
+    )
     add.add_argument(
         "--replace",
         action="store_true",

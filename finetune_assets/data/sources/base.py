@@ -57,3 +57,6 @@ class SourceSpec:
     # delta: options for delta-rs' storage (AWS_REGION, AZURE_STORAGE_ACCOUNT_NAME, ...); a value
     # "env:NAME" is read from the environment at each read, so secrets are never recorded
     storage_options: dict[str, str] | None = None
+    # CSV/TSV: the field delimiter (None: tab for .tsv, sniffed from a .csv header among , ; tab |;
+    # a sniffed one other than the comma is recorded at registration)
+    delimiter: str | None = None

@@ -116,7 +116,7 @@ def pick_column(
             return lowered[c]
     other = next((d for d in (";", "\t", "|", ",") if len(names) == 1 and d in names[0]), None)
     hint = (
-        f"; the header looks {other!r}-separated: export with commas (.csv) or tabs (.tsv)"
+        f"; the header looks {other!r}-separated: set the delimiter (CLI --delimiter {other!r})"
         if other
         else ""
     )

@@ -21,7 +21,7 @@ from finetune_assets.data.sources.delta import (
     iter_delta,
     pin_delta,
 )
-from finetune_assets.data.sources.files import check_files, iter_files
+from finetune_assets.data.sources.files import check_files, iter_files, pin_files
 from finetune_assets.data.sources.hf import HF_PREFIX, check_hf, describe_hf, iter_hf, pin_hf
 from finetune_assets.data.sources.sql import SQL_PREFIX, check_sql, describe_sql, iter_sql, pin_sql
 
@@ -43,7 +43,7 @@ class Family:
     describe: Callable[[SourceSpec], dict] = field(default=lambda spec: {})
 
 
-FILES = Family("", iter_files, check_files)
+FILES = Family("", iter_files, check_files, pin_files)
 FAMILIES = (
     Family(BUILTIN_PREFIX, iter_builtin, check_builtin_source),
     Family(HF_PREFIX, iter_hf, check_hf, pin_hf, describe_hf),
