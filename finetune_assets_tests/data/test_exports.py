@@ -95,3 +95,20 @@ def test_delimiter_is_sniffed_or_given(tmp_path, reviews, delimiter):
     )
     for spec in (SourceSpec(uri=str(path)), SourceSpec(uri=str(path), delimiter=delimiter)):
         assert read_source(spec).column("label").to_pylist() == [lab for _, lab in rows]
+
+
+def test_stray_nuls_in_text_quarantine_their_lines(capsys, home, storage_root, tmp_path, reviews):  # noqa: F811
+    """A database export with a few NUL bytes inside reviews: the file registers, the rows
+    holding a NUL are quarantined (counted), the rest published.
+    """
+    rows = reviews[:60]
+    lines = ["text,label"]
+    for i, (t, lab) in enumerate(rows):
+        lines.append(f"{_quoted(t + (chr(0) if i in (4, 20, 33) else ''), ',')},{lab}")
+    path = tmp_path / "export.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, out, err = run_add(capsys, home, "nul", str(path))
+    assert code == 0, err
+    meta, table = _raw(storage_root, "nul")
+    assert meta["rows_in"] == len(rows) and meta["rejected_rows"] == 3, meta["rejected_by_reason"]
+    assert not any("\x00" in t for t in table.column("text").to_pylist())
