@@ -112,3 +112,23 @@ def test_stray_nuls_in_text_quarantine_their_lines(capsys, home, storage_root, t
     meta, table = _raw(storage_root, "nul")
     assert meta["rows_in"] == len(rows) and meta["rejected_rows"] == 3, meta["rejected_by_reason"]
     assert not any("\x00" in t for t in table.column("text").to_pylist())
+
+
+def test_jsonl_text_key_is_resolved_per_record(capsys, home, storage_root, tmp_path, reviews):  # noqa: F811
+    """``text`` in some records, ``review`` in others (two exports appended): every record's own
+    key is its text, nothing quarantined, both classes found.
+    """
+    rows = reviews[:60]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"text" if i % 3 else "review": t, "label": lab}, ensure_ascii=False) + "\n"
+            for i, (t, lab) in enumerate(rows)
+        ),
+        encoding="utf-8",
+    )
+    code, out, err = run_add(capsys, home, "j", str(path))
+    assert code == 0, err
+    meta, table = _raw(storage_root, "j")
+    assert meta["rows_in"] == len(rows) and meta["rejected_rows"] == 0, meta["rejected_by_reason"]
+    assert sorted(table.column("text").to_pylist()) == sorted(t for t, _ in rows)
