@@ -18,7 +18,7 @@ from finetune_assets_tests.data.test_table_sources import _add, _raw, home  # no
 TABLES = Path(__file__).resolve().parent / "spark_tables"
 
 
-@pytest.mark.parametrize("name", ["mapped_name", "deletion_vectors"])
+@pytest.mark.parametrize("name", ["mapped_name", "deletion_vectors", "checkpointed"])
 def test_spark_written_table_reads_as_spark_reads_it(capsys, home, storage_root, name):  # noqa: F811
     from deltalake import DeltaTable
 
