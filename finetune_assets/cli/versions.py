@@ -85,6 +85,7 @@ def cmd_versions_add(args) -> int:
         query=args.query,
         storage_options=_storage_options(args.storage_option),
         delimiter=_delimiter(args.delimiter),
+        quoting=args.quoting,
     )
     storage = open_storage(args, write=True)
     # source and label set are checked now: a bad or ambiguous one is refused before anything is
@@ -341,6 +342,12 @@ def register(sub) -> None:
     add.add_argument("--text-column")
     add.add_argument("--label-column")
     add.add_argument("--encoding", default="utf-8")
+    add.add_argument(
+        "--quoting",
+        choices=["minimal", "none"],
+        default="minimal",
+        help='CSV/TSV: none for exports that never quote fields (5" screen); in the version',
+    )
     add.add_argument(
         "--delimiter",
         help="CSV/TSV field delimiter, e.g. ';' or tab (default: sniffed from a .csv header among "

@@ -132,3 +132,21 @@ def test_jsonl_text_key_is_resolved_per_record(capsys, home, storage_root, tmp_p
     meta, table = _raw(storage_root, "j")
     assert meta["rows_in"] == len(rows) and meta["rejected_rows"] == 0, meta["rejected_by_reason"]
     assert sorted(table.column("text").to_pylist()) == sorted(t for t, _ in rows)
+
+
+def test_tsv_without_quoting_registers_with_quoting_none(
+    capsys, home, storage_root, tmp_path, reviews
+):  # noqa: F811
+    """A TSV that never quotes (``5" screen`` in a review): ``--quoting none`` reads every line
+    as one record, and the choice is part of the version.
+    """
+    rows = [(f'{t} 5" screen' if i % 4 == 0 else t, lab) for i, (t, lab) in enumerate(reviews[:60])]
+    path = tmp_path / "export.tsv"
+    path.write_text("text\tlabel\n" + "".join(f"{t}\t{lab}\n" for t, lab in rows), encoding="utf-8")
+    code, out, err = run_add(capsys, home, "q", str(path), "--quoting", "none")
+    assert code == 0, err
+    record = json.loads(Path(home["store"].url("versions", "q.json")).read_text())
+    assert record["source"]["quoting"] == "none"
+    meta, table = _raw(storage_root, "q")
+    assert meta["rows_in"] == len(rows) and meta["rejected_rows"] == 0, meta["rejected_by_reason"]
+    assert sorted(table.column("text").to_pylist()) == sorted(t for t, _ in rows)

@@ -60,3 +60,4 @@ class SourceSpec:
     # CSV/TSV: the field delimiter (None: tab for .tsv, sniffed from a .csv header among , ; tab |;
     # a sniffed one other than the comma is recorded at registration)
     delimiter: str | None = None
+    quoting: str = "minimal"  # CSV/TSV: "none" for exports that never quote (a '"' is a character)

@@ -209,6 +209,7 @@ def _delimited_tables(
                 final=final,
                 after=recs if mac is not None else None,
                 max_record=limit,
+                quoting=spec.quoting != "none",
             )
         except (HeaderError, RecordTooLong) as err:
             raise SourceError(f"{path}: {err}") from err
