@@ -26,6 +26,31 @@ def _source_uri(uri: str) -> str:
     return uri
 
 
+def _storage_options(pairs: Sequence[str] | None) -> dict[str, str] | None:
+    """``--storage-option KEY=VALUE`` flags as delta-rs' storage options (``env:NAME`` values are
+    read from the environment at each read: put secrets there, not on the command line).
+    """
+    out = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--storage-option {pair!r}: expected KEY=VALUE (nothing registered)")
+        out[key.strip()] = value
+    return out or None
+
+
+def _delimiter(value: str | None) -> str | None:
+    """``--delimiter`` as one character (``tab`` or ``\\t`` for a tab)."""
+    if value is None:
+        return None
+    value = "\t" if value in ("tab", "\\t") else value
+    if len(value) != 1 or value in '"\r\n':
+        raise CliError(
+            f"--delimiter {value!r}: one character, e.g. ';' or tab (nothing registered)"
+        )
+    return value
+
+
 def cmd_versions_add(args) -> int:
     from finetune_assets.data.labels import (
         LabelError,
@@ -48,6 +73,8 @@ def cmd_versions_add(args) -> int:
         raise CliError("--where filters delta: and sql: sources only (nothing registered)")
     if args.query and not uri.startswith(SQL_PREFIX):
         raise CliError("--query belongs to sql: sources only (nothing registered)")
+    if args.storage_option and not uri.startswith(DELTA_PREFIX):
+        raise CliError("--storage-option belongs to delta: sources only (nothing registered)")
     spec = SourceSpec(
         uri=uri,
         revision=args.revision,
@@ -56,6 +83,9 @@ def cmd_versions_add(args) -> int:
         encoding=args.encoding,
         where=args.where,
         query=args.query,
+        storage_options=_storage_options(args.storage_option),
+        delimiter=_delimiter(args.delimiter),
+        quoting=args.quoting,
     )
     storage = open_storage(args, write=True)
     # source and label set are checked now: a bad or ambiguous one is refused before anything is
@@ -299,10 +329,30 @@ def register(sub) -> None:
     )
     add.add_argument("--where", help="delta:/sql: row filter, a SQL predicate (in the version)")
     add.add_argument("--query", help="sql: a table name or a SELECT statement")
-    add.add_argument("--revision")
+    add.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="delta: an option for delta-rs' storage (repeatable; in the version), e.g. "
+        "AWS_REGION=eu-west-1; VALUE env:NAME reads $NAME at each read (secrets)",
+    )
+    add.add_argument(
+        "--revision", help="hf: a branch, tag or commit (default: the commit the hub has now)"
+    )
     add.add_argument("--text-column")
     add.add_argument("--label-column")
     add.add_argument("--encoding", default="utf-8")
+    add.add_argument(
+        "--quoting",
+        choices=["minimal", "none"],
+        default="minimal",
+        help='CSV/TSV: none for exports that never quote fields (5" screen); in the version',
+    )
+    add.add_argument(
+        "--delimiter",
+        help="CSV/TSV field delimiter, e.g. ';' or tab (default: sniffed from a .csv header among "
+        ", ; tab |, tab for .tsv; recorded in the version)",
+    )
     add.add_argument(
         "--replace",
         action="store_true",

@@ -45,9 +45,25 @@ def what_binary(head: bytes) -> str | None:
         one_parity = max(sample[0::2].count(b"\x00"), sample[1::2].count(b"\x00"))
         # UTF-16 without a BOM: the decoder says
         utf16 = nul > len(sample) // 4 and one_parity >= 0.9 * nul
-        return None if utf16 else "binary data"
+        return None if utf16 or _text_with_stray_nuls(sample, nul) else "binary data"
     control = sum(1 for b in sample if b < 9 or 13 < b < 27 or 27 < b < 32)
     return "binary data" if sample and control > len(sample) // 10 else None
+
+
+def _text_with_stray_nuls(sample: bytes, nul: int) -> bool:
+    """A few NUL bytes (some database exports write them) in what is otherwise valid UTF-8 text
+    with few control bytes: text, whose lines holding a NUL the readers quarantine.
+    """
+    if nul > max(1, len(sample) // 100):
+        return False
+    cut = sample.rfind(b"\n")
+    body = (sample[: cut + 1] if cut > 0 else sample).replace(b"\x00", b"")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    control = sum(1 for b in body if b < 9 or 13 < b < 27 or 27 < b < 32)
+    return control <= len(body) // 100
 
 
 def refuse_binary(path: str, head: bytes, command: str) -> None:

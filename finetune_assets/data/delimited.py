@@ -112,6 +112,7 @@ def split_records(
     final: bool = True,
     after: Records | None = None,
     max_record: int | None = None,
+    quoting: bool = True,
 ) -> Records:
     """Every record of ``text`` (header first), good rows column-wise, bad records with their lines.
 
@@ -120,7 +121,8 @@ def split_records(
     previous block's result (its header, next line and record number are continued). A record still
     open after ``max_record`` characters is not carried on (memory stays bounded): it costs its
     first physical line, like any broken record, so rows in still equal accepted + rejected;
-    :class:`RecordTooLong` if that one line is longer.
+    :class:`RecordTooLong` if that one line is longer. ``quoting=False`` (a TSV export without
+    quoting, ``5" screen``): a quote is an ordinary character and every line is one record.
     """
     # classic Mac line ends (old exports)
     if final and after is None and "\n" not in text and "\r" in text:
@@ -148,7 +150,7 @@ def split_records(
         problem = quoted = None
         stop = text.find("\n", pos)
         stop = n if stop < 0 else stop
-        if text.find('"', pos, stop) < 0:  # fast path: a line without quotes is one record
+        if not quoting or text.find('"', pos, stop) < 0:  # a line without quotes is one record
             end = stop - 1 if stop > pos and text[stop - 1] == "\r" else stop
             fields = text[pos:end].split(delimiter)
             pos = stop + 1

@@ -360,8 +360,9 @@ def mixed_line_endings(rng: random.Random) -> Generated:
 
 
 def jsonl_text_key_changes(rng: random.Random) -> Generated:
-    """A scraper's JSON Lines whose text key changes half-way (``review`` -> ``body``) and rows with
-    no text key at all: each row without the chosen key is ``missing_text_field`` (raw line kept).
+    """A scraper's JSON Lines whose text key changes half-way (``review`` -> ``body`` / ``Review
+    Text``): each record's own text key is its text (no record holds two); a record with no text
+    key at all (``comment_txt``) is ``missing_text_field`` (raw line kept).
     """
     import json
 
@@ -376,8 +377,14 @@ def jsonl_text_key_changes(rng: random.Random) -> Generated:
     for _ in range(rng.randint(5, 15)):
         token, text = w.text(delimiters=False)
         key = rng.choice(("body", "Review Text", "comment_txt"))
-        lines.append(json.dumps({key: text, "sentiment": "1"}, ensure_ascii=False))
-        w.expected.append((token, "missing_text_field"))
+        if key == "comment_txt":
+            lines.append(json.dumps({key: text, "sentiment": "1"}, ensure_ascii=False))
+            w.expected.append((token, "missing_text_field"))
+        else:
+            lines.append(
+                json.dumps({key: text, "sentiment": rng.choice(LABELS)}, ensure_ascii=False)
+            )
+            w.expected.append((token, None))
     # the key with no value: empty text
     lines.append(json.dumps({"review": None, "sentiment": "1"}))
     w.expected.append((None, "empty_text"))

@@ -104,12 +104,20 @@ def truncated_mid_quote(src: Path, tmp: Path) -> Case:
 
 
 def wrong_delimiter(src: Path, tmp: Path) -> Case:
+    """A delimiter set wrong (``--delimiter '|'`` on a ``;`` export): the header says which."""
     path = _write_csv(tmp / "PROD_semicolon.csv", ["text", "polarity"], _prod(src), delimiter=";")
     return Case(
         path,
+        spec={"delimiter": "|"},
         error=r"no text column found .*columns: \['text;polarity'\].*the header looks "
         r"';'-separated",
     )
+
+
+def semicolon_export(src: Path, tmp: Path) -> Case:
+    """A European spreadsheet's ``;`` CSV: the delimiter is sniffed from the header."""
+    path = _write_csv(tmp / "PROD_semicolon.csv", ["text", "polarity"], _prod(src), delimiter=";")
+    return Case(path, rows=count_csv_rows(path, delimiter=";"), reasons=_baseline_reasons(src))
 
 
 def wrong_encoding_cp1256(src: Path, tmp: Path) -> Case:
@@ -374,6 +382,7 @@ CASES: dict[str, Callable[[Path, Path], Case]] = {
         truncated_mid_row,
         truncated_mid_quote,
         wrong_delimiter,
+        semicolon_export,
         wrong_encoding_cp1256,
         cp1256_with_encoding_set,
         unknown_encoding_name,

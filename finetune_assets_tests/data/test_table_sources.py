@@ -194,6 +194,17 @@ def _partitioned_table(path: Path, reviews: list[tuple[str, str]]) -> None:
     DeltaTable(path).delete("stars = 3")
 
 
+def _datafusion_rows(path: Path, version: int, where: str | None) -> list[tuple]:
+    """What delta-rs' DataFusion engine itself keeps for the user's text: the oracle."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    qb = QueryBuilder({"datafusion.execution.target_partitions": "1"}).register(
+        "src", DeltaTable(path, version=version)
+    )
+    sql = "SELECT review_text, polarity FROM src" + (f" WHERE {where}" if where else "")
+    return [tuple(r.values()) for r in pa.table(qb.execute(sql).read_all()).to_pylist()]
+
+
 @pytest.mark.parametrize(
     "where",
     [
@@ -201,58 +212,45 @@ def _partitioned_table(path: Path, reviews: list[tuple[str, str]]) -> None:
         "lang = 'ar'",
         "day >= '2024-01-03' OR lang <> 'ar'",
         "stars NOT IN (1, 2) AND polarity IN ('Positive', 'Mixed')",
+        "NOT (stars IN (1, 2)) OR day IS NULL",
         "day IS NULL AND NOT (stars BETWEEN 5 AND 30)",
         "review_text LIKE '%ا%' AND \"lang\" != 'fr'",
+        "length(review_text) > 60",
     ],
 )
-def test_delta_streamed_reader_reads_what_datafusion_reads(tmp_path, reviews, monkeypatch, where):
-    """Partition values, a column older files lack, deletes and SQL's NULL rules: the streamed
-    Parquet reader gives DataFusion's rows, in the snapshot's order, without running DataFusion.
+def test_delta_reader_reads_what_datafusion_reads(tmp_path, reviews, monkeypatch, where):
+    """Partition values, a column older files lack, deletes and SQL's NULL rules: the rows
+    DataFusion keeps for the user's predicate, in the snapshot's order; a table without a filter
+    is streamed through delta-rs' pyarrow dataset, without running DataFusion.
     """
     import deltalake
-
-    from finetune_assets.data.sources import delta
 
     path = tmp_path / "t"
     _partitioned_table(path, reviews)
     spec = SourceSpec(uri=f"delta:{path}@version=2", text_column="review_text", where=where)
-    table = delta.open_table(spec.uri)
-    expected = pa.Table.from_batches(
-        delta._engine(table, spec, delta._columns(table, spec), 1000)
-    ).to_pylist()
-    monkeypatch.setattr(deltalake, "QueryBuilder", None)  # DataFusion is not what reads it
+    expected = _datafusion_rows(path, 2, where)
+    if where is None:
+        monkeypatch.setattr(deltalake, "QueryBuilder", None)  # DataFusion is not what reads it
     got = read_source(spec).select(["text", "label"]).to_pylist()
-    assert got and [tuple(r.values()) for r in got] == [tuple(r.values()) for r in expected]
-
-
-def test_delta_predicate_beyond_the_subset_still_reads_exactly(tmp_path, reviews):
-    """A function call in --where is not translated: DataFusion evaluates it, same rows."""
-    path = tmp_path / "t"
-    _partitioned_table(path, reviews)
-    spec = SourceSpec(
-        uri=f"delta:{path}@version=2", text_column="review_text", where="length(review_text) > 60"
-    )
-    texts = read_source(spec).column("text").to_pylist()
-    assert texts and all(len(t) > 60 for t in texts)
-    kept = [t for i, (t, _) in enumerate(reviews[:80]) if i % 40 != 3]  # stars = 3: deleted
-    assert len(texts) == sum(len(t) > 60 for t in kept)
+    assert got and [tuple(r.values()) for r in got] == expected
 
 
 def test_delta_row_group_is_read_through_a_small_buffer(tmp_path, monkeypatch):
-    """One ~10 MB row group (delta-rs and Spark write ~128 MB ones) is read a buffer at a time,
-    never as a whole column chunk: what keeps a Delta source's memory as bounded as a file's.
+    """One ~10 MB row group (delta-rs and Spark write ~128 MB ones) is read a buffer at a time
+    through delta-rs' own storage, never as a whole column chunk: what keeps a Delta source's
+    memory as bounded as a file's.
     """
     import os
 
-    import fsspec
     from deltalake import write_deltalake
+    from deltalake.fs import DeltaStorageHandler
 
     from finetune_assets.data.sources import delta
 
     n = 20_000  # random hex: snappy cannot shrink the 10 MB text column chunk
     texts = [os.urandom(250).hex() for _ in range(n)]
     write_deltalake(tmp_path / "t", pa.table({"text": texts, "label": ["Positive"] * n}))
-    largest, real_open = [], fsspec.open
+    largest, real_open = [], DeltaStorageHandler.open_input_file
 
     class Spy:
         """A file object that records the largest read the Parquet reader asks of it."""
@@ -268,17 +266,10 @@ def test_delta_row_group_is_read_through_a_small_buffer(tmp_path, monkeypatch):
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    class Opener:
-        def __init__(self, url, mode):
-            self.of = real_open(url, mode)
+    def spying_open(self, path):
+        return pa.PythonFile(Spy(real_open(self, path)), mode="r")
 
-        def __enter__(self):
-            return Spy(self.of.__enter__())
-
-        def __exit__(self, *exc):
-            return self.of.__exit__(*exc)
-
-    monkeypatch.setattr(delta.fsspec, "open", Opener)
+    monkeypatch.setattr(DeltaStorageHandler, "open_input_file", spying_open)
     blocks = list(delta.iter_delta(SourceSpec(uri=f"delta:{tmp_path / 't'}"), 100 * 1024))
     assert sum(b.num_rows for b in blocks) == n and max(b.num_rows for b in blocks) <= 100
     assert largest and max(largest) < 4 << 20  # the column chunk is 10 MB

@@ -54,3 +54,10 @@ class SourceSpec:
     where: str | None = None  # delta: / sql: row filter (SQL predicate), part of the version
     query: str | None = None  # sql: a table name or a SELECT statement
     snapshot: str | None = None  # sql: what registration read (content hash, snapshot marker)
+    # delta: options for delta-rs' storage (AWS_REGION, AZURE_STORAGE_ACCOUNT_NAME, ...); a value
+    # "env:NAME" is read from the environment at each read, so secrets are never recorded
+    storage_options: dict[str, str] | None = None
+    # CSV/TSV: the field delimiter (None: tab for .tsv, sniffed from a .csv header among , ; tab |;
+    # a sniffed one other than the comma is recorded at registration)
+    delimiter: str | None = None
+    quoting: str = "minimal"  # CSV/TSV: "none" for exports that never quote (a '"' is a character)

@@ -116,7 +116,7 @@ def pick_column(
             return lowered[c]
     other = next((d for d in (";", "\t", "|", ",") if len(names) == 1 and d in names[0]), None)
     hint = (
-        f"; the header looks {other!r}-separated: export with commas (.csv) or tabs (.tsv)"
+        f"; the header looks {other!r}-separated: set the delimiter (CLI --delimiter {other!r})"
         if other
         else ""
     )
@@ -181,12 +181,21 @@ def _as_string(col: pa.ChunkedArray) -> pa.ChunkedArray:
     )
 
 
+NUL_PROBLEM = "a NUL byte in the text (a stray control byte of the export)"
+
+
 def _text_column(col: pa.ChunkedArray) -> tuple[pa.ChunkedArray, list[str | None]]:
     """Reviews must be text: (the texts, a non-text problem per row or None)."""
     col = _plain(col)
     n = len(col)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        return col.cast(pa.string()), [None] * n
+        col = col.cast(pa.string())
+        nul = pc.match_substring(col, "\x00")
+        if not pc.any(nul).as_py():
+            return col, [None] * n
+        # a stray NUL (some database exports write them): the row is quarantined, not the file
+        problems = [NUL_PROBLEM if bad else None for bad in nul.to_pylist()]
+        return pc.if_else(nul, pa.scalar(None, pa.string()), col), problems
     if pa.types.is_null(col.type):
         return pa.chunked_array([pa.nulls(n, pa.string())]), [None] * n
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):

@@ -50,8 +50,45 @@ if "zstd" not in fsspec.available_compressions():
     fsspec.compression.register_compression("zstd", _zstd_reader, "zst")
 
 
+# (byte-order mark, the encoded line feed, the code unit): UTF-32 before UTF-16, whose LE mark
+# begins UTF-32 LE's.
+BOMS = (
+    (codecs.BOM_UTF8, "utf-8", b"\n", 1),
+    (codecs.BOM_UTF32_LE, "utf-32-le", b"\n\x00\x00\x00", 4),
+    (codecs.BOM_UTF32_BE, "utf-32-be", b"\x00\x00\x00\n", 4),
+    (codecs.BOM_UTF16_LE, "utf-16-le", b"\n\x00", 2),
+    (codecs.BOM_UTF16_BE, "utf-16-be", b"\x00\n", 2),
+)
+NEWLINES = {
+    "utf-16": (b"\n\x00", 2),
+    "utf-16-le": (b"\n\x00", 2),
+    "utf-16-be": (b"\x00\n", 2),
+    "utf-32": (b"\n\x00\x00\x00", 4),
+    "utf-32-le": (b"\n\x00\x00\x00", 4),
+    "utf-32-be": (b"\x00\x00\x00\n", 4),
+}
+
+
+def sample_cut(data: bytes, max_bytes: int, encoding: str | None) -> bytes:
+    """The first ``max_bytes`` cut after the last whole encoded line feed (a UTF-16 / UTF-32 one
+    at a code-unit boundary, found by the byte-order mark or ``encoding``), so a sample decodes.
+    """
+    newline, unit = next(
+        ((nl, u) for bom, _, nl, u in BOMS if data.startswith(bom)),
+        NEWLINES.get((encoding or "").replace("_", "-").lower(), (b"\n", 1)),
+    )
+    end = max_bytes
+    while True:
+        at = data.rfind(newline, 0, end)
+        if at <= 0:
+            return data[: max_bytes - max_bytes % unit]
+        if at % unit == 0:
+            return data[: at + len(newline)]
+        end = at + len(newline) - 1
+
+
 def file_blocks(
-    path: str, block_bytes: int, max_bytes: int | None = None
+    path: str, block_bytes: int, max_bytes: int | None = None, encoding: str | None = None
 ) -> Iterator[tuple[bytes, bool]]:
     """A file's decompressed bytes as (block, last) pairs of ``block_bytes``.
 
@@ -65,8 +102,7 @@ def file_blocks(
             if max_bytes is not None:
                 data = f.read(max_bytes + 1)
                 if len(data) > max_bytes:
-                    cut = data.rfind(b"\n", 0, max_bytes)
-                    data = data[: cut + 1] if cut > 0 else data[:max_bytes]
+                    data = sample_cut(data, max_bytes, encoding)
                 yield data, True
                 return
             block = f.read(max(block_bytes, HEAD_BYTES))
@@ -168,11 +204,7 @@ class Decoder:
         NUL).
         """
         self.bom = 0
-        for bom, enc in (
-            (codecs.BOM_UTF8, "utf-8"),
-            (codecs.BOM_UTF16_LE, "utf-16-le"),
-            (codecs.BOM_UTF16_BE, "utf-16-be"),
-        ):
+        for bom, enc, _, _ in BOMS:
             if first.startswith(bom):
                 self.bom, self.encoding = len(bom), enc
                 break

@@ -3,24 +3,28 @@
 
 Registration pins the exact table version (:func:`pin_delta` rewrites the URI to ``@version=N``), so
 a dataset version reads the same rows forever (time travel), whatever was committed since. Only
-the text and label columns (and those ``SourceSpec.where`` names) are read. The version's Parquet
-files, from its add actions, are streamed one after another in record batches of about
-``block_bytes``, each file through a small read buffer, so memory stays bounded whatever the
-writer's row-group size; ``where`` (a SQL predicate, as in ``DeltaTable.delete``) skips files by
-their partition values and statistics and filters each batch (:mod:`.delta_filter`). Versions the
-streamed reader cannot read exactly (deletion vectors, column mapping, a predicate beyond the
-translated subset) go through delta-rs' DataFusion engine instead (benchmarks/README.md).
+the text and label columns (and those ``SourceSpec.where`` names) are read. The version is read
+by delta-rs itself, never by our own reading of its log: a plain table through delta-rs' pyarrow
+dataset (its fragments, partition values and schema, its storage with the table's storage options),
+streamed in record batches of about ``block_bytes`` through a small read buffer, so memory stays
+bounded whatever the writer's row-group size; a table with column mapping (``name`` or ``id``, the
+old reader-2 / writer-5 protocol as well as the ``columnMapping`` reader feature), deletion vectors,
+or a ``where`` (parsed and type-checked by :mod:`.predicate`, then evaluated by DataFusion) through
+delta-rs' DataFusion engine. A reader feature delta-rs cannot honour is refused by name.
+Storage options (``SourceSpec.storage_options``; a value ``env:NAME`` is read from the environment
+when the table is opened, so secrets stay out of the version record) go to delta-rs for every
+``s3://``, ``abfss://``, ``gs://`` table; delta-rs also reads its usual ``AWS_*`` / ``AZURE_*`` /
+``GOOGLE_*`` variables itself.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from finetune_assets.data.sources.base import (
     BLOCK_BYTES,
@@ -36,7 +40,7 @@ from finetune_assets.data.sources.columns import (
     text_columns,
     to_raw,
 )
-from finetune_assets.data.sources.delta_filter import to_expression
+from finetune_assets.data.sources.predicate import render_where
 
 DELTA_PREFIX = "delta:"
 # One DataFusion partition: files are scanned one after another in the snapshot's order, so one
@@ -45,6 +49,22 @@ DELTA_PREFIX = "delta:"
 SESSION = {"datafusion.execution.target_partitions": "1"}
 # Bytes of a column chunk the streamed reader holds at once (pyarrow's buffered stream).
 READ_BUFFER = 1 << 20
+# Reader features delta-rs' DataFusion scan honours (delta-kernel's ReaderFeature list); a table
+# needing any other is refused with the feature named rather than read without it.
+HONOURED_READER_FEATURES = frozenset(
+    {
+        "columnMapping",
+        "deletionVectors",
+        "timestampNtz",
+        "v2Checkpoint",
+        "vacuumProtocolCheck",
+        "variantType",
+        "variantType-preview",
+    }
+)
+# Features whose rows only DataFusion's scan reads right (pyarrow datasets read physical names and
+# ignore deletion vectors).
+ENGINE_FEATURES = frozenset({"columnMapping", "deletionVectors"})
 
 
 class VersionGone(SourceError):
@@ -85,14 +105,30 @@ def parse_delta(uri: str) -> DeltaRef:
     return DeltaRef(table)
 
 
-def open_table(uri: str):
+def storage_options(options: dict[str, str] | None) -> dict[str, str] | None:
+    """The options for delta-rs, each ``env:NAME`` value read from the environment now."""
+    if not options:
+        return None
+    out = {}
+    for key, value in options.items():
+        if isinstance(value, str) and value.startswith("env:"):
+            name = value[len("env:") :]
+            if name not in os.environ:
+                raise SourceError(f"storage option {key}: ${name} is not set in this environment")
+            value = os.environ[name]
+        out[key] = value
+    return out
+
+
+def open_table(uri: str, options: dict[str, str] | None = None):
     """The ``DeltaTable`` at the URI's version (latest without one); a failure is one line."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     ref = parse_delta(uri)
+    resolved = storage_options(options)
     try:
-        table = DeltaTable(ref.table, version=ref.version)
+        table = DeltaTable(ref.table, version=ref.version, storage_options=resolved)
         if ref.timestamp is not None:
             table.load_as_version(ref.timestamp)
     except TableNotFoundError:
@@ -101,12 +137,12 @@ def open_table(uri: str):
         ) from None
     except Exception as err:  # noqa: BLE001 - plain errors: bad URLs, versions, credentials
         raise SourceError(
-            f"{uri}: cannot open the Delta table{_latest_hint(ref)}: {_first_line(err)}"
+            f"{uri}: cannot open the Delta table{_latest_hint(ref, resolved)}: {_first_line(err)}"
         ) from None
     return table
 
 
-def _latest_hint(ref: DeltaRef) -> str:
+def _latest_hint(ref: DeltaRef, options: dict[str, str] | None = None) -> str:
     """For a pinned version the table does not (or no longer) hold: which versions it has."""
     if ref.version is None and ref.timestamp is None:
         return ""
@@ -114,7 +150,8 @@ def _latest_hint(ref: DeltaRef) -> str:
 
     try:
         return (
-            f" at the requested version (its latest version is {DeltaTable(ref.table).version()})"
+            " at the requested version (its latest version is "
+            f"{DeltaTable(ref.table, storage_options=options).version()})"
         )
     except Exception:  # noqa: BLE001 - the table itself cannot be opened: the error says why
         return ""
@@ -122,13 +159,14 @@ def _latest_hint(ref: DeltaRef) -> str:
 
 def pin_delta(spec: SourceSpec) -> SourceSpec:
     """The spec at the exact table version that ``@timestamp`` or "latest" means now."""
-    return replace(spec, uri=parse_delta(spec.uri).pinned(open_table(spec.uri).version()))
+    version = open_table(spec.uri, spec.storage_options).version()
+    return replace(spec, uri=parse_delta(spec.uri).pinned(version))
 
 
 def describe_delta(spec: SourceSpec) -> dict:
     """Which table version is read, and the latest one (time travel is said, not silent)."""
     ref = parse_delta(spec.uri)
-    latest = open_table(DELTA_PREFIX + ref.table).version()
+    latest = open_table(DELTA_PREFIX + ref.table, spec.storage_options).version()
     return {"delta_table": ref.table, "delta_version": ref.version, "delta_latest_version": latest}
 
 
@@ -155,13 +193,19 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
     """The pinned table version's rows as :data:`RAW_SCHEMA` tables of about ``block_bytes``
     each.
     """
-    table = open_table(spec.uri)
+    table = open_table(spec.uri, spec.storage_options)
+    features = _reader_features(table, spec.uri)
     columns = _columns(table, spec)
     rows = max(1, block_bytes // PARQUET_ROW_BYTES)
+    where = None
+    if spec.where:
+        where, read = render_where(spec.where, pa.schema(table.schema().to_arrow()))
+        columns = list(dict.fromkeys([*columns, *read]))
     try:
-        batches = _streamed(table, spec, columns, rows)
-        if batches is None:  # deletion vectors, column mapping, a predicate beyond the subset
-            batches = _engine(table, spec, columns, rows)
+        if where is None and not features & ENGINE_FEATURES:
+            batches = _streamed(table, spec, columns, rows)
+        else:
+            batches = _engine(table, columns, where, rows)
         row = 0
         for batch in batches:
             part = _plain_strings(pa.Table.from_batches([batch]))
@@ -171,90 +215,67 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
             row += raw.num_rows
     except SourceError:
         raise
-    except Exception as err:  # noqa: BLE001 - a bad predicate, a vacuumed file, a lost connection
-        problem = _read_problem(spec, err)
-        raise (VersionGone if "vacuumed" in problem else SourceError)(
-            f"{spec.uri}: {problem}"
-        ) from None
+    except Exception as err:  # noqa: BLE001 - a vacuumed file, a lost connection, a bad filter
+        gone = _missing_files(table, spec)
+        if gone:
+            raise VersionGone(
+                f"{spec.uri}: {len(gone)} data file(s) of this table version are gone (vacuumed), "
+                f"e.g. {gone[0]}: the version cannot be read again: register a version the table "
+                "still holds"
+            ) from None
+        raise SourceError(f"{spec.uri}: {_read_problem(spec, err)}") from None
+
+
+def _reader_features(table, uri: str) -> set[str]:
+    """The reader features the version needs (column mapping on the old reader-2 protocol
+    counted as ``columnMapping``); any delta-rs cannot honour is refused by name.
+    """
+    protocol = table.protocol()
+    if protocol.min_reader_version > 3:
+        raise SourceError(
+            f"{uri}: the table needs Delta reader version {protocol.min_reader_version}; "
+            "delta-rs reads up to 3"
+        )
+    features = set(protocol.reader_features or ())
+    unknown = sorted(features - HONOURED_READER_FEATURES)
+    if unknown:
+        raise SourceError(
+            f"{uri}: the table needs reader feature(s) {', '.join(unknown)}, which delta-rs "
+            "cannot honour: its rows would be read wrong (nothing read)"
+        )
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none" or protocol.min_reader_version == 2:
+        features.add("columnMapping")
+    return features
 
 
 def _streamed(table, spec: SourceSpec, columns: list[str], rows: int):
-    """The add-actions' Parquet files, each streamed in ``rows``-row batches, or None where only
-    DataFusion can read the version.
-
-    ``ParquetFile.iter_batches`` decodes ``rows`` rows at a time and, with a read buffer and no
-    pre-buffering, holds ``READ_BUFFER`` bytes of a column chunk, not the chunk: Spark and
-    Databricks write ~128 MB row groups (delta-rs up to ~1M rows), which DataFusion's scan would
-    fetch whole. Files come in the snapshot's order, one after another, so a version's rows keep
-    one order.
+    """delta-rs' pyarrow dataset of the version (its files, partition values, schema and
+    storage), scanned ``rows`` rows at a time with a read buffer and no pre-buffering, so a read
+    holds ``READ_BUFFER`` bytes of a column chunk, not the chunk: Spark and Databricks write
+    ~128 MB row groups (delta-rs up to ~1M rows), which DataFusion's scan would fetch whole. One
+    thread reads the fragments in the snapshot's order, so a version's rows keep one order.
     """
-    from deltalake.exceptions import DeltaError, DeltaProtocolError
+    import pyarrow.dataset as pds  # imported when a table is read: it costs ~30 MB
 
-    schema = pa.schema(table.schema().to_arrow())
-    where = to_expression(spec.where, schema) if spec.where else None
-    if spec.where and where is None:
-        return None
-    try:  # files skipped by their partition values and statistics
-        dataset = table.to_pyarrow_dataset(file_pruning_predicate=spec.where or None)
-    except DeltaProtocolError:  # the dataset refuses deletion vectors and column mapping
-        return None
-    except DeltaError:  # a predicate delta-rs cannot skip files with (LIKE): rows filtered only
-        dataset = table.to_pyarrow_dataset()
-    partitioned = set(table.metadata().partition_columns)
-    wanted = list(dict.fromkeys([*columns, *(where[1] if where else ())]))
-    return _file_batches(
-        table.table_uri.rstrip("/"),
-        dataset,
-        schema,
-        partitioned,
-        wanted,
-        where and where[0],
-        columns,
-        rows,
+    dataset = table.to_pyarrow_dataset()
+    scan = pds.ParquetFragmentScanOptions(
+        use_buffered_stream=True, buffer_size=READ_BUFFER, pre_buffer=False
+    )
+    return dataset.to_batches(
+        columns=columns, batch_size=rows, use_threads=False, fragment_scan_options=scan
     )
 
 
-def _file_batches(root, dataset, schema, partitioned, wanted, where, columns, rows):
-    import pyarrow.dataset as pds  # imported when a table is read: it costs ~30 MB
-
-    for fragment in dataset.get_fragments():
-        keys = pds.get_partition_keys(fragment.partition_expression)
-        in_file = [c for c in wanted if c not in partitioned]
-        with fsspec.open(f"{root}/{fragment.path}", "rb") as f:
-            parquet = pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
-            present = set(parquet.schema_arrow.names)
-            for batch in parquet.iter_batches(
-                batch_size=rows, columns=[c for c in in_file if c in present], use_threads=False
-            ):
-                arrays = [
-                    _column(batch, schema.field(c), keys.get(c) if c in partitioned else None)
-                    for c in wanted
-                ]
-                part = pa.Table.from_arrays(arrays, names=wanted)
-                if where is not None:
-                    part = part.filter(where)
-                if part.num_rows:
-                    yield from part.select(columns).to_batches()
-
-
-def _column(batch: pa.RecordBatch, field: pa.Field, partition_value) -> pa.Array:
-    """A column as the table's schema types it: a partition column is its file's value, and a
-    column the file predates (added since) is null.
-    """
-    if field.name in batch.schema.names:
-        array = batch.column(field.name)
-        return array if array.type == field.type else array.cast(field.type)
-    return pa.repeat(pa.scalar(partition_value, field.type), batch.num_rows)
-
-
-def _engine(table, spec: SourceSpec, columns: list[str], rows: int) -> Iterator[pa.RecordBatch]:
-    """DataFusion's scan (deletion vectors, column mapping, any SQL predicate): it holds a row
-    group's column chunks, so the writer's row-group size bounds its memory.
+def _engine(table, columns: list[str], where: str | None, rows: int) -> Iterator[pa.RecordBatch]:
+    """DataFusion's scan (column mapping, deletion vectors, a row filter): it holds a row group's
+    column chunks, so the writer's row-group size bounds its memory. ``where`` is the predicate
+    rendered from its checked parse tree (:func:`.predicate.render_where`), not the user's text.
     """
     from deltalake import QueryBuilder
 
     sql = f"SELECT {', '.join(map(_quoted, columns))} FROM src" + (
-        f" WHERE {spec.where}" if spec.where else ""
+        f" WHERE {where}" if where else ""
     )
     qb = QueryBuilder({**SESSION, "datafusion.execution.batch_size": str(rows)}).register(
         "src", table
@@ -262,6 +283,22 @@ def _engine(table, spec: SourceSpec, columns: list[str], rows: int) -> Iterator[
     for batch in pa.RecordBatchReader.from_stream(qb.execute(sql)):
         for start in range(0, batch.num_rows, rows):  # DataFusion may hand a file's rows at once
             yield batch.slice(start, rows)
+
+
+def _missing_files(table, spec: SourceSpec) -> list[str]:
+    """The version's data files its storage reports as not found (by file type, whatever the
+    store's error text): a vacuumed version.
+    """
+    import pyarrow.fs as pa_fs
+    from deltalake.fs import DeltaStorageHandler
+
+    try:
+        paths = table.get_add_actions(flatten=True).column("path").to_pylist()
+        handler = DeltaStorageHandler(table.table_uri, storage_options(spec.storage_options))
+        infos = handler.get_file_info([str(p) for p in paths])
+    except Exception:  # noqa: BLE001 - the store itself is unreachable: the read error says why
+        return []
+    return [i.path for i in infos if i.type == pa_fs.FileType.NotFound]
 
 
 def _plain_strings(table: pa.Table) -> pa.Table:
@@ -275,12 +312,7 @@ def _plain_strings(table: pa.Table) -> pa.Table:
 
 
 def _read_problem(spec: SourceSpec, err: Exception) -> str:
-    text, full = _first_line(err), str(err).lower()
-    if "not found" in full or "no such file" in full:
-        return (
-            f"a data file of this table version is gone (vacuumed?): {text}; the version cannot "
-            "be read again: register a version the table still holds"
-        )
+    text = _first_line(err)
     if spec.where and any(
         w in text for w in ("Schema error", "SQL error", "sql parser", "evaluating filter")
     ):

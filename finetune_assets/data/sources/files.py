@@ -74,7 +74,7 @@ def iter_file(
     if fmt == "parquet":
         yield from _parquet_tables(path, spec, block_bytes, require_label)
         return
-    chunks = file_blocks(path, block_bytes, max_bytes)
+    chunks = file_blocks(path, block_bytes, max_bytes, spec.encoding)
     first, final = next(chunks)
     if final and not first.strip():
         raise SourceError(f"{path}: file is empty")
@@ -131,6 +131,48 @@ def _parquet_tables(
         raise open_failed(path, compression, err) from err
 
 
+DELIMITERS = (",", ";", "\t", "|")  # a tie goes to the first
+
+
+def sniff_delimiter(text: str) -> str:
+    """The delimiter of a CSV export by its header line: the candidate seen most often outside
+    quotes (European spreadsheets export ``;``, some tools ``|`` or tabs); ``,`` when none is.
+    """
+    header, quoted, counts = text.split("\n", 1)[0], False, dict.fromkeys(DELIMITERS, 0)
+    for c in header:
+        if c == '"':
+            quoted = not quoted
+        elif not quoted and c in counts:
+            counts[c] += 1
+    best = max(DELIMITERS, key=lambda d: counts[d])
+    return best if counts[best] else ","
+
+
+def delimiter_of(text: str, fmt: str, spec: SourceSpec) -> str:
+    """``spec.delimiter`` where set; tab for TSV; the header's for CSV."""
+    if spec.delimiter:
+        return spec.delimiter
+    return "\t" if fmt == "tsv" else sniff_delimiter(text)
+
+
+def pin_files(spec: SourceSpec) -> SourceSpec:
+    """A CSV export's sniffed delimiter recorded in the version where it is not the comma, so a
+    later read never sniffs again.
+    """
+    if spec.delimiter is not None:
+        return spec
+    for path in list_files(spec.uri):
+        if format_or_raise(path) != "csv":
+            continue
+        try:
+            data, _ = next(file_blocks(path, HEAD_BYTES * 16, HEAD_BYTES * 16, spec.encoding))
+            found = sniff_delimiter(Decoder(path, spec.encoding)(data, True))
+        except SourceError:  # the read itself says what is wrong
+            return spec
+        return spec if found == "," else replace(spec, delimiter=found)
+    return spec
+
+
 def _delimited_tables(
     path: str,
     chunks: Iterator[tuple[bytes, bool]],
@@ -147,9 +189,11 @@ def _delimited_tables(
     CR before its end.
     """
     decoder = Decoder(path, spec.encoding)
-    carry, recs, mac, yielded = "", None, None, False
+    carry, recs, mac, yielded, delimiter = "", None, None, False, None
     for data, final in chunks:
         text = carry + decoder(data, final)
+        if delimiter is None:
+            delimiter = delimiter_of(text, fmt, spec)
         if mac is None and "\n" in text:
             mac = False
         elif mac is None and "\r" in text[:-1]:
@@ -161,10 +205,11 @@ def _delimited_tables(
             # decides)
             recs = split_records(
                 text,
-                "\t" if fmt == "tsv" else ",",
+                delimiter,
                 final=final,
                 after=recs if mac is not None else None,
                 max_record=limit,
+                quoting=spec.quoting != "none",
             )
         except (HeaderError, RecordTooLong) as err:
             raise SourceError(f"{path}: {err}") from err

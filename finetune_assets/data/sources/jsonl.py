@@ -109,6 +109,8 @@ def _jsonl_block(
     for name in names or ():
         if name not in found:
             table = table.append_column(name, pa.nulls(table.num_rows))
+    if spec.text_column is None:
+        table = per_record_text(table)
     table, text_col = text_columns(table, spec.text_column, path)
     raw = to_raw(table, text_col, pick_label(table, spec, path, require_label), path)
     lines = [i + 1 for i, ln in enumerate(data.split(b"\n")) if ln.strip()]
@@ -119,6 +121,38 @@ def _jsonl_block(
             )
         raw = flag_missing_text(raw, text.split("\n"), text_col)
     return raw, found
+
+
+def per_record_text(table: pa.Table) -> pa.Table:
+    """Records whose text key changes (``text`` in some, ``review`` in others): where no record
+    holds two of the text keys, each record's own one is its text (under the first key's name);
+    where some do, the first key wins as for a table, and records without it are quarantined
+    naming their keys (:func:`flag_missing_text`).
+    """
+    import pyarrow.compute as pc
+
+    from finetune_assets.data.sources.columns import _column_key
+
+    by_key = {_column_key(n): n for n in reversed(table.column_names)}
+    keys = [by_key[c] for c in TEXT_COLUMNS if c in by_key]
+    keys = [k for k in keys if pa.types.is_string(table.column(k).type)]
+    if len(keys) < 2:
+        return table
+    present = [pc.is_valid(table.column(k)).cast(pa.int8()) for k in keys]
+    if pc.max(_sum(present)).as_py() > 1:
+        return table
+    merged = pc.coalesce(*(table.column(k) for k in keys))
+    table = table.drop_columns(keys[1:])
+    return table.set_column(table.column_names.index(keys[0]), keys[0], merged)
+
+
+def _sum(arrays):
+    import pyarrow.compute as pc
+
+    total = arrays[0]
+    for a in arrays[1:]:
+        total = pc.add(total, a)
+    return total
 
 
 def _read_jsonl_lines(

@@ -21,8 +21,8 @@ from finetune_assets.data.sources.delta import (
     iter_delta,
     pin_delta,
 )
-from finetune_assets.data.sources.files import check_files, iter_files
-from finetune_assets.data.sources.hf import HF_PREFIX, check_hf, iter_hf
+from finetune_assets.data.sources.files import check_files, iter_files, pin_files
+from finetune_assets.data.sources.hf import HF_PREFIX, check_hf, describe_hf, iter_hf, pin_hf
 from finetune_assets.data.sources.sql import SQL_PREFIX, check_sql, describe_sql, iter_sql, pin_sql
 
 
@@ -43,10 +43,10 @@ class Family:
     describe: Callable[[SourceSpec], dict] = field(default=lambda spec: {})
 
 
-FILES = Family("", iter_files, check_files)
+FILES = Family("", iter_files, check_files, pin_files)
 FAMILIES = (
     Family(BUILTIN_PREFIX, iter_builtin, check_builtin_source),
-    Family(HF_PREFIX, iter_hf, check_hf),
+    Family(HF_PREFIX, iter_hf, check_hf, pin_hf, describe_hf),
     Family(DELTA_PREFIX, iter_delta, check_delta, pin_delta, describe_delta),
     Family(SQL_PREFIX, iter_sql, check_sql, pin_sql, describe_sql),
 )
@@ -91,7 +91,8 @@ def check_source(spec: SourceSpec, sample_bytes: int = 1 << 20) -> dict[str, int
     """Fail now, not at materialization: every file (or the table) opens, its columns are found and
     a sample parses.
 
-    Returns the sampled good rows per file. Hugging Face ids are not probed (no network at
-    registration); a built-in set is only located (its package installed, its name known).
+    Returns the sampled good rows per file. Hugging Face ids are resolved to a commit by
+    :func:`pin_source`, not read here; a built-in set is only located (its package installed, its
+    name known).
     """
     return family_of(spec.uri).check(spec, sample_bytes)

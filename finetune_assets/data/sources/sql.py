@@ -11,6 +11,14 @@ A database table has no version to travel back to, so registration records what 
 hash of the rows (independent of their order) and their count (``SourceSpec.snapshot``), plus the
 database's snapshot marker where it has one (PostgreSQL). Every read recomputes the hash while
 streaming and refuses the version at the end if the rows changed, before anything is published.
+
+So that a version's rows come in one order whatever the database's physical order (a ``VACUUM
+FULL`` or ``CLUSTER`` moves them), every read is ``ORDER BY`` the text and label columns, and a
+value's type never depends on its neighbours (a block of integers in a text column reads as the
+same text as a block mixing them): each value is read as text by itself. The read, and the
+snapshot marker, run in one read-only REPEATABLE READ transaction where the dialect has one.
+Colons in the query are escaped (``' :word'`` in a literal is not a bind parameter), and
+``where`` is parsed and re-rendered for the database's dialect (:mod:`.predicate`), never spliced.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import replace
+from decimal import Decimal
 
 import pyarrow as pa
 
@@ -44,6 +53,23 @@ TABLE_NAME = re.compile(r"[A-Za-z_][\w$]*(\.[A-Za-z_][\w$]*)?")
 # Read where the database offers one: which snapshot the rows came from (informational: it cannot be
 # re-read).
 SNAPSHOT_MARKERS = {"postgresql": "SELECT pg_current_snapshot()::text"}
+# One consistent, read-only snapshot for the read (SQLAlchemy execution options per dialect).
+SNAPSHOT_OPTIONS = {
+    "postgresql": {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True},
+    "mysql": {"isolation_level": "REPEATABLE READ", "mysql_readonly": True},
+}
+# SQLAlchemy dialect -> sqlglot dialect, for rendering --where.
+SQLGLOT_DIALECTS = {
+    "postgresql": "postgres",
+    "sqlite": "sqlite",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+    "oracle": "oracle",
+    "mssql": "tsql",
+    "duckdb": "duckdb",
+    "snowflake": "snowflake",
+    "bigquery": "bigquery",
+}
 
 
 def _env_name(spec: SourceSpec) -> str:
@@ -84,12 +110,28 @@ def _scrub(text: str, url: str) -> str:
     return text
 
 
-def _statement(spec: SourceSpec, quote) -> str:
+def _base(spec: SourceSpec, quote) -> str:
+    """The user's table or SELECT as the body of a subquery, colons escaped for ``sa.text``."""
     query = spec.query.strip().rstrip(";")
     if TABLE_NAME.fullmatch(query):
         query = "SELECT * FROM " + ".".join(quote(p) for p in query.split("."))
-        return query + (f" WHERE {spec.where}" if spec.where else "")
-    return f"SELECT * FROM ({query}) AS src WHERE {spec.where}" if spec.where else query
+    return query.replace(":", "\\:")
+
+
+def _statement(spec: SourceSpec, dialect, order: list[str] | None) -> str:
+    """The ordered, filtered read (``order`` None: a probe for the column names, no rows)."""
+    from finetune_assets.data.sources.predicate import render_where
+
+    quote = dialect.identifier_preparer.quote
+    sql = f"SELECT * FROM ({_base(spec, quote)}) src"
+    where = None
+    if spec.where:
+        where, _ = render_where(spec.where, None, SQLGLOT_DIALECTS.get(dialect.name))
+        where = where.replace(":", "\\:")
+    if order is None:
+        return sql + " WHERE 1 = 0"
+    sql += f" WHERE {where}" if where else ""
+    return sql + " ORDER BY " + ", ".join(quote(c) for c in order)
 
 
 def _engine(spec: SourceSpec, url: str):
@@ -147,13 +189,14 @@ def _read(
     engine = _engine(spec, url)
     rows_per_block = max(1, block_bytes // PARQUET_ROW_BYTES)
     total, row = 0, 0
+    dialect = engine.dialect
     try:
-        with engine.connect() as conn:
-            sql = _statement(spec, engine.dialect.identifier_preparer.quote)
-            result = conn.execution_options(stream_results=True, yield_per=rows_per_block).execute(
-                sa.text(sql)
-            )
-            names = list(result.keys())
+        with (
+            engine.connect().execution_options(**SNAPSHOT_OPTIONS.get(dialect.name, {})) as conn,
+            conn.begin(),
+        ):
+            marker = _marker(conn, dialect.name)
+            names = list(conn.execute(sa.text(_statement(spec, dialect, None))).keys())
             empty = pa.table({n: pa.nulls(0) for n in names})
             text = (
                 pick_column(empty, spec.text_column, TEXT_COLUMNS, "text", spec.uri)
@@ -161,13 +204,18 @@ def _read(
                 else None
             )
             label = pick_label(empty, spec, spec.uri, required=True)
+            texts = [text] if text else [t.strip() for t in spec.text_column.split(",")]
+            order = list(dict.fromkeys([*texts, label]))
+            result = conn.execution_options(stream_results=True, yield_per=rows_per_block).execute(
+                sa.text(_statement(spec, dialect, order))
+            )
             for part in result.partitions(rows_per_block):
                 table = _table(names, part, spec.uri)
                 table, text_col = text_columns(table, text if text else spec.text_column, spec.uri)
                 raw = renumber(to_raw(table, text_col, label, spec.uri), row)
                 total = (total + _rows_hash(raw)) % (1 << 256)
                 row += raw.num_rows
-                yield raw, _content(row, total)
+                yield raw, _content(row, total) + marker
                 if limit is not None and row >= limit:
                     return
     except SourceError:
@@ -182,14 +230,29 @@ def _read(
 
 
 def _table(names: list[str], rows: list, uri: str) -> pa.Table:
+    """The rows as text columns, each value by itself (never by the types of its block)."""
     columns = list(zip(*rows)) if rows else [() for _ in names]
-    arrays = {}
-    for name, values in zip(names, columns):
-        try:
-            arrays[name] = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types (SQLite): each value as text
-            arrays[name] = pa.array([None if v is None else str(v) for v in values], pa.string())
-    return pa.table(arrays)
+    return pa.table(
+        {
+            name: pa.array([_text(v) for v in values], pa.string())
+            for name, values in zip(names, columns)
+        }
+    )
+
+
+def _text(value) -> str | None:
+    """A database value as text: integral numbers without ``.0`` (as labels are compared)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value != value:  # NaN: no value
+        return None
+    if isinstance(value, (float, Decimal)) and value == int(value):
+        return str(int(value))
+    return str(value)
 
 
 def _rows_hash(raw: pa.Table) -> int:
@@ -215,29 +278,24 @@ def _check_unchanged(spec: SourceSpec, now: str) -> None:
 
 def pin_sql(spec: SourceSpec) -> SourceSpec:
     """Read everything once (streamed) and record its content hash, and the database snapshot
-    marker.
+    marker taken in the same transaction.
     """
     content = _content(0, 0)
     for _, content in _read(replace(spec, snapshot=None), BLOCK_BYTES):  # noqa: B007 - the last one
         pass
-    return replace(spec, snapshot=content + _marker(spec))
+    return replace(spec, snapshot=content)
 
 
-def _marker(spec: SourceSpec) -> str:
+def _marker(conn, dialect: str) -> str:
+    """The snapshot the read's transaction sees, where the database names one."""
     import sqlalchemy as sa
 
-    url = _url(spec)
-    engine = _engine(spec, url)
-    sql = SNAPSHOT_MARKERS.get(engine.dialect.name)
-    try:
-        if sql is None:
-            return ""
-        with engine.connect() as conn:
-            return f";db={conn.execute(sa.text(sql)).scalar()}"
-    except Exception:  # noqa: BLE001 - informational only
-        return ""
-    finally:
-        engine.dispose()
+    sql = SNAPSHOT_MARKERS.get(dialect)
+    return (
+        ""
+        if sql is None
+        else f";db={conn.execute(sa.text(sql.replace(':', chr(92) + ':'))).scalar()}"
+    )
 
 
 def check_sql(spec: SourceSpec, sample_bytes: int) -> dict[str, int]:
