@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 import dagster as dg
-from dagster._core.storage.tags import WILL_RETRY_TAG
 
 from finetune_assets.contracts import PRETRAINED_MODEL
+from finetune_assets.dagster_internals import WILL_RETRY_TAG
 from finetune_assets.dataset_versions.registry import read_version
 from finetune_assets.jobs import DATA_PREPARATION, TRAINING, pretrained_model
 

@@ -196,6 +196,46 @@ def test_shard_integrity_catches_corruption_and_drift(instance, storage_root, ba
     assert "test" in checks["counts_match_tokenized"].metadata["mismatches"].value
 
 
+def test_training_refuses_shards_whose_latest_integrity_check_failed_in_another_run(
+    instance, storage_root, base, arabic_reviews
+):
+    """A blocking check stops its own run's downstream steps only: training in a run of its own (an
+    asset backfill's) must still refuse shards whose latest integrity evaluation failed.
+    """
+    assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
+    shards = Path(Storage(str(storage_root)).require("mds_shards", "v1").url)
+    (shards / "validation" / "index.json").write_text("{not json")
+    rechecked = _run(  # the check re-run in a run without mds_shards, as from the UI
+        instance,
+        storage_root,
+        "v1",
+        arabic_reviews / "PROD.csv",
+        selection=dg.AssetSelection.assets(tokenized_reviews).without_checks()
+        | dg.AssetSelection.checks_for_assets(mds_shards),
+    )
+    assert not _checks(rechecked)["splits_readable"].passed
+
+    trained = _run(
+        instance,
+        storage_root,
+        "v1",
+        arabic_reviews / "PROD.csv",
+        selection=dg.AssetSelection.assets(finetuned_model).without_checks(),
+    )
+    assert not trained.success
+    (failure,) = [e for e in trained.all_events if e.is_step_failure]
+    info = failure.step_failure_data.user_failure_data
+    assert "refused" in info.description and "mds_shards:splits_readable" in info.description
+    assert not (storage_root / "finetuned_model" / "v1" / "checkpoints").exists()  # never launched
+    # Repaired and re-materialized (its checks run with it), the version trains again: no stale
+    # verdict sticks.
+    assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
+    from finetune_assets.checks.upstream import BLOCKING_INPUT_CHECKS
+    from finetune_assets.dagster_internals import failed_check_evaluations
+
+    assert failed_check_evaluations(instance, BLOCKING_INPUT_CHECKS, "v1") == {}
+
+
 # -- quality gate ----------------------------------------------------------------------------------
 
 
