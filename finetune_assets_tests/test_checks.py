@@ -411,6 +411,38 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(
     assert _champion(storage_root) == first
 
 
+def test_retraining_an_old_version_after_a_newer_champion_keeps_the_champion(
+    instance, storage_root, base, arabic_reviews, tmp_path
+):
+    """Order independence: v2's model holds the alias; v1 (registered earlier, a smaller and older
+    test split) is retrained with a model that beats it *on v1's split*. Without the rule the
+    evaluation order would decide; with it the older version is refused, in the gate and in
+    promotion.
+    """
+    assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
+    drop = tmp_path / "v2"
+    drop.mkdir()
+    for f in ("PROD.csv", "RES2.csv"):
+        shutil.copy(arabic_reviews / f, drop)
+    assert _run(instance, storage_root, "v2", drop).success
+    newer = _register_challenger(
+        instance, storage_root, "v2", _biased_model(base, tmp_path / "weak", "Mixed")
+    )
+    assert "first model" in _decision(_promote(instance, storage_root, "v2"))
+
+    older = _register_challenger(
+        instance, storage_root, "v1", _biased_model(base, tmp_path / "strong", "Positive")
+    )
+    check = _gate(instance, storage_root, "v1")
+    meta = check.metadata
+    # better on v1's own split, which is exactly what must not decide
+    assert meta["challenger_macro_f1"].value > meta["champion_macro_f1"].value
+    assert not check.passed and "registered before" in meta["decision"].value
+    result = _promote(instance, storage_root, "v1")
+    assert result.success and "registered before champion" in _decision(result)
+    assert older != newer and _champion(storage_root) == newer
+
+
 def test_gate_and_promotion_act_on_the_recorded_model_not_current(
     instance, storage_root, base, arabic_reviews, tmp_path
 ):
