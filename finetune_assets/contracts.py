@@ -124,6 +124,32 @@ def read_reviews(attempt_url: str, fs=None, columns: list[str] | None = None) ->
     return table
 
 
+def parquet_schema(url: str, fs=None) -> pa.Schema:
+    """A Parquet file's schema, from its footer (no data read)."""
+    import pyarrow.parquet as pq
+
+    fs, path = _fs_and_path(url, fs)
+    with fs.open(path, "rb") as f:
+        return pq.read_schema(f)
+
+
+def iter_parquet_batches(url: str, fs=None, columns: list[str] | None = None):
+    """One Parquet file's record batches, one row group in memory at a time: what a check reads, so
+    it needs no more memory than the step that wrote the file (row groups of its batch size).
+
+    Row group by row group, not ``ParquetFile.iter_batches``: on pyarrow 25 the latter's resident
+    memory grows with the file (2.7M reviews: 360 MB against a flat 60 MB, benchmarks/
+    check_memory.py).
+    """
+    import pyarrow.parquet as pq
+
+    fs, path = _fs_and_path(url, fs)
+    with fs.open(path, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        for group in range(parquet.num_row_groups):
+            yield from parquet.read_row_group(group, columns=columns).to_batches()
+
+
 def read_rejected(attempt_url: str, fs=None) -> pa.Table:
     import pyarrow.parquet as pq
 

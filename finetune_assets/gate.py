@@ -177,6 +177,7 @@ class Challenger:
     name: str
     version: str
     score: float
+    dataset_version: str | None = None  # the dataset version it was trained on
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,33 @@ def beats_champion(min_improvement: float = 0.0) -> Condition:
             f"{c.champion_score:.4f} (by more than {min_improvement:g}) on the same "
             f"{len(c.test.texts)} "
             "test reviews"
+        )
+
+    return condition
+
+
+def not_older_than_champion(registered_at: Callable[[str], float | None]) -> Condition:
+    """A challenger trained on a dataset version registered before the champion's is refused.
+
+    Each decision scores both models on the challenger's own version's frozen test split; without
+    this rule, retraining an old version after a newer champion could displace it on that smaller,
+    older test set, so which model is champion would depend on evaluation order. Versions of one
+    label set only move forward: the same version retrained (new hyper-parameters) is compared as
+    before; an unknown order (no registry record, no tag) does not refuse.
+    """
+
+    def condition(c: Comparison) -> str | None:
+        champ, mine = c.champion, c.challenger.dataset_version
+        if champ is None or c.holds_alias or not champ.dataset_version or not mine:
+            return None
+        if champ.dataset_version == mine:
+            return None
+        ours, theirs = registered_at(mine), registered_at(champ.dataset_version)
+        if ours is None or theirs is None or ours >= theirs:
+            return None
+        return (
+            f"dataset version {mine} was registered before champion v{champ.version}'s "
+            f"{champ.dataset_version}: an older version cannot displace a newer champion"
         )
 
     return condition

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 import dagster as dg
-from dagster._core.storage.tags import WILL_RETRY_TAG
 
 from finetune_assets.contracts import PRETRAINED_MODEL
+from finetune_assets.dagster_internals import WILL_RETRY_TAG
 from finetune_assets.dataset_versions.registry import read_version
 from finetune_assets.jobs import DATA_PREPARATION, TRAINING, pretrained_model
 
@@ -210,6 +210,12 @@ def follow_runs(context, cursor: LandingCursor, store) -> list[dg.RunRequest]:
     return requests
 
 
+# What a failure diagnosis reads of a run group's event log: check verdicts and step failures only
+# (filtered in the storage's query). Every trainer output line is an event of its own: reading all
+# of them made a tick's cost grow with hours of training.
+DIAGNOSIS_EVENTS = {dg.DagsterEventType.ASSET_CHECK_EVALUATION, dg.DagsterEventType.STEP_FAILURE}
+
+
 def run_outcome(instance, run: dg.DagsterRun) -> str:
     """How a finished, unsuccessful run ended, in words a person acts on (its run group's
     events).
@@ -221,7 +227,7 @@ def run_outcome(instance, run: dg.DagsterRun) -> str:
     gate, refused, failed = None, [], []
     for member in group[1] if group else [run]:
         this_run = member.run_id == run.run_id
-        for entry in instance.all_logs(member.run_id):
+        for entry in instance.all_logs(member.run_id, of_type=DIAGNOSIS_EVENTS):
             event = entry.dagster_event
             if event is None:
                 continue

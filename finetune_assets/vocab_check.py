@@ -13,8 +13,9 @@ from pydantic import Field
 from finetune_assets.contracts import (
     PRETRAINED_MODEL,
     RAW_REVIEWS,
+    REVIEWS_FILE,
     TOKENIZED_REVIEWS,
-    read_reviews,
+    iter_parquet_batches,
     read_token_stats,
 )
 from finetune_assets.dataset_versions.partitions import dataset_versions, validate_version_key
@@ -60,7 +61,7 @@ def vocabulary_fit(
     raw = store.require(RAW_REVIEWS, version)
     tokens = store.require(TOKENIZED_REVIEWS, version)
     model = store.require(PRETRAINED_MODEL)
-    texts = read_reviews(raw.url, store.fs, columns=["text"]).column("text").to_pylist()
+    texts = _sampled_texts(f"{raw.url}/{REVIEWS_FILE}", store.fs, config.sample_reviews)
     truncated = float(read_token_stats(tokens.url, store.fs).lengths.get("truncated_share", 0.0))
     with store.local_copy(model.url) as model_dir:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
@@ -97,3 +98,30 @@ def vocabulary_fit(
             "fix": todo,
         },
     )
+
+
+def _sampled_texts(url: str, fs, limit: int) -> list[str]:
+    """``data.vocab_fit.sample_texts`` of the accepted reviews (every k-th), read a record batch at
+    a time: the check holds the sample, never the version's whole text column.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from finetune_assets.contracts import _fs_and_path
+
+    fs_, path = _fs_and_path(url, fs)
+    with fs_.open(path, "rb") as f:
+        rows = pq.ParquetFile(f).metadata.num_rows
+    step = rows / limit if rows > limit else 1.0
+    wanted = [int(i * step) for i in range(min(rows, limit))]
+    out, offset, at = [], 0, 0
+    for batch in iter_parquet_batches(url, fs, columns=["text"]):
+        end = offset + batch.num_rows
+        picks = []
+        while at < len(wanted) and wanted[at] < end:
+            picks.append(wanted[at] - offset)
+            at += 1
+        if picks:
+            out += batch.column("text").take(pa.array(picks)).to_pylist()
+        offset = end
+    return out

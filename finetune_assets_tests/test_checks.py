@@ -196,6 +196,46 @@ def test_shard_integrity_catches_corruption_and_drift(instance, storage_root, ba
     assert "test" in checks["counts_match_tokenized"].metadata["mismatches"].value
 
 
+def test_training_refuses_shards_whose_latest_integrity_check_failed_in_another_run(
+    instance, storage_root, base, arabic_reviews
+):
+    """A blocking check stops its own run's downstream steps only: training in a run of its own (an
+    asset backfill's) must still refuse shards whose latest integrity evaluation failed.
+    """
+    assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
+    shards = Path(Storage(str(storage_root)).require("mds_shards", "v1").url)
+    (shards / "validation" / "index.json").write_text("{not json")
+    rechecked = _run(  # the check re-run in a run without mds_shards, as from the UI
+        instance,
+        storage_root,
+        "v1",
+        arabic_reviews / "PROD.csv",
+        selection=dg.AssetSelection.assets(tokenized_reviews).without_checks()
+        | dg.AssetSelection.checks_for_assets(mds_shards),
+    )
+    assert not _checks(rechecked)["splits_readable"].passed
+
+    trained = _run(
+        instance,
+        storage_root,
+        "v1",
+        arabic_reviews / "PROD.csv",
+        selection=dg.AssetSelection.assets(finetuned_model).without_checks(),
+    )
+    assert not trained.success
+    (failure,) = [e for e in trained.all_events if e.is_step_failure]
+    info = failure.step_failure_data.user_failure_data
+    assert "refused" in info.description and "mds_shards:splits_readable" in info.description
+    assert not (storage_root / "finetuned_model" / "v1" / "checkpoints").exists()  # never launched
+    # Repaired and re-materialized (its checks run with it), the version trains again: no stale
+    # verdict sticks.
+    assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
+    from finetune_assets.checks.upstream import BLOCKING_INPUT_CHECKS
+    from finetune_assets.dagster_internals import failed_check_evaluations
+
+    assert failed_check_evaluations(instance, BLOCKING_INPUT_CHECKS, "v1") == {}
+
+
 # -- quality gate ----------------------------------------------------------------------------------
 
 
@@ -369,6 +409,38 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(
         result.success and "refused" in _decision(result) and "does not beat" in _decision(result)
     )
     assert _champion(storage_root) == first
+
+
+def test_retraining_an_old_version_after_a_newer_champion_keeps_the_champion(
+    instance, storage_root, base, arabic_reviews, tmp_path
+):
+    """Order independence: v2's model holds the alias; v1 (registered earlier, a smaller and older
+    test split) is retrained with a model that beats it *on v1's split*. Without the rule the
+    evaluation order would decide; with it the older version is refused, in the gate and in
+    promotion.
+    """
+    assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
+    drop = tmp_path / "v2"
+    drop.mkdir()
+    for f in ("PROD.csv", "RES2.csv"):
+        shutil.copy(arabic_reviews / f, drop)
+    assert _run(instance, storage_root, "v2", drop).success
+    newer = _register_challenger(
+        instance, storage_root, "v2", _biased_model(base, tmp_path / "weak", "Mixed")
+    )
+    assert "first model" in _decision(_promote(instance, storage_root, "v2"))
+
+    older = _register_challenger(
+        instance, storage_root, "v1", _biased_model(base, tmp_path / "strong", "Positive")
+    )
+    check = _gate(instance, storage_root, "v1")
+    meta = check.metadata
+    # better on v1's own split, which is exactly what must not decide
+    assert meta["challenger_macro_f1"].value > meta["champion_macro_f1"].value
+    assert not check.passed and "registered before" in meta["decision"].value
+    result = _promote(instance, storage_root, "v1")
+    assert result.success and "registered before champion" in _decision(result)
+    assert older != newer and _champion(storage_root) == newer
 
 
 def test_gate_and_promotion_act_on_the_recorded_model_not_current(

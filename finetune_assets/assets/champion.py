@@ -75,7 +75,7 @@ def champion_model(
         score = float(cached[gate.TAG_SCORE])
     else:
         score = gate.score_registered(client, name, challenger_version, test, uri)
-    challenger = gate.Challenger(name, challenger_version, score)
+    challenger = gate.Challenger(name, challenger_version, score, version)
     floor, _ = gate_conditions(config, test, store, version)
     conditions = [*floor, gate.beats_champion(config.min_improvement)]
     result = gate.promote(

@@ -17,6 +17,7 @@ from pydantic import Field
 from finetune_assets import viz
 from finetune_assets.assets._common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.assets.provenance import input_tags, read_recorded, run_group_id
+from finetune_assets.checks.upstream import refuse_failed_inputs
 from finetune_assets.contracts import (
     BEST_FILE,
     FINETUNED_MODEL,
@@ -269,6 +270,7 @@ def finetuned_model(
     version attached.
     """
     version = version_of(context)
+    refuse_failed_inputs(context.instance, version, FINETUNED_MODEL)
     store = storage.storage()
     run_id = context.run.run_id
     tags = {"dataset_version": version, "code_version": code_version(), "dagster_run_id": run_id}

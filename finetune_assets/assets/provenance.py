@@ -13,13 +13,13 @@ event carry its own ``dagster/input_data_version/*`` and ``dagster/input_event_p
 from __future__ import annotations
 
 import dagster as dg
-from dagster._core.definitions.data_version import (
+
+from finetune_assets.dagster_internals import (
     DATA_VERSION_TAG,
     NULL_EVENT_POINTER,
     get_input_data_version_tag,
     get_input_event_pointer_tag,
 )
-
 from finetune_assets.storage import Published, Storage
 
 SEARCHED_RECORDS = 50  # newest materializations of an input searched for the version used

@@ -185,6 +185,9 @@ def raw_reviews(
             "rejected_path": dg.MetadataValue.path(f"{staging.url}/{REJECTED_FILE}"),
             "rows_in": n_in,
             "dagster/row_count": validator.accepted,
+            "dagster/column_schema": dg.TableSchema(
+                columns=[dg.TableColumn(f.name, str(f.type)) for f in ACCEPTED_SCHEMA]
+            ),
             "rejected_rows": validator.rejected,
             "rejected_share": round(validator.rejected / n_in, 4) if n_in else 0.0,
             "rejected_by_reason": dg.MetadataValue.json(reasons),
@@ -361,7 +364,8 @@ def _pictures(
     from finetune_assets import viz
 
     try:
-        return {"label_distribution": dg.MetadataValue.md(viz.label_distribution_md(labels))}
+        chart = viz.label_distribution_md(labels)  # its own key: the table stays beside it
+        return {"label_distribution_chart": dg.MetadataValue.md(chart)}
     except Exception as err:  # noqa: BLE001 - a missing picture is not worth a failed run
         context.log.warning(f"label distribution chart skipped: {err}")
         return {}

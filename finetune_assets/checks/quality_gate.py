@@ -44,10 +44,23 @@ class QualityGateConfig(FloorConfig):
     )
 
 
+def _registered_at(store):
+    """When a dataset version was registered (its registry record), None when it has none."""
+    from finetune_assets.dataset_versions.registry import read_version
+
+    def registered_at(version: str) -> float | None:
+        record = read_version(store, version)
+        return record.registered_at if record is not None and record.registered_at else None
+
+    return registered_at
+
+
 def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[list, dict]:
     """The conditions a challenger must meet, and what they were measured against (for metadata).
 
-    The check and ``champion_model`` share them: the floor (absolute / majority class) and
+    The check and ``champion_model`` share them: the floor (absolute / majority class), no
+    challenger from a dataset version registered before the champion's (``gate.not_older_than_
+    champion``: each decision scores on the challenger's own split, so order must not decide), and
     ``baseline_model[v]``'s test macro-F1 plus ``baseline_margin``; a missing baseline refuses (a
     rule that silently does not apply protects nobody) unless ``baseline_margin`` is null.
     """
@@ -56,7 +69,8 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
 
     majority = gate.majority_baseline(test)
     floor = max(config.min_macro_f1, majority + 1e-9 if config.must_beat_majority_baseline else 0.0)
-    conditions, about = [gate.above_floor(floor)], {"floor": floor}
+    conditions = [gate.above_floor(floor), gate.not_older_than_champion(_registered_at(store))]
+    about: dict = {"floor": floor}
     if config.baseline_margin is None:
         about["baseline_decision"] = "off (baseline_margin: null)"
         return conditions, about
@@ -135,7 +149,7 @@ def quality_gate(
                 "(mlflow.log_model off?)",
             },
         )
-    challenger = gate.Challenger(name, str(model.registered_model_version), score)
+    challenger = gate.Challenger(name, str(model.registered_model_version), score, version)
     gate.remember_score(client, name, challenger.version, test, score)
     floor, about = gate_conditions(config, test, store, version)
     result = gate.compare(

@@ -2,6 +2,7 @@
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import dagster as dg
 import pyarrow as pa
@@ -10,7 +11,12 @@ from pydantic import Field
 
 from finetune_assets.checks.versioned import per_version_spec, version_of
 from finetune_assets.contracts import RAW_REVIEWS as RAW
-from finetune_assets.contracts import REJECTED_FILE, read_rejected, read_reviews
+from finetune_assets.contracts import (
+    REJECTED_FILE,
+    REVIEWS_FILE,
+    iter_parquet_batches,
+    parquet_schema,
+)
 from finetune_assets.data.labels import labels_from_metadata
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.viz import markdown_table
@@ -60,15 +66,17 @@ RAW_SPECS = [
 def raw_reviews_contract(
     context: dg.AssetCheckExecutionContext, config: RawContractConfig, storage: StorageResource
 ):
-    """The data contract of one dataset version, from its published reviews and quarantine."""
+    """The data contract of one dataset version, from its published reviews and quarantine, read a
+    record batch at a time (the check never holds a whole version in memory).
+    """
     version = version_of(context)
     store = storage.storage()
     pub = store.require(RAW, version)
     classes = labels_from_metadata(pub.metadata).names
-    accepted = read_reviews(pub.url, store.fs)
-    rejected = read_rejected(pub.url, store.fs)
-    rows_in = accepted.num_rows + rejected.num_rows
-    reasons = Counter(rejected.column("reason").to_pylist())
+    accepted = _scan_accepted(f"{pub.url}/{REVIEWS_FILE}", store.fs)
+    rejected = _scan_rejected(f"{pub.url}/{REJECTED_FILE}", store.fs)
+    rows_in = accepted.rows + rejected.rows
+    reasons = rejected.reasons
     where = dg.MetadataValue.path(f"{pub.url}/{REJECTED_FILE}")
     selected = {k.name for k in context.selected_asset_check_keys}
 
@@ -83,31 +91,14 @@ def raw_reviews_contract(
         )
 
     if "schema_and_labels" in selected:
-        problems = []
-        for col in ("text", "label"):
-            if col not in accepted.column_names:
-                problems.append(f"missing column {col!r}")
-            elif not pa.types.is_string(accepted.schema.field(col).type):
-                problems.append(f"column {col!r} is {accepted.schema.field(col).type}, not string")
+        problems = list(accepted.schema_problems)
         unknown = {}
         if not problems:
-            labels = Counter(accepted.column("label").to_pylist())
-            unknown = {str(k): v for k, v in labels.items() if k not in classes}
+            unknown = {str(k): v for k, v in accepted.labels.items() if k not in classes}
             if unknown:
                 problems.append(f"labels outside {list(classes)}: {unknown}")
-            empty = int(
-                pc.sum(
-                    pc.equal(
-                        pc.utf8_length(
-                            pc.utf8_trim_whitespace(pc.fill_null(accepted.column("text"), ""))
-                        ),
-                        0,
-                    )
-                ).as_py()
-                or 0
-            )
-            if empty:
-                problems.append(f"{empty} accepted reviews have empty text")
+            if accepted.empty_texts:
+                problems.append(f"{accepted.empty_texts} accepted reviews have empty text")
         yield result(
             "schema_and_labels",
             not problems,
@@ -123,9 +114,7 @@ def raw_reviews_contract(
     if "rejected_share" in selected:
         bad = {r: n for r, n in reasons.items() if r not in DUPLICATE_REASONS}
         share = sum(bad.values()) / rows_in if rows_in else 0.0
-        examples = rejected.filter(
-            pc.invert(pc.is_in(rejected.column("reason"), pa.array(DUPLICATE_REASONS)))
-        )
+        examples = rejected.examples
         yield result(
             "rejected_share",
             share <= config.max_rejected_share,
@@ -144,7 +133,7 @@ def raw_reviews_contract(
     if "duplicate_share" in selected:
         dups = sum(reasons.get(r, 0) for r in DUPLICATE_REASONS)
         share = dups / rows_in if rows_in else 0.0
-        conflicting = rejected.filter(pc.equal(rejected.column("reason"), "conflicting_duplicate"))
+        conflicting = rejected.conflicting
         yield result(
             "duplicate_share",
             share <= config.max_duplicate_share,
@@ -160,8 +149,7 @@ def raw_reviews_contract(
         )
 
     if "min_rows_per_class" in selected:
-        counts = Counter(accepted.column("label").to_pylist())
-        per_class = {name: counts.get(name, 0) for name in classes}
+        per_class = {name: accepted.labels.get(name, 0) for name in classes}
         short = {k: v for k, v in per_class.items() if v < config.min_rows_per_class}
         yield result(
             "min_rows_per_class",
@@ -195,8 +183,66 @@ def _short_classes_fix(short: dict[str, int], classes: Sequence[str]) -> str:
     return fix
 
 
-def _examples(table: pa.Table) -> dg.MetadataValue:
-    rows = table.slice(0, EXAMPLES).to_pylist()
+@dataclass
+class _Accepted:
+    """What the contract needs of the accepted reviews, from one pass over their record batches."""
+
+    schema: pa.Schema
+    rows: int = 0
+    labels: Counter = field(default_factory=Counter)
+    empty_texts: int = 0
+    schema_problems: list[str] = field(default_factory=list)
+
+
+def _scan_accepted(url: str, fs) -> _Accepted:
+    schema = parquet_schema(url, fs)
+    out = _Accepted(schema=schema)
+    for col in ("text", "label"):
+        if col not in schema.names:
+            out.schema_problems.append(f"missing column {col!r}")
+        elif not pa.types.is_string(schema.field(col).type):
+            out.schema_problems.append(f"column {col!r} is {schema.field(col).type}, not string")
+    if out.schema_problems:
+        return out
+    for batch in iter_parquet_batches(url, fs, columns=["text", "label"]):
+        out.rows += batch.num_rows
+        counts = pc.value_counts(batch.column("label"))
+        for entry in counts.to_pylist():
+            out.labels[entry["values"]] += entry["counts"]
+        blank = pc.equal(
+            pc.utf8_length(pc.utf8_trim_whitespace(pc.fill_null(batch.column("text"), ""))), 0
+        )
+        out.empty_texts += int(pc.sum(blank).as_py() or 0)
+    return out
+
+
+@dataclass
+class _Rejected:
+    """The quarantine's counts per reason and the first few example rows the metadata shows."""
+
+    rows: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    examples: list[dict] = field(default_factory=list)  # not a duplicate
+    conflicting: list[dict] = field(default_factory=list)  # conflicting duplicates
+
+
+def _scan_rejected(url: str, fs) -> _Rejected:
+    out = _Rejected()
+    for batch in iter_parquet_batches(url, fs):
+        out.rows += batch.num_rows
+        reason = batch.column("reason")
+        for entry in pc.value_counts(reason).to_pylist():
+            out.reasons[entry["values"]] += entry["counts"]
+        if len(out.examples) < EXAMPLES:
+            other = batch.filter(pc.invert(pc.is_in(reason, pa.array(DUPLICATE_REASONS))))
+            out.examples += other.slice(0, EXAMPLES - len(out.examples)).to_pylist()
+        if len(out.conflicting) < EXAMPLES:
+            both = batch.filter(pc.equal(reason, "conflicting_duplicate"))
+            out.conflicting += both.slice(0, EXAMPLES - len(out.conflicting)).to_pylist()
+    return out
+
+
+def _examples(rows: list[dict]) -> dg.MetadataValue:
     table = markdown_table(
         ("file", "row", "reason", "detail", "text"),
         [

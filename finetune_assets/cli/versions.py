@@ -183,31 +183,17 @@ def stale_resolver(instance, root: str):
     """Dagster's own staleness (the UI's "stale" flags, GraphQL ``staleStatus``) over the code
     location's asset graph: code versions (config defaults folded in), recorded input data versions.
     """
-    from dagster._core.definitions.data_version import CachingStaleStatusResolver
-    from dagster._core.loader import LoadingContext
-
+    from finetune_assets.dagster_internals import stale_status_resolver
     from finetune_assets.definitions import build_defs
 
-    class _Loading(LoadingContext):  # a cache holder per command (the webserver: one per request)
-        def __init__(self, inst):
-            self._instance, self._loaders = inst, {}
-
-        @property
-        def instance(self):
-            return self._instance
-
-        @property
-        def loaders(self):
-            return self._loaders
-
-    graph = build_defs(root).resolve_asset_graph()
-    return CachingStaleStatusResolver(instance, graph, _Loading(instance))
+    return stale_status_resolver(instance, build_defs(root).resolve_asset_graph())
 
 
 def _stale_because(resolver, asset: str, partition: str | None) -> list[str]:
     """Dagster's stale causes, each as "<asset>: <reason>" (the asset itself for a code change)."""
     import dagster as dg
-    from dagster._core.definitions.data_version import StaleStatus
+
+    from finetune_assets.dagster_internals import StaleStatus
 
     key = dg.AssetKey(asset)
     if resolver.get_status(key, partition) != StaleStatus.STALE:

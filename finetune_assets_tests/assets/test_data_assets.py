@@ -11,6 +11,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
+from finetune_assets.contracts import ACCEPTED_SCHEMA
 from finetune_assets.data.sources import SourceSpec
 from finetune_assets.dataset_versions.registry import register_version
 from finetune_assets.definitions import build_defs
@@ -110,6 +111,12 @@ def test_four_data_assets_materialize_for_a_dataset_version(
     assert raw_md["dagster/row_count"] + raw_md["rejected_rows"] == n_file
     assert sum(raw_md["label_counts"].values()) == raw_md["dagster/row_count"]
     assert set(raw_md["label_counts"]) == {"Positive", "Negative", "Mixed"}
+    # The table and the chart under keys of their own (one used to overwrite the other); the
+    # accepted rows' columns as Dagster's column schema (the UI's "Columns").
+    assert "| label |" in raw_md["label_distribution"]
+    assert "label distribution" in raw_md["label_distribution_chart"]
+    columns = [c.name for c in raw_md["dagster/column_schema"].columns]
+    assert columns == ACCEPTED_SCHEMA.names
 
     tok_md = _metadata(result, "tokenized_reviews")
     assert tok_md["dagster/row_count"] == raw_md["dagster/row_count"]

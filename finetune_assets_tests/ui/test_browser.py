@@ -365,7 +365,7 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     page.get_by_text("label_distribution", exact=True).first.wait_for(state="visible")
     shot(page, "05-partition-metadata")
     # Long Markdown (an inline picture) sits behind a link that opens it in a dialog.
-    row = page.locator("tr").filter(has=page.get_by_text("label_distribution", exact=True))
+    row = page.locator("tr").filter(has=page.get_by_text("label_distribution_chart", exact=True))
     row.get_by_text("Show Markdown").click()
     chart = page.locator("img[src^='data:image/png;base64,']").first
     chart.wait_for(state="visible")
