@@ -155,7 +155,28 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
+def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
+    if os.environ.get("FINETUNE_K8S_CLUSTER") == "plane":
+        # the local control plane from upstream (docs/k8s-control-plane.md), as a real cluster
+        plane = request.getfixturevalue("control_plane")
+        core = kubernetes.client.CoreV1Api(plane.api_client())
+        with contextlib.suppress(kubernetes.client.ApiException):
+            core.create_namespace(
+                {
+                    "metadata": {
+                        "name": "finetune-test",
+                        # as deploy/namespace.yaml
+                        "labels": {
+                            "pod-security.kubernetes.io/enforce": "baseline",
+                            "pod-security.kubernetes.io/warn": "restricted",
+                        },
+                    }
+                }
+            )
+        yield Cluster(
+            kubeconfig=plane.kubeconfig, namespace="finetune-test", image="finetune-assets:test"
+        )
+        return
     if os.environ.get("KUBECONFIG"):
         image = os.environ.get("FINETUNE_K8S_TEST_IMAGE")
         if not image:
@@ -251,7 +272,15 @@ class ControlPlane:
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory) -> Iterator[ControlPlane]:
-    """Starts the real control plane once per session (building it on first use: minutes)."""
+    """Starts the real control plane once per session (building it on first use: minutes).
+
+    ``FINETUNE_K8S_PLANE_DIR`` names a plane already started by hand (``control-plane start``):
+    used as it is and left running (a quick loop while writing tests).
+    """
+    if os.environ.get("FINETUNE_K8S_PLANE_DIR"):
+        d = Path(os.environ["FINETUNE_K8S_PLANE_DIR"]).resolve()
+        yield ControlPlane(dir=d, kubeconfig=str(d / "kubeconfig"))
+        return
     root = tmp_path_factory.mktemp("control-plane")
     log = root / "start.log"
     with open(log, "wb") as out:

@@ -101,18 +101,22 @@ class Container:
         self.finished_at: str | None = None
         self.started_path = root / f"{self.name}.started"
         self.waiting: tuple[str, str] | None = None
+        self.depth = 1  # how far below the Popen process (unshare) the command runs
 
     def main_pid(self) -> int | None:
         """The container's command: the isolating ``unshare``'s child once it has exec'd."""
-        if self.proc is None:
+        if self.proc is None or not self.started_path.exists():
             return None
-        if not self.started_path.exists():
-            return None
-        try:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
-        except OSError:
-            return None
-        return int(children.split()[0]) if children.split() else None
+        pid = self.proc.pid
+        for _ in range(self.depth):
+            try:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                return None
+            if not children:
+                return None
+            pid = int(children[0])
+        return pid
 
 
 class Pod:
@@ -734,7 +738,13 @@ class NodeAgent:
             "mount -t tmpfs -o size=1g tmpfs /dev/shm"
         )
         started = f": > {q(str(c.started_path))}"
-        return [*self.isolation, "sh", "-c", f'{setup} && {started} && exec "$0" "$@"', *argv]
+        if pod.obj["spec"].get("shareProcessNamespace"):
+            # the pause container is PID 1 and reaps: the command is not PID 1, so it can be
+            # signalled from inside the pod
+            c.depth, run = 2, '"$0" "$@" & wait $!'
+        else:
+            c.depth, run = 1, 'exec "$0" "$@"'  # PID 1 of its namespace
+        return [*self.isolation, "sh", "-c", f"{setup} && {started} && {run}", *argv]
 
     # -- logs -------------------------------------------------------------------------------------
 
