@@ -7,6 +7,7 @@ run by the real Job controller as local processes whose logs come back through `
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -82,7 +83,8 @@ def test_strict_field_validation_refuses_an_unknown_field(api) -> None:
     with pytest.raises(kubernetes.client.ApiException) as e:
         core.create_namespaced_config_map(NS, body, field_validation="Strict")
     assert e.value.status == 400
-    assert 'unknown field "dataa"' in e.value.body
+    message = json.loads(e.value.body)["message"]
+    assert 'strict decoding error: unknown field "dataa"' in message
 
 
 def test_backoff_limit_per_index_on_a_non_indexed_job_is_refused(api) -> None:
@@ -161,7 +163,7 @@ def test_an_indexed_job_runs_as_processes_and_its_pods_go_with_it(api) -> None:
                                 "image": "finetune-assets:test",
                                 "command": ["sh", "-c"],
                                 "args": [
-                                    'echo "start $JOB_COMPLETION_INDEX pid $$"; sleep 2; '
+                                    'echo "start $JOB_COMPLETION_INDEX pid $$$$"; sleep 2; '
                                     'echo "done $JOB_COMPLETION_INDEX on $(hostname)"'
                                 ],
                                 "resources": {
