@@ -10,7 +10,10 @@ run unchanged; the few that need to poke at local processes skip themselves. See
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -152,7 +155,28 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
+def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
+    if os.environ.get("FINETUNE_K8S_CLUSTER") == "plane":
+        # the local control plane from upstream (docs/k8s-control-plane.md), as a real cluster
+        plane = request.getfixturevalue("control_plane")
+        core = kubernetes.client.CoreV1Api(plane.api_client())
+        with contextlib.suppress(kubernetes.client.ApiException):
+            core.create_namespace(
+                {
+                    "metadata": {
+                        "name": "finetune-test",
+                        # as deploy/namespace.yaml
+                        "labels": {
+                            "pod-security.kubernetes.io/enforce": "baseline",
+                            "pod-security.kubernetes.io/warn": "restricted",
+                        },
+                    }
+                }
+            )
+        yield Cluster(
+            kubeconfig=plane.kubeconfig, namespace="finetune-test", image="finetune-assets:test"
+        )
+        return
     if os.environ.get("KUBECONFIG"):
         image = os.environ.get("FINETUNE_K8S_TEST_IMAGE")
         if not image:
@@ -215,3 +239,61 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+CONTROL_PLANE = REPO / ".ci" / "k8s" / "control-plane"
+
+
+@dataclass
+class ControlPlane:
+    """The local control plane of ``.ci/k8s/control-plane``: upstream etcd, kube-apiserver,
+    kube-controller-manager, kube-scheduler and Kueue, with node agents running pods as processes.
+    """
+
+    dir: Path
+    kubeconfig: str
+
+    def api_client(self) -> Any:
+        cfg = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
+        return kubernetes.client.ApiClient(cfg)
+
+    def pids(self) -> dict[str, int]:
+        """Every process the plane started and still has a pid file for (pods included)."""
+        out = {}
+        for f in (self.dir / "pids").glob("*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                out[f.stem] = int(f.read_text())
+        return out
+
+    def stop(self) -> None:
+        subprocess.run([sys.executable, str(CONTROL_PLANE), "stop", str(self.dir)], check=True)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory) -> Iterator[ControlPlane]:
+    """Starts the real control plane once per session (building it on first use: minutes).
+
+    ``FINETUNE_K8S_PLANE_DIR`` names a plane already started by hand (``control-plane start``):
+    used as it is and left running (a quick loop while writing tests).
+    """
+    if os.environ.get("FINETUNE_K8S_PLANE_DIR"):
+        d = Path(os.environ["FINETUNE_K8S_PLANE_DIR"]).resolve()
+        yield ControlPlane(dir=d, kubeconfig=str(d / "kubeconfig"))
+        return
+    root = tmp_path_factory.mktemp("control-plane")
+    log = root / "start.log"
+    with open(log, "wb") as out:
+        rc = subprocess.run(
+            [sys.executable, str(CONTROL_PLANE), "start", str(root)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=3600,
+        ).returncode
+    if rc != 0:
+        pytest.fail(f"control-plane start failed ({rc}):\n{log.read_text()[-6000:]}")
+    plane = ControlPlane(dir=root, kubeconfig=str(root / "kubeconfig"))
+    try:
+        yield plane
+    finally:
+        plane.stop()
