@@ -270,9 +270,11 @@ class ControlPlane:
         subprocess.run([sys.executable, str(CONTROL_PLANE), "stop", str(self.dir)], check=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def control_plane(tmp_path_factory) -> Iterator[ControlPlane]:
-    """Starts the real control plane once per session (building it on first use: minutes).
+    """Starts the real control plane once for the Kubernetes tests (building it on first use:
+    minutes), and stops it after them: its idle processes would otherwise share the two cores with
+    every later test of the session.
 
     ``FINETUNE_K8S_PLANE_DIR`` names a plane already started by hand (``control-plane start``):
     used as it is and left running (a quick loop while writing tests).
