@@ -25,6 +25,9 @@ Precision = Literal["auto", "32", "32-true", "bf16-mixed", "16-mixed"]
 Strategy = Literal["ddp", "fsdp", "auto"]
 Accelerator = Literal["auto", "cpu", "gpu"]
 ClassWeights = Literal["balanced", "none"]
+SelectModel = Literal["best", "last"]
+# What best-model selection and early stopping watch (logged by every validation).
+SELECTION_METRIC = "val/macro_f1"
 
 
 class ConfigError(ValueError):
@@ -115,6 +118,23 @@ class HyperParameters(_Strict):
         gt=0,
         description="wall-clock checkpoint interval (rank 0 decides "
         "for all); on a GPU the file is written in the background",
+    )
+    select_model: SelectModel = Field(
+        "best",
+        description="best: export (and test) the weights of the best validation macro-F1; "
+        "last: the weights training ended with",
+    )
+    early_stopping_patience: int | None = Field(
+        None,
+        ge=1,
+        description="stop after this many validations without a better validation macro-F1 "
+        "(null: train every epoch)",
+    )
+    val_check_every_n_steps: int | None = Field(
+        None,
+        ge=1,
+        description="validate every this many optimizer steps (large versions); null: at "
+        "each epoch end",
     )
     log_every_n_steps: int = Field(10, ge=1)
     progress_every_seconds: float = Field(
