@@ -26,6 +26,7 @@ Strategy = Literal["ddp", "fsdp", "auto"]
 Accelerator = Literal["auto", "cpu", "gpu"]
 ClassWeights = Literal["balanced", "none"]
 SelectModel = Literal["best", "last"]
+LrSchedule = Literal["linear", "cosine", "constant"]
 # What best-model selection and early stopping watch (logged by every validation).
 SELECTION_METRIC = "val/macro_f1"
 
@@ -70,6 +71,10 @@ class HyperParameters(_Strict):
     weight_decay: float = Field(0.0, ge=0)
     warmup_ratio: float = Field(
         0.1, ge=0, lt=1, description="fraction of steps with linear warmup (adamw)"
+    )
+    lr_schedule: LrSchedule = Field(
+        "linear",
+        description="after the warmup (adamw): linear or cosine decay to 0, or constant",
     )
     precision: Precision = Field(
         "auto",
