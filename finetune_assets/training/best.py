@@ -1,8 +1,9 @@
 """The best validation's weights, not the last: model selection and early stopping.
 
 Lightning's own callbacks do the work: ``ModelCheckpoint(monitor="val/macro_f1", mode="max",
-save_top_k=1)`` keeps the best validation's full state in ``{checkpoint_dir}/best.ckpt`` (one file,
-replaced atomically by the checkpoint IO, so a crash leaves the previous best or the new one), and
+save_top_k=1)`` keeps the best validation's full state in ``{checkpoint_dir}/best/best.ckpt`` (one
+file, replaced atomically by the checkpoint IO, so a crash leaves the previous best or the new one),
+and
 ``EarlyStopping`` stops after ``early_stopping_patience`` validations without a better value. Both
 are stateful: their state (best score and path, the patience count) is in every ``last.ckpt``, so a
 resumed run goes on counting where the crashed one was.
@@ -29,7 +30,10 @@ from finetune_assets.training.config import SELECTION_METRIC, TrainerConfig
 
 log = logging.getLogger("finetune_assets.training")
 
-BEST = "best"  # {checkpoint_dir}/best.ckpt
+BEST = "best"  # {checkpoint_dir}/best/best.ckpt
+# A folder of its own: Lightning warns when a top-k checkpoint's folder is not empty at the start
+# (a resume's is: quiet_known_notices), and the run's folder holds last.ckpt and the MLflow run id.
+BEST_DIR = "best"
 
 
 class BestModel(pl.Callback):
@@ -50,7 +54,7 @@ class BestModel(pl.Callback):
             # Full state, not weights only: under FSDP Lightning's loader restores the optimizer
             # with the module and needs its state in the file.
             self.checkpoint = ModelCheckpoint(
-                dirpath=files.local_path(config.checkpoint_dir),
+                dirpath=files.local_path(config.checkpoint_dir).rstrip("/") + "/" + BEST_DIR,
                 filename=BEST,
                 monitor=SELECTION_METRIC,
                 mode="max",

@@ -71,6 +71,13 @@ def quiet_known_notices() -> None:
         category=UserWarning,
         module=r"pytorch_lightning\.utilities\.data",
     )
+    # A resumed run's best-checkpoint folder (training/best.py) holds the best so far, by design.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"Checkpoint directory .*[/\\]best exists and is not empty",
+        category=UserWarning,
+        module=r"pytorch_lightning\.callbacks\.model_checkpoint",
+    )
     tips = logging.getLogger("pytorch_lightning.utilities.rank_zero")
     if not any(isinstance(f, _DropLitLoggerTip) for f in tips.filters):
         tips.addFilter(_DropLitLoggerTip())

@@ -131,7 +131,7 @@ def test_a_run_crashed_after_its_best_epoch_resumes_and_still_exports_the_best(
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(config)
     epoch_2 = script.weights[2]
-    assert (tmp_path / "ckpt" / "best.ckpt").is_file()
+    assert (tmp_path / "ckpt" / "best" / "best.ckpt").is_file()
 
     metrics = train(config)
 
