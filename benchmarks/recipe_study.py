@@ -77,6 +77,8 @@ RECIPES: dict[str, dict] = {
     "today": TODAY,
     # more passes with the best validation kept (early stopping after 1 flat validation)
     "e3_b8_lr5e-5": {**TODAY, "epochs": 3, "select_model": "best", "early_stopping_patience": 1},
+    # the new default (trainer config): 2 epochs, best validation kept
+    "e2_b8_lr5e-5": {**TODAY, "epochs": 2, "select_model": "best", "early_stopping_patience": 2},
     # the same number of epochs in half the optimizer steps (faster on CPU), lr scaled up
     "e3_b16_lr1e-4": {
         **TODAY,
