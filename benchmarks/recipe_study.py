@@ -319,6 +319,45 @@ def summarize(result: dict) -> None:
     }
 
 
+def markdown(result: dict) -> str:
+    """The table for benchmarks/README.md: test macro-F1 mean (spread) per set and recipe."""
+    table, sets = result.get("table", {}), list(result.get("table", {}))
+    recipes = sorted({r for s in sets for r in table[s]}, key=lambda r: (r != "today", r))
+    head = ["recipe", *[f"{s} (test {result['sets'][s]['splits']['test']})" for s in sets]]
+    rows = [
+        "| TF-IDF baseline | "
+        + " | ".join(f"{result['sets'][s]['baseline_tfidf']['macro_f1']:.3f}" for s in sets)
+        + " |"
+    ]
+    for r in recipes:
+        cells = []
+        for s in sets:
+            c = table[s].get(r)
+            if c is None:
+                cells.append("-")
+            elif c["seeds"] > 1:
+                cells.append(
+                    f"{c['mean_macro_f1']:.3f} ± {c['sd']:.3f} ({c['seeds']} seeds, "
+                    f"{c['min']:.3f}-{c['max']:.3f})"
+                )
+            else:
+                cells.append(f"{c['mean_macro_f1']:.3f} (1 seed)")
+        rows.append(f"| {r} | " + " | ".join(cells) + " |")
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), *rows])
+
+
+def merge(other: Path, out: Path) -> None:
+    """Runs of two invocations (each writes its own --out while running) in one file."""
+    into, more = json.loads(out.read_text()), json.loads(other.read_text())
+    for name, per_recipe in more["runs"].items():
+        for recipe, per_seed in per_recipe.items():
+            into["runs"].setdefault(name, {}).setdefault(recipe, {}).update(per_seed)
+    into["sets"] = {**more.get("sets", {}), **into["sets"]}
+    into["recipes"] = {**more.get("recipes", {}), **into["recipes"]}
+    into.setdefault("merged_commands", []).append(more.get("command"))
+    write(out, into)
+
+
 def write(out: Path, result: dict) -> None:
     summarize(result)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -329,15 +368,27 @@ def write(out: Path, result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", required=True, help="shards and runs (reused when re-run)")
+    parser.add_argument("--workdir", help="shards and runs (reused when re-run); required to run")
     parser.add_argument("--sets", default=",".join(SETS))
     parser.add_argument("--recipes", default="today,e3_b16_lr1e-4")
     parser.add_argument("--seeds", default="42")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time, 1 thread each")
     parser.add_argument("--out", default="benchmarks/results/recipe_study.json")
+    parser.add_argument("--table", action="store_true", help="print --out as a markdown table")
+    parser.add_argument(
+        "--merge", default=None, help="merge this results file (another --out) into --out"
+    )
     args = parser.parse_args()
+    if args.merge:
+        merge(Path(args.merge), Path(args.out))
+        return
+    if args.table:
+        print(markdown(json.loads(Path(args.out).read_text())))
+        return
     from finetune_assets.data.models import DEFAULT_MODEL, save_pretrained_model
 
+    if not args.workdir:
+        parser.error("--workdir is required to run the study")
     root = Path(args.workdir)
     root.mkdir(parents=True, exist_ok=True)
     model_dir = root / "model"
