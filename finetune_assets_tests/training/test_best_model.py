@@ -77,11 +77,13 @@ def test_validation_peaking_at_epoch_2_of_4_exports_epoch_2s_weights(
     tmp_path, tiny_model_dir, shards, monkeypatch
 ):
     script = Script(monkeypatch, [0.50, 0.90, 0.60, 0.70])
-    config = trainer_config(tmp_path, tiny_model_dir, shards, epochs=4)
+    config = trainer_config(
+        tmp_path, tiny_model_dir, shards, epochs=4, early_stopping_patience=None
+    )
 
     metrics = train(config)
 
-    assert metrics["global_step"] == 4 * STEPS_PER_EPOCH  # no early stopping by default
+    assert metrics["global_step"] == 4 * STEPS_PER_EPOCH  # early stopping off
     model = exported(tmp_path / "out")
     assert same(model, script.weights[2])
     assert not same(model, script.weights[4])  # the weights training ended with differ
@@ -127,7 +129,9 @@ def test_a_run_crashed_after_its_best_epoch_resumes_and_still_exports_the_best(
 ):
     # checkpoints every 5 steps: the crash in epoch 3's validation (step 18) resumes from step 15
     script = Script(monkeypatch, [0.50, 0.90, 0.60, 0.70], crash_at=2)
-    config = trainer_config(tmp_path, tiny_model_dir, shards, epochs=4)
+    config = trainer_config(
+        tmp_path, tiny_model_dir, shards, epochs=4, early_stopping_patience=None
+    )
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(config)
     epoch_2 = script.weights[2]
