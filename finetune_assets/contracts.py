@@ -289,6 +289,34 @@ def read_split_stats(split_url: str, fs=None) -> SplitStats:
     )
 
 
+class ValidationPoint(BaseModel):
+    """One validation of the run: where it was taken and the selection metric's value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epoch: int  # 1-based: the epoch the validation ran in (its end, unless validating by steps)
+    step: int  # optimizer steps done
+    value: float
+
+
+class ModelSelection(BaseModel):
+    """Which weights the run exported and tested, and why (the trainer's ``select_model``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str  # what was maximized, e.g. "val/macro_f1"
+    selected: str  # "best" (the best validation's weights) or "last"
+    # the validation whose weights were exported; None when nothing was validated
+    best_epoch: int | None = None
+    best_step: int | None = None
+    best_value: float | None = None
+    early_stopped: bool = False
+    early_stopping_patience: int | None = None
+    stopped_at_epoch: int | None = None  # 1-based, when early stopping fired
+    curve: list[ValidationPoint] = []  # every validation, in order
+    note: str | None = None  # e.g. why the last weights were exported under "best"
+
+
 class TrainingResult(BaseModel):
     """What the trainer's rank 0 writes as ``metrics.json`` and finetuned_model reads (never by key
     strings).
@@ -332,6 +360,8 @@ class TrainingResult(BaseModel):
     wall_seconds: float
     timings: dict[str, float] = {}  # seconds per phase
     mlflow: dict[str, Any] = {}  # run_id, experiment_id, run_url, registered_model_name/_version
+    # best-validation selection and early stopping; None in results written before they existed
+    model_selection: ModelSelection | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

@@ -755,3 +755,36 @@ def test_environment_mistakes_are_one_line_errors(capsys, monkeypatch, tmp_path,
         capsys, "--root", str(root), "versions", "add", "v1", "--source", "builtin:sample"
     )
     assert code == 2 and expect in err and "Traceback" not in err and err.startswith("error: ")
+
+
+def test_summary_says_which_epoch_was_kept_and_whether_early_stopping_fired():
+    from finetune_assets.cli.summary import format_summary
+
+    base = {
+        "version": "v1",
+        "rows": 10,
+        "rejected": 0,
+        "splits": None,
+        "finetuned": {"accuracy": 0.9, "macro_f1": 0.9},
+        "baseline": None,
+        "majority": None,
+        "champion": None,
+        "gate_decision": None,
+    }
+    stopped = {
+        "selected": "best",
+        "best_epoch": 2,
+        "best_val_macro_f1": 0.8512,
+        "epochs_trained": 3,
+        "early_stopped": True,
+        "stopped_at_epoch": 3,
+    }
+    text = format_summary({**base, "model_selection": stopped})
+    assert (
+        "fine-tuned weights: best validation macro-F1 0.8512 at epoch 2; "
+        "early stopping fired after epoch 3"
+    ) in text
+    ran_out = {**stopped, "early_stopped": False, "stopped_at_epoch": None}
+    assert "at epoch 2; no early stopping" in format_summary({**base, "model_selection": ran_out})
+    # a result written before model selection existed: no line, no error
+    assert "fine-tuned weights" not in format_summary({**base, "model_selection": None})

@@ -382,6 +382,7 @@ def _metadata(
         meta["precision"] = result.precision
     if result.resumed_at_step is not None:
         meta["resumed_at_step"] = result.resumed_at_step
+    meta.update(_selection_metadata(result))
     if info.get("run_id"):
         meta["mlflow_run_id"] = info["run_id"]
         link = info.get("run_url") or mlflow.run_url(str(info.get("experiment_id")), info["run_id"])
@@ -398,4 +399,25 @@ def _metadata(
         )
         if link:
             meta["registered_model_link"] = dg.MetadataValue.url(link)
+    return meta
+
+
+def _selection_metadata(result: TrainingResult) -> dict[str, Any]:
+    """Which validation's weights were exported, whether early stopping fired, and the curve."""
+    sel = result.model_selection
+    if sel is None:
+        return {}
+    meta: dict[str, Any] = {"selected_weights": sel.selected, "early_stopped": sel.early_stopped}
+    if sel.best_epoch is not None:
+        meta["best_epoch"] = sel.best_epoch
+        meta["best_step"] = sel.best_step
+        meta["best_val_macro_f1"] = dg.MetadataValue.float(float(sel.best_value))
+    if sel.stopped_at_epoch is not None:
+        meta["stopped_at_epoch"] = sel.stopped_at_epoch
+    if sel.curve:
+        meta["validation_curve"] = markdown_table(
+            ("epoch", "step", sel.metric), [(p.epoch, p.step, f"{p.value:.4f}") for p in sel.curve]
+        )
+    if sel.note:
+        meta["selection_note"] = sel.note
     return meta

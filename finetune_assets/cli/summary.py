@@ -38,6 +38,19 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     out["finetuned"] = (
         {"accuracy": result.accuracy, "macro_f1": result.macro_f1} if result else None
     )
+    sel = result.model_selection if result else None
+    out["model_selection"] = (
+        {
+            "selected": sel.selected,
+            "best_epoch": sel.best_epoch,
+            "best_val_macro_f1": sel.best_value,
+            "epochs_trained": result.epochs,
+            "early_stopped": sel.early_stopped,
+            "stopped_at_epoch": sel.stopped_at_epoch,
+        }
+        if sel
+        else None
+    )
     info = storage.read_json(f"{base.url}/{INFO_FILE}") if base else None
     test = (info or {}).get("test")
     out["baseline"] = {k: test[k] for k in ("accuracy", "macro_f1")} if test else None
@@ -90,6 +103,9 @@ def format_summary(s: dict) -> str:
         f"{'baseline (TF-IDF+LR)':<22}{cells(s['baseline'])}",
         f"{'majority class':<22}{cells(s['majority'])}",
     ]
+    sel = s.get("model_selection")
+    if sel:
+        lines.append(_selection_line(sel))
     if s["champion"] is True:
         lines.append(f"champion: yes, {s['registered_model']} holds @champion")
     elif s["champion"] is False:
@@ -107,6 +123,23 @@ def format_summary(s: dict) -> str:
             f"champion: unknown ({s['gate_decision'] or 'no registered model or MLflow store'})"
         )
     return "\n".join(lines)
+
+
+def _selection_line(sel: dict) -> str:
+    """Which epoch's weights the fine-tuned model is and why training stopped where it did."""
+    if sel["best_epoch"] is None:
+        return "fine-tuned weights: the last (no validation)"
+    which = (
+        f"best validation macro-F1 {sel['best_val_macro_f1']:.4f} at epoch {sel['best_epoch']}"
+        if sel["selected"] == "best"
+        else f"the last epoch's (best validation was epoch {sel['best_epoch']})"
+    )
+    stop = (
+        f"early stopping fired after epoch {sel['stopped_at_epoch']}"
+        if sel["early_stopped"]
+        else "no early stopping"
+    )
+    return f"fine-tuned weights: {which}; {stop}"
 
 
 def cmd_summary(args) -> int:

@@ -268,12 +268,19 @@ class ReviewClassifier(pl.LightningModule):
         total = max(1, self.total_steps())
         warmup = int(total * o.warmup_ratio)
 
-        def linear(step: int) -> float:
+        schedule = o.lr_schedule
+
+        def factor(step: int) -> float:
             if step < warmup:
                 return (step + 1) / (warmup + 1)
-            return max(0.0, (total - step) / max(1, total - warmup))
+            if schedule == "constant":
+                return 1.0
+            done = min(1.0, (step - warmup) / max(1, total - warmup))
+            if schedule == "cosine":
+                return 0.5 * (1.0 + math.cos(math.pi * done))
+            return max(0.0, 1.0 - done)  # linear: (total - step) / (total - warmup)
 
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},

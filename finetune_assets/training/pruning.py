@@ -29,7 +29,8 @@ log = logging.getLogger("finetune_assets.training")
 
 
 def validation_schedule(config: TrainerConfig) -> dict[str, Any]:
-    """The Trainer's validation cadence: once per epoch, or about ``trial.reports`` times a trial.
+    """The Trainer's validation cadence: once per epoch (or every ``val_check_every_n_steps``), or
+    about ``trial.reports`` times a trial.
 
     With ``max_steps`` the reports are evenly spaced in steps (counted across epochs), so every
     trial reports at the same steps whatever its batch size; when ``reports`` divides ``max_steps``
@@ -38,7 +39,14 @@ def validation_schedule(config: TrainerConfig) -> dict[str, Any]:
     """
     trial = config.trial
     if trial is None:
-        return {"check_val_every_n_epoch": 1}
+        every_n = config.val_check_every_n_steps
+        if every_n is None:
+            return {"check_val_every_n_epoch": 1}
+        # counted in batches by Lightning, across epochs
+        return {
+            "check_val_every_n_epoch": None,
+            "val_check_interval": every_n * config.accumulate_grad_batches,
+        }
     if config.max_steps > 0:
         every = max(1, math.ceil(config.max_steps / trial.reports)) * config.accumulate_grad_batches
         return {"check_val_every_n_epoch": None, "val_check_interval": every}

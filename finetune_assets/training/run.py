@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.training import files, pruning
+from finetune_assets.training.best import BestModel
 from finetune_assets.training.callbacks import (
     HuggingFaceCheckpointer,
     Progress,
@@ -69,6 +70,13 @@ def quiet_known_notices() -> None:
         message=r"Your `IterableDataset` has `__len__` defined",
         category=UserWarning,
         module=r"pytorch_lightning\.utilities\.data",
+    )
+    # A resumed run's best-checkpoint folder (training/best.py) holds the best so far, by design.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"Checkpoint directory .*[/\\]best exists and is not empty",
+        category=UserWarning,
+        module=r"pytorch_lightning\.callbacks\.model_checkpoint",
     )
     tips = logging.getLogger("pytorch_lightning.utilities.rank_zero")
     if not any(isinstance(f, _DropLitLoggerTip) for f in tips.filters):
@@ -217,7 +225,8 @@ def empty_test_metrics(test_url: str) -> dict[str, Any]:
 
 
 def train(config: TrainerConfig) -> dict[str, Any]:
-    """Fit, validate every epoch, test, save; rank 0 writes model/ + metrics.json, logs to MLflow.
+    """Fit, validate every epoch, keep the best validation's weights, test them, save; rank 0
+    writes model/ + metrics.json, logs to MLflow.
 
     Side jobs are callbacks (:mod:`.callbacks`): throughput counters, progress lines, the Hugging
     Face export and MLflow registration.
@@ -262,16 +271,19 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     logger = _mlflow_logger(config, rank)
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
+    validate = not datamodule.is_empty("validation")
+    best = BestModel(config, validate)
     trainer = _trainer(
         config,
         logger if logger is not None else False,
         [
             throughput,
             Progress(throughput, config.progress_every_seconds),
+            *best.callbacks(),  # before the export: it loads the best weights at fit end
             export,
             *pruning.callbacks(config, rank),
         ],
-        validate=not datamodule.is_empty("validation"),
+        validate=validate,
         parameters=sum(p.numel() for p in module.parameters()),
     )
 
@@ -325,9 +337,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "labels": list(config.labels),
             "wall_seconds": time.time() - t0,
             "timings": timings,  # seconds per phase (where a run's time goes)
+            "model_selection": best.selection().model_dump(),
         }
         if rank != 0:
             return metrics
+        if logger is not None:
+            logger.log_metrics(best.mlflow_metrics(), step=int(trainer.global_step))
         t = time.time()
         info = export.publish(metrics)
         timings["publish"] = time.time() - t  # MLflow logging + registration, then output_dir/model

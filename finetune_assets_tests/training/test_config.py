@@ -24,13 +24,19 @@ def test_defaults_fine_tune_with_adamw_bucketing_and_auto_precision(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(_cfg()))
     c = TrainerConfig.from_json(str(path))
-    # one epoch: benchmarks/README.md
-    assert (c.optimizer, c.lr, c.warmup_ratio, c.epochs, c.batch_size) == (
+    # two epochs, the best validation kept: benchmarks/README.md, "Recipe study"
+    assert (c.optimizer, c.lr, c.warmup_ratio, c.lr_schedule, c.epochs, c.batch_size) == (
         "adamw",
         5e-5,
         0.1,
-        1,
+        "linear",
+        2,
         8,
+    )
+    assert (c.select_model, c.early_stopping_patience, c.val_check_every_n_steps) == (
+        "best",
+        2,
+        None,
     )
     assert c.class_weights == "balanced" and c.num_workers == 0
     # the measured fast defaults (benchmarks/defaults.py)

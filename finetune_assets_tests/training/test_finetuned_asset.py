@@ -67,6 +67,17 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
         "![confusion matrix](data:image/png;base64,"
     )
     assert meta["test_samples"].value == 24
+    # best-validation selection (one epoch here: its own weights) and the curve, also in MLflow
+    assert meta["selected_weights"].value == "best" and meta["best_epoch"].value == 1
+    assert meta["early_stopped"].value is False
+    assert f"| 1 | {meta['global_step'].value} |" in meta["validation_curve"].value
+    from mlflow import MlflowClient
+
+    run = MlflowClient(f"sqlite:///{storage_root}/mlflow/mlflow.db").get_run(
+        meta["mlflow_run_id"].value
+    )
+    assert run.data.metrics["selection/best_epoch"] == 1
+    assert run.data.metrics["selection/early_stopped"] == 0
 
     published = store.require("finetuned_model", "v1")
     assert mat.tags["dagster/data_version"] == published.data_version

@@ -145,6 +145,30 @@ def test_balanced_class_weights_change_the_training_loss(tiny_model_dir):
         ReviewClassifier(model, HyperParameters(), class_weights=[1.0, 2.0])
 
 
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        # 10 steps, 2 of warmup: (step + 1) / 3, then from 1 down to 0 over the last 8
+        ("linear", [1 / 3, 2 / 3, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]),
+        ("cosine", [1 / 3, 2 / 3, 1.0, 0.962, 0.854, 0.691, 0.5, 0.309, 0.146, 0.038]),
+        ("constant", [1 / 3, 2 / 3, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    ],
+)
+def test_lr_schedule_after_the_warmup(tiny_model_dir, monkeypatch, schedule, expected):
+    module = ReviewClassifier(
+        load_classifier(str(tiny_model_dir)),
+        HyperParameters(lr=1.0, warmup_ratio=0.2, lr_schedule=schedule),
+    )
+    monkeypatch.setattr(ReviewClassifier, "total_steps", lambda self: 10)
+    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    factors = []
+    for _ in range(10):
+        factors.append(scheduler.get_last_lr()[0])
+        scheduler.optimizer.step()
+        scheduler.step()
+    assert factors == pytest.approx(expected, abs=1e-3)
+
+
 def test_balanced_class_weights_reach_the_trainer(tmp_path, tiny_model_dir, shards):
     skewed = tmp_path / "skewed"
     shutil.copytree(shards, skewed)
