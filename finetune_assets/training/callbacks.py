@@ -239,7 +239,7 @@ class HuggingFaceCheckpointer(pl.Callback):
         if trainer.is_global_zero:
             self.cleanup()
             # the trained model's class and id2label
-            model = export_classifier(pl_module.model.config, state)
+            model = export_classifier(pl_module.model.config, state, self.config.export_dtype)
             os.makedirs(files.scratch_root(), exist_ok=True)
             self.staging = Path(tempfile.mkdtemp(prefix="model-", dir=files.scratch_root()))
             model.save_pretrained(self.staging, safe_serialization=True)

@@ -73,6 +73,11 @@ class HyperParameters(_Strict):
         description="auto: bf16-mixed where the CPU or GPU supports bf16, else 32 "
         "(the run records what it used); 32, bf16-mixed, 16-mixed (GPU)",
     )
+    export_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="dtype of the exported model's weights; training always keeps fp32 master "
+        "weights (bf16-mixed is autocast), whatever the pretrained checkpoint's dtype",
+    )
     accumulate_grad_batches: int = Field(1, ge=1)
     gradient_clip_val: float | None = Field(
         None, gt=0, description="clip gradients to this norm (null: off)"

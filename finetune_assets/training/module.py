@@ -38,14 +38,22 @@ def load_classifier(model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET) -> Pre
     return load_sequence_classifier(model_dir, labels, local_only=True)
 
 
-def export_classifier(config: PretrainedConfig, state: dict[str, torch.Tensor]) -> PreTrainedModel:
-    """The trained weights in a model built from the trained model's own config (and so its class).
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+
+def export_classifier(
+    config: PretrainedConfig, state: dict[str, torch.Tensor], dtype: str = "float32"
+) -> PreTrainedModel:
+    """The trained weights in a model built from the trained model's own config (and so its class),
+    saved as ``dtype`` (``export_dtype``).
+
+    Built in float32 whatever ``config.dtype`` says (a bf16 checkpoint's config would otherwise
+    build bf16 and round the trained fp32 weights), then cast to the chosen export dtype.
     ``state`` is the Lightning module's state dict (``model.`` prefixed); a missing or extra key
     fails.
     """
     weights = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
-    model = AutoModelForSequenceClassification.from_config(config)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
@@ -53,6 +61,8 @@ def export_classifier(config: PretrainedConfig, state: dict[str, torch.Tensor]) 
             f"trained weights do not match {type(model).__name__}: missing={missing}, "
             f"unexpected={unexpected}"
         )
+    model = model.to(EXPORT_DTYPES[dtype])
+    model.config.dtype = EXPORT_DTYPES[dtype]
     return model.eval()
 
 

@@ -160,3 +160,45 @@ def test_balanced_class_weights_reach_the_trainer(tmp_path, tiny_model_dir, shar
         ]
         is None
     )
+
+
+def test_a_bf16_checkpoint_trains_with_fp32_master_weights_and_exports_fp32(
+    tmp_path, tiny_model_dir, arabic_reviews
+):
+    """A checkpoint saved in bf16 is loaded as fp32: AdamW's state is fp32 (small updates are not
+    rounded away) and the exported model is fp32 by default (``export_dtype``), under bf16 autocast.
+    """
+    from safetensors import safe_open
+    from transformers import AutoModelForSequenceClassification
+
+    bf16_dir = tmp_path / "bf16-model"
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model_dir))
+    model.to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, bf16_dir / name)
+    with safe_open(str(bf16_dir / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    shards = write_mds_splits(
+        tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(24, 8, 8)
+    )
+    config = trainer_config(tmp_path, bf16_dir, shards, batch_size=8, precision="bf16-mixed")
+    train(config)
+
+    state = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
+    adam = state["optimizer_states"][0]["state"]
+    moments = {t.dtype for s in adam.values() for k, t in s.items() if k.startswith("exp_avg")}
+    assert adam and moments == {torch.float32}
+    assert {v.dtype for k, v in state["state_dict"].items() if v.is_floating_point()} == {
+        torch.float32
+    }
+    with safe_open(str(tmp_path / "out" / "model" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}
+
+    bf16_out = trainer_config(
+        tmp_path / "bf16-export", bf16_dir, shards, batch_size=8, export_dtype="bfloat16"
+    )
+    train(bf16_out)
+    exported = tmp_path / "bf16-export" / "out" / "model" / "model.safetensors"
+    with safe_open(str(exported), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
