@@ -110,16 +110,16 @@ class HyperParameters(_Strict):
         "length before batching (less padding); 1: off",
     )
     checkpoint_every_n_steps: int | None = Field(
-        None,
+        500,
         ge=1,
-        description="checkpoint every this many optimizer "
-        "steps; null: every checkpoint_every_minutes",
+        description="checkpoint every this many optimizer steps (always right after a step, never "
+        "inside gradient accumulation); on a GPU the file is written in the background",
     )
-    checkpoint_every_minutes: float = Field(
-        10.0,
+    checkpoint_every_minutes: float | None = Field(
+        None,
         gt=0,
-        description="wall-clock checkpoint interval (rank 0 decides "
-        "for all); on a GPU the file is written in the background",
+        description="instead of steps: a wall-clock interval, read by rank 0 at the log interval "
+        "and broadcast (a time check every batch would sync the host each step)",
     )
     log_every_n_steps: int = Field(10, ge=1)
     progress_every_seconds: float = Field(
@@ -138,6 +138,17 @@ class HyperParameters(_Strict):
     def _precision_number(cls, value: Any) -> Any:
         # 32 == "32"
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _one_checkpoint_trigger(self) -> HyperParameters:
+        if self.checkpoint_every_minutes is not None:
+            steps_given = "checkpoint_every_n_steps" in self.model_fields_set
+            if steps_given and self.checkpoint_every_n_steps:
+                raise ValueError(
+                    "set checkpoint_every_n_steps or checkpoint_every_minutes, not both"
+                )
+            self.checkpoint_every_n_steps = None  # the time trigger replaces the default steps
+        return self
 
     @model_validator(mode="after")
     def _gpu_only_precision(self) -> HyperParameters:

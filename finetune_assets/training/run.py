@@ -12,7 +12,7 @@ from typing import Any
 import fsspec
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.loggers import MLFlowLogger
 from transformers import AutoTokenizer
 
@@ -20,6 +20,7 @@ from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.training import files, pruning
 from finetune_assets.training.callbacks import (
+    BoundaryCheckpoint,
     HuggingFaceCheckpointer,
     Progress,
     Throughput,
@@ -111,15 +112,15 @@ def _trainer(
 ) -> pl.Trainer:
     _, world, local_world = torchrun_world()
     strategy = _strategy(config, world, local_world, parameters)
-    by_steps = config.checkpoint_every_n_steps
-    # on a time interval Lightning broadcasts rank 0's decision: no rank skips a save
-    checkpoint = ModelCheckpoint(
+    minutes = config.checkpoint_every_minutes
+    # Only after an optimizer step; on a time interval rank 0's decision is broadcast (no rank
+    # skips a save), checked at the log interval only.
+    checkpoint = BoundaryCheckpoint(
         dirpath=files.local_path(config.checkpoint_dir),
         filename="step-{step}",
-        every_n_train_steps=by_steps,
-        train_time_interval=None
-        if by_steps
-        else datetime.timedelta(minutes=config.checkpoint_every_minutes),
+        every_n_train_steps=config.checkpoint_every_n_steps,
+        train_time_interval=datetime.timedelta(minutes=minutes) if minutes else None,
+        time_check_every_n_steps=config.log_every_n_steps,
         save_top_k=0,
         save_last=True,
     )

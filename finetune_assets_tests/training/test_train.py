@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,88 @@ def test_a_bf16_checkpoint_trains_with_fp32_master_weights_and_exports_fp32(
     exported = tmp_path / "bf16-export" / "out" / "model" / "model.safetensors"
     with safe_open(str(exported), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+
+
+class _Crash(RuntimeError):
+    """The process dying mid-epoch (raised in the trainer, as a kill would stop it there)."""
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    [
+        # the time trigger, due from micro-batch 10 (inside step 3's window) on a shifted clock
+        {"checkpoint_every_minutes": 1.0},
+        {"checkpoint_every_n_steps": 1},
+    ],
+    ids=["time", "steps"],
+)
+def test_resume_under_gradient_accumulation_ends_with_the_uninterrupted_weights(
+    tmp_path, tiny_model_dir, arabic_reviews, monkeypatch, trigger
+):
+    """``accumulate_grad_batches: 4`` (24 micro-batches, 6 steps). The run dies at micro-batch 15
+    (3rd of step 4's window), its re-run dies there again, the third run finishes: it must end
+    with the uninterrupted run's weights. A checkpoint saved inside an accumulation window (a
+    time trigger due mid-window, or the step trigger's re-save on the first micro-batch after a
+    resume) counts the window's micro-batches as consumed without their gradients. Tolerance:
+    1e-6 absolute (same process, same order of operations: in practice equal).
+    """
+    import types
+
+    from pytorch_lightning.callbacks import model_checkpoint
+    from safetensors.torch import load_file
+
+    from finetune_assets.training import throughput
+
+    shards = write_mds_splits(
+        tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 8, 8)
+    )
+    settings = dict(
+        batch_size=2,
+        accumulate_grad_batches=4,
+        log_every_n_steps=1,
+        bucket_batches=1,
+        class_weights="none",
+        optimizer="adamw",
+        lr=1e-3,
+        **{"checkpoint_every_n_steps": None, **trigger},
+    )
+    shift = {"s": 0.0}
+    monkeypatch.setattr(
+        model_checkpoint,
+        "time",
+        types.SimpleNamespace(monotonic=lambda: time.monotonic() + shift["s"]),
+    )
+    start = throughput.Throughput.on_train_batch_start
+    crashes = {"left": 0}
+
+    def clock_and_kill(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 9:
+            shift["s"] += 120.0  # a minute and more has passed: the time trigger is due
+        if batch_idx == 14 and crashes["left"]:
+            crashes["left"] -= 1
+            raise _Crash("killed mid-accumulation")
+        return start(self, trainer, pl_module, batch, batch_idx)
+
+    monkeypatch.setattr(throughput.Throughput, "on_train_batch_start", clock_and_kill)
+    reference = train(trainer_config(tmp_path / "whole", tiny_model_dir, shards, **settings))
+    assert reference["global_step"] == 6
+
+    killed = trainer_config(tmp_path / "killed", tiny_model_dir, shards, **settings)
+    crashes["left"] = 2
+    for _ in range(2):
+        with pytest.raises(_Crash):
+            train(killed)
+        saved = torch.load(
+            tmp_path / "killed" / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True
+        )
+        # right after step 3's optimizer step (micro-batch 12), never inside step 4's window
+        assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"] == 12
+    resumed = train(killed)
+    assert resumed["resumed_at_step"] == 3 and resumed["global_step"] == 6
+    assert resumed["samples_seen"] == reference["samples_seen"] == 48
+
+    whole = load_file(tmp_path / "whole" / "out" / "model" / "model.safetensors")
+    again = load_file(tmp_path / "killed" / "out" / "model" / "model.safetensors")
+    assert whole.keys() == again.keys()
+    for key in whole:
+        torch.testing.assert_close(again[key], whole[key], rtol=0, atol=1e-6, msg=key)
