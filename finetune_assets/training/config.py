@@ -139,16 +139,17 @@ class HyperParameters(_Strict):
         # 32 == "32"
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
-    @model_validator(mode="after")
-    def _one_checkpoint_trigger(self) -> HyperParameters:
-        if self.checkpoint_every_minutes is not None:
-            steps_given = "checkpoint_every_n_steps" in self.model_fields_set
-            if steps_given and self.checkpoint_every_n_steps:
+    @model_validator(mode="before")
+    @classmethod
+    def _one_checkpoint_trigger(cls, data: Any) -> Any:
+        """A time interval replaces the default step interval; both given is a contradiction."""
+        if isinstance(data, dict) and data.get("checkpoint_every_minutes") is not None:
+            if data.get("checkpoint_every_n_steps") is not None:
                 raise ValueError(
                     "set checkpoint_every_n_steps or checkpoint_every_minutes, not both"
                 )
-            self.checkpoint_every_n_steps = None  # the time trigger replaces the default steps
-        return self
+            data = {**data, "checkpoint_every_n_steps": None}
+        return data
 
     @model_validator(mode="after")
     def _gpu_only_precision(self) -> HyperParameters:

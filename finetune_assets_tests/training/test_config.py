@@ -206,3 +206,11 @@ def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_run
     failure = result.get_step_failure_events()[0].event_specific_data.error
     text = failure.to_string()  # the pydantic error is the step error's cause
     assert f"validation error for FinetuneConfig\n{needle}\n" in text
+
+
+def test_checkpoints_by_steps_by_default_and_a_time_interval_replaces_them():
+    assert TrainerConfig.from_dict(_cfg()).checkpoint_every_n_steps == 500
+    timed = TrainerConfig.from_dict(_cfg(checkpoint_every_minutes=5.0))
+    assert timed.checkpoint_every_n_steps is None and timed.checkpoint_every_minutes == 5.0
+    with pytest.raises(ConfigError, match="not both"):
+        TrainerConfig.from_dict(_cfg(checkpoint_every_minutes=5.0, checkpoint_every_n_steps=3))
