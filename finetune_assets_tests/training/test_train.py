@@ -288,3 +288,18 @@ def test_resume_under_gradient_accumulation_ends_with_the_uninterrupted_weights(
     assert whole.keys() == again.keys()
     for key in whole:
         torch.testing.assert_close(again[key], whole[key], rtol=0, atol=1e-6, msg=key)
+
+
+def test_a_start_removes_the_shard_caches_of_earlier_attempts(tmp_path, tiny_model_dir, shards):
+    """A killed attempt never removes its cache folder; the next start's local leader does."""
+    config = trainer_config(tmp_path, tiny_model_dir, shards)
+    earlier = MdsDataModule(config, run_key=config.checkpoint_dir)  # another attempt's folder
+    left = Path(earlier.cache_dir, "train", "shard.00000.mds")
+    left.parent.mkdir(parents=True)
+    left.write_bytes(b"\0" * 1024)
+    current = MdsDataModule(config, run_key=config.checkpoint_dir)
+    assert Path(current.cache_dir).parent == left.parents[2] != Path(current.cache_dir)
+    current.setup("fit")
+    assert not left.parents[1].exists() and Path(current.cache_dir).is_dir()
+    assert current.remove_earlier_attempts() == []
+    current.remove_cache()
