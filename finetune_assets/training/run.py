@@ -205,6 +205,25 @@ def _local_resume(resume: str | None) -> str | None:
     return files.local_path(local)
 
 
+def resume_decision(exists_per_rank: list[bool]) -> bool:
+    """Rank 0 decides whether the run resumes (every rank sees this same list, one all-gather).
+
+    Each rank deciding alone, on node-local checkpoint storage node 0 resumed and waited in a
+    barrier while node 1 started fresh (a 30-minute hang). A rank that cannot see the checkpoint
+    rank 0 resumes from is an error on every rank, not a hang.
+    """
+    if not exists_per_rank[0]:
+        return False
+    blind = [rank for rank, seen in enumerate(exists_per_rank) if not seen]
+    if blind:
+        raise FileNotFoundError(
+            f"rank 0 resumes from {LAST} in checkpoint_dir, but ranks {blind} cannot see it: "
+            "checkpoint_dir must be storage every node reads (a shared volume or an object store "
+            "URL), not a node-local folder"
+        )
+    return True
+
+
 def empty_test_metrics(test_url: str) -> dict[str, Any]:
     """What metrics.json says when the test split has no samples: no numbers, and why."""
     return {
@@ -277,7 +296,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     )
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
-    resume = last if files.exists(last) else None
+    resume = last if resume_decision(gather(files.exists(last))) else None
     if resume and rank == 0:
         log.warning("resuming from %s", resume)
     timings: dict[str, float] = {"setup": time.time() - t0}

@@ -303,3 +303,12 @@ def test_a_start_removes_the_shard_caches_of_earlier_attempts(tmp_path, tiny_mod
     assert not left.parents[1].exists() and Path(current.cache_dir).is_dir()
     assert current.remove_earlier_attempts() == []
     current.remove_cache()
+
+
+def test_rank_0_decides_the_resume_and_a_rank_that_cannot_see_it_fails():
+    from finetune_assets.training.run import resume_decision
+
+    assert resume_decision([True, True, True, True]) is True
+    assert resume_decision([False, True, False, True]) is False  # rank 0 starts fresh: all do
+    with pytest.raises(FileNotFoundError, match=r"ranks \[2, 3\] cannot see it"):
+        resume_decision([True, True, False, False])
