@@ -79,6 +79,12 @@ class HyperParameters(_Strict):
         "weights (bf16-mixed is autocast), whatever the pretrained checkpoint's dtype",
     )
     accumulate_grad_batches: int = Field(1, ge=1)
+    nonfinite_loss: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a NaN/inf training loss: stop the run naming the step and batch (checked at "
+        "the log interval, no per-step sync); skip: drop that optimizer step, counted (one host "
+        "sync per micro-batch)",
+    )
     gradient_clip_val: float | None = Field(
         None, gt=0, description="clip gradients to this norm (null: off)"
     )

@@ -334,6 +334,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "epochs": int(trainer.current_epoch),
             "resumed_from": resume,
             "resumed_at_step": throughput.start_step if resume else None,
+            "nonfinite_skipped": module.nonfinite_skipped,
             "world_size": world,
             "strategy": config.strategy,
             "parameters_per_rank": gather(local_parameters(module)),

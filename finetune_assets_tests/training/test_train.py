@@ -312,3 +312,34 @@ def test_rank_0_decides_the_resume_and_a_rank_that_cannot_see_it_fails():
     assert resume_decision([False, True, False, True]) is False  # rank 0 starts fresh: all do
     with pytest.raises(FileNotFoundError, match=r"ranks \[2, 3\] cannot see it"):
         resume_decision([True, True, False, False])
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_a_nonfinite_loss_stops_the_run_naming_where_or_is_skipped_and_counted(
+    tmp_path, tiny_model_dir, shards, monkeypatch, mode
+):
+    """The loss of batch 2 (step 2) is NaN. ``stop``: the run fails naming step and batch (found
+    at the next log interval, no per-step sync). ``skip``: that step is dropped and counted, and
+    the trained weights stay finite.
+    """
+    from safetensors.torch import load_file
+
+    from finetune_assets.training.module import NonFiniteLoss
+
+    loss = ReviewClassifier.train_loss
+
+    def nan_at_batch_2(self, logits, labels):
+        value = loss(self, logits, labels)
+        return value * float("nan") if self.trainer.fit_loop.epoch_loop.batch_idx == 2 else value
+
+    monkeypatch.setattr(ReviewClassifier, "train_loss", nan_at_batch_2)
+    config = trainer_config(tmp_path, tiny_model_dir, shards, nonfinite_loss=mode)
+    if mode == "stop":
+        with pytest.raises(NonFiniteLoss, match="at step 2, batch 2 of epoch 0"):
+            train(config)
+        return
+    metrics = train(config)
+    # Lightning counts the dropped step too (the LR schedule stays aligned); no update applied
+    assert metrics["nonfinite_skipped"] == 1 and metrics["global_step"] == 6
+    weights = load_file(tmp_path / "out" / "model" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
