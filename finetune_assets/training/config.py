@@ -57,6 +57,12 @@ class HyperParameters(_Strict):
         -1, ge=-1, description="-1: all epochs; else stop after this many optimizer steps"
     )
     batch_size: int = Field(8, ge=1, description="per device (per torchrun worker)")
+    eval_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="validation/test batch per device; null: batch_size on CPU, 4 x on a GPU "
+        "(training/device_settings.py)",
+    )
     optimizer: Optimizer = Field(
         "adamw",
         description="adamw (linear warmup/decay) or adadelta (the seed's recipe: "

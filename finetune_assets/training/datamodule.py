@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from finetune_assets.data.shards import open_streaming_dataset
 from finetune_assets.training.collate import PAD_LABEL, DynamicPaddingCollator
 from finetune_assets.training.config import DataConfig, TrainerConfig
+from finetune_assets.training.device_settings import eval_batch_size, on_gpu
 from finetune_assets.training.shard_cache import (
     cache_limit_bytes,
     cache_root,
@@ -235,7 +236,11 @@ class MdsDataModule(pl.LightningDataModule):
         block = RankBlock(self.datasets[split], rank, world)
         return DataLoader(
             block,
-            batch_size=self.config.batch_size,
+            batch_size=eval_batch_size(
+                self.config.batch_size,
+                self.config.eval_batch_size,
+                on_gpu(self.config.accelerator),
+            ),
             shuffle=False,
             collate_fn=self.collate,
             **self._loader_kwargs(),

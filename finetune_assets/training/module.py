@@ -25,6 +25,7 @@ from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.data.models import load_sequence_classifier
 from finetune_assets.training.collate import PAD_LABEL
 from finetune_assets.training.config import HyperParameters
+from finetune_assets.training.device_settings import adamw_options
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +360,8 @@ class ReviewClassifier(pl.LightningModule):
                 {"params": no_decay, "weight_decay": 0.0},
             ],
             lr=o.lr,
+            # fused on CUDA (DDP; FSDP's sharded DTensor parameters keep the default)
+            **(adamw_options(self.device) if self.device_mesh is None else {}),
         )
         total = max(1, self.total_steps())
         warmup = int(total * o.warmup_ratio)

@@ -28,6 +28,7 @@ from finetune_assets.training.callbacks import (
 )
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights
+from finetune_assets.training.device_settings import ddp_strategy, on_gpu
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.precision import resolve_precision
 from finetune_assets.training.process_group import (
@@ -87,7 +88,7 @@ def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: i
         strategy = "fsdp" if parameters > FSDP_ABOVE_PARAMETERS and world > 1 else "ddp"
     if strategy == "fsdp":
         return ShardedStrategy(num_nodes=max(1, world // local_world), ranks_per_node=local_world)
-    return "auto" if world == 1 else "ddp"
+    return "auto" if world == 1 else ddp_strategy(config.precision, on_gpu(config.accelerator))
 
 
 def checkpoint_io(config: TrainerConfig) -> Any:
@@ -258,7 +259,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         config,
         pad_token_id=tokenizer.pad_token_id or 0,
         run_key=config.checkpoint_dir,
-        pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(),
+        pin_memory=on_gpu(config.accelerator),
         attempt=attempt,
     )
     weights = None
