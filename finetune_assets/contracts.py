@@ -348,6 +348,9 @@ class TrainingResult(BaseModel):
     epochs: int
     resumed_from: str | None = None
     resumed_at_step: int | None = None
+    nonfinite_skipped: int = (
+        0  # optimizer steps skipped for a non-finite loss (nonfinite_loss skip)
+    )
     world_size: int
     strategy: str | None = None  # as run ("ddp", "fsdp", "auto")
     # Parameter elements each rank holds, in rank order: the model's size on every rank under DDP,

@@ -378,6 +378,16 @@ def _metadata(
         )
     for name, value in result.f1_per_class.items():
         meta[f"f1_{name}"] = dg.MetadataValue.float(float(value))
+    # the steady-state window, all ranks and per device (training/throughput.py)
+    for key in (
+        "flops_per_sec",
+        "device_samples_per_sec",
+        "device_flops_per_sec",
+        "padded_tokens_per_sec",
+        "mfu",
+    ):
+        if result.throughput.get(key) is not None:
+            meta[f"throughput_{key}"] = dg.MetadataValue.float(float(result.throughput[key]))
     if result.precision:  # as resolved on the training machine (precision "auto")
         meta["precision"] = result.precision
     if result.resumed_at_step is not None:

@@ -127,7 +127,13 @@ def load_sequence_classifier(
     Raises :class:`WeightsMismatch` when any encoder weight is missing from the checkpoint or a
     checkpoint weight is left unused by the model: the encoder would silently start from random
     weights.
+
+    Always float32, whatever dtype the checkpoint was saved in: these are the master weights the
+    optimizer updates (bf16 weights would round away most small AdamW updates), and transformers 5
+    would otherwise load a bf16 checkpoint as bf16 (``dtype="auto"``). Mixed precision is the
+    trainer's autocast, not the weights' dtype.
     """
+    import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     config = AutoConfig.from_pretrained(
@@ -136,9 +142,11 @@ def load_sequence_classifier(
     config.num_labels = labels.num_labels
     config.id2label = labels.id2label
     config.label2id = labels.label2id
+    config.dtype = torch.float32
     model, info = AutoModelForSequenceClassification.from_pretrained(
         source,
         config=config,
+        dtype=torch.float32,
         revision=revision,
         trust_remote_code=False,
         local_files_only=local_only,

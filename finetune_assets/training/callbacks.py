@@ -5,6 +5,8 @@ about training.
 - :class:`Progress`: rank 0 writes one progress line at a steady time interval (step/total, epoch,
   loss, samples/s, ETA) to the log, which both launchers forward to the Dagster log, and the same
   numbers as ``progress/*`` metrics to MLflow.
+- :class:`BoundaryCheckpoint`: ``last.ckpt`` only right after an optimizer step (never inside a
+  gradient accumulation window), with no per-batch host sync.
 - :class:`HuggingFaceCheckpointer`: at the end of fit, the trained weights as a Hugging Face folder;
   then (:meth:`~HuggingFaceCheckpointer.publish`) the MLflow artifacts, the transformers-flavor
   model and its registered version, and the folder published under ``output_dir/model``. Modelled on
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 from finetune_assets import tracking, viz
 from finetune_assets.training import PROGRESS, files
@@ -34,6 +37,7 @@ from finetune_assets.training.throughput import CHECKPOINT_KEY, Throughput
 
 __all__ = [
     "CHECKPOINT_KEY",
+    "BoundaryCheckpoint",
     "HuggingFaceCheckpointer",
     "Progress",
     "Throughput",
@@ -168,6 +172,51 @@ class Progress(pl.Callback):
         return line
 
 
+# -- checkpoints -----------------------------------------------------------------------------------
+
+
+class BoundaryCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint``, consulted only on the batch whose optimizer step just ran.
+
+    Lightning's own trigger runs at every micro-batch end, and so
+    - can save inside a gradient accumulation window (the time trigger, or the step trigger on the
+      first micro-batch after a resume, since the step already saved is not in its state): the
+      loader state then counts micro-batches whose gradients the checkpoint lacks, and a resume is
+      not exact;
+    - with ``train_time_interval`` broadcasts rank 0's clock decision every micro-batch: a host
+      round trip per batch on a GPU.
+    Here a save happens only where ``global_step`` just advanced (a Python int: no sync), and the
+    time trigger is evaluated (and broadcast) only every ``time_check_every_n_steps`` steps.
+    """
+
+    def __init__(self, *args: Any, time_check_every_n_steps: int = 10, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.time_check_every_n_steps = max(1, time_check_every_n_steps)
+        self._step_seen: int | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # a resumed run's step was saved by the checkpoint it resumed from
+        self._step_seen = int(trainer.global_step)
+        self._last_global_step_saved = int(trainer.global_step)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = int(trainer.global_step)
+        if step == self._step_seen:
+            return  # inside an accumulation window: no optimizer step on this batch
+        self._step_seen = step
+        if self._train_time_interval is not None and step % self.time_check_every_n_steps:
+            return  # the clock is read (and rank 0's decision broadcast) only every N steps
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
 # -- Hugging Face export + MLflow registration ---------------------------------------------------
 
 
@@ -239,7 +288,7 @@ class HuggingFaceCheckpointer(pl.Callback):
         if trainer.is_global_zero:
             self.cleanup()
             # the trained model's class and id2label
-            model = export_classifier(pl_module.model.config, state)
+            model = export_classifier(pl_module.model.config, state, self.config.export_dtype)
             os.makedirs(files.scratch_root(), exist_ok=True)
             self.staging = Path(tempfile.mkdtemp(prefix="model-", dir=files.scratch_root()))
             model.save_pretrained(self.staging, safe_serialization=True)

@@ -64,6 +64,12 @@ class HyperParameters(_Strict):
         -1, ge=-1, description="-1: all epochs; else stop after this many optimizer steps"
     )
     batch_size: int = Field(8, ge=1, description="per device (per torchrun worker)")
+    eval_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="validation/test batch per device; null: batch_size on CPU, 4 x on a GPU "
+        "(training/device_settings.py)",
+    )
     optimizer: Optimizer = Field(
         "adamw",
         description="adamw (linear warmup/decay) or adadelta (the seed's recipe: "
@@ -84,7 +90,18 @@ class HyperParameters(_Strict):
         description="auto: bf16-mixed where the CPU or GPU supports bf16, else 32 "
         "(the run records what it used); 32, bf16-mixed, 16-mixed (GPU)",
     )
+    export_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="dtype of the exported model's weights; training always keeps fp32 master "
+        "weights (bf16-mixed is autocast), whatever the pretrained checkpoint's dtype",
+    )
     accumulate_grad_batches: int = Field(1, ge=1)
+    nonfinite_loss: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a NaN/inf training loss: stop the run naming the step and batch (checked at "
+        "the log interval, no per-step sync); skip: drop that optimizer step, counted (one host "
+        "sync per micro-batch)",
+    )
     gradient_clip_val: float | None = Field(
         None, gt=0, description="clip gradients to this norm (null: off)"
     )
@@ -116,16 +133,16 @@ class HyperParameters(_Strict):
         "length before batching (less padding); 1: off",
     )
     checkpoint_every_n_steps: int | None = Field(
-        None,
+        500,
         ge=1,
-        description="checkpoint every this many optimizer "
-        "steps; null: every checkpoint_every_minutes",
+        description="checkpoint every this many optimizer steps (always right after a step, never "
+        "inside gradient accumulation); on a GPU the file is written in the background",
     )
-    checkpoint_every_minutes: float = Field(
-        10.0,
+    checkpoint_every_minutes: float | None = Field(
+        None,
         gt=0,
-        description="wall-clock checkpoint interval (rank 0 decides "
-        "for all); on a GPU the file is written in the background",
+        description="instead of steps: a wall-clock interval, read by rank 0 at the log interval "
+        "and broadcast (a time check every batch would sync the host each step)",
     )
     select_model: SelectModel = Field(
         "best",
@@ -161,6 +178,18 @@ class HyperParameters(_Strict):
     def _precision_number(cls, value: Any) -> Any:
         # 32 == "32"
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_checkpoint_trigger(cls, data: Any) -> Any:
+        """A time interval replaces the default step interval; both given is a contradiction."""
+        if isinstance(data, dict) and data.get("checkpoint_every_minutes") is not None:
+            if data.get("checkpoint_every_n_steps") is not None:
+                raise ValueError(
+                    "set checkpoint_every_n_steps or checkpoint_every_minutes, not both"
+                )
+            data = {**data, "checkpoint_every_n_steps": None}
+        return data
 
     @model_validator(mode="after")
     def _gpu_only_precision(self) -> HyperParameters:

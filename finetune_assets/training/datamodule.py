@@ -8,6 +8,7 @@ managed by :mod:`.shard_cache`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from finetune_assets.data.shards import open_streaming_dataset
 from finetune_assets.training.collate import PAD_LABEL, DynamicPaddingCollator
 from finetune_assets.training.config import DataConfig, TrainerConfig
+from finetune_assets.training.device_settings import eval_batch_size, on_gpu
 from finetune_assets.training.shard_cache import (
     cache_limit_bytes,
     cache_root,
@@ -32,6 +34,8 @@ from finetune_assets.training.streaming_loader import (
     ResumableStreamingDataLoader,
     repeated_positions,
 )
+
+log = logging.getLogger("finetune_assets.training")
 
 SPLITS = ("train", "validation", "test")
 
@@ -139,6 +143,7 @@ class MdsDataModule(pl.LightningDataModule):
         # directory"): local rank 0 removes the unused ones while the other ranks wait.
         if int(os.environ.get("LOCAL_RANK", 0)) == 0:
             clean_stale_streaming_memory()
+            self.remove_earlier_attempts()
             self._check_free_space()
         if self.trainer is not None:
             self.trainer.strategy.barrier("mds-shm")
@@ -168,6 +173,27 @@ class MdsDataModule(pl.LightningDataModule):
     def cached_shards(self, split: str) -> int:
         """Shards of ``split`` decompressed in this node's cache (each node: about its share)."""
         return len(list(Path(self.cache_dir, split).glob("shard.*.mds")))
+
+    def remove_earlier_attempts(self) -> list[str]:
+        """Delete the caches earlier attempts of this run left on this node (the local leader, at
+        start); the removed folders.
+
+        Each attempt (restart) caches into its own folder (``shard_cache.cache_root``); a killed
+        attempt never removes its own, so repeated in-pod restarts on a large dataset would fill
+        the disk. Every rank of this start shares one attempt token, so any other attempt folder of
+        this run belongs to a worker group that no longer runs.
+        """
+        if not self._owned_cache or not os.path.isdir(self._owned_cache):
+            return []
+        mine = os.path.realpath(self.cache_dir)
+        removed = []
+        for entry in os.scandir(self._owned_cache):
+            if entry.is_dir(follow_symlinks=False) and os.path.realpath(entry.path) != mine:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+        if removed:
+            log.warning("removed %d shard cache(s) of earlier attempts: %s", len(removed), removed)
+        return removed
 
     def remove_cache(self) -> None:
         """Delete the derived cache folder (one process per node, after every rank is done)."""
@@ -210,7 +236,11 @@ class MdsDataModule(pl.LightningDataModule):
         block = RankBlock(self.datasets[split], rank, world)
         return DataLoader(
             block,
-            batch_size=self.config.batch_size,
+            batch_size=eval_batch_size(
+                self.config.batch_size,
+                self.config.eval_batch_size,
+                on_gpu(self.config.accelerator),
+            ),
             shuffle=False,
             collate_fn=self.collate,
             **self._loader_kwargs(),

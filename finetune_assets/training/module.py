@@ -25,6 +25,7 @@ from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.data.models import load_sequence_classifier
 from finetune_assets.training.collate import PAD_LABEL
 from finetune_assets.training.config import HyperParameters
+from finetune_assets.training.device_settings import adamw_options
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,22 @@ def load_classifier(model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET) -> Pre
     return load_sequence_classifier(model_dir, labels, local_only=True)
 
 
-def export_classifier(config: PretrainedConfig, state: dict[str, torch.Tensor]) -> PreTrainedModel:
-    """The trained weights in a model built from the trained model's own config (and so its class).
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+
+def export_classifier(
+    config: PretrainedConfig, state: dict[str, torch.Tensor], dtype: str = "float32"
+) -> PreTrainedModel:
+    """The trained weights in a model built from the trained model's own config (and so its class),
+    saved as ``dtype`` (``export_dtype``).
+
+    Built in float32 whatever ``config.dtype`` says (a bf16 checkpoint's config would otherwise
+    build bf16 and round the trained fp32 weights), then cast to the chosen export dtype.
     ``state`` is the Lightning module's state dict (``model.`` prefixed); a missing or extra key
     fails.
     """
     weights = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
-    model = AutoModelForSequenceClassification.from_config(config)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
@@ -53,6 +62,8 @@ def export_classifier(config: PretrainedConfig, state: dict[str, torch.Tensor]) 
             f"trained weights do not match {type(model).__name__}: missing={missing}, "
             f"unexpected={unexpected}"
         )
+    model = model.to(EXPORT_DTYPES[dtype])
+    model.config.dtype = EXPORT_DTYPES[dtype]
     return model.eval()
 
 
@@ -81,6 +92,10 @@ def decays(name: str) -> bool:
     """
     parts = name.lower().split(".")
     return parts[-1] != "bias" and not any("norm" in part for part in parts[-2:])
+
+
+class NonFiniteLoss(FloatingPointError):
+    """A training loss that is NaN or infinite: the run stops, naming where (``nonfinite_loss``)."""
 
 
 class LayoutChanged(RuntimeError):
@@ -128,6 +143,12 @@ class ReviewClassifier(pl.LightningModule):
         self.test_metrics = _eval_metrics("test/", self.num_classes)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()  # per sample, padding weighted 0
         self.test_results: dict[str, Any] = {}
+        self.gradient_syncs = {True: 0, False: 0}  # FSDP micro-batches with / without grad sync
+        # nonfinite_loss "stop": (step, batch, epoch) of the first non-finite loss, on the device
+        # (read at the log interval); "skip": the window being accumulated had one, and a count
+        self._first_nonfinite: torch.Tensor | None = None
+        self._window_nonfinite = False
+        self.nonfinite_skipped = 0
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:
         # No labels to the model: losses are computed here (class weights, masked repeats and
@@ -144,6 +165,20 @@ class ReviewClassifier(pl.LightningModule):
         torch.manual_seed(
             int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
         )
+        from finetune_assets.training.sharding import set_gradient_sync
+
+        # the epoch loop's own rule (Lightning steps on the last batch of an epoch too)
+        sync = not self.trainer.fit_loop.epoch_loop._should_accumulate()
+        if set_gradient_sync(self.model, sync):
+            self.gradient_syncs[sync] += 1
+
+    def on_train_end(self) -> None:
+        if sum(self.gradient_syncs.values()) and self.global_rank == 0:
+            log.info(
+                "FSDP2 gradient sync: %d micro-batches reduced, %d accumulated without sync",
+                self.gradient_syncs[True],
+                self.gradient_syncs[False],
+            )
 
     def train_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy in fp32, weighted per class when ``class_weights`` were given (mean over
@@ -164,10 +199,71 @@ class ReviewClassifier(pl.LightningModule):
         # 0, not NaN, for an all-repeat batch
         return (per_sample * weight).sum() / weight.sum().clamp(min=1e-12)
 
+    def _watch_nonfinite(self, loss: torch.Tensor, batch_idx: int, check: bool) -> None:
+        """``nonfinite_loss``: record the first non-finite loss on the device (no sync) and raise
+        at the log interval (``check``), on every rank together; or, for ``skip``, mark the
+        accumulation window (one all-reduced flag per micro-batch: every rank skips the same step).
+        """
+        bad = ~torch.isfinite(loss.detach())
+        if self.optim.nonfinite_loss == "skip":
+            flag = self.trainer.strategy.reduce(bad.float(), reduce_op="sum")
+            if float(flag) > 0:
+                self._window_nonfinite = True
+                if self.global_rank == 0:
+                    log.warning(
+                        "non-finite training loss at step %d, batch %d (epoch %d): step skipped",
+                        self.global_step,
+                        batch_idx,
+                        self.current_epoch,
+                    )
+            return
+        where = torch.tensor(
+            [self.global_step, batch_idx, self.current_epoch], device=loss.device, dtype=torch.long
+        )
+        if self._first_nonfinite is None:
+            self._first_nonfinite = torch.full_like(where, -1)
+        first = self._first_nonfinite
+        self._first_nonfinite = torch.where(bad & (first[0] < 0), where, first)
+        if check:
+            self.raise_if_nonfinite()
+
+    def raise_if_nonfinite(self) -> None:
+        """Raise :class:`NonFiniteLoss` if any rank saw a non-finite loss (a collective)."""
+        if self._first_nonfinite is None or self.optim.nonfinite_loss != "stop":
+            return
+        # the earliest over ranks: -1 (none) becomes large so that min picks a real one
+        first = torch.where(self._first_nonfinite < 0, 2**62, self._first_nonfinite)
+        first = self.trainer.strategy.reduce(first, reduce_op="min")  # gloo/nccl: min
+        if int(first[0]) < 2**62:
+            step, batch, epoch = (int(v) for v in first)
+            raise NonFiniteLoss(
+                f"non-finite training loss (NaN or inf) at step {step}, batch {batch} of epoch "
+                f"{epoch}: the run stops (nonfinite_loss 'stop'); lower lr, set "
+                "gradient_clip_val, check the data of that batch, or nonfinite_loss 'skip'"
+            )
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any):
+        if self.optim.nonfinite_loss != "skip":
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        optimizer_closure()  # the window's last forward + backward (every rank: DDP reduces)
+        if self._window_nonfinite:
+            optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_skipped += 1
+            self._window_nonfinite = False
+            return None
+        return optimizer.step(closure=lambda: None)
+
+    def on_train_epoch_end(self) -> None:
+        self.raise_if_nonfinite()
+        if self.optim.nonfinite_loss == "skip":
+            self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), sync_dist=False)
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
         bs = batch["labels"].shape[0]
+        every = self.trainer.log_every_n_steps * self.trainer.accumulate_grad_batches
+        self._watch_nonfinite(loss, batch_idx, check=(batch_idx + 1) % every == 0)
         # The mean over all ranks, reduced once per log interval and once per epoch (not every
         # step).
         if (batch_idx + 1) % (
@@ -264,6 +360,8 @@ class ReviewClassifier(pl.LightningModule):
                 {"params": no_decay, "weight_decay": 0.0},
             ],
             lr=o.lr,
+            # fused on CUDA (DDP; FSDP's sharded DTensor parameters keep the default)
+            **(adamw_options(self.device) if self.device_mesh is None else {}),
         )
         total = max(1, self.total_steps())
         warmup = int(total * o.warmup_ratio)
@@ -312,9 +410,17 @@ class ReviewClassifier(pl.LightningModule):
         """
         mesh = self.device_mesh  # set by Lightning's ModelParallelStrategy only
         if mesh is not None:
-            from finetune_assets.training.sharding import fsdp_mesh, shard_encoder
+            from finetune_assets.training.sharding import fsdp_mesh, mixed_precision, shard_encoder
 
-            shard_encoder(self.model, fsdp_mesh(mesh))
+            policy = mixed_precision(self.optim.precision)
+            if shard_encoder(self.model, fsdp_mesh(mesh), policy) and self.global_rank == 0:
+                log.info(
+                    "FSDP2 on mesh %s, mixed precision %s",
+                    tuple(mesh.shape),
+                    f"param {policy.param_dtype}, reduce {policy.reduce_dtype}"
+                    if policy
+                    else "off (fp32)",
+                )
 
     def _layout(self) -> dict[str, int]:
         """World size, nodes and streaming's canonical nodes: what the data order and repeat mask
@@ -332,10 +438,13 @@ class ReviewClassifier(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Beside callbacks.Throughput's run totals, under the same key.
-        checkpoint.setdefault("review_classifier", {}).update(self._layout())
+        checkpoint.setdefault("review_classifier", {}).update(
+            self._layout(), nonfinite_skipped=self.nonfinite_skipped
+        )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("review_classifier", {})
+        self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
         now = self._layout()
         saved = state.get("world_size")  # absent in checkpoints written before it was recorded
         if saved is not None and int(saved) != now["world_size"]:

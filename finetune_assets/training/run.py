@@ -12,7 +12,7 @@ from typing import Any
 import fsspec
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.loggers import MLFlowLogger
 from transformers import AutoTokenizer
 
@@ -21,6 +21,7 @@ from finetune_assets.data.labels import LabelSet
 from finetune_assets.training import files, pruning
 from finetune_assets.training.best import BestModel
 from finetune_assets.training.callbacks import (
+    BoundaryCheckpoint,
     HuggingFaceCheckpointer,
     Progress,
     Throughput,
@@ -28,6 +29,7 @@ from finetune_assets.training.callbacks import (
 )
 from finetune_assets.training.config import TrainerConfig
 from finetune_assets.training.datamodule import MdsDataModule, balanced_class_weights
+from finetune_assets.training.device_settings import ddp_strategy, on_gpu
 from finetune_assets.training.module import ReviewClassifier, load_classifier
 from finetune_assets.training.precision import resolve_precision
 from finetune_assets.training.process_group import (
@@ -94,7 +96,7 @@ def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: i
         strategy = "fsdp" if parameters > FSDP_ABOVE_PARAMETERS and world > 1 else "ddp"
     if strategy == "fsdp":
         return ShardedStrategy(num_nodes=max(1, world // local_world), ranks_per_node=local_world)
-    return "auto" if world == 1 else "ddp"
+    return "auto" if world == 1 else ddp_strategy(config.precision, on_gpu(config.accelerator))
 
 
 def checkpoint_io(config: TrainerConfig) -> Any:
@@ -119,15 +121,15 @@ def _trainer(
 ) -> pl.Trainer:
     _, world, local_world = torchrun_world()
     strategy = _strategy(config, world, local_world, parameters)
-    by_steps = config.checkpoint_every_n_steps
-    # on a time interval Lightning broadcasts rank 0's decision: no rank skips a save
-    checkpoint = ModelCheckpoint(
+    minutes = config.checkpoint_every_minutes
+    # Only after an optimizer step; on a time interval rank 0's decision is broadcast (no rank
+    # skips a save), checked at the log interval only.
+    checkpoint = BoundaryCheckpoint(
         dirpath=files.local_path(config.checkpoint_dir),
         filename="step-{step}",
-        every_n_train_steps=by_steps,
-        train_time_interval=None
-        if by_steps
-        else datetime.timedelta(minutes=config.checkpoint_every_minutes),
+        every_n_train_steps=config.checkpoint_every_n_steps,
+        train_time_interval=datetime.timedelta(minutes=minutes) if minutes else None,
+        time_check_every_n_steps=config.log_every_n_steps,
         save_top_k=0,
         save_last=True,
     )
@@ -212,6 +214,25 @@ def _local_resume(resume: str | None) -> str | None:
     return files.local_path(local)
 
 
+def resume_decision(exists_per_rank: list[bool]) -> bool:
+    """Rank 0 decides whether the run resumes (every rank sees this same list, one all-gather).
+
+    Each rank deciding alone, on node-local checkpoint storage node 0 resumed and waited in a
+    barrier while node 1 started fresh (a 30-minute hang). A rank that cannot see the checkpoint
+    rank 0 resumes from is an error on every rank, not a hang.
+    """
+    if not exists_per_rank[0]:
+        return False
+    blind = [rank for rank, seen in enumerate(exists_per_rank) if not seen]
+    if blind:
+        raise FileNotFoundError(
+            f"rank 0 resumes from {LAST} in checkpoint_dir, but ranks {blind} cannot see it: "
+            "checkpoint_dir must be storage every node reads (a shared volume or an object store "
+            "URL), not a node-local folder"
+        )
+    return True
+
+
 def empty_test_metrics(test_url: str) -> dict[str, Any]:
     """What metrics.json says when the test split has no samples: no numbers, and why."""
     return {
@@ -247,7 +268,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         config,
         pad_token_id=tokenizer.pad_token_id or 0,
         run_key=config.checkpoint_dir,
-        pin_memory=config.accelerator != "cpu" and torch.cuda.is_available(),
+        pin_memory=on_gpu(config.accelerator),
         attempt=attempt,
     )
     weights = None
@@ -288,7 +309,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     )
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
-    resume = last if files.exists(last) else None
+    resume = last if resume_decision(gather(files.exists(last))) else None
     if resume and rank == 0:
         log.warning("resuming from %s", resume)
     timings: dict[str, float] = {"setup": time.time() - t0}
@@ -326,6 +347,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "epochs": int(trainer.current_epoch),
             "resumed_from": resume,
             "resumed_at_step": throughput.start_step if resume else None,
+            "nonfinite_skipped": module.nonfinite_skipped,
             "world_size": world,
             "strategy": config.strategy,
             "parameters_per_rank": gather(local_parameters(module)),

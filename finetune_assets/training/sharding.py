@@ -51,21 +51,50 @@ def fsdp_mesh(mesh: Any) -> Any:
     return mesh
 
 
-def shard_encoder(model: torch.nn.Module, mesh: Any) -> bool:
+def mixed_precision(precision: str) -> Any:
+    """FSDP2's ``MixedPrecisionPolicy`` for a Lightning precision, None for full fp32.
+
+    Under ``bf16-mixed`` the all-gathered parameters (and so the compute) are bf16 and gradients
+    are reduce-scattered in fp32: half the all-gather bytes, no bf16 rounding in the gradient sum.
+    The sharded parameters the optimizer updates stay fp32 (the master weights).
+    """
+    if precision != "bf16-mixed":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def shard_encoder(model: torch.nn.Module, mesh: Any, mp_policy: Any = None) -> bool:
     """``fully_shard`` each encoder block, then the model as root; False when it is already sharded.
 
     Lightning calls ``configure_model`` before every ``fit``/``validate``/``test``: sharding twice
     would be the FSDP1 re-wrap bug again, so a sharded model is left as it is.
     """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     if isinstance(model, FSDPModule):
         return False
+    policy = {"mp_policy": mp_policy or MixedPrecisionPolicy()}
     block = encoder_layer_class(model)
     for module in list(model.modules()):
         if isinstance(module, block):
-            fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(module, mesh=mesh, **policy)
+    fully_shard(model, mesh=mesh, **policy)
+    return True
+
+
+def set_gradient_sync(model: torch.nn.Module, sync: bool) -> bool:
+    """Under FSDP2: reduce-scatter gradients only on an accumulation window's last micro-batch.
+
+    Lightning's ``block_backward_sync`` skips the all-reduce inside accumulation for DDP only; an
+    FSDP2 module would reduce-scatter on every micro-batch. False when the model is not sharded.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return False
+    model.set_requires_gradient_sync(sync)
     return True
 
 

@@ -9,9 +9,15 @@ ran (and the step whose interval it is, so samples and seconds stay paired). On 
 is timed with CUDA events (no host sync per step: events are read at the log interval, where
 the counts are all-reduced anyway); on CPU with ``perf_counter``.
 
-MFU = model FLOPs per second / the device's peak. The FLOPs are the model's own, counted from its
-``nn.Linear`` layers and shape over the padded batch it ran (:func:`train_flops`; a test checks the
-formula against ``torch.utils.flop_counter``).
+Reported as Lightning's ``ThroughputMonitor`` does: for all ranks (``throughput/samples_per_sec``,
+``throughput/flops_per_sec``: the whole job) and per device (``device/samples_per_sec``,
+``device/flops_per_sec``: the all-rank rate / world size), and ``device/mfu`` = per-device FLOP/s /
+one device's dense bf16 peak (:data:`PEAK_BF16`). Dividing the whole job's FLOP/s by one device's
+peak would read ``world_size`` times too high. Tokens both ways: real (non-pad) tokens/s and the
+padded tokens/s the model actually ran (the FLOPs are counted over the padded batch).
+
+The FLOPs are the model's own, counted from its ``nn.Linear`` layers and shape over the padded batch
+it ran (:func:`train_flops`; a test checks the formula against ``torch.utils.flop_counter``).
 """
 
 from __future__ import annotations
@@ -25,12 +31,19 @@ import torch
 CHECKPOINT_KEY = (
     "review_classifier"  # the totals' place in a checkpoint (the module keeps world_size there)
 )
-# Peak dense bf16 FLOP/s per device by name (vendor data sheets); MFU is left out for other devices.
+# Peak dense (no 2:4 sparsity) bf16 tensor-core FLOP/s per device variant, from NVIDIA's data
+# sheets as torchtitan's ``get_peak_flops`` has them; MFU is left out for other devices. The variant
+# matters: an H100 PCIe or NVL peaks well below an SXM board.
 PEAK_BF16 = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
+    "B200": 2250e12,
+    "H200 NVL": 835e12,
+    "H200": 989e12,  # SXM
+    "H100 NVL": 835e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,  # SXM ("NVIDIA H100 80GB HBM3")
+    "A100": 312e12,  # SXM and PCIe alike
     "L40S": 362e12,
+    "L40": 181e12,
     "L4": 121e12,
     "A10": 125e12,
 }
@@ -59,11 +72,26 @@ def train_flops(model: torch.nn.Module) -> tuple[int, int, int]:
     return 6 * per_token, 12 * layers * width, 6 * (every - per_token)
 
 
+def device_variant(name: str) -> str | None:
+    """The :data:`PEAK_BF16` key of a CUDA device name (``torch.cuda.get_device_name``), or None.
+
+    Most specific first: ``"NVIDIA H100 PCIe"`` is an ``H100 PCIe``, ``"NVIDIA H100 80GB HBM3"``
+    an ``H100`` (SXM), ``"NVIDIA L40S"`` not an ``L4``; HBM2e H100 boards are PCIe.
+    """
+    words = set(name.upper().replace("-", " ").split())  # whole words: "L4" is not "L40S"
+    if "H100" in words and words & {"PCIE", "HBM2E"}:
+        return "H100 PCIe"
+    for key in sorted(PEAK_BF16, key=len, reverse=True):  # "H100 NVL" before "H100"
+        if set(key.upper().split()) <= words:
+            return key
+    return None
+
+
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+    variant = device_variant(torch.cuda.get_device_name(device))
+    return PEAK_BF16[variant] if variant else None
 
 
 class Throughput(pl.Callback):
@@ -104,6 +132,8 @@ class Throughput(pl.Callback):
         self._first_step: int | None = None
         self._flops: tuple[int, int, int] = (0, 0, 0)
         self._peak: float | None = None
+        self._device_name: str | None = None
+        self._world = 1
         self._cuda = False
 
     # -- clocks ---------------------------------------------------------------------------------
@@ -163,9 +193,14 @@ class Throughput(pl.Callback):
         return self.samples_seen + self._pending[0] * world
 
     def steady_state(self) -> dict[str, Any]:
-        """The window's numbers and what it covers (``metrics.json``'s ``throughput``)."""
+        """The window's numbers and what it covers (``metrics.json``'s ``throughput``).
+
+        ``*_per_sec`` are for all ranks, ``device_*`` per device (all ranks / world size);
+        ``mfu`` is per device: ``device_flops_per_sec`` / one device's peak.
+        """
         w = self.window
         seconds = w["seconds"]
+        world = self._world
         out: dict[str, Any] = {
             "window_batches": w["steps"],
             "window_seconds": seconds,
@@ -173,24 +208,48 @@ class Throughput(pl.Callback):
             "excludes": f"the first {self.warmup_steps} steps of each epoch, steps with a "
             "checkpoint save or validation, the last step of each epoch",
             "clock": "cuda events" if self._cuda else "perf_counter",
+            "world_size": world,
             "samples_per_sec": None,
-            "tokens_per_sec": None,
+            "tokens_per_sec": None,  # real (non-pad) tokens
+            "padded_tokens_per_sec": None,  # what the model ran (batch x its longest sequence)
+            "padding_fraction": 1 - w["tokens"] / w["bt"] if w["bt"] else None,
             "flops_per_sec": None,
+            "device_samples_per_sec": None,
+            "device_tokens_per_sec": None,
+            "device_padded_tokens_per_sec": None,
+            "device_flops_per_sec": None,
             "mfu": None,
-            "peak_flops_per_sec": self._peak,
+            "device": self._device_name,
+            "peak_flops_per_sec": self._peak,  # one device's dense bf16 peak
             "flops_per_token": self._flops[0],
             "flops_per_token_per_length": self._flops[1],
             "flops_per_sequence": self._flops[2],
         }
         if seconds > 0:
             flops = self._flops[0] * w["bt"] + self._flops[1] * w["btt"] + self._flops[2] * w["b"]
-            out.update(
-                samples_per_sec=w["samples"] / seconds,
-                tokens_per_sec=w["tokens"] / seconds,
-                flops_per_sec=flops / seconds,
-            )
+            rates = {
+                "samples_per_sec": w["samples"] / seconds,
+                "tokens_per_sec": w["tokens"] / seconds,
+                "padded_tokens_per_sec": w["bt"] / seconds,
+                "flops_per_sec": flops / seconds,
+            }
+            out.update(rates)
+            out.update({f"device_{k}": v / world for k, v in rates.items()})
             if self._peak:
-                out["mfu"] = flops / seconds / self._peak
+                out["mfu"] = out["device_flops_per_sec"] / self._peak
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """The window as MLflow metrics, named as Lightning's ``ThroughputMonitor`` names them."""
+        steady = self.steady_state()
+        if not steady["samples_per_sec"]:
+            return {}
+        out = {}
+        for key in ("samples_per_sec", "tokens_per_sec", "padded_tokens_per_sec", "flops_per_sec"):
+            out[f"throughput/{key}"] = steady[key]
+            out[f"device/{key}"] = steady[f"device_{key}"]
+        if steady["mfu"] is not None:
+            out["device/mfu"] = steady["mfu"]
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -212,6 +271,8 @@ class Throughput(pl.Callback):
         device = trainer.strategy.root_device
         self._cuda = device.type == "cuda"
         self._peak = peak_flops(device)
+        self._device_name = torch.cuda.get_device_name(device) if self._cuda else device.type
+        self._world = max(1, int(trainer.world_size))
         model = getattr(pl_module, "model", pl_module)
         self._flops = train_flops(model)
 
@@ -267,16 +328,8 @@ class Throughput(pl.Callback):
             on_epoch=False,
             batch_size=bs,
         )
-        steady = self.steady_state()
-        if steady["samples_per_sec"]:
-            pl_module.log(
-                "throughput/samples_per_sec", steady["samples_per_sec"], on_step=True, batch_size=bs
-            )
-            pl_module.log(
-                "throughput/tokens_per_sec", steady["tokens_per_sec"], on_step=True, batch_size=bs
-            )
-            if steady["mfu"] is not None:
-                pl_module.log("throughput/mfu", steady["mfu"], on_step=True, batch_size=bs)
+        for name, value in self.metrics().items():
+            pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=bs)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._clean = False  # the epoch's last step has no next start to end it
@@ -302,6 +355,7 @@ class Throughput(pl.Callback):
                     "final/samples_per_sec": s["samples_per_sec"],
                     "final/tokens_per_sec": s["tokens_per_sec"],
                     "final/samples_seen": float(s["samples_seen"]),
+                    **{f"final/{k}": v for k, v in self.metrics().items()},
                 },
                 step=trainer.global_step,
             )

@@ -209,3 +209,25 @@ def test_training_flops_formula_matches_torch_flop_counter():
         with FlopCounterMode(display=False) as counter:
             model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.sum().backward()
         assert counter.get_total_flops() == batch * (a * length + b * length * length + c)
+
+
+@pytest.mark.parametrize(
+    "name, variant",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA A10", "A10"),
+        ("Tesla T4", None),
+    ],
+)
+def test_peak_flops_by_device_variant(name, variant):
+    """An H100 PCIe peaks at 756 TFLOP/s, not an SXM's 989: the variant sets MFU's denominator."""
+    from finetune_assets.training.throughput import device_variant
+
+    assert device_variant(name) == variant

@@ -212,3 +212,30 @@ def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_run
     failure = result.get_step_failure_events()[0].event_specific_data.error
     text = failure.to_string()  # the pydantic error is the step error's cause
     assert f"validation error for FinetuneConfig\n{needle}\n" in text
+
+
+def test_checkpoints_by_steps_by_default_and_a_time_interval_replaces_them():
+    assert TrainerConfig.from_dict(_cfg()).checkpoint_every_n_steps == 500
+    timed = TrainerConfig.from_dict(_cfg(checkpoint_every_minutes=5.0))
+    assert timed.checkpoint_every_n_steps is None and timed.checkpoint_every_minutes == 5.0
+    with pytest.raises(ConfigError, match="not both"):
+        TrainerConfig.from_dict(_cfg(checkpoint_every_minutes=5.0, checkpoint_every_n_steps=3))
+
+
+def test_gpu_settings_are_chosen_in_one_place_and_cpu_keeps_the_config():
+    from finetune_assets.training.device_settings import (
+        adamw_options,
+        ddp_strategy,
+        eval_batch_size,
+    )
+
+    assert TrainerConfig.from_dict(_cfg()).eval_batch_size is None
+    assert eval_batch_size(8, None, gpu=False) == 8 and eval_batch_size(8, None, gpu=True) == 32
+    assert eval_batch_size(8, 5, gpu=True) == 5
+    import torch
+
+    assert adamw_options(torch.device("cpu")) == {}
+    assert adamw_options(torch.device("cuda", 0)) == {"fused": True}
+    assert ddp_strategy("bf16-mixed", gpu=False) == "ddp" == ddp_strategy("32-true", gpu=True)
+    hook = ddp_strategy("bf16-mixed", gpu=True)._ddp_comm_hook
+    assert hook.__name__ == "bf16_compress_hook"

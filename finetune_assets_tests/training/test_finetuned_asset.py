@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, arabic_reviews):
+    """Two DDP ranks through the graph; throughput is reported per device and for all ranks."""
     store = Storage(str(storage_root))
     publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv")
     instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
@@ -47,7 +48,7 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
         run_config=run_config,
         resources={
             "storage": StorageResource(root=str(storage_root)),
-            "launcher": LocalTorchrunLauncher(nproc_per_node=1, cwd=str(REPO)),
+            "launcher": LocalTorchrunLauncher(nproc_per_node=2, cwd=str(REPO)),
             "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
         },
     )
@@ -93,6 +94,21 @@ def test_materialize_finetuned_model(storage_root, instance, tiny_model_dir, ara
     assert (
         storage_root / "mlflow" / "artifacts"
     ).is_dir()  # artifacts under the root, not ./mlruns
+
+    # Lightning ThroughputMonitor's split: all ranks ~ 2 x one device (not one device's peak
+    # divided into the whole job's FLOP/s)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(trainer_cfg["mlflow"]["tracking_uri"])
+    logged = client.get_run(meta["mlflow_run_id"].value).data.metrics
+    for key in ("samples_per_sec", "flops_per_sec", "tokens_per_sec", "padded_tokens_per_sec"):
+        assert logged[f"device/{key}"] > 0 and f"throughput/{key}" in logged
+    ratio = logged["throughput/flops_per_sec"] / logged["device/flops_per_sec"]
+    assert 1.5 <= ratio <= 2.5
+    assert logged["throughput/padded_tokens_per_sec"] >= logged["throughput/tokens_per_sec"]
+    assert meta["throughput_device_flops_per_sec"].value == pytest.approx(
+        meta["throughput_flops_per_sec"].value / 2
+    )
 
 
 def _metrics(**overrides) -> TrainingResult:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from finetune_assets.contracts import read_split_stats
 from finetune_assets.launchers.base import torchrun_command
@@ -192,3 +193,81 @@ def test_two_nodes_cache_half_each_sample_once_and_unequal_restart_counts_meet(
     up = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert up.returncode != 0
     assert "written by 1 training processes, this run has 2" in up.stdout + up.stderr
+
+
+def test_fsdp2_hsdp_across_two_nodes_of_two_in_bf16_fits_tests_and_exports(
+    tmp_path, _tiny_model_session
+):
+    """``strategy: fsdp`` on 4 processes as 2 "nodes" x 2 (gloo): the real (2, 2) mesh, sharded
+    within a node and replicated across nodes (HSDP); bf16 all-gathers with fp32 gradient
+    reduction (``MixedPrecisionPolicy``); no gradient sync inside accumulation; fit -> test ->
+    export.
+    """
+    from safetensors import safe_open
+
+    model, shards = _tiny_model_session, write_shards(tmp_path / "shards")
+    run = tmp_path / "hsdp"
+    cfg = config(
+        run,
+        "run",
+        model,
+        shards,
+        strategy="fsdp",
+        precision="bf16-mixed",
+        accumulate_grad_batches=2,
+        max_steps=4,
+        checkpoint_every_n_steps=100,
+        limit_val_batches=1,
+    )
+    logs = [run / "node0.log", run / "node1.log"]
+    port = _free_port()
+    nodes = []
+    for rank in (0, 1):
+        cmd = torchrun_command(
+            str(cfg),
+            nproc_per_node=2,
+            nnodes=2,
+            node_rank=str(rank),
+            rdzv_endpoint=f"127.0.0.1:{port}",
+            rdzv_id="hsdp",
+            python=sys.executable,
+        )
+        with open(logs[rank], "a") as out:
+            nodes.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=REPO,
+                    env={**_env(), "XDG_CACHE_HOME": str(run / f"node{rank}-cache")},
+                    start_new_session=True,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        codes = [p.wait(timeout=600) for p in nodes]
+    finally:
+        for p in nodes:
+            kill_tree(p.pid, signal.SIGKILL)
+    text = logs[0].read_text()
+    assert codes == [0, 0], "\n".join(log.read_text()[-4000:] for log in logs)
+    assert (
+        "FSDP2 on mesh (2, 2), mixed precision param torch.bfloat16, reduce torch.float32" in text
+    )
+    metrics = json.loads((run / "out" / "metrics.json").read_text())
+    assert metrics["world_size"] == 4 and metrics["global_step"] == 4
+    # one reduce-scatter per optimizer step; the window's other micro-batch accumulates without
+    # (7 micro-batches per rank: 2 ranks' 101 / 4 / batch 4, the last one steps alone)
+    reduced, unsynced = map(
+        int,
+        re.search(
+            r"FSDP2 gradient sync: (\d+) micro-batches reduced, (\d+) accumulated", text
+        ).groups(),
+    )
+    assert reduced == metrics["global_step"] and unsynced == 3
+    assert sum(map(sum, metrics["confusion_matrix"])) == SIZES["test"]  # tested on all 4 ranks
+    # sharded over a node's 2 ranks (about half the model each), replicated across the 2 nodes
+    held = metrics["parameters_per_rank"]
+    assert len(held) == 4 and held[0] == held[2] and held[1] == held[3]
+    assert max(held) < 0.6 * sum(held[:2])
+    with safe_open(str(run / "out" / "model" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}  # fp32 master weights

@@ -415,6 +415,7 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
         "world_size": 2,
         "num_nodes": 2,
         "num_canonical_nodes": 2,
+        "nonfinite_skipped": 0,
     }
     module.on_load_checkpoint(checkpoint)  # the same layout resumes
     module._trainer = SimpleNamespace(**{**vars(two_nodes), "num_nodes": 1})

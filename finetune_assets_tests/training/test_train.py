@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,185 @@ def test_balanced_class_weights_reach_the_trainer(tmp_path, tiny_model_dir, shar
         ]
         is None
     )
+
+
+def test_a_bf16_checkpoint_trains_with_fp32_master_weights_and_exports_fp32(
+    tmp_path, tiny_model_dir, arabic_reviews
+):
+    """A checkpoint saved in bf16 is loaded as fp32: AdamW's state is fp32 (small updates are not
+    rounded away) and the exported model is fp32 by default (``export_dtype``), under bf16 autocast.
+    """
+    from safetensors import safe_open
+    from transformers import AutoModelForSequenceClassification
+
+    bf16_dir = tmp_path / "bf16-model"
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model_dir))
+    model.to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, bf16_dir / name)
+    with safe_open(str(bf16_dir / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    shards = write_mds_splits(
+        tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(24, 8, 8)
+    )
+    config = trainer_config(tmp_path, bf16_dir, shards, batch_size=8, precision="bf16-mixed")
+    train(config)
+
+    state = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
+    adam = state["optimizer_states"][0]["state"]
+    moments = {t.dtype for s in adam.values() for k, t in s.items() if k.startswith("exp_avg")}
+    assert adam and moments == {torch.float32}
+    assert {v.dtype for k, v in state["state_dict"].items() if v.is_floating_point()} == {
+        torch.float32
+    }
+    with safe_open(str(tmp_path / "out" / "model" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}
+
+    bf16_out = trainer_config(
+        tmp_path / "bf16-export", bf16_dir, shards, batch_size=8, export_dtype="bfloat16"
+    )
+    train(bf16_out)
+    exported = tmp_path / "bf16-export" / "out" / "model" / "model.safetensors"
+    with safe_open(str(exported), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+
+
+class _Crash(RuntimeError):
+    """The process dying mid-epoch (raised in the trainer, as a kill would stop it there)."""
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    [
+        # the time trigger, due from micro-batch 10 (inside step 3's window) on a shifted clock
+        {"checkpoint_every_minutes": 1.0},
+        {"checkpoint_every_n_steps": 1},
+    ],
+    ids=["time", "steps"],
+)
+def test_resume_under_gradient_accumulation_ends_with_the_uninterrupted_weights(
+    tmp_path, tiny_model_dir, arabic_reviews, monkeypatch, trigger
+):
+    """``accumulate_grad_batches: 4`` (24 micro-batches, 6 steps). The run dies at micro-batch 15
+    (3rd of step 4's window), its re-run dies there again, the third run finishes: it must end
+    with the uninterrupted run's weights. A checkpoint saved inside an accumulation window (a
+    time trigger due mid-window, or the step trigger's re-save on the first micro-batch after a
+    resume) counts the window's micro-batches as consumed without their gradients. Tolerance:
+    1e-6 absolute (same process, same order of operations: in practice equal).
+    """
+    import types
+
+    from pytorch_lightning.callbacks import model_checkpoint
+    from safetensors.torch import load_file
+
+    from finetune_assets.training import throughput
+
+    shards = write_mds_splits(
+        tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 8, 8)
+    )
+    settings = dict(
+        batch_size=2,
+        accumulate_grad_batches=4,
+        log_every_n_steps=1,
+        bucket_batches=1,
+        class_weights="none",
+        optimizer="adamw",
+        lr=1e-3,
+        **{"checkpoint_every_n_steps": None, **trigger},
+    )
+    shift = {"s": 0.0}
+    monkeypatch.setattr(
+        model_checkpoint,
+        "time",
+        types.SimpleNamespace(monotonic=lambda: time.monotonic() + shift["s"]),
+    )
+    start = throughput.Throughput.on_train_batch_start
+    crashes = {"left": 0}
+
+    def clock_and_kill(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 9:
+            shift["s"] += 120.0  # a minute and more has passed: the time trigger is due
+        if batch_idx == 14 and crashes["left"]:
+            crashes["left"] -= 1
+            raise _Crash("killed mid-accumulation")
+        return start(self, trainer, pl_module, batch, batch_idx)
+
+    monkeypatch.setattr(throughput.Throughput, "on_train_batch_start", clock_and_kill)
+    reference = train(trainer_config(tmp_path / "whole", tiny_model_dir, shards, **settings))
+    assert reference["global_step"] == 6
+
+    killed = trainer_config(tmp_path / "killed", tiny_model_dir, shards, **settings)
+    crashes["left"] = 2
+    for _ in range(2):
+        with pytest.raises(_Crash):
+            train(killed)
+        saved = torch.load(
+            tmp_path / "killed" / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True
+        )
+        # right after step 3's optimizer step (micro-batch 12), never inside step 4's window
+        assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"] == 12
+    resumed = train(killed)
+    assert resumed["resumed_at_step"] == 3 and resumed["global_step"] == 6
+    assert resumed["samples_seen"] == reference["samples_seen"] == 48
+
+    whole = load_file(tmp_path / "whole" / "out" / "model" / "model.safetensors")
+    again = load_file(tmp_path / "killed" / "out" / "model" / "model.safetensors")
+    assert whole.keys() == again.keys()
+    for key in whole:
+        torch.testing.assert_close(again[key], whole[key], rtol=0, atol=1e-6, msg=key)
+
+
+def test_a_start_removes_the_shard_caches_of_earlier_attempts(tmp_path, tiny_model_dir, shards):
+    """A killed attempt never removes its cache folder; the next start's local leader does."""
+    config = trainer_config(tmp_path, tiny_model_dir, shards)
+    earlier = MdsDataModule(config, run_key=config.checkpoint_dir)  # another attempt's folder
+    left = Path(earlier.cache_dir, "train", "shard.00000.mds")
+    left.parent.mkdir(parents=True)
+    left.write_bytes(b"\0" * 1024)
+    current = MdsDataModule(config, run_key=config.checkpoint_dir)
+    assert Path(current.cache_dir).parent == left.parents[2] != Path(current.cache_dir)
+    current.setup("fit")
+    assert not left.parents[1].exists() and Path(current.cache_dir).is_dir()
+    assert current.remove_earlier_attempts() == []
+    current.remove_cache()
+
+
+def test_rank_0_decides_the_resume_and_a_rank_that_cannot_see_it_fails():
+    from finetune_assets.training.run import resume_decision
+
+    assert resume_decision([True, True, True, True]) is True
+    assert resume_decision([False, True, False, True]) is False  # rank 0 starts fresh: all do
+    with pytest.raises(FileNotFoundError, match=r"ranks \[2, 3\] cannot see it"):
+        resume_decision([True, True, False, False])
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_a_nonfinite_loss_stops_the_run_naming_where_or_is_skipped_and_counted(
+    tmp_path, tiny_model_dir, shards, monkeypatch, mode
+):
+    """The loss of batch 2 (step 2) is NaN. ``stop``: the run fails naming step and batch (found
+    at the next log interval, no per-step sync). ``skip``: that step is dropped and counted, and
+    the trained weights stay finite.
+    """
+    from safetensors.torch import load_file
+
+    from finetune_assets.training.module import NonFiniteLoss
+
+    loss = ReviewClassifier.train_loss
+
+    def nan_at_batch_2(self, logits, labels):
+        value = loss(self, logits, labels)
+        return value * float("nan") if self.trainer.fit_loop.epoch_loop.batch_idx == 2 else value
+
+    monkeypatch.setattr(ReviewClassifier, "train_loss", nan_at_batch_2)
+    config = trainer_config(tmp_path, tiny_model_dir, shards, nonfinite_loss=mode)
+    if mode == "stop":
+        with pytest.raises(NonFiniteLoss, match="at step 2, batch 2 of epoch 0"):
+            train(config)
+        return
+    metrics = train(config)
+    # Lightning counts the dropped step too (the LR schedule stays aligned); no update applied
+    assert metrics["nonfinite_skipped"] == 1 and metrics["global_step"] == 6
+    weights = load_file(tmp_path / "out" / "model" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
