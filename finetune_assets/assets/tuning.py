@@ -51,8 +51,10 @@ from finetune_assets.training.config import TrialConfig
 from finetune_assets.training.study_storage import ENV_PREFIX, STORAGE_ENV
 from finetune_assets.tuning import study as tuning
 from finetune_assets.tuning.space import TuningConfig
+from finetune_assets.tuning.tags import AUTO_TUNE_TAG
 
 STUDY_DIR = "tuning"  # <root>/tuning/<version>/: the study journal and the trials' scratch folders
+OUTCOME_FILE = "outcome.json"  # <root>/tuning/<version>/: how the version's last study run ended
 
 
 def study_storage(config: TuningConfig, store: Storage, version: str) -> str:
@@ -222,6 +224,21 @@ def _within_pool(context: dg.AssetExecutionContext, config: TuningConfig) -> Tun
         )
         return config.model_copy(update={"parallel_trials": limit})
     return config
+
+
+def _record_outcome(
+    store: Storage,
+    version: str,
+    context: dg.AssetExecutionContext,
+    study: str,
+    complete: bool,
+    why: str,
+) -> None:
+    """How this run's study ended, for ``finetune-assets summary`` (a failed study publishes
+    nothing, so it is said here).
+    """
+    body = {"study": study, "complete": complete, "why": why, "dagster_run_id": context.run.run_id}
+    store.write_atomic(store.url(STUDY_DIR, version, OUTCOME_FILE), json.dumps(body).encode())
 
 
 def _job_name(version: str, run_id: str, number: int) -> str:
@@ -398,6 +415,16 @@ def tuning_study(
             f"{summary.counts}; stopped: {outcome.reason}"
         )
         if summary.best is None:
+            why = f"no completed trial ({summary.counts}; stopped: {outcome.reason})"
+            _record_outcome(store, version, context, study.study_name, False, why)
+            if context.run.tags.get(AUTO_TUNE_TAG) == "true":
+                # the new-data sensor's run: the version is then trained with the default recipe
+                # (tuned_retrain_sensor), so this run ends without a study, not as a failure
+                context.log.warning(
+                    f"study {study.study_name} failed: {why}; the version is trained with the "
+                    "default recipe"
+                )
+                return
             raise dg.Failure(
                 f"study {study.study_name} has no completed trial ({summary.counts}); "
                 "re-materialize to continue it"
@@ -411,6 +438,14 @@ def tuning_study(
             )
         _log_best(context, mlflow, store, parent, summary)
         status = "FINISHED" if outcome.complete else "FAILED"
+        _record_outcome(
+            store,
+            version,
+            context,
+            study.study_name,
+            outcome.complete,
+            "" if outcome.complete else f"cut short: {outcome.reason}",
+        )
     except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
         status = "KILLED"
         raise

@@ -49,6 +49,7 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
         if reg.get("registered_model_version") is not None
         else None
     )
+    out["tuning"] = tuning_outcome(storage, version, model.metadata if model else None)
     out["champion"], out["gate_decision"] = None, None
     if reg.get("registered_model_version") is not None and tracking_uri:
         try:
@@ -71,6 +72,20 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     return out
 
 
+def tuning_outcome(storage, version: str, model_metadata: dict | None) -> dict | None:
+    """How the version's last study ended and whether the model is its winner (None: never
+    tuned). A failed or cut-short study leaves the default recipe's model (tuning/on_landing.py).
+    """
+    outcome = storage.read_json(storage.url("tuning", version, "outcome.json"))
+    if not outcome:
+        return None
+    trial = (model_metadata or {}).get("tuned_from_trial")
+    return {
+        **outcome,
+        "model": f"the study's trial {trial}" if trial is not None else "the default recipe",
+    }
+
+
 def format_summary(s: dict) -> str:
     def cells(m):
         return f"{m['accuracy']:>9.4f}  {m['macro_f1']:>9.4f}" if m else f"{'-':>9}  {'-':>9}"
@@ -90,6 +105,12 @@ def format_summary(s: dict) -> str:
         f"{'baseline (TF-IDF+LR)':<22}{cells(s['baseline'])}",
         f"{'majority class':<22}{cells(s['majority'])}",
     ]
+    tuning = s.get("tuning")
+    if tuning:
+        state = "complete" if tuning["complete"] else f"failed: {tuning['why']}"
+        lines.append(
+            f"tuning: study {tuning['study']} {state}; the model is {tuning['model']}"
+        )
     if s["champion"] is True:
         lines.append(f"champion: yes, {s['registered_model']} holds @champion")
     elif s["champion"] is False:

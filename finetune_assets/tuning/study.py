@@ -200,11 +200,22 @@ def optimize(
             timeout=left,
             n_jobs=config.parallel_trials,
             catch=(TrainingFailedTrial,),
+            callbacks=[_stop_at(config.max_failed_trials, owner)],
             gc_after_trial=False,
         )
     return Outcome(
         ran=_started(study) - before, failed=training_failures(study, owner), reason=reason
     )
+
+
+def _stop_at(failures: int, owner: str) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """Stops the round once ``failures`` of this run's trials failed in training."""
+
+    def stop(study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.state == TrialState.FAIL and training_failures(study, owner) >= failures:
+            study.stop()
+
+    return stop
 
 
 def _started(study: optuna.Study) -> int:

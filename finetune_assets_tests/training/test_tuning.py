@@ -430,3 +430,69 @@ def test_no_storage_credentials_under_the_storage_root(
     ]
     assert leaks == []
     assert json.loads(trial_configs[0].read_text())["trial"]["storage"] == f"env:{STORAGE_ENV}"
+
+
+def test_a_failed_study_of_a_new_version_falls_back_to_the_default_recipe(
+    version, storage_root, instance, tmp_path
+):
+    """``tune_new_versions``: the sensor's tune run whose study found nothing ends without a study,
+    the final run it leads to trains the default recipe (tagged why), and the summary says so.
+    """
+    from finetune_assets.cli.summary import format_summary, version_summary
+    from finetune_assets.tuning.on_landing import winner_request
+    from finetune_assets.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG
+
+    config = {**STUDY, "n_trials": 2, "pruner": "none", "max_failed_trials": 1}
+    launcher = ScoringLauncher(journal=str(tmp_path / "l.jsonl"), fail=[0])
+    result = dg.materialize(
+        [tuning_study],
+        partition_key="v1",
+        instance=instance,
+        tags={AUTO_TUNE_TAG: "true"},
+        run_config=dg.RunConfig(ops={"tuning_study": {"config": config}}),
+        resources={
+            "storage": StorageResource(root=str(storage_root)),
+            "launcher": launcher,
+            "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
+        },
+    )
+    assert result.success and not result.asset_materializations_for_node("tuning_study")
+    request = winner_request(instance.get_run_by_id(result.run_id), instance)
+    assert isinstance(request, dg.RunRequest) and request.run_key.endswith(":fallback")
+    assert request.run_config == {}  # finetuned_model's defaults: the default recipe
+    assert "found no completed trial" in request.tags[FALLBACK_TAG]
+
+    summary = version_summary(version, "v1", None)
+    assert summary["tuning"]["complete"] is False
+    assert summary["tuning"]["model"] == "the default recipe"
+    assert "tuning: study tuning-v1-" in format_summary(summary)
+    assert "failed: no completed trial" in format_summary(summary)
+
+
+def test_a_cut_short_study_of_a_new_version_falls_back_too(
+    version, storage_root, instance, tmp_path
+):
+    from finetune_assets.tuning.on_landing import winner_request
+    from finetune_assets.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG
+
+    # 3 trials asked for, the second fails and the cap is 1: one finished trial, published
+    config = {**STUDY, "n_trials": 3, "pruner": "none", "max_failed_trials": 1}
+    launcher = ScoringLauncher(journal=str(tmp_path / "l.jsonl"), fail=[1])
+    result = dg.materialize(
+        [tuning_study],
+        partition_key="v1",
+        instance=instance,
+        tags={AUTO_TUNE_TAG: "true"},
+        run_config=dg.RunConfig(ops={"tuning_study": {"config": config}}),
+        resources={
+            "storage": StorageResource(root=str(storage_root)),
+            "launcher": launcher,
+            "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
+        },
+    )
+    meta = result.asset_materializations_for_node("tuning_study")[0].metadata
+    assert meta["study_complete"].value is False and meta["study_stopped"].value == "failures"
+    request = winner_request(instance.get_run_by_id(result.run_id), instance)
+    assert (
+        isinstance(request, dg.RunRequest) and "cut short (failures)" in request.tags[FALLBACK_TAG]
+    )
