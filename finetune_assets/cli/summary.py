@@ -108,9 +108,7 @@ def format_summary(s: dict) -> str:
     tuning = s.get("tuning")
     if tuning:
         state = "complete" if tuning["complete"] else f"failed: {tuning['why']}"
-        lines.append(
-            f"tuning: study {tuning['study']} {state}; the model is {tuning['model']}"
-        )
+        lines.append(f"tuning: study {tuning['study']} {state}; the model is {tuning['model']}")
     if s["champion"] is True:
         lines.append(f"champion: yes, {s['registered_model']} holds @champion")
     elif s["champion"] is False:
