@@ -211,6 +211,8 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_early(
         (storage_root / "tuning" / "v1" / "trials" / "0001" / "output" / "metrics.json").read_text()
     )
     assert metrics["global_step"] == 2  # stopped at the first report, not at trial_max_steps (4)
+    # trials validate only: the test split scores the final model, once
+    assert metrics["macro_f1"] is None and metrics["test_skipped"].startswith("a tuning trial")
     assert (
         "| 1 | pruned |"
         in result.asset_materializations_for_node("tuning_study")[0].metadata["trials"].value
