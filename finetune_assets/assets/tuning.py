@@ -41,7 +41,8 @@ from finetune_assets.contracts import (
     TRAINER_CONFIG_FILE,
     TUNING_STUDY,
 )
-from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.data.labels import labels_from_metadata
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, dataset_versions
 from finetune_assets.launchers.base import TrainingFailed, TrainingLauncher, TrainingSpec
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.resources.mlflow import MlflowResource
@@ -192,6 +193,38 @@ def _trial_storage(url: str) -> tuple[str, dict[str, str]]:
     if url.startswith(ENV_PREFIX) or tracking.safe_uri(url) == url:
         return url, {}
     return f"{ENV_PREFIX}{STORAGE_ENV}", {STORAGE_ENV: url}
+
+
+def _labels(context: dg.AssetExecutionContext, store: Storage, version: str) -> list[str]:
+    """The version's classes (the shards' label set): a warm start only crosses equal ones."""
+    shards = read_recorded(context.instance, store, MDS_SHARDS, version)
+    return list(labels_from_metadata(shards.metadata).names)
+
+
+def _warm_start(
+    context: dg.AssetExecutionContext,
+    store: Storage,
+    version: str,
+    labels: list[str],
+    config: TuningConfig,
+    study: Any,
+) -> tuple[str, list[int]] | None:
+    """A new study starts from the previous version's best trials: the latest version before this
+    one (in the order versions were added) with a published study of the same label set.
+    """
+    if config.warm_start_trials <= 0:
+        return None
+    keys = context.instance.get_dynamic_partitions(DATASET_VERSIONS)
+    earlier = keys[: keys.index(version)] if version in keys else keys
+    for prev in reversed(earlier):
+        published = store.current(TUNING_STUDY, prev)
+        best = store.read_json(f"{published.url}/{BEST_FILE}") if published else None
+        if not best or best.get("labels") != labels:
+            continue
+        rows = store.read_json(f"{published.url}/trials.json") or []
+        numbers = tuning.warm_start(study, config, prev, rows)
+        return (prev, numbers) if numbers else None
+    return None
 
 
 def _alive(instance: dg.DagsterInstance) -> Any:
@@ -394,6 +427,10 @@ def tuning_study(
             f"study {study.study_name} (config {config.study_hash()}); the version's studies "
             f"of other configs, kept: {earlier}"
         )
+    labels = _labels(context, store, version)
+    warmed = _warm_start(context, store, version, labels, config, study)
+    if warmed:
+        context.log.info(f"warm start: {warmed[0]}'s trials {warmed[1]} are tried first")
     requeued = tuning.recover(study, _alive(context.instance))
     if requeued:
         context.log.warning(
@@ -457,6 +494,7 @@ def tuning_study(
         "config_hash": config.study_hash(),
         "storage": tracking.safe_uri(url),
         "fixed": config.fixed.settings(),
+        "labels": labels,
         "complete": outcome.complete,
         "stopped": outcome.reason,
         "finished_trials": tuning.finished(study),

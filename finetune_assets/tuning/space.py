@@ -59,6 +59,7 @@ class TuningConfig(dg.Config):
         "sampler_startup_trials",
         "seed",
         "include_default_recipe",
+        "warm_start_trials",
     )
 
     n_trials: int = Field(
@@ -106,6 +107,12 @@ class TuningConfig(dg.Config):
         3, ge=1, description="random trials before the GP or TPE models the space"
     )
     seed: int = 0
+    warm_start_trials: int = Field(
+        2,
+        ge=0,
+        description="a new study first tries this many of the previous version's best completed "
+        "trials (same label set, inside this space); 0: start cold",
+    )
     include_default_recipe: bool = Field(
         True, description="trial 0 is finetuned_model's default recipe"
     )

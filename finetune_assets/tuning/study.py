@@ -37,6 +37,7 @@ MLFLOW_RUN = "mlflow_run_id"  # study user attribute: the parent MLflow run all 
 OWNER = "dagster_run_id"  # trial user attribute: the Dagster run that runs it
 CONFIG_HASH = "config_hash"  # study user attribute: TuningConfig.study_hash() it was made for
 CONFIG = "config"  # study user attribute: the versioned TuningConfig it was made for
+WARM_START = "warm_start_from"  # trial user attribute: "<version>/trial <n>" it re-tries
 HEARTBEAT_RETRY_OF = "failed_trial"  # system attribute Optuna's heartbeat retry sets
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -76,6 +77,34 @@ def open_study(config: TuningConfig, storage: str, version: str) -> optuna.Study
         study.enqueue_trial(config.default_recipe(), user_attrs={"default_recipe": True})
     study.sampler = config.make_sampler(len(study.trials))  # a resumed run draws new points
     return study
+
+
+def warm_start(
+    study: optuna.Study, config: TuningConfig, source: str, rows: list[dict[str, Any]]
+) -> list[int]:
+    """Enqueue the best ``warm_start_trials`` completed trials of another version's study
+    (``rows``: its published trials.json) that lie inside this space, when this study has not
+    started yet; the numbers of the trials re-tried.
+    """
+    if config.warm_start_trials <= 0 or any(
+        t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False)
+    ):
+        return []
+    done = [
+        r
+        for r in rows
+        if r.get("state") == "COMPLETE"
+        and r.get("value") is not None
+        and config.in_space(r["params"])
+    ]
+    top = sorted(done, key=lambda r: r["value"], reverse=True)[: config.warm_start_trials]
+    for r in top:
+        study.enqueue_trial(
+            {k: r["params"][k] for k in SEARCHED},
+            user_attrs={WARM_START: f"{source}/trial {r['number']}"},
+            skip_if_exists=True,
+        )
+    return [r["number"] for r in top]
 
 
 def earlier_studies(storage: str, version: str, current: str) -> list[str]:
@@ -252,6 +281,7 @@ def summarize(study: optuna.Study) -> Summary:
                 "retry_of": t.user_attrs.get(RETRY_OF),
                 "pruned_at_step": t.user_attrs.get(PRUNED_AT_STEP),
                 "failure": t.user_attrs.get(FAILURE),
+                "warm_start_from": t.user_attrs.get(WARM_START),
             }
         )
     counts = {s.name: sum(r["state"] == s.name for r in rows) for s in TrialState}

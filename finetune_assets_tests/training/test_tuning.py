@@ -498,3 +498,37 @@ def test_a_cut_short_study_of_a_new_version_falls_back_too(
     assert (
         isinstance(request, dg.RunRequest) and "cut short (failures)" in request.tags[FALLBACK_TAG]
     )
+
+
+def test_a_new_versions_study_starts_from_the_previous_versions_best(
+    version, storage_root, instance, tmp_path, tiny_model_dir, arabic_reviews
+):
+    config = {**STUDY, "n_trials": 3, "pruner": "none", "warm_start_trials": 2}
+    launcher = ScoringLauncher(journal=str(tmp_path / "a.jsonl"))
+    assert _materialize([tuning_study], instance, storage_root, launcher, config, "tuning_study")
+    first = _study(version, config)
+    top = sorted(first.trials, key=lambda t: t.value, reverse=True)[:2]
+
+    publish_upstream(version, "v2", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 16, 16))
+    instance.add_dynamic_partitions(DATASET_VERSIONS, ["v2"])
+    result = dg.materialize(
+        [tuning_study],
+        partition_key="v2",
+        instance=instance,
+        run_config=dg.RunConfig(ops={"tuning_study": {"config": config}}),
+        resources={
+            "storage": StorageResource(root=str(storage_root)),
+            "launcher": ScoringLauncher(journal=str(tmp_path / "b.jsonl")),
+            "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
+        },
+    )
+    assert result.success
+    url = study_storage(TuningConfig(), version, "v2")
+    name = tuning.study_name("v2", TuningConfig(**config))
+    second = optuna.load_study(study_name=name, storage=tuning.open_storage(url))
+    warmed = [t for t in second.trials if tuning.WARM_START in t.user_attrs]
+    assert [t.user_attrs[tuning.WARM_START] for t in warmed] == [
+        f"v1/trial {t.number}" for t in top
+    ]
+    assert [t.params for t in warmed] == [t.params for t in top]
+    assert second.trials[0].user_attrs["default_recipe"]  # the recipe first, as always
