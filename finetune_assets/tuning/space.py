@@ -3,13 +3,17 @@
 Defaults are sized for the default version (3,000 English snippets, all-MiniLM-L6-v2) on two CPU
 cores: six trials of each one's full budget (its epochs: what ``finetuned_model`` then trains, so
 the study ranks exactly the runs it chooses between; a shortened proxy did not rank them), the
-first one the default recipe, a median pruner deciding from the second of four validations per
-trial once the recipe's trial finished (a trial trailing the median of the finished ones stops), a
-20-minute budget. Epochs are searched (1-3): one epoch is too little on a version this small (two
-epochs of the default recipe: test macro-F1 0.852 against 0.801, benchmarks/README.md), and one
-epoch of it is ~2 minutes here. ``finetuned_model`` with ``hyper_parameters_from: study`` then
-trains the winner. On a larger version or a GPU raise ``n_trials``; on a much larger one, set
+first one the default recipe, a GP sampler (few trials), a median pruner deciding from the second
+of six reports per trial, taken at equal fractions of each trial's own training, once three trials
+finished (a median of one trial is that trial's luck), a 20-minute budget. Epochs are searched
+(1-3): one epoch is little on a version this small, and one epoch of it is ~2 minutes here.
+``finetuned_model`` with ``hyper_parameters_from: study`` then trains the winner with the study's
+``fixed`` settings. On a larger version or a GPU raise ``n_trials``; on a much larger one, set
 ``trial_max_steps`` to tune on shortened runs.
+
+What the study is (``study_hash``): the space, ``fixed``, each trial's budget and reports. A change
+there is a new study; how many trials, how they are sampled and pruned, and where and how fast they
+run continue the same one.
 """
 
 from __future__ import annotations
