@@ -14,11 +14,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from finetune_assets.data.builtin import DEFAULT_SOURCE
 from finetune_assets.training.study_storage import open_storage
-from finetune_assets_tests.test_user_path import DATA_ASSETS, VERSION, sh, user_env  # noqa: F401
+from finetune_assets_tests.test_deployment_backfill import _drops
+from finetune_assets_tests.test_user_path import DATA_ASSETS, sh, user_env  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+VERSION = "v1"  # 200 reviews, 2 classes: quick to prepare
 QUICK = {"num_workers": 0, "limit_val_batches": 2, "limit_test_batches": 2}
 FIXED = {**QUICK, "max_length": 48, "gradient_clip_val": 0.5, "accelerator": "cpu"}
 STUDY = {
@@ -56,11 +57,17 @@ def best(root: Path) -> dict:
     return json.loads(next(p for p in files if pointer["attempt"] in str(p)).read_text())
 
 
-def test_a_study_is_its_config_through_the_cli(user_env, tiny_model_dir):  # noqa: F811
+def test_a_study_is_its_config_through_the_cli(
+    user_env,  # noqa: F811
+    tiny_model_dir,
+    arabic_reviews,
+    tmp_path,
+):
     from mlflow import MlflowClient
 
     root = Path(user_env["FINETUNE_ASSETS_ROOT"])
-    sh(user_env, "finetune-assets", "versions", "add", VERSION, "--source", DEFAULT_SOURCE)
+    source = _drops(tmp_path, arabic_reviews)[VERSION]
+    sh(user_env, "finetune-assets", "versions", "add", VERSION, "--source", str(source))
     materialize(
         user_env, DATA_ASSETS, {"pretrained_model": {"config": {"source": str(tiny_model_dir)}}}
     )
