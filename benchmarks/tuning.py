@@ -1,14 +1,21 @@
-"""Tuning, measured: a ``tuning_study`` on the default English version, then ``finetuned_model``
-trained with the best trial's parameters, against the default recipe's test macro-F1.
+"""Tuning, measured at equal compute: the study's winner against the default recipe trained for
+the winner's epochs, ``--seeds`` seeds per arm, a paired bootstrap interval on the test split.
 
-    python benchmarks/tuning.py --workdir /tmp/tuning-bench   # ~35 minutes on 2 quiet CPU cores
+    nice python benchmarks/tuning.py --workdir /tmp/tuning-bench       # hours on 2 CPU cores
+    python benchmarks/tuning.py --workdir /tmp/rehearsal --rehearsal   # minutes: CI's rehearsal
 
-Runs the README's commands in ``--workdir`` (``DAGSTER_HOME`` + storage root; kept, so a killed run
-continues the same study): ``finetune-assets versions add``, the upstream assets, ``tuning_study``
-(``--study-config`` overrides its defaults), ``finetuned_model`` with ``hyper_parameters_from:
-study``, then ``finetuned_model`` with its defaults (the default recipe, re-measured on the same
-version, splits and machine; ``--recorded-default`` reads the score recorded by
-``benchmarks/quality_default_set.py`` instead).
+Runs the README's commands in ``--workdir`` (``DAGSTER_HOME`` + storage root; kept, so a killed
+run continues the same study): ``finetune-assets versions add``, the upstream assets,
+``tuning_study`` (``--study-config`` overrides its defaults), then for each seed
+``finetuned_model`` with ``hyper_parameters_from: study`` (the winner, the study's ``fixed``
+settings applied) and ``finetuned_model`` with its defaults, the study's ``fixed`` settings and
+the winner's epochs (the default recipe at the same compute: the same samples seen). Each model
+predicts the version's frozen test split (``finetune_assets.inference``); the interval is a paired
+bootstrap over test reviews of the difference of the arms' mean macro-F1 (each resample scores
+every model on the same reviews), 2.5 and 97.5 percentiles.
+
+``--rehearsal``: the same path on a tiny BERT built from a config, 2-step trials and 4-batch models,
+for CI and for checking the script; its numbers measure nothing.
 """
 
 from __future__ import annotations
@@ -22,11 +29,23 @@ import sys
 import time
 from pathlib import Path
 
-from finetune_assets.data.builtin import DEFAULT_SOURCE
-from finetune_assets.tuning.space import TuningConfig
+import numpy as np
 
-DEFAULT_RESULT = "benchmarks/results/quality_default_set.json"
+from finetune_assets.data.builtin import DEFAULT_SOURCE
+
 TRIAL_FIELDS = ("number", "state", "value", "reports", "pruned_at_step", "seconds", "params")
+GATE_OFF = {"must_beat_majority_baseline": False, "baseline_margin": None}
+REHEARSAL_STUDY = {
+    "n_trials": 2,
+    "trial_max_steps": 2,
+    "reports_per_trial": 1,
+    "epochs": [1],
+    "batch_size": [8],
+    "pruner": "none",
+    "sampler_startup_trials": 1,
+    "fixed": {"max_length": 48, "num_workers": 0, "limit_val_batches": 2, "accelerator": "cpu"},
+}
+REHEARSAL_FINETUNE = {"limit_train_batches": 4, "limit_test_batches": 2}
 
 
 def run(cmd: list[str], env: dict[str, str]) -> float:
@@ -34,37 +53,71 @@ def run(cmd: list[str], env: dict[str, str]) -> float:
     t = time.time()
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True)
     if proc.returncode:
-        sys.exit(f"exit {proc.returncode}\n{proc.stderr[-4000:]}")
+        sys.exit(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}")
     return round(time.time() - t, 1)
 
 
-def materialize(select: str, key: str, env: dict[str, str], config: dict | None = None) -> float:
-    cmd = [
-        "dagster",
-        "asset",
-        "materialize",
-        "-m",
-        "finetune_assets.definitions",
-        "--select",
-        select,
-        "--partition",
-        key,
-    ]
-    if config:
-        cmd += ["--config-json", json.dumps({"ops": config})]
+def materialize(select: str, key: str, env: dict[str, str], ops: dict | None = None) -> float:
+    cmd = ["dagster", "asset", "materialize", "-m", "finetune_assets.definitions"]
+    cmd += ["--select", select, "--partition", key]
+    if ops:
+        cmd += ["--config-json", json.dumps({"ops": ops})]
     return run(cmd, env)
 
 
-def latest(root: Path, asset: str, key: str, name: str) -> dict:
-    pointer = (
-        json.loads((root / asset / key / "CURRENT").read_text())
-        if (root / asset / key / "CURRENT").exists()
-        else None
-    )
-    files = sorted((root / asset / key).rglob(name), key=lambda p: p.stat().st_mtime)
-    if pointer:
-        files = [f for f in files if pointer["attempt"] in str(f)] or files
-    return json.loads(files[-1].read_text())
+def macro_f1(y: np.ndarray, p: np.ndarray, k: int) -> float:
+    """Macro-F1 over ``k`` classes (a class absent from both truth and predictions: F1 0)."""
+    f1 = []
+    for c in range(k):
+        tp = np.sum((p == c) & (y == c))
+        denom = np.sum(p == c) + np.sum(y == c)
+        f1.append(2 * tp / denom if denom else 0.0)
+    return float(np.mean(f1))
+
+
+def paired_bootstrap(
+    y: np.ndarray, winner: list[np.ndarray], default: list[np.ndarray], k: int, n: int, seed: int
+) -> dict:
+    """The winner's mean macro-F1 over seeds minus the default's, on the test split and on ``n``
+    resamples of its reviews (the same resample for every model: paired).
+    """
+
+    def diff(idx: np.ndarray) -> float:
+        w = np.mean([macro_f1(y[idx], p[idx], k) for p in winner])
+        d = np.mean([macro_f1(y[idx], p[idx], k) for p in default])
+        return float(w - d)
+
+    rng = np.random.default_rng(seed)
+    draws = [diff(rng.integers(0, len(y), len(y))) for _ in range(n)]
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return {
+        "difference": round(diff(np.arange(len(y))), 4),
+        "interval_95": [round(float(lo), 4), round(float(hi), 4)],
+        "resamples": n,
+        "p_winner_not_better": round(float(np.mean(np.array(draws) <= 0)), 4),
+    }
+
+
+def current(root: Path, asset: str, key: str) -> Path:
+    from finetune_assets.storage import Storage
+
+    return Path(Storage(str(root)).require(asset, key).url)
+
+
+def predict_test(root: Path, key: str) -> tuple[list[str], list[str], dict]:
+    """The current finetuned_model's predictions on the version's test split, with its labels."""
+    from finetune_assets.assets.baseline import split_reviews
+    from finetune_assets.contracts import MODEL_SUBDIR
+    from finetune_assets.inference import Classifier
+    from finetune_assets.storage import Storage
+
+    texts, labels = split_reviews(Storage(str(root)), key)["test"]
+    folder = current(root, "finetuned_model", key)
+    trainer = json.loads((folder / "trainer_config.json").read_text())
+    model = Classifier.from_folder(folder / MODEL_SUBDIR)
+    predicted = model.predict_labels(texts, max_length=trainer["max_length"])
+    metrics = json.loads((folder / "metrics.json").read_text())
+    return labels, predicted, metrics
 
 
 def main() -> None:
@@ -72,127 +125,119 @@ def main() -> None:
     parser.add_argument("--source", default=DEFAULT_SOURCE)
     parser.add_argument("--key", default="rotten_tomatoes")
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--study-config", default="{}", help="tuning_study overrides as JSON")
     parser.add_argument(
-        "--study-config", default="{}", help="tuning_study config overrides as JSON"
+        "--finetune-config", default="{}", help="finetuned_model overrides for both arms (JSON)"
     )
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--rehearsal", action="store_true", help="tiny model and budgets (CI)")
     parser.add_argument("--note", default="")
-    parser.add_argument(
-        "--study-only", action="store_true", help="stop after the study (no final model)"
-    )
-    parser.add_argument(
-        "--recorded-default",
-        action="store_true",
-        help=f"the default recipe's score from {DEFAULT_RESULT} instead of training it here",
-    )
-    parser.add_argument(
-        "--report-only",
-        action="store_true",
-        help="materialize nothing: write the result from what --workdir already holds",
-    )
     parser.add_argument("--out", default="benchmarks/results/tuning.json")
     args = parser.parse_args()
     study_config = json.loads(args.study_config)
+    extra = json.loads(args.finetune_config)
     work = Path(args.workdir)
     (work / "dagster_home").mkdir(parents=True, exist_ok=True)
+    root = work / "root"
     bin_dir = Path(sys.executable).parent
     env = {
         **os.environ,
         "DAGSTER_HOME": str(work / "dagster_home"),
-        "FINETUNE_ASSETS_ROOT": str(work / "root"),
+        "FINETUNE_ASSETS_ROOT": str(root),
         "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+        "DAGSTER_DISABLE_TELEMETRY": "1",
     }
-    root = work / "root"
+    upstream_ops: dict = {}
+    if args.rehearsal:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from finetune_assets_tests.tiny_models import build_tiny_bert
+
+        tiny = work / "tiny-bert"
+        if not tiny.exists():
+            build_tiny_bert(tiny)
+        upstream_ops = {"pretrained_model": {"config": {"source": str(tiny)}}}
+        study_config = {**REHEARSAL_STUDY, **study_config}
+        extra = {**REHEARSAL_FINETUNE, **extra}
+        if args.out == parser.get_default("out"):
+            args.out = "benchmarks/results/tuning_rehearsal.json"
     load_before, started = os.getloadavg(), time.time()
-    walls = {}
-    if not args.report_only and not (root / "mds_shards" / args.key).exists():
-        subprocess.run(
-            ["finetune-assets", "versions", "add", args.key, "--source", args.source], env=env
-        )
+    walls: dict[str, float] = {}
+    if not (root / "mds_shards" / args.key).exists():
+        run(["finetune-assets", "versions", "add", args.key, "--source", args.source], env)
         walls["upstream"] = materialize(
             "raw_reviews,tokenized_reviews,mds_shards,baseline_model,pretrained_model",
             args.key,
             env,
+            upstream_ops,
         )
-    if not args.report_only:
-        walls["tuning_study"] = materialize(
-            "tuning_study",
-            args.key,
-            env,
-            {"tuning_study": {"config": study_config}} if study_config else None,
-        )
-    metrics: dict = {}
-    if not args.study_only:
-        if not args.report_only:
-            walls["finetuned_model_with_best"] = materialize(
-                "finetuned_model",
-                args.key,
-                env,
-                {"finetuned_model": {"config": {"hyper_parameters_from": "study"}}},
+    walls["tuning_study"] = materialize(
+        "tuning_study", args.key, env, {"tuning_study": {"config": study_config}}
+    )
+    study = current(root, "tuning_study", args.key)
+    best = json.loads((study / "best.json").read_text())
+    trials = json.loads((study / "trials.json").read_text())
+    epochs = best["params"]["epochs"]
+    arms: dict[str, list[dict]] = {"winner": [], "default": []}
+    predictions: dict[str, list[np.ndarray]] = {"winner": [], "default": []}
+    names: list[str] = []
+    y = np.array([])
+    for seed in range(args.seeds):
+        for arm in ("winner", "default"):
+            config = (
+                {**extra, "seed": seed, "hyper_parameters_from": "study"}
+                if arm == "winner"
+                else {**best["fixed"], **extra, "seed": seed, "epochs": epochs}
             )
-        metrics = latest(root, "finetuned_model", args.key, "metrics.json")
-    best = latest(root, "tuning_study", args.key, "best.json")
-    trials = latest(root, "tuning_study", args.key, "trials.json")
-    recorded = json.loads(Path(DEFAULT_RESULT).read_text())[
-        f"{args.source}/{json.dumps({'epochs': 1})}"
-    ]
-    default = {
-        "test_macro_f1": recorded["summary"]["finetuned"]["macro_f1"],
-        "test_accuracy": recorded["summary"]["finetuned"]["accuracy"],
-        "from": f"{DEFAULT_RESULT} ({recorded['date']}, {recorded['command']})",
-    }
-
-    def report(default: dict) -> None:  # written after each stage: a killed run keeps its numbers
-        default_f1 = default["test_macro_f1"]
-        result = {
-            "command": " ".join(["python", *sys.argv]),
-            "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(started)),
-            "machine": {
-                "platform": platform.platform(),
-                "cpus": os.cpu_count(),
-                "device": "cpu",
-                "load_average_before": [round(x, 2) for x in load_before],
-                "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            },
-            "source": args.source,
-            "study_config_overrides": study_config,
-            "study_config": TuningConfig(**study_config).model_dump(),  # the budget, as it ran
-            "note": args.note,
-            "wall_seconds": walls,
-            "wall_seconds_total": round(time.time() - started, 1),
-            "trials": [{k: t.get(k) for k in TRIAL_FIELDS} for t in trials],
-            "trial_states": {
-                s: sum(t["state"] == s for t in trials) for s in {t["state"] for t in trials}
-            },
-            "best_trial": best,
-            "tuned": (
-                {
-                    k: metrics.get(k)
-                    for k in ("macro_f1", "accuracy", "global_step", "train_seconds")
-                }
-                if metrics
-                else None
-            ),
-            "default_recipe": default,
-            "tuned_minus_default_macro_f1": round(metrics["macro_f1"] - default_f1, 4)
-            if metrics
-            else None,
-        }
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-
-    report(default)
-    if not (args.recorded_default or args.study_only or args.report_only):
-        walls["finetuned_model_default_recipe"] = materialize("finetuned_model", args.key, env)
-        m = latest(root, "finetuned_model", args.key, "metrics.json")
-        report(
-            {
-                "test_macro_f1": m["macro_f1"],
-                "test_accuracy": m["accuracy"],
-                "global_step": m.get("global_step"),
-                "train_seconds": m.get("train_seconds"),
-                "from": "finetuned_model with its default config, trained by this run",
+            ops = {
+                "finetuned_model": {"config": config},
+                "finetuned_model_quality_gate": {"config": GATE_OFF},
             }
-        )
-    print(Path(args.out).read_text())
+            walls[f"{arm}_seed{seed}"] = materialize("finetuned_model", args.key, env, ops)
+            labels, predicted, metrics = predict_test(root, args.key)
+            names = names or sorted(set(labels))
+            index = {n: i for i, n in enumerate(names)}
+            y = np.array([index[v] for v in labels])
+            predictions[arm].append(np.array([index.get(v, -1) for v in predicted]))
+            arms[arm].append(
+                {
+                    "seed": seed,
+                    "config": config,
+                    "test_macro_f1": round(macro_f1(y, predictions[arm][-1], len(names)), 4),
+                    "metrics_json_macro_f1": metrics.get("macro_f1"),
+                    "global_step": metrics.get("global_step"),
+                    "train_seconds": metrics.get("train_seconds"),
+                }
+            )
+    comparison = paired_bootstrap(
+        y, predictions["winner"], predictions["default"], len(names), args.resamples, seed=0
+    )
+    result = {
+        "command": " ".join(["python", *sys.argv]),
+        "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(started)),
+        "rehearsal": args.rehearsal,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "device": "cpu",
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "source": args.source,
+        "test_reviews": int(len(y)),
+        "study_config_overrides": study_config,
+        "finetune_overrides": extra,
+        "note": args.note,
+        "wall_seconds": walls,
+        "wall_seconds_total": round(time.time() - started, 1),
+        "trials": [{k: t.get(k) for k in TRIAL_FIELDS} for t in trials],
+        "best_trial": best,
+        "equal_compute": f"the default recipe trained for the winner's {epochs} epochs",
+        "arms": arms,
+        "winner_minus_default_macro_f1": comparison,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(comparison))
 
 
 if __name__ == "__main__":

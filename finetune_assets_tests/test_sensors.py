@@ -545,6 +545,19 @@ def test_a_deployment_that_tunes_new_versions_tunes_then_trains_the_winner(
     assert request.run_key == f"{prepare.run_key}:train"  # followed as the training run
 
     run_id = _finish(daemon.instance, request, dg.DagsterRunStatus.SUCCESS, job_name="tune_job")
+    from dagster._core.events import StepMaterializationData
+
+    study = dg.AssetMaterialization(
+        "tuning_study", partition="v1", metadata={"study_complete": True}
+    )
+    daemon.instance.report_dagster_event(  # the study the run published (else: default recipe)
+        dg.DagsterEvent(
+            event_type_value="ASSET_MATERIALIZATION",
+            job_name="tune_job",
+            event_specific_data=StepMaterializationData(study),
+        ),
+        run_id=run_id,
+    )
     assert daemon.tick()[1] == [] and LandingCursor.parse(daemon.cursor).runs == {}
     run = daemon.instance.get_run_by_id(run_id)
     success = dg.DagsterEvent(event_type_value="PIPELINE_SUCCESS", job_name="tune_job")

@@ -65,8 +65,8 @@ class FinetuneConfig(dg.Config, HyperParameters):
     run_name: str | None = Field(None, description="MLflow run name (default: the Dagster run)")
     hyper_parameters_from: Literal["config", "study"] = Field(
         "config",
-        description="config: the fields here; study: the searched fields from "
-        "tuning_study[v]'s best trial (materialize it first), the rest here",
+        description="config: the fields here; study: the searched fields and the study's fixed "
+        "settings from tuning_study[v]'s best trial (materialize it first), the rest here",
     )
 
 
@@ -85,7 +85,8 @@ def tuned(
         )
     best = store.read_json(f"{published.url}/{BEST_FILE}")
     best["data_version"] = published.data_version
-    return config.model_copy(update=best["params"]), best
+    # the study's fixed settings too (max_length, clipping ...): the winner is what it measured
+    return config.model_copy(update={**best.get("fixed", {}), **best["params"]}), best
 
 
 TRAINING_POOL = "training"

@@ -4,8 +4,13 @@ Each trial is a shortened ``finetuned_model`` training through the same launcher
 subprocess locally, a gang on Kubernetes), with its own MLflow run nested under the study's run.
 The study lives in durable storage (a journal file under the storage root, or a database URL), so a
 re-materialization continues it (tuning/study.py says how a killed run's trials are recovered).
-Published: ``best.json`` (the best trial's parameters), which ``finetuned_model`` reads with
-``hyper_parameters: study``. Not part of the default run: materialize it when you want to tune.
+Published: ``best.json`` (the best trial's parameters, the study's ``fixed`` settings, whether the
+study ran to ``n_trials``), which ``finetuned_model`` reads with ``hyper_parameters_from: study``.
+Not part of the default run: materialize it when you want to tune.
+
+A database URL with a password never reaches a file: trials get it by environment
+(``FINETUNE_ASSETS_STUDY_STORAGE``, or the variable ``storage_url: env:NAME`` names), their trainer
+configs say ``env:NAME``.
 """
 
 import hashlib
@@ -36,17 +41,21 @@ from finetune_assets.contracts import (
     TRAINER_CONFIG_FILE,
     TUNING_STUDY,
 )
-from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.data.labels import labels_from_metadata
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, dataset_versions
 from finetune_assets.launchers.base import TrainingFailed, TrainingLauncher, TrainingSpec
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage
 from finetune_assets.training.config import TrialConfig
+from finetune_assets.training.study_storage import ENV_PREFIX, STORAGE_ENV
 from finetune_assets.tuning import study as tuning
 from finetune_assets.tuning.space import TuningConfig
+from finetune_assets.tuning.tags import AUTO_TUNE_TAG
 
 STUDY_DIR = "tuning"  # <root>/tuning/<version>/: the study journal and the trials' scratch folders
+OUTCOME_FILE = "outcome.json"  # <root>/tuning/<version>/: how the version's last study run ended
 
 
 def study_storage(config: TuningConfig, store: Storage, version: str) -> str:
@@ -84,6 +93,8 @@ class _Trials:
         self.pin_id = run_group_id(context.run)
         self.launcher, self.mlflow = launcher, mlflow
         self.storage, self.parent_run = storage, parent_run
+        # what trials are told: the URL itself only when it carries no credentials
+        self.trial_storage, self.env = _trial_storage(storage)
         self._lock = threading.Lock()  # parallel trials (threads) write their configs one at a time
 
     def __call__(self, trial: Any, params: dict[str, Any]) -> None:
@@ -100,7 +111,7 @@ class _Trials:
             "dataset_version": self.version,
             "code_version": code_version(),
             "dagster_run_id": run_id,
-            "tuning_study": tuning.study_name(self.version),
+            "tuning_study": trial.study.study_name,
             "trial_number": str(n),
             **{f"trial_param.{k}": str(v) for k, v in params.items()},
         }
@@ -122,7 +133,7 @@ class _Trials:
                 update={
                     "checkpoint_dir": f"{folder}/checkpoints",  # per trial: a retry trains afresh
                     "trial": TrialConfig(
-                        storage=self.storage,
+                        storage=self.trial_storage,
                         study_name=trial.study.study_name,
                         trial_id=trial._trial_id,
                         reports=self.config.reports_per_trial,
@@ -162,11 +173,73 @@ class _Trials:
             _remove(f"{folder}/checkpoints")
 
     def _env(self) -> dict[str, str]:
-        """Parallel local trials share this machine's cores instead of each taking all of them."""
+        """The storage URL when it has credentials; parallel local trials share this machine's
+        cores instead of each taking all of them.
+        """
+        env = dict(self.env)
         if isinstance(self.launcher, LocalTorchrunLauncher) and self.config.parallel_trials > 1:
             per = self.config.parallel_trials * self.launcher.nproc_per_node
-            return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // per))}
-        return {}
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per))
+        return env
+
+
+def _trial_storage(url: str) -> tuple[str, dict[str, str]]:
+    """The storage string a trial's config file carries, and the environment that resolves it.
+
+    ``env:NAME`` goes as it is (the trainer's environment has NAME: locally inherited, on k8s a
+    Secret in ``env_secret_names``); a URL with a password goes by ``FINETUNE_ASSETS_STUDY_STORAGE``
+    (the k8s launcher refuses a credential in plain env: use ``env:NAME`` there).
+    """
+    if url.startswith(ENV_PREFIX) or tracking.safe_uri(url) == url:
+        return url, {}
+    return f"{ENV_PREFIX}{STORAGE_ENV}", {STORAGE_ENV: url}
+
+
+def _labels(context: dg.AssetExecutionContext, store: Storage, version: str) -> list[str]:
+    """The version's classes (the shards' label set): a warm start only crosses equal ones."""
+    shards = read_recorded(context.instance, store, MDS_SHARDS, version)
+    return list(labels_from_metadata(shards.metadata).names)
+
+
+def _warm_start(
+    context: dg.AssetExecutionContext,
+    store: Storage,
+    version: str,
+    labels: list[str],
+    config: TuningConfig,
+    study: Any,
+) -> tuple[str, list[int]] | None:
+    """A new study starts from the previous version's best trials: the latest version before this
+    one (in the order versions were added) with a published study of the same label set.
+    """
+    if config.warm_start_trials <= 0:
+        return None
+    keys = context.instance.get_dynamic_partitions(DATASET_VERSIONS)
+    earlier = keys[: keys.index(version)] if version in keys else keys
+    for prev in reversed(earlier):
+        published = store.current(TUNING_STUDY, prev)
+        best = store.read_json(f"{published.url}/{BEST_FILE}") if published else None
+        if not best or best.get("labels") != labels:
+            continue
+        rows = store.read_json(f"{published.url}/trials.json") or []
+        numbers = tuning.warm_start(study, config, prev, rows)
+        return (prev, numbers) if numbers else None
+    return None
+
+
+def _alive(instance: dg.DagsterInstance) -> Any:
+    """Whether a Dagster run still runs (its RUNNING trials are its own, not a dead run's)."""
+    done = {
+        dg.DagsterRunStatus.SUCCESS,
+        dg.DagsterRunStatus.FAILURE,
+        dg.DagsterRunStatus.CANCELED,
+    }
+
+    def alive(run_id: str) -> bool:
+        run = instance.get_run_by_id(run_id)
+        return run is not None and run.status not in done
+
+    return alive
 
 
 def _within_pool(context: dg.AssetExecutionContext, config: TuningConfig) -> TuningConfig:
@@ -184,6 +257,21 @@ def _within_pool(context: dg.AssetExecutionContext, config: TuningConfig) -> Tun
         )
         return config.model_copy(update={"parallel_trials": limit})
     return config
+
+
+def _record_outcome(
+    store: Storage,
+    version: str,
+    context: dg.AssetExecutionContext,
+    study: str,
+    complete: bool,
+    why: str,
+) -> None:
+    """How this run's study ended, for ``finetune-assets summary`` (a failed study publishes
+    nothing, so it is said here).
+    """
+    body = {"study": study, "complete": complete, "why": why, "dagster_run_id": context.run.run_id}
+    store.write_atomic(store.url(STUDY_DIR, version, OUTCOME_FILE), json.dumps(body).encode())
 
 
 def _job_name(version: str, run_id: str, number: int) -> str:
@@ -210,6 +298,7 @@ def _parent_run(
 
     known = study.user_attrs.get(tuning.MLFLOW_RUN)
     if known:
+        _set_status(context, mlflow, store, known, "RUNNING")  # resumed: running again
         return known
     try:
         client = MlflowClient(tracking_uri=mlflow.resolve_tracking_uri(store))
@@ -241,6 +330,31 @@ def _parent_run(
     study.set_user_attr(tuning.MLFLOW_RUN, run.info.run_id)
     study.set_user_attr("mlflow_experiment_id", str(exp_id))
     return run.info.run_id
+
+
+def _set_status(
+    context: dg.AssetExecutionContext,
+    mlflow: MlflowResource,
+    store: Storage,
+    run_id: str | None,
+    status: str,
+) -> None:
+    """The study's MLflow run's status: RUNNING while a run tunes, then FINISHED / FAILED /
+    KILLED with it (never left RUNNING).
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    if not run_id:
+        return
+    try:
+        client = MlflowClient(tracking_uri=mlflow.resolve_tracking_uri(store))
+        if status == "RUNNING":
+            client.update_run(run_id, status="RUNNING")
+        else:
+            client.set_terminated(run_id, status=status)
+    except (MlflowException, OSError, ValueError) as err:
+        context.log.warning(f"study MLflow run {run_id} not set {status}: {err}")
 
 
 def _log_best(
@@ -307,25 +421,85 @@ def tuning_study(
     store = storage.storage()
     url = study_storage(config, store, version)
     study = tuning.open_study(config, url, version)
-    requeued = tuning.recover(study)
+    earlier = tuning.earlier_studies(url, version, study.study_name)
+    if earlier:
+        context.log.info(
+            f"study {study.study_name} (config {config.study_hash()}); the version's studies "
+            f"of other configs, kept: {earlier}"
+        )
+    labels = _labels(context, store, version)
+    warmed = _warm_start(context, store, version, labels, config, study)
+    if warmed:
+        context.log.info(f"warm start: {warmed[0]}'s trials {warmed[1]} are tried first")
+    requeued = tuning.recover(study, _alive(context.instance))
     if requeued:
         context.log.warning(
             f"trials {requeued} were left unfinished by a killed run: marked failed, "
             "their parameters enqueued again"
         )
     parent = _parent_run(context, study, mlflow, store, version)
-    ran = tuning.optimize(
-        config, study, _Trials(context, config, store, version, launcher, mlflow, url, parent)
-    )
-    summary = tuning.summarize(study)
-    context.log.info(f"{ran} trials this run; study: {summary.counts}")
-    if summary.best is None:
-        raise dg.Failure(
-            f"study {study.study_name} has no completed trial ({summary.counts}); "
-            "re-materialize to continue it"
+    status = "FAILED"  # what an error leaves; an interruption is KILLED
+    try:
+        outcome = tuning.optimize(
+            config,
+            study,
+            _Trials(context, config, store, version, launcher, mlflow, url, parent),
+            owner=context.run.run_id,
         )
-    _log_best(context, mlflow, store, parent, summary)
-    best = {**summary.best, "study_name": study.study_name, "storage": tracking.safe_uri(url)}
+        summary = tuning.summarize(study)
+        context.log.info(
+            f"{outcome.ran} trials this run ({outcome.failed} failed in training); study: "
+            f"{summary.counts}; stopped: {outcome.reason}"
+        )
+        if summary.best is None:
+            why = f"no completed trial ({summary.counts}; stopped: {outcome.reason})"
+            _record_outcome(store, version, context, study.study_name, False, why)
+            if context.run.tags.get(AUTO_TUNE_TAG) == "true":
+                # the new-data sensor's run: the version is then trained with the default recipe
+                # (tuned_retrain_sensor), so this run ends without a study, not as a failure
+                context.log.warning(
+                    f"study {study.study_name} failed: {why}; the version is trained with the "
+                    "default recipe"
+                )
+                return
+            raise dg.Failure(
+                f"study {study.study_name} has no completed trial ({summary.counts}); "
+                "re-materialize to continue it"
+            )
+        if not outcome.complete:
+            context.log.warning(
+                f"study {study.study_name} cut short ({outcome.reason}): "
+                f"{tuning.finished(study)} of {config.n_trials} trials finished; its best so far "
+                "is published with complete: false (the new-data sensor then trains the default "
+                "recipe: tuning/on_landing.py)"
+            )
+        _log_best(context, mlflow, store, parent, summary)
+        status = "FINISHED" if outcome.complete else "FAILED"
+        _record_outcome(
+            store,
+            version,
+            context,
+            study.study_name,
+            outcome.complete,
+            "" if outcome.complete else f"cut short: {outcome.reason}",
+        )
+    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
+        status = "KILLED"
+        raise
+    finally:
+        _set_status(context, mlflow, store, parent, status)
+    best = {
+        **summary.best,
+        "study_name": study.study_name,
+        "config_hash": config.study_hash(),
+        "storage": tracking.safe_uri(url),
+        "fixed": config.fixed.settings(),
+        "labels": labels,
+        "complete": outcome.complete,
+        "stopped": outcome.reason,
+        "finished_trials": tuning.finished(study),
+        "failed_in_training": summary.failed_in_training,
+    }
     with store.publish(TUNING_STUDY, version) as staging:
         (staging.local_dir / BEST_FILE).write_text(json.dumps(best, indent=2, sort_keys=True))
         (staging.local_dir / "trials.json").write_text(
@@ -335,10 +509,12 @@ def tuning_study(
             json.dumps(best, sort_keys=True).encode()
         ).hexdigest()[:16]
         staging.metadata = {"best_trial": best["trial"]}
+    meta = _metadata(context, study, summary, best, mlflow, parent)
+    meta["earlier_studies"] = dg.MetadataValue.json(earlier)
     yield dg.MaterializeResult(
         asset_key=TUNING_STUDY,
         data_version=dg.DataVersion(staging.data_version),
-        metadata=_metadata(context, study, summary, best, mlflow, parent),
+        metadata=meta,
     )
 
 
@@ -371,6 +547,10 @@ def _metadata(
         "best_params": dg.MetadataValue.json(best["params"]),
         "study": best["study_name"],
         "study_storage": best["storage"],
+        "study_complete": best["complete"],
+        "study_stopped": best["stopped"],
+        "trials_failed_in_training": best["failed_in_training"],
+        "fixed": dg.MetadataValue.json(best["fixed"]),
         **{f"trials_{s.lower()}": n for s, n in summary.counts.items() if n},
     }
     try:  # a picture is a nicety: a plotting error must never fail a finished study

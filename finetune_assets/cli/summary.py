@@ -62,6 +62,7 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
         if reg.get("registered_model_version") is not None
         else None
     )
+    out["tuning"] = tuning_outcome(storage, version, model.metadata if model else None)
     out["champion"], out["gate_decision"] = None, None
     if reg.get("registered_model_version") is not None and tracking_uri:
         try:
@@ -82,6 +83,20 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
         except Exception as err:  # noqa: BLE001 - the summary reports what it could not read
             out["gate_decision"] = f"(MLflow not readable: {err})"
     return out
+
+
+def tuning_outcome(storage, version: str, model_metadata: dict | None) -> dict | None:
+    """How the version's last study ended and whether the model is its winner (None: never
+    tuned). A failed or cut-short study leaves the default recipe's model (tuning/on_landing.py).
+    """
+    outcome = storage.read_json(storage.url("tuning", version, "outcome.json"))
+    if not outcome:
+        return None
+    trial = (model_metadata or {}).get("tuned_from_trial")
+    return {
+        **outcome,
+        "model": f"the study's trial {trial}" if trial is not None else "the default recipe",
+    }
 
 
 def format_summary(s: dict) -> str:
@@ -106,6 +121,10 @@ def format_summary(s: dict) -> str:
     sel = s.get("model_selection")
     if sel:
         lines.append(_selection_line(sel))
+    tuning = s.get("tuning")
+    if tuning:
+        state = "complete" if tuning["complete"] else f"failed: {tuning['why']}"
+        lines.append(f"tuning: study {tuning['study']} {state}; the model is {tuning['model']}")
     if s["champion"] is True:
         lines.append(f"champion: yes, {s['registered_model']} holds @champion")
     elif s["champion"] is False:

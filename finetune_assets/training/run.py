@@ -326,7 +326,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         trainer.save_checkpoint(last, weights_only=False)
         timings["final_checkpoint"] = time.time() - t
         t = time.time()
-        if datamodule.is_empty("test"):
+        if config.trial is not None:  # a tuning trial validates only: the selection never sees
+            # test; the test split scores the final model once (tuning/study.py)
+            test = {
+                **empty_test_metrics(config.data.test_url),
+                "test_skipped": "a tuning trial: scored on validation only",
+            }
+        elif datamodule.is_empty("test"):
             test = empty_test_metrics(config.data.test_url)
             if rank == 0:
                 log.warning("%s", test["test_skipped"])

@@ -3,17 +3,23 @@
 Defaults are sized for the default version (3,000 English snippets, all-MiniLM-L6-v2) on two CPU
 cores: six trials of each one's full budget (its epochs: what ``finetuned_model`` then trains, so
 the study ranks exactly the runs it chooses between; a shortened proxy did not rank them), the
-first one the default recipe, a median pruner deciding from the second of four validations per
-trial once the recipe's trial finished (a trial trailing the median of the finished ones stops), a
-20-minute budget. Epochs are searched (1-3): one epoch is too little on a version this small (two
-epochs of the default recipe: test macro-F1 0.852 against 0.801, benchmarks/README.md), and one
-epoch of it is ~2 minutes here. ``finetuned_model`` with ``hyper_parameters_from: study`` then
-trains the winner. On a larger version or a GPU raise ``n_trials``; on a much larger one, set
+first one the default recipe, a GP sampler (few trials), a median pruner deciding from the second
+of six reports per trial, taken at equal fractions of each trial's own training, once three trials
+finished (a median of one trial is that trial's luck), a 20-minute budget. Epochs are searched
+(1-3): one epoch is little on a version this small, and one epoch of it is ~2 minutes here.
+``finetuned_model`` with ``hyper_parameters_from: study`` then trains the winner with the study's
+``fixed`` settings. On a larger version or a GPU raise ``n_trials``; on a much larger one, set
 ``trial_max_steps`` to tune on shortened runs.
+
+What the study is (``study_hash``): the space, ``fixed``, each trial's budget and reports. A change
+there is a new study; how many trials, how they are sampled and pruned, and where and how fast they
+run continue the same one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, ClassVar, Literal, get_args
 
 import dagster as dg
@@ -45,6 +51,20 @@ class TuningConfig(dg.Config):
         "storage_url",
         "in_training_runs",
     )
+    # Not part of what the study is (``study_hash``): how many trials and how the next one is
+    # chosen or stopped; raising the budget or changing the sampler continues the same study.
+    budget: ClassVar[tuple[str, ...]] = (
+        "n_trials",
+        "max_failed_trials",
+        "pruner",
+        "pruner_startup_trials",
+        "pruner_warmup_reports",
+        "sampler",
+        "sampler_startup_trials",
+        "seed",
+        "include_default_recipe",
+        "warm_start_trials",
+    )
 
     n_trials: int = Field(
         6, ge=1, description="completed + pruned trials the study ends with (resumes count)"
@@ -59,25 +79,44 @@ class TuningConfig(dg.Config):
         -1, ge=-1, description="optimizer steps per trial (-1: the trial's epochs, as trained)"
     )
     reports_per_trial: int = Field(
-        4, ge=1, description="validations per trial: intermediate values for the pruner"
+        6,
+        ge=1,
+        description="pruner reports per trial, at equal fractions of each trial's own training "
+        "(6: every trial of 1, 2 or 3 epochs validates exactly 6 times)",
     )
     pruner: Literal["median", "none"] = Field(
         "median",
         description="median: stop a trial below the median of earlier trials at the same step",
     )
     pruner_startup_trials: int = Field(
-        1,
+        3,
         ge=0,
-        description="trials finished before any pruning (1: the default recipe's trial, so a "
-        "trial trailing it at the same report stops)",
+        description="trials finished before any pruning (a median of fewer is one trial's luck)",
+    )
+    max_failed_trials: int = Field(
+        3,
+        ge=1,
+        description="trials failing in training before the study stops (they never count "
+        "toward n_trials; reported apart)",
     )
     pruner_warmup_reports: int = Field(
         1, ge=0, description="first reports of a trial that never prune it"
     )
+    sampler: Literal["auto", "tpe", "gp", "qmc"] = Field(
+        "auto",
+        description="auto: GP (a Gaussian process, made for few trials) when n_trials <= 10, "
+        "TPE beyond; qmc: a quasi-random Sobol sequence (no model)",
+    )
     sampler_startup_trials: int = Field(
-        3, ge=1, description="random trials before TPE models the space"
+        3, ge=1, description="random trials before the GP or TPE models the space"
     )
     seed: int = 0
+    warm_start_trials: int = Field(
+        2,
+        ge=0,
+        description="a new study first tries this many of the previous version's best completed "
+        "trials (same label set, inside this space); 0: start cold",
+    )
     include_default_recipe: bool = Field(
         True, description="trial 0 is finetuned_model's default recipe"
     )
@@ -88,8 +127,9 @@ class TuningConfig(dg.Config):
     )
     storage_url: str | None = Field(
         None,
-        description="database URL (a cluster); empty: a journal file under the "
-        "storage root (local roots only)",
+        description="database URL (a cluster), or env:NAME for the environment variable that "
+        "holds it (a password never reaches a file: trials get it by environment); empty: a "
+        "journal file under the storage root (local roots only)",
     )
 
     lr_low: float = Field(1e-5, gt=0)
@@ -137,6 +177,29 @@ class TuningConfig(dg.Config):
         HyperParameters.model_validate(fixed)  # unknown keys fail here
         return self
 
+    def study_hash(self) -> str:
+        """What this study is (the space, ``fixed``, each trial's budget and reports), hashed: a
+        study of another config is another study. Where, how fast, how many trials and how they
+        are chosen or pruned are not in it (``unversioned``, ``budget``).
+        """
+        skip = {*self.unversioned, *self.budget}
+        body = {k: v for k, v in self.model_dump().items() if k not in skip}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:10]
+
+    def in_space(self, params: dict[str, Any]) -> bool:
+        """Whether ``params`` (a trial of another study) is a point of this space."""
+        try:
+            return (
+                self.lr_low <= params["lr"] <= self.lr_high
+                and params["epochs"] in self.epochs
+                and self.warmup_ratio_low <= params["warmup_ratio"] <= self.warmup_ratio_high
+                and params["batch_size"] in self.batch_size
+                and self.weight_decay_low <= params["weight_decay"] <= self.weight_decay_high
+                and params["class_weights"] in self.class_weights
+            )
+        except (KeyError, TypeError):
+            return False
+
     def suggest(self, trial: Any) -> dict[str, Any]:
         """One point of the space (fixed values of an enqueued trial are taken as they are)."""
         return {
@@ -167,18 +230,35 @@ class TuningConfig(dg.Config):
             else self.class_weights[0],
         }
 
-    def sampler(self, trials_so_far: int = 0) -> Any:
-        """TPE, seeded per run: ``seed`` plus the trials already in the study, so a resumed study
-        does not draw again the points its first run drew (a sampler's state is not stored).
+    def sampler_kind(self) -> str:
+        """The sampler ``auto`` means: with <= 10 trials TPE's "good" set is one or two trials
+        (it then copies them: issue 41 saw trials 3-5 repeat trial 2's choices), a GP models
+        the whole space from few points; TPE scales past that.
+        """
+        if self.sampler != "auto":
+            return self.sampler
+        return "gp" if self.n_trials <= 10 else "tpe"
+
+    def make_sampler(self, trials_so_far: int = 0) -> Any:
+        """The sampler, seeded per run: ``seed`` plus the trials already in the study, so a resumed
+        study does not draw again the points its first run drew (a sampler's state is not stored).
         """
         import optuna
 
-        return optuna.samplers.TPESampler(
-            n_startup_trials=self.sampler_startup_trials, seed=self.seed + trials_so_far
-        )
+        seed = self.seed + trials_so_far
+        kind = self.sampler_kind()
+        if kind == "gp":
+            return optuna.samplers.GPSampler(
+                n_startup_trials=self.sampler_startup_trials, seed=seed
+            )
+        if kind == "qmc":
+            return optuna.samplers.QMCSampler(qmc_type="sobol", scramble=True, seed=self.seed)
+        return optuna.samplers.TPESampler(n_startup_trials=self.sampler_startup_trials, seed=seed)
 
     def pruner_config(self) -> PrunerConfig:
-        """Median pruning; trials report at steps 1..reports_per_trial (training/pruning.py)."""
+        """Median pruning; a trial reports at 1..reports_per_trial, the fraction of its own
+        training done (training/pruning.py), so trials of any epochs compare at equal shares.
+        """
         return PrunerConfig(
             kind=self.pruner,
             startup_trials=self.pruner_startup_trials,

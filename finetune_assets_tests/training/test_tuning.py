@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage
 from finetune_assets.training.config import TrainerConfig
+from finetune_assets.training.study_storage import STORAGE_ENV
 from finetune_assets.tuning import study as tuning
 from finetune_assets.tuning.space import TuningConfig
 from finetune_assets_tests.training.fixtures import publish_upstream
@@ -105,9 +107,10 @@ def version(storage_root, instance, tiny_model_dir, arabic_reviews) -> Storage:
     return store
 
 
-def _study(store: Storage) -> optuna.Study:
+def _study(store: Storage, config: dict = STUDY) -> optuna.Study:
     url = study_storage(TuningConfig(), store, "v1")
-    return optuna.load_study(study_name=tuning.study_name("v1"), storage=tuning.open_storage(url))
+    name = tuning.study_name("v1", TuningConfig(**config))
+    return optuna.load_study(study_name=name, storage=tuning.open_storage(url))
 
 
 def test_a_killed_study_resumes_to_exactly_n_trials_and_the_final_model_uses_the_best(
@@ -200,7 +203,7 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_early(
         "tuning_study",
     )
     assert result.success
-    pruned = _study(version).trials[1]
+    pruned = _study(version, {**STUDY, "include_default_recipe": False}).trials[1]
     assert pruned.state == optuna.trial.TrialState.PRUNED
     # pruned at its first report (report 1), taken at optimizer step 2
     assert list(pruned.intermediate_values) == [1] and pruned.user_attrs["pruned_at_step"] == 2
@@ -208,6 +211,8 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_early(
         (storage_root / "tuning" / "v1" / "trials" / "0001" / "output" / "metrics.json").read_text()
     )
     assert metrics["global_step"] == 2  # stopped at the first report, not at trial_max_steps (4)
+    # trials validate only: the test split scores the final model, once
+    assert metrics["macro_f1"] is None and metrics["test_skipped"].startswith("a tuning trial")
     assert (
         "| 1 | pruned |"
         in result.asset_materializations_for_node("tuning_study")[0].metadata["trials"].value
@@ -285,3 +290,245 @@ def test_parallel_trials_run_as_separate_gangs(version, storage_root, instance, 
     assert len(launches) == 4 and len({gang_key(la["labels"]) for la in launches}) == 4
     states = [t.state for t in _study(version).trials]
     assert states == [optuna.trial.TrialState.COMPLETE] * 4
+
+
+class ScoringLauncher(TrainingLauncher):
+    """Fakes the trainer: reports ``lr * 1000`` once to the trial, through the storage the trial
+    config names, in an environment with the spec's ``env`` (as torchrun's workers get it); fails
+    the launches numbered in ``fail`` as a failed training does. Real: the trainer config file,
+    the study storage, the asset's trial loop.
+    """
+
+    journal: str
+    fail: list[int] = []
+
+    def launches(self) -> list[str]:
+        path = Path(self.journal)
+        return path.read_text().splitlines() if path.exists() else []
+
+    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
+        from finetune_assets.launchers.base import TrainingFailed
+
+        path = Path(self.journal)
+        n = len(path.read_text().splitlines()) if path.exists() else 0
+        with open(path, "a") as f:
+            f.write(json.dumps({"env": sorted(job.env)}) + "\n")
+        if n in self.fail:
+            raise TrainingFailed(f"launch {n}: exit 1")
+        cfg = TrainerConfig.from_json(job.config_url)
+        saved = dict(os.environ)
+        os.environ.update(job.env)
+        try:
+            study = optuna.load_study(
+                study_name=cfg.trial.study_name, storage=tuning.open_storage(cfg.trial.storage)
+            )
+            study._storage.set_trial_intermediate_value(cfg.trial.trial_id, 1, cfg.lr * 1000)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def _mlflow_status(storage_root: Path, run_id: str) -> str:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{storage_root}/mlflow/mlflow.db")
+    return client.get_run(run_id).info.status
+
+
+def test_failed_trials_never_count_and_are_capped(version, storage_root, instance, tmp_path):
+    config = {**STUDY, "n_trials": 2, "pruner": "none", "max_failed_trials": 2}
+    launcher = ScoringLauncher(journal=str(tmp_path / "a.jsonl"), fail=[1])
+    result = _materialize([tuning_study], instance, storage_root, launcher, config, "tuning_study")
+    assert result.success
+    study = _study(version, config)
+    states = [t.state.name for t in study.trials]
+    # exactly n_trials finished: the failed one was replaced, not counted
+    assert states == ["COMPLETE", "FAIL", "COMPLETE"]
+    meta = result.asset_materializations_for_node("tuning_study")[0].metadata
+    assert meta["trials_failed_in_training"].value == 1 and meta["study_complete"].value is True
+    assert _mlflow_status(storage_root, study.user_attrs[tuning.MLFLOW_RUN]) == "FINISHED"
+
+    # every launch fails: the run stops at the cap (not at n_trials launches), the study's MLflow
+    # run is FAILED, not RUNNING for ever
+    other = {**config, "lr_low": 1e-4, "lr_high": 2e-4}
+    launcher = ScoringLauncher(journal=str(tmp_path / "b.jsonl"), fail=list(range(10)))
+    failed = _materialize([tuning_study], instance, storage_root, launcher, other, "tuning_study")
+    assert not failed.success and len(launcher.launches()) == 2
+    study = _study(version, other)
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]
+    assert _mlflow_status(storage_root, study.user_attrs[tuning.MLFLOW_RUN]) == "FAILED"
+
+
+def test_recover_leaves_a_live_runs_trials_alone(tmp_path):
+    config = TuningConfig(include_default_recipe=False)
+    study = tuning.open_study(config, str(tmp_path / "study.journal"), "v1")
+    for owner in ("live-run", "dead-run"):
+        trial = study.ask()
+        config.suggest(trial)
+        trial.set_user_attr(tuning.OWNER, owner)
+    requeued = tuning.recover(study, alive=lambda run: run == "live-run")
+    assert requeued == [1]
+    states = {t.user_attrs.get(tuning.OWNER): t.state.name for t in study.trials}
+    assert states == {"live-run": "RUNNING", "dead-run": "FAIL", None: "WAITING"}
+
+
+def test_a_changed_space_is_another_study(tmp_path):
+    url = str(tmp_path / "study.journal")
+    first = tuning.open_study(TuningConfig(), url, "v1")
+    same = tuning.open_study(TuningConfig(n_trials=20, timeout_minutes=5), url, "v1")
+    assert same.study_name == first.study_name  # more trials, same study
+    other = TuningConfig(lr_low=1e-4, lr_high=2e-4)
+    moved = tuning.open_study(other, url, "v1")
+    fixed = tuning.open_study(TuningConfig(fixed={"max_length": 48}), url, "v1")
+    assert len({first.study_name, moved.study_name, fixed.study_name}) == 3
+    assert tuning.earlier_studies(url, "v1", moved.study_name) == sorted(
+        [first.study_name, fixed.study_name]
+    )
+    assert moved.user_attrs[tuning.CONFIG]["lr_low"] == 1e-4
+
+
+@pytest.fixture
+def postgres_with_password():
+    """A database on the test server and a role with a password (.ci/test_postgres.sh)."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    server = os.environ.get("FINETUNE_TEST_POSTGRES_URL")
+    if not server:
+        pytest.skip("FINETUNE_TEST_POSTGRES_URL is not set (source .ci/test_postgres.sh)")
+    import psycopg2
+
+    name, secret = f"tune_{uuid.uuid4().hex[:10]}", f"pw-{uuid.uuid4().hex}"
+    admin = psycopg2.connect(server)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{secret}'")
+        cur.execute(f"CREATE DATABASE {name} OWNER {name}")
+    parts = urlsplit(server)
+    netloc = f"{name}:{secret}@{parts.hostname}:{parts.port}"
+    try:
+        url = parts._replace(scheme="postgresql+psycopg2", netloc=netloc, path=f"/{name}")
+        yield urlunsplit(url), secret
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            cur.execute(f"DROP ROLE IF EXISTS {name}")
+        admin.close()
+
+
+def test_no_storage_credentials_under_the_storage_root(
+    version, storage_root, instance, tmp_path, postgres_with_password
+):
+    url, secret = postgres_with_password
+    config = {**STUDY, "n_trials": 2, "pruner": "none", "storage_url": url}
+    launcher = ScoringLauncher(journal=str(tmp_path / "l.jsonl"))
+    result = _materialize([tuning_study], instance, storage_root, launcher, config, "tuning_study")
+    assert result.success
+    assert all(la["env"] == [STORAGE_ENV] for la in map(json.loads, launcher.launches()))
+    trial_configs = list((storage_root / "tuning").rglob("trainer_config.json"))
+    assert len(trial_configs) == 2
+    leaks = [
+        p for p in storage_root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()
+    ]
+    assert leaks == []
+    assert json.loads(trial_configs[0].read_text())["trial"]["storage"] == f"env:{STORAGE_ENV}"
+
+
+def test_a_failed_study_of_a_new_version_falls_back_to_the_default_recipe(
+    version, storage_root, instance, tmp_path
+):
+    """``tune_new_versions``: the sensor's tune run whose study found nothing ends without a study,
+    the final run it leads to trains the default recipe (tagged why), and the summary says so.
+    """
+    from finetune_assets.cli.summary import format_summary, version_summary
+    from finetune_assets.tuning.on_landing import winner_request
+    from finetune_assets.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG
+
+    config = {**STUDY, "n_trials": 2, "pruner": "none", "max_failed_trials": 1}
+    launcher = ScoringLauncher(journal=str(tmp_path / "l.jsonl"), fail=[0])
+    result = dg.materialize(
+        [tuning_study],
+        partition_key="v1",
+        instance=instance,
+        tags={AUTO_TUNE_TAG: "true"},
+        run_config=dg.RunConfig(ops={"tuning_study": {"config": config}}),
+        resources={
+            "storage": StorageResource(root=str(storage_root)),
+            "launcher": launcher,
+            "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
+        },
+    )
+    assert result.success and not result.asset_materializations_for_node("tuning_study")
+    request = winner_request(instance.get_run_by_id(result.run_id), instance)
+    assert isinstance(request, dg.RunRequest) and request.run_key.endswith(":fallback")
+    assert request.run_config == {}  # finetuned_model's defaults: the default recipe
+    assert "found no completed trial" in request.tags[FALLBACK_TAG]
+
+    summary = version_summary(version, "v1", None)
+    assert summary["tuning"]["complete"] is False
+    assert summary["tuning"]["model"] == "the default recipe"
+    assert "tuning: study tuning-v1-" in format_summary(summary)
+    assert "failed: no completed trial" in format_summary(summary)
+
+
+def test_a_cut_short_study_of_a_new_version_falls_back_too(
+    version, storage_root, instance, tmp_path
+):
+    from finetune_assets.tuning.on_landing import winner_request
+    from finetune_assets.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG
+
+    # 3 trials asked for, the second fails and the cap is 1: one finished trial, published
+    config = {**STUDY, "n_trials": 3, "pruner": "none", "max_failed_trials": 1}
+    launcher = ScoringLauncher(journal=str(tmp_path / "l.jsonl"), fail=[1])
+    result = dg.materialize(
+        [tuning_study],
+        partition_key="v1",
+        instance=instance,
+        tags={AUTO_TUNE_TAG: "true"},
+        run_config=dg.RunConfig(ops={"tuning_study": {"config": config}}),
+        resources={
+            "storage": StorageResource(root=str(storage_root)),
+            "launcher": launcher,
+            "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
+        },
+    )
+    meta = result.asset_materializations_for_node("tuning_study")[0].metadata
+    assert meta["study_complete"].value is False and meta["study_stopped"].value == "failures"
+    request = winner_request(instance.get_run_by_id(result.run_id), instance)
+    assert (
+        isinstance(request, dg.RunRequest) and "cut short (failures)" in request.tags[FALLBACK_TAG]
+    )
+
+
+def test_a_new_versions_study_starts_from_the_previous_versions_best(
+    version, storage_root, instance, tmp_path, tiny_model_dir, arabic_reviews
+):
+    config = {**STUDY, "n_trials": 3, "pruner": "none", "warm_start_trials": 2}
+    launcher = ScoringLauncher(journal=str(tmp_path / "a.jsonl"))
+    assert _materialize([tuning_study], instance, storage_root, launcher, config, "tuning_study")
+    first = _study(version, config)
+    top = sorted(first.trials, key=lambda t: t.value, reverse=True)[:2]
+
+    publish_upstream(version, "v2", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 16, 16))
+    instance.add_dynamic_partitions(DATASET_VERSIONS, ["v2"])
+    result = dg.materialize(
+        [tuning_study],
+        partition_key="v2",
+        instance=instance,
+        run_config=dg.RunConfig(ops={"tuning_study": {"config": config}}),
+        resources={
+            "storage": StorageResource(root=str(storage_root)),
+            "launcher": ScoringLauncher(journal=str(tmp_path / "b.jsonl")),
+            "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
+        },
+    )
+    assert result.success
+    url = study_storage(TuningConfig(), version, "v2")
+    name = tuning.study_name("v2", TuningConfig(**config))
+    second = optuna.load_study(study_name=name, storage=tuning.open_storage(url))
+    warmed = [t for t in second.trials if tuning.WARM_START in t.user_attrs]
+    assert [t.user_attrs[tuning.WARM_START] for t in warmed] == [
+        f"v1/trial {t.number}" for t in top
+    ]
+    assert [t.params for t in warmed] == [t.params for t in top]
+    assert second.trials[0].user_attrs["default_recipe"]  # the recipe first, as always

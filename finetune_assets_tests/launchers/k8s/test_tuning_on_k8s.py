@@ -74,7 +74,7 @@ def test_parallel_trials_run_as_one_gang_each_within_the_training_pool_limit(
         f"v1.trial-{n}" for n in range(3)
     }
     study = optuna.load_study(
-        study_name=tuning.study_name("v1"),
+        study_name=tuning.study_name("v1", TuningConfig(**config)),
         storage=tuning.open_storage(study_storage(TuningConfig(), store, "v1")),
     )
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
