@@ -51,6 +51,17 @@ def _delimiter(value: str | None) -> str | None:
     return value
 
 
+def _escapechar(value: str | None, quoting: str) -> str | None:
+    """``--escapechar`` as one character that is not a quote, a line end or blank."""
+    if value is None:
+        return None
+    if len(value) != 1 or value in '"\r\n\t ':
+        raise CliError(f"--escapechar {value!r}: one character, e.g. '\\' (nothing registered)")
+    if quoting == "none":
+        raise CliError("--escapechar needs --quoting minimal (nothing registered)")
+    return value
+
+
 def cmd_versions_add(args) -> int:
     from finetune_assets.data.labels import (
         LabelError,
@@ -86,6 +97,7 @@ def cmd_versions_add(args) -> int:
         storage_options=_storage_options(args.storage_option),
         delimiter=_delimiter(args.delimiter),
         quoting=args.quoting,
+        escapechar=_escapechar(args.escapechar, args.quoting),
     )
     storage = open_storage(args, write=True)
     # source and label set are checked now: a bad or ambiguous one is refused before anything is
@@ -347,6 +359,11 @@ def register(sub) -> None:
         choices=["minimal", "none"],
         default="minimal",
         help='CSV/TSV: none for exports that never quote fields (5" screen); in the version',
+    )
+    add.add_argument(
+        "--escapechar",
+        help="CSV/TSV: the character that keeps the next one as text, e.g. '\\' for exports "
+        'writing \\" for a quote (MySQL, PostgreSQL ESCAPE); in the version',
     )
     add.add_argument(
         "--delimiter",
