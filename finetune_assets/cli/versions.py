@@ -71,6 +71,7 @@ def cmd_versions_add(args) -> int:
     )
     from finetune_assets.data.sources import (
         DELTA_PREFIX,
+        ICEBERG_PREFIX,
         SQL_PREFIX,
         SourceError,
         SourceSpec,
@@ -80,12 +81,16 @@ def cmd_versions_add(args) -> int:
     from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
 
     uri = _source_uri(args.source)
-    if args.where and not uri.startswith((DELTA_PREFIX, SQL_PREFIX)):
-        raise CliError("--where filters delta: and sql: sources only (nothing registered)")
+    if args.where and not uri.startswith((DELTA_PREFIX, SQL_PREFIX, ICEBERG_PREFIX)):
+        raise CliError(
+            "--where filters delta:, sql: and iceberg: sources only (nothing registered)"
+        )
     if args.query and not uri.startswith(SQL_PREFIX):
         raise CliError("--query belongs to sql: sources only (nothing registered)")
-    if args.storage_option and not uri.startswith(DELTA_PREFIX):
-        raise CliError("--storage-option belongs to delta: sources only (nothing registered)")
+    if args.storage_option and not uri.startswith((DELTA_PREFIX, ICEBERG_PREFIX)):
+        raise CliError(
+            "--storage-option belongs to delta: and iceberg: sources only (nothing registered)"
+        )
     spec = SourceSpec(
         uri=uri,
         revision=args.revision,
@@ -124,7 +129,7 @@ def cmd_versions_add(args) -> int:
         )
     except (LabelError, SourceError) as err:
         raise CliError(f"{args.source}: {err} (nothing registered)") from err
-    files = sampled and not spec.uri.startswith(SQL_PREFIX)
+    files = sampled and not spec.uri.startswith((SQL_PREFIX, ICEBERG_PREFIX))
     checked = f" ({len(sampled)} file(s) checked)" if files else ""
     pinned = f" ({spec.snapshot.split(';db=')[0]})" if spec.snapshot else ""
     print(
@@ -339,7 +344,10 @@ def register(sub) -> None:
             "database URL)"
         ),
     )
-    add.add_argument("--where", help="delta:/sql: row filter, a SQL predicate (in the version)")
+    add.add_argument(
+        "--where",
+        help="delta:/sql:/iceberg: row filter, a SQL predicate (in the version)",
+    )
     add.add_argument("--query", help="sql: a table name or a SELECT statement")
     add.add_argument(
         "--storage-option",
