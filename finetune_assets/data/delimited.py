@@ -143,6 +143,9 @@ def _unescape(value: str, escapechar: str) -> str:
     return re.sub(rf'{e}(.)|""', lambda m: m.group(1) or '"', value, flags=re.DOTALL)
 
 
+_BARE_CR = re.compile(r"\r(?!\n)")
+
+
 def _bare_cr(text: str, pos: int, stop: int, delimiter: str, need: int) -> int:
     """Where a line without quotes (``pos`` to ``stop``, its LF / CRLF end excluded) ends at a bare
     CR: the first one after its ``need - 1``-th delimiter (the record is complete there), else -1.
@@ -193,6 +196,7 @@ def split_records(
     plain_match = _plain_pattern(delimiter, escapechar).match
     cr_ends = after.cr_ends if after is not None else 0
     last_cr = False  # the text's last character is a CR counted as a record end
+    bare = _BARE_CR.search(text) is not None  # else no record ends at a bare CR: not looked for
     n = len(text)
     pos = 0
     line = after.next_line if after is not None else 1
@@ -222,7 +226,7 @@ def split_records(
             and (escapechar is None or text.find(escapechar, pos, stop) < 0)
         ):  # a line without quotes (or escapes) is one record
             end = stop - 1 if stop > pos and text[stop - 1] == "\r" else stop
-            cr = _bare_cr(text, pos, end, delimiter, need)
+            cr = _bare_cr(text, pos, end, delimiter, need) if bare else -1
             if cr >= 0:  # ... or several, each ended by a bare CR
                 end = stop = cr
             fields = text[pos:end].split(delimiter)
@@ -264,7 +268,7 @@ def split_records(
             continue
         end_line = start_line + text.count("\n", start, end)
         line = end_line + 1
-        if text[min(pos, n) - 1 : min(pos, n)] == "\r":  # a bare CR (or a CR last) ended it
+        if bare and text[min(pos, n) - 1 : min(pos, n)] == "\r":  # a bare CR (or last) ended it
             cr_ends += 1
             last_cr = pos >= n
         if len(fields) == 1 and fields[0] == "" and not quoted:
@@ -344,8 +348,14 @@ def split_records(
             out.index.append(record_no)
             out.line.append(start_line)
             out.end_line.append(end_line)
-        if not quoted and not (
-            out.bad and out.bad[-1].index == record_no and out.bad[-1].reason == "header_row"
+        # only a short or odd record can pair with the next one (a complete one at a line end like
+        # the one before it never does)
+        if (
+            (odd or len(fields) < ncols)
+            and not quoted
+            and not (
+                out.bad and out.bad[-1].index == record_no and out.bad[-1].reason == "header_row"
+            )
         ):
             out.held = _Held(
                 odd=odd,
