@@ -51,6 +51,17 @@ def _delimiter(value: str | None) -> str | None:
     return value
 
 
+def _escapechar(value: str | None, quoting: str) -> str | None:
+    """``--escapechar`` as one character that is not a quote, a line end or blank."""
+    if value is None:
+        return None
+    if len(value) != 1 or value in '"\r\n\t ':
+        raise CliError(f"--escapechar {value!r}: one character, e.g. '\\' (nothing registered)")
+    if quoting == "none":
+        raise CliError("--escapechar needs --quoting minimal (nothing registered)")
+    return value
+
+
 def cmd_versions_add(args) -> int:
     from finetune_assets.data.labels import (
         LabelError,
@@ -60,6 +71,7 @@ def cmd_versions_add(args) -> int:
     )
     from finetune_assets.data.sources import (
         DELTA_PREFIX,
+        ICEBERG_PREFIX,
         SQL_PREFIX,
         SourceError,
         SourceSpec,
@@ -69,12 +81,16 @@ def cmd_versions_add(args) -> int:
     from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
 
     uri = _source_uri(args.source)
-    if args.where and not uri.startswith((DELTA_PREFIX, SQL_PREFIX)):
-        raise CliError("--where filters delta: and sql: sources only (nothing registered)")
+    if args.where and not uri.startswith((DELTA_PREFIX, SQL_PREFIX, ICEBERG_PREFIX)):
+        raise CliError(
+            "--where filters delta:, sql: and iceberg: sources only (nothing registered)"
+        )
     if args.query and not uri.startswith(SQL_PREFIX):
         raise CliError("--query belongs to sql: sources only (nothing registered)")
-    if args.storage_option and not uri.startswith(DELTA_PREFIX):
-        raise CliError("--storage-option belongs to delta: sources only (nothing registered)")
+    if args.storage_option and not uri.startswith((DELTA_PREFIX, ICEBERG_PREFIX)):
+        raise CliError(
+            "--storage-option belongs to delta: and iceberg: sources only (nothing registered)"
+        )
     spec = SourceSpec(
         uri=uri,
         revision=args.revision,
@@ -86,6 +102,7 @@ def cmd_versions_add(args) -> int:
         storage_options=_storage_options(args.storage_option),
         delimiter=_delimiter(args.delimiter),
         quoting=args.quoting,
+        escapechar=_escapechar(args.escapechar, args.quoting),
     )
     storage = open_storage(args, write=True)
     # source and label set are checked now: a bad or ambiguous one is refused before anything is
@@ -112,7 +129,7 @@ def cmd_versions_add(args) -> int:
         )
     except (LabelError, SourceError) as err:
         raise CliError(f"{args.source}: {err} (nothing registered)") from err
-    files = sampled and not spec.uri.startswith(SQL_PREFIX)
+    files = sampled and not spec.uri.startswith((SQL_PREFIX, ICEBERG_PREFIX))
     checked = f" ({len(sampled)} file(s) checked)" if files else ""
     pinned = f" ({spec.snapshot.split(';db=')[0]})" if spec.snapshot else ""
     print(
@@ -313,7 +330,10 @@ def register(sub) -> None:
             "database URL)"
         ),
     )
-    add.add_argument("--where", help="delta:/sql: row filter, a SQL predicate (in the version)")
+    add.add_argument(
+        "--where",
+        help="delta:/sql:/iceberg: row filter, a SQL predicate (in the version)",
+    )
     add.add_argument("--query", help="sql: a table name or a SELECT statement")
     add.add_argument(
         "--storage-option",
@@ -333,6 +353,11 @@ def register(sub) -> None:
         choices=["minimal", "none"],
         default="minimal",
         help='CSV/TSV: none for exports that never quote fields (5" screen); in the version',
+    )
+    add.add_argument(
+        "--escapechar",
+        help="CSV/TSV: the character that keeps the next one as text, e.g. '\\' for exports "
+        'writing \\" for a quote (MySQL, PostgreSQL ESCAPE); in the version',
     )
     add.add_argument(
         "--delimiter",

@@ -7,7 +7,11 @@ longer than its block size. Measured in ``benchmarks/csv_readers.py``.
 
 The grammar: a field is either quoted (``"..."`` with inner quotes doubled, newlines allowed) or
 unquoted (no quote character and no newline in it); fields are separated by the delimiter and a
-record ends at ``\\n`` / ``\\r\\n`` / end of file. A record that breaks the grammar costs exactly
+record ends at ``\\n`` / ``\\r\\n`` / a bare ``\\r`` / end of file, decided per record (one file may
+mix all three, ``cat`` of Windows, Unix and classic-Mac exports): a line end inside quotes is
+the field's text, and a bare CR ends a record only where the record is complete (after its last
+field; a bare CR in an earlier field is text, as in any reader). A bare CR that ends a record
+counts as a line end in the line numbers. A record that breaks the grammar costs exactly
 its first physical line: that line is reported (line number, bounded raw prefix, what broke) and
 parsing resumes on the next line, so the records after a stray quote are read normally. A record
 that parses but has the wrong number of fields is reported whole (its boundaries are sound).
@@ -15,11 +19,15 @@ Every physical line ends up in exactly one of: the header, a record, a reported 
 a blank line; :func:`split_records` checks that sum against ``text.count("\\n")``.
 
 Record boundaries are never guessed: a record equal to the header (``cat a.csv b.csv``) is reported
-as ``header_row``; a record whose line end (LF or CRLF) differs from the records on both sides of it
-(CRLF, LF, CRLF) may be the first line of a multi-line review written without quotes, so it and the
-record after it are reported as ``ambiguous_line_end`` with their raw text rather than published as
-two reviews. A file that switches line ends for good (``cat windows.csv unix.csv``) costs nothing.
-(A bare CR inside a line is text, as in any reader.)
+as ``header_row``; two neighbouring records whose field counts add up to the header's, one of them
+short, the second not opening a quote (``first half<LF>second half,1`` among CRLF records), may be
+one review broken by a line end inside a field written without quotes, where the line end between
+them is unlike those around it, so both are reported as ``ambiguous_line_end`` with their raw text
+rather than published as a fragment: a short first half where the line end on either side of it
+differs (one file may switch line ends at every record), a complete first half (a label-first
+layout) where both do. Records that are complete on both sides of any line end are never paired,
+so a file that switches line ends (``cat windows.csv unix.csv``, or from record to record) costs
+nothing; a file with one line end throughout has no line end to tell a break by.
 
 Streaming (a file too large for memory, :func:`finetune_assets.data.sources.iter_file`): the text
 comes in blocks; ``split_records(block, final=False)`` stops before the first record that may
@@ -52,8 +60,9 @@ class Bad:
 
 @dataclass(frozen=True)
 class _Held:
-    """A record whose line end differs from the previous one: the next record's line end decides it
-    (the same again: the file switched; the previous one again: the two are one review's lines).
+    """The last record, its last field unquoted: the next record decides it (their field counts
+    add up to the header's, one of them short: the two may be one review broken by a line end
+    inside a field written without quotes).
     """
 
     good: bool  # appended to the good rows (else the last of ``bad``)
@@ -64,7 +73,11 @@ class _Held:
     line_end: str
     before: str  # the line end before it
     blank_lines: int  # blank lines counted before it
+    cr_ends: int  # bare-CR record ends counted before it
     raw: str
+    fields: int  # how many fields: with the next record's, one record cut inside a field?
+    odd: bool  # its line end differs from the one before it
+    second: bool  # already paired with the record before it
 
 
 @dataclass
@@ -83,8 +96,10 @@ class Records:
     consumed: int = 0  # where the text not parsed yet (a record the next block may continue) starts
     next_line: int = 1  # line and record number of that text
     next_record: int = 0
-    line_end: str = ""  # the line end of the last record ("\n" or "\r\n")
+    line_end: str = ""  # the line end of the last record ("\n", "\r\n" or "\r")
     held: _Held | None = None  # the last record, when its line end differs from the one before it
+    second: bool = False  # the first record of the text was paired with the one before it
+    cr_ends: int = 0  # bare CRs taken as record ends so far (line ends the LF count misses)
 
     @property
     def records(self) -> int:
@@ -99,10 +114,54 @@ class RecordTooLong(ValueError):
     """Streaming: one physical line longer than ``max_record`` (no line end to resynchronise on)."""
 
 
-def _field_pattern(delimiter: str) -> re.Pattern:
+def _field_pattern(delimiter: str, escapechar: str | None = None) -> re.Pattern:
     d = re.escape(delimiter)
     # quoted (unrolled loop: fast on megabyte values, no recursion), else unquoted (possibly empty)
-    return re.compile(rf'"([^"]*(?:""[^"]*)*)"|([^"{d}\n]*)')
+    if escapechar is None:
+        return re.compile(rf'"([^"]*(?:""[^"]*)*)"|([^"{d}\n\r]*)')
+    e = re.escape(escapechar)  # the escape character keeps the next one, whatever it is
+    return re.compile(
+        rf'"([^"{e}]*(?:(?:{e}.|"")[^"{e}]*)*)"|([^"{d}\n\r{e}]*(?:{e}.[^"{d}\n\r{e}]*)*)',
+        re.DOTALL,
+    )
+
+
+def _plain_pattern(delimiter: str, escapechar: str | None = None) -> re.Pattern:
+    """The rest of an unquoted field after a bare CR that is its text."""
+    d = re.escape(delimiter)
+    if escapechar is None:
+        return re.compile(rf'[^"{d}\n\r]*')
+    e = re.escape(escapechar)
+    return re.compile(rf'[^"{d}\n\r{e}]*(?:{e}.[^"{d}\n\r{e}]*)*', re.DOTALL)
+
+
+def _unescape(value: str, escapechar: str) -> str:
+    """A field as Python's ``csv`` reads it with ``escapechar`` (and doubled quotes) set."""
+    if escapechar not in value and '""' not in value:
+        return value
+    e = re.escape(escapechar)
+    return re.sub(rf'{e}(.)|""', lambda m: m.group(1) or '"', value, flags=re.DOTALL)
+
+
+_BARE_CR = re.compile(r"\r(?!\n)")
+
+
+def _bare_cr(text: str, pos: int, stop: int, delimiter: str, need: int) -> int:
+    """Where a line without quotes (``pos`` to ``stop``, its LF / CRLF end excluded) ends at a bare
+    CR: the first one after its ``need - 1``-th delimiter (the record is complete there), else -1.
+    """
+    cr = text.find("\r", pos, stop)
+    if cr < 0:
+        return -1
+    if cr == pos:
+        return cr  # a blank line
+    at = pos
+    for _ in range(need - 1):
+        at = text.find(delimiter, at, stop)
+        if at < 0:
+            return -1
+        at += 1
+    return text.find("\r", at, stop)
 
 
 def split_records(
@@ -113,6 +172,7 @@ def split_records(
     after: Records | None = None,
     max_record: int | None = None,
     quoting: bool = True,
+    escapechar: str | None = None,
 ) -> Records:
     """Every record of ``text`` (header first), good rows column-wise, bad records with their lines.
 
@@ -123,11 +183,20 @@ def split_records(
     first physical line, like any broken record, so rows in still equal accepted + rejected;
     :class:`RecordTooLong` if that one line is longer. ``quoting=False`` (a TSV export without
     quoting, ``5" screen``): a quote is an ordinary character and every line is one record.
+    ``escapechar`` (``\\``, MySQL / PostgreSQL dumps writing ``\\"`` for a quote): that character
+    keeps the next one as text (a quote, the delimiter, a line end, itself), in quoted and unquoted
+    fields, as Python's ``csv`` reads it; doubled quotes still read as one.
     """
     # classic Mac line ends (old exports)
     if final and after is None and "\n" not in text and "\r" in text:
         text = text.replace("\r", "\n")
-    match = _field_pattern(delimiter).match
+    if escapechar is not None and not quoting:
+        raise ValueError("an escape character needs quoting (minimal)")
+    match = _field_pattern(delimiter, escapechar).match
+    plain_match = _plain_pattern(delimiter, escapechar).match
+    cr_ends = after.cr_ends if after is not None else 0
+    last_cr = False  # the text's last character is a CR counted as a record end
+    bare = _BARE_CR.search(text) is not None  # else no record ends at a bare CR: not looked for
     n = len(text)
     pos = 0
     line = after.next_line if after is not None else 1
@@ -143,6 +212,7 @@ def split_records(
             columns=[[] for _ in after.header],
             header_end_line=after.header_end_line,
             line_end=after.line_end,
+            second=after.second,
         )
         ncols = len(after.header)
     while pos < n:
@@ -150,14 +220,27 @@ def split_records(
         problem = quoted = None
         stop = text.find("\n", pos)
         stop = n if stop < 0 else stop
-        if not quoting or text.find('"', pos, stop) < 0:  # a line without quotes is one record
+        need = ncols if out is not None else 1  # a bare CR ends the header wherever it is
+        if not quoting or (
+            text.find('"', pos, stop) < 0
+            and (escapechar is None or text.find(escapechar, pos, stop) < 0)
+        ):  # a line without quotes (or escapes) is one record
             end = stop - 1 if stop > pos and text[stop - 1] == "\r" else stop
+            cr = _bare_cr(text, pos, end, delimiter, need) if bare else -1
+            if cr >= 0:  # ... or several, each ended by a bare CR
+                end = stop = cr
             fields = text[pos:end].split(delimiter)
             pos = stop + 1
-            open_end = stop == n
+            open_end = stop == n or (cr == n - 1)  # a CR last: the next block may hold its LF
         else:
-            fields, end, pos, problem, quoted, open_end = _parse_record(text, pos, delimiter, match)
+            fields, end, pos, problem, quoted, open_end = _parse_record(
+                text, pos, delimiter, match, plain_match, need, escapechar
+            )
             open_end = open_end or (problem is not None and stop == n)
+            if problem is not None:  # resynchronise on the first line end, a bare CR included
+                cr = text.find("\r", start, stop)
+                if cr >= 0 and text[cr + 1 : cr + 2] != "\n" and cr + 1 < n:
+                    stop = cr
         if open_end and not final:
             if max_record is None or n - start <= max_record:
                 pos, line = start, start_line  # carried into the next block
@@ -172,16 +255,22 @@ def split_records(
         if problem is not None:  # grammar broken: only the first physical line is given up
             if out is None:
                 raise HeaderError(f"line {start_line}: the header cannot be parsed: {problem}")
-            if out.held is not None:  # a broken record after an odd line end: both are given up
+            if out.held is not None and out.held.odd:  # broken after an odd line end: both go
                 _ambiguous(out, out.held)
-                out.held = None
+            out.held = None
             raw = text[start : stop - 1] if text[stop - 1 : stop] == "\r" else text[start:stop]
             out.bad.append(Bad(record_no, start_line, start_line, problem, raw[:RAW_PREFIX_CHARS]))
             record_no += 1
+            if text[stop : stop + 1] == "\r":
+                cr_ends += 1
+                last_cr = stop == n - 1
             pos, line = stop + 1, start_line + 1
             continue
         end_line = start_line + text.count("\n", start, end)
         line = end_line + 1
+        if bare and text[min(pos, n) - 1 : min(pos, n)] == "\r":  # a bare CR (or last) ended it
+            cr_ends += 1
+            last_cr = pos >= n
         if len(fields) == 1 and fields[0] == "" and not quoted:
             blank += 1
             continue
@@ -193,11 +282,28 @@ def split_records(
             header_key = _header_key(fields)
             continue
         held, out.held = out.held, None
-        # back to the line end before it (or EOF)
-        second = held is not None and term != held.line_end
-        if second:
+        # the two could be one record cut by a line break inside a field written without quotes
+        # (the held one's last field and this one's first are that field) at a line end unlike
+        # those around it: a short first half paired where either side differs (one file may
+        # switch line ends at every record), a complete first half only where both do
+        adds_up = (
+            held is not None
+            and held.fields + len(fields) - 1 == ncols
+            and min(held.fields, len(fields)) < ncols
+            and text[start : start + 1] != '"'
+        )
+        second = (
+            (held is None and out.second)
+            or adds_up
+            and (
+                (held.fields < ncols and (held.odd or term != held.line_end))
+                or (held.odd and term != held.line_end)
+            )
+        )
+        out.second = False
+        if second and held is not None:
             _ambiguous(out, held)
-        odd = not second and term is not None and out.line_end != "" and term != out.line_end
+        odd = term is not None and out.line_end != "" and term != out.line_end
         if header_key is None:
             header_key = _header_key(out.header)
         if (
@@ -242,8 +348,18 @@ def split_records(
             out.index.append(record_no)
             out.line.append(start_line)
             out.end_line.append(end_line)
-        if odd:
+        # only a short or odd record can pair with the next one (a complete one at a line end like
+        # the one before it never does)
+        if (
+            (odd or len(fields) < ncols)
+            and not quoted
+            and not (
+                out.bad and out.bad[-1].index == record_no and out.bad[-1].reason == "header_row"
+            )
+        ):
             out.held = _Held(
+                odd=odd,
+                second=second,
                 good=not out.bad or out.bad[-1].index != record_no,
                 start=start,
                 line=start_line,
@@ -252,7 +368,9 @@ def split_records(
                 line_end=term,
                 before=out.line_end,
                 blank_lines=blank,
+                cr_ends=cr_ends - (text[min(pos, n) - 1 : min(pos, n)] == "\r"),
                 raw=text[start:end][:RAW_PREFIX_CHARS],
+                fields=len(fields),
             )
         out.line_end = term or out.line_end
         record_no += 1
@@ -260,30 +378,35 @@ def split_records(
     if out is not None and out.held is not None and not final:
         held, out.held = out.held, None
         _drop_last(out, held)
-        pos, line, record_no, blank, out.line_end = (
+        pos, line, record_no, blank, out.line_end, cr_ends = (
             held.start,
             held.line,
             held.record,
             held.blank_lines,
             held.before,
+            held.cr_ends,
         )
+        out.second = held.second  # decided here: re-parsed in the next block, still paired
     if out is None:
         out = Records(header=[], header_line=0, columns=[])
     out.blank_lines = blank
     out.first_line, out.next_line, out.next_record = first_line, line, record_no
     out.consumed = min(pos, n)
+    out.cr_ends = cr_ends
+    ends = cr_ends - (after.cr_ends if after is not None else 0)  # bare-CR record ends in ``text``
     if final:
-        out.physical_lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+        closed = not text or text.endswith("\n") or last_cr
+        out.physical_lines = text.count("\n") + ends + (0 if closed else 1)
     else:  # a consumed block ends with its last record's line end
-        out.physical_lines = text.count("\n", 0, out.consumed)
+        out.physical_lines = text.count("\n", 0, out.consumed) + ends
     _check_accounting(out)
     return out
 
 
-_NAMES = {"\n": "LF", "\r\n": "CRLF"}
+_NAMES = {"\n": "LF", "\r\n": "CRLF", "\r": "CR"}
 _SECOND = (
-    "follows a line end unlike those around it: it may be the rest of the review before it, "
-    "written without quotes"
+    "its fields and the record's before it add up to the header's: the two may be one review "
+    "broken by a line end inside a field written without quotes"
 )
 
 
@@ -291,8 +414,10 @@ def _line_end(text: str, pos: int) -> str | None:
     """The line end of a record whose next record starts at ``pos`` (None at the end of the
     text).
     """
-    if pos > len(text) or text[pos - 1 : pos] != "\n":
+    if pos > len(text) or text[pos - 1 : pos] not in ("\n", "\r"):
         return None
+    if text[pos - 1] == "\r":
+        return "\r"
     return "\r\n" if text[pos - 2 : pos - 1] == "\r" else "\n"
 
 
@@ -320,8 +445,9 @@ def _ambiguous(out: Records, held: _Held) -> None:
             held.record,
             held.line,
             held.end_line,
-            f"ends with {_NAMES[held.line_end]} between lines ending with {_NAMES[held.before]}: "
-            "the line break may be inside a review written without quotes",
+            f"its fields and the next record's add up to the header's (ends with "
+            f"{_NAMES[held.line_end]}): the two may be one review broken by a line end inside a "
+            "field written without quotes",
             held.raw,
             "ambiguous_line_end",
         )
@@ -333,29 +459,41 @@ def _header_key(fields: list[str]) -> list[str]:
 
 
 def _parse_record(
-    text: str, pos: int, delimiter: str, match
+    text: str, pos: int, delimiter: str, match, plain_match, need: int, escapechar: str | None
 ) -> tuple[list[str], int, int, str | None, bool, bool]:
     """One record with quotes in it: (fields, end of its content, next position, problem, last field
     quoted, open end: the outcome depends on the end of ``text``, so more text could change it).
+    A bare CR after its ``need``-th field ends it; in an earlier unquoted field it is text.
     """
     fields: list[str] = []
     while True:
         m = match(text, pos)
         quoted, plain = m.group(1), m.group(2)
         end = m.end()
-        fields.append(
-            plain if quoted is None else quoted.replace('""', '"') if '"' in quoted else quoted
-        )
+        while (
+            quoted is None
+            and len(fields) + 1 < need
+            and text[end : end + 1] == "\r"
+            and text[end + 1 : end + 2] not in ("\n", "")
+        ):  # a bare CR inside an unquoted field that is not the record's last
+            more = plain_match(text, end + 1)
+            plain, end = plain + "\r" + more.group(0), more.end()
+        if escapechar is not None:
+            fields.append(_unescape(plain if quoted is None else quoted, escapechar))
+        else:
+            fields.append(
+                plain if quoted is None else quoted.replace('""', '"') if '"' in quoted else quoted
+            )
         c = text[end : end + 1]
         if c == delimiter:
             pos = end + 1
             continue
         if c == "\n" or c == "":
-            if quoted is None and plain.endswith("\r"):
-                fields[-1] = plain[:-1]
             return fields, end, end + 1, None, quoted is not None, c == ""
         if c == "\r" and text[end + 1 : end + 2] in ("\n", ""):
             return fields, end, end + 2, None, quoted is not None, end + 2 > len(text)
+        if c == "\r":  # a bare CR ends the record
+            return fields, end, end + 1, None, quoted is not None, False
         k = len(fields)
         if quoted is None and plain == "":
             problem = f"field {k} opens a quote that is never closed"

@@ -5,7 +5,10 @@ byte-order mark, tab-separated) over the 1 MiB registration sample, a UTF-32 fil
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -148,5 +151,98 @@ def test_tsv_without_quoting_registers_with_quoting_none(
     record = json.loads(Path(home["store"].url("versions", "q.json")).read_text())
     assert record["source"]["quoting"] == "none"
     meta, table = _raw(storage_root, "q")
+    assert meta["rows_in"] == len(rows) and meta["rejected_rows"] == 0, meta["rejected_by_reason"]
+    assert sorted(table.column("text").to_pylist()) == sorted(t for t, _ in rows)
+
+
+def _mixed_line_end_export(reviews: list[tuple[str, str]], seed: int) -> tuple[str, list[str]]:
+    """``cat`` of Windows, Unix and classic-Mac exports, record ends switching from record to
+    record among LF, CRLF and a bare CR, a quarter of the reviews quoted over several lines (inner
+    line breaks of every kind), and two reviews broken over two lines without quotes between CRLF
+    records (the review before one may be taken for its first half too, where its line end is the
+    odd one). (text, the reviews whose rows may be quarantined with them, the others).
+    """
+    rng = random.Random(seed)
+    ends = ["\n", "\r\n", "\r"]
+    parts, published, neighbours = ["review,polarity\r\n"], [], []
+    for i, (t, lab) in enumerate(reviews):
+        t = f"{t} ({i})"  # no duplicates
+        if i % 4 == 1:
+            words = t.split(" ")
+            cut = max(1, len(words) // 2)
+            t = " ".join(words[:cut]) + rng.choice(ends) + " ".join(words[cut:]) + ' "sic"'
+        if i in (30, 70):  # a review's line break written without quotes: never two reviews
+            parts.append(f"first half of a review {i}\nits second half,{lab}\r\n")
+        parts.append(f"{_quoted(t, ',')},{lab}{rng.choice(ends)}")
+        (neighbours if i in (29, 69) else published).append(t)
+    return "".join(parts), neighbours, published
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mixed_record_ends_never_publish_a_fragment(
+    capsys,
+    home,
+    storage_root,
+    tmp_path,
+    reviews,  # noqa: F811
+    seed,
+):
+    """One file mixing LF, CRLF and bare-CR record ends around multi-line quoted reviews: every
+    review is published whole (quoted line breaks stay inside the field), nothing else is, and only
+    the two unquoted broken reviews' lines (and a review before one whose line end is the odd one
+    out) are quarantined, counted; streamed in small blocks it reads the same.
+    """
+    from finetune_assets_tests.data.test_source_streaming import assert_streams_like_whole
+
+    text, neighbours, published = _mixed_line_end_export(reviews[:120], seed)
+    path = tmp_path / "mixed.csv"
+    path.write_bytes(text.encode())
+    code, out, err = run_add(capsys, home, f"mix{seed}", str(path))
+    assert code == 0, err
+    meta, table = _raw(storage_root, f"mix{seed}")
+    texts = table.column("text").to_pylist()
+    kept = [t for t in neighbours if t in texts]
+    assert meta["rows_in"] == len(published) + len(neighbours) + 4
+    assert meta["rejected_by_reason"] == {"ambiguous_line_end": 6 - len(kept)}
+    assert sorted(texts) == sorted(published + kept)
+    assert_streams_like_whole(path, 4096)
+
+
+def test_backslash_escaped_quotes_register_with_escapechar(
+    capsys,
+    home,
+    storage_root,
+    tmp_path,
+    reviews,  # noqa: F811
+):
+    """A dump writing ``\\"`` for a quote inside quoted reviews (MySQL ``ESCAPED BY '\\\\'``,
+    PostgreSQL ``ESCAPE``), a backslash also before a delimiter and a line break in unquoted
+    text: ``--escapechar '\\'`` reads every review as Python's ``csv`` does with that escape
+    character, nothing quarantined, and the choice is part of the version.
+    """
+    rows = []
+    for i, (t, lab) in enumerate(reviews[:60]):
+        t = f"{t} ({i})"
+        if i % 3 == 0:
+            t = f'{t} 5" screen, "sic"'
+        elif i % 3 == 1:
+            t = f"{t} a back\\slash\nand a line"
+        rows.append((t, lab))
+    lines = ["text,label"]
+    for i, (t, lab) in enumerate(rows):
+        escaped = t.replace("\\", "\\\\").replace('"', '\\"')
+        if i % 6 == 1:  # unquoted: the delimiter and the line break escaped
+            lines.append(escaped.replace(",", "\\,").replace("\n", "\\\n") + f",{lab}")
+        else:
+            lines.append(f'"{escaped}",{lab}')
+    path = tmp_path / "dump.csv"
+    path.write_text("\r\n".join(lines) + "\r\n", encoding="utf-8")
+    expected = list(csv.reader(io.StringIO(path.read_text(), newline=""), escapechar="\\"))[1:]
+    assert [tuple(r) for r in expected] == rows  # what Python's csv reads
+    code, out, err = run_add(capsys, home, "esc", str(path), "--escapechar", "\\")
+    assert code == 0, err
+    record = json.loads(Path(home["store"].url("versions", "esc.json")).read_text())
+    assert record["source"]["escapechar"] == "\\"
+    meta, table = _raw(storage_root, "esc")
     assert meta["rows_in"] == len(rows) and meta["rejected_rows"] == 0, meta["rejected_by_reason"]
     assert sorted(table.column("text").to_pylist()) == sorted(t for t, _ in rows)

@@ -31,6 +31,7 @@ from finetune_assets.data.sources.decoding import decode, read_bytes
 from finetune_assets.data.sources.delta import DELTA_PREFIX
 from finetune_assets.data.sources.files import iter_file, read_file
 from finetune_assets.data.sources.hf import HF_PREFIX
+from finetune_assets.data.sources.iceberg import ICEBERG_PREFIX
 from finetune_assets.data.sources.listing import (
     ARCHIVES,
     COMPRESSIONS,
@@ -63,6 +64,7 @@ __all__ = [
     "MAX_RECORD_BLOCKS",
     "PARQUET_ROW_BYTES",
     "RAW_SCHEMA",
+    "ICEBERG_PREFIX",
     "SQL_PREFIX",
     "TEXT_COLUMNS",
     "TEXT_JOIN",

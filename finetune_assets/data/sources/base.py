@@ -61,3 +61,4 @@ class SourceSpec:
     # a sniffed one other than the comma is recorded at registration)
     delimiter: str | None = None
     quoting: str = "minimal"  # CSV/TSV: "none" for exports that never quote (a '"' is a character)
+    escapechar: str | None = None  # CSV/TSV: keeps the next character as text (``\\"`` a quote)

@@ -210,6 +210,7 @@ def _delimited_tables(
                 after=recs if mac is not None else None,
                 max_record=limit,
                 quoting=spec.quoting != "none",
+                escapechar=spec.escapechar,
             )
         except (HeaderError, RecordTooLong) as err:
             raise SourceError(f"{path}: {err}") from err

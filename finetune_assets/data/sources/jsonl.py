@@ -135,13 +135,19 @@ def per_record_text(table: pa.Table) -> pa.Table:
 
     by_key = {_column_key(n): n for n in reversed(table.column_names)}
     keys = [by_key[c] for c in TEXT_COLUMNS if c in by_key]
-    keys = [k for k in keys if pa.types.is_string(table.column(k).type)]
-    if len(keys) < 2:
+    # a key absent from this block (added as nulls from the first block's names) is one of them
+    keys = [
+        k
+        for k in keys
+        if pa.types.is_string(table.column(k).type) or pa.types.is_null(table.column(k).type)
+    ]
+    if len(keys) < 2 or all(pa.types.is_null(table.column(k).type) for k in keys[1:]):
         return table
-    present = [pc.is_valid(table.column(k)).cast(pa.int8()) for k in keys]
+    columns = [table.column(k).cast(pa.string()) for k in keys]
+    present = [pc.is_valid(c).cast(pa.int8()) for c in columns]
     if pc.max(_sum(present)).as_py() > 1:
         return table
-    merged = pc.coalesce(*(table.column(k) for k in keys))
+    merged = pc.coalesce(*columns)
     table = table.drop_columns(keys[1:])
     return table.set_column(table.column_names.index(keys[0]), keys[0], merged)
 

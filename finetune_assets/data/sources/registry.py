@@ -1,6 +1,6 @@
 """Which reader reads a source: a prefix names its family (``hf:``, ``builtin:``, ``delta:``,
-``sql:``); anything else is a file, a folder or an fsspec URL of them. Every family yields
-:data:`RAW_SCHEMA` blocks, so all of them go through the same intake (labels, validation,
+``sql:``, ``iceberg:``); anything else is a file, a folder or an fsspec URL of them. Every family
+yields :data:`RAW_SCHEMA` blocks, so all of them go through the same intake (labels, validation,
 quarantine, duplicates, splits).
 """
 
@@ -23,6 +23,13 @@ from finetune_assets.data.sources.delta import (
 )
 from finetune_assets.data.sources.files import check_files, iter_files, pin_files
 from finetune_assets.data.sources.hf import HF_PREFIX, check_hf, describe_hf, iter_hf, pin_hf
+from finetune_assets.data.sources.iceberg import (
+    ICEBERG_PREFIX,
+    check_iceberg,
+    describe_iceberg,
+    iter_iceberg,
+    pin_iceberg,
+)
 from finetune_assets.data.sources.sql import SQL_PREFIX, check_sql, describe_sql, iter_sql, pin_sql
 
 
@@ -49,6 +56,7 @@ FAMILIES = (
     Family(HF_PREFIX, iter_hf, check_hf, pin_hf, describe_hf),
     Family(DELTA_PREFIX, iter_delta, check_delta, pin_delta, describe_delta),
     Family(SQL_PREFIX, iter_sql, check_sql, pin_sql, describe_sql),
+    Family(ICEBERG_PREFIX, iter_iceberg, check_iceberg, pin_iceberg, describe_iceberg),
 )
 
 
