@@ -272,9 +272,13 @@ def _consider_table(
     from finetune_assets.data.sources.delta_commits import due_versions
 
     state = cursor.tables.get(watched.name, {})
+    notes: list[str] = []  # in-place deletes / updates on a table without change data feed
     due, seen, rows = due_versions(
-        watched.table, state.get("seen"), state.get("rows", 0), watched.min_new_rows
+        watched.table, state.get("seen"), state.get("rows", 0), watched.min_new_rows, notes=notes
     )
+    for note in notes:  # "<uri>@version=N (OPERATION): why": reported once, at the tick that saw it
+        where, why = note.split(" ", 1)
+        problems[where] = why
     labels = LabelSet(tuple(watched.labels)) if watched.labels else None
     for version in due:
         key, fp = f"{watched.name}-v{version}", f"delta-v{version}"
