@@ -49,20 +49,15 @@ def fanout_runner(
     """Where the data assets' slice workers run: beside the training, from the same ``launcher``
     resource, so a launchpad override of ``resources.launcher.config`` reaches them too.
 
-    Local launcher: subprocesses with its ``python``, ``workers`` at a time (default: the usable
-    cores). Kubernetes launcher: an Indexed Job with one pod per slice (``launchers/k8s_fanout.py``)
-    with its image, namespace and secrets, ``workers`` pods at a time (default: every slice at
-    once). ``labels`` (``dagster/run-id``, ``dagster/asset``, ``dagster/partition``) let a retried
-    run replace a live Job a dead one left; ``instance`` (the step's Dagster instance) says whether
-    that run is really over.
+    Any launcher but Kubernetes (local torchrun): subprocesses with its ``python``, ``workers`` at a
+    time (default: the usable cores). Kubernetes launcher: an Indexed Job with one pod per slice
+    (``launchers/k8s_fanout.py``) with its image, namespace and secrets, ``workers`` pods at a time
+    (default: every slice at once). ``labels`` (``dagster/run-id``, ``dagster/asset``,
+    ``dagster/partition``) let a retried run replace a live Job a dead one left; ``instance`` (the
+    step's Dagster instance) says whether that run is really over.
     """
     from finetune_assets.launchers.k8s import K8sTorchrunLauncher
-    from finetune_assets.launchers.local import LocalTorchrunLauncher
 
-    if isinstance(launcher, LocalTorchrunLauncher):
-        from finetune_assets.launchers.fanout import LocalFanOutRunner, usable_cores
-
-        return LocalFanOutRunner(workers=workers or usable_cores(), python=launcher.python)
     if isinstance(launcher, K8sTorchrunLauncher):
         from finetune_assets.launchers.k8s.runs import dagster_run_state
         from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner
@@ -74,4 +69,8 @@ def fanout_runner(
             parallelism=workers,
             run_state=run_state,
         )
-    raise TypeError(f"no slice-worker runner for launcher {type(launcher).__name__}")
+    # every other launcher trains on this machine: its workers are local subprocesses
+    from finetune_assets.launchers.fanout import LocalFanOutRunner, usable_cores
+
+    python = getattr(launcher, "python", None)  # LocalTorchrunLauncher's interpreter
+    return LocalFanOutRunner(workers=workers or usable_cores(), python=python)
