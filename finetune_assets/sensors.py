@@ -329,4 +329,15 @@ def landing_zone_sensor(
     return evaluate_landing(context, landing, storage)
 
 
-sensors: list[dg.SensorDefinition] = [landing_zone_sensor, on_landing.tuned_retrain_sensor]
+benchmark_automation = dg.AutomationConditionSensorDefinition(
+    "benchmark_automation",
+    target=dg.AssetSelection.assets("benchmark_scores"),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Materializes benchmark_scores[v] by its automation condition (eager).",
+)
+
+sensors: list[dg.SensorDefinition] = [
+    landing_zone_sensor,
+    on_landing.tuned_retrain_sensor,
+    benchmark_automation,
+]
