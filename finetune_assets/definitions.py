@@ -6,7 +6,7 @@ import dagster as dg
 
 from finetune_assets.assets.baseline import baseline_model
 from finetune_assets.assets.benchmarks import benchmark_scores
-from finetune_assets.assets.champion import champion_model
+from finetune_assets.assets.champion import champion, champion_model
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
@@ -35,19 +35,22 @@ def build_defs(
     ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or ``k8s``).
     """
     return dg.Definitions(
-        assets=with_config_versions(
-            [
-                raw_reviews,
-                pretrained_model,
-                tokenized_reviews,
-                mds_shards,
-                finetuned_model,
-                champion_model,
-                baseline_model,
-                benchmark_scores,
-                tuning_study,
-            ]
-        ),
+        assets=[
+            *with_config_versions(
+                [
+                    raw_reviews,
+                    pretrained_model,
+                    tokenized_reviews,
+                    mds_shards,
+                    finetuned_model,
+                    champion_model,
+                    baseline_model,
+                    benchmark_scores,
+                    tuning_study,
+                ]
+            ),
+            champion,  # reported by champion_model: nothing to configure
+        ],
         asset_checks=[*asset_checks, vocabulary_fit],
         jobs=jobs,
         sensors=sensors,

@@ -272,9 +272,13 @@ def _consider_table(
     from finetune_assets.data.sources.delta_commits import due_versions
 
     state = cursor.tables.get(watched.name, {})
+    notes: list[str] = []  # in-place deletes / updates on a table without change data feed
     due, seen, rows = due_versions(
-        watched.table, state.get("seen"), state.get("rows", 0), watched.min_new_rows
+        watched.table, state.get("seen"), state.get("rows", 0), watched.min_new_rows, notes=notes
     )
+    for note in notes:  # "<uri>@version=N (OPERATION): why": reported once, at the tick that saw it
+        where, why = note.split(" ", 1)
+        problems[where] = why
     labels = LabelSet(tuple(watched.labels)) if watched.labels else None
     for version in due:
         key, fp = f"{watched.name}-v{version}", f"delta-v{version}"
@@ -325,4 +329,15 @@ def landing_zone_sensor(
     return evaluate_landing(context, landing, storage)
 
 
-sensors: list[dg.SensorDefinition] = [landing_zone_sensor, on_landing.tuned_retrain_sensor]
+benchmark_automation = dg.AutomationConditionSensorDefinition(
+    "benchmark_automation",
+    target=dg.AssetSelection.assets("benchmark_scores"),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Materializes benchmark_scores[v] by its automation condition (eager).",
+)
+
+sensors: list[dg.SensorDefinition] = [
+    landing_zone_sensor,
+    on_landing.tuned_retrain_sensor,
+    benchmark_automation,
+]

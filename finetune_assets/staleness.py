@@ -41,10 +41,12 @@ def config_code_version(config_cls: type[dg.Config], revision: str) -> str:
     return f"{revision}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
-def config_class(asset: dg.AssetsDefinition) -> type[dg.Config] | None:
+def config_class(asset: dg.AssetsDefinition | dg.AssetSpec) -> type[dg.Config] | None:
     """The ``dg.Config`` class of the asset function's ``config`` parameter (None: not
-    configurable).
+    configurable, or an asset without a function such as ``champion``).
     """
+    if not isinstance(asset, dg.AssetsDefinition) or not asset.is_executable:
+        return None
     hints = get_type_hints(asset.op.compute_fn.decorated_fn)
     cls = hints.get("config")
     return cls if isinstance(cls, type) and issubclass(cls, dg.Config) else None

@@ -346,7 +346,11 @@ def _promote(instance, storage_root, version) -> dg.ExecuteInProcessResult:
 
 
 def _decision(result: dg.ExecuteInProcessResult) -> str:
-    (mat,) = result.asset_materializations_for_node("champion_model")
+    (mat,) = [
+        m
+        for m in result.asset_materializations_for_node("champion_model")
+        if m.asset_key == dg.AssetKey("champion_model")  # not the champion report beside it
+    ]
     return mat.metadata["decision"].value
 
 
@@ -376,6 +380,13 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(
     assert _client(storage_root).get_registered_model("review-classifier").aliases == {}
     assert "first model" in _decision(_promote(instance, storage_root, "v1"))
     assert _champion(storage_root) == first
+    # the unpartitioned champion asset shows it, with its dataset version, score and since when
+    shown = instance.get_latest_materialization_event(dg.AssetKey("champion"))
+    assert shown.asset_materialization.partition is None
+    table = shown.asset_materialization.metadata["champions"].value
+    row = next(line for line in table.splitlines() if "review-classifier" in line)
+    assert f"| v{first} | v1 | 0." in row and "20" in row.split("|")[-2]  # since: an ISO time
+    reports = len(instance.fetch_materializations(dg.AssetKey("champion"), limit=10).records)
 
     worse = _register_challenger(instance, storage_root, "v1", bad)
     check = _gate(instance, storage_root, "v1")
@@ -387,6 +398,9 @@ def test_gate_observes_and_champion_model_promotes_only_strictly_better(
     # alone, it applies the rule itself
     assert "refused" in _decision(_promote(instance, storage_root, "v1"))
     assert worse != first and _champion(storage_root) == first
+    # a refusal moves nothing: no new champion report
+    champion_reports = instance.fetch_materializations(dg.AssetKey("champion"), limit=10)
+    assert len(champion_reports.records) == reports
 
     # A new version with a bigger test split: the champion is re-scored on *this* test data; a
     # challenger exactly as good passes the gate but does not take the alias (a tie keeps the

@@ -41,7 +41,12 @@ def launchpad_schema(assets_def: dg.AssetsDefinition) -> dict | None:
 
 def graph_snapshot(d: dg.Definitions) -> dict:
     graph = d.resolve_asset_graph()
-    schemas = {k.to_user_string(): launchpad_schema(a) for a in d.assets or () for k in a.keys}
+    schemas = {
+        k.to_user_string(): launchpad_schema(a)
+        for a in d.assets or ()
+        if isinstance(a, dg.AssetsDefinition)
+        for k in a.keys
+    }
     assets = {}
     for key in sorted(graph.get_all_asset_keys(), key=lambda k: k.to_user_string()):
         node = graph.get(key)

@@ -49,7 +49,12 @@ def test_one_version_per_row_adding_commit(instance, tmp_path: Path, storage_roo
     # 4, 5
     DeltaTable(table).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     DeltaTable(table).delete("text = 'review number 0, quite good'")  # 6: removes rows only
-    assert daemon.tick()[:2] == ([], [])
+    added, runs, skip = daemon.tick()
+    assert (added, runs) == ([], [])
+    # No change data feed: the delete is no new version, and the tick says so (skip reason + log)
+    assert f"delta:{table}@version=6: (DELETE): not a new version, rows changed in place" in skip
+    assert "delta.enableChangeDataFeed" in skip
+    assert "version=6" not in (daemon.tick()[2] or "")  # said once, at the tick that saw it
 
     write_deltalake(table, _rows(20, 1), mode="append")  # 7
     # 8, vacuumed away before the sensor sees it

@@ -201,7 +201,12 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     assert first.success
     materialized = [*prepared.get_asset_materialization_events()]
     materialized += first.get_asset_materialization_events()
-    assert {e.asset_key.to_user_string() for e in materialized} == {*VERSION_CHAIN, PRETRAINED}
+    # the first promotion also reports the unpartitioned champion asset
+    assert {e.asset_key.to_user_string() for e in materialized} == {
+        *VERSION_CHAIN,
+        PRETRAINED,
+        "champion",
+    }
     checks = {
         e.check_name: e
         for e in [*prepared.get_asset_check_evaluations(), *first.get_asset_check_evaluations()]
@@ -303,7 +308,12 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     assert meta["challenger_macro_f1"].value >= meta["champion_macro_f1"].value
     assert deploy.champion() == better_version
     # the asset acted, the check observed
-    (decision,) = better.asset_materializations_for_node("champion_model")
+    by_key = {
+        m.asset_key.to_user_string(): m
+        for m in better.asset_materializations_for_node("champion_model")
+    }
+    decision, report = by_key["champion_model"], by_key["champion"]  # and the champion asset's
+    assert f"v{better_version}" in report.metadata["champions"].value
     assert (
         decision.metadata["decision"].value.startswith("promoted")
         and decision.metadata["promoted"].value

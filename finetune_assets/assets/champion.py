@@ -6,12 +6,18 @@ the decision has its own lineage and history in the UI. It runs behind the gate 
 its upstream), in the ``promotion`` pool (limit 1, see docs/reliability.md) and under a storage
 lock, and inside that critical section it re-reads the champion, compares, and sets: finish order
 never decides.
+
+``champion`` (unpartitioned, reported by ``champion_model`` whenever it moves the alias) is what the
+UI shows without choosing a partition: the current champion of every label set, its dataset
+version, score and since when.
 """
+
+from datetime import UTC, datetime
 
 import dagster as dg
 from pydantic import Field
 
-from finetune_assets.assets._common import OWNERS, version_of
+from finetune_assets.assets._common import OWNERS, markdown_table, version_of
 from finetune_assets.assets.finetuned import TRAINING_BACKFILL, finetuned_model, recorded_model
 from finetune_assets.checks import FloorConfig
 from finetune_assets.dataset_versions.partitions import dataset_versions
@@ -19,6 +25,62 @@ from finetune_assets.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 
 PROMOTION_POOL = "promotion"
+TAG_CHAMPION_SINCE = "gate.champion_since"  # ISO time the version took the alias
+
+champion = dg.AssetSpec(
+    "champion",
+    deps=["champion_model"],
+    group_name="models",
+    kinds={"mlflow"},
+    owners=OWNERS,
+    code_version="1",
+    description=(
+        "The current champion of every label set (registered model): version, dataset version, "
+        "macro-F1 and since when. Reported by champion_model[v] each time it moves the alias."
+    ),
+)
+
+
+def champions(client, alias: str) -> list[tuple]:
+    """(registered model, version, dataset version, macro-F1, since) per model holding ``alias``."""
+    from finetune_assets import gate
+
+    rows, token = [], None
+    while True:
+        page = client.search_registered_models(max_results=100, page_token=token)
+        for rm in page:
+            holder = (rm.aliases or {}).get(alias)
+            if holder is None:
+                continue
+            tags = client.get_model_version(rm.name, str(holder)).tags or {}
+            score = tags.get(gate.TAG_SCORE)
+            rows.append(
+                (
+                    rm.name,
+                    f"v{holder}",
+                    tags.get("dataset_version", "?"),
+                    f"{float(score):.4f}" if score else "?",
+                    tags.get(TAG_CHAMPION_SINCE, "?"),
+                )
+            )
+        token = page.token
+        if not token:
+            return sorted(rows)
+
+
+def champion_report(client, alias: str, name: str, version: str) -> dg.AssetMaterialization:
+    """The ``champion`` asset's materialization after ``name`` v``version`` took ``alias``."""
+    rows = champions(client, alias)
+    header = ("registered model (label set)", "version", "dataset version", "macro-F1", "since")
+    return dg.AssetMaterialization(
+        asset_key="champion",
+        description=f"{name}@{alias} -> v{version}",
+        metadata={
+            "champions": markdown_table(header, rows),
+            "changed": f"{name}@{alias} -> v{version}",
+            "label_sets": len(rows),
+        },
+    )
 
 
 class PromotionConfig(FloorConfig):
@@ -81,6 +143,10 @@ def champion_model(
     result = gate.promote(
         client, challenger, test, conditions, uri, alias, lock=store.lock(f"promotion-{name}")
     )
+    if result.promotable:  # the alias moved: say since when, and report the new champions
+        since = datetime.now(UTC).isoformat(" ", "seconds")
+        client.set_model_version_tag(name, challenger_version, TAG_CHAMPION_SINCE, since)
+        context.log_event(champion_report(client, alias, name, challenger_version))
     decision = gate.describe(result, alias)
     context.log.info(decision)
     holder = (

@@ -11,6 +11,7 @@ from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.contracts import MDS_SHARDS, TOKENIZED_REVIEWS
 from finetune_assets.data.shards import COMPRESSION, SplitShards, read_back_count
 from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.launchers.base import TrainingLauncher
 from finetune_assets.resources.storage_root import StorageResource
 
 
@@ -34,13 +35,16 @@ class ShardsConfig(dg.Config):
     code_version="1",
 )
 def mds_shards(
-    context: dg.AssetExecutionContext, config: ShardsConfig, storage: StorageResource
+    context: dg.AssetExecutionContext,
+    config: ShardsConfig,
+    storage: StorageResource,
+    launcher: TrainingLauncher,
 ) -> dg.MaterializeResult:
     """MDS shards (zstd) per split, streamable with StreamingDataset from the storage root."""
     from finetune_assets.assets.tokenized import _digest, _fan_out
     from finetune_assets.data import slices
     from finetune_assets.launchers.fanout import runner_width
-    from finetune_assets.launchers.select import fanout_runner_from_env
+    from finetune_assets.launchers.select import fanout_runner
 
     version = version_of(context)
     store = storage.storage()
@@ -51,7 +55,8 @@ def mds_shards(
         raise dg.Failure(
             f"tokenized_reviews[{version}] predates slice workers (no parts); re-materialize it"
         )
-    runner = fanout_runner_from_env(
+    runner = fanout_runner(
+        launcher,
         workers=config.workers,
         labels=launch_labels(context, MDS_SHARDS, version),
         instance=context.instance,

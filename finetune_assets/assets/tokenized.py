@@ -29,6 +29,7 @@ from finetune_assets.contracts import (
 from finetune_assets.data.labels import labels_from_metadata
 from finetune_assets.data.tokenize import stats_from_histogram, token_dtype
 from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.launchers.base import TrainingLauncher
 from finetune_assets.resources.storage_root import StorageResource
 
 
@@ -64,7 +65,10 @@ class TokenizeConfig(dg.Config):
     code_version="1",
 )
 def tokenized_reviews(
-    context: dg.AssetExecutionContext, config: TokenizeConfig, storage: StorageResource
+    context: dg.AssetExecutionContext,
+    config: TokenizeConfig,
+    storage: StorageResource,
+    launcher: TrainingLauncher,
 ) -> dg.MaterializeResult:
     """Token ids per review (unpadded), label id and the train/validation/test split raw_reviews
     assigned.
@@ -75,7 +79,7 @@ def tokenized_reviews(
     from finetune_assets.data.models import load_tokenization
     from finetune_assets.data.token_cache import CACHE_DIR, tokenizer_hash
     from finetune_assets.launchers.fanout import runner_width
-    from finetune_assets.launchers.select import fanout_runner_from_env
+    from finetune_assets.launchers.select import fanout_runner
 
     version = version_of(context)
     store = storage.storage()
@@ -97,7 +101,8 @@ def tokenized_reviews(
     with store.fs.open(reviews_url, "rb") as f:
         meta = pq.ParquetFile(f).metadata
         group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    runner = fanout_runner_from_env(
+    runner = fanout_runner(
+        launcher,
         workers=config.workers,
         labels=launch_labels(context, TOKENIZED_REVIEWS, version),
         instance=context.instance,

@@ -89,6 +89,7 @@ class LocalFanOutRunner:
     """
 
     workers: int = field(default_factory=usable_cores)
+    python: str | None = None  # interpreter for each worker (the launcher's); default: this one
 
     def run(self, job: FanOut, log: Callable[[str], None]) -> None:
         if job.count < 0 or self.workers < 1:
@@ -113,8 +114,11 @@ class LocalFanOutRunner:
                 while pending and len(running) < self.workers and not failed:
                     index = pending.popleft()
                     env = {**os.environ, **job.env, INDEX_ENV: str(index)}
+                    command = list(job.command)
+                    if self.python and command[:1] == [sys.executable]:
+                        command[0] = self.python
                     proc = subprocess.Popen(
-                        job.command,
+                        command,
                         env=env,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,

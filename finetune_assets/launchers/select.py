@@ -40,37 +40,37 @@ def launcher_from_env(environ: dict[str, str] | None = None) -> TrainingLauncher
     raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")
 
 
-def fanout_runner_from_env(
-    environ: dict[str, str] | None = None,
+def fanout_runner(
+    launcher: TrainingLauncher,
     workers: int | None = None,
     labels: dict[str, str] | None = None,
     instance=None,
 ) -> FanOutRunner:
-    """Where the data assets' slice workers run; the same switch as the training launcher.
+    """Where the data assets' slice workers run: beside the training, from the same ``launcher``
+    resource, so a launchpad override of ``resources.launcher.config`` reaches them too.
 
-    ``local``: subprocesses, ``workers`` at a time (default: the usable cores). ``k8s``: an Indexed
-    Job with one pod per slice (``launchers/k8s_fanout.py``), configured like the training launcher,
-    ``workers`` pods at a time (default: every slice at once). ``labels`` (``dagster/run-id``,
-    ``dagster/asset``, ``dagster/partition``) let a retried run replace a live Job a dead one left;
-    ``instance`` (the step's Dagster instance) says whether that run is really over.
+    Any launcher but Kubernetes (local torchrun): subprocesses with its ``python``, ``workers`` at a
+    time (default: the usable cores). Kubernetes launcher: an Indexed Job with one pod per slice
+    (``launchers/k8s_fanout.py``) with its image, namespace and secrets, ``workers`` pods at a time
+    (default: every slice at once). ``labels`` (``dagster/run-id``, ``dagster/asset``,
+    ``dagster/partition``) let a retried run replace a live Job a dead one left; ``instance`` (the
+    step's Dagster instance) says whether that run is really over.
     """
-    env = os.environ if environ is None else environ
-    kind = env.get(LAUNCHER_ENV, "local").strip().lower()
-    if kind == "local":
-        from finetune_assets.launchers.fanout import LocalFanOutRunner, usable_cores
+    from finetune_assets.launchers.k8s import K8sTorchrunLauncher
 
-        return LocalFanOutRunner(workers=workers or usable_cores())
-    if kind == "k8s":
+    if isinstance(launcher, K8sTorchrunLauncher):
         from finetune_assets.launchers.k8s.runs import dagster_run_state
-        from finetune_assets.launchers.k8s_fanout import (
-            K8sFanOutRunner,  # the Kubernetes runner
-        )
+        from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner
 
         run_state = dagster_run_state(instance) if instance is not None else None
         return K8sFanOutRunner(
-            launcher=launcher_from_env(env),
+            launcher=launcher,
             labels=dict(labels or {}),
             parallelism=workers,
             run_state=run_state,
         )
-    raise ValueError(f"{LAUNCHER_ENV}={kind!r}: expected 'local' or 'k8s'")
+    # every other launcher trains on this machine: its workers are local subprocesses
+    from finetune_assets.launchers.fanout import LocalFanOutRunner, usable_cores
+
+    python = getattr(launcher, "python", None)  # LocalTorchrunLauncher's interpreter
+    return LocalFanOutRunner(workers=workers or usable_cores(), python=python)

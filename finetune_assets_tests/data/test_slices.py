@@ -490,7 +490,7 @@ def test_a_failed_slice_fails_the_step_and_publishes_nothing(
         asset == "tokenized_reviews"
         or store.require("tokenized_reviews", "v1").metadata["parts"] >= 2
     )
-    monkeypatch.setattr(select, "fanout_runner_from_env", lambda **kw: CrashingSliceRunner())
+    monkeypatch.setattr(select, "fanout_runner", lambda *a, **kw: CrashingSliceRunner())
     # a small version still gets 2 shard workers
     monkeypatch.setattr(slice_plan, "SHARD_ROWS_PER_WORKER", 1)
     result = materialize(

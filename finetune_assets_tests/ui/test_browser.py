@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 VERSION = "sample"
 DATA_ASSETS = ("raw_reviews", "pretrained_model", "tokenized_reviews", "mds_shards")
 ALL_ASSETS = (*DATA_ASSETS, "finetuned_model")
+CHAMPION_NAME = "review-classifier"
 UI_GROUP = "reviews"  # raw_reviews, tokenized_reviews, mds_shards: what the UI run materializes
 CHROMIUM_ARGS = [
     "--headless",
@@ -207,7 +208,35 @@ def prepared(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
             run_config={"ops": {"pretrained_model": {"config": {"source": str(tiny_model_dir)}}}},
         )
         assert result.success
+        report_a_champion(instance, root, tiny_model_dir)
     return home, root
+
+
+def report_a_champion(instance, root: Path, model_dir: Path) -> None:
+    """A registered model holding the champion alias in the root's own MLflow registry, reported as
+    ``champion_model`` reports it (``champion_report``), so the UI shows the real asset's page.
+    """
+    from mlflow import MlflowClient
+
+    from finetune_assets import gate
+    from finetune_assets.assets.champion import TAG_CHAMPION_SINCE, champion_report
+    from finetune_assets.resources.mlflow import MlflowResource
+    from finetune_assets.storage import Storage
+
+    uri = MlflowResource().resolve_tracking_uri(Storage(str(root)))
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client.create_registered_model(CHAMPION_NAME)
+    mv = client.create_model_version(CHAMPION_NAME, source=str(model_dir))
+    for key, value in {
+        "dataset_version": VERSION,
+        gate.TAG_SCORE: "0.8125",
+        TAG_CHAMPION_SINCE: "2026-12-01 09:30:00+00:00",
+    }.items():
+        client.set_model_version_tag(CHAMPION_NAME, mv.version, key, value)
+    client.set_registered_model_alias(CHAMPION_NAME, "champion", mv.version)
+    instance.report_runless_asset_event(
+        champion_report(client, "champion", CHAMPION_NAME, mv.version)
+    )
 
 
 @pytest.fixture
@@ -297,9 +326,11 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     for group in sorted({groups[name] for name in expected}):
         members = [n for n in expected if groups[n] == group]
         page.get_by_text(group, exact=True).last.wait_for(state="visible")
-        if not page.get_by_text(members[0], exact=True).first.is_visible():
+        # the graph renders only the nodes in view: any member shows the group is open
+        any_member = page.get_by_text(re.compile("^(" + "|".join(map(re.escape, members)) + ")$"))
+        if not any_member.first.is_visible():
             page.get_by_text(group, exact=True).last.click()  # the group node in the graph
-            page.get_by_text(members[0], exact=True).first.wait_for(state="visible")
+            any_member.first.wait_for(state="visible")
     page.reload()  # the open groups are remembered; a reload fits the whole graph into view
     for name in expected:
         page.get_by_text(name, exact=True).first.wait_for(state="visible")
@@ -329,7 +360,8 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
     except Exception:  # noqa: BLE001 - ... otherwise pick it, as a user would
         page.get_by_text("Select a partition or create one").click()
         page.keyboard.type(VERSION)
-        page.get_by_role("menuitem").filter(
+        # the picker lists partitions with checkboxes (Dagster 1.13), beside "Select all (1)"
+        page.get_by_role("checkbox").locator("..").filter(
             has_text=re.compile(rf"^\s*{re.escape(VERSION)}\s*$")
         ).first.click()
         title.click()  # close the partition picker
@@ -373,4 +405,15 @@ def walk_through_the_ui(dagster_dev: Dagster, page) -> None:
         "img => img.complete && img.naturalWidth > 100", arg=chart.element_handle()
     )
     shot(page, "06-label-distribution-chart")
+
+    # 6. The current champion, without choosing a partition: the unpartitioned champion asset.
+    page.goto(f"{dagster_dev.url}/assets/champion")
+    page.get_by_text("champions", exact=True).first.wait_for(state="visible")
+    row = page.locator("tr").filter(has=page.get_by_text("champions", exact=True))
+    if row.get_by_text("Show Markdown").count():  # long Markdown opens in a dialog
+        row.get_by_text("Show Markdown").click()
+    table = page.locator("table").filter(has_text="dataset version").last
+    for cell in (CHAMPION_NAME, "v1", VERSION, "0.8125", "2026-12-01 09:30:00+00:00"):
+        table.get_by_text(cell, exact=True).first.wait_for(state="visible")
+    shot(page, "07-champion")
     assert not errors, f"page errors: {errors}"
