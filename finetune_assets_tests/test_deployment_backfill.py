@@ -101,6 +101,13 @@ RUN_CONFIG = {
     },
 }
 DEADLINE_S = 780.0
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
 
 
 @pytest.fixture
@@ -337,9 +344,12 @@ def _kill_a_training(instance, double, root: Path, backfill_id: str, facts: dict
 
 def _settled(instance, backfill_id: str, versions: list[str]) -> bool:
     """Every run of the backfill ended, every failed run the daemon retries has a finished retry,
-    and the backfill says it is done (or every version got its ``champion_model`` decision: the
-    backfill daemon notices only on its next 30 s tick).
+    no other run is in flight (the automation sensor requests ``benchmark_scores[v]`` once a
+    version's model and baseline exist), and the backfill says it is done (or every version got
+    its ``champion_model`` decision: the backfill daemon notices only on its next 30 s tick).
     """
+    if instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT), limit=1):
+        return False
     runs = instance.get_runs(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
     for run in runs:
         if not run.is_finished:

@@ -113,6 +113,7 @@ def champion_model(
 
     from finetune_assets import gate
     from finetune_assets.checks import frozen_test_set, gate_conditions, version_labels
+    from finetune_assets.checks.quality_gate import registered_at
     from finetune_assets.data.labels import registered_model_name
 
     version = version_of(context)
@@ -139,7 +140,11 @@ def champion_model(
         score = gate.score_registered(client, name, challenger_version, test, uri)
     challenger = gate.Challenger(name, challenger_version, score, version)
     floor, _ = gate_conditions(config, test, store, version)
-    conditions = [*floor, gate.beats_champion(config.min_improvement)]
+    conditions = [
+        *floor,
+        gate.not_older_than_champion(registered_at(store)),
+        gate.beats_champion(config.min_improvement),
+    ]
     result = gate.promote(
         client, challenger, test, conditions, uri, alias, lock=store.lock(f"promotion-{name}")
     )

@@ -44,7 +44,7 @@ class QualityGateConfig(FloorConfig):
     )
 
 
-def _registered_at(store):
+def registered_at(store):
     """When a dataset version was registered (its registry record), None when it has none."""
     from finetune_assets.dataset_versions.registry import read_version
 
@@ -58,18 +58,19 @@ def _registered_at(store):
 def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[list, dict]:
     """The conditions a challenger must meet, and what they were measured against (for metadata).
 
-    The check and ``champion_model`` share them: the floor (absolute / majority class), no
-    challenger from a dataset version registered before the champion's (``gate.not_older_than_
-    champion``: each decision scores on the challenger's own split, so order must not decide), and
+    The check and ``champion_model`` share them: the floor (absolute / majority class) and
     ``baseline_model[v]``'s test macro-F1 plus ``baseline_margin``; a missing baseline refuses (a
-    rule that silently does not apply protects nobody) unless ``baseline_margin`` is null.
+    rule that silently does not apply protects nobody) unless ``baseline_margin`` is null. The
+    order rule (``gate.not_older_than_champion``) is ``champion_model``'s alone: it is about who
+    holds the alias, not about the model's quality, so an asset backfill that trains versions in
+    any order passes every good model's gate and promotes none but the newest.
     """
     from finetune_assets import gate
     from finetune_assets.assets.baseline import read_baseline_info
 
     majority = gate.majority_baseline(test)
     floor = max(config.min_macro_f1, majority + 1e-9 if config.must_beat_majority_baseline else 0.0)
-    conditions = [gate.above_floor(floor), gate.not_older_than_champion(_registered_at(store))]
+    conditions = [gate.above_floor(floor)]
     about: dict = {"floor": floor}
     if config.baseline_margin is None:
         about["baseline_decision"] = "off (baseline_margin: null)"

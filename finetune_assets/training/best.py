@@ -63,8 +63,16 @@ class BestModel(pl.Callback):
                 auto_insert_metric_name=False,
             )
         if self.patience is not None:
+            # Checked after each validation only (patience counts validations) and not strict: a
+            # run that ends before its first validation (max_steps inside the first epoch) has
+            # no metric to judge and exports its last weights instead of failing the run.
             self.early_stopping = EarlyStopping(
-                monitor=SELECTION_METRIC, mode="max", patience=self.patience, min_delta=0.0
+                monitor=SELECTION_METRIC,
+                mode="max",
+                patience=self.patience,
+                min_delta=0.0,
+                strict=False,
+                check_on_train_epoch_end=False,
             )
 
     def callbacks(self) -> list[pl.Callback]:
