@@ -62,6 +62,10 @@ class BestModel(pl.Callback):
                 save_last=False,
                 auto_insert_metric_name=False,
             )
+        if config.trial is not None:
+            # A study's trial is stopped by its pruner, on equal budgets; early stopping would cut
+            # trials short at unequal fractions of their training.
+            self.patience = None
         if self.patience is not None:
             # Checked after each validation only (patience counts validations) and not strict: a
             # run that ends before its first validation (max_steps inside the first epoch) has
