@@ -27,6 +27,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 from finetune_assets.contracts import ModelSelection, ValidationPoint
 from finetune_assets.training import files
 from finetune_assets.training.config import SELECTION_METRIC, TrainerConfig
+from finetune_assets.training.sharding import reshard
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -120,6 +121,7 @@ class BestModel(pl.Callback):
                 log.warning("%s", self.note)
             return
         # every rank loads (a collective under FSDP); weights only: no pickled code runs
+        reshard(pl_module)
         state = trainer.strategy.load_checkpoint(path, weights_only=True)
         trainer.strategy.load_model_state_dict(state, strict=True)
         self.loaded_step = int(state.get("global_step", -1))

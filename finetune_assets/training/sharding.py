@@ -122,16 +122,26 @@ class ShardedStrategy(ModelParallelStrategy):
             self.checkpoint_io.save_checkpoint(checkpoint, str(filepath), storage_options)
 
 
-def local_parameters(module: torch.nn.Module) -> int:
-    """Parameter elements this rank holds: a sharded parameter (``DTensor``) counts its local shard.
+def reshard(module: torch.nn.Module) -> None:
+    """Return every FSDP unit to its sharded parameters (a no-op for an unsharded model).
 
-    The FSDP root keeps its parameters gathered after a forward (they are needed again at once):
-    they are resharded first, so the count is what a rank holds between steps.
+    The FSDP root keeps its parameters gathered after a forward (they are needed again at once), as
+    plain tensors: loading a full state dict into it then copies tensors into a mix of gathered and
+    sharded (``DTensor``) parameters ("got mixed torch.Tensor and DTensor").
     """
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
 
     for m in module.modules():
         if isinstance(m, FSDPModule):
             m.reshard()
+
+
+def local_parameters(module: torch.nn.Module) -> int:
+    """Parameter elements this rank holds: a sharded parameter (``DTensor``) counts its local shard.
+
+    Resharded first (``reshard``), so the count is what a rank holds between steps.
+    """
+    from torch.distributed.tensor import DTensor
+
+    reshard(module)
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())

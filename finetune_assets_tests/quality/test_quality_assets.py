@@ -34,6 +34,7 @@ from finetune_assets.data.sources import SourceSpec, read_source
 from finetune_assets.data.validate import ValidationRules, validate
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.dataset_versions.registry import write_version
+from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree
@@ -54,7 +55,11 @@ class Deployment:
     def __init__(self, root: Path, instance, model_dir: Path):
         self.root, self.instance, self.model_dir = root, instance, model_dir
         self.store = Storage(str(root))
-        self.resources = {"storage": StorageResource(root=str(root)), "mlflow": MlflowResource()}
+        self.resources = {
+            "storage": StorageResource(root=str(root)),
+            "mlflow": MlflowResource(),
+            "launcher": LocalTorchrunLauncher(),
+        }
 
     def materialize(
         self, version: str | None, selection, run_config=None
