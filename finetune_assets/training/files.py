@@ -18,6 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from finetune_assets.storage import write_bytes_atomic
+from finetune_assets.training import fencing
 
 
 def scratch_root() -> str:
@@ -76,7 +77,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     ``torch.save`` streams into a temp file (beside the target locally, in the scratch folder for a
     remote target, then one upload): the checkpoint is never held in memory a second time.
+
+    ``fence_dir``: the run's checkpoint folder; each commit is refused (``fencing.FencedOff``) once
+    a newer gang fenced it, so a stale rank of a replaced gang cannot overwrite its checkpoint.
     """
+
+    def __init__(self, fence_dir: str | None = None) -> None:
+        super().__init__()
+        self.fence_dir = fence_dir
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
@@ -93,6 +101,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())
+            if self.fence_dir is not None:
+                fencing.check_fence(self.fence_dir)  # just before the commit
             if local:
                 os.replace(tmp, local_path(url))
             else:

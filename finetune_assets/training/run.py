@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.data.labels import LabelSet
-from finetune_assets.training import files, pruning
+from finetune_assets.training import fencing, files, pruning
 from finetune_assets.training.best import BestModel
 from finetune_assets.training.callbacks import (
     BoundaryCheckpoint,
@@ -104,7 +104,7 @@ def checkpoint_io(config: TrainerConfig) -> Any:
     state on the device first, then training goes on while rank 0 writes). On CPU the copy and the
     writer would compete with training for the same cores: written in place, as before.
     """
-    atomic = files.AtomicCheckpointIO()
+    atomic = files.AtomicCheckpointIO(fence_dir=config.checkpoint_dir)
     if config.accelerator != "cpu" and torch.cuda.is_available():
         from pytorch_lightning.plugins.io import AsyncCheckpointIO
 
@@ -309,6 +309,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     )
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
+    if rank == 0:  # before anyone reads the checkpoint: a replaced gang's ranks commit no more
+        fencing.raise_fence(config.checkpoint_dir)
     resume = last if resume_decision(gather(files.exists(last))) else None
     if resume and rank == 0:
         log.warning("resuming from %s", resume)

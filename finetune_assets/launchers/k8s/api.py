@@ -106,7 +106,10 @@ class ApiMixin:
             )
         api_client = PatchedApiClient(configuration=configuration)
         budget = self.api_outage_budget_s
-        return DagsterKubernetesClient.production_client(
+        client = DagsterKubernetesClient.production_client(
             batch_api_override=_Retrying(kubernetes.client.BatchV1Api(api_client), budget, log),
             core_api_override=_Retrying(kubernetes.client.CoreV1Api(api_client), budget, log),
         )
+        # Kueue's Workloads (read on preemption, deactivated to stop a queued Job)
+        client.custom_api = _Retrying(kubernetes.client.CustomObjectsApi(api_client), budget, log)
+        return client

@@ -11,6 +11,7 @@ import kubernetes
 import yaml
 
 from finetune_assets.launchers.base import TrainingFailed, TrainingSpec
+from finetune_assets.launchers.k8s import kueue
 from finetune_assets.launchers.k8s.api import ApiMixin
 from finetune_assets.launchers.k8s.logs import LogFollower
 from finetune_assets.launchers.k8s.manifests import ManifestsMixin, gang_key, k8s_name
@@ -18,7 +19,6 @@ from finetune_assets.launchers.k8s.runs import LiveRunConflict, RunState, dagste
 from finetune_assets.launchers.k8s.settings import (
     API_TIMEOUT_S,
     GANG_LABEL,
-    GONE_TIMEOUT_S,
     JOB_LABEL,
     K8sSettings,
     PropagationPolicy,
@@ -69,7 +69,8 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         self, log, api, job: TrainingSpec, owner: dict[str, Any] | None, image: str | None
     ) -> None:
         name = k8s_name(job.name)
-        service, manifest = self.render(job, name, image)
+        # strictly larger for every new gang: a stale gang's rank can no longer commit
+        service, manifest = self.render(job, name, image, generation=time.time_ns())
         log.info(
             f"Launching training Job {self.namespace}/{name}: {self.nnodes} pod(s) x "
             f"{self.processes} "
@@ -133,7 +134,10 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank
             # 0 could still write a checkpoint while the new gang loads it.
             self._cleanup(log, api, name, service is not None)
-            self._wait_pods_gone(log, api, name)
+            gang = manifest["metadata"].get("labels", {}).get(GANG_LABEL)
+            self._wait_pods_gone(
+                log, api, f"{GANG_LABEL}={gang}" if gang else f"{JOB_LABEL}={name}"
+            )
             raise
         finally:
             # Delete first: whatever interrupted us (failure, timeout, run termination) must not
@@ -143,18 +147,68 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                 follower.stop()
                 follower.drain(log)  # pod 0's last lines before the failure or interruption
 
-    def _wait_pods_gone(self, log, api, name: str) -> None:
-        deadline = time.monotonic() + GONE_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if not api.core_api.list_namespaced_pod(
-                self.namespace, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_TIMEOUT_S
-            ).items:
+    def _wait_pods_gone(self, log, api, selector: str) -> None:
+        """Until no unfinished pod matches ``selector`` (a gang's label: every pod of every Job of
+        it, also of Jobs already gone), so an old and a new gang never run at once.
+
+        A pod on a node that lost contact stays (``Terminating``) until the node is confirmed gone:
+        deleted by its cloud's node controller, or tainted ``node.kubernetes.io/out-of-service`` by
+        an admin after shutting it down (non-graceful node shutdown; PodGC then removes the pods).
+        The launcher does not force-delete pods itself (the node could still be running them):
+        it says so, waits up to ``gone_timeout_s`` and then refuses to start a new gang.
+        """
+        deadline = time.monotonic() + self.gone_timeout_s
+        said = ""
+        while True:
+            left = [
+                p
+                for p in api.core_api.list_namespaced_pod(
+                    self.namespace, label_selector=selector, _request_timeout=API_TIMEOUT_S
+                ).items
+                if not (p.status and p.status.phase in ("Succeeded", "Failed"))
+            ]
+            if not left:
                 return
+            lost = self._on_lost_nodes(api, left)
+            if lost and lost != said:
+                log.error(
+                    f"Pods {lost} are on nodes that do not report (NotReady/Unknown): Kubernetes "
+                    "cannot confirm they stopped, and a new gang would overlap them. If the node "
+                    "is shut down, taint it: `kubectl taint nodes NODE "
+                    "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` (PodGC then "
+                    "removes its pods); waiting"
+                )
+                said = lost
+            if time.monotonic() > deadline:
+                names = ", ".join(p.metadata.name for p in left)
+                raise TrainingFailed(
+                    f"pods of the previous gang ({selector}: {names}) are still not gone after "
+                    f"gone_timeout_s={self.gone_timeout_s}s; a new gang is not started while "
+                    "they may still run (two gangs would write one checkpoint). "
+                    + (f"Lost nodes: {lost}. " if lost else "")
+                    + "Remove them (see the log), then launch again"
+                )
             time.sleep(self.poll_interval_s)
-        log.warning(
-            f"Pods of training Job {self.namespace}/{name} still terminating after "
-            f"{GONE_TIMEOUT_S}s; going on"
-        )
+
+    def _on_lost_nodes(self, api, pods) -> str:
+        """``pod@node`` for the pods whose node is not Ready (or gone), as one string."""
+        out = []
+        for p in pods:
+            node = p.spec.node_name if p.spec else None
+            if not node:
+                continue
+            try:
+                conds = api.core_api.read_node(node, _request_timeout=API_TIMEOUT_S).status
+                ready = any(
+                    c.type == "Ready" and c.status == "True" for c in (conds.conditions or [])
+                )
+            except kubernetes.client.ApiException as e:
+                if e.status == 403:  # no RBAC on nodes: nothing to tell
+                    return ""
+                ready = e.status != 404
+            if not ready:
+                out.append(f"{p.metadata.name}@{node}")
+        return ", ".join(out)
 
     def _owner_reference(self, log, api) -> tuple[dict[str, Any] | None, str | None]:
         """The launching pod as owner of the Job (in-cluster: $HOSTNAME, the pod name; dagster-k8s
@@ -227,7 +281,7 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                 else set()
             )
             if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
-                continue
+                continue  # its pods, if any still run, are waited for below
             left_by = (other.metadata.labels or {}).get("dagster/run-id", "?")
             state = (
                 run_state(left_by)
@@ -247,7 +301,8 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                 f"(left by run {left_by}, which is over) before starting a new gang"
             )
             self._cleanup(log, api, other.metadata.name, has_service=True)
-            self._wait_pods_gone(log, api, other.metadata.name)
+        # every pod of the key: also those of Jobs being deleted or already gone
+        self._wait_pods_gone(log, api, f"{GANG_LABEL}={key}")
 
     def _cleanup(self, log, api, name: str, has_service: bool) -> None:
         """Delete the Job (its pods go with it) and the Service; never masks the training outcome.
@@ -286,24 +341,36 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                 )
 
     def _suspend_instead(self, log, api, name: str, error: Exception) -> None:
+        """Stop the pods of a Job that could not be deleted: a Kueue-managed Job by deactivating
+        its Workload (Kueue would un-suspend it again), any other by ``spec.suspend``.
+        """
         ns = self.namespace
         why = (
             f"{error.status} {error.reason}"
             if isinstance(error, kubernetes.client.ApiException)
             else str(error)
         )
+        how = "suspended it"
         try:
-            api.batch_api.patch_namespaced_job(name, ns, {"spec": {"suspend": True}})
+            workload = None
+            if self.queue_name:
+                uid = api.batch_api.read_namespaced_job(name, ns).metadata.uid
+                workload = kueue.workload_of(api, ns, uid)
+            if workload is not None:
+                kueue.deactivate(api, ns, workload)
+                how = f"deactivated its Kueue Workload {workload['metadata']['name']}"
+            else:
+                api.batch_api.patch_namespaced_job(name, ns, {"spec": {"suspend": True}})
         except Exception as e:
             log.error(
-                f"Could not delete Job {ns}/{name} ({why}) nor suspend it ({e!r}): its pods "
+                f"Could not delete Job {ns}/{name} ({why}) nor stop it ({e!r}): its pods "
                 f"({JOB_LABEL}={name}) are LEFT RUNNING and hold their resources until "
                 f"activeDeadlineSeconds={self.timeout_s} ends them; remove them with "
                 f"`kubectl delete job -n {ns} {name}`"
             )
             return
         log.warning(
-            f"Could not delete Job {ns}/{name} ({why}); suspended it instead: the Job controller "
+            f"Could not delete Job {ns}/{name} ({why}); {how} instead: the Job controller "
             f"terminates its pods; the Job object is left (no pods, no resources): remove it with "
             f"`kubectl delete job -n {ns} {name}`"
         )

@@ -28,6 +28,7 @@ from finetune_assets.launchers.k8s.settings import (
     SCRATCH_MOUNTS,
     PullPolicy,
 )
+from finetune_assets.training.fencing import GENERATION_ENV
 
 
 def k8s_name(base: str, *, max_len: int = 40) -> str:
@@ -218,13 +219,20 @@ class ManifestsMixin:
         return pod_spec, container
 
     def render(
-        self, job: TrainingSpec, name: str, image: str | None = None
+        self,
+        job: TrainingSpec,
+        name: str,
+        image: str | None = None,
+        generation: int | None = None,
     ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """The Service (None for one node) and the Job as API-ready dicts (camelCase, no
-        secrets).
+        secrets). ``generation``: this gang's fencing token (``training/fencing.py``).
         """
+        extra = dict(job.env)
+        if generation is not None:
+            extra[GENERATION_ENV] = str(generation)
         pod_spec, container = self.pod_parts(
-            self.command(job, name), self._env(job.env, "TrainingSpec.env")
+            self.command(job, name), self._env(extra, "TrainingSpec.env")
         )
         if self.nnodes > 1:
             pod_spec["subdomain"] = (

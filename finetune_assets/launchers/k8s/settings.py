@@ -26,7 +26,6 @@ EVENTS_EVERY_S = 5.0
 API_TIMEOUT_S = (
     30  # every API read is bounded: a hung connection must not hang the supervision loop
 )
-GONE_TIMEOUT_S = 120  # a deleted gang's pods: terminationGracePeriodSeconds (30) plus slack
 # Environment names that must come from a Kubernetes Secret, never from a plain `env` value
 # (TOKENIZERS_PARALLELISM, which the data fan-out sets on every worker, is a switch, not a token).
 _SECRET_ENV = re.compile(
@@ -134,6 +133,13 @@ class K8sSettings(TrainingLauncher):
         ge=1,
         description="Processes per pod; unset = gpus_per_node (one per GPU), or 1 without GPUs.",
     )
+    cuda_preflight: bool = Field(
+        default=True,
+        description="With gpus_per_node > 0, each pod first checks that CUDA sees its GPUs and "
+        "exits at once (a configuration error, never retried) when it does not, instead of "
+        "training on CPU while the GPUs sit reserved. Off only where GPUs are counted but not "
+        "real (the local test plane).",
+    )
     # "auto" = sized from the processes per pod (see `sizing`); None = no limit.
     cpu_request: str = Field(
         default=AUTO, description=f"'auto' = {CPU_PER_PROCESS} core(s) per process."
@@ -240,7 +246,18 @@ class K8sSettings(TrainingLauncher):
         description="Wall-clock limit (also the Job's activeDeadlineSeconds).",
     )
     ttl_seconds_after_finished: int = Field(default=3600, ge=0)
-    delete_propagation_policy: PropagationPolicy = PropagationPolicy.BACKGROUND
+    delete_propagation_policy: PropagationPolicy = Field(
+        default=PropagationPolicy.FOREGROUND,
+        description="Foreground: the Job object stays (deletionTimestamp set) until its pods are "
+        "gone, so the next launch still finds it and waits.",
+    )
+    gone_timeout_s: int = Field(
+        default=1800,
+        ge=1,
+        description="How long a new gang waits for the previous gang's pods to be gone (a pod on "
+        "a lost node stays until the node is confirmed down) before the launch fails instead of "
+        "overlapping them.",
+    )
     run_as_user: int = Field(default=1000, ge=1)
     read_only_root_filesystem: bool = True
     python: str = Field(default="python", description="The interpreter inside the image.")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from finetune_assets.launchers.base import TrainingFailed
+from finetune_assets.launchers.k8s import kueue
 from finetune_assets.launchers.k8s.logs import LogFollower, _safe_logs, _warning_events
 from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, EVENTS_EVERY_S, JOB_LABEL
 from finetune_assets.launchers.k8s.verdict import (
@@ -63,9 +64,8 @@ class SupervisionMixin:
                 and pod0.status.phase in ("Running", "Succeeded", "Failed")
             ):
                 follower.start(pod0.metadata.name)
-            status = api.batch_api.read_namespaced_job(
-                name, ns, _request_timeout=API_TIMEOUT_S
-            ).status
+            job = api.batch_api.read_namespaced_job(name, ns, _request_timeout=API_TIMEOUT_S)
+            status = job.status
             verdict = assess_fn(status, pods)
             if progress is not None:
                 progress(status, pods)
@@ -84,6 +84,9 @@ class SupervisionMixin:
             now = time.monotonic()
             # Kueue holds the gang: its clocks start at admission, as the Job's does
             if verdict.kind == "queued":
+                if started:  # it ran, and is suspended again: Kueue preempted (evicted) it
+                    self._say_preempted(log, api, what, job)
+                    started, queue_deadline = False, now + self.queue_timeout_s
                 if now > queue_deadline:
                     fail_fn(
                         status,
@@ -114,6 +117,16 @@ class SupervisionMixin:
             if now > deadline:
                 fail_fn(status, pods, f"timed out after {self.timeout_s}s")
             time.sleep(self.poll_interval_s)
+
+    def _say_preempted(self, log, api, what: str, job) -> None:
+        ns, name = self.namespace, job.metadata.name
+        why = kueue.eviction(kueue.workload_of(api, ns, job.metadata.uid))
+        log.warning(
+            f"{what} {ns}/{name} was preempted by Kueue"
+            + (f" ({why})" if why else " (suspended after it started)")
+            + ": its pods are stopped; the same Job waits for re-admission and resumes from its "
+            "last checkpoint"
+        )
 
     def failure_report(self, log, api, name: str, pods: Sequence[Any], unit: str = "node") -> str:
         """Copy each given pod's log tail (failed ones first) and the Warning events into the

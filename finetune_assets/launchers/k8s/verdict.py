@@ -29,8 +29,11 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
     Order matters: a disruption wins over the failures it causes in the peers (they fail because
     their peer vanished), and a failed pod wins over the Job controller's slower ``Failed``. A
     disruption is a ``DisruptionTarget`` condition or an infrastructure failure without one
-    (``failures.py``: kubelet evictions, admission errors, node shutdown).
+    (``failures.py``: kubelet evictions, admission errors, node shutdown). Then the Job's terminal
+    conditions (``Failed``, ``Complete``) before ``Suspended``: a dead Job that also reads
+    suspended must not be waited on for ``queue_timeout_s``.
     """
+    pods = current_admission(status, pods)
     disrupted = [
         f"pod {p.metadata.name}: {c.reason or 'DisruptionTarget'}: {c.message or ''}".rstrip(": ")
         for p in pods
@@ -43,34 +46,47 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
     ]
     if disrupted:
         return Verdict("disrupted", "; ".join(disrupted))
-    # queued (Kueue) or suspended: waited on, never deleted
-    if "Suspended" in job_conditions(status):
-        c = job_conditions(status)["Suspended"]
+    conditions = job_conditions(status)
+    # Terminal conditions first: a finished Job is finished even if it also reads Suspended.
+    failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
+    if failed_cond is not None:
+        why = f"Job failed: {failed_cond.reason}: {failed_cond.message}"
+        if failed_cond.reason != "DeadlineExceeded" and any(_is_failed(p) for p in pods):
+            why = "pod(s) failed"
+        return Verdict("failed", why, failed_cond.reason or "")
+    if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+        return Verdict("complete", f"all {nnodes} pod(s) succeeded")
+    # queued (Kueue) or suspended (preempted): waited on, never deleted
+    if "Suspended" in conditions:
+        c = conditions["Suspended"]
         return Verdict(
             "queued",
             f"Job suspended ({c.reason or 'Suspended'}: {c.message or ''}), waiting for admission",
         )
-    conditions = job_conditions(status)
-    failed_cond = conditions.get("Failed") or conditions.get("FailureTarget")
-    if failed_cond is not None and failed_cond.reason == "DeadlineExceeded":
-        return Verdict(
-            "failed", f"Job failed: {failed_cond.reason}: {failed_cond.message}", failed_cond.reason
-        )
     # fail fast: do not wait for the Job controller or hung peers
     if any(_is_failed(p) for p in pods):
         return Verdict("failed", "pod(s) failed")
-    if failed_cond is not None:
-        return Verdict(
-            "failed",
-            f"Job failed: {failed_cond.reason}: {failed_cond.message}",
-            failed_cond.reason or "",
-        )
     verdict = stuck_or_waiting(pods, nnodes)
-    if verdict.kind != "stuck" and (
-        "Complete" in conditions or (status and (status.succeeded or 0) >= nnodes)
-    ):
+    if verdict.kind != "stuck" and status and (status.succeeded or 0) >= nnodes:
         return Verdict("complete", f"all {nnodes} pod(s) succeeded")
     return verdict
+
+
+def current_admission(status, pods: Sequence[Any]) -> list[Any]:
+    """The pods of the Job's current run: a resumed Job (Kueue re-admitted it after a preemption)
+    gets a new ``status.startTime``; pods that finished before it were killed by the suspension and
+    say nothing about the new pods.
+    """
+    start = getattr(status, "start_time", None)
+    if start is None:
+        return list(pods)
+
+    def earlier(p) -> bool:
+        created = p.metadata.creation_timestamp
+        finished = p.status is not None and p.status.phase in ("Succeeded", "Failed")
+        return finished and created is not None and created < start
+
+    return [p for p in pods if not earlier(p)]
 
 
 def job_conditions(status) -> dict[str, Any]:
