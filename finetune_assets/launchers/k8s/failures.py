@@ -48,10 +48,97 @@ TRANSIENT_EXIT_CODE = (
 RETRIED_EXIT_CODES = (TRANSIENT_EXIT_CODE, OOM_EXIT_CODE)
 
 
+# -- the evidence table: what a failed training pod shows -> what the launcher does ----------------
+# Checked in order, first match wins; ``resubmit`` = a fresh gang from the checkpoint, counted
+# against max_resubmissions (the bounded budget for transient infrastructure); ``fail`` = the run
+# fails at once with the pod's log tail (it would fail again). deploy/README.md shows the table.
+RESUBMIT, FAIL = "resubmit", "fail"
+
+# kubelet evictions for a size limit the pod itself set: deterministic, a resubmission repeats it
+LIMIT_EVICTION = re.compile(
+    r"Usage of EmptyDir volume .* exceeds the limit|exceeded its local ephemeral storage limit|"
+    r"ephemeral local storage usage exceeds the total limit",
+    re.I,
+)
+# (pattern over the failed pods' log tails, action, why), most specific first
+LOG_SIGNATURES: list[tuple[re.Pattern[str], str, str]] = [
+    (
+        re.compile(r"CUDA preflight failed"),
+        FAIL,
+        "configuration: a pod given GPUs sees no CUDA device (image or driver path)",
+    ),
+    (
+        re.compile(r"CUDA out of memory|torch\.OutOfMemoryError", re.I),
+        FAIL,
+        "configuration: GPU memory (batch size, sequence length or model too large)",
+    ),
+    (
+        re.compile(
+            r"Watchdog caught collective operation timeout|NCCL (?:communicator|operation).*"
+            r"(?:timed? ?out|Timeout)|ProcessGroupNCCL.*(?:timed? ?out|Timeout)|NCCL.*"
+            r"(?:remote process exited|unhandled system error|Connection reset)",
+            re.I,
+        ),
+        RESUBMIT,
+        "transient: NCCL timeout or connection loss (a peer, a link or the fabric stalled)",
+    ),
+    (
+        re.compile(
+            r"\bXid\b|uncorrectable ECC error|GPU (?:is lost|has fallen off the bus)|"
+            r"CUDA error: (?:unspecified launch failure|an illegal instruction)",
+            re.I,
+        ),
+        RESUBMIT,
+        "transient infrastructure: GPU hardware fault (CUDA Xid / ECC); resubmitted, the "
+        "scheduler may pick another node",
+    ),
+]
+# exit codes of the trainer container (after the log signatures)
+EXIT_CODE_ACTIONS: dict[int, tuple[str, str]] = {
+    78: (FAIL, "configuration error (EX_CONFIG)"),
+    75: (RESUBMIT, "transient I/O error (EX_TEMPFAIL)"),
+    143: (RESUBMIT, "SIGTERM from outside the trainer (node or runtime), no disruption recorded"),
+}
+
+
+def classify_failure(exit_codes: list[tuple[int, str | None]], logs: str) -> tuple[str, str]:
+    """``(action, why)`` for a failed gang from its failed containers' ``(exit code, reason)``
+    and log tails; default: the code's failure (``fail``).
+    """
+    for _code, reason in exit_codes:
+        if reason == "OOMKilled":
+            return FAIL, "configuration: the container exceeded its memory limit (OOMKilled)"
+    for pattern, action, why in LOG_SIGNATURES:
+        if pattern.search(logs):
+            return action, why
+    for code, _ in exit_codes:
+        if code in EXIT_CODE_ACTIONS:
+            action, why = EXIT_CODE_ACTIONS[code]
+            return action, f"exit code {code}: {why}"
+    codes = sorted({c for c, _ in exit_codes})
+    return FAIL, f"the training code failed (exit code(s) {codes or '?'})"
+
+
+def limit_eviction(pod) -> str | None:
+    """A kubelet eviction for the pod's own size limit (emptyDir ``sizeLimit``, ephemeral
+    storage): not infrastructure, a resubmission would be evicted again.
+    """
+    status = pod.status
+    message = (status.message or "") if status else ""
+    if status is not None and status.reason == "Evicted" and LIMIT_EVICTION.search(message):
+        return (
+            f"evicted for its own size limit ({message}): raise scratch_size (the /tmp and "
+            "/cache emptyDirs) or write less there; not retried"
+        )
+    return None
+
+
 def infrastructure_reason(pod) -> str | None:
     """Why a Failed pod is the cluster's doing (its ``status.reason`` explained), or None."""
     status = pod.status
     if status is None or status.phase != "Failed" or not status.reason:
+        return None
+    if limit_eviction(pod):
         return None
     reason = status.reason
     known = INFRA_POD_REASONS.get(reason)

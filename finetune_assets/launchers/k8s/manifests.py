@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
 
+from finetune_assets import cuda_preflight
 from finetune_assets.launchers.base import TrainingSpec, torchrun_command
 from finetune_assets.launchers.k8s.passthrough import deep_merge
 from finetune_assets.launchers.k8s.settings import (
@@ -98,7 +100,33 @@ class ManifestsMixin:
         return f"{name}-0.{name}.{self.namespace}.svc"
 
     def command(self, job: TrainingSpec, name: str) -> list[str]:
-        """The container command: the same torchrun command as the local launcher, per node."""
+        """The container command: the same torchrun command as the local launcher, per node;
+        with GPUs first the CUDA preflight (``finetune_assets/cuda_preflight.py``).
+        """
+        cmd = self._torchrun(job, name)
+        if self.gpus_per_node and self.cuda_preflight:
+            check = f"{shlex.quote(self.python)} -m finetune_assets.cuda_preflight || exit $?"
+            if cmd[:2] == ["sh", "-c"]:  # the multi-node script: one shell, check first
+                cmd = [*cmd[:2], f"{check}; {cmd[2]}", *cmd[3:]]
+            else:
+                cmd = ["sh", "-c", f'{check}; exec "$0" "$@"', *cmd]
+        return cmd
+
+    def gpu_env(self, image: str | None) -> dict[str, str]:
+        """What a GPU pod needs beside its resources: the driver on the loader path, and what the
+        CUDA preflight checks and names.
+        """
+        if not self.gpus_per_node:
+            return {}
+        driver = self.nvidia_driver_path
+        return {
+            "LD_LIBRARY_PATH": f"{driver}:{driver.rstrip('/').removesuffix('64')}",
+            cuda_preflight.EXPECT_ENV: str(self.gpus_per_node),
+            cuda_preflight.IMAGE_ENV: image or self.image or "",
+            cuda_preflight.DRIVER_PATH_ENV: driver,
+        }
+
+    def _torchrun(self, job: TrainingSpec, name: str) -> list[str]:
         if self.nnodes == 1:
             return torchrun_command(
                 job.config_url,
@@ -228,7 +256,7 @@ class ManifestsMixin:
         """The Service (None for one node) and the Job as API-ready dicts (camelCase, no
         secrets). ``generation``: this gang's fencing token (``training/fencing.py``).
         """
-        extra = dict(job.env)
+        extra = {**self.gpu_env(image), **job.env}
         if generation is not None:
             extra[GENERATION_ENV] = str(generation)
         pod_spec, container = self.pod_parts(

@@ -140,6 +140,13 @@ class K8sSettings(TrainingLauncher):
         "training on CPU while the GPUs sit reserved. Off only where GPUs are counted but not "
         "real (the local test plane).",
     )
+    nvidia_driver_path: str = Field(
+        default="/usr/local/nvidia/lib64",
+        description="Where the node's NVIDIA driver libraries are mounted in GPU pods (GKE's "
+        "device plugin: /usr/local/nvidia/lib64; the NVIDIA container toolkit (EKS, AKS, GPU "
+        "operator) injects them into the loader path, where this is harmless): put on "
+        "LD_LIBRARY_PATH of GPU pods, named by the CUDA preflight.",
+    )
     # "auto" = sized from the processes per pod (see `sizing`); None = no limit.
     cpu_request: str = Field(
         default=AUTO, description=f"'auto' = {CPU_PER_PROCESS} core(s) per process."

@@ -10,8 +10,14 @@ from typing import Any
 
 from finetune_assets.launchers.base import TrainingFailed
 from finetune_assets.launchers.k8s import kueue
+from finetune_assets.launchers.k8s.failures import RESUBMIT, classify_failure
 from finetune_assets.launchers.k8s.logs import LogFollower, _safe_logs, _warning_events
-from finetune_assets.launchers.k8s.settings import API_TIMEOUT_S, EVENTS_EVERY_S, JOB_LABEL
+from finetune_assets.launchers.k8s.settings import (
+    API_TIMEOUT_S,
+    CONTAINER_NAME,
+    EVENTS_EVERY_S,
+    JOB_LABEL,
+)
 from finetune_assets.launchers.k8s.verdict import (
     GangDisrupted,
     _completion_index,
@@ -150,7 +156,33 @@ class SupervisionMixin:
         return "\n".join(parts)
 
     def _fail(self, log, api, name: str, pods: Sequence[Any], why: str) -> None:
-        raise TrainingFailed(
-            f"training Job {self.namespace}/{name}: {why}\n"
-            + self.failure_report(log, api, name, pods)
+        """A training gang failed: classify by evidence (``failures.py``'s table: exit codes,
+        container reasons, log signatures) into resubmit (transient infrastructure, e.g. an NCCL
+        timeout or a GPU Xid: :class:`GangDisrupted`, counted against max_resubmissions) or fail.
+        """
+        report = self.failure_report(log, api, name, pods)
+        # only pods that failed on their own: not a timeout's or a deadline's kills
+        own = why == "pod(s) failed" or (
+            why.startswith("Job failed:") and "DeadlineExceeded" not in why
         )
+        codes = _exit_codes(pods) if own else []
+        head = f"training Job {self.namespace}/{name}: {why}"
+        if codes:
+            action, kind = classify_failure(codes, report)
+            if action == RESUBMIT:
+                raise GangDisrupted(f"{head} ({kind})")
+            head += f" ({kind}; not retried)"
+        raise TrainingFailed(head + "\n" + report)
+
+
+def _exit_codes(pods: Sequence[Any]) -> list[tuple[int, str | None]]:
+    """``(exit code, reason)`` of the trainer container of each failed pod."""
+    out = []
+    for p in pods:
+        if not _is_failed(p):
+            continue
+        for cs in (p.status.container_statuses or []) if p.status else []:
+            term = cs.state.terminated if cs.state else None
+            if cs.name == CONTAINER_NAME and term is not None:
+                out.append((term.exit_code, term.reason))
+    return out

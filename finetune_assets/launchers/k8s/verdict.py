@@ -6,7 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from finetune_assets.launchers.k8s.failures import infrastructure_reason, waiting_is_fatal
+from finetune_assets.launchers.k8s.failures import (
+    infrastructure_reason,
+    limit_eviction,
+    waiting_is_fatal,
+)
 from finetune_assets.launchers.k8s.settings import COMPLETION_INDEX_ANNOTATION
 
 
@@ -34,10 +38,13 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
     suspended must not be waited on for ``queue_timeout_s``.
     """
     pods = current_admission(status, pods)
+    limits = [f"pod {p.metadata.name}: {why}" for p in pods if (why := limit_eviction(p))]
+    if limits:  # its own size limit: evicted again after any resubmission
+        return Verdict("failed", "; ".join(limits))
     disrupted = [
         f"pod {p.metadata.name}: {c.reason or 'DisruptionTarget'}: {c.message or ''}".rstrip(": ")
         for p in pods
-        if (c := _condition(p, "DisruptionTarget"))
+        if (c := _condition(p, "DisruptionTarget")) and not limit_eviction(p)
     ]
     disrupted += [
         f"pod {p.metadata.name}: {why}"

@@ -8,6 +8,8 @@
                 the fence (``finetune_assets.training.fencing``) before it reads ``PATH/step``,
                 then commits the step after each one through the fence, and appends every commit
                 (accepted or refused, with its generation) to ``PATH/journal``
+- ``nccl=once|always``  fail like a collective that timed out (NCCL's watchdog line, exit 1):
+                on the first gang only (a marker file in ``dir``), or every time
 - ``term_s=S``  on SIGTERM keep going S seconds before exiting (a trainer that writes a last
                 checkpoint when it is stopped, so its pods take that long to terminate)
 """
@@ -22,6 +24,13 @@ import time
 from pathlib import Path
 
 from finetune_assets.training import fencing
+
+# as torch's ProcessGroupNCCL watchdog prints it
+NCCL_TIMEOUT = (
+    "[rank{rank}]:[E ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran "
+    "for 600035 milliseconds before timing out."
+)
 
 
 def journal(folder: Path, line: str) -> None:
@@ -42,12 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     stopping: list[float] = []
     if term_s:
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.monotonic()))
+    if "nccl" in opts:
+        marker = folder / f"nccl-failed-{node}-{rank}"
+        if opts["nccl"] == "always" or not marker.exists():
+            marker.touch()
+            print(NCCL_TIMEOUT.format(rank=rank), file=sys.stderr, flush=True)
+            return 1
     if rank == 0:
         fencing.raise_fence(str(folder))
     ckpt = folder / "step"
     start = int(ckpt.read_text()) if ckpt.exists() else 0
     print(f"standin: node={node} rank={rank} generation={gen} resumes at step {start}", flush=True)
-    for step in range(start + 1, int(opts["train"]) + 1):
+    for step in range(start + 1, int(opts.get("train", 0)) + 1):
         time.sleep(float(opts.get("step_s", 0.2)))
         if stopping and time.monotonic() - stopping[0] > term_s:
             print(f"standin: rank {rank} stops after SIGTERM", flush=True)
@@ -64,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(str(step))
         tmp.replace(ckpt)
         journal(folder, f"accepted generation={gen} step={step}")
-    print(f"standin: trained global_step={opts['train']} resumed_at={start}", flush=True)
+    print(f"standin: trained global_step={opts.get('train', 0)} resumed_at={start}", flush=True)
     return 0
 
 
