@@ -148,8 +148,16 @@ class K8sSettings(TrainingLauncher):
         "LD_LIBRARY_PATH of GPU pods, named by the CUDA preflight.",
     )
     # "auto" = sized from the processes per pod (see `sizing`); None = no limit.
+    guaranteed_qos: bool = Field(
+        default=True,
+        description="'auto' requests equal the limits (QoS Guaranteed: the kubelet evicts "
+        "Burstable pods first under node pressure, and a training gang is the costliest thing "
+        "to evict). False: 'auto' requests are the smaller per-process values below.",
+    )
     cpu_request: str = Field(
-        default=AUTO, description=f"'auto' = {CPU_PER_PROCESS} core(s) per process."
+        default=AUTO,
+        description=f"'auto' = the CPU limit (guaranteed_qos), else {CPU_PER_PROCESS} core(s) per "
+        "process.",
     )
     cpu_limit: str | None = Field(
         default=AUTO,
@@ -365,6 +373,10 @@ class K8sSettings(TrainingLauncher):
             else self.memory_limit,
             "shm_size": shm,
         }
+        if self.guaranteed_qos:  # 'auto' requests follow the limits (set or auto)
+            for kind in ("cpu", "memory"):
+                if getattr(self, f"{kind}_request") == AUTO and out[f"{kind}_limit"] is not None:
+                    out[f"{kind}_request"] = out[f"{kind}_limit"]
         if out["memory_limit"] is not None:
             need = shm_gi + MEM_HEADROOM_PER_PROCESS_GI * n
             if parse_quantity(out["memory_limit"]) / 2**30 < need:

@@ -35,9 +35,12 @@ LAUNCHER_VERBS = {
     ("get", "pods"),
     ("get", "pods/log"),
     ("list", "events"),
+    ("list", "workloads"),
+    ("patch", "workloads"),
 }
-# Called only when a delete keeps failing (test_api_faults covers it): suspend the Job instead.
-FALLBACK_VERBS = {("patch", "jobs")}
+# Called only when a delete keeps failing (test_api_faults covers it): suspend the Job instead (a
+# Kueue Job: deactivate its Workload); Workloads are read only when Kueue preempted the gang.
+FALLBACK_VERBS = {("patch", "jobs"), ("list", "workloads"), ("patch", "workloads")}
 
 
 def _port(cluster: Cluster) -> int:
