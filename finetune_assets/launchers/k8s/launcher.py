@@ -169,12 +169,12 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             ]
             if not left:
                 return
-            lost = self._on_lost_nodes(api, left)
+            lost = self._on_lost_nodes(left)
             if lost and lost != said:
                 log.error(
-                    f"Pods {lost} are on nodes that do not report (NotReady/Unknown): Kubernetes "
-                    "cannot confirm they stopped, and a new gang would overlap them. If the node "
-                    "is shut down, taint it: `kubectl taint nodes NODE "
+                    f"Pods {lost} are still not confirmed gone by their nodes (NotReady or "
+                    "Unknown?): Kubernetes cannot tell they stopped, and a new gang would overlap "
+                    "them. If a node is shut down, taint it: `kubectl taint nodes NODE "
                     "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` (PodGC then "
                     "removes its pods); waiting"
                 )
@@ -190,24 +190,21 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
                 )
             time.sleep(self.poll_interval_s)
 
-    def _on_lost_nodes(self, api, pods) -> str:
-        """``pod@node`` for the pods whose node is not Ready (or gone), as one string."""
+    @staticmethod
+    def _on_lost_nodes(pods) -> str:
+        """``pod@node`` for pods whose deletion their node has not confirmed well past the grace
+        period (the node does not report: NotReady / Unknown), as one string. From the pods alone:
+        the launcher's RBAC has no access to Nodes (cluster-scoped).
+        """
+        import datetime
+
+        now = datetime.datetime.now(datetime.UTC)
         out = []
         for p in pods:
-            node = p.spec.node_name if p.spec else None
-            if not node:
-                continue
-            try:
-                conds = api.core_api.read_node(node, _request_timeout=API_TIMEOUT_S).status
-                ready = any(
-                    c.type == "Ready" and c.status == "True" for c in (conds.conditions or [])
-                )
-            except kubernetes.client.ApiException as e:
-                if e.status == 403:  # no RBAC on nodes: nothing to tell
-                    return ""
-                ready = e.status != 404
-            if not ready:
-                out.append(f"{p.metadata.name}@{node}")
+            gone_at = p.metadata.deletion_timestamp
+            grace = (p.spec.termination_grace_period_seconds or 30) if p.spec else 30
+            if gone_at is not None and (now - gone_at).total_seconds() > grace + 15:
+                out.append(f"{p.metadata.name}@{(p.spec.node_name if p.spec else None) or '?'}")
         return ", ".join(out)
 
     def _owner_reference(self, log, api) -> tuple[dict[str, Any] | None, str | None]:

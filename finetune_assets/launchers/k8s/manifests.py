@@ -181,6 +181,8 @@ class ManifestsMixin:
             limits["memory"] = size["memory_limit"]
         if self.gpus_per_node:
             requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(self.gpus_per_node)
+        for resource, count in self.extra_resources.items():  # EFA, RDMA: devices, not shares
+            requests[resource] = limits[resource] = str(count)
         return {"requests": requests, "limits": limits}
 
     def pod_parts(
@@ -262,6 +264,9 @@ class ManifestsMixin:
         pod_spec, container = self.pod_parts(
             self.command(job, name), self._env(extra, "TrainingSpec.env")
         )
+        if self.host_network:  # fast fabrics (pod_security_level privileged, checked)
+            pod_spec["hostNetwork"] = True
+            pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # the Service's names still resolve
         if self.nnodes > 1:
             pod_spec["subdomain"] = (
                 name  # hostname <job>-<i> + subdomain = DNS record via the Service

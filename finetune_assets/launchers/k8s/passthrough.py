@@ -46,7 +46,7 @@ PROTECTED = {
         "subdomain",
         "hostname",
         "automountServiceAccountToken",
-        "hostNetwork",
+        "hostNetwork",  # the typed host_network setting (checked against pod_security_level)
         "hostPID",
         "hostIPC",
     },
@@ -75,6 +75,36 @@ def validate(config: Mapping[str, Any], where: str = "k8s_config") -> None:
     sc = (config.get("container_config") or {}).get("securityContext") or {}
     if sc.get("privileged") or sc.get("allowPrivilegeEscalation"):
         raise ValueError(f"{where}: privileged containers / privilege escalation are not allowed")
+
+
+# Pod Security Standards (kubernetes.io/docs/concepts/security/pod-security-standards): the
+# capabilities each level lets a container add.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+ADDABLE_CAPABILITIES = {"restricted": {"NET_BIND_SERVICE"}, "baseline": BASELINE_CAPABILITIES}
+
+
+def refused_by_pod_security(config: Mapping[str, Any], level: str) -> str | None:
+    """What in a passthrough (or the typed host_network) the Pod Security ``level`` refuses, or
+    None: host namespaces, hostPath volumes, added capabilities beyond the level's list.
+    """
+    if level == "privileged":
+        return None
+    pod = config.get("pod_spec_config") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            return f"{key}: true (host namespaces)"
+    host_paths = [v.get("name") for v in pod.get("volumes") or [] if "hostPath" in v]
+    if host_paths:
+        return f"hostPath volume(s) {host_paths}"
+    sc = (config.get("container_config") or {}).get("securityContext") or {}
+    added = set((sc.get("capabilities") or {}).get("add") or [])
+    beyond = sorted(added - ADDABLE_CAPABILITIES[level])
+    if beyond:
+        return f"capabilities.add {beyond}"
+    return None
 
 
 def deep_merge(base: Any, extra: Any) -> Any:

@@ -81,6 +81,16 @@ class TaintEffect(str, Enum):
     NO_EXECUTE = "NoExecute"
 
 
+class PodSecurityLevel(str, Enum):
+    """The Pod Security Standard the namespace enforces (its pod-security.kubernetes.io/enforce
+    label).
+    """
+
+    RESTRICTED = "restricted"
+    BASELINE = "baseline"
+    PRIVILEGED = "privileged"
+
+
 class PropagationPolicy(str, Enum):
     BACKGROUND = "Background"
     FOREGROUND = "Foreground"
@@ -146,6 +156,25 @@ class K8sSettings(TrainingLauncher):
         "device plugin: /usr/local/nvidia/lib64; the NVIDIA container toolkit (EKS, AKS, GPU "
         "operator) injects them into the loader path, where this is harmless): put on "
         "LD_LIBRARY_PATH of GPU pods, named by the CUDA preflight.",
+    )
+    pod_security_level: PodSecurityLevel = Field(
+        default=PodSecurityLevel.RESTRICTED,
+        description="The Pod Security level the namespace enforces (deploy/namespace.yaml: "
+        "restricted). What it would refuse (hostNetwork, added capabilities such as IPC_LOCK, "
+        "hostPath volumes) is refused when the resource is built, with the reason, instead of "
+        "pods that the API server never admits.",
+    )
+    host_network: bool = Field(
+        default=False,
+        description="Fast fabrics that need the host's network (GPUDirect-TCPX/TCPXO on GKE, "
+        "some RoCE setups): pods on the node's network namespace (dnsPolicy "
+        "ClusterFirstWithHostNet). Needs pod_security_level=privileged (a namespace of its own).",
+    )
+    extra_resources: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra device resources per training pod, requests = limits: e.g. "
+        '{"vpc.amazonaws.com/efa": "32"} (AWS EFA), {"rdma/rdma_shared_device_a": "1"} '
+        "(InfiniBand / RoCE through an RDMA device plugin). Allowed at every Pod Security level.",
     )
     # "auto" = sized from the processes per pod (see `sizing`); None = no limit.
     guaranteed_qos: bool = Field(
@@ -398,10 +427,23 @@ class K8sSettings(TrainingLauncher):
 
     @model_validator(mode="after")
     def _valid_passthrough(self):
-        from finetune_assets.launchers.k8s.passthrough import validate
+        from finetune_assets.launchers.k8s.passthrough import refused_by_pod_security, validate
 
         validate(self.k8s_config, "k8s_config")
         validate(self.worker_k8s_config, "worker_k8s_config")
+        level = PodSecurityLevel(self.pod_security_level).value
+        wanted = [("host_network", {"pod_spec_config": {"hostNetwork": True}})] * self.host_network
+        wanted += [("k8s_config", self.k8s_config), ("worker_k8s_config", self.worker_k8s_config)]
+        for where, config in wanted:
+            why = refused_by_pod_security(config, level)
+            if why:
+                raise ValueError(
+                    f"{where}: {why}, which Pod Security {level!r} (pod_security_level, the "
+                    "namespace's pod-security.kubernetes.io/enforce label) refuses: the API server "
+                    "would admit no pod of the gang. Fast fabrics that need it run in a namespace "
+                    "of their own enforcing 'privileged' (set pod_security_level='privileged' "
+                    "there); EFA / RDMA device resources alone need no privilege (extra_resources)"
+                )
         return self
 
     @property

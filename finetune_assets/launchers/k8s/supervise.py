@@ -4,6 +4,7 @@ log tail.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,12 @@ from finetune_assets.launchers.k8s.verdict import (
 )
 
 MAX_EVENT_OBJECTS = 10  # Events are read for the Job and at most this many waiting pods
+# The Job controller's FailedCreate for a pod template that admission will always refuse (Pod
+# Security, a ValidatingAdmissionPolicy); quota refusals ("exceeded quota") are waited on.
+ADMISSION_REFUSAL = re.compile(
+    r"FailedCreate: Error creating: pods \S+ is forbidden: (?:violates PodSecurity|"
+    r"ValidatingAdmissionPolicy)[^;]*"
+)
 
 
 class SupervisionMixin:
@@ -106,6 +113,9 @@ class SupervisionMixin:
                 # not one call per pod
                 waiting = [p.metadata.name for p in pods if _pod_wait(p)][:MAX_EVENT_OBJECTS]
                 events, events_read = _warning_events(api, ns, [name, *waiting]), now
+                refused = ADMISSION_REFUSAL.search(events)
+                if refused:  # the API server will refuse every pod of this template
+                    fail_fn(status, pods, f"the API server refuses the pods: {refused.group(0)}")
             note = verdict.why + (
                 f"; events: {events}" if events and verdict.kind == "waiting" else ""
             )

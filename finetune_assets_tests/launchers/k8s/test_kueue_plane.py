@@ -9,6 +9,7 @@ checkpoint when the new pods start. Run on the real Job controller and the real 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 
@@ -23,6 +24,7 @@ from finetune_assets_tests.launchers.k8s.plane_objects import (
     namespace,
     tag,
     wait_for,
+    workloads,
 )
 
 pytestmark = pytest.mark.control_plane
@@ -147,3 +149,75 @@ def test_a_gang_preempted_by_kueue_is_readmitted_and_resumes_from_its_checkpoint
     assert resumes[1] >= 3 and resumes[1] == accepted[resumes[1] - 1], (resumes, accepted)
     assert "trained global_step=100" in launched.logs
     assert "resubmitting" not in launched.logs
+
+
+NO_DELETE_ROLE = [  # deploy/rbac.yaml's verbs, less jobs delete: every delete of the Job fails
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "patch"]},
+]
+
+
+def test_a_kueue_job_that_cannot_be_deleted_is_stopped_by_deactivating_its_workload(
+    control_plane, instance, tmp_path
+) -> None:
+    """Suspending an admitted Kueue Job does not stop it (Kueue un-suspends it); deactivating its
+    Workload does, and for good.
+    """
+    import kubernetes
+
+    from finetune_assets_tests.launchers.k8s.plane_objects import service_account_kubeconfig
+
+    ns = namespace(control_plane, "kq-stop")
+    q = kueue_queues(control_plane, ns, tag())
+    client = control_plane.api_client()
+    rbac = kubernetes.client.RbacAuthorizationV1Api(client)
+    with contextlib.suppress(kubernetes.client.ApiException):
+        rbac.create_namespaced_role(
+            ns, {"metadata": {"name": "no-delete"}, "rules": NO_DELETE_ROLE}
+        )
+        rbac.create_namespaced_role_binding(
+            ns,
+            {
+                "metadata": {"name": "no-delete"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "no-delete",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "no-delete", "namespace": ns}],
+            },
+        )
+    kubeconfig = service_account_kubeconfig(control_plane, ns, "no-delete", tmp_path / "kc")
+    launcher = cluster_in(control_plane, ns).launcher(
+        kubeconfig_file=kubeconfig, queue_name=q["research"], timeout_s=15, api_outage_budget_s=5
+    )
+    launched = launch_in_dagster(launcher, "standin:sleep=600", instance)
+    assert not launched.success  # timed out: the launcher stops what it started
+    assert "deactivated its Kueue Workload" in launched.logs, launched.logs[-3000:]
+    core, batch, _ = apis(control_plane)
+    name = launched.job_name
+
+    def stopped_for_good() -> bool:
+        (wl,) = [
+            w
+            for w in workloads(control_plane, ns)
+            if w["metadata"]["ownerReferences"][0]["name"] == name
+        ]
+        evicted = any(
+            c["type"] == "Evicted" and c["status"] == "True"
+            for c in (wl.get("status") or {}).get("conditions") or []
+        )
+        pods = core.list_namespaced_pod(ns, label_selector=f"finetune-assets/training-job={name}")
+        job = batch.read_namespaced_job(name, ns)
+        return (
+            wl["spec"]["active"] is False
+            and evicted
+            and job.spec.suspend is True
+            and not [p for p in pods.items if p.status.phase in ("Pending", "Running")]
+        )
+
+    wait_for("the Workload deactivated, the Job suspended, its pods gone", stopped_for_good, 120)
