@@ -28,7 +28,9 @@ from finetune_assets_tests.launchers.k8s.plane_objects import (
     wait_for,
 )
 
-pytestmark = pytest.mark.control_plane
+# slow (about 2.5 min): the real node lifecycle controller marks a silent node NotReady only after
+# its node-monitor-grace-period (upstream default 50 s), and the test waits for that on purpose
+pytestmark = [pytest.mark.control_plane, pytest.mark.slow]
 
 GANG_STANDIN = "finetune_assets_tests.launchers.k8s.gang_standin"
 OUT_OF_SERVICE = {
