@@ -97,13 +97,16 @@ def test_infrastructure_failures_without_disruption_target_resubmit(
     cluster: Cluster, double, faults, instance, tmp_path
 ) -> None:
     """The first pod fails kubelet admission (UnexpectedAdmissionError: a device plugin restarted);
-    the next is evicted by the kubelet for its emptyDir usage (Failed/Evicted, exit 137, no
+    the next is evicted by the kubelet for node memory pressure (Failed/Evicted, exit 137, no
     DisruptionTarget). Both are the cluster's doing (failures.py): resubmitted, and the gang resumes
-    from the checkpoint.
+    from the checkpoint. (An eviction for the pod's own emptyDir limit is not: test_failure_table.)
     """
     faults.admission_errors = 1
     ckpt = tmp_path / "step"
-    _when_step(ckpt, 2, lambda: double.kubelet_evict(_pods_of_index(double, 0)[0]))
+    pressure = "The node was low on resource: memory. "
+    _when_step(
+        ckpt, 2, lambda: double.kubelet_evict(_pods_of_index(double, 0)[0], message=pressure)
+    )
     launched = launch_in_dagster(
         cluster.launcher(nnodes=1, max_resubmissions=2, timeout_s=120),
         f"standin:train=4,step_s=0.4,ckpt={ckpt}",
