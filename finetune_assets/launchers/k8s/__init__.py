@@ -26,11 +26,22 @@ timeout, interruption). Owner references (launching pod -> Job -> Service) let K
 gang when this process dies with its pod; the next attempt deletes any live gang of the same asset +
 partition. Pod 0 hosts the c10d store unconditionally (:func:`pod0_hosts_the_store`).
 
+Kueue (``kueue.py``): a preempted gang is the same Job re-admitted later; the launcher names the
+preemption, waits, and the new pods resume from the checkpoint; a Job it cannot delete is stopped by
+deactivating its Workload (Kueue would un-suspend a suspended one). Gangs never overlap: a new gang
+starts only when no unfinished pod of the gang key is left, and a stale rank that outlives its gang
+anyway is fenced off its checkpoint commits (``training/fencing.py``). Failures are classified by
+evidence (``failures.py``): transient infrastructure is resubmitted within ``max_resubmissions``,
+configuration and code fail at once; a pod given GPUs that sees no CUDA exits 78 first
+(``finetune_assets/cuda_preflight.py``).
+
 Security: pods run non-root with a read-only root filesystem (writable emptyDirs for ``/tmp``,
 caches and ``/dev/shm``), no privilege escalation, all capabilities dropped, the RuntimeDefault
-seccomp profile, no service-account token, and resource limits. Credentials reach the pods only as
-``envFrom`` references to Kubernetes Secrets by *name*; this process never reads or renders their
-values, and plain ``env`` entries that look like credentials are refused.
+seccomp profile, no service-account token, and resource limits (Guaranteed QoS by default): they
+pass Pod Security ``restricted``, which ``deploy/namespace.yaml`` enforces; what the namespace's
+level would refuse (``pod_security_level``) is refused when the resource is built. Credentials
+reach the pods only as ``envFrom`` references to Kubernetes Secrets by *name*; this process never
+reads or renders their values, and plain ``env`` entries that look like credentials are refused.
 """
 
 from finetune_assets.launchers.k8s.launcher import K8sTorchrunLauncher
