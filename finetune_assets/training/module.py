@@ -30,13 +30,17 @@ from finetune_assets.training.device_settings import adamw_options
 log = logging.getLogger(__name__)
 
 
-def load_classifier(model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET) -> PreTrainedModel:
+def load_classifier(
+    model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET, attn_implementation: str | None = None
+) -> PreTrainedModel:
     """The pretrained folder as a classifier of its own architecture with the version's classes.
 
     Fails (``WeightsMismatch``) when any encoder weight is missing or unused, instead of training a
     randomly initialised encoder.
     """
-    return load_sequence_classifier(model_dir, labels, local_only=True)
+    return load_sequence_classifier(
+        model_dir, labels, local_only=True, attn_implementation=attn_implementation
+    )
 
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -143,6 +147,7 @@ class ReviewClassifier(pl.LightningModule):
         self.test_metrics = _eval_metrics("test/", self.num_classes)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()  # per sample, padding weighted 0
         self.test_results: dict[str, Any] = {}
+        self.compiled_blocks = 0  # encoder blocks under torch.compile (``compile: true``)
         self.gradient_syncs = {True: 0, False: 0}  # FSDP micro-batches with / without grad sync
         # nonfinite_loss "stop": (step, batch, epoch) of the first non-finite loss, on the device
         # (read at the log interval); "skip": the window being accumulated had one, and a count
@@ -405,9 +410,15 @@ class ReviewClassifier(pl.LightningModule):
     # -- checkpoint state ------------------------------------------------------------------
 
     def configure_model(self) -> None:
-        """Under ``strategy: fsdp`` shard the encoder on the strategy's mesh (once: see
-        :mod:`.sharding`).
+        """``compile: true``: compile each encoder block (:func:`.device_settings.compile_blocks`);
+        then under ``strategy: fsdp`` shard the encoder on the strategy's mesh (once: see
+        :mod:`.sharding`). Compile first, then shard: torchtitan's order (FSDP2's hooks stay
+        outside the compiled blocks).
         """
+        if self.optim.compile:
+            from finetune_assets.training.device_settings import compile_blocks
+
+            self.compiled_blocks = compile_blocks(self.model)
         mesh = self.device_mesh  # set by Lightning's ModelParallelStrategy only
         if mesh is not None:
             from finetune_assets.training.sharding import fsdp_mesh, mixed_precision, shard_encoder
@@ -434,6 +445,7 @@ class ReviewClassifier(pl.LightningModule):
         layout = {"world_size": int(t.world_size), "num_nodes": nodes}
         if datamodule is not None and hasattr(datamodule, "config"):
             layout["num_canonical_nodes"] = canonical_nodes(datamodule.config.data, nodes)
+            layout["batch_size"] = int(datamodule.config.batch_size)  # as resolved on this device
         return layout
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -457,6 +469,15 @@ class ReviewClassifier(pl.LightningModule):
                 f"data order all depend on it. Relaunch with {saved} processes (nnodes x "
                 "nproc_per_node), "
                 "or delete the checkpoint folder (checkpoint_dir) to start this training over."
+            )
+        was = state.get("batch_size")
+        if was is not None and "batch_size" in now and was != now["batch_size"]:
+            raise LayoutChanged(
+                f"the checkpoint being resumed was written with {was} samples per device and "
+                f"step, this run has {now['batch_size']} (a GPU sizes its batch from its memory: "
+                "device_settings.py): the data order and the LR schedule depend on it. "
+                f"Set batch_size {was} and gpu_batch_tokens 0 to resume here, or "
+                "delete the checkpoint folder (checkpoint_dir) to start this training over."
             )
         changed = [
             k

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -18,7 +19,7 @@ from transformers import AutoTokenizer
 
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.data.labels import LabelSet
-from finetune_assets.training import files, pruning
+from finetune_assets.training import device_settings, files, pruning
 from finetune_assets.training.best import BestModel
 from finetune_assets.training.callbacks import (
     BoundaryCheckpoint,
@@ -260,6 +261,21 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     if rank == 0 and resolved != config.precision:
         log.info("precision %s -> %s on this machine", config.precision, resolved)
     config = config.model_copy(update={"precision": resolved})
+    # batch, eval batch and loader workers for this device (device_settings.py): everything below
+    # (data, LR schedule, MLflow's parameters, metrics.json) sees the values that run
+    gpu = on_gpu(config.accelerator)
+    config, settings = device_settings.resolve(config, gpu, local_world=torchrun_world()[2])
+    if rank == 0 and settings.batch_from != "batch_size":
+        log.info(
+            "GPU batch %d per device (%s: %s tokens at max_length %d), eval batch %d, %d loader "
+            "workers",
+            settings.batch_size,
+            settings.batch_from,
+            settings.batch_tokens,
+            config.max_length,
+            settings.eval_batch_size,
+            settings.num_workers,
+        )
     attempt = init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
@@ -268,7 +284,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         config,
         pad_token_id=tokenizer.pad_token_id or 0,
         run_key=config.checkpoint_dir,
-        pin_memory=on_gpu(config.accelerator),
+        pin_memory=gpu,
         attempt=attempt,
     )
     weights = None
@@ -279,8 +295,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             log.info(
                 "train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights]
             )
+    model, attention, fallback = device_settings.load_with_attention(
+        lambda impl: load_classifier(config.model_dir, LabelSet(tuple(config.labels)), impl),
+        config.attn_implementation,
+    )
+    settings = dataclasses.replace(settings, attn_implementation=attention, attn_fallback=fallback)
     module = ReviewClassifier(
-        load_classifier(config.model_dir, LabelSet(tuple(config.labels))),
+        model,
         config,
         class_weights=weights,
         seed=config.seed,
@@ -290,6 +311,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "validation split %s is empty: training without validation", config.data.validation_url
         )
     logger = _mlflow_logger(config, rank)
+    if logger is not None:
+        logger.log_hyperparams({f"device.{k}": v for k, v in settings.record().items()})
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
     validate = not datamodule.is_empty("validation")
@@ -366,6 +389,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "wall_seconds": time.time() - t0,
             "timings": timings,  # seconds per phase (where a run's time goes)
             "model_selection": best.selection().model_dump(),
+            "device_settings": dataclasses.replace(
+                settings, compiled_blocks=module.compiled_blocks
+            ).record(),
         }
         if rank != 0:
             return metrics
