@@ -341,6 +341,17 @@ class TrainerConfig(HyperParameters):
     labels: list[str] = Field(default_factory=lambda: list(LABELS))
     trial: TrialConfig | None = None  # set when this run is a trial of a tuning study
 
+    @model_validator(mode="after")
+    def _sharded_on_a_filesystem(self) -> TrainerConfig:
+        url = self.checkpoint_dir
+        if self.checkpoint_format == "sharded" and "://" in url and not url.startswith("file://"):
+            raise ValueError(
+                f"checkpoint_format 'sharded' writes a folder every rank writes into: "
+                f"checkpoint_dir must be a filesystem path (a volume every node mounts), got "
+                f"{url!r}; use checkpoint_format 'full' with an object store"
+            )
+        return self
+
     @field_validator("labels")
     @classmethod
     def _distinct(cls, labels: list[str]) -> list[str]:

@@ -448,6 +448,22 @@ class ReviewClassifier(pl.LightningModule):
             layout["batch_size"] = int(datamodule.config.batch_size)  # as resolved on this device
         return layout
 
+    def _at_epoch_end(self, checkpoint: dict[str, Any]) -> bool:
+        """Whether the checkpoint's train stream had consumed its whole epoch (the only point where
+        the data order does not depend on the world size that wrote it).
+        """
+        loops = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        loaders = loops.get("combined_loader") or []
+        datamodule = getattr(self.trainer, "datamodule", None)
+        sizes = getattr(datamodule, "sizes", None)
+        if not loaders or not sizes:
+            return False
+        stream = loaders[0]
+        return (
+            int(stream.get("sample_in_epoch", 0)) >= sizes["train"]
+            and int(stream.get("skip_batches", 0)) == 0
+        )
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Beside callbacks.Throughput's run totals, under the same key.
         checkpoint.setdefault("review_classifier", {}).update(
@@ -459,6 +475,17 @@ class ReviewClassifier(pl.LightningModule):
         self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
         now = self._layout()
         saved = state.get("world_size")  # absent in checkpoints written before it was recorded
+        if saved is not None and int(saved) != now["world_size"] and self._at_epoch_end(checkpoint):
+            # The weights and optimizer reshard (DCP, or a full state); the data stream starts the
+            # next epoch afresh on the new layout. The global batch (and so the remaining steps and
+            # the LR schedule's total) follows the new world size.
+            log.warning(
+                "resuming at an epoch's end on %d processes (written by %s): the next epoch "
+                "starts on the new layout",
+                now["world_size"],
+                saved,
+            )
+            return
         if saved is not None and int(saved) != now["world_size"]:
             raise WorldSizeChanged(
                 f"the checkpoint being resumed was written by {saved} training processes, this "
@@ -467,7 +494,7 @@ class ReviewClassifier(pl.LightningModule):
                 "(processes x batch_size x accumulate_grad_batches), the LR schedule's step "
                 "count and the "
                 f"data order all depend on it. Relaunch with {saved} processes (nnodes x "
-                "nproc_per_node), "
+                "nproc_per_node) or resume from a checkpoint at an epoch's end, "
                 "or delete the checkpoint folder (checkpoint_dir) to start this training over."
             )
         was = state.get("batch_size")

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.data.labels import LabelSet
-from finetune_assets.training import device_settings, files, pruning
+from finetune_assets.training import device_settings, files, pruning, sharding
 from finetune_assets.training.best import BestModel
 from finetune_assets.training.callbacks import (
     BoundaryCheckpoint,
@@ -96,7 +96,13 @@ def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: i
     if strategy == "auto":
         strategy = "fsdp" if parameters > FSDP_ABOVE_PARAMETERS and world > 1 else "ddp"
     if strategy == "fsdp":
-        return ShardedStrategy(num_nodes=max(1, world // local_world), ranks_per_node=local_world)
+        return ShardedStrategy(
+            num_nodes=max(1, world // local_world),
+            ranks_per_node=local_world,
+            sharded_checkpoints=config.checkpoint_format == "sharded",
+        )
+    if config.checkpoint_format == "sharded":
+        log.warning("checkpoint_format 'sharded' needs FSDP; strategy %s writes full", strategy)
     return "auto" if world == 1 else ddp_strategy(config.precision, on_gpu(config.accelerator))
 
 
@@ -201,6 +207,11 @@ def _local_resume(resume: str | None) -> str | None:
     if resume is None:
         return resume
     import torch.distributed as dist
+
+    if sharding.is_sharded_checkpoint(files.local_path(resume)):  # a DCP folder (local by config)
+        meta = os.path.join(files.local_path(resume), sharding.META)
+        torch.load(meta, map_location="cpu", weights_only=True)  # raises on pickled code
+        return files.local_path(resume)
 
     local = resume if files.is_local(resume) else os.path.join(files.scratch_root(), "resume", LAST)
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
@@ -332,6 +343,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     )
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
+    if rank == 0 and files.is_local(last) and sharding.recover_swap(last):
+        log.warning("%s: the previous sharded checkpoint put back (a save was interrupted)", last)
+    gather(None)  # every rank looks after the recovery
     resume = last if resume_decision(gather(files.exists(last))) else None
     if resume and rank == 0:
         log.warning("resuming from %s", resume)
