@@ -1,8 +1,9 @@
 """``checkpoint_format: sharded``: FSDP2 writes DCP folders (each rank its shards), resumable at
 another world size from an epoch's end, through ``torchrun`` on CPU (gloo).
 
-Slow (four trainer processes: 10 minutes of wall time on 2 cores shared by five sessions): the resharding only happens
-across real process groups of different sizes, so nothing smaller tests it.
+Slow (four trainer processes: 10 minutes of wall time on 2 cores shared by five sessions): the
+resharding only happens across real process groups of different sizes, so nothing smaller tests
+it.
 """
 
 from __future__ import annotations
