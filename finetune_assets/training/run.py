@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.data.labels import LabelSet
 from finetune_assets.training import device_settings, files, pruning, sharding
-from finetune_assets.training.best import BestModel
+from finetune_assets.training.best import BEST, BEST_DIR, BestModel
 from finetune_assets.training.callbacks import (
     BoundaryCheckpoint,
     HuggingFaceCheckpointer,
@@ -323,7 +323,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         )
     logger = _mlflow_logger(config, rank)
     if logger is not None:
-        logger.log_hyperparams({f"device.{k}": v for k, v in settings.record().items()})
+        # not the machine's facts (cpus, memory): a restart elsewhere would change a logged param
+        chosen = {
+            k: v for k, v in settings.record().items() if k not in ("cpus", "device_memory_gib")
+        }
+        logger.log_hyperparams({f"device.{k}": v for k, v in chosen.items()})
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
     validate = not datamodule.is_empty("validation")
@@ -343,8 +347,10 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     )
 
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
-    if rank == 0 and files.is_local(last) and sharding.recover_swap(last):
-        log.warning("%s: the previous sharded checkpoint put back (a save was interrupted)", last)
+    best_ckpt = f"{files.local_path(config.checkpoint_dir)}/{BEST_DIR}/{BEST}.ckpt"
+    for saved in (last, best_ckpt) if rank == 0 and files.is_local(last) else ():
+        if sharding.recover_swap(saved):
+            log.warning("%s: the previous sharded checkpoint put back (a save broke off)", saved)
     gather(None)  # every rank looks after the recovery
     resume = last if resume_decision(gather(files.exists(last))) else None
     if resume and rank == 0:

@@ -102,3 +102,18 @@ def test_sharded_checkpoints_write_per_rank_shards_and_resume_at_another_world_s
     )
     assert moved > 1e-4  # epoch 2 trained
     assert len(list((ckpt / "last.ckpt").glob("*.distcp"))) == 1  # re-saved by one rank
+
+
+def test_a_save_broken_off_between_the_renames_puts_the_previous_checkpoint_back(tmp_path):
+    """``save_sharded`` swaps by two renames (previous -> ``.old``, new -> path); a crash between
+    them leaves only ``.old``, which the next start restores. A complete folder is left alone.
+    """
+    from finetune_assets.training.sharding import META, is_sharded_checkpoint, recover_swap
+
+    last = tmp_path / "last.ckpt"
+    old = tmp_path / "last.ckpt.old"
+    old.mkdir()
+    (old / META).write_bytes(b"meta")
+    assert recover_swap(str(last)) and is_sharded_checkpoint(str(last)) and not old.exists()
+    old.mkdir()  # a newer complete save exists: .old is not put over it
+    assert not recover_swap(str(last)) and old.exists()
