@@ -1,14 +1,13 @@
-"""The GPU check's CPU rehearsal (``benchmarks/gpu/smoke.py --cpu-check``) in CI.
+"""The GPU check's CPU rehearsal (``benchmarks/gpu/smoke.py --cpu-check --legs measure``) in CI.
 
-It proves the script's plumbing, and measures nothing: every leg runs, on the tiny BERT and CPU
-(gloo), through the trainer's own ``train()``: the functional cases (fit, validate, test, export,
-resume from an object-store URL, SIGKILL and resume) for ``ddp`` and ``fsdp``, the measurement
-leg at the trainer's defaults, and the 2-process DDP leg as 2 CPU processes under ``torchrun``
-(its all-rank vs per-device split checked). What only a GPU runs is not here: the BERT-base-size
-model, bf16, the GPU batch sizing and the compiled leg (compile itself: ``test_device_settings``),
-and ``run.sh``'s offline install of the carried wheels (it needs ``prepare.sh``'s downloads).
-
-Slow (about 15 trainer runs and 5 fresh processes): the script is only proven by running it whole.
+It proves the plumbing of the measurement legs, and measures nothing: on the tiny BERT and CPU,
+through the trainer's own ``train()`` at its defaults, the one-device leg in-process and the
+2-process DDP leg as 2 CPU processes under ``torchrun`` (gloo; its all-rank vs per-device split
+checked), then the report's ``measured`` table. Not here: the functional cases (fit, test, export,
+resume from an object-store URL, SIGKILL and resume; ``--cpu-check`` alone runs them, about 20
+minutes on 2 shared cores: passed 2026-12-01, ``results/gpu_check_cpu.json``), and what only a
+GPU runs: the BERT-base-size model, bf16, the GPU batch sizing, the compiled leg (compile itself:
+``test_device_settings``) and ``run.sh``'s offline install of the carried wheels.
 """
 
 from __future__ import annotations
@@ -23,11 +22,12 @@ import pytest
 
 from finetune_assets.data.models import packaged_model_dir
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # two trainer runs, one of them 2 fresh processes
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_gpu_check_runs_every_leg_on_cpu(tmp_path):
+@pytest.mark.timeout(1800)
+def test_the_gpu_checks_measurement_legs_run_on_cpu(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -55,7 +55,7 @@ def test_the_gpu_check_runs_every_leg_on_cpu(tmp_path):
         if not c.get("passed", "skipped" in c)
     }
     assert done.returncode == 0 and report["passed"], failed
-    assert [c["case"] for c in report["cases"]] == ["tiny-ddp", "tiny-fsdp"]
+    assert report["cases"] == []  # --legs measure
     legs = {leg["case"]: leg for leg in report["legs"]}
     assert set(legs) == {"defaults", "ddp2"}  # no compiled leg on CPU
     assert legs["defaults"]["device_settings"]["batch_size"] == 8  # CPU keeps batch_size
