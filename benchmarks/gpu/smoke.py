@@ -357,8 +357,15 @@ def default_batch(model_dir: str, cpu: bool, processes: int = 1) -> tuple[int, i
     from finetune_assets.training import device_settings
     from finetune_assets.training.config import TrainerConfig
 
-    config = TrainerConfig.from_dict(defaults_config("probe", model_dir, Path("/x"), Path("/x"),
-                                                     cpu))  # fmt: skip
+    config = TrainerConfig.from_dict(
+        {
+            "model_dir": model_dir,
+            "output_dir": "/unused",
+            "checkpoint_dir": "/unused",
+            "accelerator": "cpu" if cpu else "gpu",
+            "data": {"train_url": "a", "validation_url": "b", "test_url": "c"},
+        }
+    )
     resolved, _ = device_settings.resolve(config, not cpu, local_world=processes)
     return resolved.batch_size, resolved.eval_batch_size
 

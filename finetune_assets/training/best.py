@@ -129,7 +129,8 @@ class BestModel(pl.Callback):
         reshard(pl_module)
         if is_sharded_checkpoint(path):  # checkpoint_format sharded: resharded to this mesh
             self.loaded_step = load_sharded_weights(trainer.strategy.model, path)
-        else:
+        else:  # an object store's best.ckpt: a node-local copy (FSDP's loader needs a path)
+            path = files.node_local_copy(path, "best.ckpt")
             state = trainer.strategy.load_checkpoint(path, weights_only=True)
             trainer.strategy.load_model_state_dict(state, strict=True)
             self.loaded_step = int(state.get("global_step", -1))

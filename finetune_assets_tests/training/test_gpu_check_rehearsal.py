@@ -36,6 +36,8 @@ def test_the_gpu_checks_measurement_legs_run_on_cpu(tmp_path):
             sys.executable,
             str(REPO / "benchmarks/gpu/smoke.py"),
             "--cpu-check",
+            "--legs",
+            "measure",
             "--tokenizer",
             str(packaged_model_dir()),
         ],  # fmt: skip
