@@ -3,11 +3,11 @@
 It proves the plumbing of the measurement legs, and measures nothing: on the tiny BERT and CPU,
 through the trainer's own ``train()`` at its defaults, the one-device leg in-process and the
 2-process DDP leg as 2 CPU processes under ``torchrun`` (gloo; its all-rank vs per-device split
-checked), then the report's ``measured`` table. Not here: the functional cases (fit, test, export,
-resume from an object-store URL, SIGKILL and resume; ``--cpu-check`` alone runs them, about 20
-minutes on 2 shared cores: passed 2026-12-01, ``results/gpu_check_cpu.json``), and what only a
-GPU runs: the BERT-base-size model, bf16, the GPU batch sizing, the compiled leg (compile itself:
-``test_device_settings``) and ``run.sh``'s offline install of the carried wheels.
+checked), then the report's ``measured`` table. The second test runs the whole
+``--cpu-check``, the functional cases too (fit, test, export, resume from an object-store URL,
+SIGKILL and resume). Not here: what only a GPU runs: the BERT-base-size model, bf16, the GPU
+batch sizing, the compiled leg (compile itself: ``test_device_settings``) and ``run.sh``'s
+offline install of the carried wheels.
 """
 
 from __future__ import annotations
@@ -64,3 +64,34 @@ def test_the_gpu_checks_measurement_legs_run_on_cpu(tmp_path):
     assert legs["ddp2"]["world_size"] == 2
     assert legs["ddp2"]["checks"]["all_ranks_about_world_x_device"]
     assert report["mfu_goal_met"] is None  # no peak known on CPU: nothing measured
+
+
+@pytest.mark.timeout(2400)
+def test_the_whole_gpu_check_runs_on_cpu(tmp_path):
+    """``--cpu-check`` whole: the functional cases (``tiny-ddp``, ``tiny-fsdp``: fit, validate,
+    test, export and predict, resume from ``memory://``, SIGKILL and resume in a new process) and
+    the measurement legs. 367 s when run directly at a lower load on 2 shared cores (2026-12-02,
+    ``benchmarks/results/gpu_check_cpu_rehearsal.json``); over 15 minutes at load 60+.
+    """
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/gpu/smoke.py"),
+            "--cpu-check",
+            "--tokenizer",
+            str(packaged_model_dir()),
+        ],  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2300,
+        check=False,
+    )
+    report = json.loads((out / "gpu_smoke.json").read_text())
+    assert done.returncode == 0 and report["passed"], (done.stdout + done.stderr)[-5000:]
+    assert [c["case"] for c in report["cases"]] == ["tiny-ddp", "tiny-fsdp"]
+    assert {leg["case"] for leg in report["legs"]} == {"defaults", "ddp2"}
