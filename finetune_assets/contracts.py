@@ -365,6 +365,9 @@ class TrainingResult(BaseModel):
     mlflow: dict[str, Any] = {}  # run_id, experiment_id, run_url, registered_model_name/_version
     # best-validation selection and early stopping; None in results written before they existed
     model_selection: ModelSelection | None = None
+    # what the trainer chose for the device it ran on (training/device_settings.py): batch, eval
+    # batch, loader workers, attention kernels (and why not SDPA), compiled encoder blocks
+    device_settings: dict[str, Any] = {}
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

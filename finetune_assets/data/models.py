@@ -119,7 +119,11 @@ def _encoder_keys(model, keys) -> list[str]:
 
 
 def load_sequence_classifier(
-    source: str, labels: LabelSet, revision: str | None = None, local_only: bool = True
+    source: str,
+    labels: LabelSet,
+    revision: str | None = None,
+    local_only: bool = True,
+    attn_implementation: str | None = None,
 ):
     """A sequence classifier of the checkpoint's own architecture (Auto class from its config) with
     the given classes; the head is new when the checkpoint has none or another label set.
@@ -132,6 +136,10 @@ def load_sequence_classifier(
     optimizer updates (bf16 weights would round away most small AdamW updates), and transformers 5
     would otherwise load a bf16 checkpoint as bf16 (``dtype="auto"``). Mixed precision is the
     trainer's autocast, not the weights' dtype.
+
+    ``attn_implementation`` (``sdpa``, ``eager``; None: transformers' own default) is passed on:
+    transformers refuses one the class does not support (``training/device_settings.py`` then
+    falls back).
     """
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -153,6 +161,7 @@ def load_sequence_classifier(
         use_safetensors=None,
         ignore_mismatched_sizes=True,  # a head trained for another label set is re-initialised
         output_loading_info=True,
+        **({"attn_implementation": attn_implementation} if attn_implementation else {}),
     )
     missing = _encoder_keys(model, info.get("missing_keys", []))
     # Unused checkpoint weights: anything the model did not take, except a pretraining head (e.g.

@@ -2,7 +2,8 @@
 
 Lightning's own callbacks do the work: ``ModelCheckpoint(monitor="val/macro_f1", mode="max",
 save_top_k=1)`` keeps the best validation's full state in ``{checkpoint_dir}/best/best.ckpt`` (one
-file, replaced atomically by the checkpoint IO, so a crash leaves the previous best or the new one),
+file, replaced atomically by the checkpoint IO, so a crash leaves the previous best or the new one;
+under ``checkpoint_format: sharded`` a DCP folder, swapped in whole: ``sharding.save_sharded``),
 and
 ``EarlyStopping`` stops after ``early_stopping_patience`` validations without a better value. Both
 are stateful: their state (best score and path, the patience count) is in every ``last.ckpt``, so a
@@ -27,7 +28,11 @@ from pytorch_lightning.trainer.states import TrainerFn
 from finetune_assets.contracts import ModelSelection, ValidationPoint
 from finetune_assets.training import files
 from finetune_assets.training.config import SELECTION_METRIC, TrainerConfig
-from finetune_assets.training.sharding import reshard
+from finetune_assets.training.sharding import (
+    is_sharded_checkpoint,
+    load_sharded_weights,
+    reshard,
+)
 
 log = logging.getLogger("finetune_assets.training")
 
@@ -122,9 +127,13 @@ class BestModel(pl.Callback):
             return
         # every rank loads (a collective under FSDP); weights only: no pickled code runs
         reshard(pl_module)
-        state = trainer.strategy.load_checkpoint(path, weights_only=True)
-        trainer.strategy.load_model_state_dict(state, strict=True)
-        self.loaded_step = int(state.get("global_step", -1))
+        if is_sharded_checkpoint(path):  # checkpoint_format sharded: resharded to this mesh
+            self.loaded_step = load_sharded_weights(trainer.strategy.model, path)
+        else:  # an object store's best.ckpt: a node-local copy (FSDP's loader needs a path)
+            path = files.node_local_copy(path, "best.ckpt")
+            state = trainer.strategy.load_checkpoint(path, weights_only=True)
+            trainer.strategy.load_model_state_dict(state, strict=True)
+            self.loaded_step = int(state.get("global_step", -1))
         if trainer.is_global_zero:
             best = self.best_point()
             log.info(

@@ -284,7 +284,11 @@ class HuggingFaceCheckpointer(pl.Callback):
         self.staging: Path | None = None
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        state = trainer.strategy.lightning_module_state_dict()
+        strategy = trainer.strategy
+        # gathered on rank 0 (a collective); under sharded checkpoints Lightning's own would be
+        # the shards
+        full = getattr(strategy, "full_state_dict", strategy.lightning_module_state_dict)
+        state = full()
         if trainer.is_global_zero:
             self.cleanup()
             # the trained model's class and id2label

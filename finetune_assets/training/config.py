@@ -96,6 +96,31 @@ class HyperParameters(_Strict):
         "weights (bf16-mixed is autocast), whatever the pretrained checkpoint's dtype",
     )
     accumulate_grad_batches: int = Field(1, ge=1)
+    gpu_batch_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="on a GPU, padded tokens per device and step: the batch there is "
+        "max(batch_size, gpu_batch_tokens // max_length); null: sized from the GPU's memory and "
+        "the encoder's size (training/device_settings.py: BERT-base at max_length 512 on an 80 GB "
+        "H100 gets 128); 0: batch_size on a GPU too. CPU runs always use batch_size",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile each encoder block (inductor; dynamic shapes, since batches "
+        "are padded per batch): faster steps on a GPU after a compile of a minute or more",
+    )
+    attn_implementation: Literal["auto", "sdpa", "eager"] = Field(
+        "auto",
+        description="attention kernels: auto and sdpa use torch's scaled_dot_product_attention "
+        "where the model class supports it, else eager (the run records which, and why)",
+    )
+    checkpoint_format: Literal["full", "sharded"] = Field(
+        "full",
+        description="full: last.ckpt is one file (rank 0 writes the gathered state); sharded "
+        "(strategy fsdp only): a torch.distributed.checkpoint folder each rank writes its shards "
+        "into, for models whose full state does not fit one host; it resumes at another world "
+        "size from an epoch's end",
+    )
     nonfinite_loss: Literal["stop", "skip"] = Field(
         "stop",
         description="a NaN/inf training loss: stop the run naming the step and batch (checked at "
@@ -118,8 +143,11 @@ class HyperParameters(_Strict):
         description="balanced: loss weights n / (classes * count) from "
         "the train split's label counts (rare classes count, macro-F1); or none",
     )
-    num_workers: int = Field(
-        0, ge=0, description="data loader workers per device (0: in-process; raise it on GPUs)"
+    num_workers: int | None = Field(
+        None,
+        ge=0,
+        description="data loader workers per device; null: 0 (in-process) on CPU, on a GPU from "
+        "the CPUs each local rank has (training/device_settings.py)",
     )
     shuffle: bool = True
     max_length: int = Field(
@@ -196,6 +224,11 @@ class HyperParameters(_Strict):
         if self.accelerator == "cpu" and self.precision == "16-mixed":
             raise ValueError(
                 "precision '16-mixed' needs a GPU; use 'auto', '32' or 'bf16-mixed' on CPU"
+            )
+        if self.checkpoint_format == "sharded" and self.strategy == "ddp":
+            raise ValueError(
+                "checkpoint_format 'sharded' needs strategy 'fsdp' (or 'auto', which shards large "
+                "models): a DDP replica's state is whole on every rank; use 'full'"
             )
         # Lightning's ModelParallelStrategy
         if self.strategy == "fsdp" and self.precision == "16-mixed":
@@ -307,6 +340,17 @@ class TrainerConfig(HyperParameters):
     # they become the model's num_labels / id2label / label2id. Default: the seed's three classes.
     labels: list[str] = Field(default_factory=lambda: list(LABELS))
     trial: TrialConfig | None = None  # set when this run is a trial of a tuning study
+
+    @model_validator(mode="after")
+    def _sharded_on_a_filesystem(self) -> TrainerConfig:
+        url = self.checkpoint_dir
+        if self.checkpoint_format == "sharded" and "://" in url and not url.startswith("file://"):
+            raise ValueError(
+                f"checkpoint_format 'sharded' writes a folder every rank writes into: "
+                f"checkpoint_dir must be a filesystem path (a volume every node mounts), got "
+                f"{url!r}; use checkpoint_format 'full' with an object store"
+            )
+        return self
 
     @field_validator("labels")
     @classmethod

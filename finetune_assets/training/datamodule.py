@@ -224,10 +224,12 @@ class MdsDataModule(pl.LightningDataModule):
 
     def _loader_kwargs(self) -> dict[str, Any]:
         c = self.config
+        # None only when nothing resolved it (run.train does: device_settings.resolve)
+        workers = c.num_workers or 0
         kwargs: dict[str, Any] = dict(
-            num_workers=c.num_workers, pin_memory=self.pin_memory, drop_last=False
+            num_workers=workers, pin_memory=self.pin_memory, drop_last=False
         )
-        if c.num_workers > 0:  # llm-foundry's set-up: workers stay up across epochs and read ahead
+        if workers > 0:  # llm-foundry's set-up: workers stay up across epochs and read ahead
             kwargs.update(persistent_workers=True, prefetch_factor=c.data.prefetch_factor)
         return kwargs
 

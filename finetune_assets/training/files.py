@@ -56,6 +56,28 @@ def exists(url: str) -> bool:
     return fs.exists(path)
 
 
+def node_local_copy(url: str, name: str) -> str:
+    """A path every rank of this node can open for ``url``: the path itself when local, else a
+    copy local rank 0 downloads once into the scratch folder while the node's other ranks wait.
+
+    FSDP's checkpoint loader takes only a local path (it makes it a ``pathlib.Path``).
+    """
+    import os
+
+    import torch.distributed as dist
+
+    if is_local(url):
+        return local_path(url)
+    local = os.path.join(scratch_root(), "checkpoints", name)
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        fs, path = fsspec.core.url_to_fs(url)
+        fs.get_file(path, local)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return local
+
+
 def publish_dir(local_dir: Path, url: str) -> None:
     """Move a finished local folder to ``url``: a rename locally, an upload remotely."""
     if is_local(url):

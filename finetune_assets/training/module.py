@@ -30,13 +30,17 @@ from finetune_assets.training.device_settings import adamw_options
 log = logging.getLogger(__name__)
 
 
-def load_classifier(model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET) -> PreTrainedModel:
+def load_classifier(
+    model_dir: str, labels: LabelSet = DEFAULT_LABEL_SET, attn_implementation: str | None = None
+) -> PreTrainedModel:
     """The pretrained folder as a classifier of its own architecture with the version's classes.
 
     Fails (``WeightsMismatch``) when any encoder weight is missing or unused, instead of training a
     randomly initialised encoder.
     """
-    return load_sequence_classifier(model_dir, labels, local_only=True)
+    return load_sequence_classifier(
+        model_dir, labels, local_only=True, attn_implementation=attn_implementation
+    )
 
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -143,6 +147,7 @@ class ReviewClassifier(pl.LightningModule):
         self.test_metrics = _eval_metrics("test/", self.num_classes)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()  # per sample, padding weighted 0
         self.test_results: dict[str, Any] = {}
+        self.compiled_blocks = 0  # encoder blocks under torch.compile (``compile: true``)
         self.gradient_syncs = {True: 0, False: 0}  # FSDP micro-batches with / without grad sync
         # nonfinite_loss "stop": (step, batch, epoch) of the first non-finite loss, on the device
         # (read at the log interval); "skip": the window being accumulated had one, and a count
@@ -405,9 +410,15 @@ class ReviewClassifier(pl.LightningModule):
     # -- checkpoint state ------------------------------------------------------------------
 
     def configure_model(self) -> None:
-        """Under ``strategy: fsdp`` shard the encoder on the strategy's mesh (once: see
-        :mod:`.sharding`).
+        """``compile: true``: compile each encoder block (:func:`.device_settings.compile_blocks`);
+        then under ``strategy: fsdp`` shard the encoder on the strategy's mesh (once: see
+        :mod:`.sharding`). Compile first, then shard: torchtitan's order (FSDP2's hooks stay
+        outside the compiled blocks).
         """
+        if self.optim.compile:
+            from finetune_assets.training.device_settings import compile_blocks
+
+            self.compiled_blocks = compile_blocks(self.model)
         mesh = self.device_mesh  # set by Lightning's ModelParallelStrategy only
         if mesh is not None:
             from finetune_assets.training.sharding import fsdp_mesh, mixed_precision, shard_encoder
@@ -434,7 +445,24 @@ class ReviewClassifier(pl.LightningModule):
         layout = {"world_size": int(t.world_size), "num_nodes": nodes}
         if datamodule is not None and hasattr(datamodule, "config"):
             layout["num_canonical_nodes"] = canonical_nodes(datamodule.config.data, nodes)
+            layout["batch_size"] = int(datamodule.config.batch_size)  # as resolved on this device
         return layout
+
+    def _at_epoch_end(self, checkpoint: dict[str, Any]) -> bool:
+        """Whether the checkpoint's train stream had consumed its whole epoch (the only point where
+        the data order does not depend on the world size that wrote it).
+        """
+        loops = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        loaders = loops.get("combined_loader") or []
+        datamodule = getattr(self.trainer, "datamodule", None)
+        sizes = getattr(datamodule, "sizes", None)
+        if not loaders or not sizes:
+            return False
+        stream = loaders[0]
+        return (
+            int(stream.get("sample_in_epoch", 0)) >= sizes["train"]
+            and int(stream.get("skip_batches", 0)) == 0
+        )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Beside callbacks.Throughput's run totals, under the same key.
@@ -447,6 +475,17 @@ class ReviewClassifier(pl.LightningModule):
         self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
         now = self._layout()
         saved = state.get("world_size")  # absent in checkpoints written before it was recorded
+        if saved is not None and int(saved) != now["world_size"] and self._at_epoch_end(checkpoint):
+            # The weights and optimizer reshard (DCP, or a full state); the data stream starts the
+            # next epoch afresh on the new layout. The global batch (and so the remaining steps and
+            # the LR schedule's total) follows the new world size.
+            log.warning(
+                "resuming at an epoch's end on %d processes (written by %s): the next epoch "
+                "starts on the new layout",
+                now["world_size"],
+                saved,
+            )
+            return
         if saved is not None and int(saved) != now["world_size"]:
             raise WorldSizeChanged(
                 f"the checkpoint being resumed was written by {saved} training processes, this "
@@ -455,8 +494,17 @@ class ReviewClassifier(pl.LightningModule):
                 "(processes x batch_size x accumulate_grad_batches), the LR schedule's step "
                 "count and the "
                 f"data order all depend on it. Relaunch with {saved} processes (nnodes x "
-                "nproc_per_node), "
+                "nproc_per_node) or resume from a checkpoint at an epoch's end, "
                 "or delete the checkpoint folder (checkpoint_dir) to start this training over."
+            )
+        was = state.get("batch_size")
+        if was is not None and "batch_size" in now and was != now["batch_size"]:
+            raise LayoutChanged(
+                f"the checkpoint being resumed was written with {was} samples per device and "
+                f"step, this run has {now['batch_size']} (a GPU sizes its batch from its memory: "
+                "device_settings.py): the data order and the LR schedule depend on it. "
+                f"Set batch_size {was} and gpu_batch_tokens 0 to resume here, or "
+                "delete the checkpoint folder (checkpoint_dir) to start this training over."
             )
         changed = [
             k

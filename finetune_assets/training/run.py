@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -18,8 +19,8 @@ from transformers import AutoTokenizer
 
 from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.data.labels import LabelSet
-from finetune_assets.training import fencing, files, pruning
-from finetune_assets.training.best import BestModel
+from finetune_assets.training import device_settings, fencing, files, pruning, sharding
+from finetune_assets.training.best import BEST, BEST_DIR, BestModel
 from finetune_assets.training.callbacks import (
     BoundaryCheckpoint,
     HuggingFaceCheckpointer,
@@ -95,7 +96,13 @@ def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: i
     if strategy == "auto":
         strategy = "fsdp" if parameters > FSDP_ABOVE_PARAMETERS and world > 1 else "ddp"
     if strategy == "fsdp":
-        return ShardedStrategy(num_nodes=max(1, world // local_world), ranks_per_node=local_world)
+        return ShardedStrategy(
+            num_nodes=max(1, world // local_world),
+            ranks_per_node=local_world,
+            sharded_checkpoints=config.checkpoint_format == "sharded",
+        )
+    if config.checkpoint_format == "sharded":
+        log.warning("checkpoint_format 'sharded' needs FSDP; strategy %s writes full", strategy)
     return "auto" if world == 1 else ddp_strategy(config.precision, on_gpu(config.accelerator))
 
 
@@ -201,6 +208,11 @@ def _local_resume(resume: str | None) -> str | None:
         return resume
     import torch.distributed as dist
 
+    if sharding.is_sharded_checkpoint(files.local_path(resume)):  # a DCP folder (local by config)
+        meta = os.path.join(files.local_path(resume), sharding.META)
+        torch.load(meta, map_location="cpu", weights_only=True)  # raises on pickled code
+        return files.local_path(resume)
+
     local = resume if files.is_local(resume) else os.path.join(files.scratch_root(), "resume", LAST)
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
         if local != resume:
@@ -260,6 +272,21 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     if rank == 0 and resolved != config.precision:
         log.info("precision %s -> %s on this machine", config.precision, resolved)
     config = config.model_copy(update={"precision": resolved})
+    # batch, eval batch and loader workers for this device (device_settings.py): everything below
+    # (data, LR schedule, MLflow's parameters, metrics.json) sees the values that run
+    gpu = on_gpu(config.accelerator)
+    config, settings = device_settings.resolve(config, gpu, local_world=torchrun_world()[2])
+    if rank == 0 and settings.batch_from != "batch_size":
+        log.info(
+            "GPU batch %d per device (%s: %s tokens at max_length %d), eval batch %d, %d loader "
+            "workers",
+            settings.batch_size,
+            settings.batch_from,
+            settings.batch_tokens,
+            config.max_length,
+            settings.eval_batch_size,
+            settings.num_workers,
+        )
     attempt = init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
@@ -268,7 +295,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         config,
         pad_token_id=tokenizer.pad_token_id or 0,
         run_key=config.checkpoint_dir,
-        pin_memory=on_gpu(config.accelerator),
+        pin_memory=gpu,
         attempt=attempt,
     )
     weights = None
@@ -279,8 +306,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             log.info(
                 "train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights]
             )
+    model, attention, fallback = device_settings.load_with_attention(
+        lambda impl: load_classifier(config.model_dir, LabelSet(tuple(config.labels)), impl),
+        config.attn_implementation,
+    )
+    settings = dataclasses.replace(settings, attn_implementation=attention, attn_fallback=fallback)
     module = ReviewClassifier(
-        load_classifier(config.model_dir, LabelSet(tuple(config.labels))),
+        model,
         config,
         class_weights=weights,
         seed=config.seed,
@@ -290,6 +322,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "validation split %s is empty: training without validation", config.data.validation_url
         )
     logger = _mlflow_logger(config, rank)
+    if logger is not None:
+        # not the machine's facts (cpus, memory): a restart elsewhere would change a logged param
+        chosen = {
+            k: v for k, v in settings.record().items() if k not in ("cpus", "device_memory_gib")
+        }
+        logger.log_hyperparams({f"device.{k}": v for k, v in chosen.items()})
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
     validate = not datamodule.is_empty("validation")
@@ -311,6 +349,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     last = files.local_path(config.checkpoint_dir) + "/" + LAST
     if rank == 0:  # before anyone reads the checkpoint: a replaced gang's ranks commit no more
         fencing.raise_fence(config.checkpoint_dir)
+    best_ckpt = f"{files.local_path(config.checkpoint_dir)}/{BEST_DIR}/{BEST}.ckpt"
+    for saved in (last, best_ckpt) if rank == 0 and files.is_local(last) else ():
+        if sharding.recover_swap(saved):
+            log.warning("%s: the previous sharded checkpoint put back (a save broke off)", saved)
+    gather(None)  # every rank looks after the recovery
     resume = last if resume_decision(gather(files.exists(last))) else None
     if resume and rank == 0:
         log.warning("resuming from %s", resume)
@@ -368,6 +411,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "wall_seconds": time.time() - t0,
             "timings": timings,  # seconds per phase (where a run's time goes)
             "model_selection": best.selection().model_dump(),
+            "device_settings": dataclasses.replace(
+                settings, compiled_blocks=module.compiled_blocks
+            ).record(),
         }
         if rank != 0:
             return metrics

@@ -15,10 +15,14 @@ all-gathers stay on the node's fast links and only gradient all-reduces cross no
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
 import torch
 from pytorch_lightning.strategies import ModelParallelStrategy
+
+from finetune_assets.training import fencing
 
 
 def encoder_layer_class(model: torch.nn.Module) -> type[torch.nn.Module]:
@@ -99,27 +103,123 @@ def set_gradient_sync(model: torch.nn.Module, sync: bool) -> bool:
 
 
 class ShardedStrategy(ModelParallelStrategy):
-    """FSDP2 with full (rank 0) checkpoints written through the checkpoint IO, path as given.
+    """FSDP2 with full (rank 0) checkpoints written through the checkpoint IO, path as given; or,
+    with ``checkpoint_format: sharded``, DCP folders every rank writes its own shards into.
 
-    ``save_distributed_checkpoint=False``: ``last.ckpt`` stays one file that DDP and FSDP runs, the
-    export and resume all read the same way. Lightning's ``save_checkpoint`` makes the path a
-    ``pathlib.Path`` first (``s3://b/x`` becomes ``s3:/b/x``); here rank 0 hands it to the
-    checkpoint IO unchanged. Loading reads a local copy (``run._local_resume``).
+    Full (the default): ``last.ckpt`` stays one file that DDP and FSDP runs, the export and resume
+    all read the same way. Lightning's ``save_checkpoint`` makes the path a ``pathlib.Path`` first
+    (``s3://b/x`` becomes ``s3:/b/x``); here rank 0 hands it to the checkpoint IO unchanged.
+    Loading reads a local copy (``run._local_resume``).
+
+    Sharded (:func:`save_sharded`): no rank ever holds the whole state (a model beyond ~1B
+    parameters whose gathered state would not fit one host), written in parallel.
     """
 
-    def __init__(self, num_nodes: int, ranks_per_node: int, **kwargs: Any):
+    def __init__(
+        self, num_nodes: int, ranks_per_node: int, sharded_checkpoints: bool = False, **kwargs: Any
+    ):
         super().__init__(
             data_parallel_size=num_nodes,
             tensor_parallel_size=ranks_per_node,
-            save_distributed_checkpoint=False,
+            save_distributed_checkpoint=sharded_checkpoints,
             **kwargs,
         )
+        self.sharded_checkpoints = sharded_checkpoints
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
     ) -> None:
-        if self.is_global_zero:
+        if self.sharded_checkpoints:
+            io = getattr(self.checkpoint_io, "checkpoint_io", None) or self.checkpoint_io
+            save_sharded(self, checkpoint, str(filepath), getattr(io, "fence_dir", None))
+        elif self.is_global_zero:
             self.checkpoint_io.save_checkpoint(checkpoint, str(filepath), storage_options)
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """The gathered model state on rank 0 (empty elsewhere), whatever the checkpoint format:
+        what the Hugging Face export needs (a collective: every rank calls it).
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+
+# -- sharded (DCP) checkpoints ---------------------------------------------------------------------
+
+META = "meta.pt"  # Lightning's name (lightning_fabric.strategies.fsdp._METADATA_FILENAME)
+
+
+def is_sharded_checkpoint(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, META))
+
+
+def save_sharded(
+    strategy: Any, checkpoint: dict[str, Any], filepath: str, fence_dir: str | None = None
+) -> None:
+    """Write ``checkpoint`` as a DCP folder at ``filepath``, atomically: all ranks write their
+    shards into ``<path>.partial``, rank 0 adds ``meta.pt`` (loops, callbacks, schedulers:
+    Lightning's layout, so its loader reads it) and swaps the folder in for the previous one.
+
+    DCP overwrites its files in place; a crash half-way through re-saving ``last.ckpt`` would leave
+    old and new shards mixed. The swap is two renames (previous -> ``<path>.old``, new -> path);
+    a crash between them leaves ``.old``, which :func:`recover_swap` puts back at the next start.
+    Local (or shared-volume) paths only: ``checkpoint_format`` refuses an object-store URL.
+    ``fence_dir``: as the full format's commit (``files.AtomicCheckpointIO``), the swap is refused
+    once a newer gang fenced the run's checkpoint folder.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    path = strategy.broadcast(filepath)
+    staging, old = path + ".partial", path + ".old"
+    if strategy.is_global_zero:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+    strategy.barrier("dcp-staging")
+    state = {"state_dict": checkpoint.pop("state_dict")}
+    for i, optimizer in enumerate(checkpoint.pop("optimizer_states", [])):
+        state[f"optimizer_{i}"] = optimizer
+    dcp.save(state, checkpoint_id=staging)  # each rank its shards; rank 0 the .metadata, last
+    if strategy.is_global_zero:
+        torch.save(checkpoint, os.path.join(staging, META))
+        if fence_dir is not None:
+            fencing.check_fence(fence_dir)  # just before the swap
+        if os.path.lexists(path):
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(staging, path)
+        if os.path.isdir(old):
+            shutil.rmtree(old, ignore_errors=True)
+        elif os.path.lexists(old):
+            os.remove(old)
+    strategy.barrier("dcp-saved")
+
+
+def recover_swap(path: str) -> bool:
+    """Put ``<path>.old`` back when a crash fell between :func:`save_sharded`'s two renames."""
+    old = path + ".old"
+    if os.path.lexists(path) or not os.path.lexists(old):
+        return False
+    os.replace(old, path)
+    return True
+
+
+def load_sharded_weights(module: torch.nn.Module, path: str) -> int:
+    """Load only the model's weights from a DCP folder into the (sharded) ``module``, resharding
+    to this run's mesh whatever world size wrote it; the ``global_step`` it was saved at.
+
+    Not Lightning's ``load_checkpoint``: that also loads the optimizer (the best checkpoint's
+    weights go into the module; the optimizer keeps training's state).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    reshard(module)
+    state = {"state_dict": get_model_state_dict(module)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(module, state["state_dict"])
+    meta = torch.load(os.path.join(path, META), map_location="cpu", weights_only=True)
+    return int(meta.get("global_step", -1))
 
 
 def reshard(module: torch.nn.Module) -> None:

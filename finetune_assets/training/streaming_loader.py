@@ -173,6 +173,9 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         dataset: StreamingDataset = self.dataset  # type: ignore[assignment]
+        if self._pending is not None and int(self._pending.get("epoch", -1)) != self._epoch_fn():
+            # a state saved at the end of an epoch that is over: the next one starts afresh
+            self._pending = None
         if self._pending is not None:
             state, self._pending = self._pending, None
         else:  # a fresh epoch: align the dataset's epoch (and so its shuffle) with Lightning's
