@@ -334,7 +334,8 @@ def summarize(result: dict) -> None:
 
 def markdown(result: dict) -> str:
     """The table for benchmarks/README.md: test macro-F1 mean (spread) per set and recipe."""
-    table, sets = result.get("table", {}), list(result.get("table", {}))
+    table = result.get("table", {})
+    sets = sorted(table, key=lambda s: list(SETS).index(s) if s in SETS else len(SETS))
     recipes = sorted({r for s in sets for r in table[s]}, key=lambda r: (r != "today", r))
     head = ["recipe", *[f"{s} (test {result['sets'][s]['splits']['test']})" for s in sets]]
     rows = [
@@ -368,6 +369,7 @@ def merge(other: Path, out: Path) -> None:
     into["sets"] = {**more.get("sets", {}), **into["sets"]}
     into["recipes"] = {**more.get("recipes", {}), **into["recipes"]}
     into.setdefault("merged_commands", []).append(more.get("command"))
+    into.setdefault("invocations", []).extend(more.get("invocations", []))
     write(out, into)
 
 
