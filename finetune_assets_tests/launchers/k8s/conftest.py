@@ -1,19 +1,24 @@
-"""The Kubernetes API the k8s tests talk to: the loopback test double, or a real cluster.
+"""The Kubernetes API the k8s tests talk to: the local control plane, a real cluster, or the
+loopback double.
 
-Default: :class:`KubeApiDouble` on 127.0.0.1 (runs the pods as local processes).
-Real cluster: set ``KUBECONFIG`` *and* ``FINETUNE_K8S_TEST_IMAGE`` (an image built from
-``deploy/Dockerfile`` that the cluster can pull); optional ``FINETUNE_K8S_TEST_NAMESPACE``
-(default ``finetune-test``, must exist) and ``FINETUNE_K8S_TEST_SERVICE_ACCOUNT``. The same tests
-run unchanged; the few that need to poke at local processes skip themselves. See deploy/README.md.
+Which one (``FINETUNE_K8S_CLUSTER`` decides when set: ``plane`` or ``double``):
+
+- ``KUBECONFIG`` *and* ``FINETUNE_K8S_TEST_IMAGE`` set: that cluster (an image built from
+  ``deploy/Dockerfile`` that the cluster can pull); optional ``FINETUNE_K8S_TEST_NAMESPACE``
+  (default ``finetune-test``, must exist) and ``FINETUNE_K8S_TEST_SERVICE_ACCOUNT``. See
+  deploy/README.md;
+- else the local control plane (``.ci/k8s/control-plane``, docs/k8s-control-plane.md) when its
+  binaries for this checkout are built, or in CI (``CI=true``: ``.ci/run`` builds them first);
+- else :class:`KubeApiDouble` on 127.0.0.1 (a machine without Go or the build's time).
+
+The same tests run unchanged; the few that need the double's hooks skip themselves elsewhere.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
-import subprocess
-import sys
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +30,13 @@ import pytest
 
 from finetune_assets.launchers.k8s import JOB_LABEL, K8sTorchrunLauncher
 from finetune_assets_tests.launchers.k8s.apiserver_double import Faults, KubeApiDouble
+from finetune_assets_tests.launchers.k8s.plane import (  # noqa: F401 - test_control_plane's
+    CONTROL_PLANE,
+    ControlPlane,
+    binaries_built,
+    install_namespace,
+    running_plane,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 STANDIN = "finetune_assets_tests.launchers.k8s.standin"
@@ -39,6 +51,7 @@ class Cluster:
     namespace: str
     image: str
     double: KubeApiDouble | None = None
+    plane: ControlPlane | None = None  # the local control plane, where it is that
     service_account: str | None = None
     _core: Any = field(default=None, repr=False)
     _batch: Any = field(default=None, repr=False)
@@ -118,6 +131,17 @@ class Cluster:
         core, _ = self._apis()
         core.delete_namespaced_pod(name, self.namespace)
 
+    def kill_pod(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """``sig`` to a pod's processes, as the kernel sends it (an OOM kill): on the local plane
+        or the double; a real cluster's nodes are out of reach (the test skips).
+        """
+        if self.plane is not None:
+            assert self.plane.kill_pod(self.namespace, name, sig), f"no live process of {name}"
+        elif self.double is not None:
+            self.double.kill_pod(name, sig)
+        else:
+            pytest.skip("killing a pod's processes needs the local plane or the double")
+
     def delete_secret(self, name: str) -> None:
         core, _ = self._apis()
         try:
@@ -149,35 +173,42 @@ class Cluster:
                 left["pods"] = [p.metadata.name for p in pods]
             if self.double is not None and self.double.live_processes():
                 left["processes"] = self.double.live_processes()
+            if self.plane is not None and (
+                procs := self.plane.live_pod_processes(self.namespace, job_name)
+            ):
+                left["processes"] = procs
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.1)
 
 
-@pytest.fixture(scope="session")
+def which_cluster() -> str:
+    """``plane``, ``kubeconfig`` or ``double``, as the module docstring says."""
+    chosen = os.environ.get("FINETUNE_K8S_CLUSTER", "").strip().lower()
+    if chosen:
+        if chosen not in ("plane", "double"):
+            raise pytest.UsageError(f"FINETUNE_K8S_CLUSTER={chosen!r}: expected plane or double")
+        return chosen
+    if os.environ.get("KUBECONFIG"):
+        return "kubeconfig"
+    return "plane" if os.environ.get("CI") == "true" or binaries_built() else "double"
+
+
+@pytest.fixture(scope="package")
 def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
-    if os.environ.get("FINETUNE_K8S_CLUSTER") == "plane":
+    kind = which_cluster()
+    if kind == "plane":
         # the local control plane from upstream (docs/k8s-control-plane.md), as a real cluster
         plane = request.getfixturevalue("control_plane")
-        core = kubernetes.client.CoreV1Api(plane.api_client())
-        with contextlib.suppress(kubernetes.client.ApiException):
-            core.create_namespace(
-                {
-                    "metadata": {
-                        "name": "finetune-test",
-                        # as deploy/namespace.yaml
-                        "labels": {
-                            "pod-security.kubernetes.io/enforce": "baseline",
-                            "pod-security.kubernetes.io/warn": "restricted",
-                        },
-                    }
-                }
-            )
+        install_namespace(plane, "finetune-test")  # as deploy/ says
         yield Cluster(
-            kubeconfig=plane.kubeconfig, namespace="finetune-test", image="finetune-assets:test"
+            kubeconfig=plane.kubeconfig,
+            namespace="finetune-test",
+            image="finetune-assets:test",
+            plane=plane,
         )
         return
-    if os.environ.get("KUBECONFIG"):
+    if kind == "kubeconfig":
         image = os.environ.get("FINETUNE_K8S_TEST_IMAGE")
         if not image:
             pytest.skip(
@@ -241,35 +272,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-CONTROL_PLANE = REPO / ".ci" / "k8s" / "control-plane"
-
-
-@dataclass
-class ControlPlane:
-    """The local control plane of ``.ci/k8s/control-plane``: upstream etcd, kube-apiserver,
-    kube-controller-manager, kube-scheduler and Kueue, with node agents running pods as processes.
-    """
-
-    dir: Path
-    kubeconfig: str
-
-    def api_client(self) -> Any:
-        cfg = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
-        return kubernetes.client.ApiClient(cfg)
-
-    def pids(self) -> dict[str, int]:
-        """Every process the plane started and still has a pid file for (pods included)."""
-        out = {}
-        for f in (self.dir / "pids").glob("*.pid"):
-            with contextlib.suppress(OSError, ValueError):
-                out[f.stem] = int(f.read_text())
-        return out
-
-    def stop(self) -> None:
-        subprocess.run([sys.executable, str(CONTROL_PLANE), "stop", str(self.dir)], check=True)
-
-
 @pytest.fixture(scope="package")
 def control_plane(tmp_path_factory) -> Iterator[ControlPlane]:
     """Starts the real control plane once for the Kubernetes tests (building it on first use:
@@ -279,23 +281,5 @@ def control_plane(tmp_path_factory) -> Iterator[ControlPlane]:
     ``FINETUNE_K8S_PLANE_DIR`` names a plane already started by hand (``control-plane start``):
     used as it is and left running (a quick loop while writing tests).
     """
-    if os.environ.get("FINETUNE_K8S_PLANE_DIR"):
-        d = Path(os.environ["FINETUNE_K8S_PLANE_DIR"]).resolve()
-        yield ControlPlane(dir=d, kubeconfig=str(d / "kubeconfig"))
-        return
-    root = tmp_path_factory.mktemp("control-plane")
-    log = root / "start.log"
-    with open(log, "wb") as out:
-        rc = subprocess.run(
-            [sys.executable, str(CONTROL_PLANE), "start", str(root)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=3600,
-        ).returncode
-    if rc != 0:
-        pytest.fail(f"control-plane start failed ({rc}):\n{log.read_text()[-6000:]}")
-    plane = ControlPlane(dir=root, kubeconfig=str(root / "kubeconfig"))
-    try:
+    with running_plane(tmp_path_factory.mktemp("control-plane")) as plane:
         yield plane
-    finally:
-        plane.stop()

@@ -136,6 +136,10 @@ class Pod:
         self.own_hosts = ""
 
 
+class VolumeNotReady(Exception):
+    """A volume's source (ConfigMap, Secret, token) is not there yet: the pod waits."""
+
+
 class NodeAgent:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -555,6 +559,16 @@ class NodeAgent:
             if pod.deleting.is_set():
                 return
             try:
+                self.prepare_volumes(pod)
+            except VolumeNotReady as e:  # the kubelet's FailedMount: ContainerCreating, retried
+                for c in pod.containers:
+                    c.waiting = ("ContainerCreating", str(e))
+                self.patch_status(
+                    pod, {"phase": "Pending", "containerStatuses": self.container_statuses(pod)}
+                )
+                time.sleep(2)
+                continue
+            try:
                 prepared = [self.container_process(pod, c.spec) for c in pod.containers]
                 break
             except ValueError as e:
@@ -597,7 +611,7 @@ class NodeAgent:
                     except OSError as e:  # like a runtime StartError
                         out.write(f"failed to start {argv[:1]}: {e}\n".encode())
                         c.proc = subprocess.Popen(["false"], stdout=out, start_new_session=True)
-                (self.pids / f"pod-{pod.uid[:8]}-{c.name}.pid").write_text(str(c.proc.pid))
+                (self.pids / pid_file_name(pod, c)).write_text(str(c.proc.pid))
         self.patch_status(
             pod,
             {
@@ -646,7 +660,7 @@ class NodeAgent:
         c.exit_code = 128 - rc if rc < 0 else rc  # killed by signal N -> 128 + N
         c.finished_at = now()
         c.done.set()
-        (self.pids / f"pod-{pod.uid[:8]}-{c.name}.pid").unlink(missing_ok=True)
+        (self.pids / pid_file_name(pod, c)).unlink(missing_ok=True)
 
     def container_process(self, pod: Pod, c: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         host, _, port = self.api_host.removeprefix("https://").rpartition(":")
@@ -737,6 +751,18 @@ class NodeAgent:
             f"mount --bind {q(str(pod.root / 'nsswitch.conf'))} /etc/nsswitch.conf && "
             "mount -t tmpfs -o size=1g tmpfs /dev/shm"
         )
+        for src, dst, ro in self.volume_mounts(pod, c):
+            # the mount point is made on the host once (an empty folder or file), bound privately;
+            # a host that refuses (no root: a user namespace) runs the container without it
+            point = (
+                f"mkdir -p {q(dst)}"
+                if src.is_dir()
+                else f"mkdir -p {q(str(Path(dst).parent))} && touch {q(dst)}"
+            )
+            bind = f"{{ [ -e {q(dst)} ] || {point}; }} && mount --bind {q(str(src))} {q(dst)}"
+            if ro:
+                bind += f" && mount -o remount,bind,ro {q(dst)}"
+            setup += f" && {{ {bind} || echo {q(f'node agent: cannot mount {dst}')} >&2; }}"
         started = f": > {q(str(c.started_path))}"
         if pod.obj["spec"].get("shareProcessNamespace"):
             # the pause container is PID 1 and reaps: the command is not PID 1, so it can be
@@ -745,6 +771,108 @@ class NodeAgent:
         else:
             c.depth, run = 1, 'exec "$0" "$@"'  # PID 1 of its namespace
         return [*self.isolation, "sh", "-c", f"{setup} && {started} && {run}", *argv]
+
+    # -- volumes ----------------------------------------------------------------------------------
+
+    def prepare_volumes(self, pod: Pod) -> None:
+        """Writes each ``configMap``, ``secret``, ``downwardAPI`` and ``projected`` volume into
+        ``<pod>/volumes/<name>/`` as the kubelet does, the ServiceAccount admission's
+        ``kube-api-access-*`` volume included: a token from the TokenRequest API bound to this pod
+        (the Node authorizer lets a node ask only for pods bound to it), ``ca.crt`` from the
+        ``kube-root-ca.crt`` ConfigMap, ``namespace``. :meth:`isolate` binds them at their
+        ``mountPath`` (``/var/run/secrets/kubernetes.io/serviceaccount``: in-cluster config works).
+        Raises :class:`VolumeNotReady` while a source a volume needs is missing.
+        """
+        for vol in pod.obj["spec"].get("volumes") or []:
+            files: dict[str, bytes] = {}
+            if "configMap" in vol or "secret" in vol:
+                files = self.object_files(pod, vol)
+            elif "downwardAPI" in vol:
+                files = self.downward_files(pod, vol["downwardAPI"].get("items") or [])
+            elif "projected" in vol:
+                for src in vol["projected"].get("sources") or []:
+                    if "serviceAccountToken" in src:
+                        tok = src["serviceAccountToken"]
+                        files[tok["path"]] = self.token(pod, tok).encode()
+                    elif "downwardAPI" in src:
+                        files.update(
+                            self.downward_files(pod, src["downwardAPI"].get("items") or [])
+                        )
+                    else:
+                        files.update(self.object_files(pod, src))
+            else:
+                continue  # emptyDir: made per mount (container_process); others: not played
+            root = pod.root / "volumes" / vol["name"]
+            root.mkdir(parents=True, exist_ok=True)
+            for rel, data in files.items():
+                path = root / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_bytes(data)
+                tmp.replace(path)  # atomic, as the kubelet's atomic writer swaps its files
+
+    def object_files(self, pod: Pod, src: dict[str, Any]) -> dict[str, bytes]:
+        kind = "secret" if "secret" in src else "configmap"
+        ref = src.get("secret") or src.get("configMap") or {}
+        name = ref.get("secretName") or ref.get("name")
+        try:
+            if kind == "secret":
+                obj = self.core.read_namespaced_secret(name, pod.ns)
+                data = {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
+            else:
+                obj = self.core.read_namespaced_config_map(name, pod.ns)
+                data = {k: v.encode() for k, v in (obj.data or {}).items()}
+                data.update({k: base64.b64decode(v) for k, v in (obj.binary_data or {}).items()})
+        except kubernetes.client.ApiException as e:
+            if e.status == 404 and ref.get("optional"):
+                return {}
+            raise VolumeNotReady(f'{kind} "{name}" not found') from e
+        items = ref.get("items")
+        if not items:
+            return data
+        out = {}
+        for it in items:
+            if it["key"] not in data:
+                if ref.get("optional"):
+                    continue
+                raise VolumeNotReady(f'{kind} "{name}" has no key "{it["key"]}"')
+            out[it["path"]] = data[it["key"]]
+        return out
+
+    def downward_files(self, pod: Pod, items: list[dict[str, Any]]) -> dict[str, bytes]:
+        out = {}
+        for it in items:
+            if "fieldRef" in it:
+                out[it["path"]] = self.value_from(pod, {"fieldRef": it["fieldRef"]}).encode()
+        return out
+
+    def token(self, pod: Pod, src: dict[str, Any]) -> str:
+        sa = pod.obj["spec"].get("serviceAccountName") or "default"
+        spec: dict[str, Any] = {
+            "expirationSeconds": src.get("expirationSeconds", 3607),
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
+        }
+        if src.get("audience"):
+            spec["audiences"] = [src["audience"]]
+        try:
+            got = self.core.create_namespaced_service_account_token(sa, pod.ns, {"spec": spec})
+        except kubernetes.client.ApiException as e:
+            raise VolumeNotReady(f'token for serviceaccount "{sa}": {e.status} {e.reason}') from e
+        return got.status.token
+
+    def volume_mounts(self, pod: Pod, c: Container) -> list[tuple[Path, str, bool]]:
+        """``(source, mountPath, readOnly)`` of the container's mounts of prepared volumes."""
+        prepared = {
+            v["name"]
+            for v in pod.obj["spec"].get("volumes") or []
+            if {"configMap", "secret", "downwardAPI", "projected"} & v.keys()
+        }
+        out = []
+        for m in c.spec.get("volumeMounts") or []:
+            if m["name"] in prepared:
+                src = pod.root / "volumes" / m["name"] / (m.get("subPath") or "")
+                out.append((src, m["mountPath"], bool(m.get("readOnly"))))
+        return out
 
     # -- logs -------------------------------------------------------------------------------------
 
@@ -793,6 +921,13 @@ class NodeAgent:
         for pod in pods:
             self.kill(pod, 0)
             self.release_ip(pod)
+
+
+def pid_file_name(pod: Pod, c: Container) -> str:
+    """``pod-<uid8>-<ns>_<pod>_<container>.pid`` (``_`` is in no Kubernetes name): the plane's
+    ``stop`` kills what is left, the tests find a pod's processes by name or uid.
+    """
+    return f"pod-{pod.uid[:8]}-{pod.ns}_{pod.name}_{c.name}.pid"
 
 
 def rss_of_group(pgid: int) -> float:
