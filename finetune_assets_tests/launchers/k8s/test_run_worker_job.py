@@ -83,7 +83,7 @@ def test_a_sigkilled_run_pod_fails_the_job_and_the_launchers_health_check(cluste
     assert dead.status.phase == "Failed"
     assert dead.status.container_statuses[0].state.terminated.exit_code == 137
     status = batch.read_namespaced_job_status(name, cluster.namespace).status
-    assert (status.failed, status.active) == (1, 0)
+    assert (status.failed, status.active or 0) == (1, 0)  # the API server omits a zero
     assert {c.type for c in status.conditions} >= {"FailureTarget", "Failed"}
     assert status.completed_indexes is None
     assert cluster.leftovers(name, wait_s=0)["job"] == [name]  # a failed Job stays (its TTL)
