@@ -17,8 +17,10 @@ The same tests run unchanged; the few that need the double's hooks skip themselv
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -130,6 +132,58 @@ class Cluster:
     def delete_pod(self, name: str) -> None:
         core, _ = self._apis()
         core.delete_namespaced_pod(name, self.namespace)
+
+    @contextlib.contextmanager
+    def job_events(self) -> Iterator[list[tuple[str, str, dict[str, str]]]]:
+        """``("created" | "deleted", job name, labels)`` of the namespace's Jobs while the block
+        runs, in order: a watch on the API server (on the double, its own log). Complete once the
+        block has ended (every created Job's deletion waited for, as far as it was deleted).
+        """
+        out: list[tuple[str, str, dict[str, str]]] = []
+        if self.double is not None:
+            before = len(self.double.job_log)
+            yield out
+            out.extend(self.double.job_log[before:])
+            return
+        from kubernetes import watch
+
+        _, batch = self._apis()
+        rv = batch.list_namespaced_job(self.namespace).metadata.resource_version
+        stop = threading.Event()
+
+        def follow() -> None:
+            nonlocal rv
+            while not stop.is_set():
+                w = watch.Watch()
+                for ev in w.stream(
+                    batch.list_namespaced_job,
+                    self.namespace,
+                    resource_version=rv,
+                    timeout_seconds=5,
+                ):
+                    obj = ev["object"]
+                    rv = obj.metadata.resource_version
+                    kind = {"ADDED": "created", "DELETED": "deleted"}.get(ev["type"])
+                    if kind:
+                        out.append((kind, obj.metadata.name, dict(obj.metadata.labels or {})))
+                    if stop.is_set():
+                        w.stop()
+
+        watcher = threading.Thread(target=follow, daemon=True)
+        watcher.start()
+        try:
+            yield out
+        finally:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                created = {n for k, n, _ in out if k == "created"}
+                gone = {n for k, n, _ in out if k == "deleted"}
+                live = {j.metadata.name for j in batch.list_namespaced_job(self.namespace).items}
+                if created - gone <= live:
+                    break
+                time.sleep(0.2)
+            stop.set()
+            watcher.join(10)
 
     def kill_pod(self, name: str, sig: int = signal.SIGKILL) -> None:
         """``sig`` to a pod's processes, as the kernel sends it (an OOM kill): on the local plane

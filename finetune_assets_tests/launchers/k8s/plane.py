@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -205,17 +206,18 @@ def token_kubeconfig(plane: ControlPlane, path: Path, namespace: str, service_ac
 
 
 @contextlib.contextmanager
-def rejected_by_apf(plane: ControlPlane, namespace: str, service_account: str) -> Iterator[str]:
-    """While the block runs, API priority and fairness rejects every request of the
-    ServiceAccount: a FlowSchema (precedence 100: before the built-in ones but ``exempt``, which
-    keeps the admin's calls going) sends them to a priority level with no seats (nominal
-    concurrency shares 0, no borrowing) that rejects what it cannot run: the API server's own 429
-    with ``Retry-After``. Yields the FlowSchema's name (its rejections are counted in
-    ``apiserver_flowcontrol_rejected_requests_total``).
+def rejected_by_apf(plane: ControlPlane, subjects: list[tuple[str, str]]) -> Iterator[str]:
+    """While the block runs, API priority and fairness puts every request of the ServiceAccounts
+    (``(namespace, name)``) on a priority level without seats of its own (nominal concurrency
+    shares 0, no borrowing) that rejects what it cannot run (``Reject``): a FlowSchema of
+    precedence 100 (before the built-in ones; ``exempt`` keeps the admin's calls going). APF still
+    runs one request of an idle level, so the others are refused only while one executes: the API
+    server's own 429 with ``Retry-After``. Yields the FlowSchema's name (its rejections are counted
+    in ``apiserver_flowcontrol_rejected_requests_total``, :func:`apf_rejections`).
     """
     client = plane.api_client()
     flow = kubernetes.client.FlowcontrolApiserverV1Api(client)
-    name = f"finetune-test-reject-{service_account}"
+    name = f"finetune-test-reject-{subjects[0][1]}"
     flow.create_priority_level_configuration(
         {
             "metadata": {"name": name},
@@ -242,8 +244,9 @@ def rejected_by_apf(plane: ControlPlane, namespace: str, service_account: str) -
                         "subjects": [
                             {
                                 "kind": "ServiceAccount",
-                                "serviceAccount": {"name": service_account, "namespace": namespace},
+                                "serviceAccount": {"name": sa, "namespace": ns},
                             }
+                            for ns, sa in subjects
                         ],
                         "resourceRules": [
                             {
@@ -283,3 +286,148 @@ def apf_rejections(plane: ControlPlane, flow_schema: str) -> int:
         ):
             total += float(line.rsplit(" ", 1)[1])
     return int(total)
+
+
+@contextlib.contextmanager
+def etcd_down(plane: ControlPlane) -> Iterator[None]:
+    """An API outage from the real cause: etcd killed (SIGKILL) for the block, then started again
+    on its data (the same command line, its log appended), as a supervisor restarts it. The API
+    server keeps running and answers what it cannot read or write with its own errors.
+    """
+    pid = plane.component_pid("etcd")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    os.killpg(pid, signal.SIGKILL)
+    while _alive(pid):
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        log = open(plane.dir / "logs" / "etcd.log", "ab")  # noqa: SIM115 - the process keeps it
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        (plane.dir / "pids" / "etcd.pid").write_text(str(proc.pid))
+
+
+class AdmissionHooks:
+    """A validating admission webhook served by the test (HTTPS with the plane's ``test-webhook``
+    certificate), registered with the real API server: what a policy engine in front of a
+    cluster's writes does. It plays two troubles for one ServiceAccount's requests:
+
+    - ``fail_deletes``: its next N ``DELETE`` of a Job are refused with 500 (as a webhook that is
+      down answers through ``failurePolicy: Fail``);
+    - ``hold_s``: every ConfigMap create of the ``hog`` user in namespace ``hog_ns`` is held that
+      long (a slow webhook), so that user's requests occupy their priority level's seats.
+    """
+
+    def __init__(self, plane: ControlPlane, namespace: str, user: str, hog_ns: str, hog: str):
+        self.plane, self.namespace, self.user, self.hog_ns, self.hog = (
+            plane,
+            namespace,
+            user,
+            hog_ns,
+            hog,
+        )
+        self.fail_deletes = 0
+        self.hold_s = 0.0
+        self.refused: list[str] = []  # what it refused (paths of the objects)
+        self.seen = 0
+        self.name = f"finetune-test-hooks-{namespace}"
+        self._lock = threading.Lock()
+
+    def review(self, path: str, review: dict[str, Any]) -> dict[str, Any]:
+        req = review["request"]
+        user = req.get("userInfo", {}).get("username", "")
+        out: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+        with self._lock:
+            self.seen += 1
+            if path == "/fail-deletes" and user == self.user and self.fail_deletes > 0:
+                self.fail_deletes -= 1
+                self.refused.append(f"{req['namespace']}/{req['name']}")
+                out.update(
+                    allowed=False,
+                    status={"code": 500, "message": "the test's policy webhook is failing"},
+                )
+        if path == "/hold" and user == self.hog:
+            time.sleep(self.hold_s)
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": out}
+
+    def __enter__(self) -> AdmissionHooks:
+        import base64
+        import json
+        import ssl
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        hooks = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                data = json.dumps(hooks.review(self.path.split("?")[0], body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        pki = self.plane.dir / "pki"
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(pki / "test-webhook.crt"), str(pki / "test-webhook.key"))
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        ca = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+
+        def hook(name: str, path: str, ns: str, ops: list[str], group: str, res: str) -> dict:
+            return {
+                "name": f"{name}.finetune.test",
+                "clientConfig": {"url": url + path, "caBundle": ca},
+                "rules": [
+                    {
+                        "operations": ops,
+                        "apiGroups": [group],
+                        "apiVersions": ["v1"],
+                        "resources": [res],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 15,
+            }
+
+        self.admission = kubernetes.client.AdmissionregistrationV1Api(self.plane.api_client())
+        self.admission.create_validating_webhook_configuration(
+            {
+                "metadata": {"name": self.name},
+                "webhooks": [
+                    hook(
+                        "fail-deletes", "/fail-deletes", self.namespace, ["DELETE"], "batch", "jobs"
+                    ),
+                    hook("hold", "/hold", self.hog_ns, ["CREATE"], "", "configmaps"),
+                ],
+            }
+        )
+        # registered once the API server calls it: a probe create in the hog's namespace
+        core = kubernetes.client.CoreV1Api(self.plane.api_client())
+        deadline = time.monotonic() + 30
+        while self.seen == 0:
+            assert time.monotonic() < deadline, "the API server never called the test's webhook"
+            core.create_namespaced_config_map(self.hog_ns, {"metadata": {"generateName": "probe-"}})
+            time.sleep(0.2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.admission.delete_validating_webhook_configuration(self.name)
+        self.server.shutdown()
