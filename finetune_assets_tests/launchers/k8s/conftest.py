@@ -117,9 +117,12 @@ class Cluster:
                 "kind": "Pod",
                 "metadata": {"name": name},
                 "spec": {
+                    # `sleep` as PID 1 ignores SIGTERM: the grace period is how long its deletion
+                    # takes (the garbage collector acts once the pod is gone)
+                    "terminationGracePeriodSeconds": 2,
                     "containers": [
                         {"name": "run", "image": self.image, "command": ["sleep", "3600"]}
-                    ]
+                    ],
                 },
             },
         )

@@ -206,21 +206,21 @@ def token_kubeconfig(plane: ControlPlane, path: Path, namespace: str, service_ac
 
 
 @contextlib.contextmanager
-def rejected_by_apf(plane: ControlPlane, subjects: list[tuple[str, str]]) -> Iterator[str]:
+def rejected_by_apf(plane: ControlPlane, subjects: list[tuple[str, str]]) -> Iterator[list[str]]:
     """While the block runs, API priority and fairness puts every request of the ServiceAccounts
-    (``(namespace, name)``) on a priority level without seats of its own (nominal concurrency
-    shares 0, no borrowing) that rejects what it cannot run (``Reject``): a FlowSchema of
-    precedence 100 (before the built-in ones; ``exempt`` keeps the admin's calls going). APF still
-    runs one request of an idle level, so the others are refused only while one executes: the API
-    server's own 429 with ``Retry-After``. Yields the FlowSchema's name (its rejections are counted
-    in ``apiserver_flowcontrol_rejected_requests_total``, :func:`apf_rejections`).
+    (``(namespace, name)``) on one priority level without seats of its own (nominal concurrency
+    shares 0, no borrowing) that rejects what it cannot run (``Reject``): one FlowSchema per
+    ServiceAccount, precedence 100 (before the built-in ones; ``exempt`` keeps the admin's calls
+    going). APF still runs one request of an idle level, so the others are refused only while one
+    executes: the API server's own 429 with ``Retry-After``. Yields the FlowSchemas' names, in the
+    order of ``subjects`` (their rejections are counted apart, :func:`apf_rejections`).
     """
     client = plane.api_client()
     flow = kubernetes.client.FlowcontrolApiserverV1Api(client)
-    name = f"finetune-test-reject-{subjects[0][1]}"
+    level = f"finetune-test-reject-{subjects[0][1]}"
     flow.create_priority_level_configuration(
         {
-            "metadata": {"name": name},
+            "metadata": {"name": level},
             "spec": {
                 "type": "Limited",
                 "limited": {
@@ -232,42 +232,44 @@ def rejected_by_apf(plane: ControlPlane, subjects: list[tuple[str, str]]) -> Ite
             },
         }
     )
-    flow.create_flow_schema(
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "priorityLevelConfiguration": {"name": name},
-                "matchingPrecedence": 100,
-                "distinguisherMethod": {"type": "ByUser"},
-                "rules": [
-                    {
-                        "subjects": [
-                            {
-                                "kind": "ServiceAccount",
-                                "serviceAccount": {"name": sa, "namespace": ns},
-                            }
-                            for ns, sa in subjects
-                        ],
-                        "resourceRules": [
-                            {
-                                "verbs": ["*"],
-                                "apiGroups": ["*"],
-                                "resources": ["*"],
-                                "namespaces": ["*"],
-                                "clusterScope": True,
-                            }
-                        ],
-                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                    }
-                ],
-            },
-        }
-    )
+    names = [f"{level}-{ns}-{sa}" for ns, sa in subjects]
+    for name, (ns, sa) in zip(names, subjects, strict=True):
+        flow.create_flow_schema(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "priorityLevelConfiguration": {"name": level},
+                    "matchingPrecedence": 100,
+                    "distinguisherMethod": {"type": "ByUser"},
+                    "rules": [
+                        {
+                            "subjects": [
+                                {
+                                    "kind": "ServiceAccount",
+                                    "serviceAccount": {"name": sa, "namespace": ns},
+                                }
+                            ],
+                            "resourceRules": [
+                                {
+                                    "verbs": ["*"],
+                                    "apiGroups": ["*"],
+                                    "resources": ["*"],
+                                    "namespaces": ["*"],
+                                    "clusterScope": True,
+                                }
+                            ],
+                            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                        }
+                    ],
+                },
+            }
+        )
     try:
-        yield name
+        yield names
     finally:
-        flow.delete_flow_schema(name)
-        flow.delete_priority_level_configuration(name)
+        for name in names:
+            flow.delete_flow_schema(name)
+        flow.delete_priority_level_configuration(level)
 
 
 def apf_rejections(plane: ControlPlane, flow_schema: str) -> int:

@@ -3,7 +3,8 @@
 - 429 with ``Retry-After`` from the API server's own priority and fairness (a FlowSchema puts the
   launcher's ServiceAccount on a priority level without seats while another user's slow request
   holds it: ``plane.rejected_by_apf``);
-- an outage: etcd killed under the running API server and started again (``plane.etcd_down``);
+- an outage: etcd killed under the running API server and started again (``plane.etcd_down``):
+  the API server holds requests meanwhile (no 5xx: a 3 s outage is a slow answer to the launcher);
 - Job deletes refused with 500 by a validating admission webhook (a failing policy engine: the
   only part the test serves itself, through the real admission chain, ``plane.AdmissionHooks``).
 
@@ -106,8 +107,9 @@ def test_training_survives_real_429s_an_etcd_outage_and_failing_deletes(
     cluster: Cluster, troubles: AdmissionHooks, instance, tmp_path
 ) -> None:
     """Once the pod trains: API priority and fairness refuses the launcher with 429 (Retry-After)
-    until at least 3 were refused, then etcd is down for 3 s: the gang is never torn down and
-    trains every step. Then the Job delete is refused twice (500): retried, the gang is removed.
+    until at least 3 of its requests were refused (its FlowSchema's count: the hog's own 429s are
+    counted apart), then etcd is down for 3 s: the gang is never torn down and trains every step.
+    Then the Job delete is refused twice (500): retried, the gang is removed.
     """
     plane, hooks = cluster.plane, troubles
     hooks.fail_deletes = 2
@@ -131,7 +133,8 @@ def test_training_survives_real_429s_an_etcd_outage_and_failing_deletes(
 
     wait_until(lambda: step() >= 1 or not runner.is_alive(), 180, "the pod trains")
     steps = {"faults_from": step()}
-    with rejected_by_apf(plane, [(cluster.namespace, LAUNCHER_SA), (HOG_NS, HOG_SA)]) as flow:
+    subjects = [(cluster.namespace, LAUNCHER_SA), (HOG_NS, HOG_SA)]
+    with rejected_by_apf(plane, subjects) as (flow, _):
         hooks.hold_s = 1.0
         stop = threading.Event()
         hog = threading.Thread(target=_hog, args=(hooks.hog_kubeconfig, stop), daemon=True)
@@ -143,6 +146,8 @@ def test_training_survives_real_429s_an_etcd_outage_and_failing_deletes(
             hog.join(30)
             hooks.hold_s = 0.0
     rejected = apf_rejections(plane, flow)
+    # etcd gone: the API server holds the requests it cannot serve (no error within the
+    # launcher's 30 s request timeout); the supervision loop waits, the gang trains on
     with etcd_down(plane):
         time.sleep(3.0)  # how long the outage lasts (no assertion on time)
     steps["faults_until"] = step()
@@ -151,8 +156,10 @@ def test_training_survives_real_429s_an_etcd_outage_and_failing_deletes(
 
     assert launched.success, launched.logs
     assert ckpt.read_text().strip() == "16", steps  # every step ran: one gang, never restarted
+    # the launcher's own requests were refused (its FlowSchema's count; which of its threads got
+    # them decides whether the Dagster log shows a "429 ...; retrying": only the launching
+    # thread writes there) and it went on
     assert rejected >= 3
-    assert re.search(r"Kubernetes API: .*: 429 .*; retrying", launched.logs), launched.logs
     assert launched.logs.count("Launching training Job") == 1
     name = launched.job_name
     assert hooks.refused == [f"{cluster.namespace}/{name}"] * 2

@@ -173,13 +173,20 @@ def test_pods_that_cannot_start_fail_with_the_reason(cluster: Cluster, instance,
             {"metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu": "8"}}},
         )
     expect = {
-        "unschedulable": r"Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia\.com/gpu",
+        "unschedulable": r"Unschedulable: 0/2 nodes are available: .*Insufficient nvidia\.com/gpu",
         "refuse_pods": r'FailedCreate: Error creating: pods "\S+" is forbidden: exceeded quota: '
         r"gpu-quota, requested: requests\.nvidia\.com/gpu=9",
     }[fault]
     try:
         launched = launch_in_dagster(
-            cluster.launcher(nnodes=1, start_timeout_s=2, gpus_per_node=9, memory_limit="2Gi"),
+            cluster.launcher(
+                nnodes=1,
+                start_timeout_s=2,
+                gpus_per_node=9,
+                cpu_request="1",
+                memory_request="1Gi",
+                memory_limit="auto",
+            ),
             "standin:ok",
             instance,
         )

@@ -169,13 +169,22 @@ def test_a_kueue_suspended_gang_is_waited_on_and_trains_once_admitted(
         )
     ):
         custom.create_cluster_custom_object(
-            group, version, "resourceflavors", {"metadata": {"name": "default-flavor"}}
+            group,
+            version,
+            "resourceflavors",
+            {
+                "apiVersion": f"{group}/{version}",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": "default-flavor"},
+            },
         )
     custom.create_cluster_custom_object(
         group,
         version,
         "clusterqueues",
         {
+            "apiVersion": f"{group}/{version}",
+            "kind": "ClusterQueue",
             "metadata": {"name": cq},
             "spec": {
                 "namespaceSelector": {},
@@ -203,7 +212,12 @@ def test_a_kueue_suspended_gang_is_waited_on_and_trains_once_admitted(
         version,
         cluster.namespace,
         "localqueues",
-        {"metadata": {"name": "gpu-queue"}, "spec": {"clusterQueue": cq}},
+        {
+            "apiVersion": f"{group}/{version}",
+            "kind": "LocalQueue",
+            "metadata": {"name": "gpu-queue"},
+            "spec": {"clusterQueue": cq},
+        },
     )
     seen: dict = {}
 
