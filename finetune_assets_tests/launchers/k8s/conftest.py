@@ -38,6 +38,7 @@ from finetune_assets_tests.launchers.k8s.plane import (  # noqa: F401 - test_con
     binaries_built,
     install_namespace,
     running_plane,
+    token_kubeconfig,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -54,6 +55,9 @@ class Cluster:
     image: str
     double: KubeApiDouble | None = None
     plane: ControlPlane | None = None  # the local control plane, where it is that
+    # what the launcher authenticates with (the harness' own calls use ``kubeconfig``): on the
+    # plane the run pods' ServiceAccount, so deploy/rbac.yaml's Role is enforced on every launch
+    launcher_kubeconfig: str | None = None
     service_account: str | None = None
     _core: Any = field(default=None, repr=False)
     _batch: Any = field(default=None, repr=False)
@@ -68,7 +72,7 @@ class Cluster:
             namespace=self.namespace,
             image_pull_policy="IfNotPresent",
             load_incluster_config=False,
-            kubeconfig_file=self.kubeconfig,
+            kubeconfig_file=self.launcher_kubeconfig or self.kubeconfig,
             trainer_module=STANDIN,
             poll_interval_s=0.5,
             timeout_s=120,
@@ -252,7 +256,10 @@ def which_cluster() -> str:
 
 
 @pytest.fixture(scope="package")
-def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
+def k8s_cluster(request, tmp_path_factory) -> Iterator[Cluster]:
+    """The cluster :func:`which_cluster` picks, once for the package (module-scoped fixtures that
+    need a cluster take this one).
+    """
     kind = which_cluster()
     if kind == "plane":
         # the local control plane from upstream (docs/k8s-control-plane.md), as a real cluster
@@ -263,6 +270,12 @@ def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
             namespace="finetune-test",
             image="finetune-assets:test",
             plane=plane,
+            launcher_kubeconfig=token_kubeconfig(
+                plane,
+                tmp_path_factory.mktemp("launcher") / "kubeconfig",
+                "finetune-test",
+                "finetune-launcher",
+            ),
         )
         return
     if kind == "kubeconfig":
@@ -279,6 +292,10 @@ def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
             service_account=os.environ.get("FINETUNE_K8S_TEST_SERVICE_ACCOUNT"),
         )
         return
+    yield from _double_cluster(tmp_path_factory)
+
+
+def _double_cluster(tmp_path_factory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("kube-double")
     double = KubeApiDouble(workdir=REPO, sandbox=root / "pods").start()
     kubeconfig = double.write_kubeconfig(root / "kubeconfig", namespace="finetune-test")
@@ -291,6 +308,27 @@ def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
         )
     finally:
         double.stop()
+
+
+@pytest.fixture(scope="package")
+def double_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """The loopback double, for the tests that use its hooks while the others run on the plane."""
+    yield from _double_cluster(tmp_path_factory)
+
+
+DOUBLE_HOOKS = {"double", "faults", "isolated"}
+
+
+@pytest.fixture
+def cluster(request) -> Cluster:
+    """What a test talks to: :func:`k8s_cluster`, except that a test using the double's hooks
+    (``double``, ``faults``, ``isolated``: faults no real component makes) gets the loopback double
+    while the rest run on the local plane, so CI runs both kinds. On a real cluster those tests
+    skip.
+    """
+    if DOUBLE_HOOKS & set(request.fixturenames) and which_cluster() == "plane":
+        return request.getfixturevalue("double_cluster")
+    return request.getfixturevalue("k8s_cluster")
 
 
 @pytest.fixture

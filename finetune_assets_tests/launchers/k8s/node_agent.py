@@ -11,7 +11,7 @@ it may read and write. It
   ``command + args`` as a local process group with the environment a kubelet gives (``env``,
   ``envFrom``, ``valueFrom`` fieldRef / secretKeyRef / configMapKeyRef, ``$(VAR)`` expansion, the
   ``KUBERNETES_SERVICE_*`` variables), in its own UTS/PID/mount namespace when the host permits
-  (:func:`apiserver_double._isolation_flags`): own hostname, ``/etc/hosts``, ``/dev/shm``;
+  (:func:`kubelet.isolation_flags`): own hostname, ``/etc/hosts``, ``/dev/shm``;
 - gives each pod an address of its own (``10.244.<node>.<n>``, added to ``lo`` when it may, else the
   host's address), which the real EndpointSlice controller publishes;
 - answers cluster DNS only from the EndpointSlices the API server holds: every pod's hosts file has
@@ -53,10 +53,10 @@ from urllib.parse import parse_qs, urlparse
 import kubernetes
 from kubernetes import watch
 
-from finetune_assets_tests.launchers.k8s.apiserver_double import (
-    KubeApiDouble,
-    _isolation_flags,
-    expand,
+from finetune_assets_tests.launchers.k8s.kubelet import (
+    container_env,
+    isolation_flags,
+    remap,
 )
 
 LEASE_S = 40
@@ -162,7 +162,7 @@ class NodeAgent:
         self.lock = threading.RLock()
         self.dns: dict[str, list[str]] = {}  # name -> ready endpoint addresses
         self.next_ip = 2
-        self.isolation = _isolation_flags()
+        self.isolation = isolation_flags()
         self.stopping = threading.Event()
         self.host_ip = self._host_ip()
 
@@ -664,26 +664,18 @@ class NodeAgent:
 
     def container_process(self, pod: Pod, c: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         host, _, port = self.api_host.removeprefix("https://").rpartition(":")
-        env: dict[str, str] = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
+        base = {
             "HOSTNAME": pod.obj["spec"].get("hostname") or pod.name,
             "KUBERNETES_SERVICE_HOST": host,
             "KUBERNETES_SERVICE_PORT": port,
         }
-        for src in c.get("envFrom", []):
-            prefix = src.get("prefix") or ""
-            if "secretRef" in src:
-                data = self.read_data("secret", pod.ns, src["secretRef"])
-            else:
-                data = self.read_data("configmap", pod.ns, src["configMapRef"])
-            env.update({prefix + k: v for k, v in data.items()})
-        for e in c.get("env", []):
-            if "valueFrom" in e:
-                env[e["name"]] = self.value_from(pod, e["valueFrom"])
-            else:
-                env[e["name"]] = expand(e.get("value", ""), env)
-        argv = [expand(a, env) for a in [*c.get("command", []), *c.get("args", [])]]
+        argv, env = container_env(
+            c,
+            pod.obj["metadata"],
+            base,
+            self.fields(pod),
+            lambda kind, name: self.read_object(pod.ns, kind, name),
+        )
         mounts = {
             m["mountPath"]: pod.root / "volumes" / m["name"]
             for m in c.get("volumeMounts", [])
@@ -695,48 +687,33 @@ class NodeAgent:
         }
         for path in mounts.values():
             path.mkdir(parents=True, exist_ok=True)
-        # emptyDir mounts: env values under them point into the pod's folder (see the double)
-        env = {k: v if k == "PATH" else KubeApiDouble._remap(v, mounts) for k, v in env.items()}
+        # emptyDir mounts: env values under them point into the pod's folder (kubelet.remap)
+        env = {k: v if k == "PATH" else remap(v, mounts) for k, v in env.items()}
         return argv, env
 
-    def read_data(self, kind: str, ns: str, ref: dict[str, Any]) -> dict[str, str]:
+    def fields(self, pod: Pod) -> dict[str, str]:
+        """What ``fieldRef`` reads besides labels and annotations."""
+        return {
+            "metadata.name": pod.name,
+            "metadata.namespace": pod.ns,
+            "metadata.uid": pod.uid,
+            "spec.nodeName": self.name,
+            "spec.serviceAccountName": pod.obj["spec"].get("serviceAccountName", ""),
+            "status.podIP": pod.ip or "",
+            "status.hostIP": "127.0.0.1",
+        }
+
+    def read_object(self, ns: str, kind: str, name: str) -> dict[str, str] | None:
+        """A Secret's or ConfigMap's data as the node may read it (None: not found)."""
         try:
             if kind == "secret":
-                obj = self.core.read_namespaced_secret(ref["name"], ns)
+                obj = self.core.read_namespaced_secret(name, ns)
                 return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
-            obj = self.core.read_namespaced_config_map(ref["name"], ns)
-            return dict(obj.data or {})
+            return dict(self.core.read_namespaced_config_map(name, ns).data or {})
         except kubernetes.client.ApiException as e:
-            if e.status == 404 and ref.get("optional"):
-                return {}
-            raise ValueError(f'{kind} "{ref["name"]}" not found') from e
-
-    def value_from(self, pod: Pod, src: dict[str, Any]) -> str:
-        if "fieldRef" in src:
-            path = src["fieldRef"]["fieldPath"]
-            meta = pod.obj["metadata"]
-            m = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
-            if m:
-                return (meta.get(m[1]) or {}).get(m[2], "")
-            return {
-                "metadata.name": meta["name"],
-                "metadata.namespace": pod.ns,
-                "metadata.uid": pod.uid,
-                "spec.nodeName": self.name,
-                "spec.serviceAccountName": pod.obj["spec"].get("serviceAccountName", ""),
-                "status.podIP": pod.ip or "",
-                "status.hostIP": "127.0.0.1",
-            }[path]
-        for key, kind in (("secretKeyRef", "secret"), ("configMapKeyRef", "configmap")):
-            if key in src:
-                ref = src[key]
-                data = self.read_data(kind, pod.ns, ref)
-                if ref["key"] not in data:
-                    if ref.get("optional"):
-                        return ""
-                    raise ValueError(f'{kind} "{ref["name"]}" has no key "{ref["key"]}"')
-                return data[ref["key"]]
-        raise ValueError(f"valueFrom {sorted(src)} is not supported by the node agent")
+            if e.status == 404:
+                return None
+            raise
 
     def isolate(
         self, pod: Pod, c: Container, hostname: str, argv: list[str], env: dict[str, str]
@@ -843,7 +820,11 @@ class NodeAgent:
         out = {}
         for it in items:
             if "fieldRef" in it:
-                out[it["path"]] = self.value_from(pod, {"fieldRef": it["fieldRef"]}).encode()
+                path = it["fieldRef"]["fieldPath"]
+                meta = pod.obj["metadata"]
+                m = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
+                value = (meta.get(m[1]) or {}).get(m[2], "") if m else self.fields(pod)[path]
+                out[it["path"]] = value.encode()
         return out
 
     def token(self, pod: Pod, src: dict[str, Any]) -> str:

@@ -195,7 +195,7 @@ def token_kubeconfig(plane: ControlPlane, path: Path, namespace: str, service_ac
 
     core = kubernetes.client.CoreV1Api(plane.api_client())
     token = core.create_namespaced_service_account_token(
-        service_account, namespace, {"spec": {"expirationSeconds": 3600}}
+        service_account, namespace, {"spec": {"expirationSeconds": 4 * 3600}}
     ).status.token
     admin = json.loads(Path(plane.kubeconfig).read_text())
     user = f"{namespace}-{service_account}"

@@ -43,11 +43,11 @@ HOG_NS, HOG_SA = "apf-hog", "hog"
 
 
 @pytest.fixture(scope="module")
-def troubles(cluster: Cluster, tmp_path_factory):
+def troubles(k8s_cluster: Cluster, tmp_path_factory):
     """The launcher's token kubeconfig, the webhook, and a second user (``apf-hog/hog``) whose
     ConfigMap creates the webhook holds.
     """
-    plane = cluster.plane
+    plane = k8s_cluster.plane
     if plane is None:
         pytest.skip("makes its faults with the local control plane's components")
     client = plane.api_client()
@@ -82,11 +82,11 @@ def troubles(cluster: Cluster, tmp_path_factory):
             if e.status != 409:
                 raise
     root = tmp_path_factory.mktemp("api-faults")
-    launcher_kc = token_kubeconfig(plane, root / "launcher", cluster.namespace, LAUNCHER_SA)
+    launcher_kc = token_kubeconfig(plane, root / "launcher", k8s_cluster.namespace, LAUNCHER_SA)
     hog_kc = token_kubeconfig(plane, root / "hog", HOG_NS, HOG_SA)
-    user = f"system:serviceaccount:{cluster.namespace}:{LAUNCHER_SA}"
+    user = f"system:serviceaccount:{k8s_cluster.namespace}:{LAUNCHER_SA}"
     with AdmissionHooks(
-        plane, cluster.namespace, user, HOG_NS, f"system:serviceaccount:{HOG_NS}:{HOG_SA}"
+        plane, k8s_cluster.namespace, user, HOG_NS, f"system:serviceaccount:{HOG_NS}:{HOG_SA}"
     ) as hooks:
         hooks.launcher_kubeconfig, hooks.hog_kubeconfig = launcher_kc, hog_kc
         yield hooks

@@ -139,11 +139,11 @@ def _job(name: str, case: dict, state: Path, containers: list[str]) -> dict[str,
 
 
 @pytest.fixture(scope="module")
-def played(cluster: Cluster, tmp_path_factory) -> dict[str, dict]:
+def played(k8s_cluster: Cluster, tmp_path_factory) -> dict[str, dict]:
     """Every playable case's Job, created at once: case name -> what the test needs."""
-    if cluster.plane is None:
+    if k8s_cluster.plane is None:
         pytest.skip("plays the cases on the local control plane's Job controller")
-    client = cluster.plane.api_client()
+    client = k8s_cluster.plane.api_client()
     core, batch = kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client)
     try:
         core.create_namespace({"metadata": {"name": NAMESPACE}})
