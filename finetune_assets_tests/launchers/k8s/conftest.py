@@ -11,7 +11,10 @@ Which one (``FINETUNE_K8S_CLUSTER`` decides when set: ``plane`` or ``double``):
   binaries for this checkout are built, or in CI (``CI=true``: ``.ci/run`` builds them first);
 - else :class:`KubeApiDouble` on 127.0.0.1 (a machine without Go or the build's time).
 
-The same tests run unchanged; the few that need the double's hooks skip themselves elsewhere.
+The same tests run unchanged. Fixtures: ``cluster`` (per test: the tests that ask for the
+double's hooks, ``double`` / ``faults`` / ``isolated``, get the double while the rest run on the
+plane; on a real cluster they skip), ``k8s_cluster`` (the chosen cluster, package-scoped, for
+fixtures of wider scope), ``double_cluster``, ``control_plane``.
 """
 
 from __future__ import annotations
