@@ -9,23 +9,28 @@ What runs is what the chart deploys, as far as one machine allows:
   ``.ci/run`` starts Debian's, ``.ci/test_postgres.sh``), as the chart's database;
 - ``dagster-daemon run`` over the code location (its code server, the run queue, the backfill, run
   monitoring and run retry daemons);
-- the run launcher: the real ``dagster_k8s.K8sRunLauncher`` with a kubeconfig pointing at the
-  Kubernetes API double (``launchers/k8s/apiserver_double.py``): every run is a run-worker Job whose
-  pod the double runs as a local process (``dagster api execute_run``, PID 1 of its own PID
-  namespace where the host allows), opening the same PostgreSQL storage, as run pods do;
+- the run launcher: the real ``dagster_k8s.K8sRunLauncher`` with a kubeconfig for the local
+  control plane (``.ci/k8s/control-plane``: upstream kube-apiserver, etcd, controller manager,
+  scheduler; docs/k8s-control-plane.md), in a namespace set up as deploy/ says (Pod Security
+  ``baseline`` enforced, the ``finetune-launcher`` ServiceAccount, the instance ConfigMap): every
+  run is a run-worker Job that the real Job controller turns into a pod, the real scheduler binds
+  to a node, and a node agent runs as a local process (``dagster api execute_run``, PID 1 of its
+  own PID namespace where the host allows) with its service-account token mounted, opening the
+  same PostgreSQL storage, as run pods do;
 - three dataset versions of real reviews (100 per class), the tiny BERT as base model, and one asset
   backfill of the version chain over the three partitions, submitted as "Materialize" over
   partitions in the UI does.
 
 The first training run seen with a checkpoint written gets its pod's processes SIGKILLed (an OOM
-kill, a lost node): the pod ends Failed (137), the Job fails, ``check_run_worker_health`` says so,
+kill, as the kernel does it): the node agent reports the pod Failed (137), the real Job controller
+fails the Job (``backoffLimit: 0``), ``check_run_worker_health`` says so,
 run monitoring fails the run, the run-retry daemon re-launches it from the failed step, and the
 retry's training resumes from the checkpoint and finishes the version.
 
 Overrides of the instance file, each because a test must:
 
 - ``storage``: PostgreSQL at the test's own database (the chart renders its database the same way);
-- ``run_launcher``: the chart's ``K8sRunLauncher``, pointed at the double (kubeconfig, namespace,
+- ``run_launcher``: the chart's ``K8sRunLauncher``, pointed at the plane (kubeconfig, namespace,
   image name; ``env_vars`` the run pods need, which the chart passes through the deployment's env);
 - ``run_monitoring.poll_interval_seconds`` 60 -> 2 and ``free_slots_after_run_end_seconds``
   300 -> 5: the same monitoring on a test's clock (the killed run's ``training`` slot is otherwise
@@ -42,8 +47,9 @@ per step either way), a short training that checkpoints every 5 steps, and gate 
 meets (``baseline_margin: -1``: the baseline rule applies and fills its row; the tiny model is not
 what is judged here, and a refused gate would fail the retry this test follows).
 
-Everything is asserted from the instance's run records and event log. Skipped without a server
-locally; fails in CI (``CI=true``) without one.
+Everything is asserted from the instance's run records and event log, the cluster side through the
+API server. Skipped without a PostgreSQL server or the plane's binaries locally; fails in CI
+(``CI=true``) without them (the plane is built on first use there).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
+import kubernetes
 import pytest
 import yaml
 from dagster._core.events import DagsterEventType
@@ -67,7 +74,13 @@ from dagster._core.storage.tags import BACKFILL_ID_TAG, PARENT_RUN_ID_TAG, WILL_
 from dagster._core.utils import make_new_backfill_id
 
 from finetune_assets.contracts import BASELINE_MODEL, CHAMPION_MODEL, FINETUNED_MODEL
-from finetune_assets_tests.launchers.k8s.apiserver_double import KubeApiDouble
+from finetune_assets_tests.launchers.k8s.plane import (
+    PLANE_DIR_ENV,
+    ControlPlane,
+    binaries_built,
+    install_namespace,
+    running_plane,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -75,7 +88,6 @@ REPO = Path(__file__).resolve().parents[1]
 INSTANCE_FILE = REPO / "deploy" / "instance" / "dagster.yaml"
 VALUES_FILE = REPO / "deploy" / "values.yaml"
 POSTGRES_ENV = "FINETUNE_TEST_POSTGRES_URL"
-NAMESPACE = "finetune-test"
 PER_CLASS = 100  # Positive and Negative reviews per version: quick to tokenize and train
 LABELS = {"labels": ["Negative", "Positive"], "label_mapping": {"-1": "Negative", "1": "Positive"}}
 DROPS = (("v1", "PROD.csv", 0), ("v2", "RES2.csv", 0), ("v3", "PROD.csv", PER_CLASS))
@@ -160,7 +172,9 @@ def _drops(tmp: Path, arabic_reviews: Path) -> dict[str, Path]:
     return drops
 
 
-def _instance_file(home: Path, db_url: str, kubeconfig: Path, pod_env: list[str]) -> dict:
+def _instance_file(
+    home: Path, db_url: str, kubeconfig: str, namespace: str, pod_env: list[str]
+) -> dict:
     settings = yaml.safe_load(INSTANCE_FILE.read_text())
     # The storage block the chart renders (its ``dagsterYaml.postgresql.config``), scheme included
     url = urlsplit(db_url)
@@ -184,9 +198,9 @@ def _instance_file(home: Path, db_url: str, kubeconfig: Path, pod_env: list[str]
             "service_account_name": "finetune-launcher",
             "instance_config_map": "dagster-instance",  # the chart's; the launcher mounts none
             "dagster_home": str(home),
-            "job_namespace": NAMESPACE,
+            "job_namespace": namespace,
             "load_incluster_config": False,
-            "kubeconfig_file": str(kubeconfig),
+            "kubeconfig_file": kubeconfig,
             "job_image": "finetune-assets:test",
             "image_pull_policy": "IfNotPresent",
             "env_vars": pod_env,
@@ -218,24 +232,53 @@ def test_a_three_version_backfill_on_the_deployment_survives_a_killed_run_worker
     pod_env = ["FINETUNE_ASSETS_ROOT", "FINETUNE_ASSETS_LANDING", "DAGSTER_DISABLE_TELEMETRY"]
     pod_env += ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else []
 
-    double = KubeApiDouble(workdir=REPO, sandbox=tmp_path / "pods").start()
-    kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)
-    (home / "dagster.yaml").write_text(
-        yaml.safe_dump(_instance_file(home, postgres_url, kubeconfig, pod_env))
-    )
-    (home / "workspace.yaml").write_text(
-        "load_from:\n  - python_module:\n      module_name: finetune_assets.definitions\n"
-        f"      working_directory: {REPO}\n"
-    )
-    instance = dg.DagsterInstance.from_config(str(home))
-    try:
-        versions, facts = _backfill_with_a_kill(
-            instance, double, home, root, tmp_path, arabic_reviews, _tiny_model_session, env
+    if not (os.environ.get("CI") == "true" or os.environ.get(PLANE_DIR_ENV) or binaries_built()):
+        pytest.skip("the local plane's binaries are not built: .ci/k8s/control-plane build")
+    namespace = f"deploy-{uuid.uuid4().hex[:6]}"
+    with running_plane(tmp_path / "plane") as plane:
+        settings = _instance_file(home, postgres_url, plane.kubeconfig, namespace, pod_env)
+        (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
+        _namespace(plane, namespace, (home / "dagster.yaml").read_text())
+        (home / "workspace.yaml").write_text(
+            "load_from:\n  - python_module:\n      module_name: finetune_assets.definitions\n"
+            f"      working_directory: {REPO}\n"
         )
-        _check(instance, double, versions, facts)
-    finally:
-        double.stop()
-        instance.dispose()
+        instance = dg.DagsterInstance.from_config(str(home))
+        cluster = _Cluster(plane, namespace)
+        try:
+            versions, facts = _backfill_with_a_kill(
+                instance, cluster, home, root, tmp_path, arabic_reviews, _tiny_model_session, env
+            )
+            _check(instance, cluster, versions, facts)
+        finally:
+            instance.dispose()
+
+
+class _Cluster:
+    """The plane as this test sees it: one namespace, the API, the pods' processes."""
+
+    def __init__(self, plane: ControlPlane, namespace: str):
+        client = plane.api_client()
+        self.plane, self.namespace = plane, namespace
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.batch = kubernetes.client.BatchV1Api(client)
+
+    def pods(self) -> list:
+        return self.core.list_namespaced_pod(self.namespace).items
+
+    def live_processes(self) -> list[str]:
+        """This namespace's pod processes still running on the nodes."""
+        return self.plane.live_pod_processes(self.namespace)
+
+
+def _namespace(plane: ControlPlane, name: str, instance_yaml: str) -> None:
+    """deploy/'s namespace and RBAC in a namespace of the test's own, and the instance ConfigMap
+    the chart renders (``dagster-instance``, mounted by the run pods at ``$DAGSTER_HOME``).
+    """
+    install_namespace(plane, name)
+    kubernetes.client.CoreV1Api(plane.api_client()).create_namespaced_config_map(
+        name, {"metadata": {"name": "dagster-instance"}, "data": {"dagster.yaml": instance_yaml}}
+    )
 
 
 def _stop(daemon: subprocess.Popen) -> None:
@@ -248,7 +291,7 @@ def _stop(daemon: subprocess.Popen) -> None:
         daemon.wait(10)
 
 
-def _backfill_with_a_kill(instance, double, home, root, tmp, arabic_reviews, tiny, env) -> tuple:
+def _backfill_with_a_kill(instance, cluster, home, root, tmp, arabic_reviews, tiny, env) -> tuple:
     from finetune_assets.data.labels import read_manifest
     from finetune_assets.data.sources import SourceSpec
     from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
@@ -307,9 +350,9 @@ def _backfill_with_a_kill(instance, double, home, root, tmp, arabic_reviews, tin
     try:
         quiet_since = None
         while quiet_since is None or time.time() - quiet_since < QUIET_S:
-            assert time.time() - began < DEADLINE_S, _stuck(instance, backfill_id, tmp, double)
+            assert time.time() - began < DEADLINE_S, _stuck(instance, backfill_id, cluster)
             if "killed_run" not in facts:
-                _kill_a_training(instance, double, root, backfill_id, facts)
+                _kill_a_training(instance, cluster, root, backfill_id, facts)
             if _settled(instance, backfill_id, versions):
                 quiet_since = quiet_since or time.time()
             else:
@@ -326,7 +369,9 @@ def _backfill_with_a_kill(instance, double, home, root, tmp, arabic_reviews, tin
     return versions, facts
 
 
-def _kill_a_training(instance, double, root: Path, backfill_id: str, facts: dict) -> None:
+def _kill_a_training(
+    instance, cluster: _Cluster, root: Path, backfill_id: str, facts: dict
+) -> None:
     """SIGKILL the pod processes of a started training run once its first checkpoint exists."""
     for run in instance.get_runs(
         dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}, statuses=[dg.DagsterRunStatus.STARTED])
@@ -336,16 +381,14 @@ def _kill_a_training(instance, double, root: Path, backfill_id: str, facts: dict
         version = _version(run)
         if not list(root.glob(f"{FINETUNED_MODEL}/{version}/checkpoints/*/last.ckpt")):
             continue
-        with double.lock:
-            pods = [
-                p.name
-                for p in double.pods.values()
-                if p.obj["metadata"]["labels"].get("dagster/run-id") == run.run_id
-                and p.proc is not None
-                and p.proc.poll() is None
-            ]
-        if pods:
-            double.kill_pod(pods[0], signal.SIGKILL)
+        pods = [
+            p.metadata.name
+            for p in cluster.core.list_namespaced_pod(
+                cluster.namespace, label_selector=f"dagster/run-id={run.run_id}"
+            ).items
+            if p.status.phase == "Running"
+        ]
+        if pods and cluster.plane.kill_pod(cluster.namespace, pods[0], signal.SIGKILL):
             facts.update(killed_run=run.run_id, killed_pod=pods[0], killed_at=time.time())
             return
 
@@ -409,13 +452,13 @@ def _step_window(instance, run_id: str, step: str) -> tuple[float | None, float 
     return start, end
 
 
-def _stuck(instance, backfill_id: str, tmp: Path, double) -> str:
+def _stuck(instance, backfill_id: str, cluster: _Cluster) -> str:
     runs = instance.get_runs(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
     lines = [f"{r.run_id[:8]} {_version(r)} {r.status.value} {sorted(r.tags)}" for r in runs]
-    return "backfill did not settle:\n" + "\n".join(lines) + f"\npods: {double.live_processes()}"
+    return "backfill did not settle:\n" + "\n".join(lines) + f"\npods: {cluster.live_processes()}"
 
 
-def _check(instance, double, versions: list[str], facts: dict) -> None:
+def _check(instance, cluster: _Cluster, versions: list[str], facts: dict) -> None:
     backfill_id = facts["backfill_id"]
     records = instance.get_run_records(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
     killed_id = facts.get("killed_run")
@@ -494,12 +537,15 @@ def _check(instance, double, versions: list[str], facts: dict) -> None:
 
     # Nothing left running: every run-worker Job ended, no pod process alive (finished Jobs stay
     # until their ttlSecondsAfterFinished, as on a cluster)
-    jobs = [o for (res, ns, _), o in double.objects.items() if res == "jobs" and ns == NAMESPACE]
+    jobs = cluster.batch.list_namespaced_job(cluster.namespace).items
     ended = {"Complete", "Failed"}
-    assert all(ended & {c["type"] for c in j["status"].get("conditions", [])} for j in jobs)
-    assert double.live_processes() == []
-    killed_job = next(j for j in jobs if killed_id[:8] in j["metadata"]["name"])
-    assert "Failed" in {c["type"] for c in killed_job["status"]["conditions"]}
+    assert all(ended & {c.type for c in j.status.conditions or []} for j in jobs)
+    assert cluster.live_processes() == []
+    assert all(p.status.phase in ("Succeeded", "Failed") for p in cluster.pods())
+    killed_job = next(j for j in jobs if killed_id[:8] in j.metadata.name)
+    assert "Failed" in {c.type for c in killed_job.status.conditions}
+    # the real Job controller's verdict on a run worker killed once (backoffLimit 0)
+    assert (killed_job.status.failed, killed_job.status.active or 0) == (1, 0)
 
     summary = {
         "wall_s": facts["wall_s"],

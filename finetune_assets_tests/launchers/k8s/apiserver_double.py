@@ -1,5 +1,13 @@
 """TEST DOUBLE of the Kubernetes API: a loopback HTTP server that runs Job pods as local processes.
 
+Since the local control plane (``.ci/k8s``, docs/k8s-control-plane.md) runs the real API server,
+Job controller, scheduler, garbage collector and Kueue, this double serves only (1) the tests that
+need a fault no real component makes on purpose (:class:`Faults`: a pod pending while its peers
+run, DNS lag, kubelet admission errors and evictions, image pull errors, cut log streams,
+preemption / OOM kills of a chosen index, the recorded calls), which the ``cluster`` fixture gives
+the double while every other test runs on the plane, and (2) machines without Go, where it is the
+default. Its env handling is the node agent's (:mod:`kubelet`, one copy).
+
 NOT a Kubernetes implementation. It serves exactly the REST calls the k8s launcher (and these tests)
 make, with real Kubernetes JSON shapes, so the unmodified ``kubernetes`` client and launcher talk to
 it through an ordinary kubeconfig (``server: http://127.0.0.1:PORT``):
@@ -100,7 +108,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -112,6 +119,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from finetune_assets_tests.launchers.k8s import job_controller
+from finetune_assets_tests.launchers.k8s.kubelet import (
+    ContainerConfigError,
+    container_env,
+    isolation_flags,
+    remap,
+)
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _CORE = re.compile(
@@ -120,22 +133,10 @@ _CORE = re.compile(
 _BATCH = re.compile(
     r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<res>jobs)(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$"
 )
-_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def expand(value: str, env: dict[str, str]) -> str:
-    """Kubelet ``$(VAR)`` expansion: ``$$`` -> ``$``; undefined references are left as written."""
-
-    def sub(m: re.Match) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return _VAR.sub(sub, value)
 
 
 @dataclass
@@ -286,7 +287,7 @@ class KubeApiDouble:
         ] = {}  # (ns, job) -> the Job controller's per-index books
         # Own hostname, PID 1, /dev/shm and /etc/hosts per pod when the host allows it (see
         # docstring).
-        self.isolated = _isolation_flags() is not None
+        self.isolated = isolation_flags() is not None
         self.private_shm = self.isolated
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -1048,29 +1049,25 @@ class KubeApiDouble:
         }
         for path in mounts.values():
             path.mkdir(parents=True, exist_ok=True)
-        env: dict[str, str] = {
-            # the "image" PATH
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "HOSTNAME": pod.obj["spec"].get("hostname") or pod.name,
+        base = {"HOSTNAME": pod.obj["spec"].get("hostname") or pod.name}
+        fields = {
+            "metadata.name": pod.obj["metadata"]["name"],
+            "metadata.namespace": ns,
+            "status.podIP": pod.ip,
         }
-        for src in c.get("envFrom", []):
-            ref = src.get("secretRef")
-            if ref is None:
-                raise ApiError(422, "Invalid", "the double only supports envFrom secretRef")
-            secret = self.objects.get(("secrets", ns, ref["name"]))
+
+        def read(kind: str, name: str) -> dict[str, str] | None:
+            if kind != "secret":
+                raise ContainerConfigError("the double only supports Secret references")
+            secret = self.objects.get(("secrets", ns, name))
             if secret is None:
-                if ref.get("optional"):
-                    continue
-                raise ApiError(404, "NotFound", f'secret "{ref["name"]}" not found')
-            for k, v in (secret.get("data") or {}).items():
-                env[(src.get("prefix") or "") + k] = base64.b64decode(v).decode()
-        for e in c.get("env", []):
-            if "valueFrom" in e:
-                env[e["name"]] = self._value_from(ns, pod, e["valueFrom"])
-            else:
-                env[e["name"]] = expand(e.get("value", ""), env)
-        argv = [expand(a, env) for a in [*c.get("command", []), *c.get("args", [])]]
+                return None
+            return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+        try:
+            argv, env = container_env(c, pod.obj["metadata"], base, fields, read)
+        except ContainerConfigError as e:
+            raise ApiError(404, "NotFound", str(e)) from e
         if self.isolated:
             argv = self._isolate(pod, env["HOSTNAME"], argv)
         # Env values under an emptyDir mount (HOME=/tmp, XDG_CACHE_HOME=/cache, ...) point into the
@@ -1078,9 +1075,7 @@ class KubeApiDouble:
         # storage (the RWX volume / object store of a real cluster).
         # PATH is the "image's" (this venv), not a manifest value: never remapped, even when the
         # checkout itself lives under /tmp (as a CI clone may) and /tmp is an emptyDir in the pod.
-        env = {
-            k: self._dns(ns, v if k == "PATH" else self._remap(v, mounts)) for k, v in env.items()
-        }
+        env = {k: self._dns(ns, v if k == "PATH" else remap(v, mounts)) for k, v in env.items()}
         return [self._dns(ns, a) for a in argv], env
 
     def _isolate(self, pod: _Pod, hostname: str, argv: list[str]) -> list[str]:
@@ -1113,7 +1108,7 @@ class KubeApiDouble:
             run = 'exec "$0" "$@"'
         # `: >` is the shell's own: no child that main_pid could take for the container
         started = f": > {q(str(pod.started_path))}"
-        return [*_isolation_flags(), "sh", "-c", f"{setup} && {started} && {run}", *argv]
+        return [*isolation_flags(), "sh", "-c", f"{setup} && {started} && {run}", *argv]
 
     def _dns_lines(self) -> str:
         with self.lock:
@@ -1148,13 +1143,6 @@ class KubeApiDouble:
             v["name"] == volume and "emptyDir" in v for v in pod.obj["spec"].get("volumes", [])
         )
 
-    @staticmethod
-    def _remap(value: str, mounts: dict[str, Path]) -> str:
-        for mount, local in mounts.items():
-            if value == mount or (value.startswith(mount + "/") and not Path(value).exists()):
-                return str(local) + value[len(mount) :]
-        return value  # an existing host path (a storage root under /tmp) plays the shared storage
-
     def _dns(self, ns: str, value: str) -> str:
         """Fallback without isolation: Service names become pod 0's address at start (kinder than
         CoreDNS).
@@ -1180,28 +1168,6 @@ class KubeApiDouble:
             resolve,
             value,
         )
-
-    def _value_from(self, ns: str, pod: _Pod, src: dict[str, Any]) -> str:
-        if "fieldRef" in src:
-            path = src["fieldRef"]["fieldPath"]
-            meta = pod.obj["metadata"]
-            m = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
-            if m:
-                return (meta.get(m[1]) or {}).get(m[2], "")
-            return {
-                "metadata.name": meta["name"],
-                "metadata.namespace": ns,
-                "status.podIP": pod.ip,
-            }[path]
-        if "secretKeyRef" in src:
-            ref = src["secretKeyRef"]
-            secret = self.objects.get(("secrets", ns, ref["name"]))
-            if secret is None or ref["key"] not in (secret.get("data") or {}):
-                raise ApiError(
-                    404, "NotFound", f'secret "{ref["name"]}" key "{ref["key"]}" not found'
-                )
-            return base64.b64decode(secret["data"][ref["key"]]).decode()
-        raise ApiError(422, "Invalid", f"the double does not support valueFrom {sorted(src)}")
 
     def _job_finished(self, ns: str, name: str) -> bool:
         with self.lock:
@@ -1301,50 +1267,6 @@ class _Indexes:
     # pod name -> what it reads
     records: dict[str, job_controller.Pod] = field(default_factory=dict)
     attempts: Counter = field(default_factory=Counter)  # pods created per index
-
-
-_ISOLATION_PROBE: list[str] | None | bool = False
-
-
-def _isolation_flags() -> list[str] | None:
-    """``unshare`` flags for a pod's own UTS/PID/mount namespaces, if this host permits them
-    (root or user ns).
-    """
-    global _ISOLATION_PROBE
-    if _ISOLATION_PROBE is False:
-        _ISOLATION_PROBE = None
-        # FINETUNE_K8S_DOUBLE_NO_ISOLATION=1 plays a host without unshare (to check the fallback)
-        if (
-            shutil.which("unshare")
-            and shutil.which("hostname")
-            and not os.environ.get("FINETUNE_K8S_DOUBLE_NO_ISOLATION")
-        ):
-            base = [
-                "--uts",
-                "--pid",
-                "--fork",
-                "--kill-child",
-                "--mount",
-                "--propagation",
-                "private",
-                "--mount-proc",
-            ]
-            probe = (
-                "hostname probe && mount -t tmpfs -o size=1m tmpfs /dev/shm && mount --bind "
-                "/dev/null /etc/hosts"
-            )
-            for user in ([], ["--user", "--map-root-user"]):
-                flags = ["unshare", *user, *base]
-                ok = (
-                    subprocess.run(
-                        [*flags, "sh", "-c", probe], capture_output=True, timeout=10
-                    ).returncode
-                    == 0
-                )
-                if ok:
-                    _ISOLATION_PROBE = flags
-                    break
-    return _ISOLATION_PROBE  # type: ignore[return-value]
 
 
 def _parse_selector(text: str) -> list[tuple[str, str, str | None]]:

@@ -1,10 +1,20 @@
-"""The Kubernetes API the k8s tests talk to: the loopback test double, or a real cluster.
+"""The Kubernetes API the k8s tests talk to: the local control plane, a real cluster, or the
+loopback double.
 
-Default: :class:`KubeApiDouble` on 127.0.0.1 (runs the pods as local processes).
-Real cluster: set ``KUBECONFIG`` *and* ``FINETUNE_K8S_TEST_IMAGE`` (an image built from
-``deploy/Dockerfile`` that the cluster can pull); optional ``FINETUNE_K8S_TEST_NAMESPACE``
-(default ``finetune-test``, must exist) and ``FINETUNE_K8S_TEST_SERVICE_ACCOUNT``. The same tests
-run unchanged; the few that need to poke at local processes skip themselves. See deploy/README.md.
+Which one (``FINETUNE_K8S_CLUSTER`` decides when set: ``plane`` or ``double``):
+
+- ``KUBECONFIG`` *and* ``FINETUNE_K8S_TEST_IMAGE`` set: that cluster (an image built from
+  ``deploy/Dockerfile`` that the cluster can pull); optional ``FINETUNE_K8S_TEST_NAMESPACE``
+  (default ``finetune-test``, must exist) and ``FINETUNE_K8S_TEST_SERVICE_ACCOUNT``. See
+  deploy/README.md;
+- else the local control plane (``.ci/k8s/control-plane``, docs/k8s-control-plane.md) when its
+  binaries for this checkout are built, or in CI (``CI=true``: ``.ci/run`` builds them first);
+- else :class:`KubeApiDouble` on 127.0.0.1 (a machine without Go or the build's time).
+
+The same tests run unchanged. Fixtures: ``cluster`` (per test: the tests that ask for the
+double's hooks, ``double`` / ``faults`` / ``isolated``, get the double while the rest run on the
+plane; on a real cluster they skip), ``k8s_cluster`` (the chosen cluster, package-scoped, for
+fixtures of wider scope), ``double_cluster``, ``control_plane``.
 """
 
 from __future__ import annotations
@@ -12,8 +22,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import subprocess
-import sys
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +35,14 @@ import pytest
 
 from finetune_assets.launchers.k8s import JOB_LABEL, K8sTorchrunLauncher
 from finetune_assets_tests.launchers.k8s.apiserver_double import Faults, KubeApiDouble
+from finetune_assets_tests.launchers.k8s.plane import (  # noqa: F401 - test_control_plane's
+    CONTROL_PLANE,
+    ControlPlane,
+    binaries_built,
+    install_namespace,
+    running_plane,
+    token_kubeconfig,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 STANDIN = "finetune_assets_tests.launchers.k8s.standin"
@@ -39,6 +57,10 @@ class Cluster:
     namespace: str
     image: str
     double: KubeApiDouble | None = None
+    plane: ControlPlane | None = None  # the local control plane, where it is that
+    # what the launcher authenticates with (the harness' own calls use ``kubeconfig``): on the
+    # plane the run pods' ServiceAccount, so deploy/rbac.yaml's Role is enforced on every launch
+    launcher_kubeconfig: str | None = None
     service_account: str | None = None
     _core: Any = field(default=None, repr=False)
     _batch: Any = field(default=None, repr=False)
@@ -53,7 +75,7 @@ class Cluster:
             namespace=self.namespace,
             image_pull_policy="IfNotPresent",
             load_incluster_config=False,
-            kubeconfig_file=self.kubeconfig,
+            kubeconfig_file=self.launcher_kubeconfig or self.kubeconfig,
             trainer_module=STANDIN,
             poll_interval_s=0.5,
             timeout_s=120,
@@ -102,9 +124,12 @@ class Cluster:
                 "kind": "Pod",
                 "metadata": {"name": name},
                 "spec": {
+                    # `sleep` as PID 1 ignores SIGTERM: the grace period is how long its deletion
+                    # takes (the garbage collector acts once the pod is gone)
+                    "terminationGracePeriodSeconds": 2,
                     "containers": [
                         {"name": "run", "image": self.image, "command": ["sleep", "3600"]}
-                    ]
+                    ],
                 },
             },
         )
@@ -117,6 +142,69 @@ class Cluster:
     def delete_pod(self, name: str) -> None:
         core, _ = self._apis()
         core.delete_namespaced_pod(name, self.namespace)
+
+    @contextlib.contextmanager
+    def job_events(self) -> Iterator[list[tuple[str, str, dict[str, str]]]]:
+        """``("created" | "deleted", job name, labels)`` of the namespace's Jobs while the block
+        runs, in order: a watch on the API server (on the double, its own log). Complete once the
+        block has ended (every created Job's deletion waited for, as far as it was deleted).
+        """
+        out: list[tuple[str, str, dict[str, str]]] = []
+        if self.double is not None:
+            before = len(self.double.job_log)
+            yield out
+            out.extend(self.double.job_log[before:])
+            return
+        from kubernetes import watch
+
+        _, batch = self._apis()
+        rv = batch.list_namespaced_job(self.namespace).metadata.resource_version
+        stop = threading.Event()
+
+        def follow() -> None:
+            nonlocal rv
+            while not stop.is_set():
+                w = watch.Watch()
+                for ev in w.stream(
+                    batch.list_namespaced_job,
+                    self.namespace,
+                    resource_version=rv,
+                    timeout_seconds=5,
+                ):
+                    obj = ev["object"]
+                    rv = obj.metadata.resource_version
+                    kind = {"ADDED": "created", "DELETED": "deleted"}.get(ev["type"])
+                    if kind:
+                        out.append((kind, obj.metadata.name, dict(obj.metadata.labels or {})))
+                    if stop.is_set():
+                        w.stop()
+
+        watcher = threading.Thread(target=follow, daemon=True)
+        watcher.start()
+        try:
+            yield out
+        finally:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                created = {n for k, n, _ in out if k == "created"}
+                gone = {n for k, n, _ in out if k == "deleted"}
+                live = {j.metadata.name for j in batch.list_namespaced_job(self.namespace).items}
+                if created - gone <= live:
+                    break
+                time.sleep(0.2)
+            stop.set()
+            watcher.join(10)
+
+    def kill_pod(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """``sig`` to a pod's processes, as the kernel sends it (an OOM kill): on the local plane
+        or the double; a real cluster's nodes are out of reach (the test skips).
+        """
+        if self.plane is not None:
+            assert self.plane.kill_pod(self.namespace, name, sig), f"no live process of {name}"
+        elif self.double is not None:
+            self.double.kill_pod(name, sig)
+        else:
+            pytest.skip("killing a pod's processes needs the local plane or the double")
 
     def delete_secret(self, name: str) -> None:
         core, _ = self._apis()
@@ -149,35 +237,51 @@ class Cluster:
                 left["pods"] = [p.metadata.name for p in pods]
             if self.double is not None and self.double.live_processes():
                 left["processes"] = self.double.live_processes()
+            if self.plane is not None and (
+                procs := self.plane.live_pod_processes(self.namespace, job_name)
+            ):
+                left["processes"] = procs
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.1)
 
 
-@pytest.fixture(scope="session")
-def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
-    if os.environ.get("FINETUNE_K8S_CLUSTER") == "plane":
+def which_cluster() -> str:
+    """``plane``, ``kubeconfig`` or ``double``, as the module docstring says."""
+    chosen = os.environ.get("FINETUNE_K8S_CLUSTER", "").strip().lower()
+    if chosen:
+        if chosen not in ("plane", "double"):
+            raise pytest.UsageError(f"FINETUNE_K8S_CLUSTER={chosen!r}: expected plane or double")
+        return chosen
+    if os.environ.get("KUBECONFIG"):
+        return "kubeconfig"
+    return "plane" if os.environ.get("CI") == "true" or binaries_built() else "double"
+
+
+@pytest.fixture(scope="package")
+def k8s_cluster(request, tmp_path_factory) -> Iterator[Cluster]:
+    """The cluster :func:`which_cluster` picks, once for the package (module-scoped fixtures that
+    need a cluster take this one).
+    """
+    kind = which_cluster()
+    if kind == "plane":
         # the local control plane from upstream (docs/k8s-control-plane.md), as a real cluster
         plane = request.getfixturevalue("control_plane")
-        core = kubernetes.client.CoreV1Api(plane.api_client())
-        with contextlib.suppress(kubernetes.client.ApiException):
-            core.create_namespace(
-                {
-                    "metadata": {
-                        "name": "finetune-test",
-                        # as deploy/namespace.yaml
-                        "labels": {
-                            "pod-security.kubernetes.io/enforce": "baseline",
-                            "pod-security.kubernetes.io/warn": "restricted",
-                        },
-                    }
-                }
-            )
+        install_namespace(plane, "finetune-test")  # as deploy/ says
         yield Cluster(
-            kubeconfig=plane.kubeconfig, namespace="finetune-test", image="finetune-assets:test"
+            kubeconfig=plane.kubeconfig,
+            namespace="finetune-test",
+            image="finetune-assets:test",
+            plane=plane,
+            launcher_kubeconfig=token_kubeconfig(
+                plane,
+                tmp_path_factory.mktemp("launcher") / "kubeconfig",
+                "finetune-test",
+                "finetune-launcher",
+            ),
         )
         return
-    if os.environ.get("KUBECONFIG"):
+    if kind == "kubeconfig":
         image = os.environ.get("FINETUNE_K8S_TEST_IMAGE")
         if not image:
             pytest.skip(
@@ -191,6 +295,10 @@ def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
             service_account=os.environ.get("FINETUNE_K8S_TEST_SERVICE_ACCOUNT"),
         )
         return
+    yield from _double_cluster(tmp_path_factory)
+
+
+def _double_cluster(tmp_path_factory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("kube-double")
     double = KubeApiDouble(workdir=REPO, sandbox=root / "pods").start()
     kubeconfig = double.write_kubeconfig(root / "kubeconfig", namespace="finetune-test")
@@ -203,6 +311,27 @@ def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
         )
     finally:
         double.stop()
+
+
+@pytest.fixture(scope="package")
+def double_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """The loopback double, for the tests that use its hooks while the others run on the plane."""
+    yield from _double_cluster(tmp_path_factory)
+
+
+DOUBLE_HOOKS = {"double", "faults", "isolated"}
+
+
+@pytest.fixture
+def cluster(request) -> Cluster:
+    """What a test talks to: :func:`k8s_cluster`, except that a test using the double's hooks
+    (``double``, ``faults``, ``isolated``: faults no real component makes) gets the loopback double
+    while the rest run on the local plane, so CI runs both kinds. On a real cluster those tests
+    skip.
+    """
+    if DOUBLE_HOOKS & set(request.fixturenames) and which_cluster() == "plane":
+        return request.getfixturevalue("double_cluster")
+    return request.getfixturevalue("k8s_cluster")
 
 
 @pytest.fixture
@@ -241,35 +370,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-CONTROL_PLANE = REPO / ".ci" / "k8s" / "control-plane"
-
-
-@dataclass
-class ControlPlane:
-    """The local control plane of ``.ci/k8s/control-plane``: upstream etcd, kube-apiserver,
-    kube-controller-manager, kube-scheduler and Kueue, with node agents running pods as processes.
-    """
-
-    dir: Path
-    kubeconfig: str
-
-    def api_client(self) -> Any:
-        cfg = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
-        return kubernetes.client.ApiClient(cfg)
-
-    def pids(self) -> dict[str, int]:
-        """Every process the plane started and still has a pid file for (pods included)."""
-        out = {}
-        for f in (self.dir / "pids").glob("*.pid"):
-            with contextlib.suppress(OSError, ValueError):
-                out[f.stem] = int(f.read_text())
-        return out
-
-    def stop(self) -> None:
-        subprocess.run([sys.executable, str(CONTROL_PLANE), "stop", str(self.dir)], check=True)
-
-
 @pytest.fixture(scope="package")
 def control_plane(tmp_path_factory) -> Iterator[ControlPlane]:
     """Starts the real control plane once for the Kubernetes tests (building it on first use:
@@ -279,23 +379,5 @@ def control_plane(tmp_path_factory) -> Iterator[ControlPlane]:
     ``FINETUNE_K8S_PLANE_DIR`` names a plane already started by hand (``control-plane start``):
     used as it is and left running (a quick loop while writing tests).
     """
-    if os.environ.get("FINETUNE_K8S_PLANE_DIR"):
-        d = Path(os.environ["FINETUNE_K8S_PLANE_DIR"]).resolve()
-        yield ControlPlane(dir=d, kubeconfig=str(d / "kubeconfig"))
-        return
-    root = tmp_path_factory.mktemp("control-plane")
-    log = root / "start.log"
-    with open(log, "wb") as out:
-        rc = subprocess.run(
-            [sys.executable, str(CONTROL_PLANE), "start", str(root)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=3600,
-        ).returncode
-    if rc != 0:
-        pytest.fail(f"control-plane start failed ({rc}):\n{log.read_text()[-6000:]}")
-    plane = ControlPlane(dir=root, kubeconfig=str(root / "kubeconfig"))
-    try:
+    with running_plane(tmp_path_factory.mktemp("control-plane")) as plane:
         yield plane
-    finally:
-        plane.stop()

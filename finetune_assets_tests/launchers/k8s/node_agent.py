@@ -11,7 +11,7 @@ it may read and write. It
   ``command + args`` as a local process group with the environment a kubelet gives (``env``,
   ``envFrom``, ``valueFrom`` fieldRef / secretKeyRef / configMapKeyRef, ``$(VAR)`` expansion, the
   ``KUBERNETES_SERVICE_*`` variables), in its own UTS/PID/mount namespace when the host permits
-  (:func:`apiserver_double._isolation_flags`): own hostname, ``/etc/hosts``, ``/dev/shm``;
+  (:func:`kubelet.isolation_flags`): own hostname, ``/etc/hosts``, ``/dev/shm``;
 - gives each pod an address of its own (``10.244.<node>.<n>``, added to ``lo`` when it may, else the
   host's address), which the real EndpointSlice controller publishes;
 - answers cluster DNS only from the EndpointSlices the API server holds: every pod's hosts file has
@@ -53,10 +53,10 @@ from urllib.parse import parse_qs, urlparse
 import kubernetes
 from kubernetes import watch
 
-from finetune_assets_tests.launchers.k8s.apiserver_double import (
-    KubeApiDouble,
-    _isolation_flags,
-    expand,
+from finetune_assets_tests.launchers.k8s.kubelet import (
+    container_env,
+    isolation_flags,
+    remap,
 )
 
 LEASE_S = 40
@@ -136,6 +136,10 @@ class Pod:
         self.own_hosts = ""
 
 
+class VolumeNotReady(Exception):
+    """A volume's source (ConfigMap, Secret, token) is not there yet: the pod waits."""
+
+
 class NodeAgent:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -158,7 +162,7 @@ class NodeAgent:
         self.lock = threading.RLock()
         self.dns: dict[str, list[str]] = {}  # name -> ready endpoint addresses
         self.next_ip = 2
-        self.isolation = _isolation_flags()
+        self.isolation = isolation_flags()
         self.stopping = threading.Event()
         self.host_ip = self._host_ip()
 
@@ -555,6 +559,16 @@ class NodeAgent:
             if pod.deleting.is_set():
                 return
             try:
+                self.prepare_volumes(pod)
+            except VolumeNotReady as e:  # the kubelet's FailedMount: ContainerCreating, retried
+                for c in pod.containers:
+                    c.waiting = ("ContainerCreating", str(e))
+                self.patch_status(
+                    pod, {"phase": "Pending", "containerStatuses": self.container_statuses(pod)}
+                )
+                time.sleep(2)
+                continue
+            try:
                 prepared = [self.container_process(pod, c.spec) for c in pod.containers]
                 break
             except ValueError as e:
@@ -597,7 +611,7 @@ class NodeAgent:
                     except OSError as e:  # like a runtime StartError
                         out.write(f"failed to start {argv[:1]}: {e}\n".encode())
                         c.proc = subprocess.Popen(["false"], stdout=out, start_new_session=True)
-                (self.pids / f"pod-{pod.uid[:8]}-{c.name}.pid").write_text(str(c.proc.pid))
+                (self.pids / pid_file_name(pod, c)).write_text(str(c.proc.pid))
         self.patch_status(
             pod,
             {
@@ -646,30 +660,22 @@ class NodeAgent:
         c.exit_code = 128 - rc if rc < 0 else rc  # killed by signal N -> 128 + N
         c.finished_at = now()
         c.done.set()
-        (self.pids / f"pod-{pod.uid[:8]}-{c.name}.pid").unlink(missing_ok=True)
+        (self.pids / pid_file_name(pod, c)).unlink(missing_ok=True)
 
     def container_process(self, pod: Pod, c: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         host, _, port = self.api_host.removeprefix("https://").rpartition(":")
-        env: dict[str, str] = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
+        base = {
             "HOSTNAME": pod.obj["spec"].get("hostname") or pod.name,
             "KUBERNETES_SERVICE_HOST": host,
             "KUBERNETES_SERVICE_PORT": port,
         }
-        for src in c.get("envFrom", []):
-            prefix = src.get("prefix") or ""
-            if "secretRef" in src:
-                data = self.read_data("secret", pod.ns, src["secretRef"])
-            else:
-                data = self.read_data("configmap", pod.ns, src["configMapRef"])
-            env.update({prefix + k: v for k, v in data.items()})
-        for e in c.get("env", []):
-            if "valueFrom" in e:
-                env[e["name"]] = self.value_from(pod, e["valueFrom"])
-            else:
-                env[e["name"]] = expand(e.get("value", ""), env)
-        argv = [expand(a, env) for a in [*c.get("command", []), *c.get("args", [])]]
+        argv, env = container_env(
+            c,
+            pod.obj["metadata"],
+            base,
+            self.fields(pod),
+            lambda kind, name: self.read_object(pod.ns, kind, name),
+        )
         mounts = {
             m["mountPath"]: pod.root / "volumes" / m["name"]
             for m in c.get("volumeMounts", [])
@@ -681,48 +687,33 @@ class NodeAgent:
         }
         for path in mounts.values():
             path.mkdir(parents=True, exist_ok=True)
-        # emptyDir mounts: env values under them point into the pod's folder (see the double)
-        env = {k: v if k == "PATH" else KubeApiDouble._remap(v, mounts) for k, v in env.items()}
+        # emptyDir mounts: env values under them point into the pod's folder (kubelet.remap)
+        env = {k: v if k == "PATH" else remap(v, mounts) for k, v in env.items()}
         return argv, env
 
-    def read_data(self, kind: str, ns: str, ref: dict[str, Any]) -> dict[str, str]:
+    def fields(self, pod: Pod) -> dict[str, str]:
+        """What ``fieldRef`` reads besides labels and annotations."""
+        return {
+            "metadata.name": pod.name,
+            "metadata.namespace": pod.ns,
+            "metadata.uid": pod.uid,
+            "spec.nodeName": self.name,
+            "spec.serviceAccountName": pod.obj["spec"].get("serviceAccountName", ""),
+            "status.podIP": pod.ip or "",
+            "status.hostIP": "127.0.0.1",
+        }
+
+    def read_object(self, ns: str, kind: str, name: str) -> dict[str, str] | None:
+        """A Secret's or ConfigMap's data as the node may read it (None: not found)."""
         try:
             if kind == "secret":
-                obj = self.core.read_namespaced_secret(ref["name"], ns)
+                obj = self.core.read_namespaced_secret(name, ns)
                 return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
-            obj = self.core.read_namespaced_config_map(ref["name"], ns)
-            return dict(obj.data or {})
+            return dict(self.core.read_namespaced_config_map(name, ns).data or {})
         except kubernetes.client.ApiException as e:
-            if e.status == 404 and ref.get("optional"):
-                return {}
-            raise ValueError(f'{kind} "{ref["name"]}" not found') from e
-
-    def value_from(self, pod: Pod, src: dict[str, Any]) -> str:
-        if "fieldRef" in src:
-            path = src["fieldRef"]["fieldPath"]
-            meta = pod.obj["metadata"]
-            m = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
-            if m:
-                return (meta.get(m[1]) or {}).get(m[2], "")
-            return {
-                "metadata.name": meta["name"],
-                "metadata.namespace": pod.ns,
-                "metadata.uid": pod.uid,
-                "spec.nodeName": self.name,
-                "spec.serviceAccountName": pod.obj["spec"].get("serviceAccountName", ""),
-                "status.podIP": pod.ip or "",
-                "status.hostIP": "127.0.0.1",
-            }[path]
-        for key, kind in (("secretKeyRef", "secret"), ("configMapKeyRef", "configmap")):
-            if key in src:
-                ref = src[key]
-                data = self.read_data(kind, pod.ns, ref)
-                if ref["key"] not in data:
-                    if ref.get("optional"):
-                        return ""
-                    raise ValueError(f'{kind} "{ref["name"]}" has no key "{ref["key"]}"')
-                return data[ref["key"]]
-        raise ValueError(f"valueFrom {sorted(src)} is not supported by the node agent")
+            if e.status == 404:
+                return None
+            raise
 
     def isolate(
         self, pod: Pod, c: Container, hostname: str, argv: list[str], env: dict[str, str]
@@ -737,6 +728,18 @@ class NodeAgent:
             f"mount --bind {q(str(pod.root / 'nsswitch.conf'))} /etc/nsswitch.conf && "
             "mount -t tmpfs -o size=1g tmpfs /dev/shm"
         )
+        for src, dst, ro in self.volume_mounts(pod, c):
+            # the mount point is made on the host once (an empty folder or file), bound privately;
+            # a host that refuses (no root: a user namespace) runs the container without it
+            point = (
+                f"mkdir -p {q(dst)}"
+                if src.is_dir()
+                else f"mkdir -p {q(str(Path(dst).parent))} && touch {q(dst)}"
+            )
+            bind = f"{{ [ -e {q(dst)} ] || {point}; }} && mount --bind {q(str(src))} {q(dst)}"
+            if ro:
+                bind += f" && mount -o remount,bind,ro {q(dst)}"
+            setup += f" && {{ {bind} || echo {q(f'node agent: cannot mount {dst}')} >&2; }}"
         started = f": > {q(str(c.started_path))}"
         if pod.obj["spec"].get("shareProcessNamespace"):
             # the pause container is PID 1 and reaps: the command is not PID 1, so it can be
@@ -745,6 +748,112 @@ class NodeAgent:
         else:
             c.depth, run = 1, 'exec "$0" "$@"'  # PID 1 of its namespace
         return [*self.isolation, "sh", "-c", f"{setup} && {started} && {run}", *argv]
+
+    # -- volumes ----------------------------------------------------------------------------------
+
+    def prepare_volumes(self, pod: Pod) -> None:
+        """Writes each ``configMap``, ``secret``, ``downwardAPI`` and ``projected`` volume into
+        ``<pod>/volumes/<name>/`` as the kubelet does, the ServiceAccount admission's
+        ``kube-api-access-*`` volume included: a token from the TokenRequest API bound to this pod
+        (the Node authorizer lets a node ask only for pods bound to it), ``ca.crt`` from the
+        ``kube-root-ca.crt`` ConfigMap, ``namespace``. :meth:`isolate` binds them at their
+        ``mountPath`` (``/var/run/secrets/kubernetes.io/serviceaccount``: in-cluster config works).
+        Raises :class:`VolumeNotReady` while a source a volume needs is missing.
+        """
+        for vol in pod.obj["spec"].get("volumes") or []:
+            files: dict[str, bytes] = {}
+            if "configMap" in vol or "secret" in vol:
+                files = self.object_files(pod, vol)
+            elif "downwardAPI" in vol:
+                files = self.downward_files(pod, vol["downwardAPI"].get("items") or [])
+            elif "projected" in vol:
+                for src in vol["projected"].get("sources") or []:
+                    if "serviceAccountToken" in src:
+                        tok = src["serviceAccountToken"]
+                        files[tok["path"]] = self.token(pod, tok).encode()
+                    elif "downwardAPI" in src:
+                        files.update(
+                            self.downward_files(pod, src["downwardAPI"].get("items") or [])
+                        )
+                    else:
+                        files.update(self.object_files(pod, src))
+            else:
+                continue  # emptyDir: made per mount (container_process); others: not played
+            root = pod.root / "volumes" / vol["name"]
+            root.mkdir(parents=True, exist_ok=True)
+            for rel, data in files.items():
+                path = root / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_bytes(data)
+                tmp.replace(path)  # atomic, as the kubelet's atomic writer swaps its files
+
+    def object_files(self, pod: Pod, src: dict[str, Any]) -> dict[str, bytes]:
+        kind = "secret" if "secret" in src else "configmap"
+        ref = src.get("secret") or src.get("configMap") or {}
+        name = ref.get("secretName") or ref.get("name")
+        try:
+            if kind == "secret":
+                obj = self.core.read_namespaced_secret(name, pod.ns)
+                data = {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
+            else:
+                obj = self.core.read_namespaced_config_map(name, pod.ns)
+                data = {k: v.encode() for k, v in (obj.data or {}).items()}
+                data.update({k: base64.b64decode(v) for k, v in (obj.binary_data or {}).items()})
+        except kubernetes.client.ApiException as e:
+            if e.status == 404 and ref.get("optional"):
+                return {}
+            raise VolumeNotReady(f'{kind} "{name}" not found') from e
+        items = ref.get("items")
+        if not items:
+            return data
+        out = {}
+        for it in items:
+            if it["key"] not in data:
+                if ref.get("optional"):
+                    continue
+                raise VolumeNotReady(f'{kind} "{name}" has no key "{it["key"]}"')
+            out[it["path"]] = data[it["key"]]
+        return out
+
+    def downward_files(self, pod: Pod, items: list[dict[str, Any]]) -> dict[str, bytes]:
+        out = {}
+        for it in items:
+            if "fieldRef" in it:
+                path = it["fieldRef"]["fieldPath"]
+                meta = pod.obj["metadata"]
+                m = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
+                value = (meta.get(m[1]) or {}).get(m[2], "") if m else self.fields(pod)[path]
+                out[it["path"]] = value.encode()
+        return out
+
+    def token(self, pod: Pod, src: dict[str, Any]) -> str:
+        sa = pod.obj["spec"].get("serviceAccountName") or "default"
+        spec: dict[str, Any] = {
+            "expirationSeconds": src.get("expirationSeconds", 3607),
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
+        }
+        if src.get("audience"):
+            spec["audiences"] = [src["audience"]]
+        try:
+            got = self.core.create_namespaced_service_account_token(sa, pod.ns, {"spec": spec})
+        except kubernetes.client.ApiException as e:
+            raise VolumeNotReady(f'token for serviceaccount "{sa}": {e.status} {e.reason}') from e
+        return got.status.token
+
+    def volume_mounts(self, pod: Pod, c: Container) -> list[tuple[Path, str, bool]]:
+        """``(source, mountPath, readOnly)`` of the container's mounts of prepared volumes."""
+        prepared = {
+            v["name"]
+            for v in pod.obj["spec"].get("volumes") or []
+            if {"configMap", "secret", "downwardAPI", "projected"} & v.keys()
+        }
+        out = []
+        for m in c.spec.get("volumeMounts") or []:
+            if m["name"] in prepared:
+                src = pod.root / "volumes" / m["name"] / (m.get("subPath") or "")
+                out.append((src, m["mountPath"], bool(m.get("readOnly"))))
+        return out
 
     # -- logs -------------------------------------------------------------------------------------
 
@@ -793,6 +902,13 @@ class NodeAgent:
         for pod in pods:
             self.kill(pod, 0)
             self.release_ip(pod)
+
+
+def pid_file_name(pod: Pod, c: Container) -> str:
+    """``pod-<uid8>-<ns>_<pod>_<container>.pid`` (``_`` is in no Kubernetes name): the plane's
+    ``stop`` kills what is left, the tests find a pod's processes by name or uid.
+    """
+    return f"pod-{pod.uid[:8]}-{pod.ns}_{pod.name}_{c.name}.pid"
 
 
 def rss_of_group(pgid: int) -> float:

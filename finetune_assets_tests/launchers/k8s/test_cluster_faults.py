@@ -1,5 +1,8 @@
-"""What a real cluster does to a gang that the kind path never shows, played by the API double's
-faults.
+"""What a real cluster does to a gang that the kind path never shows: on the local plane from the
+real components (the Eviction API, the scheduler, ResourceQuota admission, the garbage
+collector); what no real part does on purpose (an image that cannot be pulled: there are no images;
+DNS lagging behind a pod; a kubelet refusing a pod; a log stream cut) by the API double's faults,
+those tests skip elsewhere.
 
 Delays are scaled down from minutes to seconds; each test names the defect it would have caught.
 """
@@ -52,6 +55,24 @@ def _pods_of_index(double, index: int) -> list[str]:
     return [n for n in double.live_processes() if re.search(rf"-{index}-\w{{5}}$", n)]
 
 
+def _evict_index(cluster: Cluster, index: int) -> None:
+    """The Eviction API (a drain, a spot reclaim) on the running pod of ``index``: the real API
+    server marks it ``DisruptionTarget`` (EvictionByEvictionAPI) and deletes it gracefully.
+    """
+    core, _ = cluster._apis()  # noqa: SLF001 - the harness' clients
+    pods = [
+        p
+        for p in core.list_namespaced_pod(
+            cluster.namespace, label_selector=f"batch.kubernetes.io/job-completion-index={index}"
+        ).items
+        if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+    ]
+    name = pods[0].metadata.name
+    core.create_namespaced_pod_eviction(
+        name, cluster.namespace, {"metadata": {"name": name, "namespace": cluster.namespace}}
+    )
+
+
 def _when_step(ckpt, step: int, then, timeout_s: float = 60.0) -> threading.Thread:
     def run() -> None:
         deadline = time.monotonic() + timeout_s
@@ -67,7 +88,7 @@ def _when_step(ckpt, step: int, then, timeout_s: float = 60.0) -> threading.Thre
 
 
 def test_an_evicted_pod_resubmits_the_gang_which_resumes(
-    cluster: Cluster, double, faults, instance, tmp_path
+    cluster: Cluster, instance, tmp_path
 ) -> None:
     """Spot reclaim / drain evicts the pod mid-run: a fresh gang resumes from the checkpoint and
     finishes with the global step of an uninterrupted run. One pod keeps it cheap; that the peers'
@@ -76,7 +97,10 @@ def test_an_evicted_pod_resubmits_the_gang_which_resumes(
     recorded objects.
     """
     ckpt = tmp_path / "step"
-    _when_step(ckpt, 2, lambda: double.evict(_pods_of_index(double, 0)[0]))
+    if cluster.double is not None:
+        _when_step(ckpt, 2, lambda: cluster.double.evict(_pods_of_index(cluster.double, 0)[0]))
+    else:
+        _when_step(ckpt, 2, lambda: _evict_index(cluster, 0))
     launched = launch_in_dagster(
         cluster.launcher(nnodes=1, max_resubmissions=1, timeout_s=120),
         f"standin:train=6,step_s=0.4,ckpt={ckpt}",
@@ -90,7 +114,7 @@ def test_an_evicted_pod_resubmits_the_gang_which_resumes(
     assert len(finished) == 1, launched.logs[-3000:]  # only the resubmitted gang finished
     # same global step as uninterrupted, resumed
     assert finished[0][0] == "6" and int(finished[0][1]) >= 2
-    assert double.live_processes() == []
+    assert cluster.leftovers(launched.job_name) == {}
 
 
 def test_infrastructure_failures_without_disruption_target_resubmit(
@@ -125,34 +149,58 @@ def test_infrastructure_failures_without_disruption_target_resubmit(
 # -- silent waits: the reason reaches the run within a bounded time --------------------------------
 
 
-@pytest.mark.parametrize(
-    ("fault", "message", "expect"),
-    [
-        (
-            "unschedulable",
-            "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
-            "Unschedulable: 0/3 nodes are available",
-        ),
-        (
-            "refuse_pods",
-            'pods "x" is forbidden: exceeded quota: gpu-quota, requested: nvidia.com/gpu=8, '
-            "used: 8, limited: 8",
-            'FailedCreate: Error creating: pods "x" is forbidden: exceeded quota: gpu-quota',
-        ),
-    ],
-)
-def test_pods_that_cannot_start_fail_with_the_reason(
-    cluster: Cluster, faults, instance, fault, message, expect
-) -> None:
-    setattr(faults, fault, message)
-    launched = launch_in_dagster(
-        cluster.launcher(nnodes=1, start_timeout_s=2), "standin:ok", instance
-    )
+@pytest.mark.parametrize("fault", ["unschedulable", "refuse_pods"])
+def test_pods_that_cannot_start_fail_with_the_reason(cluster: Cluster, instance, fault) -> None:
+    """The real scheduler (9 GPUs per pod, nodes have 8) and ResourceQuota admission (8 GPUs in
+    the namespace): the pods never start and the reason reaches the run (on the double: its faults
+    play the same messages).
+    """
+    core, _ = cluster._apis()  # noqa: SLF001 - the harness' clients
+    quota = None
+    if cluster.double is not None:
+        cluster.double.faults.unschedulable = (
+            "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+            if fault == "unschedulable"
+            else None
+        )
+        cluster.double.faults.refuse_pods = (
+            'pods "x" is forbidden: exceeded quota: gpu-quota, requested: '
+            "requests.nvidia.com/gpu=9, used: requests.nvidia.com/gpu=0, limited: "
+            "requests.nvidia.com/gpu=8"
+            if fault == "refuse_pods"
+            else None
+        )
+    elif fault == "refuse_pods":
+        quota = core.create_namespaced_resource_quota(
+            cluster.namespace,
+            {"metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu": "8"}}},
+        )
+    expect = {
+        "unschedulable": r"Unschedulable: 0/2 nodes are available: .*Insufficient nvidia\.com/gpu",
+        "refuse_pods": r'FailedCreate: Error creating: pods "\S+" is forbidden: exceeded quota: '
+        r"gpu-quota, requested: requests\.nvidia\.com/gpu=9",
+    }[fault]
+    try:
+        launched = launch_in_dagster(
+            cluster.launcher(
+                nnodes=1,
+                start_timeout_s=2,
+                gpus_per_node=9,
+                cpu_request="1",
+                memory_request="1Gi",
+                memory_limit="auto",
+            ),
+            "standin:ok",
+            instance,
+        )
+    finally:
+        if quota is not None:
+            core.delete_namespaced_resource_quota("gpu-quota", cluster.namespace)
+        if cluster.double is not None:
+            cluster.double.faults.unschedulable = cluster.double.faults.refuse_pods = None
     assert not launched.success
-    assert (
-        "did not all start within start_timeout_s=2" in launched.logs and expect in launched.logs
-    ), launched.logs[-3000:]
-    assert launched.seconds < 40
+    assert "did not all start within start_timeout_s=2" in launched.logs, launched.logs[-3000:]
+    assert re.search(expect, launched.logs), launched.logs[-3000:]
     assert cluster.leftovers(launched.job_name) == {}
 
 
@@ -231,9 +279,7 @@ K8sTorchrunLauncher(**json.loads({fields!r})).launch(C(), TrainingSpec(
     return name
 
 
-def test_the_launching_pod_dying_garbage_collects_the_gang(
-    cluster: Cluster, double, instance
-) -> None:
+def test_the_launching_pod_dying_garbage_collects_the_gang(cluster: Cluster, instance) -> None:
     owner = cluster.create_pod("run-pod-gc")
     name = _launch_and_abandon(cluster, owner, partition="gc")
     assert "job" in cluster.leftovers(name, wait_s=0)  # the launcher is dead; the gang lives on
@@ -242,7 +288,7 @@ def test_the_launching_pod_dying_garbage_collects_the_gang(
 
 
 def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(
-    cluster: Cluster, double, instance
+    cluster: Cluster, instance
 ) -> None:
     """A gang left running by a dead attempt (created here directly, as that attempt rendered
     it).
@@ -287,9 +333,7 @@ def test_the_log_follower_resumes_after_the_stream_breaks(
     assert lines == [str(i) for i in range(60)]  # every line once, in order, despite the breaks
 
 
-def test_a_live_gang_of_a_running_dagster_run_is_left_alone(
-    cluster: Cluster, double, instance
-) -> None:
+def test_a_live_gang_of_a_running_dagster_run_is_left_alone(cluster: Cluster, instance) -> None:
     """Dagster is asked first: the other run is STARTED, so its Job is not deleted and the launch
     fails naming it; once that run is gone from the instance, the next launch removes the orphan.
     """

@@ -8,12 +8,13 @@ import logging
 import threading
 import time
 
+import kubernetes
 import pytest
 
 from finetune_assets.launchers.fanout import FanOut
 from finetune_assets.launchers.k8s import K8sTorchrunLauncher, gang_key
 from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner
-from finetune_assets_tests.launchers.k8s.conftest import HARNESS_AGENT, Cluster
+from finetune_assets_tests.launchers.k8s.conftest import Cluster
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 from finetune_assets_tests.launchers.k8s.test_manifests import CONFIGS, render
 
@@ -95,9 +96,7 @@ def test_the_gang_key_includes_the_deployment() -> None:
 
 
 @pytest.mark.k8s
-def test_a_sidecar_first_run_pod_gives_the_dagster_containers_image(
-    cluster: Cluster, double
-) -> None:
+def test_a_sidecar_first_run_pod_gives_the_dagster_containers_image(cluster: Cluster) -> None:
     core, _ = cluster._apis()
     core.create_namespaced_pod(
         cluster.namespace,
@@ -120,9 +119,7 @@ def test_a_sidecar_first_run_pod_gives_the_dagster_containers_image(
 
 
 @pytest.mark.k8s
-def test_two_deployments_with_the_same_partition_leave_each_other_alone(
-    cluster: Cluster, double
-) -> None:
+def test_two_deployments_with_the_same_partition_leave_each_other_alone(cluster: Cluster) -> None:
     """Blue's left-over Job (its run is over) of partition "twins": green's de-duplication does not
     see it; blue's own next launch removes it. (Created suspended: no pod needs to run.)
     """
@@ -146,47 +143,133 @@ def test_two_deployments_with_the_same_partition_leave_each_other_alone(
     assert cluster.leftovers("blue-gang") == {}  # its own deployment's retry removes it
 
 
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+
+
 @pytest.mark.k8s
 def test_a_kueue_suspended_gang_is_waited_on_and_trains_once_admitted(
-    cluster: Cluster, double, instance
+    cluster: Cluster, instance
 ) -> None:
-    """Kueue admits the Job after a while (20 minutes on a busy cluster; 3 s here): no pod
-    before, the
-    launcher waits (its start timeout counts from admission), then the gang trains.
+    """The real Kueue (on the local plane) holds the Job: its ClusterQueue starts on
+    ``stopPolicy: Hold`` (a busy cluster's queue: 20 minutes there), so the Job stays suspended,
+    with a queued Workload and no pod; the launcher waits (its start timeout counts from
+    admission). The queue is released: Kueue admits the Workload, unsuspends the Job, the gang
+    trains.
     """
-    admitted = {}
-
-    def kueue() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            jobs = [
-                k
-                for k in double.objects
-                if k[0] == "jobs"
-                and k[1] == cluster.namespace
-                and double.objects[k]["metadata"]["labels"].get("kueue.x-k8s.io/queue-name")
-                == "gpu-queue"
-            ]
-            if jobs:
-                time.sleep(3.0)
-                _, ns, name = jobs[0]
-                admitted["pods_before"] = [p for (pns, p) in double.pods if p.startswith(name)]
-                double.handle(
-                    "PATCH",
-                    f"/apis/batch/v1/namespaces/{ns}/jobs/{name}",
-                    {},
-                    {"spec": {"suspend": False}},
-                    HARNESS_AGENT,
-                )
-                return
-            time.sleep(0.1)
-
-    threading.Thread(target=kueue, daemon=True).start()
-    launched = launch_in_dagster(
-        cluster.launcher(nnodes=1, queue_name="gpu-queue", start_timeout_s=2),
-        "standin:ok",
-        instance,
+    if cluster.plane is None:
+        pytest.skip("needs the local plane's Kueue (or a cluster with Kueue: set up the queues)")
+    client = cluster.plane.api_client()
+    custom = kubernetes.client.CustomObjectsApi(client)
+    core = kubernetes.client.CoreV1Api(client)
+    group, version = KUEUE
+    cq = f"cq-{cluster.namespace}"
+    if not _exists(
+        lambda: custom.get_cluster_custom_object(
+            group, version, "resourceflavors", "default-flavor"
+        )
+    ):
+        custom.create_cluster_custom_object(
+            group,
+            version,
+            "resourceflavors",
+            {
+                "apiVersion": f"{group}/{version}",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": "default-flavor"},
+            },
+        )
+    custom.create_cluster_custom_object(
+        group,
+        version,
+        "clusterqueues",
+        {
+            "apiVersion": f"{group}/{version}",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {},
+                "stopPolicy": "Hold",
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": "default-flavor",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "64"},
+                                    {"name": "memory", "nominalQuota": "512Gi"},
+                                    {"name": "nvidia.com/gpu", "nominalQuota": "16"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
     )
-    assert launched.success, launched.logs[-3000:]
-    assert admitted["pods_before"] == []
-    assert "waiting for admission" in launched.logs and "JobSuspended" in launched.logs
+    custom.create_namespaced_custom_object(
+        group,
+        version,
+        cluster.namespace,
+        "localqueues",
+        {
+            "apiVersion": f"{group}/{version}",
+            "kind": "LocalQueue",
+            "metadata": {"name": "gpu-queue"},
+            "spec": {"clusterQueue": cq},
+        },
+    )
+    seen: dict = {}
+
+    def release() -> None:
+        """Once Kueue queued the launcher's Job (its Workload exists), note its pods, release."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "released" not in seen:
+            workloads = custom.list_namespaced_custom_object(
+                group, version, cluster.namespace, "workloads"
+            )["items"]
+            queued = [w for w in workloads if w["spec"].get("queueName") == "gpu-queue"]
+            if queued:
+                job = queued[0]["metadata"]["ownerReferences"][0]["name"]
+                seen["pods_before"] = [
+                    p.metadata.name
+                    for p in core.list_namespaced_pod(
+                        cluster.namespace, label_selector=f"job-name={job}"
+                    ).items
+                ]
+                seen["workload"] = queued[0]["metadata"]["name"]
+                custom.patch_cluster_custom_object(
+                    group, version, "clusterqueues", cq, {"spec": {"stopPolicy": "None"}}
+                )
+                seen["released"] = True
+                return
+            time.sleep(0.2)
+
+    releaser = threading.Thread(target=release, daemon=True)
+    releaser.start()
+    try:
+        launched = launch_in_dagster(
+            cluster.launcher(nnodes=1, queue_name="gpu-queue", start_timeout_s=2),
+            "standin:ok",
+            instance,
+        )
+        releaser.join(30)
+        assert launched.success, launched.logs[-3000:]
+        assert seen.get("released") and seen["pods_before"] == [], seen
+        assert "waiting for admission" in launched.logs and "JobSuspended" in launched.logs
+        assert cluster.leftovers(launched.job_name) == {}
+    finally:
+        custom.delete_namespaced_custom_object(
+            group, version, cluster.namespace, "localqueues", "gpu-queue"
+        )
+        custom.delete_cluster_custom_object(group, version, "clusterqueues", cq)
+
+
+def _exists(read) -> bool:
+    try:
+        read()
+        return True
+    except kubernetes.client.ApiException as e:
+        if e.status == 404:
+            return False
+        raise

@@ -1,7 +1,8 @@
 """``tuning_study`` with the k8s launcher: parallel trials as separate gangs, within the pool limit.
 
 Dagster run -> tuning_study (Optuna; trials at once capped by the ``training`` pool) ->
-K8sTorchrunLauncher -> Kubernetes API (the loopback double) -> one Indexed Job per trial -> a trial
+K8sTorchrunLauncher -> Kubernetes API (the local plane: the real Job controller) -> one Indexed Job
+per trial -> a trial
 stand-in that reports to the study through its journal on the shared storage
 (``trial_standin.py``; the real trainer's reporting is covered by training/test_tuning.py).
 """
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.k8s]
 
 
 def test_parallel_trials_run_as_one_gang_each_within_the_training_pool_limit(
-    cluster: Cluster, double, storage_root, instance, tiny_model_dir, arabic_reviews
+    cluster: Cluster, storage_root, instance, tiny_model_dir, arabic_reviews
 ) -> None:
     store = Storage(str(storage_root))
     publish_upstream(store, "v1", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 16, 16))
@@ -36,7 +37,6 @@ def test_parallel_trials_run_as_one_gang_each_within_the_training_pool_limit(
     launcher = cluster.launcher(
         trainer_module="finetune_assets_tests.launchers.k8s.trial_standin", timeout_s=180
     )
-    before = len(double.job_log)
     config = {
         "n_trials": 3,
         "parallel_trials": 3,  # more than the pool allows: the third trial waits for a free slot
@@ -45,23 +45,23 @@ def test_parallel_trials_run_as_one_gang_each_within_the_training_pool_limit(
         "pruner": "none",
         "fixed": {"accelerator": "cpu", "max_length": 64},
     }
-    result = dg.materialize(
-        [tuning_study],
-        partition_key="v1",
-        instance=instance,
-        run_config=dg.RunConfig(ops={"tuning_study": {"config": config}}),
-        resources={
-            "storage": StorageResource(root=str(storage_root)),
-            "launcher": launcher,
-            "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
-        },
-        raise_on_error=False,
-    )
+    with cluster.job_events() as log:
+        result = dg.materialize(
+            [tuning_study],
+            partition_key="v1",
+            instance=instance,
+            run_config=dg.RunConfig(ops={"tuning_study": {"config": config}}),
+            resources={
+                "storage": StorageResource(root=str(storage_root)),
+                "launcher": launcher,
+                "mlflow": MlflowResource(ui_base_url="http://mlflow.example:5000"),
+            },
+            raise_on_error=False,
+        )
     logs = "\n".join(e.user_message or "" for e in instance.all_logs(result.run_id))
     assert result.success, logs[-6000:]
     assert "parallel_trials 3 > the training pool's limit 2: running 2 trials at once" in logs
 
-    log = double.job_log[before:]
     live: set[str] = set()
     most = 0
     for event, name, _ in log:
@@ -78,4 +78,4 @@ def test_parallel_trials_run_as_one_gang_each_within_the_training_pool_limit(
         storage=tuning.open_storage(study_storage(TuningConfig(), store, "v1")),
     )
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
-    assert double.live_processes() == []
+    assert all(cluster.leftovers(name) == {} for name, _ in created)
