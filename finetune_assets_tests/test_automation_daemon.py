@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[1]
 INSTANCE_FILE = REPO / "deploy" / "instance" / "dagster.yaml"
+VALUES_FILE = REPO / "deploy" / "values.yaml"
 POSTGRES_ENV = "FINETUNE_TEST_POSTGRES_URL"
 DEADLINE_S = 1300.0
 AUTOMATION = "version_automation"
@@ -92,6 +93,8 @@ def _instance_settings(db_url: str) -> dict:
                 "hostname": url.hostname,
                 "port": url.port,
                 "db_name": url.path.lstrip("/"),
+                # the driver the chart names (deploy/values.yaml), as the deployment test does
+                "scheme": yaml.safe_load(VALUES_FILE.read_text())["postgresql"]["postgresqlScheme"],
             }
         }
     }
@@ -121,7 +124,7 @@ def _automation_ticks_after(instance, ts: float) -> int:
     if sensor is None:
         return 0
     ticks = instance.get_ticks(sensor.instigator_origin_id, sensor.selector_id, limit=50)
-    return sum(1 for t in ticks if t.timestamp > ts and t.status != dg.TickStatus.STARTED)
+    return sum(1 for t in ticks if t.timestamp > ts and t.status.value != "STARTED")
 
 
 def _wait(what: str, ready, began: float, log: Path) -> None:
