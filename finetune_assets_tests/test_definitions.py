@@ -142,7 +142,7 @@ def test_deployment_instance_serializes_one_partition_and_sizes_the_pools(tmp_pa
         )
         assert counter.is_blocked(run("v1")) and not counter.is_blocked(run("v2"))
     for job in ("retrain_job", "finetune_only_job"):
-        tags = defs.resolve_job_def(job).tags
+        tags = defs().resolve_job_def(job).tags
         assert (
             tags["dagster/max_retries"] == "2"
             and tags["dagster/retry_on_asset_or_op_failure"] == "false"
