@@ -98,8 +98,8 @@ class Deployment:
         )
         self.repo = self.defs.get_repository_def()
         self.cursor: str | None = None
+        # its first tick is the first build() (what it requests then is launched)
         self.automation = Ticks(instance, self.defs)
-        self.automation.tick()  # the automation sensor ticks from the deployment on
         self.tracking_uri = MlflowResource().resolve_tracking_uri(Storage(str(storage_root)))
 
     def tick(self) -> dg.SensorResult:
