@@ -1,6 +1,14 @@
-"""The code location: collects assets, checks, sensors, jobs and resources into ``defs``."""
+"""The code location: collects assets, checks, sensors, jobs and resources into ``defs``.
+
+Nothing is read from the environment at import: ``defs`` is loaded by Dagster's tools
+(``@dg.definitions``) when the code location starts, and tests build their own with
+``build_defs(root, launcher)``. ``definitions_tuning.py`` is the same code location tuning every
+new version first.
+"""
 
 from __future__ import annotations
+
+import os
 
 import dagster as dg
 
@@ -13,6 +21,7 @@ from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.shards import mds_shards
 from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.assets.tuning import tuning_study
+from finetune_assets.automation import with_automation
 from finetune_assets.checks import asset_checks
 from finetune_assets.jobs import jobs
 from finetune_assets.launchers import TrainingLauncher
@@ -20,42 +29,50 @@ from finetune_assets.launchers.select import launcher_from_env
 from finetune_assets.resources.landing import LandingZoneResource
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.sensors import sensors
+from finetune_assets.sensors import build_sensors
 from finetune_assets.staleness import with_config_versions
-from finetune_assets.storage import default_root
+from finetune_assets.storage import STORAGE_ROOT_ENV
 from finetune_assets.vocab_check import vocabulary_fit
 
 
 def build_defs(
-    storage_root: str | None = None, launcher: TrainingLauncher | None = None
+    storage_root: str | None = None,
+    launcher: TrainingLauncher | None = None,
+    tune_new_versions: bool = False,
 ) -> dg.Definitions:
-    """Definitions over one storage root and one training launcher.
+    """Definitions over one storage root and one training launcher; new versions built by
+    automation (``automation.py``), tuned first where ``tune_new_versions``.
 
-    Defaults: ``$FINETUNE_ASSETS_ROOT`` (or ``./.finetune_assets``) and the launcher named by
-    ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or ``k8s``).
+    Defaults (``storage_root`` / ``launcher`` None): the root from ``$FINETUNE_ASSETS_ROOT`` as a
+    Dagster ``EnvVar`` (read by each run; ``./.finetune_assets`` where the location loads without
+    it) and the launcher named by ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or
+    ``k8s``), read here, when the location loads.
     """
     return dg.Definitions(
-        assets=[
-            *with_config_versions(
-                [
-                    raw_reviews,
-                    pretrained_model,
-                    tokenized_reviews,
-                    mds_shards,
-                    finetuned_model,
-                    champion_model,
-                    baseline_model,
-                    benchmark_scores,
-                    tuning_study,
-                ]
-            ),
-            champion,  # reported by champion_model: nothing to configure
-        ],
+        assets=with_automation(
+            [
+                *with_config_versions(
+                    [
+                        raw_reviews,
+                        pretrained_model,
+                        tokenized_reviews,
+                        mds_shards,
+                        finetuned_model,
+                        champion_model,
+                        baseline_model,
+                        benchmark_scores,
+                        tuning_study,
+                    ]
+                ),
+                champion,  # reported by champion_model: nothing to configure
+            ],
+            tune_new_versions,
+        ),
         asset_checks=[*asset_checks, vocabulary_fit],
         jobs=jobs,
-        sensors=sensors,
+        sensors=build_sensors(tune_new_versions),
         resources={
-            "storage": StorageResource(root=storage_root or default_root()),
+            "storage": _storage(storage_root),
             "launcher": launcher or launcher_from_env(),
             "mlflow": MlflowResource(),
             "landing": LandingZoneResource(),
@@ -63,4 +80,15 @@ def build_defs(
     )
 
 
-defs = build_defs()
+def _storage(root: str | None) -> StorageResource:
+    if root is not None:
+        return StorageResource(root=root)
+    if os.environ.get(STORAGE_ROOT_ENV):
+        return StorageResource(root=dg.EnvVar(STORAGE_ROOT_ENV))
+    return StorageResource()
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """What ``dagster dev``, the code server and ``dagster asset materialize`` load."""
+    return build_defs()

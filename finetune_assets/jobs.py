@@ -26,16 +26,16 @@ from finetune_assets.assets.tuning import tuning_study
 # docs/reliability.md).
 RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure": "false"}
 
-# The per-version chain, in two runs. Data preparation holds no pool, so it never waits for a
-# training slot; training (``finetuned_model`` in pool ``training``, then ``champion_model``) is a
-# run of its own whose first step is in the pool, so with op-granularity pools the run queue keeps
-# it queued, holding no run pod, until a training slot is free (``GlobalOpConcurrencyLimitsCounter``
-# blocks a run whose every root step waits for a slot; ``op_granularity_run_buffer: 0``). The sensor
-# requests the training run once its data-preparation run succeeded (``version_runs.py``); an asset
-# backfill splits the same way because the two halves have different backfill policies.
-# ``pretrained_model`` is unpartitioned and shared by every version. ``baseline_model`` is prepared
-# with the data because the gate (``quality_gate``, a blocking check that depends on it) refuses a
-# version without one: every path that can promote builds the baseline first.
+# The per-version chain, in two runs (automation.py requests them). Data preparation holds no pool,
+# so it never waits for a training slot; training (``finetuned_model`` in pool ``training``, then
+# ``champion_model`` behind the gate, and ``benchmark_scores``) is a run of its own whose first step
+# is in the pool, so with op-granularity pools the run queue keeps it queued, holding no run pod,
+# until a training slot is free (``GlobalOpConcurrencyLimitsCounter`` blocks a run whose every root
+# step waits for a slot; ``op_granularity_run_buffer: 0``). An asset backfill splits the same way
+# because the two halves have different backfill policies. ``pretrained_model`` is unpartitioned and
+# shared by every version. ``baseline_model`` is prepared with the data because the gate
+# (``quality_gate``, a blocking check that depends on it) refuses a version without one: every path
+# that can promote builds the baseline first.
 DATA_PREPARATION = (raw_reviews, tokenized_reviews, mds_shards, baseline_model)
 TRAINING = (finetuned_model, champion_model)
 VERSION_CHAIN = (*DATA_PREPARATION, *TRAINING)
@@ -52,12 +52,10 @@ retrain_job = dg.define_asset_job(
     description=(
         "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> "
         "mds_shards -> finetuned_model -> champion_model, and baseline_model (the gate's bar), "
-        "with "
-        "their checks. pretrained_model is in the selection so a fresh deployment can "
-        "build the base model in the same run; the new-data sensor selects it only while it has "
-        "never been "
-        "published (it is shared by all versions, rebuilding it per version would make every "
-        "version stale)."
+        "with their checks, by hand (automation builds new versions by itself). pretrained_model "
+        "is in the selection so a fresh deployment can build the base model in the same run; "
+        "deselect it otherwise (it is shared by all versions, rebuilding it per version would "
+        "make every version stale)."
     ),
     tags={"finetune_assets/job": "retrain", **RETRY_TAGS},
 )
@@ -96,10 +94,10 @@ tune_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets(*TUNE_CHAIN, pretrained_model),
     description=(
         "A hyper-parameter study for one dataset version: the chain up to mds_shards, "
-        "baseline_model, and tuning_study. With the landing resource's tune_new_versions on, the "
-        "new-data sensor prepares a version's data as always, then requests this job with only "
-        "tuning_study selected as the version's training run; tuned_retrain_sensor then trains "
-        "the study's winner with finetune_only_job."
+        "baseline_model, and tuning_study, by hand. A deployment that tunes every new version "
+        "loads finetune_assets.definitions_tuning: automation then requests tuning_study after the "
+        "version's data run, and tuned_retrain_sensor trains the study's winner with "
+        "finetune_only_job."
     ),
     tags={"finetune_assets/job": "tune", **RETRY_TAGS},
 )

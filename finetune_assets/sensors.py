@@ -1,38 +1,38 @@
-"""Sensors that turn newly landed data into dataset versions and retraining runs.
+"""Sensors: new landed data becomes dataset versions; automation builds them.
 
 ``landing_zone_sensor`` watches :class:`LandingZoneResource` and, for each new *complete* version
 (folder with ``_SUCCESS``, or a file unchanged since the previous tick), records its source with
-``write_version`` (before any run can read it), adds the partition through
-``dynamic_partitions_requests`` and requests its runs (``version_runs.py``: data preparation,
-then training once the data is ready).
+``write_version`` under the version's lock (before any run can read it) and adds the partition
+through ``dynamic_partitions_requests``. It requests no run: ``version_automation`` (the assets'
+automation conditions, ``automation.py``) prepares, trains, gates, promotes and scores each new
+partition, and ``version_outcome_sensor`` tags a failed run with what ended it.
 
 Idempotence, in layers:
 
 - the cursor (returned in ``SensorResult`` only, never ``update_cursor``) remembers each registered
-  version with its listing signature, so repeated ticks do no work and request nothing;
+  version with its listing signature, so repeated ticks do no work;
 - a version already present as a partition (cursor lost, or registered by the CLI) is never added
-  again;
-- every run key is ``{version}:{fingerprint}`` (names, sizes, mtimes from the listing): the daemon
-  drops a request whose key it has seen, so even a lost cursor cannot start a duplicate run, while a
-  deleted version re-landed with *different* content still runs (Dagster's run-key dedup is
-  permanent);
-- a run's end is reported, never re-run by the sensor (``version_runs.follow_runs``): Dagster's run
-  retries are the one retry layer; only a request that never became a run is requested again.
+  again; other content under a key already recorded is refused by name;
+- a run's end is never followed here: automation requests an asset once per trigger, so a failed or
+  cancelled run is not requested again; Dagster's run retries are the one retry layer.
 
 A watched Delta table (``LandingZoneResource.delta_tables``) is followed by its commit history: each
 row-adding commit (or each ``min_new_rows`` rows) registers ``{name}-v{table version}`` pinned
-to it, under the same run-request rules; optimize and vacuum commits add no rows and register
-nothing.
+to it; optimize and vacuum commits add no rows and register nothing.
 
 A problem with one entry (bad key, unsupported file, no data files, content changed after
 registration, an unreadable drop) is logged once and listed in the skip reason; it never blocks the
 other entries. A tick's work is bounded by ``LandingZoneResource.tick_budget_s``.
 """
 
+import json
 import time
+from dataclasses import dataclass, field
 
 import dagster as dg
 
+from finetune_assets.contracts import TUNING_STUDY
+from finetune_assets.dagster_internals import WILL_RETRY_TAG
 from finetune_assets.data.labels import LabelError, LabelSet, read_manifest
 from finetune_assets.data.sources import (
     DELTA_PREFIX,
@@ -46,8 +46,8 @@ from finetune_assets.dataset_versions.partitions import (
     InvalidVersionKey,
     validate_version_key,
 )
-from finetune_assets.dataset_versions.registry import read_version, write_version
-from finetune_assets.jobs import retrain_job
+from finetune_assets.dataset_versions.registry import read_version, version_lock, write_version
+from finetune_assets.jobs import RETRY_TAGS
 from finetune_assets.resources.landing import (
     LandedEntry,
     LandingZoneResource,
@@ -56,21 +56,41 @@ from finetune_assets.resources.landing import (
     strip_format_suffix,
 )
 from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.tuning import on_landing
-from finetune_assets.version_runs import (  # noqa: F401 - re-exported: the sensor's public names
-    LOST_AFTER_S,
-    MAX_RUN_ATTEMPTS,
-    PHASE_TAG,
-    STATUS_TAG,
-    VERSION_TAG,
-    LandingCursor,
-    follow_runs,
-    requests_with_base,
-    retrain_request,
-    run_key,
-    run_outcome,
-    track,
-)
+from finetune_assets.run_outcome import STATUS_TAG, run_outcome
+from finetune_assets.tuning.on_landing import tuned_retrain_sensor
+from finetune_assets.tuning.tags import AUTO_TUNE_TAG
+
+# 2: only what registration needs (1 also followed each version's runs); a cursor of 1 is read
+CURSOR_VERSIONS = (1, 2)
+
+
+@dataclass
+class LandingCursor:
+    """What the sensor remembers between ticks (JSON in the sensor cursor)."""
+
+    registered: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> {fp, sig}
+    pending: dict[str, str] = field(default_factory=dict)  # file key -> signature seen last tick
+    reported: dict[str, str] = field(default_factory=dict)  # entry -> problem already logged
+    tables: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> {seen, rows}
+
+    @classmethod
+    def parse(cls, raw: str | None) -> "LandingCursor":
+        if not raw:
+            return cls()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return cls()  # behaves like a reset cursor: existing partitions are never added again
+        if data.get("v") not in CURSOR_VERSIONS:
+            return cls()
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {"v": CURSOR_VERSIONS[-1], **{k: getattr(self, k) for k in self.__dataclass_fields__}},
+            sort_keys=True,
+        )
 
 
 def evaluate_landing(
@@ -97,8 +117,6 @@ def evaluate_landing(
     ] = {}  # entry name -> why it was skipped (malformed / conflicting / unreadable)
     waiting: list[str] = []  # why complete-looking versions are not yet registered
     new_partitions: list[str] = []
-    ready: list[tuple[str, str, str]] = []  # (key, fp, source) whose runs to request this tick
-    rerequest: list[dg.RunRequest] = []
 
     by_key: dict[str, list[LandedEntry]] = {}
     for e in entries:
@@ -125,8 +143,6 @@ def evaluate_landing(
                 problems,
                 waiting,
                 new_partitions,
-                ready,
-                rerequest,
             )
         # an unreadable drop (deleted mid-read, permissions) is its own problem
         except Exception as err:  # noqa: BLE001
@@ -137,7 +153,7 @@ def evaluate_landing(
             deferred += 1
             continue
         try:
-            _consider_table(store, cursor, existing, watched, problems, new_partitions, ready)
+            _consider_table(store, cursor, existing, watched, problems, new_partitions)
         except Exception as err:  # noqa: BLE001 - an unreachable table is its own problem
             why = f"could not read it ({type(err).__name__}: {err}); retried next tick"
             problems[DELTA_PREFIX + watched.table] = why
@@ -149,30 +165,18 @@ def evaluate_landing(
             f"{deferred} entries left for the next tick (tick budget {landing.tick_budget_s:g} s)"
         )
 
-    run_requests = on_landing.route(  # a version's training run, or its study when tuning
-        follow_runs(context, cursor, store)
-        + requests_with_base(cursor, store, ready, waiting)
-        + rerequest,
-        landing.tune_new_versions,
-    )
     _log_problems(context, cursor, problems)
 
     dpr = (
         [dg.AddDynamicPartitionsRequest(DATASET_VERSIONS, new_partitions)] if new_partitions else []
     )
-    if run_requests or dpr:
+    if dpr:
         for key in new_partitions:
             context.log.info(
                 f"registered dataset version {key} (fingerprint {cursor.registered[key]['fp']})"
             )
-        return dg.SensorResult(
-            run_requests=run_requests, dynamic_partitions_requests=dpr, cursor=cursor.dumps()
-        )
-    reasons = [
-        *(f"{name}: {why}" for name, why in sorted(problems.items())),
-        *waiting,
-        *(f"{key}: {why}" for key, why in sorted(cursor.failed.items())),
-    ]
+        return dg.SensorResult(dynamic_partitions_requests=dpr, cursor=cursor.dumps())
+    reasons = [*(f"{name}: {why}" for name, why in sorted(problems.items())), *waiting]
     skip = "; ".join(reasons) if reasons else f"no new dataset versions in {landing.location()}"
     return dg.SensorResult(skip_reason=dg.SkipReason(skip), cursor=cursor.dumps())
 
@@ -187,8 +191,6 @@ def _consider(
     problems,
     waiting,
     new_partitions,
-    ready,
-    rerequest,
 ) -> None:
     """One landed entry: register it as a version, wait for it, or say why it is skipped."""
     if len(group) > 1:
@@ -236,9 +238,8 @@ def _consider(
     if key in existing:  # cursor reset, or registered by the CLI
         record = read_version(store, key)
         if record is not None and record.fingerprint == fp:
+            # Same key and content as before: nothing to do (automation follows the partition)
             cursor.registered[key] = {"fp": fp, "sig": e.signature}
-            # Same key and content as before: the daemon drops this by run key if it already ran.
-            rerequest.append(track(cursor, key, fp, e.uri, with_base=False))
         else:
             problems[e.name] = (
                 f"dataset version {key} is already registered from "
@@ -251,11 +252,12 @@ def _consider(
     except LabelError as err:
         problems[e.name] = str(err)
         return
-    # before the run can start
-    write_version(store, key, SourceSpec(uri=e.uri), fingerprint=fp, labels=labels)
+    why = _register(store, key, SourceSpec(uri=e.uri), fp, labels)
+    if why:
+        problems[e.name] = why
+        return
     cursor.registered[key] = {"fp": fp, "sig": e.signature}
     new_partitions.append(key)
-    ready.append((key, fp, e.uri))
 
 
 def _consider_table(
@@ -265,7 +267,6 @@ def _consider_table(
     watched: WatchedDeltaTable,
     problems,
     new_partitions,
-    ready,
 ) -> None:
     """A watched Delta table: a version per row-adding commit (or ``min_new_rows``), pinned."""
     from finetune_assets.data.sources.delta import VersionGone
@@ -299,11 +300,30 @@ def _consider_table(
         except (InvalidVersionKey, SourceError) as err:
             problems[DELTA_PREFIX + watched.table] = str(err)
             return  # the cursor stays: the same versions are tried again once the config is fixed
-        write_version(store, key, spec, labels=labels)  # before the run can start
+        why = _register(store, key, spec, None, labels)
+        if why:
+            problems[DELTA_PREFIX + watched.table] = why
+            return
         cursor.registered[key] = {"fp": fp, "sig": ""}
         new_partitions.append(key)
-        ready.append((key, fp, spec.uri))
     cursor.tables[watched.name] = {"seen": seen, "rows": rows}
+
+
+def _register(store, key: str, spec: SourceSpec, fp: str | None, labels) -> str | None:
+    """Record the version's source under its lock, before its partition exists (so a visible
+    partition always has a source); why not, when the CLI registered other content under the key
+    meanwhile.
+    """
+    with version_lock(store, key):
+        record = read_version(store, key)
+        if record is not None and (record.source != spec or record.fingerprint != fp):
+            return (
+                f"dataset version {key} was registered meanwhile from {record.source.uri}; "
+                "land the new data under a new key"
+            )
+        if record is None:
+            write_version(store, key, spec, fingerprint=fp, labels=labels)
+    return None
 
 
 def _log_problems(context, cursor: LandingCursor, problems: dict[str, str]) -> None:
@@ -315,12 +335,11 @@ def _log_problems(context, cursor: LandingCursor, problems: dict[str, str]) -> N
 
 @dg.sensor(
     name="landing_zone_sensor",
-    jobs=[retrain_job, on_landing.tune_job],
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
-        "New data in the landing zone -> a dataset version (partition), its data-preparation run, "
-        "then its training run."
+        "New data in the landing zone -> a dataset version (its record and partition); "
+        "version_automation then prepares, trains, gates and promotes it."
     ),
 )
 def landing_zone_sensor(
@@ -329,15 +348,55 @@ def landing_zone_sensor(
     return evaluate_landing(context, landing, storage)
 
 
-benchmark_automation = dg.AutomationConditionSensorDefinition(
-    "benchmark_automation",
-    target=dg.AssetSelection.assets("benchmark_scores"),
+@dg.run_failure_sensor(
+    name="version_outcome_sensor",
+    minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Materializes benchmark_scores[v] by its automation condition (eager).",
+    description="A failed run of a version -> tagged with what ended it (refused by the quality "
+    "gate, refused by a blocking data check, or the failed step), in the run list.",
 )
+def version_outcome_sensor(context: dg.RunFailureSensorContext) -> None:
+    run = context.dagster_run
+    if run.tags.get(WILL_RETRY_TAG) == "true":
+        return  # the daemon re-launches it; its retry reports
+    why = run_outcome(context.instance, run)
+    context.instance.add_run_tags(run.run_id, {STATUS_TAG: why[:255]})
+    version = run.tags.get("dagster/partition", "?")
+    context.log.warning(f"dataset version {version}: {why}")
 
-sensors: list[dg.SensorDefinition] = [
-    landing_zone_sensor,
-    on_landing.tuned_retrain_sensor,
-    benchmark_automation,
-]
+
+def build_sensors(tune_new_versions: bool = False) -> list[dg.SensorDefinition]:
+    """The landing sensor (registration only), the automation that builds every version
+    (``automation.py``) and the outcome tags; where new versions are tuned, the studies by an
+    automation sensor of their own (its runs tagged as the sensor's, ``tuning/on_landing.py``) and
+    the winner's training after each.
+    """
+    everything = dg.AssetSelection.all()
+    sensors = [landing_zone_sensor, version_outcome_sensor]
+    if tune_new_versions:
+        study = dg.AssetSelection.assets(TUNING_STUDY)
+        everything = everything - study
+        sensors += [
+            dg.AutomationConditionSensorDefinition(
+                "tuning_automation",
+                target=study,
+                run_tags={**RETRY_TAGS, AUTO_TUNE_TAG: "true"},
+                emit_backfills=False,
+                default_status=dg.DefaultSensorStatus.RUNNING,
+                description="tuning_study[v] for each new version, after its data run.",
+            ),
+            tuned_retrain_sensor,
+        ]
+    sensors.append(
+        dg.AutomationConditionSensorDefinition(
+            "version_automation",
+            target=everything,
+            # one run per version and step of the chain (a backfill would pool versions)
+            emit_backfills=False,
+            run_tags=RETRY_TAGS,
+            default_status=dg.DefaultSensorStatus.RUNNING,
+            description="Each version's data preparation, then its training, gate, promotion "
+            "and benchmark scores, by the assets' automation conditions (automation.py).",
+        )
+    )
+    return sensors

@@ -60,7 +60,10 @@ def graph_snapshot(d: dg.Definitions) -> dict:
             "code_version": node.code_version,
             "owners": list(node.owners),
             "has_description": bool(node.description),
-            "automation": type(node.automation_condition).__name__
+            # automation.py's named conditions (eager() and the like carry labels too)
+            "automation": (
+                node.automation_condition.get_label() or type(node.automation_condition).__name__
+            )
             if node.automation_condition
             else None,
             "launchpad": schemas.get(key.to_user_string()),
@@ -81,8 +84,9 @@ def graph_snapshot(d: dg.Definitions) -> dict:
 
 
 def test_code_location_loads():
-    dg.Definitions.validate_loadable(defs)
-    repo = defs.get_repository_def()
+    loaded = defs()  # as the code server loads it
+    dg.Definitions.validate_loadable(loaded)
+    repo = loaded.get_repository_def()
     assert repo.get_all_jobs()  # the implicit asset job resolves with every resource bound
 
 
@@ -138,7 +142,7 @@ def test_deployment_instance_serializes_one_partition_and_sizes_the_pools(tmp_pa
         )
         assert counter.is_blocked(run("v1")) and not counter.is_blocked(run("v2"))
     for job in ("retrain_job", "finetune_only_job"):
-        tags = defs.resolve_job_def(job).tags
+        tags = defs().resolve_job_def(job).tags
         assert (
             tags["dagster/max_retries"] == "2"
             and tags["dagster/retry_on_asset_or_op_failure"] == "false"

@@ -1,10 +1,10 @@
-"""The sensor's failure diagnosis (``version_runs.run_outcome``) reads only the event types it needs
+"""The sensor's failure diagnosis (``run_outcome.run_outcome``) reads only the event types it needs
 from a run's event log, whatever else the run logged (every trainer output line is an event).
 """
 
 import dagster as dg
 
-from finetune_assets.version_runs import DIAGNOSIS_EVENTS, run_outcome
+from finetune_assets.run_outcome import DIAGNOSIS_EVENTS, run_outcome
 
 LOG_LINES = 300
 

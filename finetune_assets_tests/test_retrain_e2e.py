@@ -1,11 +1,13 @@
-"""End to end: a drop in the landing folder -> sensor -> retrain run (real torchrun, real MLflow) ->
-quality gate.
+"""End to end: a drop in the landing folder -> sensor (registration) -> automation's runs (real
+torchrun, real MLflow) -> quality gate.
 
 What the product promises: new data turns into a model without a person in the loop, the
 first model becomes ``@champion``, and a worse model never takes the alias. Everything below is the
-real code location (``build_defs``) on a real Dagster instance; only the sensor daemon is played by
-the test (apply the tick's partition requests, launch its run requests in-process with the daemon's
-run-key tag) and the model is the tiny BERT, so the whole flow fits in a few minutes on two cores.
+real code location (``build_defs``) on a real Dagster instance; only the daemon is played by the
+test (apply the landing tick's partition requests; evaluate the automation conditions with
+Dagster's own evaluation and launch the runs they request in-process, with the run config a person
+would set) and the model is the tiny BERT, so the whole flow fits in a few minutes on two cores.
+``test_automation_daemon.py`` runs the same path through the real daemon.
 """
 
 from pathlib import Path
@@ -28,6 +30,7 @@ from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
 from finetune_assets.launchers.local import LocalTorchrunLauncher
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.storage import Storage
+from finetune_assets_tests.automation_ticks import Ticks
 
 VERSION_CHAIN = tuple(a.key.to_user_string() for a in CHAIN_ASSETS)  # names, in flow order
 PREPARE = tuple(a.key.to_user_string() for a in DATA_PREPARATION)
@@ -95,6 +98,8 @@ class Deployment:
         )
         self.repo = self.defs.get_repository_def()
         self.cursor: str | None = None
+        # its first tick is the first build() (what it requests then is launched)
+        self.automation = Ticks(instance, self.defs)
         self.tracking_uri = MlflowResource().resolve_tracking_uri(Storage(str(storage_root)))
 
     def tick(self) -> dg.SensorResult:
@@ -114,19 +119,40 @@ class Deployment:
         self.cursor = result.cursor
         return result
 
+    def automate(self) -> list[dg.RunRequest]:
+        """The runs version_automation requests on its next tick."""
+        self.automation.tick()
+        return self.automation.run_requests()
+
     def launch(self, request: dg.RunRequest, run_config: dg.RunConfig) -> dg.ExecuteInProcessResult:
-        """What the daemon does with a run request (run config is what a person sets on the
-        sensor/job).
+        """What the daemon does with an automation run request (``run_config``: what a person
+        would set, for the ops the run has).
         """
-        job = self.repo.get_job(request.job_name or "retrain_job")
+        selected = {k.to_user_string() for k in request.asset_selection}
+        if FINETUNED in selected:
+            selected.add("finetuned_model_quality_gate")
+        ops = {k: v for k, v in run_config.ops.items() if k in selected}
+        job = self.repo.get_implicit_global_asset_job_def()
         return job.execute_in_process(
             instance=self.instance,
             partition_key=request.partition_key,
             asset_selection=request.asset_selection,
-            run_config=run_config,
-            tags={**request.tags, "dagster/run_key": request.run_key},
+            run_config=dg.RunConfig(ops=ops),
+            tags=request.tags,
             raise_on_error=False,
         )
+
+    def build(self, run_config: dg.RunConfig) -> list[tuple[set[str], dg.ExecuteInProcessResult]]:
+        """Launch what automation requests, tick after tick, until it requests nothing."""
+        done = []
+        for _ in range(6):
+            requests = self.automate()
+            if not requests:
+                return done
+            for request in requests:
+                names = {k.to_user_string() for k in request.asset_selection}
+                done.append((names, self.launch(request, run_config)))
+        raise AssertionError(f"automation still requests runs after {len(done)}: {done}")
 
     def run_job(
         self, name: str, partition: str, run_config: dg.RunConfig
@@ -188,29 +214,26 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
 
     tick = deploy.tick()
     assert instance.get_dynamic_partitions(DATASET_VERSIONS) == ["v1"]
-    (request,) = tick.run_requests
-    assert request.partition_key == "v1"
-    # Fresh deployment: the data-preparation run also builds the shared base model.
-    assert set(request.asset_selection) == {dg.AssetKey(a) for a in (*PREPARE, PRETRAINED)}
-    prepared = deploy.launch(request, _run_config(TRAIN, base=tiny_model_dir))
-    assert prepared.success
-    # Its data is ready: the next tick requests the version's training run (queued for its slot).
-    (request,) = deploy.tick().run_requests
-    assert set(request.asset_selection) == {dg.AssetKey(FINETUNED), dg.AssetKey("champion_model")}
-    first = deploy.launch(request, _run_config(TRAIN))
-    assert first.success
-    materialized = [*prepared.get_asset_materialization_events()]
-    materialized += first.get_asset_materialization_events()
+    assert not tick.run_requests  # the sensor registers; automation builds
+    # Fresh deployment: the shared base model first; the version's data, then (a run of its own,
+    # queued for the training slot) its model, gate, promotion and benchmark scores
+    built = deploy.build(_run_config(TRAIN, base=tiny_model_dir))
+    assert all(result.success for _, result in built), [n for n, r in built if not r.success]
+    runs = [names for names, _ in built]
+    training = {FINETUNED, "champion_model", "benchmark_scores"}
+    assert runs[-1] == training
+    assert set().union(*runs[:-1]) == {*PREPARE, PRETRAINED}  # no data step in the training run
+    assert {PRETRAINED} in runs[:-1]  # shared by every version: a run of its own
+    first = built[-1][1]
+    materialized = [e for _, r in built for e in r.get_asset_materialization_events()]
     # the first promotion also reports the unpartitioned champion asset
     assert {e.asset_key.to_user_string() for e in materialized} == {
         *VERSION_CHAIN,
         PRETRAINED,
         "champion",
+        "benchmark_scores",
     }
-    checks = {
-        e.check_name: e
-        for e in [*prepared.get_asset_check_evaluations(), *first.get_asset_check_evaluations()]
-    }
+    checks = {e.check_name: e for _, r in built for e in r.get_asset_check_evaluations()}
     # raw + shard checks ran before training; the blocking ones passed (training started after them)
     assert all(
         checks[n].passed
@@ -233,8 +256,9 @@ def test_new_data_trains_promotes_and_a_worse_model_is_refused(
     assert meta["challenger_macro_f1"].value > meta["majority_baseline_macro_f1"].value + 0.2
     assert deploy.champion() == first_version
 
-    tick = deploy.tick()  # repeated tick: nothing new (the daemon would also drop the run key)
+    tick = deploy.tick()  # repeated ticks: nothing new
     assert not tick.run_requests and not tick.dynamic_partitions_requests
+    assert deploy.automate() == []
 
     # -- retrain without new data, forced worse: finetune_only_job on the same version
     worse = deploy.run_job("finetune_only_job", "v1", _run_config(UNTRAINED))

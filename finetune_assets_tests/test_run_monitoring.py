@@ -20,7 +20,7 @@ from dagster._daemon.auto_run_reexecution.auto_run_reexecution import should_ret
 from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 from dagster._serdes import ConfigurableClass
 
-from finetune_assets.definitions import defs
+from finetune_assets.definitions import defs as load_defs
 
 INSTANCE_FILE = Path(__file__).parents[1] / "deploy" / "instance" / "dagster.yaml"
 
@@ -69,7 +69,7 @@ def _instance(tmp_path):
 
 
 def _run(instance, status: DagsterRunStatus) -> DagsterRun:
-    tags = {**defs.resolve_job_def("retrain_job").tags, "dagster/partition": "v1"}
+    tags = {**load_defs().resolve_job_def("retrain_job").tags, "dagster/partition": "v1"}
     run = DagsterRun(job_name="retrain_job", run_id=make_new_run_id(), tags=tags, status=status)
     instance.add_run(run)
     return run

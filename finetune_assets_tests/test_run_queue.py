@@ -2,8 +2,10 @@
 preparation while one version trains, and never starts a second training: the waiting for the
 ``training`` slot happens in the queue, not in a run pod that holds a node and does nothing.
 
-Everything is Dagster's own: the sensor's requests become runs as the sensor daemon makes them
-(``create_run_for_job``, which records each run's pools), and the queue coordinator daemon's
+Everything is Dagster's own: the automation sensor's requests (``automation_ticks.Ticks``: the
+conditions evaluated by Dagster, the runs built by the daemon's function) become runs as the sensor
+daemon makes them (``create_run_for_job``, which records each run's pools), and the queue
+coordinator daemon's
 decision (``QueuedRunCoordinatorDaemon._get_runs_to_dequeue``, op-granularity pools,
 ``op_granularity_run_buffer: 0``) picks what to launch; launching is only recorded (no process).
 """
@@ -25,10 +27,10 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
     QueuedRunCoordinatorDaemon,
 )
 
-from finetune_assets.contracts import FINETUNED_MODEL
+from finetune_assets.contracts import FINETUNED_MODEL, PRETRAINED_MODEL
+from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.definitions import build_defs
-from finetune_assets.version_runs import TRAIN, retrain_request
-from finetune_assets_tests.test_sensors import Daemon, _folder, _publish_base
+from finetune_assets_tests.automation_ticks import DATA, Ticks
 
 INSTANCE_FILE = Path(__file__).parents[1] / "deploy" / "instance" / "dagster.yaml"
 # Where a queued run's code lives (the daemon reads only its location name)
@@ -59,7 +61,6 @@ class Queue:
             tags={
                 **self.job.tags,
                 **request.tags,
-                "dagster/run_key": request.run_key,
                 "dagster/partition": request.partition_key,
             },
             status=dg.DagsterRunStatus.QUEUED,
@@ -91,15 +92,21 @@ def _trains(run: dg.DagsterRun) -> bool:
 
 
 def test_data_preparation_proceeds_while_one_version_trains_and_trainings_queue(
-    tmp_path, storage_root, arabic_reviews
+    tmp_path, storage_root
 ):
-    landing = tmp_path / "landing"
     settings = yaml.safe_load(INSTANCE_FILE.read_text())
     with dg.instance_for_test(overrides=settings, temp_dir=str(tmp_path)) as instance:
-        _publish_base(storage_root)
-        sensor, queue = Daemon(instance, landing, storage_root), Queue(instance, storage_root)
+        automation = Ticks(instance, build_defs(str(storage_root)))
+        queue = Queue(instance, storage_root)
+        automation.ran([PRETRAINED_MODEL], None)
+        automation.tick()
         # v1 trains: its run started and its finetuned_model step holds the one training slot
-        training_v1 = queue.submit(retrain_request("v1", "fp", "src", False, phase=TRAIN))
+        instance.add_dynamic_partitions(DATASET_VERSIONS, ["v1"])
+        automation.tick()
+        automation.ran(DATA, "v1")
+        automation.tick()
+        (training_v1,) = [queue.submit(r) for r in automation.run_requests()]
+        assert _trains(training_v1)
         assert queue.dequeue() == [training_v1]
         slot = instance.event_log_storage.claim_concurrency_slot(
             "training", training_v1.run_id, FINETUNED_MODEL
@@ -107,9 +114,9 @@ def test_data_preparation_proceeds_while_one_version_trains_and_trainings_queue(
         assert slot.is_claimed
 
         # Two versions land while v1 trains: their data preparation starts at once ...
-        _folder(landing, "v2", [arabic_reviews / "PROD.csv"])
-        _folder(landing, "v3", [arabic_reviews / "RES2.csv"])
-        prepare = [queue.submit(r) for r in sensor.tick()[1]]
+        instance.add_dynamic_partitions(DATASET_VERSIONS, ["v2", "v3"])
+        automation.tick()
+        prepare = [queue.submit(r) for r in automation.run_requests()]
         started = queue.dequeue()
         assert sorted(r.tags["dagster/partition"] for r in started) == ["v2", "v3"]
         # ... and no run that would wait for the training slot was started (an idle run pod)
@@ -117,7 +124,9 @@ def test_data_preparation_proceeds_while_one_version_trains_and_trainings_queue(
 
         for run in prepare:
             queue.finish(run)
-        trainings = [queue.submit(r) for r in sensor.tick()[1]]
+            automation.ran(DATA, run.tags["dagster/partition"])
+        automation.tick()
+        trainings = [queue.submit(r) for r in automation.run_requests()]
         assert sorted(r.tags["dagster/partition"] for r in trainings) == ["v2", "v3"]
         assert all(_trains(r) for r in trainings)
         assert queue.dequeue() == []  # queued, holding no pod, while v1 trains

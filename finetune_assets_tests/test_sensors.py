@@ -1,5 +1,6 @@
 """The new-data sensor against a real instance: versions of the Arabic reviews landing over
-several ticks.
+several ticks. The sensor only registers (a version record, then its partition); it requests no run
+(automation builds each version: test_automation.py).
 """
 
 import shutil
@@ -38,7 +39,6 @@ class Daemon:
             "storage": StorageResource(root=str(storage_root)),
         }
         self.cursor: str | None = None
-        self.run_keys: set[str] = set()
 
     def tick(self) -> tuple[list[str], list[dg.RunRequest], str | None]:
         ctx = dg.build_sensor_context(
@@ -56,8 +56,8 @@ class Daemon:
             self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
             added += list(req.partition_keys)
         self.cursor = result.cursor
-        fresh = [r for r in result.run_requests or [] if r.run_key not in self.run_keys]
-        self.run_keys |= {r.run_key for r in result.run_requests or []}
+        assert not result.run_requests, "the landing sensor requests no runs: automation does"
+        fresh: list[dg.RunRequest] = []
         skip = result.skip_reason.skip_message if result.skip_reason else None
         return added, fresh, skip
 
@@ -103,8 +103,7 @@ def test_three_versions_over_several_ticks(daemon, landing, storage_root, arabic
     _folder(landing, "bad key", [prod])  # malformed: a space in the key
     (landing / "notes.txt").write_text("not a dataset")  # unsupported file type
     added, runs, _ = daemon.tick()
-    assert added == ["v1"] and [r.partition_key for r in runs] == ["v1"]
-    all_runs = list(runs)
+    assert added == ["v1"]
 
     _folder(landing, "v2", [prod, att])
     # v3 = PROD + ATT + RES2 as one Parquet file, dropped as a plain file (no marker: it must settle
@@ -114,11 +113,9 @@ def test_three_versions_over_several_ticks(daemon, landing, storage_root, arabic
     )
     pq.write_table(table, landing / "v3.parquet")
     added, runs, skip = daemon.tick()
-    assert added == ["v2"] and [r.partition_key for r in runs] == ["v2"]
-    all_runs += runs
+    assert added == ["v2"]
     added, runs, skip = daemon.tick()  # v3 unchanged since the last tick: complete
-    assert added == ["v3"] and [r.partition_key for r in runs] == ["v3"]
-    all_runs += runs
+    assert added == ["v3"]
 
     for _ in range(3):  # repeated ticks: nothing new, the malformed drops are still named
         added, runs, skip = daemon.tick()
@@ -127,32 +124,22 @@ def test_three_versions_over_several_ticks(daemon, landing, storage_root, arabic
         assert "notes.txt: unsupported file type" in skip
 
     assert sorted(daemon.instance.get_dynamic_partitions(DATASET_VERSIONS)) == ["v1", "v2", "v3"]
-    assert len(daemon.run_keys) == 3
     store = Storage(str(storage_root))
     for key, uri in (("v1", v1), ("v2", landing / "v2"), ("v3", landing / "v3.parquet")):
         record = read_version(store, key)
         assert record is not None and record.source.uri == str(uri)
         assert record.fingerprint == fingerprint(str(uri))
-        assert f"{key}:{record.fingerprint}" in daemon.run_keys  # run key carries the content hash
-    # every version's first run prepares its data (the base model is already built: not re-run)
-    assert all(r.asset_selection == [dg.AssetKey(a) for a in PREPARE] for r in all_runs)
 
 
-def test_runs_select_the_version_chain_and_daemon_restart_duplicates_nothing(
-    daemon, landing, arabic_reviews
-):
+def test_daemon_restart_duplicates_nothing(daemon, landing, arabic_reviews):
     _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
     _folder(landing, "v2", [arabic_reviews / "PROD.csv", arabic_reviews / "ATT.csv"])
     added, runs, _ = daemon.tick()  # two versions at once
-    assert sorted(added) == ["v1", "v2"] and sorted(r.partition_key for r in runs) == ["v1", "v2"]
-    assert all(r.asset_selection == [dg.AssetKey(a) for a in PREPARE] for r in runs)
-    assert all(r.tags["finetune_assets/dataset_version"] == r.partition_key for r in runs)
-    assert {r.job_name for r in runs} == {"retrain_job"}  # tuning is off unless a deployment asks
+    assert sorted(added) == ["v1", "v2"]
 
     daemon.cursor = None  # restarted daemon that lost its cursor (or a sensor reset)
     added, runs, _ = daemon.tick()
-    # partitions exist; re-requested runs carry run keys already seen
-    assert added == [] and runs == []
+    assert added == [] and runs == []  # the partitions exist: nothing registered twice
     added, runs, _ = daemon.tick()
     assert (added, runs) == ([], [])
 
@@ -186,7 +173,7 @@ def test_a_malformed_drop_does_not_block_others(daemon, landing, arabic_reviews)
     _folder(landing, "empty", [])
     _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
     added, runs, _ = daemon.tick()
-    assert added == ["v1"] and [r.partition_key for r in runs] == ["v1"]
+    assert added == ["v1"]
 
 
 def test_changed_content_under_a_registered_key_is_refused(daemon, landing, arabic_reviews):
@@ -198,39 +185,24 @@ def test_changed_content_under_a_registered_key_is_refused(daemon, landing, arab
     assert "content changed after version v1 was registered" in skip
 
 
-def test_deleted_version_relanded_with_new_content_runs_again(daemon, landing, arabic_reviews):
+def test_deleted_version_relanded_with_new_content_registers_again(
+    daemon, landing, arabic_reviews, storage_root
+):
+    from finetune_assets.dataset_versions.registry import record_url
+
     v1 = _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
-    _, first, _ = daemon.tick()
+    daemon.tick()
+    store = Storage(str(storage_root))
+    first = read_version(store, "v1").fingerprint
     # The user deletes the partition and the drop, resets the sensor, and lands different data as
     # v1.
     daemon.instance.delete_dynamic_partition(DATASET_VERSIONS, "v1")
     shutil.rmtree(v1)
+    store.fs.rm(record_url(store, "v1"))  # what deleting the version removes
     daemon.cursor = None
     _folder(landing, "v1", [arabic_reviews / "RES2.csv"])
     added, runs, _ = daemon.tick()
-    assert added == ["v1"] and len(runs) == 1 and runs[0].run_key != first[0].run_key
-
-
-def test_missing_base_model_is_built_by_one_run_only(
-    instance, landing, storage_root, arabic_reviews
-):
-    daemon = Daemon(instance, landing, storage_root)  # no pretrained_model published
-    _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
-    _folder(landing, "v2", [arabic_reviews / "ATT.csv"])
-    added, runs, _ = daemon.tick()
-    assert sorted(added) == ["v1", "v2"]
-    assert len(runs) == 1 and dg.AssetKey(PRETRAINED) in runs[0].asset_selection
-    added, runs, skip = daemon.tick()  # base still building: v2 waits, nothing duplicated
-    assert (added, runs) == (
-        [],
-        [],
-    ) and "v2: registered; its run waits until pretrained_model" in skip
-    assert LandingCursor.parse(daemon.cursor).awaiting_base.keys() == {"v2"}
-    _publish_base(storage_root)
-    added, runs, _ = daemon.tick()
-    assert added == [] and [r.partition_key for r in runs] == ["v2"]
-    assert dg.AssetKey(PRETRAINED) not in runs[0].asset_selection
-    assert daemon.tick()[:2] == ([], [])
+    assert added == ["v1"] and read_version(store, "v1").fingerprint != first
 
 
 def test_landing_folder_from_environment(monkeypatch, tmp_path):
@@ -338,131 +310,11 @@ def test_an_unreadable_drop_does_not_block_the_others(daemon, landing, arabic_re
 
     monkeypatch.setattr(sensors, "fingerprint", flaky)
     added, runs, _ = daemon.tick()
-    assert added == ["v1", "v3"] and sorted(r.partition_key for r in runs) == ["v1", "v3"]
+    assert added == ["v1", "v3"]
     # readable again: registered on the next tick
     monkeypatch.setattr(sensors, "fingerprint", fingerprint)
     added, runs, _ = daemon.tick()
-    assert added == ["v2"] and [r.partition_key for r in runs] == ["v2"]
-
-
-def _finish(instance, request: dg.RunRequest, status, job_name: str = "retrain_job") -> str:
-    """What the daemon + run worker leave behind for a request: a run with its run key and an
-    outcome.
-    """
-    from dagster._core.storage.dagster_run import DagsterRun
-    from dagster._core.utils import make_new_run_id
-
-    run = DagsterRun(
-        job_name=job_name,
-        run_id=make_new_run_id(),
-        tags={
-            **request.tags,
-            "dagster/run_key": request.run_key,
-            "dagster/partition": request.partition_key,
-        },
-        status=status,
-    )
-    instance.add_run(run)
-    return run.run_id
-
-
-def test_a_cancelled_run_is_never_requested_again(daemon, landing, arabic_reviews):
-    from finetune_assets.sensors import STATUS_TAG
-
-    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _, (request,), _ = daemon.tick()
-    # an operator's decision
-    cancelled = _finish(daemon.instance, request, dg.DagsterRunStatus.CANCELED)
-    _, runs, skip = daemon.tick()
-    assert runs == [] and "was cancelled; not re-requested" in skip
-    assert daemon.instance.get_run_by_id(cancelled).tags[STATUS_TAG].startswith("failed: run")
-    assert daemon.tick()[1] == []
-
-
-def _run_that_fails_at(instance, request: dg.RunRequest, failing: str) -> str:
-    """A real run (events and all) under the request's run key: ``finetuned_model`` materializes,
-    then ``failing`` raises what an MLflow outage raises.
-    """
-    from finetune_assets.dataset_versions.partitions import dataset_versions
-
-    @dg.asset(name="finetuned_model", partitions_def=dataset_versions)
-    def trained() -> None:
-        return None
-
-    @dg.asset(name="champion_model", partitions_def=dataset_versions, deps=[trained])
-    def promote() -> None:
-        if failing == "champion_model":
-            raise ConnectionError("MLflow registry: 503 Service Unavailable")
-
-    result = dg.materialize(
-        [trained, promote],
-        instance=instance,
-        partition_key=request.partition_key,
-        tags={**request.tags, "dagster/run_key": request.run_key},
-        raise_on_error=False,
-    )
-    return result.run_id
-
-
-def test_a_failed_run_is_reported_as_what_failed_and_not_requested_again(
-    daemon, landing, arabic_reviews
-):
-    """Dagster's run retries are the one retry layer (the run here will not be retried): the sensor
-    reports the failed step, and a failure after training is not called a quality-gate refusal.
-    """
-    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _, (prepare,), _ = daemon.tick()
-    _finish(daemon.instance, prepare, dg.DagsterRunStatus.SUCCESS)
-    _, (train,), _ = daemon.tick()
-    run_id = _run_that_fails_at(daemon.instance, train, "champion_model")
-    _, runs, skip = daemon.tick()
-    assert runs == []
-    why = LandingCursor.parse(daemon.cursor).failed["v1"]
-    assert why.startswith(f"run {run_id[:8]} failed at champion_model (") and "503" in why, why
-    assert "quality gate" not in why and why in skip
-
-
-def test_data_preparation_then_training_each_run_once(daemon, landing, arabic_reviews):
-    """Training is a run of its own, requested when the version's data-preparation run succeeded:
-    the run queue, not an idle run pod, waits for the training slot. Neither run is requested twice.
-    """
-    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _, (prepare,), _ = daemon.tick()
-    assert prepare.asset_selection == [dg.AssetKey(a) for a in PREPARE]
-    assert daemon.tick()[1] == []  # still running: nothing more
-    _finish(daemon.instance, prepare, dg.DagsterRunStatus.SUCCESS)
-    _, (train,), _ = daemon.tick()
-    assert train.asset_selection == [dg.AssetKey(FINETUNED), dg.AssetKey(CHAMPION)]
-    assert train.partition_key == "v1" and train.run_key == f"{prepare.run_key}:train"
-    assert train.tags["finetune_assets/phase"] == "train"
-    _finish(daemon.instance, train, dg.DagsterRunStatus.SUCCESS)
-    assert daemon.tick()[1] == [] and LandingCursor.parse(daemon.cursor).runs == {}
-    daemon.cursor = None  # a lost cursor re-requests both by run key: the daemon drops them
-    assert daemon.tick()[1] == [] and daemon.tick()[1] == []
-
-
-def test_a_base_model_run_that_never_appeared_is_requested_again(
-    instance, landing, storage_root, arabic_reviews
-):
-    """A version waiting for the base model never waits forever: its builder's run is followed
-    too.
-    """
-    import json
-
-    from finetune_assets.sensors import LOST_AFTER_S
-
-    daemon = Daemon(instance, landing, storage_root)  # no pretrained_model published
-    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _folder(landing, "v2", [arabic_reviews / "PROD.csv"])
-    _, (first,), _ = daemon.tick()
-    assert dg.AssetKey(PRETRAINED) in first.asset_selection
-    # the request was dropped: no run appears for longer than the grace period
-    data = json.loads(daemon.cursor)
-    data["runs"][first.partition_key]["at"] -= LOST_AFTER_S + 1
-    daemon.cursor = json.dumps(data)
-    _, (again,), _ = daemon.tick()
-    assert again.partition_key == first.partition_key and again.run_key == f"{first.run_key}:2"
-    assert dg.AssetKey(PRETRAINED) in again.asset_selection
+    assert added == ["v2"]
 
 
 def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
@@ -489,106 +341,59 @@ def test_fingerprint_covers_exactly_the_files_the_reader_reads(tmp_path):
     assert fingerprint(str(drop)) != first
 
 
-def test_a_refused_blocking_data_check_is_reported_as_such(daemon, landing, arabic_reviews):
-    from finetune_assets.dataset_versions.partitions import dataset_versions
+def _finish(instance, tags: dict[str, str], status) -> str:
+    """A finished run as the run worker leaves it."""
+    from dagster._core.storage.dagster_run import DagsterRun
+    from dagster._core.utils import make_new_run_id
 
-    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _, (request,), _ = daemon.tick()
-
-    @dg.asset(
-        name="raw_reviews",
-        partitions_def=dataset_versions,
-        check_specs=[dg.AssetCheckSpec("min_rows_per_class", asset="raw_reviews", blocking=True)],
-    )
-    def raw():
-        yield dg.Output(None)
-        yield dg.AssetCheckResult(
-            check_name="min_rows_per_class",
-            passed=False,
-            description="Mixed: 12 reviews, needs 50",
-            metadata={"fix": "add Mixed reviews"},
-        )
-
-    dg.materialize(
-        [raw],
-        instance=daemon.instance,
-        partition_key="v1",
-        raise_on_error=False,
-        tags={**request.tags, "dagster/run_key": request.run_key},
-    )
-    daemon.tick()
-    why = LandingCursor.parse(daemon.cursor).failed["v1"]
-    assert (
-        "blocking check min_rows_per_class (Mixed: 12 reviews, needs 50; fix: add Mixed reviews) "
-        "refused the data" in why
-    )
+    run = DagsterRun(job_name="__ASSET_JOB", run_id=make_new_run_id(), tags=tags, status=status)
+    instance.add_run(run)
+    return run.run_id
 
 
-def test_a_deployment_that_tunes_new_versions_tunes_then_trains_the_winner(
-    daemon, landing, arabic_reviews
-):
-    """``tune_new_versions``: the version's run is tune_job (study, no model); its success makes
-    ``tuned_retrain_sensor`` request finetune_only_job with the study's winner, once per run.
+def test_a_deployment_that_tunes_new_versions_tunes_then_trains_the_winner(instance, storage_root):
+    """``definitions_tuning``: the study of a version, requested by ``tuning_automation`` (its
+    runs tagged as such), makes ``tuned_retrain_sensor`` request finetune_only_job with the
+    study's winner, once per run.
     """
-    from finetune_assets.definitions import defs
-    from finetune_assets.tuning.on_landing import tuned_retrain_sensor
+    from finetune_assets.definitions import build_defs
+    from finetune_assets.tuning.on_landing import WINNER_CONFIG, tuned_retrain_sensor
+    from finetune_assets.tuning.tags import FALLBACK_TAG
 
-    daemon.resources["landing"] = LandingZoneResource(url=str(landing), tune_new_versions=True)
-    _folder(landing, "v1", [arabic_reviews / "ATT.csv"])
-    _, (prepare,), _ = daemon.tick()  # data preparation as always
-    assert prepare.job_name == "retrain_job"
-    assert prepare.asset_selection == [dg.AssetKey(a) for a in PREPARE]
-    _finish(daemon.instance, prepare, dg.DagsterRunStatus.SUCCESS)
-    _, (request,), _ = daemon.tick()  # the training run is the study
-    assert request.job_name == "tune_job" and request.partition_key == "v1"
-    assert request.asset_selection == [dg.AssetKey("tuning_study")]
-    assert request.run_key == f"{prepare.run_key}:train"  # followed as the training run
-
-    run_id = _finish(daemon.instance, request, dg.DagsterRunStatus.SUCCESS, job_name="tune_job")
-    from dagster._core.events import StepMaterializationData
-
-    study = dg.AssetMaterialization(
-        "tuning_study", partition="v1", metadata={"study_complete": True}
+    defs = build_defs(str(storage_root), tune_new_versions=True)
+    automation = defs.get_sensor_def("tuning_automation")
+    run_id = _finish(
+        instance,
+        {**automation.run_tags, "dagster/partition": "v1"},
+        dg.DagsterRunStatus.SUCCESS,
     )
-    daemon.instance.report_dagster_event(  # the study the run published (else: default recipe)
-        dg.DagsterEvent(
-            event_type_value="ASSET_MATERIALIZATION",
-            job_name="tune_job",
-            event_specific_data=StepMaterializationData(study),
-        ),
-        run_id=run_id,
-    )
-    assert daemon.tick()[1] == [] and LandingCursor.parse(daemon.cursor).runs == {}
-    run = daemon.instance.get_run_by_id(run_id)
-    success = dg.DagsterEvent(event_type_value="PIPELINE_SUCCESS", job_name="tune_job")
+    run = instance.get_run_by_id(run_id)
+    success = dg.DagsterEvent(event_type_value="PIPELINE_SUCCESS", job_name=run.job_name)
     ctx = dg.build_run_status_sensor_context(
         sensor_name="tuned_retrain_sensor",
         dagster_event=success,
-        dagster_instance=daemon.instance,
+        dagster_instance=instance,
         dagster_run=run,
     )
     final = tuned_retrain_sensor(ctx)
+    # this run published no study: the default recipe (a published one: training/test_tuning.py)
     assert isinstance(final, dg.RunRequest) and final.partition_key == "v1"
-    assert final.run_key == f"{run_id}:winner"
+    assert final.run_key == f"{run_id}:fallback"
+    assert "found no completed trial" in final.tags[FALLBACK_TAG]
     job = defs.resolve_job_def("finetune_only_job")
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {
         FINETUNED,
         CHAMPION,
     }
-    config = final.run_config["ops"][FINETUNED]["config"]
-    assert config == {"hyper_parameters_from": "study"}
-    assert dg.validate_run_config(job, final.run_config)  # the launchpad would accept it
+    assert WINNER_CONFIG["ops"][FINETUNED]["config"] == {"hyper_parameters_from": "study"}
+    assert dg.validate_run_config(job, WINNER_CONFIG)  # the launchpad would accept it
 
     # A tune_job run a person launched only tunes: the sensor leaves the model to them.
-    by_hand = _finish(
-        daemon.instance,
-        dg.RunRequest(run_key="by-hand", partition_key="v1"),
-        dg.DagsterRunStatus.SUCCESS,
-    )
+    by_hand = _finish(instance, {"dagster/partition": "v1"}, dg.DagsterRunStatus.SUCCESS)
     ctx = dg.build_run_status_sensor_context(
         sensor_name="tuned_retrain_sensor",
         dagster_event=success,
-        dagster_instance=daemon.instance,
-        dagster_run=daemon.instance.get_run_by_id(by_hand),
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(by_hand),
     )
     assert isinstance(tuned_retrain_sensor(ctx), dg.SkipReason)

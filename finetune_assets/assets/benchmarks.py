@@ -55,9 +55,7 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
     kinds={"mlflow"},
     owners=OWNERS,
     code_version="1",
-    # Scored once its model and baseline for v are (re)materialized, by benchmark_automation
-    # (sensors.py); eager waits while either is missing or in progress.
-    automation_condition=dg.AutomationCondition.eager(),
+    # scored by automation once its model (behind the gate) and baseline exist (automation.py)
 )
 def benchmark_scores(
     context: dg.AssetExecutionContext, storage: StorageResource, mlflow: MlflowResource

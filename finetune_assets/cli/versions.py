@@ -230,7 +230,7 @@ def version_status(instance, versions: Sequence[str], resolver) -> list[dict]:
     "stale" is Dagster's judgement (``resolver``: ``stale_resolver``), never a rule of our own.
     """
     from finetune_assets.contracts import PARTITIONED_ASSETS, PRETRAINED_MODEL
-    from finetune_assets.sensors import STATUS_TAG
+    from finetune_assets.run_outcome import STATUS_TAG
 
     rows = []
     # The graph as users see it in `versions status`: the unpartitioned base model, then per

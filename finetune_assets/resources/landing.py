@@ -96,11 +96,6 @@ class LandingZoneResource(dg.ConfigurableResource):
             "Delta tables watched for new commits (delta-rs reads their commit history only)"
         ),
     )
-    tune_new_versions: bool = Field(
-        default=False,
-        description="tune each new version before training it: a tune_job run (tuning_study), "
-        "then finetune_only_job with the study's winner (tuning/on_landing.py); off: retrain_job",
-    )
 
     def location(self) -> str:
         """The resolved landing URL (local paths made absolute, so run logs show where to look)."""

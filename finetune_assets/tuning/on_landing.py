@@ -1,53 +1,28 @@
-"""Tuning the versions the new-data sensor registers, when a deployment turns it on.
+"""Tuning the versions a deployment registers, where it loads the tuning definitions.
 
-Off by default (``LandingZoneResource.tune_new_versions``): ``landing_zone_sensor`` requests
-``retrain_job`` for a new version, as always (its data preparation, then its training). On: the
-version's training run is ``tune_job`` instead (``tuning_study`` in the training pool), same run key
-and tags, so the sensor follows it as it follows a training run; when it succeeds,
+Off by default: ``definitions.defs`` trains every new version with the default recipe
+(``automation.AFTER_DATA_RUN`` on ``finetuned_model``). A deployment that tunes each new version
+loads ``finetune_assets.definitions_tuning`` instead (``build_defs(tune_new_versions=True)``): the
+study takes the model's place (``tuning_study`` in the training pool, requested by
+``tuning_automation`` after the version's data run, tagged ``AUTO_TUNE_TAG``); when it succeeds,
 ``tuned_retrain_sensor`` requests ``finetune_only_job`` for the version with
 ``hyper_parameters_from: study``: the winner trained on the full budget, then the gate and promotion
-as usual. A study that fails is not a version that fails: when it found no completed trial (the
-tune run then ends without a study) or was cut short (``study_complete: false``: time budget, too
-many failed trials), the final run trains the default recipe instead, tagged
-``finetune_assets/tuning_fallback`` with the reason (shown by ``finetune-assets summary``).
-Two runs, not one: in one run nothing orders ``tuning_study`` before ``finetuned_model`` (neither
-depends on the other).
+as usual. A study that fails is not a version that fails: when it found no completed trial (the run
+then ends without a study) or was cut short (``study_complete: false``: time budget, too many failed
+trials), the final run trains the default recipe instead, tagged ``finetune_assets/tuning_fallback``
+with the reason (shown by ``finetune-assets summary``). Two runs, not one: in one run nothing orders
+``tuning_study`` before ``finetuned_model`` (neither depends on the other).
 """
 
 from __future__ import annotations
 
 import dagster as dg
 
-from finetune_assets.contracts import CHAMPION_MODEL, FINETUNED_MODEL, TUNING_STUDY
-from finetune_assets.jobs import finetune_only_job, retrain_job, tune_job
+from finetune_assets.contracts import FINETUNED_MODEL, TUNING_STUDY
+from finetune_assets.jobs import finetune_only_job
 from finetune_assets.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG, TUNED_BY_TAG
 
-TRAINS = {dg.AssetKey(FINETUNED_MODEL), dg.AssetKey(CHAMPION_MODEL)}
 WINNER_CONFIG = {"ops": {FINETUNED_MODEL: {"config": {"hyper_parameters_from": "study"}}}}
-
-
-def route(requests: list[dg.RunRequest], tune: bool) -> list[dg.RunRequest]:
-    """The sensor's requests as they go out: all to ``retrain_job``; when tuning, a version's
-    training run goes to ``tune_job`` as its study (data preparation runs as always).
-    """
-    return [
-        _tune_first(r)
-        if tune and TRAINS & set(r.asset_selection or ())
-        else r.with_replaced_attrs(job_name=retrain_job.name)
-        for r in requests
-    ]
-
-
-def _tune_first(request: dg.RunRequest) -> dg.RunRequest:
-    """The same version's run with the study in place of the model (run key kept: one per
-    version).
-    """
-    selection = [k for k in request.asset_selection or () if k not in TRAINS]
-    return request.with_replaced_attrs(
-        job_name=tune_job.name,
-        asset_selection=[*selection, dg.AssetKey(TUNING_STUDY)],
-        tags={**request.tags, AUTO_TUNE_TAG: "true"},
-    )
 
 
 def winner_request(
@@ -59,7 +34,7 @@ def winner_request(
     """
     version = run.tags.get("dagster/partition")
     if run.tags.get(AUTO_TUNE_TAG) != "true" or not version:
-        return dg.SkipReason(f"run {run.run_id[:8]} was not requested by the new-data sensor")
+        return dg.SkipReason(f"run {run.run_id[:8]} was not requested by tuning_automation")
     why = _study_failed(run, instance) if instance is not None else None
     if why:
         return dg.RunRequest(
@@ -97,13 +72,12 @@ def _study_failed(run: dg.DagsterRun, instance: dg.DagsterInstance) -> str | Non
 @dg.run_status_sensor(
     name="tuned_retrain_sensor",
     run_status=dg.DagsterRunStatus.SUCCESS,
-    monitored_jobs=[tune_job],
-    request_job=finetune_only_job,
+    request_job=finetune_only_job,  # monitors every job of the code location: automation's too
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="A tune_job run the new-data sensor made succeeded -> finetune_only_job trains "
+    description="A run tuning_automation made succeeded -> finetune_only_job trains "
     "the study's winner for that version, or the default recipe when the study failed or was cut "
-    "short (LandingZoneResource.tune_new_versions).",
+    "short (finetune_assets.definitions_tuning).",
 )
 def tuned_retrain_sensor(context: dg.RunStatusSensorContext) -> dg.RunRequest | dg.SkipReason:
     request = winner_request(context.dagster_run, context.instance)
