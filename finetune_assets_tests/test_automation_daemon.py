@@ -249,7 +249,8 @@ def _check_v1(instance) -> None:
     names = {k.to_user_string() for k in training.asset_selection}
     assert names == {FINETUNED_MODEL, CHAMPION_MODEL, "benchmark_scores"}
     last_data_end = max(instance.get_run_record_by_id(r.run_id).end_time for r in data)
-    assert instance.get_run_record_by_id(training.run_id).create_timestamp >= last_data_end
+    created = instance.get_run_record_by_id(training.run_id).create_timestamp  # a datetime
+    assert created.timestamp() >= last_data_end  # end_time: seconds since the epoch
 
     # the gate refused (TF-IDF scores 1.0 on these reviews), the run says so, nothing promoted
     gate = [
