@@ -49,6 +49,18 @@ STANDIN = "finetune_assets_tests.launchers.k8s.standin"
 HARNESS_AGENT = "finetune-assets-tests"
 
 
+# What Pod Security "restricted" (deploy/namespace.yaml's level) admits of a container
+RESTRICTED_CONTAINER = {
+    "securityContext": {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+}
+
+
 @dataclass
 class Cluster:
     """What a test needs from "a cluster", the same for the double and a real one."""
@@ -128,7 +140,12 @@ class Cluster:
                     # takes (the garbage collector acts once the pod is gone)
                     "terminationGracePeriodSeconds": 2,
                     "containers": [
-                        {"name": "run", "image": self.image, "command": ["sleep", "3600"]}
+                        {
+                            "name": "run",
+                            "image": self.image,
+                            "command": ["sleep", "3600"],
+                            **RESTRICTED_CONTAINER,
+                        }
                     ],
                 },
             },

@@ -145,9 +145,10 @@ def running_plane(root: Path) -> Iterator[ControlPlane]:
 
 def install_namespace(plane: ControlPlane, name: str) -> None:
     """What deploy/README.md installs, in namespace ``name``: deploy/namespace.yaml (its Pod
-    Security labels: ``baseline`` enforced, ``restricted`` warned) and deploy/rbac.yaml (the run
-    pods' ServiceAccount ``finetune-launcher`` and its Role, the trainer's ``finetune-trainer``).
-    Objects already there (a plane started by hand, reused) are left as they are.
+    Security level relaxed to ``baseline`` enforced, ``restricted`` warned: see below) and
+    deploy/rbac.yaml (the run pods' ServiceAccount ``finetune-launcher`` and its Role, the
+    trainer's ``finetune-trainer``). Objects already there (a plane started by hand, reused) are
+    left as they are.
     """
     import yaml
     from kubernetes.utils import FailToCreateError, create_from_dict
@@ -156,6 +157,13 @@ def install_namespace(plane: ControlPlane, name: str) -> None:
     core = kubernetes.client.CoreV1Api(client)
     (ns_doc,) = yaml.safe_load_all((REPO / "deploy" / "namespace.yaml").read_text())
     ns_doc["metadata"]["name"] = name
+    # The harness namespace also holds the tests' stand-ins for pods that live elsewhere in a
+    # deployment (Dagster's run pods, bare owner pods): "baseline" is enforced here, "restricted"
+    # only warned. deploy/namespace.yaml's own "restricted", applied unchanged, is
+    # test_restricted_namespace_plane.py's (the launcher's pods pass it).
+    labels = ns_doc["metadata"].setdefault("labels", {})
+    labels["pod-security.kubernetes.io/enforce"] = "baseline"
+    labels["pod-security.kubernetes.io/warn"] = "restricted"
     try:
         core.create_namespace(ns_doc)
     except kubernetes.client.ApiException as e:

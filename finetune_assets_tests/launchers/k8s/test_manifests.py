@@ -61,6 +61,8 @@ CONFIGS = {
         gpus_per_node=8,
         queue_name="gpu-queue",
         deployment="prod",
+        # IPC_LOCK (RDMA memory registration) passes only a namespace enforcing 'privileged'
+        pod_security_level="privileged",
         k8s_config={
             "pod_template_spec_metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}},
             "pod_spec_config": {

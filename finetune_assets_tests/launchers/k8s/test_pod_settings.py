@@ -14,7 +14,7 @@ import pytest
 from finetune_assets.launchers.fanout import FanOut
 from finetune_assets.launchers.k8s import K8sTorchrunLauncher, gang_key
 from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner
-from finetune_assets_tests.launchers.k8s.conftest import Cluster
+from finetune_assets_tests.launchers.k8s.conftest import RESTRICTED_CONTAINER, Cluster
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 from finetune_assets_tests.launchers.k8s.test_manifests import CONFIGS, render
 
@@ -106,8 +106,16 @@ def test_a_sidecar_first_run_pod_gives_the_dagster_containers_image(cluster: Clu
             "metadata": {"name": "run-pod-mesh"},
             "spec": {
                 "containers": [
-                    {"name": "istio-proxy", "image": "docker.io/istio/proxyv2:1.24"},
-                    {"name": "dagster", "image": "registry.example.com/finetune-assets:7"},
+                    {
+                        "name": "istio-proxy",
+                        "image": "docker.io/istio/proxyv2:1.24",
+                        **RESTRICTED_CONTAINER,
+                    },
+                    {
+                        "name": "dagster",
+                        "image": "registry.example.com/finetune-assets:7",
+                        **RESTRICTED_CONTAINER,
+                    },
                 ]
             },
         },

@@ -14,13 +14,33 @@ import sys
 import time
 
 import kubernetes
+import yaml
 from dagster._core.launcher import WorkerStatus
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from dagster._core.utils import make_new_run_id
 from dagster_k8s import K8sRunLauncher
-from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_job_name_from_run_id
+from dagster_k8s.job import (
+    DagsterK8sJobConfig,
+    UserDefinedDagsterK8sConfig,
+    construct_dagster_k8s_job,
+    get_job_name_from_run_id,
+)
+
+from finetune_assets_tests.launchers.k8s.plane import REPO
 
 IMAGE = "finetune-assets:test"
+
+
+def _run_k8s_config() -> UserDefinedDagsterK8sConfig:
+    """The chart's ``runK8sConfig`` from deploy/values.yaml: what makes the run pod pass the
+    namespace's Pod Security level (deploy/namespace.yaml enforces "restricted").
+    """
+    values = yaml.safe_load((REPO / "deploy" / "values.yaml").read_text())
+    run = values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]
+    return UserDefinedDagsterK8sConfig(
+        pod_spec_config={"securityContext": run["podSpecConfig"]["securityContext"]},
+        container_config={"securityContext": run["containerConfig"]["securityContext"]},
+    )
 
 
 def _wait(check, timeout_s: float = 30.0):
@@ -54,6 +74,7 @@ def test_a_sigkilled_run_pod_fails_the_job_and_the_launchers_health_check(cluste
         ),
         args=[sys.executable, "-c", "import time; time.sleep(120)"],  # a run worker, busy
         job_name=name,
+        user_defined_k8s_config=_run_k8s_config(),
         component="run_worker",
         labels={"dagster/run-id": run.run_id},
     )
