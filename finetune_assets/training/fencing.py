@@ -63,22 +63,23 @@ def raise_fence(folder_url: str, gen: int | None = None) -> None:
     gen = generation() if gen is None else gen
     if gen is None:
         return
-    held = read_fence(folder_url)
-    if held is not None and held > gen:
-        raise FencedOff(_refusal(folder_url, gen, held))
+    held = check_fence(folder_url, gen)
     if held != gen:
         body = json.dumps({"generation": gen, "raised_at": time.time()}).encode()
         write_bytes_atomic(_fence_url(folder_url), body)
 
 
-def check_fence(folder_url: str, gen: int | None = None) -> None:
-    """Before a commit into ``folder_url``: raises :class:`FencedOff` when a newer gang owns it."""
+def check_fence(folder_url: str, gen: int | None = None) -> int | None:
+    """Before a commit into ``folder_url``: raises :class:`FencedOff` when a newer gang owns it;
+    else the generation the fence holds (None: no fence, or this process is in no gang).
+    """
     gen = generation() if gen is None else gen
     if gen is None:
-        return
+        return None
     held = read_fence(folder_url)
     if held is not None and held > gen:
         raise FencedOff(_refusal(folder_url, gen, held))
+    return held
 
 
 def _refusal(folder_url: str, gen: int, held: int) -> str:
