@@ -127,6 +127,13 @@ def _automation_ticks_after(instance, ts: float) -> int:
     return sum(1 for t in ticks if t.timestamp > ts and t.status.value != "STARTED")
 
 
+def _step_started(instance, run_id: str) -> bool:
+    run = instance.get_run_by_id(run_id)
+    if run.is_finished:
+        raise AssertionError(f"run {run_id} ended ({run.status}) before a step started")
+    return bool(instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START))
+
+
 def _wait(what: str, ready, began: float, log: Path) -> None:
     while not ready():
         assert time.time() - began < DEADLINE_S, f"{what}; daemon log:\n{log.read_text()[-5000:]}"
@@ -202,7 +209,15 @@ def test_a_landed_version_is_built_by_automation_and_ended_runs_are_not_requeste
         _wait("no run of v2", lambda: _runs(instance, "v2"), began, log)
         (first,) = _runs(instance, "v2")
         assert not _trains(first)  # its data first
-        instance.run_coordinator.cancel_run(first.run_id)
+        # Cancel once a step runs (as Dagster's own launcher tests do, poll_for_step_start): a run
+        # still STARTING has no run worker the launcher can reach, and its cancel request is lost
+        _wait(
+            "the data run of v2 never started a step",
+            lambda: _step_started(instance, first.run_id),
+            began,
+            log,
+        )
+        assert instance.run_coordinator.cancel_run(first.run_id), "the cancel was refused"
         _wait(
             "the cancelled run did not end",
             lambda: instance.get_run_by_id(first.run_id).is_finished,

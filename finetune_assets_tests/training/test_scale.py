@@ -406,7 +406,9 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
     module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
     data = DataConfig(train_url="/t", validation_url="/v", test_url="/e")
     two_nodes = SimpleNamespace(
-        world_size=2, num_nodes=2, datamodule=SimpleNamespace(config=SimpleNamespace(data=data))
+        world_size=2,
+        num_nodes=2,
+        datamodule=SimpleNamespace(config=SimpleNamespace(data=data, batch_size=8)),
     )
     module._trainer = two_nodes
     checkpoint: dict = {}
@@ -415,6 +417,7 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
         "world_size": 2,
         "num_nodes": 2,
         "num_canonical_nodes": 2,
+        "batch_size": 8,
         "nonfinite_skipped": 0,
     }
     module.on_load_checkpoint(checkpoint)  # the same layout resumes

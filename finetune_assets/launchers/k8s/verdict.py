@@ -201,4 +201,28 @@ def _pod_state(pod) -> str:
         term = cs.state.terminated if cs.state else None
         if term is not None:
             return f"{phase}, exit code {term.exit_code} ({term.reason or 'no reason'})"
+    if phase == "Pending":
+        return f"{phase}, {_why_pending(pod)}"
     return phase
+
+
+def _why_pending(pod) -> str:
+    """Where a Pending pod is stuck: unscheduled (the scheduler's reason, or its scheduling
+    gates), or bound to a node whose kubelet has not started it (waiting container reasons).
+    """
+    spec = pod.spec
+    gates = [g.name for g in (getattr(spec, "scheduling_gates", None) or [])] if spec else []
+    if gates:
+        return f"not scheduled: held by scheduling gates {gates}"
+    node = spec.node_name if spec else None
+    if not node:
+        for c in (pod.status.conditions or []) if pod.status else []:
+            if c.type == "PodScheduled" and c.status == "False":
+                return f"not scheduled: {c.reason}: {c.message}"
+        return "not scheduled yet (no scheduler has tried)"
+    waiting = [
+        f"{cs.name}: {cs.state.waiting.reason}"
+        for cs in (pod.status.container_statuses or [])
+        if cs.state and cs.state.waiting and cs.state.waiting.reason
+    ]
+    return f"on node {node}, not started" + (f" ({'; '.join(waiting)})" if waiting else "")

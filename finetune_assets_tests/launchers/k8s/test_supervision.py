@@ -100,3 +100,58 @@ def test_which_waits_are_fatal(reason: str, message: str, fatal: bool) -> None:
     from finetune_assets.launchers.k8s.failures import waiting_is_fatal
 
     assert waiting_is_fatal(reason, message) is fatal
+
+
+def _pending_pod(spec: dict, status: dict):
+    body = {"metadata": {"name": "p"}, "spec": {"containers": [], **spec}, "status": status}
+    return kubernetes.client.ApiClient()._ApiClient__deserialize(body, "V1Pod")
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "says"),
+    [
+        # the scheduler's condition, as kube-scheduler writes it for a gang that does not fit
+        (
+            {},
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+                    }
+                ],
+            },
+            "not scheduled: Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+        ),
+        (
+            {"schedulingGates": [{"name": "kueue.x-k8s.io/topology"}]},
+            {"phase": "Pending"},
+            "held by scheduling gates ['kueue.x-k8s.io/topology']",
+        ),
+        ({}, {"phase": "Pending"}, "no scheduler has tried"),
+        (
+            {"nodeName": "gpu-7"},
+            {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {
+                        "name": "trainer",
+                        "image": "i",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"waiting": {"reason": "ContainerCreating"}},
+                    }
+                ],
+            },
+            "on node gpu-7, not started (trainer: ContainerCreating)",
+        ),
+    ],
+)
+def test_a_pending_pod_in_a_failure_report_says_where_it_is_stuck(spec, status, says) -> None:
+    from finetune_assets.launchers.k8s.verdict import _pod_state
+
+    assert says in _pod_state(_pending_pod(spec, status))
