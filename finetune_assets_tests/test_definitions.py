@@ -147,3 +147,29 @@ def test_deployment_instance_serializes_one_partition_and_sizes_the_pools(tmp_pa
             tags["dagster/max_retries"] == "2"
             and tags["dagster/retry_on_asset_or_op_failure"] == "false"
         )
+
+
+def test_the_repository_is_a_dg_project_whose_defs_are_the_code_locations(tmp_path):
+    """``dg check defs`` and ``dg list defs`` from the repository root (pyproject's [tool.dg]) load
+    the same definitions as ``dagster -m finetune_assets.definitions``: every asset and check.
+    """
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    dg_cli = Path(sys.executable).with_name("dg")
+    env = {**os.environ, "FINETUNE_ASSETS_ROOT": str(tmp_path), "DAGSTER_HOME": str(tmp_path)}
+    check = subprocess.run(
+        [dg_cli, "check", "defs"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    listed = subprocess.run(
+        [dg_cli, "list", "defs", "--json"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    got = json.loads(listed.stdout)
+    repo_def = build_defs(str(tmp_path)).get_repository_def()
+    assert {a["asset_key"] for a in got["assets"]} == {
+        k.to_user_string() for k in repo_def.asset_graph.get_all_asset_keys()
+    }
+    assert len(got["asset_checks"]) == len(repo_def.asset_graph.asset_check_keys)
