@@ -14,6 +14,8 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
+from finetune_assets.storage_files import read_json
+
 # -- asset names (the storage layout's first folder and the Dagster asset keys) --------------------
 RAW_REVIEWS = "raw_reviews"
 PRETRAINED_MODEL = "pretrained_model"
@@ -100,12 +102,6 @@ def _fs_and_path(url: str, fs=None):
     import fsspec
 
     return (fs, url) if fs is not None else fsspec.core.url_to_fs(url)
-
-
-def read_json(url: str, fs=None) -> Any:
-    fs, path = _fs_and_path(url, fs)
-    with fs.open(path, "r", encoding="utf-8") as f:
-        return json.load(f)
 
 
 def read_reviews(attempt_url: str, fs=None, columns: list[str] | None = None) -> pa.Table:

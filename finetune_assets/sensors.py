@@ -145,7 +145,7 @@ def evaluate_landing(
                 new_partitions,
             )
         # an unreadable drop (deleted mid-read, permissions) is its own problem
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             problems[e.name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
 
     for watched in landing.delta_tables:
@@ -154,7 +154,7 @@ def evaluate_landing(
             continue
         try:
             _consider_table(store, cursor, existing, watched, problems, new_partitions)
-        except Exception as err:  # noqa: BLE001 - an unreachable table is its own problem
+        except Exception as err:  # an unreachable table is its own problem
             why = f"could not read it ({type(err).__name__}: {err}); retried next tick"
             problems[DELTA_PREFIX + watched.table] = why
 
@@ -247,7 +247,8 @@ def _consider(
                 "land the new data under a new key"
             )
         return
-    try:  # a folder drop may carry its label set (data/labels.py MANIFEST); else the seed's classes
+    # a folder drop may carry its label set (data/labels.py MANIFEST); else the default classes
+    try:
         labels = read_manifest(e.uri) if e.is_dir else None
     except LabelError as err:
         problems[e.name] = str(err)

@@ -45,9 +45,11 @@ from finetune_assets.storage_files import (  # noqa: F401
     WRITER_KEYS,
     StorageRootError,
     default_root,
+    file_lock,
     hash_tree,
     join,
     make_dirs,
+    read_json,
     write_bytes_atomic,
 )
 
@@ -308,11 +310,8 @@ class Storage:
         write_bytes_atomic(url, body)
 
     def read_json(self, url: str) -> Any | None:
-        try:
-            with self.fs.open(url, "rb") as f:
-                return json.loads(f.read())
-        except FileNotFoundError:
-            return None
+        """The JSON document at ``url`` under this root, None when there is none."""
+        return read_json(url, fs=self.fs, missing=None)
 
     def _remove(self, url: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -346,16 +345,10 @@ class Storage:
         if not self.is_local:
             yield
             return
-        import fcntl
-
         path = Path(self.url(LOCKS, f"{name}.lock"))
         make_dirs(path.parent, self.root)
-        with path.open("a") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        with file_lock(path):
+            yield
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -53,18 +53,13 @@ def ensure_sqlite_store(uri: str) -> str:
     """
     if not uri.startswith("sqlite:///"):
         return uri
-    import fcntl
-
     from mlflow import MlflowClient
 
+    from finetune_assets.storage_files import file_lock
+
     db = Path(uri.removeprefix("sqlite:///"))
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(f"{db.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with file_lock(db.with_name(f"{db.name}.lock")):
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     return uri
 
 

@@ -166,7 +166,7 @@ def _metadata(
             meta["confusion_matrix_chart"] = dg.MetadataValue.md(
                 viz.confusion_matrix_md(test["confusion_matrix"], labels)
             )
-        except Exception as err:  # noqa: BLE001 - a picture never fails a finished fit
+        except Exception as err:  # a picture never fails a finished fit
             dg.get_dagster_logger().warning(f"confusion matrix chart skipped: {err}")
     if run.get("run_id"):
         meta["mlflow_run_id"] = run["run_id"]
@@ -182,21 +182,11 @@ def _log_mlflow(
     """One MLflow run per baseline fit, in the fine-tuned runs' experiment; a tracking outage
     only warns.
     """
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     try:
-        client = MlflowClient(tracking_uri=mlflow.resolve_tracking_uri(store))
-        exp = client.get_experiment_by_name(mlflow.experiment_name)
-        if exp is None:
-            try:
-                exp_id = client.create_experiment(
-                    mlflow.experiment_name, artifact_location=mlflow.artifact_location(store)
-                )
-            except MlflowException:  # created concurrently (a trainer of another version)
-                exp_id = client.get_experiment_by_name(mlflow.experiment_name).experiment_id
-        else:
-            exp_id = exp.experiment_id
+        client = mlflow.client(store)
+        exp_id = mlflow.experiment_id(store, client)
         run = client.create_run(
             exp_id,
             run_name=f"{version}-baseline",

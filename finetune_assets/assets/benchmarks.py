@@ -179,7 +179,6 @@ def _log_mlflow(
     """Benchmark metrics on the fine-tuned run and on the baseline run of this version (when they
     exist).
     """
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     from finetune_assets.assets.baseline import read_baseline_info
@@ -191,7 +190,7 @@ def _log_mlflow(
     if not results or not any(run_ids.values()):
         return
     try:
-        client = MlflowClient(tracking_uri=mlflow.resolve_tracking_uri(store))
+        client = mlflow.client(store)
         for kind, run_id in run_ids.items():
             if not run_id:
                 continue

@@ -109,8 +109,6 @@ def champion_model(
     """Moves the champion alias to this run's model only if it is strictly better than the
     champion.
     """
-    from mlflow import MlflowClient
-
     from finetune_assets import gate
     from finetune_assets.checks import frozen_test_set, gate_conditions, version_labels
     from finetune_assets.checks.quality_gate import registered_at
@@ -131,7 +129,7 @@ def champion_model(
     alias = mlflow.champion_alias
     test = frozen_test_set(store, version)
     uri = mlflow.resolve_tracking_uri(store)
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client = mlflow.client(store)
     challenger_version = str(model.registered_model_version)
     cached = client.get_model_version(name, challenger_version).tags or {}
     if cached.get(gate.TAG_TEST_DATA) == test.fingerprint and gate.TAG_SCORE in cached:

@@ -197,7 +197,8 @@ def build_trainer_config(
         "shards": shards.data_version,
         "pretrained": pretrained.data_version,
     }
-    if labels.names != DEFAULT_LABEL_SET.names:  # the seed's classes keep their checkpoint keys
+    # the default three classes keep their checkpoint keys
+    if labels.names != DEFAULT_LABEL_SET.names:
         key["labels"] = list(labels.names)
     key = json.dumps(key, sort_keys=True)
     config_hash = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -370,7 +371,7 @@ def _metadata(
             meta["confusion_matrix_chart"] = dg.MetadataValue.md(
                 viz.confusion_matrix_md(result.confusion_matrix, result.labels)
             )
-        except Exception as err:  # noqa: BLE001 - any plotting/encoding error
+        except Exception as err:  # any plotting/encoding error
             dg.get_dagster_logger().warning(f"confusion matrix chart skipped: {err}")
     meta["test_samples"] = result.test_samples
     if result.class_weights:

@@ -158,7 +158,7 @@ def raw_reviews(
             # The labels are part of the data version (same reviews, other classes: another
             # dataset).
             staging.data_version = digest
-            # the seed's classes keep the data version they always had
+            # the default three classes keep the data version they always had
             if rules.labels != DEFAULT_LABEL_SET:
                 staging.data_version = f"{staging.data_version[:48]}-{rules.labels.fingerprint()}"
             staging.metadata = {
@@ -366,6 +366,6 @@ def _pictures(
     try:
         chart = viz.label_distribution_md(labels)  # its own key: the table stays beside it
         return {"label_distribution_chart": dg.MetadataValue.md(chart)}
-    except Exception as err:  # noqa: BLE001 - a missing picture is not worth a failed run
+    except Exception as err:  # a missing picture is not worth a failed run
         context.log.warning(f"label distribution chart skipped: {err}")
         return {}

@@ -221,7 +221,7 @@ def _index_cache(context: dg.AssetExecutionContext, cache_url: str | None) -> di
 
     try:
         counts = TokenCache(cache_url).compact()
-    except Exception as err:  # noqa: BLE001 - see above
+    except Exception as err:  # see above
         context.log.warning(
             f"token cache index not updated ({type(err).__name__}: {err}); "
             "the next version searches its segments one by one"
@@ -261,6 +261,6 @@ def _pictures(
         step = max(1, int(hist.sum()) // 200_000)
         lengths = np.repeat(np.arange(len(hist)), hist // step + (hist % step > 0))
         return {"token_lengths": dg.MetadataValue.md(viz.token_length_md(lengths, max_length))}
-    except Exception as err:  # noqa: BLE001 - a missing picture is not worth a failed run
+    except Exception as err:  # a missing picture is not worth a failed run
         context.log.warning(f"token length histogram skipped: {err}")
         return {}

@@ -293,7 +293,6 @@ def _parent_run(
     version: str,
 ) -> str | None:
     """The study's MLflow run (made once, kept in the study), trials nest under it; outages warn."""
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     known = study.user_attrs.get(tuning.MLFLOW_RUN)
@@ -301,17 +300,8 @@ def _parent_run(
         _set_status(context, mlflow, store, known, "RUNNING")  # resumed: running again
         return known
     try:
-        client = MlflowClient(tracking_uri=mlflow.resolve_tracking_uri(store))
-        exp = client.get_experiment_by_name(mlflow.experiment_name)
-        if exp is None:
-            try:
-                exp_id = client.create_experiment(
-                    mlflow.experiment_name, artifact_location=mlflow.artifact_location(store)
-                )
-            except MlflowException:  # created concurrently
-                exp_id = client.get_experiment_by_name(mlflow.experiment_name).experiment_id
-        else:
-            exp_id = exp.experiment_id
+        client = mlflow.client(store)
+        exp_id = mlflow.experiment_id(store, client)
         run = client.create_run(
             exp_id,
             run_name=f"{version}-study",
@@ -342,13 +332,12 @@ def _set_status(
     """The study's MLflow run's status: RUNNING while a run tunes, then FINISHED / FAILED /
     KILLED with it (never left RUNNING).
     """
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     if not run_id:
         return
     try:
-        client = MlflowClient(tracking_uri=mlflow.resolve_tracking_uri(store))
+        client = mlflow.client(store)
         if status == "RUNNING":
             client.update_run(run_id, status="RUNNING")
         else:
@@ -364,13 +353,12 @@ def _log_best(
     run_id: str | None,
     summary: tuning.Summary,
 ) -> None:
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     if not run_id or summary.best is None:
         return
     try:
-        client = MlflowClient(tracking_uri=mlflow.resolve_tracking_uri(store))
+        client = mlflow.client(store)
         for key, value in summary.best["params"].items():
             client.set_tag(run_id, f"best.{key}", str(value))
         client.set_tag(run_id, "best_trial", str(summary.best["trial"]))
@@ -560,7 +548,7 @@ def _metadata(
         importance = tuning.importances(study)
         if importance:
             meta["param_importance"] = dg.MetadataValue.md(viz.param_importance_md(importance))
-    except Exception as err:  # noqa: BLE001 - any plotting/encoding/importance error
+    except Exception as err:  # any plotting/encoding/importance error
         context.log.warning(f"study charts skipped: {err}")
     exp = study.user_attrs.get("mlflow_experiment_id")
     link = mlflow.run_url(exp, parent) if parent and exp else None

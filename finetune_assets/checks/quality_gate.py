@@ -109,8 +109,6 @@ def quality_gate(
     mlflow: MlflowResource,
 ) -> dg.AssetCheckResult:
     """Challenger and champion scored alike on this version's test set; promotes nothing."""
-    from mlflow import MlflowClient
-
     from finetune_assets import gate
     from finetune_assets.assets.finetuned import recorded_model
 
@@ -123,7 +121,7 @@ def quality_gate(
     )
     test = frozen_test_set(store, version)
     uri = mlflow.resolve_tracking_uri(store)
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client = mlflow.client(store)
 
     with store.local_copy(model.model_url) as local:
         score = gate.score_model(local, test)

@@ -17,8 +17,8 @@ from finetune_assets.data.label_values import is_missing, label_key, shown
 
 MAX_CLASSES = 127  # label ids are stored as int8
 
-# The seed's classes, in the order of ``arbml/arabic_100k_reviews``: the set of numeric 1 / -1 / 0
-# data.
+# The default three classes, in the order of ``arbml/arabic_100k_reviews``: the set of numeric
+# 1 / -1 / 0 data.
 LABELS: tuple[str, ...] = ("Positive", "Negative", "Mixed")
 LABEL2ID: dict[str, int] = {name: i for i, name in enumerate(LABELS)}
 ID2LABEL: dict[int, str] = dict(enumerate(LABELS))
@@ -180,7 +180,7 @@ STARS_LABEL_SET = LabelSet(STAR_NAMES, {str(i): name for i, name in enumerate(ST
 
 def labels_from_metadata(metadata: Mapping[str, object] | None) -> LabelSet:
     """The label set a publication (``raw_reviews`` and what is built from it) records in its
-    metadata; the seed's classes for publications made before label sets.
+    metadata; the default three classes for publications made before label sets.
     """
     labels = (metadata or {}).get("labels")
     return LabelSet.from_dict(labels) if labels else DEFAULT_LABEL_SET  # type: ignore[arg-type]
@@ -190,7 +190,7 @@ def registered_model_name(base: str, labels: LabelSet) -> str:
     """The MLflow registered model of a label set: one per set of class names, so a champion is only
     ever compared with challengers that predict the same classes.
 
-    The seed's three classes keep ``base`` (existing champions stay where they are); any other set
+    The default three classes keep ``base`` (existing champions stay where they are); any other set
     is ``{base}-{names}`` with the class names sorted, lower-cased, spaces as ``_``
     (``review-classifier-negative- positive``,
     ``review-classifier-1_star-2_stars-3_stars-4_stars-5_stars``), plus a short hash when other

@@ -10,8 +10,9 @@ its ``id2label``, class weights, metrics, pictures, predict) follows it. Without
 * values are compared by :func:`~finetune_assets.data.label_values.label_key` (NFKC, case, spacing,
   surrounding punctuation, known synonyms such as ``neg`` / ``negative``); missing-value markers
   (``N/A``, ``NaN``, ``?`` ...) are not values (their rows are quarantined as ``missing_label``);
-* numeric ``-1`` / ``0`` / ``1`` (``1.0`` too): the seed's three classes ``Positive`` / ``Negative``
-  / ``Mixed`` (1 / -1 / 0), as before; ``-1`` / ``1`` only: the binary ``Negative`` / ``Positive``;
+* numeric ``-1`` / ``0`` / ``1`` (``1.0`` too): the default three classes ``Positive`` /
+  ``Negative`` / ``Mixed`` (1 / -1 / 0), as before; ``-1`` / ``1`` only: the binary
+  ``Negative`` / ``Positive``;
 * star ratings, numbers within 1..5 reaching 3 or more: five classes ``1 star`` .. ``5 stars`` in
   numeric order;
 * text labels: if every value is a known sentiment name or synonym, the classes are those names,

@@ -2,23 +2,20 @@
 and writes.
 
 Specs travel as JSON through storage (the asset writes one, each worker reads it); a part appears
-whole or not at all (:func:`writing`). Dagster-free (test_layers.py).
+whole or not at all (``storage_files.staged_file``). Dagster-free (test_layers.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import fsspec
 import numpy as np
 
 from finetune_assets.contracts import TOKEN_PARTS_DIR
+from finetune_assets.storage_files import write_bytes_atomic
 
 INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by the fan-out runner, as a Kubernetes Indexed Job sets it
 PARTS = TOKEN_PARTS_DIR
@@ -118,8 +115,6 @@ def plan_slices(row_group_rows: list[int], workers: int, slice_rows: int) -> lis
 
 
 def write_spec(url: str, spec: TokenizeSpec | ShardsSpec) -> None:
-    from finetune_assets.storage import write_bytes_atomic
-
     write_bytes_atomic(url, json.dumps(asdict(spec), ensure_ascii=False).encode())
 
 
@@ -144,32 +139,6 @@ def read_part_stats(out: str, count: int) -> list[dict]:
     return stats
 
 
-# -- output helpers: a part appears whole or not at all --------------------------------------------
-@contextlib.contextmanager
-def writing(url: str):
-    """A local path to write ``url``'s content to; on success it replaces ``url`` in one step.
-
-    Local: a hidden temp file in the target folder (same filesystem), then ``os.replace``. Remote: a
-    temp file, then one upload (atomic on object stores). On failure nothing appears at ``url``.
-    """
-    fs, path = fsspec.core.url_to_fs(url)
-    local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
-    folder = Path(path).parent if local else Path(tempfile.gettempdir())
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=f".{Path(path).name}.")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        if local:
-            os.replace(tmp, path)
-        else:
-            fs.put_file(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
+# -- output helpers: a part appears whole or not at all (storage_files.staged_file) ------------
 def _put_json(url: str, data: dict) -> None:
-    from finetune_assets.storage import write_bytes_atomic
-
     write_bytes_atomic(url, json.dumps(data, sort_keys=True).encode())

@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 
 from finetune_assets.contracts import SPLITS
 from finetune_assets.data.labels import LabelSet
-from finetune_assets.data.slice_plan import PARTS, TokenizeSpec, _put_json, part_name, writing
+from finetune_assets.data.slice_plan import PARTS, TokenizeSpec, _put_json, part_name
 from finetune_assets.data.tokenize import encode_texts, label_ids, length_histogram, token_batch
 from finetune_assets.data.validate import split_column
+from finetune_assets.storage_files import staged_file
 
 
 def tokenize_group(spec: TokenizeSpec, index: int, log=print) -> list[dict]:
@@ -77,7 +78,7 @@ def tokenize_slice(spec: TokenizeSpec, index: int, log=print, cache=None) -> dic
         # rows tokenized anew go to the cache batch by batch, published as one segment when the
         # slice is done
         with (
-            writing(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local,
+            staged_file(f"{spec.out}/{PARTS}/{part_name(index)}.arrow") as local,
             cache.segment() if cache is not None else contextlib.nullcontext() as segment,
         ):
             options = pa.ipc.IpcWriteOptions(compression="zstd")

@@ -51,7 +51,6 @@ from finetune_assets.data.slice_plan import (
     read_part_stats,
     read_spec,
     write_spec,
-    writing,
 )
 from finetune_assets.data.slice_shards import merge_shards, shard_part, shard_slice
 from finetune_assets.data.slice_tokenize import tokenize_group, tokenize_slice
@@ -76,7 +75,6 @@ __all__ = [
     "tokenize_group",
     "tokenize_slice",
     "write_spec",
-    "writing",
 ]
 
 

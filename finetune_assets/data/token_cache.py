@@ -274,10 +274,9 @@ class TokenCache:
             total = merge_runs(runs, out, chunk_rows)
             del runs
             name = hashlib.sha256("\n".join(names).encode()).hexdigest()[:32]
-            from finetune_assets.data.slices import writing
-            from finetune_assets.storage import write_bytes_atomic
+            from finetune_assets.storage_files import staged_file, write_bytes_atomic
 
-            with writing(f"{self.url}/{INDEX_DIR}/{name}.idx") as target:
+            with staged_file(f"{self.url}/{INDEX_DIR}/{name}.idx") as target:
                 shutil.move(out, target)
             write_bytes_atomic(
                 f"{self.url}/{INDEX_DIR}/{name}.json",
@@ -338,7 +337,7 @@ class SegmentWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        from finetune_assets.data.slices import writing
+        from finetune_assets.storage_files import staged_file
 
         try:
             if self._writer is not None:
@@ -346,9 +345,9 @@ class SegmentWriter:
             if exc_type is None and self.keys:
                 keys = b"".join(self.keys)
                 self.name = hashlib.sha256(keys).hexdigest()[:32]
-                with writing(f"{self.cache.url}/{self.name}.arrow") as tmp:
+                with staged_file(f"{self.cache.url}/{self.name}.arrow") as tmp:
                     shutil.move(self._tmp.name, tmp)
-                with writing(f"{self.cache.url}/{self.name}.keys") as tmp:
+                with staged_file(f"{self.cache.url}/{self.name}.keys") as tmp:
                     tmp.write_bytes(keys)
         finally:
             with contextlib.suppress(FileNotFoundError):

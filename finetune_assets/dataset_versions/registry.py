@@ -4,15 +4,14 @@ The sensor and the CLI both register through here, so a version always has a rec
 (``{root}/versions/{key}.json``) that ``raw_reviews`` reads; re-registering the same source is a
 no-op. A key names one content forever: a different source under a registered key is refused
 (``replace`` only while nothing was materialized), concurrent registrations of one key are
-serialized by a lock file created atomically, and the content fingerprint recorded at registration
-is checked again before every read (:func:`content_changed`).
+serialized by a lock (``storage_files.file_lock``), and the content fingerprint recorded at
+registration is checked again before every read (:func:`content_changed`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from finetune_assets.data.labels import DEFAULT_LABEL_SET, LabelError, LabelSet
 from finetune_assets.data.sources import SourceSpec, is_file_source
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS, validate_version_key
 from finetune_assets.storage import Storage
+from finetune_assets.storage_files import file_lock
 
 LOCK_STALE_S = 120.0  # a lock older than this was left by a killed process
 LOCK_WAIT_S = 30.0
@@ -42,7 +42,7 @@ class VersionRecord:
     )
     registered_at: float = 0.0
     labels: dict | None = (
-        None  # LabelSet.to_dict(); None (records before label sets): the seed's classes
+        None  # LabelSet.to_dict(); None (records before label sets): the default three classes
     )
 
     @property
@@ -113,58 +113,20 @@ def materialized_assets(
 
 @contextlib.contextmanager
 def version_lock(storage: Storage, key: str) -> Iterator[None]:
-    """One registration of ``key`` at a time: the lock file is created exclusively (O_EXCL /
-    ``xb``).
-    """
+    """One registration of ``key`` at a time (``storage_files.file_lock``, local or remote)."""
     url = storage.url("versions", f"{validate_version_key(key)}.lock")
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            if storage.is_local:
-                os.makedirs(os.path.dirname(url), exist_ok=True)
-                fd = os.open(url, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                with os.fdopen(fd, "w") as f:
-                    f.write(f"{os.getpid()} {time.time()}\n")
-            else:
-                _create_remote(storage, url, f"{os.getpid()} {time.time()}\n".encode())
-            break
-        except FileExistsError as err:
-            if _lock_age(storage, url) > LOCK_STALE_S:
-                with contextlib.suppress(FileNotFoundError):
-                    storage.fs.rm(url)
-                continue
-            if time.monotonic() > deadline:
-                raise VersionConflict(
-                    f"dataset version {key}: another registration holds {url}; retry, or "
-                    f"remove the file if no other `finetune-assets versions` command runs"
-                ) from err
-            time.sleep(0.05)
+    held = contextlib.ExitStack()
     try:
+        held.enter_context(
+            file_lock(url, fs=storage.fs, timeout_s=LOCK_WAIT_S, stale_s=LOCK_STALE_S)
+        )
+    except TimeoutError as err:
+        raise VersionConflict(
+            f"dataset version {key}: another registration holds {url}; retry once no other "
+            "`finetune-assets versions` command runs"
+        ) from err
+    with held:
         yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            storage.fs.rm(url)
-
-
-def _create_remote(storage: Storage, url: str, body: bytes) -> None:
-    """Exclusive create on an object store where the filesystem supports it (``xb``: conditional
-    PUT); elsewhere a check-then-write, which narrows but does not close the race (documented).
-    """
-    try:
-        with storage.fs.open(url, "xb") as f:
-            f.write(body)
-    except (ValueError, NotImplementedError, TypeError):
-        if storage.fs.exists(url):
-            raise FileExistsError(url) from None
-        storage.fs.pipe(url, body)
-
-
-def _lock_age(storage: Storage, url: str) -> float:
-    try:
-        with storage.fs.open(url, "rb") as f:
-            return time.time() - float(f.read().split()[1])
-    except (FileNotFoundError, IndexError, ValueError):
-        return 0.0
 
 
 def register_version(

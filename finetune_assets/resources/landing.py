@@ -64,7 +64,7 @@ class WatchedDeltaTable(dg.Config):
         default=None, description="row filter (SQL predicate), part of every version"
     )
     labels: list[str] | None = Field(
-        default=None, description="class names in id order (default: the seed's)"
+        default=None, description="class names in id order (default: Positive, Negative, Mixed)"
     )
 
 

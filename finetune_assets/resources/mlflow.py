@@ -53,6 +53,32 @@ class MlflowResource(dg.ConfigurableResource):
             )
         )
 
+    def client(self, storage: Storage):
+        """The one way the code location talks to MLflow: tracking and registry on the same store
+        (MLflow imported here, lazily: loading the code location stays light).
+        """
+        from mlflow import MlflowClient
+
+        uri = self.resolve_tracking_uri(storage)
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+    def experiment_id(self, storage: Storage, client=None) -> str:
+        """``experiment_name``'s id, created (with the storage root's artifact location) on first
+        use; a concurrent creator (a trainer of another version) wins without failing us.
+        """
+        from mlflow.exceptions import MlflowException
+
+        client = client or self.client(storage)
+        exp = client.get_experiment_by_name(self.experiment_name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return client.create_experiment(
+                self.experiment_name, artifact_location=self.artifact_location(storage)
+            )
+        except MlflowException:  # created concurrently
+            return client.get_experiment_by_name(self.experiment_name).experiment_id
+
     def artifact_location(self, storage: Storage) -> str | None:
         """Artifacts beside the embedded store; a tracking server decides for itself."""
         return None if configured_uri(self.tracking_uri) else storage.url("mlflow", "artifacts")

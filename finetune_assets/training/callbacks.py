@@ -230,7 +230,7 @@ def within(seconds: float, what: str, fn: Any) -> Any:
     def target() -> None:
         try:
             box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
+        except BaseException as err:  # re-raised in the caller
             box["error"] = err
 
     thread = threading.Thread(target=target, name="mlflow-logging", daemon=True)

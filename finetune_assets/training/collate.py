@@ -32,7 +32,7 @@ class DynamicPaddingCollator:
             raise ValueError(f"pad_to must be positive, got {pad_to}")
         self.pad_token_id = pad_token_id
         self.max_length = max_length
-        self.pad_to = pad_to  # fixed width (the seed's pad-to-512), only for benchmarks
+        self.pad_to = pad_to  # fixed width (the notebook's pad-to-512), benchmarks only
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not samples:

@@ -48,7 +48,7 @@ class HyperParameters(_Strict):
     AdamW lr 5e-5 with 10% linear warmup then linear decay is the usual recipe for fine-tuning a
     pretrained BERT: two epochs, validated after each, the best validation macro-F1's weights
     exported (``benchmarks/recipe_study.py``: one epoch underfits, more cost time the README's
-    first command does not have on 2 CPU cores). The seed's recipe stays one setting away:
+    first command does not have on 2 CPU cores). The Adadelta recipe stays one setting away:
     ``optimizer="adadelta", lr=1.0, warmup_ratio=0`` (StepLR ``gamma`` per epoch); why it is not
     the default: benchmarks/README.md, "Training".
     """
@@ -72,7 +72,7 @@ class HyperParameters(_Strict):
     )
     optimizer: Optimizer = Field(
         "adamw",
-        description="adamw (linear warmup/decay) or adadelta (the seed's recipe: "
+        description="adamw (linear warmup/decay) or adadelta (the original notebook's recipe: "
         "lr 1.0, warmup_ratio 0, StepLR gamma per epoch)",
     )
     lr: float = Field(5e-5, gt=0, description="5e-5 for adamw; the seed used 1.0 with adadelta")
@@ -337,7 +337,7 @@ class TrainerConfig(HyperParameters):
     data: DataConfig
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     # The dataset version's classes in label-id order (the shards' labels are ids into this list);
-    # they become the model's num_labels / id2label / label2id. Default: the seed's three classes.
+    # they become the model's num_labels / id2label / label2id. Default: Positive, Negative, Mixed.
     labels: list[str] = Field(default_factory=lambda: list(LABELS))
     trial: TrialConfig | None = None  # set when this run is a trial of a tuning study
 

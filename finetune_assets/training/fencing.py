@@ -23,7 +23,7 @@ import json
 import os
 import time
 
-import fsspec
+from finetune_assets.storage_files import read_json, write_bytes_atomic
 
 GENERATION_ENV = "FINETUNE_GANG_GENERATION"
 FENCE_FILE = "fence.json"
@@ -47,19 +47,14 @@ def _fence_url(folder_url: str) -> str:
 
 
 def read_fence(folder_url: str) -> int | None:
-    try:
-        with fsspec.open(_fence_url(folder_url), "r") as f:
-            return int(json.load(f)["generation"])
-    except FileNotFoundError:
-        return None
+    fence = read_json(_fence_url(folder_url), missing=None)
+    return None if fence is None else int(fence["generation"])
 
 
 def raise_fence(folder_url: str, gen: int | None = None) -> None:
     """Rank 0 of a new gang, before it reads the checkpoint: from now on only this generation (or
     a newer one) may commit into ``folder_url``. A gang that finds a newer fence is itself stale.
     """
-    from finetune_assets.storage import write_bytes_atomic
-
     gen = generation() if gen is None else gen
     if gen is None:
         return

@@ -1,10 +1,10 @@
-"""Atomic writes to a local folder or any fsspec URL: a killed writer never leaves a partial
-file.
+"""The trainer's files on a local folder or any fsspec URL: scratch space, JSON, published
+folders and checkpoints, each written through ``storage_files``' atomic primitives so a killed
+writer never leaves a partial file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -17,7 +17,12 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from finetune_assets.storage import write_bytes_atomic
+from finetune_assets.storage_files import (
+    read_json,  # noqa: F401 - the trainer's callers read JSON from here
+    rename_into_place,
+    staged_file,
+    write_bytes_atomic,
+)
 from finetune_assets.training import fencing
 
 
@@ -44,11 +49,6 @@ def local_path(url: str) -> str:
 
 def write_json_atomic(url: str, obj: Any) -> None:
     write_bytes_atomic(url, json.dumps(obj, indent=2, sort_keys=True).encode())
-
-
-def read_json(url: str) -> Any:
-    with fsspec.open(url, "r") as f:
-        return json.load(f)
 
 
 def exists(url: str) -> bool:
@@ -85,9 +85,10 @@ def publish_dir(local_dir: Path, url: str) -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
         if dst.exists():
             shutil.rmtree(dst)
-        os.replace(local_dir, dst) if local_dir.parent == dst.parent else shutil.move(
-            str(local_dir), dst
-        )
+        if local_dir.parent == dst.parent:
+            rename_into_place(local_dir, dst)
+        else:
+            shutil.move(str(local_dir), dst)
     else:
         fs, path = fsspec.core.url_to_fs(url)
         fs.put(str(local_dir) + "/", path + "/", recursive=True)
@@ -113,23 +114,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
-        url = str(path)
-        local = is_local(url)
-        folder = Path(local_path(url)).parent if local else Path(scratch_root())
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".ckpt.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            if self.fence_dir is not None:
-                fencing.check_fence(self.fence_dir)  # just before the commit
-            if local:
-                os.replace(tmp, local_path(url))
-            else:
-                fs, remote = fsspec.core.url_to_fs(url)
-                fs.put_file(tmp, remote)  # one PUT: atomic on object stores
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        fence = self.fence_dir
+        with staged_file(
+            str(path),
+            scratch=scratch_root(),
+            before_commit=None if fence is None else lambda: fencing.check_fence(fence),
+        ) as tmp:
+            torch.save(checkpoint, tmp)

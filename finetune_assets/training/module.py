@@ -340,7 +340,7 @@ class ReviewClassifier(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim
-        if o.optimizer == "adadelta":  # the seed's recipe
+        if o.optimizer == "adadelta":  # the Adadelta recipe (lr 1.0, no schedule)
             optimizer = torch.optim.Adadelta(
                 self.parameters(), lr=o.lr, weight_decay=o.weight_decay
             )

@@ -61,14 +61,9 @@ def clean_stale_streaming_memory() -> int:
 
 def read_index(url: str, split: str) -> dict[str, Any]:
     """The split's MDS ``index.json`` (local path or fsspec URL); a clear error if there is none."""
-    import json
-
-    import fsspec
-
     path = f"{files.local_path(url).rstrip('/')}/index.json"
     try:
-        with fsspec.open(path, "r") as f:
-            return json.load(f)
+        return files.read_json(path)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{split} split: no MDS dataset (index.json) at {url}") from err
     except ValueError as err:

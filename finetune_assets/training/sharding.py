@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from pytorch_lightning.strategies import ModelParallelStrategy
 
+from finetune_assets.storage_files import rename_into_place
 from finetune_assets.training import fencing
 
 
@@ -186,8 +187,8 @@ def save_sharded(
             fencing.check_fence(fence_dir)  # just before the swap
         if os.path.lexists(path):
             shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(staging, path)
+            rename_into_place(path, old)
+        rename_into_place(staging, path)
         if os.path.isdir(old):
             shutil.rmtree(old, ignore_errors=True)
         elif os.path.lexists(old):
@@ -200,7 +201,7 @@ def recover_swap(path: str) -> bool:
     old = path + ".old"
     if os.path.lexists(path) or not os.path.lexists(old):
         return False
-    os.replace(old, path)
+    rename_into_place(old, path)
     return True
 
 

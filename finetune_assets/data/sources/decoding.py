@@ -240,6 +240,6 @@ def _guess_encoding(data: bytes) -> str:
         best = from_bytes(data[:200_000]).best()
         if best is not None and best.encoding not in ("utf_8", "ascii"):
             return best.encoding.replace("_", "-")
-    except Exception:  # noqa: BLE001 - a hint only
+    except Exception:  # a hint only
         pass
     return "cp1256"

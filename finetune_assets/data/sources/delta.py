@@ -135,7 +135,7 @@ def open_table(uri: str, options: dict[str, str] | None = None):
         raise SourceError(
             f"{uri}: no Delta table at {ref.table} (no _delta_log there; check the path or URL)"
         ) from None
-    except Exception as err:  # noqa: BLE001 - plain errors: bad URLs, versions, credentials
+    except Exception as err:  # plain errors: bad URLs, versions, credentials
         raise SourceError(
             f"{uri}: cannot open the Delta table{_latest_hint(ref, resolved)}: {_first_line(err)}"
         ) from None
@@ -153,7 +153,7 @@ def _latest_hint(ref: DeltaRef, options: dict[str, str] | None = None) -> str:
             " at the requested version (its latest version is "
             f"{DeltaTable(ref.table, storage_options=options).version()})"
         )
-    except Exception:  # noqa: BLE001 - the table itself cannot be opened: the error says why
+    except Exception:  # the table itself cannot be opened: the error says why
         return ""
 
 
@@ -215,7 +215,7 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
             row += raw.num_rows
     except SourceError:
         raise
-    except Exception as err:  # noqa: BLE001 - a vacuumed file, a lost connection, a bad filter
+    except Exception as err:  # a vacuumed file, a lost connection, a bad filter
         gone = _missing_files(table, spec)
         if gone:
             raise VersionGone(
@@ -296,7 +296,7 @@ def _missing_files(table, spec: SourceSpec) -> list[str]:
         paths = table.get_add_actions(flatten=True).column("path").to_pylist()
         handler = DeltaStorageHandler(table.table_uri, storage_options(spec.storage_options))
         infos = handler.get_file_info([str(p) for p in paths])
-    except Exception:  # noqa: BLE001 - the store itself is unreachable: the read error says why
+    except Exception:  # the store itself is unreachable: the read error says why
         return []
     return [i.path for i in infos if i.type == pa_fs.FileType.NotFound]
 

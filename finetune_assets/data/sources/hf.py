@@ -49,7 +49,7 @@ def pin_hf(spec: SourceSpec) -> SourceSpec:
 
     try:
         sha = HfApi().dataset_info(name, revision=spec.revision).sha
-    except Exception as err:  # noqa: BLE001 - offline, unknown dataset, private without a token
+    except Exception as err:  # offline, unknown dataset, private without a token
         raise SourceError(
             f"{spec.uri}: cannot resolve the dataset's commit on the hub "
             f"({type(err).__name__}: {_line(err)}); pass --revision with a 40-character commit "
@@ -71,7 +71,7 @@ def _load(spec: SourceSpec):
     name, config = parse_hf(spec.uri)
     try:
         return datasets.load_dataset(name, config, revision=spec.revision, split=spec.hf_split)
-    except Exception as err:  # noqa: BLE001 - any hub/network failure becomes one clear message
+    except Exception as err:  # any hub/network failure becomes one clear message
         raise SourceError(f"{spec.uri}: cannot load Hugging Face dataset: {_line(err)}") from None
 
 

@@ -84,7 +84,7 @@ def open_table(uri: str, options: dict[str, str] | None = None):
         return ref, catalog.load_table(ref.table)
     except NoSuchTableError:
         raise SourceError(f"{uri}: no table {ref.table!r} in the catalog") from None
-    except Exception as err:  # noqa: BLE001 - an unknown catalog kind, an unreachable catalog
+    except Exception as err:  # an unknown catalog kind, an unreachable catalog
         raise SourceError(f"{uri}: cannot open the Iceberg catalog: {_first_line(err)}") from None
 
 
@@ -114,7 +114,7 @@ def _row_filter(spec: SourceSpec, schema):
     try:
         expr = parser.parse(spec.where)
         bound = bind(schema, expr, case_sensitive=True)
-    except Exception as err:  # noqa: BLE001 - a parse error, an unknown column, a wrong type
+    except Exception as err:  # a parse error, an unknown column, a wrong type
         raise SourceError(
             f"{spec.uri}: row filter (--where) {spec.where!r} cannot be used: {_first_line(err)}"
         ) from None
@@ -172,7 +172,7 @@ def iter_iceberg(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[p
                 row += raw.num_rows
     except SourceError:
         raise
-    except Exception as err:  # noqa: BLE001 - a missing data file, a lost connection
+    except Exception as err:  # a missing data file, a lost connection
         raise SourceError(
             f"{spec.uri}: cannot read the Iceberg table: {_first_line(err)}"
         ) from None

@@ -103,7 +103,7 @@ def _scrub(text: str, url: str) -> str:
     try:
         parsed = make_url(url)
         secrets += [str(parsed.password)] if parsed.password else []
-    except Exception:  # noqa: BLE001 - an unparsable URL: the whole string is scrubbed
+    except Exception:  # an unparsable URL: the whole string is scrubbed
         pass
     for secret in sorted(secrets, key=len, reverse=True):
         text = text.replace(secret, "***")
@@ -141,7 +141,7 @@ def _engine(spec: SourceSpec, url: str):
     env = _env_name(spec)
     try:
         parsed = sa.engine.make_url(url)
-    except Exception:  # noqa: BLE001 - the message would quote the URL
+    except Exception:  # the message would quote the URL
         raise SourceError(
             f"{spec.uri}: ${env} is not a database URL (dialect+driver://user:password@host/db)"
         ) from None
@@ -157,7 +157,7 @@ def _engine(spec: SourceSpec, url: str):
         )
     try:
         return sa.create_engine(parsed, poolclass=NullPool)
-    except Exception as err:  # noqa: BLE001 - a missing driver, an unknown dialect
+    except Exception as err:  # a missing driver, an unknown dialect
         raise SourceError(
             f"{spec.uri}: cannot use the database URL in ${env}: {_scrub(_line(err), url)}"
         ) from None
@@ -220,7 +220,7 @@ def _read(
                     return
     except SourceError:
         raise
-    except Exception as err:  # noqa: BLE001 - connection, permissions, table, column, SQL
+    except Exception as err:  # connection, permissions, table, column, SQL
         raise SourceError(
             f"{spec.uri}: cannot read {spec.query!r}: {_scrub(_line(err), url)}"
         ) from None
