@@ -14,7 +14,6 @@ import dagster as dg
 
 from finetune_assets.assets.baseline import baseline_model
 from finetune_assets.assets.benchmarks import benchmark_scores
-from finetune_assets.assets.champion import champion, champion_model
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
@@ -26,6 +25,7 @@ from finetune_assets.checks import asset_checks
 from finetune_assets.jobs import jobs
 from finetune_assets.launchers import TrainingLauncher
 from finetune_assets.launchers.select import launcher_from_env
+from finetune_assets.promotion import champion, champion_model, quality_gate
 from finetune_assets.resources.landing import LandingZoneResource
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
@@ -68,7 +68,7 @@ def build_defs(
             ],
             tune_new_versions,
         ),
-        asset_checks=[*asset_checks, vocabulary_fit],
+        asset_checks=[*asset_checks, quality_gate, vocabulary_fit],
         jobs=jobs,
         sensors=build_sensors(tune_new_versions),
         resources={

@@ -11,13 +11,13 @@ import warnings
 import dagster as dg
 
 from finetune_assets.assets.baseline import baseline_model
-from finetune_assets.assets.champion import champion_model
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.shards import mds_shards
 from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.assets.tuning import tuning_study
+from finetune_assets.promotion.champion import champion_model
 
 # Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled:
 # true``): only failures outside the assets' code (a killed run worker, a lost pod, a daemon

@@ -7,19 +7,19 @@ import dagster as dg
 import pytest
 import torch
 
-from finetune_assets.assets.champion import champion_model
 from finetune_assets.assets.finetuned import finetuned_model
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.shards import mds_shards
 from finetune_assets.assets.tokenized import tokenized_reviews
-from finetune_assets.checks import mds_shards_integrity, quality_gate, raw_reviews_contract
+from finetune_assets.checks import mds_shards_integrity, raw_reviews_contract
 from finetune_assets.data.labels import LABEL2ID
 from finetune_assets.data.sources import SourceSpec
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.dataset_versions.registry import write_version
 from finetune_assets.gate import TestSet
 from finetune_assets.launchers.local import LocalTorchrunLauncher
+from finetune_assets.promotion import champion_model, quality_gate
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree

@@ -5,11 +5,10 @@ from __future__ import annotations
 import dagster as dg
 
 from finetune_assets import gate
-from finetune_assets.assets.champion import PromotionConfig
 from finetune_assets.automation import AFTER_UPSTREAM
-from finetune_assets.checks import QualityGateConfig, gate_conditions
 from finetune_assets.definitions import defs as load_defs
 from finetune_assets.jobs import VERSION_CHAIN
+from finetune_assets.promotion import PromotionConfig, QualityGateConfig, gate_conditions
 from finetune_assets.storage import Storage
 
 # 6 Positive, 2 Negative, 2 Mixed: always "Positive" scores macro-F1 0.25.

@@ -114,3 +114,45 @@ def test_loading_the_code_location_never_imports_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def _subpackage_imports() -> dict[str, set[str]]:
+    """subpackage -> the project subpackages it imports, imports inside functions included."""
+    import ast
+    from pathlib import Path
+
+    import finetune_assets
+
+    pkg = Path(finetune_assets.__file__).parent
+    subpackages = {p.name for p in pkg.iterdir() if (p / "__init__.py").exists()}
+    edges: dict[str, set[str]] = {name: set() for name in subpackages}
+    for path in pkg.rglob("*.py"):
+        owner = path.relative_to(pkg).parts[0]
+        if owner not in subpackages:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "finetune_assets" and len(parts) > 1 and parts[1] in subpackages:
+                    if parts[1] != owner:
+                        edges[owner].add(parts[1])
+    return edges
+
+
+def test_no_import_cycle_between_subpackages():
+    import graphlib
+
+    edges = _subpackage_imports()
+    assert "promotion" in edges and "assets" in edges["promotion"]  # the scan sees imports
+    try:
+        order = list(graphlib.TopologicalSorter(edges).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail(f"subpackages import each other: {' -> '.join(err.args[1])}")
+    assert set(order) == set(edges)

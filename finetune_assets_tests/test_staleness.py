@@ -14,7 +14,6 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from finetune_assets.assets.baseline import BaselineConfig
-from finetune_assets.assets.champion import PromotionConfig
 from finetune_assets.assets.finetuned import FinetuneConfig, finetuned_model
 from finetune_assets.assets.pretrained import PretrainedModelConfig, pretrained_model
 from finetune_assets.assets.raw import RawReviewsConfig, raw_reviews
@@ -26,6 +25,7 @@ from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.dataset_versions.registry import write_version
 from finetune_assets.definitions import build_defs
 from finetune_assets.launchers.base import TrainingLauncher, TrainingSpec
+from finetune_assets.promotion import PromotionConfig
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.staleness import config_class, with_config_versions

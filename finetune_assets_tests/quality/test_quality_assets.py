@@ -22,12 +22,6 @@ from finetune_assets.assets.benchmarks import benchmark_scores
 from finetune_assets.assets.pretrained import pretrained_model
 from finetune_assets.assets.raw import raw_reviews
 from finetune_assets.assets.tokenized import tokenized_reviews
-from finetune_assets.checks.quality_gate import (
-    QualityGateConfig,
-    _side_by_side,
-    frozen_test_set,
-    gate_conditions,
-)
 from finetune_assets.cli import main
 from finetune_assets.data.sample import SAMPLE_SOURCE
 from finetune_assets.data.sources import SourceSpec, read_source
@@ -35,6 +29,12 @@ from finetune_assets.data.validate import ValidationRules, validate
 from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.dataset_versions.registry import write_version
 from finetune_assets.launchers.local import LocalTorchrunLauncher
+from finetune_assets.promotion.gate_check import (
+    QualityGateConfig,
+    _side_by_side,
+    frozen_test_set,
+    gate_conditions,
+)
 from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage, hash_tree

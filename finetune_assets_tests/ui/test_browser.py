@@ -219,7 +219,7 @@ def report_a_champion(instance, root: Path, model_dir: Path) -> None:
     from mlflow import MlflowClient
 
     from finetune_assets import gate
-    from finetune_assets.assets.champion import TAG_CHAMPION_SINCE, champion_report
+    from finetune_assets.promotion.champion import TAG_CHAMPION_SINCE, champion_report
     from finetune_assets.resources.mlflow import MlflowResource
     from finetune_assets.storage import Storage
 

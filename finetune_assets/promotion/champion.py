@@ -18,9 +18,16 @@ import dagster as dg
 from pydantic import Field
 
 from finetune_assets.assets._common import OWNERS, markdown_table, version_of
-from finetune_assets.assets.finetuned import TRAINING_BACKFILL, finetuned_model, recorded_model
-from finetune_assets.checks import FloorConfig
+from finetune_assets.assets.finetuned import TRAINING_BACKFILL, finetuned_model
 from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.promotion.gate_check import (
+    FloorConfig,
+    frozen_test_set,
+    gate_conditions,
+    registered_at,
+    version_labels,
+)
+from finetune_assets.promotion.recorded_model import recorded_model
 from finetune_assets.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 
@@ -110,8 +117,6 @@ def champion_model(
     champion.
     """
     from finetune_assets import gate
-    from finetune_assets.checks import frozen_test_set, gate_conditions, version_labels
-    from finetune_assets.checks.quality_gate import registered_at
     from finetune_assets.data.labels import registered_model_name
 
     version = version_of(context)

@@ -13,6 +13,7 @@ from finetune_assets.contracts import FINETUNED_MODEL as FINETUNED
 from finetune_assets.contracts import RAW_REVIEWS as RAW
 from finetune_assets.data.labels import labels_from_metadata, registered_model_name
 from finetune_assets.dataset_versions.partitions import dataset_versions
+from finetune_assets.promotion.recorded_model import recorded_model
 from finetune_assets.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.viz import markdown_table
@@ -110,7 +111,6 @@ def quality_gate(
 ) -> dg.AssetCheckResult:
     """Challenger and champion scored alike on this version's test set; promotes nothing."""
     from finetune_assets import gate
-    from finetune_assets.assets.finetuned import recorded_model
 
     version = version_of(context)
     store = storage.storage()
