@@ -141,7 +141,8 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def _subset(table: pa.Table, rows: int | None) -> pa.Table:
+def subset(table: pa.Table, rows: int | None) -> pa.Table:
+    """``rows`` reviews chosen by a salted hash of their text: the same ones on every machine."""
     if rows is None or table.num_rows <= rows:
         return table
     texts = table.column("text").to_pylist()
@@ -164,7 +165,7 @@ def prepare(name: str, root: Path, model_dir: Path) -> dict:
     if info_file.is_file():
         return json.loads(info_file.read_text())
     source, rows, val, test, max_length = SETS[name]
-    raw = _subset(read_source(SourceSpec(uri=source)), rows)
+    raw = subset(read_source(SourceSpec(uri=source)), rows)
     labels = infer_label_set(raw.column("label").to_pylist())
     validated = validate(
         raw, ValidationRules(labels=labels, split=SplitRule(validation=val, test=test))

@@ -3,6 +3,8 @@ the winner's epochs, ``--seeds`` seeds per arm, a paired bootstrap interval on t
 
     nice python benchmarks/tuning.py --workdir /tmp/tuning-bench       # hours on 2 CPU cores
     python benchmarks/tuning.py --workdir /tmp/rehearsal --rehearsal   # minutes: CI's rehearsal
+    nice python benchmarks/tuning.py --workdir DIR --rows 1000 --split 0.15,0.3 --key rt_1k
+        # the recipe study's rt_1k (the same 1,000 snippets and split fractions): ~1 h on 2 cores
 
 Runs the README's commands in ``--workdir`` (``DAGSTER_HOME`` + storage root; kept, so a killed
 run continues the same study): ``finetune-assets versions add``, the upstream assets,
@@ -13,6 +15,10 @@ the winner's epochs (the default recipe at the same compute: the same samples se
 predicts the version's frozen test split (``finetune_assets.inference``); the interval is a paired
 bootstrap over test reviews of the difference of the arms' mean macro-F1 (each resample scores
 every model on the same reviews), 2.5 and 97.5 percentiles.
+
+``--rows N``: the version is ``N`` reviews of ``--source`` chosen as ``recipe_study.py`` chooses
+them (a salted hash of the text), written to a CSV in ``--workdir`` and registered from there;
+``--split VAL,TEST`` sets ``raw_reviews``' validation and test fractions.
 
 ``--rehearsal``: the same path on a tiny BERT built from a config, 2-step trials and 4-batch models,
 for CI and for checking the script; its numbers measure nothing.
@@ -98,6 +104,24 @@ def paired_bootstrap(
     }
 
 
+def write_subset(source: str, rows: int, path: Path) -> Path:
+    """``rows`` reviews of ``source`` as the recipe study picks them, as a CSV (once)."""
+    if path.exists():
+        return path
+    import pyarrow.csv as pacsv
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from recipe_study import subset
+
+    from finetune_assets.data.sources import SourceSpec, read_source
+
+    table = subset(read_source(SourceSpec(uri=source)), rows).select(["text", "label"])
+    tmp = path.with_suffix(".partial")
+    pacsv.write_csv(table, tmp)
+    tmp.replace(path)
+    return path
+
+
 def current(root: Path, asset: str, key: str) -> Path:
     from finetune_assets.storage import Storage
 
@@ -130,6 +154,8 @@ def main() -> None:
         "--finetune-config", default="{}", help="finetuned_model overrides for both arms (JSON)"
     )
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=None, help="a subset of the source's reviews")
+    parser.add_argument("--split", default=None, help="VAL,TEST fractions for raw_reviews")
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--rehearsal", action="store_true", help="tiny model and budgets (CI)")
     parser.add_argument("--note", default="")
@@ -161,10 +187,18 @@ def main() -> None:
         extra = {**REHEARSAL_FINETUNE, **extra}
         if args.out == parser.get_default("out"):
             args.out = "benchmarks/results/tuning_rehearsal.json"
+    source = args.source
+    if args.rows is not None:
+        source = str(write_subset(args.source, args.rows, work / f"subset-{args.rows}.csv"))
+    if args.split:
+        val, test = (float(x) for x in args.split.split(","))
+        upstream_ops["raw_reviews"] = {
+            "config": {"validation_fraction": val, "test_fraction": test}
+        }
     load_before, started = os.getloadavg(), time.time()
     walls: dict[str, float] = {}
     if not (root / "mds_shards" / args.key).exists():
-        run(["finetune-assets", "versions", "add", args.key, "--source", args.source], env)
+        run(["finetune-assets", "versions", "add", args.key, "--source", source], env)
         walls["upstream"] = materialize(
             "raw_reviews,tokenized_reviews,mds_shards,baseline_model,pretrained_model",
             args.key,
@@ -224,6 +258,8 @@ def main() -> None:
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
         "source": args.source,
+        "rows": args.rows,
+        "split": args.split,
         "test_reviews": int(len(y)),
         "study_config_overrides": study_config,
         "finetune_overrides": extra,
