@@ -123,7 +123,8 @@ class _Relay(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             url = urlparse(self.path)
-            follow = url.path.endswith("/log") and parse_qs(url.query).get("follow") == ["true"]
+            flag = parse_qs(url.query).get("follow", [""])[0].lower()
+            follow = url.path.endswith("/log") and flag in ("true", "1")
             cut_at = time.monotonic() + self.proxy.cut_follow_s if follow else None
             while chunk := resp.read1(65536):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
