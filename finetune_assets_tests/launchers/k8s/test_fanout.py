@@ -47,7 +47,7 @@ if attempt < int(os.environ.get(f"FANOUT_HOLD_{i}", 0)):
     print(f"worker {i} holds", flush=True)
     time.sleep(600)
 if attempt < int(os.environ.get(f"FANOUT_OOM_{i}", 0)):
-    hog = b"x" * (768 << 20)
+    hog = b"x" * (3 << 30)
     time.sleep(600)
 if str(i) in failing:
     print(f"worker {i}: slice {i} is unreadable", file=sys.stderr, flush=True)
@@ -195,8 +195,9 @@ def test_completed_and_failed_indexes_parse() -> None:
 # -- 3 pods on the local plane -------------------------------------------------------------------
 
 INDEX = "batch.kubernetes.io/job-completion-index"
-# small enough that the worker's FANOUT_OOM allocation exceeds it, large enough for the interpreter
-SMALL_WORKERS = {"worker_memory_request": "128Mi", "worker_memory_limit": "384Mi"}
+# a limit the worker's FANOUT_OOM allocation (3 GiB) exceeds: the launcher's smallest for a worker
+# (its 1Gi /dev/shm plus 1Gi for the process)
+SMALL_WORKERS = {"worker_memory_request": "256Mi", "worker_memory_limit": "2Gi"}
 
 
 def run(
