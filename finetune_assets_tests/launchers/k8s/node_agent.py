@@ -886,7 +886,7 @@ class NodeAgent:
     def isolate(
         self, pod: Pod, c: Container, hostname: str, argv: list[str], env: dict[str, str]
     ) -> list[str]:
-        """Own hostname, PID 1, /dev/shm and /etc/hosts for the container, as the double does."""
+        """Own hostname, PID 1, /dev/shm and /etc/hosts for the container (unshare)."""
         if self.isolation is None:
             c.started_path.touch()
             return argv

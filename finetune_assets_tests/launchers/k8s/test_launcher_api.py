@@ -159,7 +159,7 @@ def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
 
     The worker can kill its agent because torchrun is not PID 1 (``shareProcessNamespace``: the
     pause container is); as PID 1 of its namespace the kernel would ignore the signal, on a real
-    node and in the double's per-pod PID namespace alike.
+    node and in the node agent's per-pod PID namespace alike.
     """
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1, timeout_s=300),
