@@ -17,7 +17,9 @@ def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -
     """The Warning events of the Job and its pods (quota, admission, scheduling, image pulls,
     volumes).
     """
-    seen: dict[tuple[str, str], str] = {}
+    # by reason *and* message: the kubelet records a failed pull as two "Failed" events ('Failed
+    # to pull image "...": <why>', then "Error: ErrImagePull"); the first says why
+    seen: dict[tuple[str, str, str], str] = {}
     for name in names:
         try:
             items = api.core_api.list_namespaced_event(
@@ -29,7 +31,9 @@ def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -
             return f"<events unavailable: {e!r}>"
         for ev in items:
             if ev.type == "Warning":
-                seen[(name, ev.reason or "")] = f"{name}: {ev.reason}: {ev.message}"
+                seen[(name, ev.reason or "", ev.message or "")] = (
+                    f"{name}: {ev.reason}: {ev.message}"
+                )
     return "; ".join(list(seen.values())[-limit:])
 
 

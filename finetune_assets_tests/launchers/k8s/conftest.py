@@ -1,7 +1,6 @@
-"""The Kubernetes API the k8s tests talk to: the local control plane, a real cluster, or the
-loopback double.
+"""The Kubernetes API the k8s tests talk to: the local control plane or a real cluster.
 
-Which one (``FINETUNE_K8S_CLUSTER`` decides when set: ``plane`` or ``double``):
+Which one (``FINETUNE_K8S_CLUSTER=plane`` forces the plane):
 
 - ``KUBECONFIG`` *and* ``FINETUNE_K8S_TEST_IMAGE`` set: that cluster (an image built from
   ``deploy/Dockerfile`` that the cluster can pull); optional ``FINETUNE_K8S_TEST_NAMESPACE``
@@ -9,12 +8,11 @@ Which one (``FINETUNE_K8S_CLUSTER`` decides when set: ``plane`` or ``double``):
   deploy/README.md;
 - else the local control plane (``.ci/k8s/control-plane``, docs/k8s-control-plane.md) when its
   binaries for this checkout are built, or in CI (``CI=true``: ``.ci/run`` builds them first);
-- else :class:`KubeApiDouble` on 127.0.0.1 (a machine without Go or the build's time).
+- else none: the tests that need a cluster skip, saying how to build the plane.
 
-The same tests run unchanged. Fixtures: ``cluster`` (per test: the tests that ask for the
-double's hooks, ``double`` / ``faults`` / ``isolated``, get the double while the rest run on the
-plane; on a real cluster they skip), ``k8s_cluster`` (the chosen cluster, package-scoped, for
-fixtures of wider scope), ``double_cluster``, ``control_plane``.
+The same tests run unchanged. Fixtures: ``cluster`` (per test), ``k8s_cluster`` (the chosen
+cluster, package-scoped, for fixtures of wider scope), ``control_plane``, ``node_faults`` (the
+kubelet faults the plane's node agents play; skips elsewhere).
 """
 
 from __future__ import annotations
@@ -34,10 +32,10 @@ import kubernetes
 import pytest
 
 from finetune_assets.launchers.k8s import JOB_LABEL, K8sTorchrunLauncher
-from finetune_assets_tests.launchers.k8s.apiserver_double import Faults, KubeApiDouble
 from finetune_assets_tests.launchers.k8s.plane import (  # noqa: F401 - test_control_plane's
     CONTROL_PLANE,
     ControlPlane,
+    NodeFaults,
     binaries_built,
     install_namespace,
     running_plane,
@@ -46,7 +44,6 @@ from finetune_assets_tests.launchers.k8s.plane import (  # noqa: F401 - test_con
 
 REPO = Path(__file__).resolve().parents[3]
 STANDIN = "finetune_assets_tests.launchers.k8s.standin"
-HARNESS_AGENT = "finetune-assets-tests"
 
 
 # What Pod Security "restricted" (deploy/namespace.yaml's level) admits of a container
@@ -63,12 +60,11 @@ RESTRICTED_CONTAINER = {
 
 @dataclass
 class Cluster:
-    """What a test needs from "a cluster", the same for the double and a real one."""
+    """What a test needs from "a cluster", the same for the local plane and a real one."""
 
     kubeconfig: str | None
     namespace: str
     image: str
-    double: KubeApiDouble | None = None
     plane: ControlPlane | None = None  # the local control plane, where it is that
     # what the launcher authenticates with (the harness' own calls use ``kubeconfig``): on the
     # plane the run pods' ServiceAccount, so deploy/rbac.yaml's Role is enforced on every launch
@@ -76,10 +72,6 @@ class Cluster:
     service_account: str | None = None
     _core: Any = field(default=None, repr=False)
     _batch: Any = field(default=None, repr=False)
-
-    @property
-    def is_double(self) -> bool:
-        return self.double is not None
 
     def launcher(self, **overrides: Any) -> K8sTorchrunLauncher:
         fields: dict[str, Any] = dict(
@@ -106,7 +98,6 @@ class Cluster:
                 config_file=self.kubeconfig, client_configuration=cfg
             )
             client = kubernetes.client.ApiClient(cfg)
-            client.user_agent = HARNESS_AGENT  # the double tells our own calls from the launcher's
             self._core, self._batch = (
                 kubernetes.client.CoreV1Api(client),
                 kubernetes.client.BatchV1Api(client),
@@ -125,9 +116,7 @@ class Cluster:
         core.create_namespaced_secret(self.namespace, body)
 
     def create_pod(self, name: str) -> str:
-        """A bare pod standing in for the Dagster run pod that owns a training Job (on the
-        double: no process).
-        """
+        """A bare pod standing in for the Dagster run pod that owns a training Job."""
         core, _ = self._apis()
         core.create_namespaced_pod(
             self.namespace,
@@ -163,15 +152,10 @@ class Cluster:
     @contextlib.contextmanager
     def job_events(self) -> Iterator[list[tuple[str, str, dict[str, str]]]]:
         """``("created" | "deleted", job name, labels)`` of the namespace's Jobs while the block
-        runs, in order: a watch on the API server (on the double, its own log). Complete once the
-        block has ended (every created Job's deletion waited for, as far as it was deleted).
+        runs, in order: a watch on the API server. Complete once the block has ended (every
+        created Job's deletion waited for, as far as it was deleted).
         """
         out: list[tuple[str, str, dict[str, str]]] = []
-        if self.double is not None:
-            before = len(self.double.job_log)
-            yield out
-            out.extend(self.double.job_log[before:])
-            return
         from kubernetes import watch
 
         _, batch = self._apis()
@@ -212,16 +196,58 @@ class Cluster:
             stop.set()
             watcher.join(10)
 
+    @contextlib.contextmanager
+    def pod_history(self) -> Iterator[dict[str, Any]]:
+        """The namespace's pods while the block runs, by uid, each as last seen (a watch on the
+        API server): how many pods each completion index got and how each ended, also after the
+        Job and its pods are gone. Complete once the block has ended (the deletions of the pods
+        it saw waited for).
+        """
+        from kubernetes import watch
+
+        core, _ = self._apis()
+        seen: dict[str, Any] = {}
+        gone: set[str] = set()
+        rv = core.list_namespaced_pod(self.namespace).metadata.resource_version
+        stop = threading.Event()
+
+        def follow() -> None:
+            nonlocal rv
+            while not stop.is_set():
+                w = watch.Watch()
+                for ev in w.stream(
+                    core.list_namespaced_pod, self.namespace, resource_version=rv, timeout_seconds=5
+                ):
+                    obj = ev["object"]
+                    rv = obj.metadata.resource_version
+                    seen[obj.metadata.uid] = obj
+                    if ev["type"] == "DELETED":
+                        gone.add(obj.metadata.uid)
+                    if stop.is_set():
+                        w.stop()
+
+        watcher = threading.Thread(target=follow, daemon=True)
+        watcher.start()
+        try:
+            yield seen
+        finally:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                live = {p.metadata.uid for p in core.list_namespaced_pod(self.namespace).items}
+                if set(seen) - gone <= live:
+                    break
+                time.sleep(0.2)
+            stop.set()
+            watcher.join(10)
+
     def kill_pod(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """``sig`` to a pod's processes, as the kernel sends it (an OOM kill): on the local plane
-        or the double; a real cluster's nodes are out of reach (the test skips).
+        """``sig`` to a pod's processes, as the kernel sends it (an OOM kill): on the local
+        plane; a real cluster's nodes are out of reach (the test skips).
         """
         if self.plane is not None:
             assert self.plane.kill_pod(self.namespace, name, sig), f"no live process of {name}"
-        elif self.double is not None:
-            self.double.kill_pod(name, sig)
         else:
-            pytest.skip("killing a pod's processes needs the local plane or the double")
+            pytest.skip("killing a pod's processes needs the local plane")
 
     def delete_secret(self, name: str) -> None:
         core, _ = self._apis()
@@ -252,8 +278,6 @@ class Cluster:
             ).items
             if pods:
                 left["pods"] = [p.metadata.name for p in pods]
-            if self.double is not None and self.double.live_processes():
-                left["processes"] = self.double.live_processes()
             if self.plane is not None and (
                 procs := self.plane.live_pod_processes(self.namespace, job_name)
             ):
@@ -263,16 +287,26 @@ class Cluster:
             time.sleep(0.1)
 
 
+NO_CLUSTER = (
+    "no Kubernetes cluster: build the local control plane once (`.ci/k8s/control-plane build`, "
+    "Go 1.26, many minutes; docs/k8s-control-plane.md), or set KUBECONFIG and "
+    "FINETUNE_K8S_TEST_IMAGE for a real cluster (deploy/README.md)"
+)
+
+
 def which_cluster() -> str:
-    """``plane``, ``kubeconfig`` or ``double``, as the module docstring says."""
+    """``plane``, ``kubeconfig`` or ``none``, as the module docstring says."""
     chosen = os.environ.get("FINETUNE_K8S_CLUSTER", "").strip().lower()
     if chosen:
-        if chosen not in ("plane", "double"):
-            raise pytest.UsageError(f"FINETUNE_K8S_CLUSTER={chosen!r}: expected plane or double")
+        if chosen != "plane":
+            raise pytest.UsageError(
+                f"FINETUNE_K8S_CLUSTER={chosen!r}: expected plane (the loopback API double is "
+                "gone: its tests run on the local plane)"
+            )
         return chosen
     if os.environ.get("KUBECONFIG"):
         return "kubeconfig"
-    return "plane" if os.environ.get("CI") == "true" or binaries_built() else "double"
+    return "plane" if os.environ.get("CI") == "true" or binaries_built() else "none"
 
 
 @pytest.fixture(scope="package")
@@ -312,71 +346,28 @@ def k8s_cluster(request, tmp_path_factory) -> Iterator[Cluster]:
             service_account=os.environ.get("FINETUNE_K8S_TEST_SERVICE_ACCOUNT"),
         )
         return
-    yield from _double_cluster(tmp_path_factory)
-
-
-def _double_cluster(tmp_path_factory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("kube-double")
-    double = KubeApiDouble(workdir=REPO, sandbox=root / "pods").start()
-    kubeconfig = double.write_kubeconfig(root / "kubeconfig", namespace="finetune-test")
-    try:
-        yield Cluster(
-            kubeconfig=str(kubeconfig),
-            namespace="finetune-test",
-            image="finetune-assets:test",
-            double=double,
-        )
-    finally:
-        double.stop()
-
-
-@pytest.fixture(scope="package")
-def double_cluster(tmp_path_factory) -> Iterator[Cluster]:
-    """The loopback double, for the tests that use its hooks while the others run on the plane."""
-    yield from _double_cluster(tmp_path_factory)
-
-
-DOUBLE_HOOKS = {"double", "faults", "isolated"}
+    pytest.skip(NO_CLUSTER)
 
 
 @pytest.fixture
-def cluster(request) -> Cluster:
-    """What a test talks to: :func:`k8s_cluster`, except that a test using the double's hooks
-    (``double``, ``faults``, ``isolated``: faults no real component makes) gets the loopback double
-    while the rest run on the local plane, so CI runs both kinds. On a real cluster those tests
-    skip.
+def cluster(k8s_cluster: Cluster) -> Cluster:
+    """What a test talks to: :func:`k8s_cluster`."""
+    return k8s_cluster
+
+
+@pytest.fixture
+def node_faults(cluster: Cluster) -> Iterator[NodeFaults]:
+    """The kubelet faults the plane's node agents play for this test (node_faults.py: a late
+    start, an admission error, an eviction under node pressure, a missing image, lagging DNS);
+    none afterwards. Only on the local plane: a real cluster's kubelets are out of reach.
     """
-    if DOUBLE_HOOKS & set(request.fixturenames) and which_cluster() == "plane":
-        return request.getfixturevalue("double_cluster")
-    return request.getfixturevalue("k8s_cluster")
-
-
-@pytest.fixture
-def double(cluster: Cluster) -> KubeApiDouble:
-    """For tests that inspect local processes or recorded calls: only on the double."""
-    if cluster.double is None:
-        pytest.skip("needs the loopback API double")
-    return cluster.double
-
-
-@pytest.fixture
-def faults(double: KubeApiDouble) -> Iterator[Faults]:
-    """The double's faults for one test; reset afterwards."""
-    double.faults = Faults()
+    if cluster.plane is None:
+        pytest.skip("kubelet faults are played by the local plane's node agents")
+    faults = NodeFaults(cluster.plane)
     try:
-        yield double.faults
+        yield faults
     finally:
-        double.faults = Faults()
-
-
-@pytest.fixture
-def isolated(double: KubeApiDouble) -> KubeApiDouble:
-    """Tests of hostnames, DNS and PID 1 need the double's per-pod namespaces (unshare)."""
-    if not double.isolated:
-        pytest.skip(
-            "needs per-pod UTS/PID/mount namespaces (unshare as root or with user namespaces)"
-        )
-    return double
+        faults.clear()
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""What a kubelet makes of a container spec, in one copy for the node agent and the API double:
+"""What a kubelet makes of a container spec, for the local plane's node agent:
 the environment (``env``, ``envFrom``, ``valueFrom`` fieldRef / secretKeyRef / configMapKeyRef,
 ``$(VAR)`` expansion), the "image" ``PATH``, env values under ``emptyDir`` mounts remapped into the
 pod's folder, and the per-pod Linux namespaces (own hostname, PID 1, ``/etc/hosts``, ``/dev/shm``)
@@ -123,7 +123,7 @@ def isolation_flags() -> list[str] | None:
     global _ISOLATION_PROBE
     if _ISOLATION_PROBE is False:
         _ISOLATION_PROBE = None
-        # FINETUNE_K8S_DOUBLE_NO_ISOLATION=1 plays a host without unshare (to check the fallback)
+        # FINETUNE_K8S_DOUBLE_NO_ISOLATION=1 plays a host without unshare (the agents' fallback)
         if (
             shutil.which("unshare")
             and shutil.which("hostname")

@@ -53,6 +53,7 @@ from urllib.parse import parse_qs, urlparse
 import kubernetes
 from kubernetes import watch
 
+from finetune_assets_tests.launchers.k8s import node_faults
 from finetune_assets_tests.launchers.k8s.kubelet import (
     container_env,
     isolation_flags,
@@ -134,6 +135,7 @@ class Pod:
         self.lock = threading.Lock()
         self.hosts_path = root / "hosts"
         self.own_hosts = ""
+        self.evicted: str | None = None  # the eviction manager's message, once it evicted the pod
 
 
 class VolumeNotReady(Exception):
@@ -160,10 +162,13 @@ class NodeAgent:
         self.addresses.mkdir(parents=True, exist_ok=True)
         self.pods: dict[str, Pod] = {}  # uid -> pod
         self.lock = threading.RLock()
-        self.dns: dict[str, list[str]] = {}  # name -> ready endpoint addresses
+        self.dns: dict[str, list[str]] = {}  # name -> ready endpoint addresses, as published
+        self.ready_dns: dict[str, list[str]] = {}  # the same, as the EndpointSlices say now
         self.next_ip = 2
         self.isolation = isolation_flags()
         self.stopping = threading.Event()
+        self.faults = node_faults.FaultFile(args.faults)
+        self.dns_seen: dict[tuple[str, str], float] = {}  # (name, address) -> first seen ready
         self.host_ip = self._host_ip()
 
     # -- node, lease ------------------------------------------------------------------------------
@@ -373,8 +378,32 @@ class NodeAgent:
                     if ep.get("hostname"):
                         dns.setdefault(f"{ep['hostname']}.{svc}.{ns}.svc", []).append(addr)
         with self.lock:
+            self.ready_dns = dns
+        self.refresh_dns()
+
+    def refresh_dns(self) -> None:
+        """Publishes the ready names into every pod's hosts file, each only ``dns_lag_s`` (the
+        fault file's) after its endpoint became ready: a busy cluster's EndpointSlice propagation
+        and CoreDNS cache, during which a peer's name does not resolve yet.
+        """
+        lag = float(self.faults.read().get("dns_lag_s") or 0.0)
+        t = time.monotonic()
+        dns: dict[str, list[str]] = {}
+        pending = []
+        with self.lock:
+            keys = [(n, a) for n, addrs in self.ready_dns.items() for a in addrs]
+            self.dns_seen = {k: self.dns_seen.get(k, t) for k in keys}
+            for (name, addr), since in self.dns_seen.items():
+                if t - since >= lag:
+                    dns.setdefault(name, []).append(addr)
+                else:
+                    pending.append(since + lag - t)
             self.dns = dns
             pods = list(self.pods.values())
+        if pending:
+            timer = threading.Timer(min(pending) + 0.05, self.refresh_dns)
+            timer.daemon = True
+            timer.start()
         for pod in pods:
             self.write_hosts(pod)
 
@@ -554,6 +583,17 @@ class NodeAgent:
             pod.finished.set()
 
     def _run_pod(self, pod: Pod) -> None:
+        if not self.admit(pod):
+            return
+        rule = self.faults.take("start_delay", pod.obj)
+        if rule is not None:  # a slow sandbox or image pull: Pending, ContainerCreating
+            for c in pod.containers:
+                c.waiting = ("ContainerCreating", "")
+            self.patch_status(
+                pod, {"phase": "Pending", "containerStatuses": self.container_statuses(pod)}
+            )
+            if pod.deleting.wait(float(rule.get("seconds", 0.0))):
+                return
         # env first: a missing Secret keeps the pod waiting (CreateContainerConfigError), retried
         while True:
             if pod.deleting.is_set():
@@ -578,6 +618,8 @@ class NodeAgent:
                     pod, {"phase": "Pending", "containerStatuses": self.container_statuses(pod)}
                 )
                 time.sleep(2)
+        if not self.pull_images(pod):
+            return
         pod.ip = self.allocate_ip(pod)
         spec = pod.obj["spec"]
         hostname = spec.get("hostname") or pod.name
@@ -636,14 +678,140 @@ class NodeAgent:
             w.join()
         failed = any(c.exit_code != 0 for c in pod.containers)
         self.release_ip(pod)
-        self.patch_status(
-            pod,
-            {
-                "phase": "Failed" if failed else "Succeeded",
-                "conditions": self.conditions(False, "PodCompleted"),
-                "containerStatuses": self.container_statuses(pod),
+        status = {
+            "phase": "Failed" if failed else "Succeeded",
+            "conditions": self.conditions(False, "PodCompleted"),
+            "containerStatuses": self.container_statuses(pod),
+        }
+        if pod.evicted is not None:  # eviction_manager.go evictPod's status
+            status.update(phase="Failed", reason=node_faults.EVICTION_REASON, message=pod.evicted)
+            status["conditions"].append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": node_faults.EVICTION_CONDITION_REASON,
+                    "message": pod.evicted,
+                    "lastTransitionTime": now(),
+                }
+            )
+        self.patch_status(pod, status)
+
+    # -- kubelet faults (node_faults.py: what the test's fault file asks for) ---------------------
+
+    def event(self, pod: Pod, reason: str, message: str, warning: bool = True) -> None:
+        """An Event about the pod, as the kubelet records one (source: kubelet on this node)."""
+        t = now()
+        body = {
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.ns},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": pod.ns,
+                "name": pod.name,
+                "uid": pod.uid,
             },
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "kubelet", "host": self.name},
+            "reportingComponent": "kubelet",
+            "reportingInstance": self.name,
+            "firstTimestamp": t,
+            "lastTimestamp": t,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(pod.ns, body)
+        except Exception as e:  # an Event is a diagnosis; the status says what happened
+            print(f"event {reason} of {pod.name}: {e}", file=sys.stderr, flush=True)
+
+    def admit(self, pod: Pod) -> bool:
+        """Kubelet admission: an ``admission_error`` rule rejects the pod as the device manager
+        does after its plugin restarted (kubelet.go ``rejectPod``: Failed, never started).
+        """
+        if self.faults.take("admission_error", pod.obj) is None:
+            return True
+        reason, message = node_faults.ADMISSION_REASON, node_faults.ADMISSION_MESSAGE
+        self.event(pod, reason, message)
+        self.patch_status(
+            pod, {"phase": "Failed", "reason": reason, "message": "Pod was rejected: " + message}
         )
+        return False
+
+    def pull_images(self, pod: Pod) -> bool:
+        """The registry lacks the fault file's ``missing_images``: ``ErrImagePull``, then
+        ``ImagePullBackOff`` with the kubelet's back-off (10 s, doubling), retried until the pod is
+        deleted, with image_manager.go's Events and messages. False: the pod never starts.
+        """
+        missing = set(self.faults.read().get("missing_images") or [])
+        bad = [c for c in pod.containers if c.spec.get("image") in missing]
+        backoff = 10.0
+        while bad:
+            for c in bad:
+                image, err = c.spec["image"], node_faults.pull_error(c.spec["image"])
+                self.event(pod, "Pulling", f'Pulling image "{image}"', warning=False)
+                self.event(pod, "Failed", f'Failed to pull image "{image}": {err}')
+                self.event(pod, "Failed", "Error: ErrImagePull")
+                c.waiting = ("ErrImagePull", err)
+            self.patch_status(
+                pod, {"phase": "Pending", "containerStatuses": self.container_statuses(pod)}
+            )
+            if pod.deleting.wait(backoff):
+                return False
+            for c in bad:
+                image, err = c.spec["image"], node_faults.pull_error(c.spec["image"])
+                self.event(pod, "BackOff", f'Back-off pulling image "{image}"', warning=False)
+                self.event(pod, "Failed", "Error: ImagePullBackOff")
+                c.waiting = (
+                    "ImagePullBackOff",
+                    f'Back-off pulling image "{image}": ErrImagePull: {err}',
+                )
+            self.patch_status(
+                pod, {"phase": "Pending", "containerStatuses": self.container_statuses(pod)}
+            )
+            if pod.deleting.wait(backoff):
+                return False
+            backoff = min(backoff * 2, 300.0)
+        return True
+
+    def eviction_manager(self) -> None:
+        """The kubelet's eviction manager: while the fault file has an ``evict`` rule, it
+        evicts a running pod that the rule matches (at most one per pass, as the kubelet does).
+        """
+        while not self.stopping.wait(0.5):
+            rules = [
+                r
+                for r in self.faults.read().get("rules") or []
+                if r.get("fault") == "evict" and r.get("times") != 0
+            ]
+            if not rules:
+                continue
+            with self.lock:
+                running = [
+                    p
+                    for p in self.pods.values()
+                    if not p.deleting.is_set()
+                    and p.evicted is None
+                    and any(c.main_pid() is not None and c.exit_code is None for c in p.containers)
+                ]
+            for pod in running:
+                rule = self.faults.take("evict", pod.obj)
+                if rule is not None:
+                    self.evict(pod, rule.get("resource") or "memory")
+                    break
+
+    def evict(self, pod: Pod, resource: str) -> None:
+        """eviction_manager.go ``evictPod`` for a hard threshold: an ``Evicted`` Event, the
+        containers killed with a 1 s grace period, the pod Failed / ``Evicted`` with the
+        ``DisruptionTarget`` condition (``TerminationByKubelet``) written at the end of the run.
+        """
+        c = pod.containers[0]
+        request = ((c.spec.get("resources") or {}).get("requests") or {}).get(resource, "0")
+        pod.evicted = node_faults.eviction_message(resource, c.name, request)
+        self.event(pod, node_faults.EVICTION_REASON, pod.evicted)
+        threading.Thread(
+            target=self.kill, args=(pod, node_faults.EVICTION_GRACE_S), daemon=True
+        ).start()
 
     def wait_container(self, pod: Pod, c: Container) -> None:
         limit = ((c.spec.get("resources") or {}).get("limits") or {}).get("memory")
@@ -718,7 +886,7 @@ class NodeAgent:
     def isolate(
         self, pod: Pod, c: Container, hostname: str, argv: list[str], env: dict[str, str]
     ) -> list[str]:
-        """Own hostname, PID 1, /dev/shm and /etc/hosts for the container, as the double does."""
+        """Own hostname, PID 1, /dev/shm and /etc/hosts for the container (unshare)."""
         if self.isolation is None:
             c.started_path.touch()
             return argv
@@ -890,7 +1058,12 @@ class NodeAgent:
         self.serve()
         self.register()
         self.renew_lease(self.name, "kube-node-lease")
-        for target in (self.heartbeat, self.watch_pods, self.watch_endpoints):
+        for target in (
+            self.heartbeat,
+            self.watch_pods,
+            self.watch_endpoints,
+            self.eviction_manager,
+        ):
             threading.Thread(target=target, daemon=True, name=target.__name__).start()
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         print(f"node agent {self.name} ready on :{self.port}", flush=True)
@@ -1002,6 +1175,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cpu", default="32")
     p.add_argument("--memory", default="256Gi")
     p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--faults", default=None, help="the plane's fault file (node_faults.py)")
     NodeAgent(p.parse_args(argv)).run()
 
 

@@ -191,6 +191,65 @@ def wait_until(check, timeout_s: float, what: str, interval_s: float = 0.2):
     return value
 
 
+# -- the kubelet's faults (node agents) and the API server's audit log ----------------------------
+
+
+class NodeFaults:
+    """The kubelet faults a test asks the plane's node agents for (node_faults.py documents the
+    file): a late start, an admission error, an eviction under node pressure, a missing image,
+    lagging DNS. :meth:`clear` (the fixture's teardown) leaves the plane without faults.
+    """
+
+    def __init__(self, plane: ControlPlane):
+        self.path = plane.dir / "node-faults.json"
+
+    def add(self, fault: str, times: int | None = 1, **rule: Any) -> None:
+        """A rule (``namespace``, ``labels``, ``seconds``, ``resource``) hitting ``times`` pods."""
+        from finetune_assets_tests.launchers.k8s import node_faults
+
+        node_faults.edit(
+            self.path,
+            lambda f: f.setdefault("rules", []).append({"fault": fault, "times": times, **rule}),
+        )
+
+    def set(self, **faults: Any) -> None:
+        """Plane-wide faults: ``dns_lag_s``, ``missing_images``."""
+        from finetune_assets_tests.launchers.k8s import node_faults
+
+        node_faults.edit(self.path, lambda f: f.update(faults))
+
+    def left(self, fault: str) -> list[int | None]:
+        """The hits each rule of kind ``fault`` has left (0: it happened as often as asked)."""
+        import json
+
+        data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        return [r.get("times") for r in data.get("rules") or [] if r["fault"] == fault]
+
+    def clear(self) -> None:
+        from finetune_assets_tests.launchers.k8s import node_faults
+
+        node_faults.edit(self.path, lambda f: f.clear())
+
+
+def audit_events(plane: ControlPlane, username: str) -> list[dict[str, Any]]:
+    """The API server's audit events (``DIR/logs/audit.log``, ResponseComplete stage) of
+    ``username``'s requests: ``verb``, ``objectRef`` (``apiGroup``, ``resource``, ``subresource``),
+    ``responseStatus``. The plane logs ServiceAccounts only (``.ci/k8s/control-plane``).
+    """
+    import json
+
+    path = plane.dir / "logs" / "audit.log"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("user", {}).get("username") == username:
+                out.append(event)
+    return out
+
+
 # -- faults from the real components ------------------------------------------------------------
 
 

@@ -1,8 +1,10 @@
-"""What a real cluster does to a gang that the kind path never shows: on the local plane from the
-real components (the Eviction API, the scheduler, ResourceQuota admission, the garbage
-collector); what no real part does on purpose (an image that cannot be pulled: there are no images;
-DNS lagging behind a pod; a kubelet refusing a pod; a log stream cut) by the API double's faults,
-those tests skip elsewhere.
+"""What a real cluster does to a gang that the kind path never shows, on the local plane: from the
+real components (the Eviction API, the scheduler, ResourceQuota admission, the garbage collector);
+from the kubelet's part, which the node agents play as the v1.36 kubelet reports it (a late start,
+DNS lagging behind a pod, an admission error, an eviction under node pressure, an image the
+registry lacks: ``node_faults``); and a log stream reset mid-response by a thin proxy in front of
+the API server (``api_proxy``), the one fault no real part makes on purpose. The kubelet-fault
+tests skip on a real cluster (its kubelets are out of reach).
 
 Delays are scaled down from minutes to seconds; each test names the defect it would have caught.
 """
@@ -15,24 +17,30 @@ import time
 
 import pytest
 
+from finetune_assets_tests.launchers.k8s.api_proxy import CuttingProxy
 from finetune_assets_tests.launchers.k8s.conftest import Cluster, free_port
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 
 pytestmark = pytest.mark.k8s
 
 
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
 def test_pod0_starting_last_with_lagging_dns_still_trains_with_rank0_on_pod0(
-    cluster: Cluster, isolated, faults, instance
+    cluster: Cluster, node_faults, instance
 ) -> None:
     """Pod 0 waits for its GPU node / image while pod 1 runs, and pod DNS names resolve only 10 s
     after a pod runs: pod 1 waits in the rendezvous, pod 0 hosts the store without resolving itself.
     (Before the fix: nobody hosted the store, every pod failed after torchrun's 60 s read timeout.)
     """
-    faults.pending_s, faults.dns_lag_s = {0: 3.0}, 10.0
+    node_faults.set(dns_lag_s=10.0)
+    node_faults.add("start_delay", namespace=cluster.namespace, labels={INDEX: "0"}, seconds=3.0)
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=free_port()), "standin:allreduce", instance
     )
     assert launched.success, launched.logs
+    assert node_faults.left("start_delay") == [0]  # pod 0 did start late
     assert "standin: allreduce=3 world=2" in launched.logs
     assert re.search(r"standin: node=0 rank=0 world=2 attempt=0 host=\S+-0\b", launched.logs), (
         launched.logs
@@ -49,10 +57,6 @@ def test_a_rendezvous_timeout_shorter_than_the_start_timeout_is_refused(cluster:
 
 
 # -- disruption: eviction and node loss resubmit the gang, which resumes ---------------------------
-
-
-def _pods_of_index(double, index: int) -> list[str]:
-    return [n for n in double.live_processes() if re.search(rf"-{index}-\w{{5}}$", n)]
 
 
 def _evict_index(cluster: Cluster, index: int) -> None:
@@ -97,10 +101,7 @@ def test_an_evicted_pod_resubmits_the_gang_which_resumes(
     recorded objects.
     """
     ckpt = tmp_path / "step"
-    if cluster.double is not None:
-        _when_step(ckpt, 2, lambda: cluster.double.evict(_pods_of_index(cluster.double, 0)[0]))
-    else:
-        _when_step(ckpt, 2, lambda: _evict_index(cluster, 0))
+    _when_step(ckpt, 2, lambda: _evict_index(cluster, 0))
     launched = launch_in_dagster(
         cluster.launcher(nnodes=1, max_resubmissions=1, timeout_s=120),
         f"standin:train=6,step_s=0.4,ckpt={ckpt}",
@@ -117,19 +118,20 @@ def test_an_evicted_pod_resubmits_the_gang_which_resumes(
     assert cluster.leftovers(launched.job_name) == {}
 
 
-def test_infrastructure_failures_without_disruption_target_resubmit(
-    cluster: Cluster, double, faults, instance, tmp_path
+def test_kubelet_admission_errors_and_evictions_resubmit(
+    cluster: Cluster, node_faults, instance, tmp_path
 ) -> None:
-    """The first pod fails kubelet admission (UnexpectedAdmissionError: a device plugin restarted);
-    the next is evicted by the kubelet for node memory pressure (Failed/Evicted, exit 137, no
-    DisruptionTarget). Both are the cluster's doing (failures.py): resubmitted, and the gang resumes
-    from the checkpoint. (An eviction for the pod's own emptyDir limit is not: test_failure_table.)
+    """The first pod fails kubelet admission (Failed / UnexpectedAdmissionError, no
+    DisruptionTarget: a device plugin restarted); the next is evicted by the kubelet for node
+    memory pressure (Failed / Evicted with DisruptionTarget TerminationByKubelet, as kubelets
+    write it since v1.26). Both are the cluster's doing (failures.py, verdict.py): resubmitted, and
+    the gang resumes from the checkpoint. (An eviction for the pod's own emptyDir limit is not:
+    test_failure_table.)
     """
-    faults.admission_errors = 1
+    node_faults.add("admission_error", namespace=cluster.namespace)
     ckpt = tmp_path / "step"
-    pressure = "The node was low on resource: memory. "
     _when_step(
-        ckpt, 2, lambda: double.kubelet_evict(_pods_of_index(double, 0)[0], message=pressure)
+        ckpt, 2, lambda: node_faults.add("evict", namespace=cluster.namespace, resource="memory")
     )
     launched = launch_in_dagster(
         cluster.launcher(nnodes=1, max_resubmissions=2, timeout_s=120),
@@ -137,11 +139,15 @@ def test_infrastructure_failures_without_disruption_target_resubmit(
         instance,
     )
     assert launched.success, launched.logs[-4000:]
-    assert "UnexpectedAdmissionError (kubelet admission failed" in launched.logs
     assert (
-        "Evicted (kubelet eviction" in launched.logs
+        "UnexpectedAdmissionError (kubelet admission failed (e.g. a device plugin restarted)): "
+        "Pod was rejected: Allocate failed due to no healthy devices present" in launched.logs
+    ), launched.logs[-4000:]
+    assert (
+        "TerminationByKubelet: The node was low on resource: memory." in launched.logs
         and "resubmitting the gang (2/2)" in launched.logs
-    )
+    ), launched.logs[-4000:]
+    assert node_faults.left("admission_error") == node_faults.left("evict") == [0]
     finished = re.findall(r"standin: trained global_step=(\d+) resumed_at=(\d+)", launched.logs)
     assert finished == [("4", finished[0][1])] and int(finished[0][1]) >= 2, launched.logs[-3000:]
 
@@ -152,25 +158,11 @@ def test_infrastructure_failures_without_disruption_target_resubmit(
 @pytest.mark.parametrize("fault", ["unschedulable", "refuse_pods"])
 def test_pods_that_cannot_start_fail_with_the_reason(cluster: Cluster, instance, fault) -> None:
     """The real scheduler (9 GPUs per pod, nodes have 8) and ResourceQuota admission (8 GPUs in
-    the namespace): the pods never start and the reason reaches the run (on the double: its faults
-    play the same messages).
+    the namespace): the pods never start and the reason reaches the run.
     """
     core, _ = cluster._apis()  # noqa: SLF001 - the harness' clients
     quota = None
-    if cluster.double is not None:
-        cluster.double.faults.unschedulable = (
-            "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
-            if fault == "unschedulable"
-            else None
-        )
-        cluster.double.faults.refuse_pods = (
-            'pods "x" is forbidden: exceeded quota: gpu-quota, requested: '
-            "requests.nvidia.com/gpu=9, used: requests.nvidia.com/gpu=0, limited: "
-            "requests.nvidia.com/gpu=8"
-            if fault == "refuse_pods"
-            else None
-        )
-    elif fault == "refuse_pods":
+    if fault == "refuse_pods":
         quota = core.create_namespaced_resource_quota(
             cluster.namespace,
             {"metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu": "8"}}},
@@ -196,8 +188,6 @@ def test_pods_that_cannot_start_fail_with_the_reason(cluster: Cluster, instance,
     finally:
         if quota is not None:
             core.delete_namespaced_resource_quota("gpu-quota", cluster.namespace)
-        if cluster.double is not None:
-            cluster.double.faults.unschedulable = cluster.double.faults.refuse_pods = None
     assert not launched.success
     assert "did not all start within start_timeout_s=2" in launched.logs, launched.logs[-3000:]
     assert re.search(expect, launched.logs), launched.logs[-3000:]
@@ -205,14 +195,28 @@ def test_pods_that_cannot_start_fail_with_the_reason(cluster: Cluster, instance,
 
 
 def test_an_image_pull_error_fails_at_once_with_the_kubelets_message(
-    cluster: Cluster, faults, instance
+    cluster: Cluster, node_faults, instance
 ) -> None:
-    faults.image_pull_error = "rpc error: code = NotFound desc = manifest unknown"
-    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:ok", instance)
+    """A tag the registry does not have: the kubelet retries the pull for ever (back-off), but
+    "not found" will not fix itself, so the run fails as soon as the pod says so, not at
+    ``start_timeout_s`` or ``timeout_s``.
+    """
+    image = "registry.example.com/finetune-assets:no-such-tag"
+    node_faults.set(missing_images=[image])
+    launched = launch_in_dagster(
+        cluster.launcher(nnodes=1, image=image, start_timeout_s=1800, timeout_s=600),
+        "standin:ok",
+        instance,
+    )
     assert not launched.success
-    assert "ErrImagePull: rpc error: code = NotFound desc = manifest unknown" in launched.logs
-    assert "Failed to pull image" in launched.logs  # the Event, in the failure message
-    assert launched.seconds < 40
+    assert (
+        "ErrImagePull: rpc error: code = NotFound desc = failed to pull and unpack image "
+        f'"{image}"' in launched.logs
+    ), launched.logs[-3000:]
+    # the kubelet's Event, in the failure message
+    assert f'Failed to pull image "{image}"' in launched.logs, launched.logs[-3000:]
+    assert "cannot start its pods" in launched.logs and "timed out" not in launched.logs
+    assert cluster.leftovers(launched.job_name) == {}
 
 
 # -- ownership: a dead launcher leaves no gang ---------------------------------------------------
@@ -324,11 +328,20 @@ def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(
 
 
 def test_the_log_follower_resumes_after_the_stream_breaks(
-    cluster: Cluster, faults, instance
+    cluster: Cluster, instance, tmp_path
 ) -> None:
-    faults.log_cut_s = 0.5  # every follow stream drops after half a second
-    launched = launch_in_dagster(cluster.launcher(nnodes=1), "standin:lines=60", instance)
+    """Every followed log stream of the launcher is reset half a second in (a thin proxy in front
+    of the API server): the follower re-opens it and skips what it delivered.
+    """
+    if cluster.plane is None:
+        pytest.skip("the resetting proxy stands in front of the local plane's API server")
+    with CuttingProxy(cluster.plane, cut_follow_s=0.5) as proxy:
+        kubeconfig = proxy.kubeconfig(cluster.launcher_kubeconfig, tmp_path / "kubeconfig")
+        launched = launch_in_dagster(
+            cluster.launcher(nnodes=1, kubeconfig_file=kubeconfig), "standin:lines=60", instance
+        )
     assert launched.success, launched.logs[-3000:]
+    assert proxy.cuts >= 2, "the streams were not reset"
     lines = re.findall(r"\] standin: line (\d+)$", launched.logs, flags=re.M)
     assert lines == [str(i) for i in range(60)]  # every line once, in order, despite the breaks
 

@@ -1,16 +1,18 @@
 """The data fan-out as a Kubernetes Indexed Job (``K8sFanOutRunner``): manifests offline, 3 pods
-through the API double.
+on the local plane (the real Job controller decides every retry).
 
 The worker is a few lines of Python that write one part per ``JOB_COMPLETION_INDEX`` through fsspec
 under the root its environment names, as the slice workers do; the host filesystem plays the
-object-store root (see the double's docstring).
+object-store root (the plane's pods are local processes). How many pods each index got, and how each
+ended, comes from a watch on the API server (``Cluster.pod_history``).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-import time
+import threading
+from collections import Counter
 from pathlib import Path
 
 import kubernetes_validate
@@ -19,17 +21,34 @@ import pytest
 from finetune_assets.launchers.fanout import FanOut, FanOutError
 from finetune_assets.launchers.k8s import GANG_LABEL, JOB_LABEL, K8sTorchrunLauncher
 from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner, assess_fanout, indexes
-from finetune_assets_tests.launchers.k8s.conftest import HARNESS_AGENT, Cluster
-from finetune_assets_tests.launchers.k8s.test_launcher_api import LAUNCHER_VERBS
+from finetune_assets_tests.launchers.k8s.conftest import Cluster
+from finetune_assets_tests.launchers.k8s.plane import wait_until
+from finetune_assets_tests.launchers.k8s.test_launcher_api import (
+    LAUNCHER_VERBS,
+    launcher_requests,
+    verbs,
+)
 from finetune_assets_tests.launchers.k8s.test_manifests import K8S_VERSIONS, SECRET
 
 # One part per index, written atomically (a preempted first pod may leave a .tmp behind, never a
-# part).
+# part). Its attempt k (counted in a file beside the parts) of index i holds until it is killed when
+# k < FANOUT_HOLD_<i>, and takes more memory than its limit when k < FANOUT_OOM_<i> (the node agent
+# OOM-kills it, as the kernel does at the cgroup limit).
 WORKER = """
 import os, sys, time, fsspec
 i = int(os.environ["JOB_COMPLETION_INDEX"])
 root, failing = os.environ["FANOUT_OUT"], sys.argv[1].split(",")
-print(f"worker {i} starts", flush=True)
+with open(os.path.join(root, f"tries-{i}"), "a+") as tries:
+    tries.write("x")
+    tries.seek(0)
+    attempt = len(tries.read()) - 1
+print(f"worker {i} starts (attempt {attempt})", flush=True)
+if attempt < int(os.environ.get(f"FANOUT_HOLD_{i}", 0)):
+    print(f"worker {i} holds", flush=True)
+    time.sleep(600)
+if attempt < int(os.environ.get(f"FANOUT_OOM_{i}", 0)):
+    hog = b"x" * (3 << 30)
+    time.sleep(600)
 if str(i) in failing:
     print(f"worker {i}: slice {i} is unreadable", file=sys.stderr, flush=True)
     sys.exit(3)
@@ -47,12 +66,12 @@ LABELS = {
 }
 
 
-def fanout(out: str, count: int = 3, failing: str = "") -> FanOut:
+def fanout(out: str, count: int = 3, failing: str = "", **env: str) -> FanOut:
     return FanOut(
         name="tok-v1-0f1e2d3c",
         command=[sys.executable, "-c", WORKER, failing],
         count=count,
-        env={"FANOUT_TOTAL": str(count), "FANOUT_OUT": out},
+        env={"FANOUT_TOTAL": str(count), "FANOUT_OUT": out, **env},
     )
 
 
@@ -173,12 +192,21 @@ def test_completed_and_failed_indexes_parse() -> None:
     )
 
 
-# -- 3 pods through the API double -----------------------------------------------------------------
+# -- 3 pods on the local plane -------------------------------------------------------------------
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+# a limit the worker's FANOUT_OOM allocation (3 GiB) exceeds: the launcher's smallest for a worker
+# (its 1Gi /dev/shm plus 1Gi for the process)
+SMALL_WORKERS = {"worker_memory_request": "256Mi", "worker_memory_limit": "2Gi"}
 
 
-def run(cluster: Cluster, job: FanOut, timeout_s: int = 90, **fields) -> tuple[list[str], str]:
+def run(
+    cluster: Cluster, job: FanOut, timeout_s: int = 90, launcher: dict | None = None, **fields
+) -> tuple[list[str], str]:
     lines: list[str] = []
-    runner = K8sFanOutRunner(cluster.launcher(timeout_s=timeout_s), labels=LABELS, **fields)
+    runner = K8sFanOutRunner(
+        cluster.launcher(timeout_s=timeout_s, **(launcher or {})), labels=LABELS, **fields
+    )
     try:
         runner.run(job, lines.append)
     finally:
@@ -194,39 +222,102 @@ def parts(out: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(out.glob("part-*.txt"))}
 
 
+def of_job(pods: dict, name: str) -> list:
+    return [p for p in pods.values() if (p.metadata.labels or {}).get("job-name") == name]
+
+
+def attempts(pods: dict, name: str) -> dict[int, int]:
+    """Pods the Job controller created per completion index."""
+    return dict(Counter(int(p.metadata.annotations[INDEX]) for p in of_job(pods, name)))
+
+
+def counted(pods: dict, name: str) -> list[int]:
+    """Indexes of the Failed pods without ``DisruptionTarget`` (they count against retries)."""
+    return sorted(
+        int(p.metadata.annotations[INDEX])
+        for p in of_job(pods, name)
+        if p.status.phase == "Failed"
+        and not any(c.type == "DisruptionTarget" for c in p.status.conditions or [])
+    )
+
+
+def when_holding(cluster: Cluster, out: Path, indexes: list[int], then) -> threading.Thread:
+    """``then(pods)`` once the first pod of each of ``indexes`` runs and holds (FANOUT_HOLD):
+    ``pods`` are their names.
+    """
+    core, _ = cluster._apis()  # noqa: SLF001 - the harness' clients
+
+    def holding() -> list[str] | None:
+        if not all((out / f"tries-{i}").exists() for i in indexes):
+            return None
+        pods = core.list_namespaced_pod(cluster.namespace).items
+        names = [
+            p.metadata.name
+            for i in indexes
+            for p in pods
+            if (p.metadata.annotations or {}).get(INDEX) == str(i) and p.status.phase == "Running"
+        ]
+        return names if len(names) == len(indexes) else None
+
+    thread = threading.Thread(
+        target=lambda: then(wait_until(holding, 60, "the holding pods")), daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def evict(cluster: Cluster, name: str) -> None:
+    """The Eviction API (a drain, the autoscaler): ``DisruptionTarget`` EvictionByEvictionAPI."""
+    core, _ = cluster._apis()  # noqa: SLF001 - the harness' clients
+    core.create_namespaced_pod_eviction(
+        name, cluster.namespace, {"metadata": {"name": name, "namespace": cluster.namespace}}
+    )
+
+
+def audit_now() -> str:
+    """Now, as the audit log writes its times (RFC 3339, microseconds, UTC)."""
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 @pytest.mark.k8s
 @pytest.mark.slow
 def test_three_pods_run_every_index_despite_a_late_pod(
-    cluster: Cluster, double, faults, tmp_path
+    cluster: Cluster, node_faults, tmp_path
 ) -> None:
     """Index 2's pod waits for its node: the others finish first; each index writes its own part."""
-    faults.pending_s = {2: 2.0}
+    node_faults.add("start_delay", namespace=cluster.namespace, labels={INDEX: "2"}, seconds=2.0)
+    since = audit_now()
     lines, _ = run(cluster, fanout(str(tmp_path)))
+    assert node_faults.left("start_delay") == [0]
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
     text = "\n".join(lines)
     # index 0's log streamed
     assert re.search(r"\[\S+-0-\w{5}\] worker 0 wrote part-0.txt", text), text
     assert "3/3 index(es) succeeded" in text and "all 3 index(es) succeeded" in text
-    # deploy/rbac.yaml grants the training launcher's verbs; the fan-out needs no more
-    assert {
-        (verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT
-    } <= LAUNCHER_VERBS
+    # deploy/rbac.yaml grants the training launcher's verbs; the fan-out needs no more (what the
+    # API server's audit log recorded for the launcher's ServiceAccount meanwhile)
+    called = verbs(launcher_requests(cluster, since))
+    assert ("create", "jobs") in called and called <= LAUNCHER_VERBS, sorted(called)
 
 
 @pytest.mark.k8s
-def test_a_preempted_and_an_oom_killed_index_are_retried(
-    cluster: Cluster, double, faults, tmp_path
-) -> None:
-    """Index 1's first pod is preempted (replaced, not counted), index 2's is OOM-killed
-    (counted, retried).
+def test_a_preempted_and_an_oom_killed_index_are_retried(cluster: Cluster, tmp_path) -> None:
+    """Index 1's first pod is evicted (the Eviction API: ``DisruptionTarget``, replaced, not
+    counted), index 2's exceeds its memory limit (OOMKilled, counted, retried).
     """
-    faults.preempt, faults.oom_kill = {1: 1}, {2: 1}
-    lines, name = run(cluster, fanout(str(tmp_path)), retries_per_index=1)
+    when_holding(cluster, tmp_path, [1], lambda pods: evict(cluster, pods[0]))
+    with cluster.pod_history() as pods:
+        lines, name = run(
+            cluster,
+            fanout(str(tmp_path), FANOUT_HOLD_1="1", FANOUT_OOM_2="1"),
+            launcher=SMALL_WORKERS,
+            retries_per_index=1,
+        )
     assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 3\n" for i in range(3)}
-    books = double.indexes[(cluster.namespace, name)]
-    counted = [r.index for r in books.records.values() if r.phase == "Failed" and not r.conditions]
-    # the preemption is not counted
-    assert dict(books.attempts) == {0: 1, 1: 2, 2: 2} and counted == [2]
+    # the eviction is not counted
+    assert attempts(pods, name) == {0: 1, 1: 2, 2: 2} and counted(pods, name) == [2]
     assert re.search(r"index 2: pod \S+ Failed, exit code 137 \(OOMKilled\)", "\n".join(lines)), (
         lines
     )
@@ -234,53 +325,26 @@ def test_a_preempted_and_an_oom_killed_index_are_retried(
 
 @pytest.mark.k8s
 def test_pods_of_two_indexes_failing_at_once_get_one_replacement_each(
-    cluster: Cluster, double, faults, monkeypatch
+    cluster: Cluster, tmp_path
 ) -> None:
-    """Two syncs of one Job (its pods failed at the same moment) create each replacement once, as
-    the real controller's per-Job work queue and creation expectations guarantee. Pods stay
-    Pending (unschedulable): no process; a slow pod creation plays a descheduled thread.
+    """The first pods of both indexes are SIGKILLed together (exit 137: counted, retried): each
+    index gets one replacement, as the Job controller's per-Job work queue and creation
+    expectations guarantee (a fan-out relies on it: a duplicate would write its part twice).
     """
-    import threading
-    import types
-    import uuid
 
-    from finetune_assets.launchers.k8s.settings import CONTAINER_NAME
-    from finetune_assets_tests.launchers.k8s import apiserver_double
+    def kill_both(names: list[str]) -> None:
+        for name in names:
+            cluster.kill_pod(name)
 
-    faults.unschedulable = "0/3 nodes are available: 3 Insufficient cpu."
-    runner = K8sFanOutRunner(cluster.launcher(), labels=LABELS, retries_per_index=1)
-    name = "tok-v1-twofail-abc123"
-    cluster.create_job(runner.render(fanout("unused", count=2), name))
-    books = double.indexes[(cluster.namespace, name)]
-    for record in books.records.values():  # both first pods OOM-killed (counted, retried)
-        record.phase, record.exit_codes = "Failed", {CONTAINER_NAME: 137}
-
-    def slow_uuid4() -> uuid.UUID:
-        time.sleep(0.05)
-        return uuid.uuid4()
-
-    monkeypatch.setattr(apiserver_double, "uuid", types.SimpleNamespace(uuid4=slow_uuid4))
-    start = threading.Barrier(2)
-
-    def sync() -> None:  # what each pod's _on_pod_finished ends with
-        start.wait()
-        double._fill(cluster.namespace, name)
-
-    threads = [threading.Thread(target=sync) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    try:
-        assert dict(books.attempts) == {0: 2, 1: 2}
-    finally:
-        double.handle(
-            "DELETE",
-            f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/{name}",
-            {},
-            {},
-            HARNESS_AGENT,
+    when_holding(cluster, tmp_path, [0, 1], kill_both)
+    with cluster.pod_history() as pods:
+        _, name = run(
+            cluster,
+            fanout(str(tmp_path), count=2, FANOUT_HOLD_0="1", FANOUT_HOLD_1="1"),
+            retries_per_index=1,
         )
+    assert attempts(pods, name) == {0: 2, 1: 2} and counted(pods, name) == [0, 1]
+    assert parts(tmp_path) == {f"part-{i}.txt": f"slice {i} of 2\n" for i in range(2)}
 
 
 @pytest.mark.k8s
@@ -302,14 +366,14 @@ def test_pods_of_two_indexes_failing_at_once_get_one_replacement_each(
     ],
 )
 def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(
-    cluster: Cluster, double, faults, tmp_path, fault, says, pods
+    cluster: Cluster, tmp_path, fault, says, pods
 ) -> None:
-    if fault == "oom":
-        faults.oom_kill = {1: 99}
-    with pytest.raises(FanOutError) as err:
+    oom = {"FANOUT_OOM_1": "99"} if fault == "oom" else {}
+    with cluster.pod_history() as seen, pytest.raises(FanOutError) as err:
         run(
             cluster,
-            fanout(str(tmp_path), failing="1" if fault == "exit" else ""),
+            fanout(str(tmp_path), failing="1" if fault == "exit" else "", **oom),
+            launcher=SMALL_WORKERS,
             retries_per_index=1,
         )
     message = str(err.value)
@@ -317,11 +381,11 @@ def test_an_index_that_keeps_failing_fails_the_fanout_naming_it(
     # its log tail, by index
     assert re.search(r"--- pod \S+-1-\w{5} \(index 1\) Failed", message), message
     name = re.search(r"fan-out Job [^/\s]+/(\S+):", message).group(1)
-    assert double.indexes[(cluster.namespace, name)].attempts[1] == pods
+    assert attempts(seen, name)[1] == pods
 
 
 @pytest.mark.k8s
-def test_a_hung_index_fails_the_fanout_at_the_deadline_naming_it(cluster: Cluster, double) -> None:
+def test_a_hung_index_fails_the_fanout_at_the_deadline_naming_it(cluster: Cluster) -> None:
     hang = "import os, time; time.sleep(600 if os.environ['JOB_COMPLETION_INDEX'] == '2' else 0)"
     with pytest.raises(FanOutError) as err:
         run(
@@ -336,7 +400,7 @@ def test_a_hung_index_fails_the_fanout_at_the_deadline_naming_it(cluster: Cluste
 
 @pytest.mark.k8s
 def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(
-    cluster: Cluster, double, tmp_path
+    cluster: Cluster, tmp_path
 ) -> None:
     """A run pod died mid fan-out (no owner here: launched from outside the cluster); its retry
     replaces the Job.
@@ -361,9 +425,7 @@ def test_a_retry_deletes_the_live_fanout_job_a_dead_launcher_left(
 
 
 @pytest.mark.k8s
-def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(
-    cluster: Cluster, double, tmp_path
-) -> None:
+def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(cluster: Cluster, tmp_path) -> None:
     left = K8sFanOutRunner(
         cluster.launcher(timeout_s=90), labels={**LABELS, "dagster/run-id": "other-run"}
     )
@@ -385,13 +447,11 @@ def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(
     ):
         runner.run(fanout(str(tmp_path)), lambda line: None)
     assert "job" in cluster.leftovers("tok-v1-live-abc123", wait_s=0)
-    cluster.double.handle(
-        "DELETE",
-        f"/apis/batch/v1/namespaces/{cluster.namespace}/jobs/tok-v1-live-abc123",
-        {},
-        {},
-        HARNESS_AGENT,
+    _, batch = cluster._apis()  # noqa: SLF001 - the harness' clients
+    batch.delete_namespaced_job(
+        "tok-v1-live-abc123", cluster.namespace, propagation_policy="Background"
     )
+    assert cluster.leftovers("tok-v1-live-abc123") == {}
 
 
 def test_a_slice_workers_transient_io_error_exits_75(monkeypatch, capsys) -> None:
@@ -414,7 +474,7 @@ def test_a_slice_workers_transient_io_error_exits_75(monkeypatch, capsys) -> Non
 
 
 @pytest.mark.k8s
-def test_an_index_exiting_75_is_retried(cluster: Cluster, double, tmp_path) -> None:
+def test_an_index_exiting_75_is_retried(cluster: Cluster, tmp_path) -> None:
     """EX_TEMPFAIL counts against the index's retries (an object-store 503 among thousands of
     slices) instead of failing it as the worker's own error.
     """
@@ -423,13 +483,13 @@ def test_an_index_exiting_75_is_retried(cluster: Cluster, double, tmp_path) -> N
         f"m = pathlib.Path({str(tmp_path)!r}) / ('tried-' + i); "
         "first = not m.exists(); m.touch(); sys.exit(75 if first and i == '1' else 0)"
     )
-    lines, name = run(
-        cluster,
-        FanOut(name="tok-flaky", command=["python", "-c", flaky], count=2, env={}),
-        retries_per_index=1,
-    )
-    books = double.indexes[(cluster.namespace, name)]
-    assert dict(books.attempts) == {0: 1, 1: 2}
+    with cluster.pod_history() as pods:
+        lines, name = run(
+            cluster,
+            FanOut(name="tok-flaky", command=["python", "-c", flaky], count=2, env={}),
+            retries_per_index=1,
+        )
+    assert attempts(pods, name) == {0: 1, 1: 2} and counted(pods, name) == [1]
     assert any("index 1: pod" in line and "exit code 75" in line for line in lines), lines
 
 
@@ -467,7 +527,7 @@ def test_assess_fanout_waits_for_retries_and_fails_on_a_failed_index() -> None:
 @pytest.mark.k8s
 @pytest.mark.slow
 def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
-    cluster: Cluster, double, arabic_reviews, tmp_path, monkeypatch
+    cluster: Cluster, arabic_reviews, tmp_path, monkeypatch
 ) -> None:
     """Both stages as the assets run them (``_fan_out``: the real ``python -m
     finetune_assets.data.slices work`` command and ``WORKER_ENV``), once through 2 local workers and
@@ -519,10 +579,12 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
             runner.run(job, print)
             return None
         # checks that the Job and its pods are gone afterwards
-        _, name = run(cluster, job, timeout_s=120)
+        with cluster.pod_history() as pods:
+            _, name = run(cluster, job, timeout_s=120)
+        tried[name] = attempts(pods, name)
         return name
 
-    merged, samples = {}, {}
+    merged, samples, tried = {}, {}, {}
     for where, runner in (
         ("local", LocalFanOutRunner(workers=2)),
         ("k8s", K8sFanOutRunner(cluster.launcher(timeout_s=120), labels=LABELS)),
@@ -550,7 +612,7 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
         rows = sum(p["rows"] for p in slices.read_part_stats(tokens, len(plan)))
         assert rows == 120, f"{where}: {rows} rows tokenized"
         if tok_job is not None:  # one pod per slice really ran, each once
-            assert dict(double.indexes[(cluster.namespace, tok_job)].attempts) == {0: 1, 1: 1, 2: 1}
+            assert tried[tok_job] == {0: 1, 1: 1, 2: 1}
         shards = tmp_path / where / "mds"
         groups = slices.group_parts(len(plan), width or len(plan), rows)
         # other slicings and groupings, the same samples

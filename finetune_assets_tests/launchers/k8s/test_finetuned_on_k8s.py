@@ -1,8 +1,9 @@
 """``finetuned_model`` materializes with the k8s launcher, 2 pods x 1 process.
 
-Dagster run -> K8sTorchrunLauncher -> Kubernetes API (the loopback double) -> Indexed Job, 2 pods ->
-torchrun c10d rendezvous through the headless Service -> the real trainer (gloo, CPU) -> model,
-metrics and an MLflow run under the storage root -> materialization metadata.
+Dagster run -> K8sTorchrunLauncher -> the local plane's API server -> the real Job controller and
+scheduler -> Indexed Job, 2 pods on the node agents -> torchrun c10d rendezvous through the headless
+Service -> the real trainer (gloo, CPU) -> model, metrics and an MLflow run under the storage
+root -> materialization metadata.
 """
 
 from __future__ import annotations
@@ -16,17 +17,22 @@ from finetune_assets.resources.mlflow import MlflowResource
 from finetune_assets.resources.storage_root import StorageResource
 from finetune_assets.storage import Storage
 from finetune_assets_tests.launchers.k8s.conftest import Cluster, free_port
+from finetune_assets_tests.launchers.k8s.kubelet import isolation_flags
+from finetune_assets_tests.launchers.k8s.plane import wait_until
 from finetune_assets_tests.training.fixtures import publish_upstream as _publish_upstream
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 
 def test_finetuned_model_trains_across_two_pods(
-    cluster: Cluster, double, storage_root, instance, tiny_model_dir, arabic_reviews
+    cluster: Cluster, storage_root, instance, tiny_model_dir, arabic_reviews
 ) -> None:
-    # `double`: the storage root here is a local folder, which the double's pods share; on a real
-    # cluster run the same flow with an s3:// root (deploy/README.md, "Run a materialization").
-    if not double.private_shm:
+    # The storage root here is a local folder, which the plane's pods (local processes) share; on
+    # a real cluster run the same flow with an s3:// root (deploy/README.md, "Run a
+    # materialization").
+    if cluster.plane is None:
+        pytest.skip("a local storage root is shared only by the local plane's pods")
+    if isolation_flags() is None:
         pytest.skip(
             "two 'pods' on one host need private /dev/shm mounts (unshare) for mosaicml-streaming"
         )
@@ -74,4 +80,7 @@ def test_finetuned_model_trains_across_two_pods(
     assert 0.0 <= meta["accuracy"].value <= 1.0
     assert meta["mlflow_run"].value.startswith("http://mlflow.example:5000/#/experiments/")
     assert store.require("finetuned_model", "v1") is not None
-    assert double.live_processes() == []
+    # every pod process ended (the Job and its pods are deleted after the run)
+    wait_until(
+        lambda: cluster.plane.live_pod_processes(cluster.namespace) == [], 60, "pod processes"
+    )

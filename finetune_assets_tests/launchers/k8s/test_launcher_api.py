@@ -1,12 +1,13 @@
 """The k8s launcher end to end against a Kubernetes API: Dagster run -> launcher -> API -> pods ->
 torchrun.
 
-Runs against the loopback API test double by default and against a real cluster when KUBECONFIG and
-FINETUNE_K8S_TEST_IMAGE are set (see conftest.py and deploy/README.md).
+Runs on the local control plane (docs/k8s-control-plane.md) and against a real cluster when
+KUBECONFIG and FINETUNE_K8S_TEST_IMAGE are set (see conftest.py and deploy/README.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import time
@@ -16,8 +17,9 @@ import pytest
 from dagster._core.errors import DagsterExecutionInterruptedError
 
 from finetune_assets.launchers import TrainingSpec
-from finetune_assets_tests.launchers.k8s.conftest import HARNESS_AGENT, Cluster, free_port
+from finetune_assets_tests.launchers.k8s.conftest import Cluster, free_port
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
+from finetune_assets_tests.launchers.k8s.plane import audit_events, wait_until
 
 pytestmark = pytest.mark.k8s
 
@@ -44,7 +46,7 @@ FALLBACK_VERBS = {("patch", "jobs"), ("list", "workloads"), ("patch", "workloads
 
 
 def _port(cluster: Cluster) -> int:
-    return free_port() if cluster.is_double else 29400
+    return 29400  # torchrun's default: pods have addresses of their own
 
 
 def test_one_node_succeeds_streams_logs_and_cleans_up(cluster: Cluster, instance) -> None:
@@ -157,7 +159,7 @@ def test_killed_node_fails_the_run_clearly(cluster: Cluster, instance) -> None:
 
     The worker can kill its agent because torchrun is not PID 1 (``shareProcessNamespace``: the
     pause container is); as PID 1 of its namespace the kernel would ignore the signal, on a real
-    node and in the double's per-pod PID namespace alike.
+    node and in the node agent's per-pod PID namespace alike.
     """
     launched = launch_in_dagster(
         cluster.launcher(nnodes=2, rdzv_port=_port(cluster), max_restarts=1, timeout_s=300),
@@ -212,17 +214,38 @@ def test_a_missing_secret_fails_clearly(cluster: Cluster, instance) -> None:
     assert cluster.leftovers(launched.job_name) == {}
 
 
-def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, double, instance) -> None:
-    """The calls the launcher made in this session (not the harness's) are exactly
-    LAUNCHER_VERBS.
+def launcher_requests(cluster: Cluster, since: str = "") -> list[dict]:
+    """The launcher's requests (its ServiceAccount's) from the API server's audit log, received at
+    or after ``since`` (an RFC 3339 time in UTC, as the audit log writes them; empty: all).
     """
+    user = f"system:serviceaccount:{cluster.namespace}:finetune-launcher"
+    return [
+        e
+        for e in audit_events(cluster.plane, user)
+        if "objectRef" in e and e["requestReceivedTimestamp"] >= since
+    ]
 
-    def called() -> set[tuple[str, str]]:
-        return {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT}
 
+def verbs(events: list[dict]) -> set[tuple[str, str]]:
+    """``(verb, resource)`` as RBAC names them (``pods/log``) of audit events."""
+    out = set()
+    for e in events:
+        ref = e["objectRef"]
+        sub = ref.get("subresource")
+        out.add((e["verb"], f"{ref['resource']}/{sub}" if sub else ref["resource"]))
+    return out
+
+
+def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, instance) -> None:
+    """The calls the launcher made in this session, as the real API server's audit log records
+    them for its ServiceAccount, are exactly LAUNCHER_VERBS (which test_manifests compares with
+    deploy/rbac.yaml's Role), and RBAC refused none of them.
+    """
+    if cluster.plane is None:
+        pytest.skip("reads the local plane's audit log")
     usual = LAUNCHER_VERBS - FALLBACK_VERBS
     # run alone: one failing multi-node launch from an owning pod
-    if called() - FALLBACK_VERBS != usual:
+    if verbs(launcher_requests(cluster)) - FALLBACK_VERBS != usual:
         owner = cluster.create_pod(f"run-pod-{uuid.uuid4().hex[:6]}")
         launched = launch_in_dagster(
             cluster.launcher(nnodes=2, rdzv_port=free_port(), owner_pod=owner),
@@ -230,7 +253,17 @@ def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, double, 
             instance,
         )
         assert not launched.success
-    assert called() - FALLBACK_VERBS == usual and called() <= LAUNCHER_VERBS
+        with contextlib.suppress(Exception):
+            cluster.delete_pod(owner)
+    # the log backend writes each event as its request completes; a bound on reading it back
+    wait_until(
+        lambda: usual <= verbs(launcher_requests(cluster)), 30, "the launcher's audit events"
+    )
+    events = launcher_requests(cluster)
+    called = verbs(events)
+    assert called - FALLBACK_VERBS == usual and called <= LAUNCHER_VERBS, sorted(called)
+    forbidden = [e["requestURI"] for e in events if e["responseStatus"].get("code") == 403]
+    assert forbidden == []
 
 
 def test_node_loss_kills_the_whole_pod(cluster: Cluster, instance) -> None:

@@ -19,8 +19,7 @@ has one), the Job's status must show what the case asserts:
 Not comparable after the fact (upstream asserts one pass; the real controller runs many):
 ``created``, ``deleted``, ``terminating``. Not played (no way to make a real pod so): pods with
 conditions (``DisruptionTarget``, ``ResourceLimitExceeded``: eviction, the kubelet), pods being
-deleted, init containers; those cases stay checked against the double's model only
-(``test_upstream_job_cases.py``).
+deleted, init containers; those cases are upstream's own (its CI runs them), not checked here.
 
 All played Jobs are created at once (one namespace, each Job's own state folder) and run together:
 the controller's back-off before replacing a failed pod (10 s, then 20 s) dominates.

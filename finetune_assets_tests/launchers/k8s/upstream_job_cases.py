@@ -11,7 +11,7 @@ names them ``mypod-<i>``. ``want`` lists only what the upstream case asserts (co
 
 from __future__ import annotations
 
-from finetune_assets_tests.launchers.k8s.job_controller import MAX_INT32
+MAX_INT32 = 2**31 - 1  # backoffLimit's default beside backoffLimitPerIndex
 
 PFP = "TestSyncJobWithJobPodFailurePolicy"
 BLPI = "TestSyncJobWithJobBackoffLimitPerIndex"
