@@ -21,9 +21,18 @@ from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 
 pytestmark = pytest.mark.k8s
 
+# The JobSet backend's (test_jobset_plane.py runs it as deploy/rbac.yaml's ServiceAccount; the
+# double serves no JobSets).
+JOBSET_VERBS = {
+    ("create", "jobsets"),
+    ("get", "jobsets"),
+    ("list", "jobsets"),
+    ("delete", "jobsets"),
+    ("patch", "jobsets"),
+}
 # Exactly the (verb, resource) pairs the launcher calls; deploy/rbac.yaml must grant these and no
 # more.
-LAUNCHER_VERBS = {
+LAUNCHER_VERBS = JOBSET_VERBS | {
     ("create", "services"),
     ("delete", "services"),
     ("create", "jobs"),
@@ -220,7 +229,7 @@ def test_rbac_grants_exactly_what_the_launcher_called(cluster: Cluster, double, 
     def called() -> set[tuple[str, str]]:
         return {(verb, res) for verb, res, agent in double.calls if agent != HARNESS_AGENT}
 
-    usual = LAUNCHER_VERBS - FALLBACK_VERBS
+    usual = LAUNCHER_VERBS - FALLBACK_VERBS - JOBSET_VERBS
     # run alone: one failing multi-node launch from an owning pod
     if called() - FALLBACK_VERBS != usual:
         owner = cluster.create_pod(f"run-pod-{uuid.uuid4().hex[:6]}")
