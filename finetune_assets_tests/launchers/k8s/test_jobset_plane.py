@@ -182,3 +182,30 @@ def test_a_killed_pod_restarts_the_gang_server_side_and_the_run_resumes(
     assert "trained global_step=40" in launched.logs
     name = re.search(r"Launching training JobSet [^/]+/(\S+):", launched.logs).group(1)
     assert gone(cluster, name) == {}
+
+
+def test_a_configuration_error_is_never_restarted(plane_cluster: Cluster, instance) -> None:
+    """A pod given GPUs that sees no CUDA exits 78 (EX_CONFIG) before torchrun starts; with
+    restarts left, the JobSet's ``FailJobSet`` rule matches the real Job controller's failure
+    message, so the JobSet fails at once and the run with it.
+    """
+    cluster = plane_cluster
+    launched = launch_in_dagster(
+        cluster.launcher(
+            backend="jobset",
+            nnodes=2,
+            rdzv_port=free_port(),
+            gpus_per_node=1,  # the plane counts GPUs; CUDA sees none: the preflight exits 78
+            shm_size="256Mi",
+            jobset_max_restarts=2,
+            timeout_s=300,
+        ),
+        "standin:ok",
+        instance,
+    )
+    assert not launched.success
+    assert "CUDA preflight failed" in launched.logs and "not retried" in launched.logs
+    assert "restarted the gang" not in launched.logs
+    assert "FailJobSetFailurePolicyAction" in launched.logs, launched.logs[-4000:]
+    name = re.search(r"Launching training JobSet [^/]+/(\S+):", launched.logs).group(1)
+    assert gone(cluster, name) == {}
