@@ -209,3 +209,44 @@ def test_a_configuration_error_is_never_restarted(plane_cluster: Cluster, instan
     assert "FailJobSetFailurePolicyAction" in launched.logs, launched.logs[-4000:]
     name = re.search(r"Launching training JobSet [^/]+/(\S+):", launched.logs).group(1)
     assert gone(cluster, name) == {}
+
+
+def test_kueue_admits_the_jobset_whole(plane_cluster: Cluster, instance) -> None:
+    """``queue_name`` with backend jobset: the real Kueue's JobSet integration makes one Workload
+    for the JobSet (the child Job carries no queue label, so none of its own), admits it, and
+    the gang runs.
+    """
+    from finetune_assets_tests.launchers.k8s.plane_objects import KUEUE, kueue_queues, tag
+
+    cluster = plane_cluster
+    queues = kueue_queues(cluster.plane, cluster.namespace, tag())
+    owners: set[str] = set()
+    done = threading.Event()
+
+    def watch_workloads() -> None:
+        while not done.is_set():
+            for w in custom(cluster).list_namespaced_custom_object(
+                *KUEUE, cluster.namespace, "workloads"
+            )["items"]:
+                for ref in w["metadata"].get("ownerReferences") or []:
+                    owners.add(f"{ref['kind']}/{ref['name']}")
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch_workloads, daemon=True)
+    watcher.start()
+    try:
+        launched = launch_in_dagster(
+            cluster.launcher(
+                backend="jobset", nnodes=2, rdzv_port=free_port(), queue_name=queues["research"]
+            ),
+            "standin:ok",
+            instance,
+        )
+    finally:
+        done.set()
+        watcher.join(10)
+    assert launched.success, launched.logs[-6000:]
+    name = re.search(r"Launching training JobSet [^/]+/(\S+):", launched.logs).group(1)
+    mine = {o for o in owners if name in o}
+    assert mine == {f"JobSet/{name}"}, owners
+    assert gone(cluster, name) == {}
