@@ -26,6 +26,11 @@ timeout, interruption). Owner references (launching pod -> Job -> Service) let K
 gang when this process dies with its pod; the next attempt deletes any live gang of the same asset +
 partition. Pod 0 hosts the c10d store unconditionally (:func:`pod0_hosts_the_store`).
 
+JobSet (``jobset.py``, ``backend: jobset``): the same pods as the one replicated Job of a JobSet,
+whose controller restarts the whole gang server-side (``jobset_max_restarts``) and can place it
+exclusively in one topology domain; the launcher then reads the JobSet's conditions and restarts
+instead of resubmitting (deploy/README.md: when to pick which).
+
 Kueue (``kueue.py``): a preempted gang is the same Job re-admitted later; the launcher names the
 preemption, waits, and the new pods resume from the checkpoint; a Job it cannot delete is stopped by
 deactivating its Workload (Kueue would un-suspend a suspended one). Gangs never overlap: a new gang
@@ -57,6 +62,7 @@ from finetune_assets.launchers.k8s.settings import (
     CONTAINER_NAME,
     GANG_LABEL,
     JOB_LABEL,
+    Backend,
     PropagationPolicy,
     PullPolicy,
     Toleration,
@@ -72,6 +78,7 @@ from finetune_assets.launchers.k8s.verdict import (
 __all__ = [
     "API_TIMEOUT_S",
     "CONTAINER_NAME",
+    "Backend",
     "GANG_LABEL",
     "JOB_LABEL",
     "GangDisrupted",

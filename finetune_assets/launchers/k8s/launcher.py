@@ -13,6 +13,8 @@ import yaml
 from finetune_assets.launchers.base import TrainingFailed, TrainingSpec
 from finetune_assets.launchers.k8s import kueue
 from finetune_assets.launchers.k8s.api import ApiMixin
+from finetune_assets.launchers.k8s.jobset import JOBSET_NAME_LABEL, JobSetMixin
+from finetune_assets.launchers.k8s.jobset import conditions as jobset_conditions
 from finetune_assets.launchers.k8s.logs import LogFollower
 from finetune_assets.launchers.k8s.manifests import ManifestsMixin, gang_key, k8s_name
 from finetune_assets.launchers.k8s.runs import LiveRunConflict, RunState, dagster_run_state
@@ -20,6 +22,7 @@ from finetune_assets.launchers.k8s.settings import (
     API_TIMEOUT_S,
     GANG_LABEL,
     JOB_LABEL,
+    Backend,
     K8sSettings,
     PropagationPolicy,
 )
@@ -27,9 +30,9 @@ from finetune_assets.launchers.k8s.supervise import SupervisionMixin
 from finetune_assets.launchers.k8s.verdict import GangDisrupted, assess
 
 
-class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSettings):
-    """Runs the torchrun command as ``nnodes`` pods of an Indexed Job with c10d rendezvous on
-    pod 0.
+class K8sTorchrunLauncher(JobSetMixin, SupervisionMixin, ManifestsMixin, ApiMixin, K8sSettings):
+    """Runs the torchrun command as ``nnodes`` pods of an Indexed Job (or of a JobSet's one
+    Indexed Job: ``backend``) with c10d rendezvous on pod 0.
     """
 
     def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
@@ -68,6 +71,9 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
     def _run_gang(
         self, log, api, job: TrainingSpec, owner: dict[str, Any] | None, image: str | None
     ) -> None:
+        if Backend(self.backend) is Backend.JOBSET:  # restarts are the JobSet controller's
+            self._run_jobset(log, api, job, owner, image)
+            return
         name = k8s_name(job.name)
         # strictly larger for every new gang: a stale gang's rank can no longer commit
         service, manifest = self.render(job, name, image, generation=time.time_ns())
@@ -269,9 +275,13 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
         if key is None:
             return
         ns = self.namespace
+        if Backend(self.backend) is Backend.JOBSET:
+            self._remove_live_jobsets(log, api, key, what, run_state, own_run)
         for other in api.batch_api.list_namespaced_job(
             ns, label_selector=f"{GANG_LABEL}={key}"
         ).items:
+            if JOBSET_NAME_LABEL in (other.metadata.labels or {}):
+                continue  # a JobSet's child: removed with its JobSet above
             conditions = (
                 {c.type for c in (other.status.conditions or []) if c.status == "True"}
                 if other.status
@@ -300,6 +310,40 @@ class K8sTorchrunLauncher(SupervisionMixin, ManifestsMixin, ApiMixin, K8sSetting
             self._cleanup(log, api, other.metadata.name, has_service=True)
         # every pod of the key: also those of Jobs being deleted or already gone
         self._wait_pods_gone(log, api, f"{GANG_LABEL}={key}")
+
+    def _remove_live_jobsets(
+        self, log, api, key: str, what: str, run_state: RunState | None, own_run: str | None
+    ) -> None:
+        """:meth:`_remove_live_gangs` for JobSets (same rules: a live run's gang is left alone)."""
+        from finetune_assets.launchers.k8s.jobset import GROUP, PLURAL, VERSION
+
+        ns = self.namespace
+        items = api.custom_api.list_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, label_selector=f"{GANG_LABEL}={key}"
+        )["items"]
+        for other in items:
+            meta = other["metadata"]
+            if set(jobset_conditions(other)) & {"Completed", "Failed"} or meta.get(
+                "deletionTimestamp"
+            ):
+                continue
+            left_by = (meta.get("labels") or {}).get("dagster/run-id", "?")
+            state = (
+                run_state(left_by)
+                if run_state is not None and left_by not in ("?", own_run)
+                else None
+            )
+            if state is not None:
+                raise LiveRunConflict(
+                    f"{what} JobSet {ns}/{meta['name']} of the same asset and partition belongs "
+                    f"to Dagster run {left_by}, which is still {state}: two gangs would write one "
+                    "checkpoint. Wait for that run (or terminate it), then launch again"
+                )
+            log.warning(
+                f"Deleting live {what} JobSet {ns}/{meta['name']} of the same asset and "
+                f"partition (left by run {left_by}, which is over) before starting a new gang"
+            )
+            self._cleanup_jobset(log, api, meta["name"])
 
     def _cleanup(self, log, api, name: str, has_service: bool) -> None:
         """Delete the Job (its pods go with it) and the Service; never masks the training outcome.

@@ -28,6 +28,7 @@ from finetune_assets.launchers.k8s.settings import (
     POD_ENV,
     QUEUE_LABEL,
     SCRATCH_MOUNTS,
+    Backend,
     PullPolicy,
 )
 from finetune_assets.training.fencing import GENERATION_ENV
@@ -96,7 +97,13 @@ class ManifestsMixin:
     """The rendering half of the launcher (its fields live in :class:`K8sSettings`)."""
 
     def rdzv_host(self, name: str) -> str:
-        """Pod 0's DNS name through the headless Service (``<job>-0.<service>.<ns>.svc``)."""
+        """Pod 0's DNS name through the headless Service (``<job>-0.<service>.<ns>.svc``; the
+        JobSet's own Service for backend ``jobset``).
+        """
+        if Backend(self.backend) is Backend.JOBSET:
+            from finetune_assets.launchers.k8s.jobset import pod0_host
+
+            return pod0_host(name, self.namespace)
         return f"{name}-0.{name}.{self.namespace}.svc"
 
     def command(self, job: TrainingSpec, name: str) -> list[str]:

@@ -91,6 +91,16 @@ class PodSecurityLevel(str, Enum):
     PRIVILEGED = "privileged"
 
 
+class Backend(str, Enum):
+    """What runs the gang: an Indexed Job the launcher supervises and resubmits (``job``), or a
+    JobSet whose controller restarts the whole gang server-side (``jobset``; deploy/README.md
+    says when to pick which).
+    """
+
+    JOB = "job"
+    JOBSET = "jobset"
+
+
 class PropagationPolicy(str, Enum):
     BACKGROUND = "Background"
     FOREGROUND = "Foreground"
@@ -130,6 +140,31 @@ class K8sSettings(TrainingLauncher):
         "own image (in-cluster), so the Helm values name the image once.",
     )
     namespace: str = Field(default="default", description="Namespace of the Job, Service and pods.")
+    backend: Backend = Field(
+        default=Backend.JOB,
+        description="'job': an Indexed Job + headless Service; the launcher resubmits a fresh "
+        "gang after a disruption (max_resubmissions). 'jobset': a JobSet (jobset.x-k8s.io, its "
+        "controller installed in the cluster) of one Indexed Job; its controller recreates the "
+        "whole gang server-side after any pod failure (jobset_max_restarts), also while this "
+        "process is gone, and can place the gang exclusively in one topology domain "
+        "(exclusive_topology).",
+    )
+    jobset_max_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=9,
+        description="backend 'jobset': the JobSet's failurePolicy.maxRestarts, gang restarts by "
+        "its controller (a killed pod, a lost node, a crashed rank), each resuming from the "
+        "checkpoint; a timeout or a configuration error (exit 78) is never restarted. At most 9: "
+        "the restart is the last digit of the gang's fencing generation.",
+    )
+    exclusive_topology: str | None = Field(
+        default=None,
+        description="backend 'jobset': a node label key (e.g. cloud.google.com/gke-nodepool, a "
+        "rack or block label, kubernetes.io/hostname) whose one domain the gang gets to itself "
+        "(alpha.jobset.sigs.k8s.io/exclusive-topology): all its pods in the domain of pod 0, no "
+        "other JobSet's pods beside them.",
+    )
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     image_pull_secrets: list[str] = Field(default_factory=list)
     nnodes: int = Field(
@@ -444,6 +479,15 @@ class K8sSettings(TrainingLauncher):
                     "of their own enforcing 'privileged' (set pod_security_level='privileged' "
                     "there); EFA / RDMA device resources alone need no privilege (extra_resources)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _jobset_fields_need_jobset(self):
+        if Backend(self.backend) is Backend.JOB and self.exclusive_topology:
+            raise ValueError(
+                f"exclusive_topology={self.exclusive_topology!r} needs backend='jobset': an "
+                "Indexed Job has no exclusive placement (the JobSet controller makes it)"
+            )
         return self
 
     @property

@@ -172,8 +172,8 @@ class SupervisionMixin:
         """
         report = self.failure_report(log, api, name, pods)
         # only pods that failed on their own: not a timeout's or a deadline's kills
-        own = why == "pod(s) failed" or (
-            why.startswith("Job failed:") and "DeadlineExceeded" not in why
+        own = why.startswith("pod(s) failed") or (
+            why.startswith(("Job failed:", "JobSet failed:")) and "DeadlineExceeded" not in why
         )
         codes = _exit_codes(pods) if own else []
         head = f"training Job {self.namespace}/{name}: {why}"

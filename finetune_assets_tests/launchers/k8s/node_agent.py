@@ -872,16 +872,25 @@ class NodeAgent:
         }
 
     def read_object(self, ns: str, kind: str, name: str) -> dict[str, str] | None:
-        """A Secret's or ConfigMap's data as the node may read it (None: not found)."""
-        try:
-            if kind == "secret":
-                obj = self.core.read_namespaced_secret(name, ns)
-                return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
-            return dict(self.core.read_namespaced_config_map(name, ns).data or {})
-        except kubernetes.client.ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        """A Secret's or ConfigMap's data as the node may read it (None: not found).
+
+        A 403 right after the pod was bound is the Node authorizer's graph not yet knowing that
+        this node's pod references the object (seen on the loaded CI machine): retried for 30 s,
+        as the kubelet's sync loop retries a pod whose Secret it cannot read yet.
+        """
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if kind == "secret":
+                    obj = self.core.read_namespaced_secret(name, ns)
+                    return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
+                return dict(self.core.read_namespaced_config_map(name, ns).data or {})
+            except kubernetes.client.ApiException as e:
+                if e.status == 404:
+                    return None
+                if e.status != 403 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
 
     def isolate(
         self, pod: Pod, c: Container, hostname: str, argv: list[str], env: dict[str, str]

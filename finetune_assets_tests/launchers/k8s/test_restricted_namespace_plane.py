@@ -168,3 +168,35 @@ def test_the_2x8_gpu_gang_created_as_the_launcher_runs_on_two_gpu_nodes(
         assert p.status.qos_class == "Guaranteed"
         limits = p.spec.containers[0].resources.limits
         assert limits["nvidia.com/gpu"] == "8"
+
+
+def test_a_jobset_is_held_to_the_same_rules(deployed) -> None:
+    """backend ``jobset``: the JobSet controller creates the child Jobs, so the policy on Jobs
+    never sees them; ``finetune-launcher-jobsets`` refuses the JobSet itself.
+    """
+    from finetune_assets.launchers.k8s.jobset import GROUP, PLURAL, VERSION
+
+    kubeconfig, _, _ = deployed
+    custom = kubernetes.client.CustomObjectsApi(_client(kubeconfig))
+    launcher = _launcher(kubeconfig, backend="jobset", nnodes=2)
+    spec = TrainingSpec(name="refused", config_url="standin:ok", labels={}, env={})
+
+    def refused(service_account: str) -> str | None:
+        body = launcher.render_jobset(spec, f"probe-{free_port()}", "finetune-assets:test")
+        body["spec"]["suspend"] = True  # never runs, even if admitted
+        pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        pod["serviceAccountName"] = service_account
+        try:
+            custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+        except kubernetes.client.ApiException as e:
+            if e.status in (403, 422):
+                return json.loads(e.body)["message"]
+            raise
+        custom.delete_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, body["metadata"]["name"], propagation_policy="Foreground"
+        )
+        return None
+
+    other_sa = wait_for("the JobSet policy to be enforced", lambda: refused("default"), 60)
+    assert "finetune-launcher-jobsets" in other_sa and "finetune-trainer" in other_sa
+    assert refused(TRAINER_SA) is None  # the launcher's own JobSet is admitted
