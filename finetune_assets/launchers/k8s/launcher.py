@@ -289,23 +289,8 @@ class K8sTorchrunLauncher(JobSetMixin, SupervisionMixin, ManifestsMixin, ApiMixi
             )
             if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
                 continue  # its pods, if any still run, are waited for below
-            left_by = (other.metadata.labels or {}).get("dagster/run-id", "?")
-            state = (
-                run_state(left_by)
-                if run_state is not None and left_by not in ("?", own_run)
-                else None
-            )
-            if state is not None:
-                raise LiveRunConflict(
-                    f"{what} {ns}/{other.metadata.name} of the same asset and partition belongs "
-                    "to Dagster run "
-                    f"{left_by}, which is still {state}: two gangs would write one checkpoint. "
-                    "Wait for that run "
-                    "(or terminate it), then launch again"
-                )
-            log.warning(
-                f"Deleting live {what} {ns}/{other.metadata.name} of the same asset and partition "
-                f"(left by run {left_by}, which is over) before starting a new gang"
+            _take_over(
+                log, f"{what} {ns}/{other.metadata.name}", other.metadata.labels, run_state, own_run
             )
             self._cleanup(log, api, other.metadata.name, has_service=True)
         # every pod of the key: also those of Jobs being deleted or already gone
@@ -327,21 +312,8 @@ class K8sTorchrunLauncher(JobSetMixin, SupervisionMixin, ManifestsMixin, ApiMixi
                 "deletionTimestamp"
             ):
                 continue
-            left_by = (meta.get("labels") or {}).get("dagster/run-id", "?")
-            state = (
-                run_state(left_by)
-                if run_state is not None and left_by not in ("?", own_run)
-                else None
-            )
-            if state is not None:
-                raise LiveRunConflict(
-                    f"{what} JobSet {ns}/{meta['name']} of the same asset and partition belongs "
-                    f"to Dagster run {left_by}, which is still {state}: two gangs would write one "
-                    "checkpoint. Wait for that run (or terminate it), then launch again"
-                )
-            log.warning(
-                f"Deleting live {what} JobSet {ns}/{meta['name']} of the same asset and "
-                f"partition (left by run {left_by}, which is over) before starting a new gang"
+            _take_over(
+                log, f"{what} JobSet {ns}/{meta['name']}", meta.get("labels"), run_state, own_run
             )
             self._cleanup_jobset(log, api, meta["name"])
 
@@ -415,3 +387,23 @@ class K8sTorchrunLauncher(JobSetMixin, SupervisionMixin, ManifestsMixin, ApiMixi
             f"terminates its pods; the Job object is left (no pods, no resources): remove it with "
             f"`kubectl delete job -n {ns} {name}`"
         )
+
+
+def _take_over(
+    log, gang: str, labels: dict | None, run_state: RunState | None, own_run: str | None
+) -> None:
+    """Refuse when the live ``gang`` belongs to a Dagster run that is still going (two gangs would
+    write one checkpoint); else say it is about to be deleted.
+    """
+    left_by = (labels or {}).get("dagster/run-id", "?")
+    state = run_state(left_by) if run_state is not None and left_by not in ("?", own_run) else None
+    if state is not None:
+        raise LiveRunConflict(
+            f"{gang} of the same asset and partition belongs to Dagster run {left_by}, which is "
+            f"still {state}: two gangs would write one checkpoint. Wait for that run (or "
+            "terminate it), then launch again"
+        )
+    log.warning(
+        f"Deleting live {gang} of the same asset and partition (left by run {left_by}, which is "
+        "over) before starting a new gang"
+    )
