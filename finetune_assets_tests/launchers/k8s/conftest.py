@@ -150,51 +150,61 @@ class Cluster:
         core.delete_namespaced_pod(name, self.namespace)
 
     @contextlib.contextmanager
-    def job_events(self) -> Iterator[list[tuple[str, str, dict[str, str]]]]:
-        """``("created" | "deleted", job name, labels)`` of the namespace's Jobs while the block
-        runs, in order: a watch on the API server. Complete once the block has ended (every
-        created Job's deletion waited for, as far as it was deleted).
+    def _watching(self, list_fn: Any, on_event: Any, settled: Any) -> Iterator[None]:
+        """A watch on ``list_fn`` in the namespace while the block runs, each event passed to
+        ``on_event(type, obj)``; at the end, up to 30 s for ``settled(live objects)`` (the
+        deletions the watch saw begin, waited for) before the watch stops.
         """
-        out: list[tuple[str, str, dict[str, str]]] = []
         from kubernetes import watch
 
-        _, batch = self._apis()
-        rv = batch.list_namespaced_job(self.namespace).metadata.resource_version
+        rv = list_fn(self.namespace).metadata.resource_version
         stop = threading.Event()
 
         def follow() -> None:
             nonlocal rv
             while not stop.is_set():
                 w = watch.Watch()
-                for ev in w.stream(
-                    batch.list_namespaced_job,
-                    self.namespace,
-                    resource_version=rv,
-                    timeout_seconds=5,
-                ):
+                for ev in w.stream(list_fn, self.namespace, resource_version=rv, timeout_seconds=5):
                     obj = ev["object"]
                     rv = obj.metadata.resource_version
-                    kind = {"ADDED": "created", "DELETED": "deleted"}.get(ev["type"])
-                    if kind:
-                        out.append((kind, obj.metadata.name, dict(obj.metadata.labels or {})))
+                    on_event(ev["type"], obj)
                     if stop.is_set():
                         w.stop()
 
         watcher = threading.Thread(target=follow, daemon=True)
         watcher.start()
         try:
-            yield out
+            yield
         finally:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                created = {n for k, n, _ in out if k == "created"}
-                gone = {n for k, n, _ in out if k == "deleted"}
-                live = {j.metadata.name for j in batch.list_namespaced_job(self.namespace).items}
-                if created - gone <= live:
+                if settled(list_fn(self.namespace).items):
                     break
                 time.sleep(0.2)
             stop.set()
             watcher.join(10)
+
+    @contextlib.contextmanager
+    def job_events(self) -> Iterator[list[tuple[str, str, dict[str, str]]]]:
+        """``("created" | "deleted", job name, labels)`` of the namespace's Jobs while the block
+        runs, in order: a watch on the API server. Complete once the block has ended (every
+        created Job's deletion waited for, as far as it was deleted).
+        """
+        out: list[tuple[str, str, dict[str, str]]] = []
+
+        def on_event(kind: str, obj: Any) -> None:
+            name = {"ADDED": "created", "DELETED": "deleted"}.get(kind)
+            if name:
+                out.append((name, obj.metadata.name, dict(obj.metadata.labels or {})))
+
+        def settled(live: list[Any]) -> bool:
+            created = {n for k, n, _ in out if k == "created"}
+            gone = {n for k, n, _ in out if k == "deleted"}
+            return created - gone <= {j.metadata.name for j in live}
+
+        _, batch = self._apis()
+        with self._watching(batch.list_namespaced_job, on_event, settled):
+            yield out
 
     @contextlib.contextmanager
     def pod_history(self) -> Iterator[dict[str, Any]]:
@@ -203,42 +213,21 @@ class Cluster:
         Job and its pods are gone. Complete once the block has ended (the deletions of the pods
         it saw waited for).
         """
-        from kubernetes import watch
-
-        core, _ = self._apis()
         seen: dict[str, Any] = {}
         gone: set[str] = set()
-        rv = core.list_namespaced_pod(self.namespace).metadata.resource_version
-        stop = threading.Event()
 
-        def follow() -> None:
-            nonlocal rv
-            while not stop.is_set():
-                w = watch.Watch()
-                for ev in w.stream(
-                    core.list_namespaced_pod, self.namespace, resource_version=rv, timeout_seconds=5
-                ):
-                    obj = ev["object"]
-                    rv = obj.metadata.resource_version
-                    seen[obj.metadata.uid] = obj
-                    if ev["type"] == "DELETED":
-                        gone.add(obj.metadata.uid)
-                    if stop.is_set():
-                        w.stop()
+        def on_event(kind: str, obj: Any) -> None:
+            seen[obj.metadata.uid] = obj
+            if kind == "DELETED":
+                gone.add(obj.metadata.uid)
 
-        watcher = threading.Thread(target=follow, daemon=True)
-        watcher.start()
-        try:
+        core, _ = self._apis()
+        with self._watching(
+            core.list_namespaced_pod,
+            on_event,
+            lambda live: set(seen) - gone <= {p.metadata.uid for p in live},
+        ):
             yield seen
-        finally:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                live = {p.metadata.uid for p in core.list_namespaced_pod(self.namespace).items}
-                if set(seen) - gone <= live:
-                    break
-                time.sleep(0.2)
-            stop.set()
-            watcher.join(10)
 
     def kill_pod(self, name: str, sig: int = signal.SIGKILL) -> None:
         """``sig`` to a pod's processes, as the kernel sends it (an OOM kill): on the local
