@@ -258,9 +258,7 @@ class JobSetMixin:
                 start_deadline = now + self.start_timeout_s
             verdict = assess_jobset(obj, pods, self.nnodes, self.jobset_max_restarts)
             if verdict.kind == "complete":
-                follower.start(pod0.metadata.name if pod0 is not None else None)
-                follower.wait(timeout=30)
-                follower.drain(log)
+                follower.finish(pod0.metadata.name if pod0 is not None else None, log)
                 log.info(f"Training JobSet {ns}/{name}: {verdict.why}")
                 return
             if verdict.kind in ("failed", "stuck"):

@@ -135,6 +135,14 @@ class LogFollower:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def finish(self, pod: str | None, log, timeout: float = 30) -> None:
+        """The gang completed: follow ``pod`` (pod 0) if not yet, read its log to the end (at
+        most ``timeout`` s) and log every line still queued.
+        """
+        self.start(pod)
+        self.wait(timeout=timeout)
+        self.drain(log)
+
     def stop(self) -> None:
         """Stop following; the daemon thread ends when the (deleted) pod's log stream closes."""
         self._stop.set()

@@ -83,9 +83,7 @@ class SupervisionMixin:
             if progress is not None:
                 progress(status, pods)
             if verdict.kind == "complete":
-                follower.start(pod0.metadata.name if pod0 is not None else None)
-                follower.wait(timeout=30)
-                follower.drain(log)
+                follower.finish(pod0.metadata.name if pod0 is not None else None, log)
                 log.info(f"{what} {ns}/{name}: {verdict.why}")
                 return
             if verdict.kind == "disrupted":
