@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,7 @@ def write_bytes_atomic(url: str, body: bytes) -> None:
     if not isinstance(fs, LocalFileSystem):
         fs.pipe(path, body)
         return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with staged_file(url) as tmp:
+    with staged_file(url) as tmp:  # creates the folder
         tmp.write_bytes(body)
 
 
@@ -143,7 +143,6 @@ def file_lock(
             yield
         return
     import fcntl
-    import time
 
     Path(url).parent.mkdir(parents=True, exist_ok=True)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -164,8 +163,6 @@ def file_lock(
 
 @contextlib.contextmanager
 def _lease_file(fs: Any, url: str, timeout_s: float | None, stale_s: float) -> Iterator[None]:
-    import time
-
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     body = f"{os.getpid()} {time.time()}\n".encode()
     while True:
@@ -194,8 +191,6 @@ def _lease_file(fs: Any, url: str, timeout_s: float | None, stale_s: float) -> I
 
 
 def _lease_age(fs: Any, url: str) -> float:
-    import time
-
     try:
         with fs.open(url, "rb") as f:
             return time.time() - float(f.read().split()[1])
