@@ -48,11 +48,15 @@ def prepare(root: Path) -> None:
     from defaults import REVIEWS
     from transformers import AutoTokenizer
 
-    from finetune_assets.data.models import DEFAULT_MODEL, packaged_model_dir, save_pretrained_model
-    from finetune_assets.data.shards import write_splits
-    from finetune_assets.data.sources import SourceSpec, read_source
-    from finetune_assets.data.tokenize import tokenize_table
-    from finetune_assets.data.validate import ValidationRules, validate
+    from finetune_assets.core.prep.pretrained import (
+        DEFAULT_MODEL,
+        packaged_model_dir,
+        save_pretrained_model,
+    )
+    from finetune_assets.core.prep.tokenize import tokenize_table
+    from finetune_assets.core.prep.validate import ValidationRules, validate
+    from finetune_assets.core.shards.writer import write_splits
+    from finetune_assets.core.sources import SourceSpec, read_source
 
     save_pretrained_model(DEFAULT_MODEL, None, root / "model")
     validated = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules())
@@ -66,8 +70,8 @@ def prepare(root: Path) -> None:
 
 
 def config(root: Path, order: str, steps: int) -> Path:
-    from finetune_assets.contracts import read_split_stats
-    from finetune_assets.training.config import TrainerConfig
+    from finetune_assets.core.io.contracts import read_split_stats
+    from finetune_assets.core.training.config import TrainerConfig
 
     run = root / order
     run.mkdir(parents=True, exist_ok=True)
@@ -98,7 +102,7 @@ def config(root: Path, order: str, steps: int) -> Path:
 
 
 def train(cfg: Path) -> dict:
-    from finetune_assets.launchers.base import torchrun_command
+    from finetune_assets.core.launchers.base import torchrun_command
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     before, t0 = uptime(), time.perf_counter()
@@ -137,7 +141,7 @@ def padding(lengths: list[int], order: str, ranks: int = 2, batch: int = 8, wind
     """
     import random
 
-    from finetune_assets.training.datamodule import WindowCollator, bucket_order
+    from finetune_assets.core.training.data.datamodule import WindowCollator, bucket_order
 
     def shape(rows: list[dict]) -> dict:
         return {

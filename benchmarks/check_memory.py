@@ -40,12 +40,12 @@ def make_version(work: Path, rows: int) -> Path:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from finetune_assets.assets.raw import raw_reviews
-    from finetune_assets.contracts import REJECTED_FILE, REVIEWS_FILE
-    from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.dataset_versions.registry import register_version
-    from finetune_assets.resources.storage_root import StorageResource
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.contracts import REJECTED_FILE, REVIEWS_FILE
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.core.sources import SourceSpec
+    from finetune_assets.defs.data.raw import raw_reviews
+    from finetune_assets.defs.resources.storage_root import StorageResource
+    from finetune_assets.defs.versions.register import register_version
 
     seed = work / "seed"
     if not seed.exists():
@@ -84,13 +84,14 @@ def make_version(work: Path, rows: int) -> Path:
 def _child(way: str, attempt: str) -> None:
     from collections import Counter
 
+    from finetune_assets.core.io.contracts import REJECTED_FILE, REVIEWS_FILE
+
     # Both ways import the check's module (dagster, pyarrow, the code location's checks): the same
     # base, so the peaks differ by what each reads.
-    from finetune_assets.checks.raw_contract import _scan_accepted, _scan_rejected
-    from finetune_assets.contracts import REJECTED_FILE, REVIEWS_FILE
+    from finetune_assets.defs.data.raw_contract import _scan_accepted, _scan_rejected
 
     if way == "whole":  # what the check did before: both tables whole, then the counts
-        from finetune_assets.contracts import read_rejected, read_reviews
+        from finetune_assets.core.io.contracts import read_rejected, read_reviews
 
         accepted = read_reviews(attempt)
         rejected = read_rejected(attempt)

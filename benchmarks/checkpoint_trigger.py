@@ -37,7 +37,7 @@ ACCUMULATE = 4
 def _cases(tmp: str):
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from finetune_assets.training.callbacks import BoundaryCheckpoint
+    from finetune_assets.core.training.callbacks import BoundaryCheckpoint
 
     never = datetime.timedelta(days=1)
     return {

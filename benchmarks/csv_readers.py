@@ -12,7 +12,8 @@ Strategies, each returning (good rows, bad records) for one file:
   bad;
 - ``python_csv_strict``: ``csv.reader(strict=True)`` re-started on the next line after each error
   (a two-pass flavour: the error position is only known after the fact);
-- ``project``: ``finetune_assets.data.delimited.split_records`` (strict grammar, resync on the next
+- ``project``: ``finetune_assets.core.sources.delimited.split_records`` (strict grammar, resync on
+the next
   line).
 
 Correctness: on every generator of ``finetune_assets_tests/data/hostile.py`` (3 seeds), are the
@@ -97,7 +98,7 @@ def read_python_csv_strict(data: bytes, delimiter: str) -> tuple[list[list[str]]
 
 
 def read_project(data: bytes, delimiter: str) -> tuple[list[list[str]], int]:
-    from finetune_assets.data.delimited import split_records
+    from finetune_assets.core.sources.delimited import split_records
 
     recs = split_records(_text(data), delimiter)
     return [list(r) for r in zip(*recs.columns)], len(recs.bad)

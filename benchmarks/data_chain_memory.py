@@ -50,10 +50,10 @@ def _prepare(home: Path, root: Path, csv: Path) -> None:
     """Version registered and the base model built (outside the limit: shared by every version)."""
     code = f"""
 import dagster as dg
-from finetune_assets.data.sources import SourceSpec, pin_source
-from finetune_assets.dataset_versions.registry import register_version
+from finetune_assets.core.sources import SourceSpec, pin_source
+from finetune_assets.defs.versions.register import register_version
 from finetune_assets.definitions import build_defs
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.storage import Storage
 instance = dg.DagsterInstance.get()
 source = pin_source(SourceSpec(uri={str(csv)!r}))
 register_version(instance, Storage({str(root)!r}), {VERSION!r}, source)

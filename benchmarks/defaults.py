@@ -4,7 +4,8 @@ length-sorted predict.
 Training: the trainer's defaults (AdamW 5e-5, warmup 10 %, balanced class weights, batch 8, max
 length 512) on shared/data/arabic_reviews (PROD + ATT + RES2 through read_source -> validate ->
 tokenize_table -> write_splits, as the assets do), one CPU process per run (``python -m
-finetune_assets.training``, the command torchrun runs), a fixed ``--steps`` of training, then the
+finetune_assets.core.training``, the command torchrun runs), a fixed ``--steps`` of training, then
+the
 whole test split. The seed's recipe (every sequence padded to 512, fp32) and today's defaults run
 first, on the same data in the same process of this script: ``defaults_vs_seed_samples_per_sec`` is
 the one ratio. Then one change at a time: ``bucket_batches`` (1: off, 16: the default) x
@@ -15,7 +16,7 @@ for every run: evaluation is not shuffled) is a comparison between the runs, not
 quality.
 
 Predict: the trained default model classifies the test texts with ``--batch-size`` 32, in input
-order (the old way) and in length-sorted batches (``finetune_assets.data.batching``, what
+order (the old way) and in length-sorted batches (``finetune_assets.core.evaluation.batching``, what
 ``predict`` now does), in fp32; labels must agree. Run (about 10 minutes on 2 idle cores; far longer
 on a loaded machine):
 
@@ -38,15 +39,19 @@ from pathlib import Path
 import pyarrow as pa
 from transformers import AutoTokenizer
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.data.batching import predict_in_length_order
-from finetune_assets.data.models import DEFAULT_MODEL, packaged_model_dir, save_pretrained_model
-from finetune_assets.data.shards import write_splits
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import tokenize_table
-from finetune_assets.data.validate import ValidationRules, validate
-from finetune_assets.training.config import TrainerConfig
-from finetune_assets.training.precision import cpu_supports_bf16, resolve_precision
+from finetune_assets.core.evaluation.batching import predict_in_length_order
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.prep.pretrained import (
+    DEFAULT_MODEL,
+    packaged_model_dir,
+    save_pretrained_model,
+)
+from finetune_assets.core.prep.tokenize import tokenize_table
+from finetune_assets.core.prep.validate import ValidationRules, validate
+from finetune_assets.core.shards.writer import write_splits
+from finetune_assets.core.sources import SourceSpec, read_source
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.precision import cpu_supports_bf16, resolve_precision
 
 REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
 if not REVIEWS.exists():
@@ -66,8 +71,8 @@ RUNS = {
 # The seed padded every sequence to 512; the trainer pads each batch to its longest. This runs the
 # same trainer with the data module's benchmark-only ``pad_to`` (no trainer config knob for it).
 PADDED_TRAIN = (
-    "import functools, sys; from finetune_assets.training import run; "
-    "from finetune_assets.training.config import TrainerConfig; "
+    "import functools, sys; from finetune_assets.core.training import run; "
+    "from finetune_assets.core.training.config import TrainerConfig; "
     "run.MdsDataModule = functools.partial(run.MdsDataModule, pad_to=int(sys.argv[2])); "
     "run.train(TrainerConfig.from_json(sys.argv[1]))"
 )
@@ -118,7 +123,13 @@ def train_run(
     before = uptime()
     t0 = time.perf_counter()
     cmd = (
-        [sys.executable, "-m", "finetune_assets.training", "--config", str(run / "config.json")]
+        [
+            sys.executable,
+            "-m",
+            "finetune_assets.core.training",
+            "--config",
+            str(run / "config.json"),
+        ]
         if pad_to is None
         else [sys.executable, "-c", PADDED_TRAIN, str(run / "config.json"), str(pad_to)]
     )
@@ -157,7 +168,7 @@ def train_run(
 def predict_rates(model_dir: Path, texts: list[str], batch_size: int) -> dict:
     import torch
 
-    from finetune_assets.inference import Classifier
+    from finetune_assets.core.evaluation.inference import Classifier
 
     classifier = Classifier.from_folder(model_dir)
 

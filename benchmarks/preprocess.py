@@ -15,7 +15,8 @@ Project path: ``read_source`` (the CSV files themselves) -> ``validate`` -> ``to
 + ``mds_shards`` compute, minus Dagster and the publish step.
 
 The seed recipe is fed the rows the project accepts (already parsed: it gets its input for free), in
-the same order; both use ``finetune_assets.data.models.packaged_model_dir()``'s tokenizer (the
+the same order; both use ``finetune_assets.core.prep.pretrained.packaged_model_dir()``'s tokenizer
+(the
 bert-base-uncased WordPiece vocabulary). Each path runs ``--repeats`` times, interleaved; the best
 run counts (the machine is shared), the median is reported beside it. Rates are reviews per second
 over the rows each path processed.
@@ -98,10 +99,10 @@ def seed_recipe(texts: list[str], labels: list[str], tokenizer, out: Path) -> di
 
 
 def project_path(data: Path, tokenizer, out: Path) -> dict:
-    from finetune_assets.data.shards import write_splits
-    from finetune_assets.data.sources import SourceSpec, read_source
-    from finetune_assets.data.tokenize import tokenize_table
-    from finetune_assets.data.validate import ValidationRules, validate
+    from finetune_assets.core.prep.tokenize import tokenize_table
+    from finetune_assets.core.prep.validate import ValidationRules, validate
+    from finetune_assets.core.shards.writer import write_splits
+    from finetune_assets.core.sources import SourceSpec, read_source
 
     c0 = time.process_time()
     t0 = time.perf_counter()
@@ -181,7 +182,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from finetune_assets.data.models import packaged_model_dir
+    from finetune_assets.core.prep.pretrained import packaged_model_dir
 
     model_dir = packaged_model_dir()
     started = dt.datetime.now(dt.timezone.utc)

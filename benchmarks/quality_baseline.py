@@ -11,8 +11,10 @@ columns ``raw_reviews`` reads). The recorded English numbers were measured on 3,
 Women's E-Commerce Clothing Reviews set (CC0, Kaggle nicapotato), which the project does not ship:
 reproducing them needs that file.
 
-The baseline is ``finetune_assets.data.baseline`` (what ``baseline_model`` trains), scored with
-``finetune_assets.data.evaluate.scores`` (what the gate and ``evaluate`` use). ``--finetune`` trains
+The baseline is ``finetune_assets.core.evaluation.baseline`` (what ``baseline_model`` trains),
+scored with
+``finetune_assets.core.evaluation.evaluate.scores`` (what the gate and ``evaluate`` use).
+``--finetune`` trains
 the packaged all-MiniLM-L6-v2 with the same pure functions and ``train()`` as the assets, in one CPU
 process. Results are merged into ``benchmarks/results/quality_baseline.json`` under ``{data}`` /
 ``{recipe}``.
@@ -31,12 +33,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.data.baseline import BaselineModel, BaselineSettings
-from finetune_assets.data.evaluate import majority_scores
-from finetune_assets.data.labels import LABELS
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.validate import SplitRule, ValidationRules, validate
+from finetune_assets.core.evaluation.baseline import BaselineModel, BaselineSettings
+from finetune_assets.core.evaluation.evaluate import majority_scores
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.labels.infer import LABELS
+from finetune_assets.core.prep.validate import SplitRule, ValidationRules, validate
+from finetune_assets.core.sources import SourceSpec, read_source
 
 ARABIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
 if not ARABIC.exists():
@@ -48,11 +50,15 @@ KEEP = ("samples", "accuracy", "macro_f1", "f1_per_class", "confusion_matrix")
 def finetune(accepted: pa.Table, args) -> dict:
     from transformers import AutoTokenizer
 
-    from finetune_assets.data.models import DEFAULT_MODEL, packaged_model_dir, save_pretrained_model
-    from finetune_assets.data.shards import write_splits
-    from finetune_assets.data.tokenize import tokenize_table
-    from finetune_assets.training.config import TrainerConfig
-    from finetune_assets.training.run import train
+    from finetune_assets.core.prep.pretrained import (
+        DEFAULT_MODEL,
+        packaged_model_dir,
+        save_pretrained_model,
+    )
+    from finetune_assets.core.prep.tokenize import tokenize_table
+    from finetune_assets.core.shards.writer import write_splits
+    from finetune_assets.core.training.config import TrainerConfig
+    from finetune_assets.core.training.run import train
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

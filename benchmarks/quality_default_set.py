@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from finetune_assets.data.builtin import DEFAULT_SOURCE
+from finetune_assets.core.sources.builtin_sets import DEFAULT_SOURCE
 
 
 def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -28,15 +28,19 @@ import numpy as np
 import pyarrow as pa
 from transformers import AutoTokenizer
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.data.evaluate import macro_f1
-from finetune_assets.data.models import DEFAULT_MODEL, packaged_model_dir, save_pretrained_model
-from finetune_assets.data.shards import write_splits
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import tokenize_table
-from finetune_assets.data.validate import ValidationRules, validate
-from finetune_assets.training.config import TrainerConfig
-from finetune_assets.training.run import train
+from finetune_assets.core.evaluation.evaluate import macro_f1
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.prep.pretrained import (
+    DEFAULT_MODEL,
+    packaged_model_dir,
+    save_pretrained_model,
+)
+from finetune_assets.core.prep.tokenize import tokenize_table
+from finetune_assets.core.prep.validate import ValidationRules, validate
+from finetune_assets.core.shards.writer import write_splits
+from finetune_assets.core.sources import SourceSpec, read_source
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.run import train
 
 REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
 if not REVIEWS.exists():

@@ -22,9 +22,9 @@ from pathlib import Path
 import dagster  # noqa: F401 - what the asset's module imports anyway, counted in base_mb
 import pyarrow as pa
 
-from finetune_assets.assets import raw
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.data.validate import StreamValidator, ValidationRules
+from finetune_assets.core.prep.validate import StreamValidator, ValidationRules
+from finetune_assets.core.sources import SourceSpec
+from finetune_assets.defs.data import raw
 
 
 def anon() -> float:

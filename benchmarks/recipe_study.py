@@ -11,9 +11,9 @@ by the project's own functions (``read_source`` -> ``validate`` with a ``SplitRu
 ``tokenize_table`` -> ``write_splits``), once; the subsets take rows by a salted hash, and their
 test fraction is larger (0.3) so that a test score means something. The split is frozen: every
 recipe and seed is scored on the same test reviews. TF-IDF is the ``baseline_model`` recipe
-(``data/baseline.py``) fitted on the same train split.
+(``core/evaluation/baseline.py``) fitted on the same train split.
 
-Each (set, recipe, seed) is one training run, ``python -m finetune_assets.training`` in its own
+Each (set, recipe, seed) is one training run, ``python -m finetune_assets.core.training`` in its own
 process (the command torchrun runs) with one thread (runs go ``--parallel`` at a time: on a
 shared 2-core machine single-thread processes lose less to contention than one two-thread
 process), MLflow into a throwaway store, the trainer's own best-validation selection and early
@@ -40,12 +40,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.data.baseline import BaselineModel
-from finetune_assets.data.evaluate import majority_scores
-from finetune_assets.data.labels import infer_label_set
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.validate import SplitRule, ValidationRules, validate
+from finetune_assets.core.evaluation.baseline import BaselineModel
+from finetune_assets.core.evaluation.evaluate import majority_scores
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.labels.infer import infer_label_set
+from finetune_assets.core.prep.validate import SplitRule, ValidationRules, validate
+from finetune_assets.core.sources import SourceSpec, read_source
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
 if not SHARED.exists():
@@ -157,8 +157,8 @@ def prepare(name: str, root: Path, model_dir: Path) -> dict:
     """Shards and TF-IDF of one set, once (``{root}/{name}/``); returns its description."""
     from transformers import AutoTokenizer
 
-    from finetune_assets.data.shards import write_splits
-    from finetune_assets.data.tokenize import tokenize_table
+    from finetune_assets.core.prep.tokenize import tokenize_table
+    from finetune_assets.core.shards.writer import write_splits
 
     folder = root / name
     info_file = folder / "set.json"
@@ -225,7 +225,7 @@ SMOKE = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches":
 def train_run(
     root: Path, model_dir: Path, name: str, recipe: str, seed: int, smoke: bool = False
 ) -> dict:
-    from finetune_assets.training.config import TrainerConfig
+    from finetune_assets.core.training.config import TrainerConfig
 
     info = json.loads((root / name / "set.json").read_text())
     shards = root / name / "shards"
@@ -266,7 +266,13 @@ def train_run(
     # one session share one group's CPU, so --parallel runs started from one shell would split
     # a single share on a shared machine instead of running side by side.
     proc = subprocess.run(
-        [sys.executable, "-m", "finetune_assets.training", "--config", str(run / "config.json")],
+        [
+            sys.executable,
+            "-m",
+            "finetune_assets.core.training",
+            "--config",
+            str(run / "config.json"),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -404,7 +410,7 @@ def main() -> None:
     if args.table:
         print(markdown(json.loads(Path(args.out).read_text())))
         return
-    from finetune_assets.data.models import DEFAULT_MODEL, save_pretrained_model
+    from finetune_assets.core.prep.pretrained import DEFAULT_MODEL, save_pretrained_model
 
     if args.smoke and args.out == parser.get_default("out"):
         args.out = str(Path(args.workdir or ".") / "smoke.json")

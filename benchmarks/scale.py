@@ -63,7 +63,7 @@ def make_version(data: Path, folder: Path, rows: int, first_copy: int = 0) -> in
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
-    from finetune_assets.data.sources import SourceSpec, read_source
+    from finetune_assets.core.sources import SourceSpec, read_source
 
     raw = read_source(SourceSpec(uri=str(data)))
     base = raw.filter(pc.is_null(raw.column("malformed"))).select(["text", "label"])
@@ -136,7 +136,7 @@ def make_one_file(data: Path, path: Path, rows: int) -> int:
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
-    from finetune_assets.data.sources import SourceSpec, read_source
+    from finetune_assets.core.sources import SourceSpec, read_source
 
     raw = read_source(SourceSpec(uri=str(data)))
     base = raw.filter(pc.is_null(raw.column("malformed"))).select(["text", "label"])
@@ -341,10 +341,10 @@ def run_step(
 def _step(root: str, version: str, source: str, step: str, config: str) -> None:
     import dagster as dg
 
-    from finetune_assets.data.sources import SourceSpec, pin_source
-    from finetune_assets.dataset_versions.registry import read_version, register_version
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.core.sources import SourceSpec, pin_source
     from finetune_assets.definitions import build_defs
-    from finetune_assets.storage import Storage
+    from finetune_assets.defs.versions.register import read_version, register_version
 
     defs = build_defs(root)
     instance = dg.DagsterInstance.ephemeral()
@@ -389,7 +389,7 @@ def invariants(root: Path, version: str, raw_step: dict, reference: Path) -> dic
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
 
     out = {
         "rows_in_eq_accepted_plus_rejected": raw_step["rows_in"]
@@ -425,7 +425,7 @@ def tokenizer_alone(root: Path, version: str, limit: int = 100_000) -> dict:
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
 
     store = Storage(str(root))
     raw = store.require("raw_reviews", version)
@@ -458,10 +458,10 @@ def worker_vs_tokenizer_cpu(reviews: Path, rows: int = 100_000, repeats: int = 3
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from finetune_assets.data import slices
-    from finetune_assets.data.labels import DEFAULT_LABEL_SET
-    from finetune_assets.data.models import packaged_model_dir
-    from finetune_assets.data.tokenize import token_dtype
+    from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
+    from finetune_assets.core.prep.pretrained import packaged_model_dir
+    from finetune_assets.core.prep.tokenize import token_dtype
+    from finetune_assets.core.shards import slices
 
     tok = AutoTokenizer.from_pretrained(packaged_model_dir(), use_fast=True)
     backend = tok.backend_tokenizer
@@ -604,7 +604,7 @@ def main() -> None:
         results["versions"].append(entry)
         entry["steps"]["raw_reviews"] = step(root, version, source, "raw_reviews", {})
         if "worker_vs_tokenizer_cpu" not in results or size == min(sizes):
-            from finetune_assets.storage import Storage
+            from finetune_assets.core.io.storage import Storage
 
             reviews = Storage(str(root)).require("raw_reviews", version).url + "/reviews.parquet"
             results["worker_vs_tokenizer_cpu"] = worker_vs_tokenizer_cpu(Path(reviews))

@@ -18,10 +18,10 @@ import dagster as dg
 import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 
-from finetune_assets.resources.landing import LandingZoneResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.sensors import evaluate_landing
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.versions.landing import LandingZoneResource
+from finetune_assets.defs.versions.sensors import evaluate_landing
 
 CALLS = ("ls", "find", "open", "info", "exists")
 

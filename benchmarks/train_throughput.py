@@ -35,12 +35,12 @@ import torch
 from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
 from transformers import AutoTokenizer
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.data.models import packaged_model_dir
-from finetune_assets.training.collate import DynamicPaddingCollator
-from finetune_assets.training.module import load_classifier
-from finetune_assets.training.shard_cache import clean_stale_streaming_memory
-from finetune_assets.training.streaming_loader import ResumableStreamingDataLoader
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.prep.pretrained import packaged_model_dir
+from finetune_assets.core.training.data.collate import DynamicPaddingCollator
+from finetune_assets.core.training.data.shard_cache import clean_stale_streaming_memory
+from finetune_assets.core.training.data.streaming_loader import ResumableStreamingDataLoader
+from finetune_assets.core.training.module import load_classifier
 
 REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
 if not REVIEWS.exists():
@@ -180,10 +180,10 @@ def sample_shards(root: Path) -> dict[str, int]:
 
     import pyarrow as pa
 
-    from finetune_assets.data.shards import write_splits
-    from finetune_assets.data.sources import SourceSpec, read_source
-    from finetune_assets.data.tokenize import tokenize_table
-    from finetune_assets.data.validate import ValidationRules, validate
+    from finetune_assets.core.prep.tokenize import tokenize_table
+    from finetune_assets.core.prep.validate import ValidationRules, validate
+    from finetune_assets.core.shards.writer import write_splits
+    from finetune_assets.core.sources import SourceSpec, read_source
 
     validated = validate(read_source(SourceSpec(uri="builtin:sample")), ValidationRules())
     table = tokenize_table(
@@ -198,7 +198,7 @@ def sample_shards(root: Path) -> dict[str, int]:
 
 
 def run_recipe(root: Path, name: str, model_dir: Path) -> dict:
-    from finetune_assets.training.config import TrainerConfig
+    from finetune_assets.core.training.config import TrainerConfig
 
     run = root / name
     cfg = {
@@ -233,7 +233,7 @@ def run_recipe(root: Path, name: str, model_dir: Path) -> dict:
             "--nproc-per-node",
             "1",
             "-m",
-            "finetune_assets.training",
+            "finetune_assets.core.training",
             "--config",
             str(run / "config.json"),
         ],
@@ -269,7 +269,7 @@ def run_recipe(root: Path, name: str, model_dir: Path) -> dict:
 
 
 def sample_recipes(names: list[str], out: Path) -> None:
-    from finetune_assets.data.models import DEFAULT_MODEL, save_pretrained_model
+    from finetune_assets.core.prep.pretrained import DEFAULT_MODEL, save_pretrained_model
 
     unknown = [n for n in names if n not in RECIPES]
     if unknown:

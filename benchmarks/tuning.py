@@ -12,7 +12,8 @@ run continues the same study): ``finetune-assets versions add``, the upstream as
 ``finetuned_model`` with ``hyper_parameters_from: study`` (the winner, the study's ``fixed``
 settings applied) and ``finetuned_model`` with its defaults, the study's ``fixed`` settings and
 the winner's epochs (the default recipe at the same compute: the same samples seen). Each model
-predicts the version's frozen test split (``finetune_assets.inference``); the interval is a paired
+predicts the version's frozen test split (``finetune_assets.core.evaluation.inference``); the
+interval is a paired
 bootstrap over test reviews of the difference of the arms' mean macro-F1 (each resample scores
 every model on the same reviews), 2.5 and 97.5 percentiles.
 
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from finetune_assets.data.builtin import DEFAULT_SOURCE
+from finetune_assets.core.sources.builtin_sets import DEFAULT_SOURCE
 
 TRIAL_FIELDS = ("number", "state", "value", "reports", "pruned_at_step", "seconds", "params")
 GATE_OFF = {"must_beat_majority_baseline": False, "baseline_margin": None}
@@ -113,7 +114,7 @@ def write_subset(source: str, rows: int, path: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from recipe_study import subset
 
-    from finetune_assets.data.sources import SourceSpec, read_source
+    from finetune_assets.core.sources import SourceSpec, read_source
 
     table = subset(read_source(SourceSpec(uri=source)), rows).select(["text", "label"])
     tmp = path.with_suffix(".partial")
@@ -123,17 +124,17 @@ def write_subset(source: str, rows: int, path: Path) -> Path:
 
 
 def current(root: Path, asset: str, key: str) -> Path:
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
 
     return Path(Storage(str(root)).require(asset, key).url)
 
 
 def predict_test(root: Path, key: str) -> tuple[list[str], list[str], dict]:
     """The current finetuned_model's predictions on the version's test split, with its labels."""
-    from finetune_assets.assets.baseline import split_reviews
-    from finetune_assets.contracts import MODEL_SUBDIR
-    from finetune_assets.inference import Classifier
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.evaluation.inference import Classifier
+    from finetune_assets.core.io.contracts import MODEL_SUBDIR
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.models.baseline_model import split_reviews
 
     texts, labels = split_reviews(Storage(str(root)), key)["test"]
     folder = current(root, "finetuned_model", key)

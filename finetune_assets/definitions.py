@@ -2,7 +2,8 @@
 
 Nothing is read from the environment at import: ``defs`` is loaded by Dagster's tools
 (``@dg.definitions``) when the code location starts, and tests build their own with
-``build_defs(root, launcher)``. ``definitions_tuning.py`` is the same code location tuning every
+``build_defs(root, launcher)``. ``defs/tuning/definitions.py`` is the same code location tuning
+every
 new version first.
 """
 
@@ -12,27 +13,27 @@ import os
 
 import dagster as dg
 
-from finetune_assets.assets.baseline import baseline_model
-from finetune_assets.assets.benchmarks import benchmark_scores
-from finetune_assets.assets.finetuned import finetuned_model
-from finetune_assets.assets.pretrained import pretrained_model
-from finetune_assets.assets.raw import raw_reviews
-from finetune_assets.assets.shards import mds_shards
-from finetune_assets.assets.tokenized import tokenized_reviews
-from finetune_assets.assets.tuning import tuning_study
-from finetune_assets.automation import with_automation
-from finetune_assets.checks import asset_checks
-from finetune_assets.jobs import jobs
-from finetune_assets.launchers import TrainingLauncher
-from finetune_assets.launchers.select import launcher_from_env
-from finetune_assets.promotion import champion, champion_model, quality_gate
-from finetune_assets.resources.landing import LandingZoneResource
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.sensors import build_sensors
-from finetune_assets.staleness import with_config_versions
-from finetune_assets.storage import STORAGE_ROOT_ENV
-from finetune_assets.vocab_check import vocabulary_fit
+from finetune_assets.core.io.storage import STORAGE_ROOT_ENV
+from finetune_assets.core.launchers import TrainingLauncher
+from finetune_assets.core.launchers.select import launcher_from_env
+from finetune_assets.defs.automation import with_automation
+from finetune_assets.defs.benchmarks.scores import benchmark_scores
+from finetune_assets.defs.data.checks import asset_checks
+from finetune_assets.defs.data.mds_shards import mds_shards
+from finetune_assets.defs.data.pretrained import pretrained_model
+from finetune_assets.defs.data.raw import raw_reviews
+from finetune_assets.defs.data.tokenized import tokenized_reviews
+from finetune_assets.defs.data.vocab_check import vocabulary_fit
+from finetune_assets.defs.jobs import jobs
+from finetune_assets.defs.models.baseline_model import baseline_model
+from finetune_assets.defs.models.finetuned import finetuned_model
+from finetune_assets.defs.promotion import champion, champion_model, quality_gate
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.staleness import with_config_versions
+from finetune_assets.defs.tuning.study_asset import tuning_study
+from finetune_assets.defs.versions.landing import LandingZoneResource
+from finetune_assets.defs.versions.sensors import build_sensors
 
 
 def build_defs(
@@ -41,7 +42,7 @@ def build_defs(
     tune_new_versions: bool = False,
 ) -> dg.Definitions:
     """Definitions over one storage root and one training launcher; new versions built by
-    automation (``automation.py``), tuned first where ``tune_new_versions``.
+    automation (``defs/automation.py``), tuned first where ``tune_new_versions``.
 
     Defaults (``storage_root`` / ``launcher`` None): the root from ``$FINETUNE_ASSETS_ROOT`` as a
     Dagster ``EnvVar`` (read by each run; ``./.finetune_assets`` where the location loads without

@@ -12,7 +12,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from dagster._core.definitions.automation_tick_evaluation_context import build_run_requests
 
-from finetune_assets.contracts import (
+from finetune_assets.core.io.contracts import (
     BASELINE_MODEL,
     CHAMPION_MODEL,
     FINETUNED_MODEL,
@@ -74,7 +74,7 @@ class Ticks:
         """The runs the daemon makes of the last tick's requests (version_automation's settings:
         no backfills, the retry tags).
         """
-        from finetune_assets.jobs import RETRY_TAGS
+        from finetune_assets.defs.jobs import RETRY_TAGS
 
         return list(
             build_run_requests(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from finetune_assets.launchers.local import process_tree
+from finetune_assets.core.launchers.local import process_tree
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:

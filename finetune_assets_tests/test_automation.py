@@ -1,4 +1,5 @@
-"""The automation conditions that build a version (``automation.py``), tick by tick, evaluated by
+"""The automation conditions that build a version (``defs/automation.py``), tick by tick, evaluated
+by
 Dagster itself (``dg.evaluate_automation_conditions``, the daemon's evaluation without the daemon)
 over the real definitions and a real instance. What a run would have done is reported as runless
 events (materializations, check evaluations); a tick with nothing reported since the last is a run
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from finetune_assets.contracts import (
+from finetune_assets.core.io.contracts import (
     BASELINE_MODEL,
     FINETUNED_MODEL,
     MDS_SHARDS,
@@ -19,8 +20,8 @@ from finetune_assets.contracts import (
     TOKENIZED_REVIEWS,
     TUNING_STUDY,
 )
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
 from finetune_assets.definitions import build_defs
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.automation_ticks import DATA, TRAINING, Ticks
 
 

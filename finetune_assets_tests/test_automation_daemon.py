@@ -37,9 +37,9 @@ import pyarrow.csv as pacsv
 import pytest
 import yaml
 
-from finetune_assets.contracts import CHAMPION_MODEL, FINETUNED_MODEL, PRETRAINED_MODEL
-from finetune_assets.data.sample import make_sample_reviews
-from finetune_assets.run_outcome import STATUS_TAG
+from finetune_assets.core.io.contracts import CHAMPION_MODEL, FINETUNED_MODEL, PRETRAINED_MODEL
+from finetune_assets.core.sources.sample import make_sample_reviews
+from finetune_assets.defs.versions.run_outcome import STATUS_TAG
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

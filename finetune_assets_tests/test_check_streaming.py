@@ -5,10 +5,10 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from finetune_assets.checks.raw_contract import _scan_accepted, _scan_rejected
-from finetune_assets.contracts import iter_parquet_batches
-from finetune_assets.data.vocab_fit import sample_texts
-from finetune_assets.vocab_check import _sampled_texts
+from finetune_assets.core.evaluation.vocab_fit import sample_texts
+from finetune_assets.core.io.contracts import iter_parquet_batches
+from finetune_assets.defs.data.raw_contract import _scan_accepted, _scan_rejected
+from finetune_assets.defs.data.vocab_check import _sampled_texts
 
 
 def _write(path, table, row_group_size=7):

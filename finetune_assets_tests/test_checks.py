@@ -7,22 +7,22 @@ import dagster as dg
 import pytest
 import torch
 
-from finetune_assets.assets.finetuned import finetuned_model
-from finetune_assets.assets.pretrained import pretrained_model
-from finetune_assets.assets.raw import raw_reviews
-from finetune_assets.assets.shards import mds_shards
-from finetune_assets.assets.tokenized import tokenized_reviews
-from finetune_assets.checks import mds_shards_integrity, raw_reviews_contract
-from finetune_assets.data.labels import LABEL2ID
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.dataset_versions.registry import write_version
-from finetune_assets.gate import TestSet
-from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.promotion import champion_model, quality_gate
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage, hash_tree
+from finetune_assets.core.evaluation.gate_rules import TestSet
+from finetune_assets.core.io.storage import Storage, hash_tree
+from finetune_assets.core.labels.infer import LABEL2ID
+from finetune_assets.core.launchers.local import LocalTorchrunLauncher
+from finetune_assets.core.sources import SourceSpec
+from finetune_assets.defs.data.checks import mds_shards_integrity, raw_reviews_contract
+from finetune_assets.defs.data.mds_shards import mds_shards
+from finetune_assets.defs.data.pretrained import pretrained_model
+from finetune_assets.defs.data.raw import raw_reviews
+from finetune_assets.defs.data.tokenized import tokenized_reviews
+from finetune_assets.defs.models.finetuned import finetuned_model
+from finetune_assets.defs.promotion import champion_model, quality_gate
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
+from finetune_assets.defs.versions.register import write_version
 
 ALL = [
     raw_reviews,
@@ -230,8 +230,8 @@ def test_training_refuses_shards_whose_latest_integrity_check_failed_in_another_
     # Repaired and re-materialized (its checks run with it), the version trains again: no stale
     # verdict sticks.
     assert _run(instance, storage_root, "v1", arabic_reviews / "PROD.csv").success
-    from finetune_assets.checks.upstream import BLOCKING_INPUT_CHECKS
-    from finetune_assets.dagster_internals import failed_check_evaluations
+    from finetune_assets.defs.dagster_internals import failed_check_evaluations
+    from finetune_assets.defs.data.upstream_checks import BLOCKING_INPUT_CHECKS
 
     assert failed_check_evaluations(instance, BLOCKING_INPUT_CHECKS, "v1") == {}
 
@@ -517,7 +517,7 @@ class _Registry:
         self.client.create_registered_model("m")
 
     def version(self, score: float) -> str:
-        from finetune_assets import gate
+        from finetune_assets.core.evaluation import gate_rules as gate
 
         mv = self.client.create_model_version("m", "file:///nowhere/model")
         gate.remember_score(self.client, "m", str(mv.version), self.test, score)
@@ -528,7 +528,7 @@ class _Registry:
         return None if holder is None else str(holder)
 
     def promote(self, version: str, score: float, client=None, lock=None):
-        from finetune_assets import gate
+        from finetune_assets.core.evaluation import gate_rules as gate
 
         return gate.promote(
             client or self.client,
@@ -570,7 +570,7 @@ class _FlakyClient:
 def test_registry_errors_fail_promotion_and_leave_the_alias(tmp_path, _migrated_registry_db, code):
     from mlflow.exceptions import MlflowException
 
-    from finetune_assets import gate
+    from finetune_assets.core.evaluation import gate_rules as gate
 
     reg = _Registry(tmp_path, _migrated_registry_db)
     champ = reg.version(0.5)
@@ -585,7 +585,7 @@ def test_registry_errors_fail_promotion_and_leave_the_alias(tmp_path, _migrated_
 
 
 def test_only_not_found_means_no_champion(tmp_path, _migrated_registry_db):
-    from finetune_assets import gate
+    from finetune_assets.core.evaluation import gate_rules as gate
 
     reg = _Registry(tmp_path, _migrated_registry_db)
     # RESOURCE_DOES_NOT_EXIST
@@ -612,7 +612,7 @@ def test_concurrent_promotions_cannot_let_a_worse_model_win(tmp_path, _migrated_
     """
     import threading
 
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
 
     reg = _Registry(tmp_path, _migrated_registry_db)
     old = reg.version(0.2)

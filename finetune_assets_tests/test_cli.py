@@ -13,7 +13,7 @@ import pytest
 
 from finetune_assets.cli import main
 from finetune_assets.cli.models import _normalize_model_uri
-from finetune_assets.data.labels import LABELS
+from finetune_assets.core.labels.infer import LABELS
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -138,7 +138,7 @@ def test_predict_batches_by_length_and_answers_in_input_order(
     """The model sees batches of similar length (little padding); each answer still lands on its
     own line.
     """
-    from finetune_assets.inference import Classifier
+    from finetune_assets.core.evaluation.inference import Classifier
 
     rng = __import__("random").Random(0)
     texts = [f"r{i} " + "word " * rng.randrange(0, 40) for i in range(23)]
@@ -187,7 +187,7 @@ def test_predict_reads_stdin(capsys, monkeypatch, tiny_model_dir):
 
 
 def test_predict_by_version_uses_the_published_attempt(capsys, storage_root, tiny_model_dir):
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
 
     store = Storage(str(storage_root))
     with store.publish("finetuned_model", "v1") as staging:
@@ -210,9 +210,9 @@ def test_predict_unknown_version_says_so(capsys, storage_root):
 
 
 def test_predict_registered_but_untrained_version_says_how_to_train(capsys, storage_root):
-    from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.dataset_versions.registry import write_version
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.core.sources import SourceSpec
+    from finetune_assets.defs.versions.register import write_version
 
     write_version(Storage(str(storage_root)), "v2", SourceSpec(uri="builtin:sample"))
     code, _, err = run_cli(
@@ -522,7 +522,8 @@ def test_versions_status_materialized_stale_missing(capsys, dagster_home, storag
 def test_versions_status_agrees_with_dagsters_stale_flags_after_a_default_change(
     capsys, dagster_home, storage_root, monkeypatch
 ):
-    """A config default folded into a code version (staleness.py): the UI marks the asset stale; so
+    """A config default folded into a code version (defs/staleness.py): the UI marks the asset
+    stale; so
     must ``versions status``, cell for cell, with Dagster's resolver (what the UI and GraphQL
     staleStatus use).
     """
@@ -530,8 +531,8 @@ def test_versions_status_agrees_with_dagsters_stale_flags_after_a_default_change
     from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
     from dagster._core.loader import LoadingContextForTest
 
-    from finetune_assets.assets.tokenized import TokenizeConfig
     from finetune_assets.definitions import build_defs
+    from finetune_assets.defs.data.tokenized import TokenizeConfig
 
     root = str(storage_root)
     assert (
@@ -668,13 +669,13 @@ def test_versions_add_refuses_another_source_under_a_key(
 def test_concurrent_registrations_of_one_key_have_one_winner(storage_root, instance, tmp_path):
     import threading
 
-    from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.dataset_versions.registry import (
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.core.sources import SourceSpec
+    from finetune_assets.defs.versions.register import (
         VersionConflict,
         read_version,
         register_version,
     )
-    from finetune_assets.storage import Storage
 
     store = Storage(str(storage_root))
     sources = [

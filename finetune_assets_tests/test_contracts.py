@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from finetune_assets.contracts import (
+from finetune_assets.core.io.contracts import (
     ACCEPTED_SCHEMA,
     ContractError,
     TrainingResult,
@@ -19,7 +19,7 @@ from finetune_assets.contracts import (
     read_split_stats,
     read_training_result,
 )
-from finetune_assets.data.validate import SplitRule, ValidationRules, normalize_text, validate
+from finetune_assets.core.prep.validate import SplitRule, ValidationRules, normalize_text, validate
 
 RESULT = {
     "accuracy": 0.5,

@@ -1,10 +1,11 @@
-"""Each private Dagster name the code location uses (``finetune_assets/dagster_internals.py``) still
+"""Each private Dagster name the code location uses (``finetune_assets/defs/dagster_internals.py``)
+still
 means what the code relies on: an upgrade that moves or changes one fails here.
 """
 
 import dagster as dg
 
-from finetune_assets import dagster_internals as di
+from finetune_assets.defs import dagster_internals as di
 
 PARTS = dg.StaticPartitionsDefinition(["a", "b"])
 
@@ -22,7 +23,7 @@ def upstream(context: dg.AssetExecutionContext, config: Version):
 def downstream(config: Version) -> dg.MaterializeResult:
     if config.v == "1":
         return dg.MaterializeResult()
-    key = dg.AssetKey("upstream")  # the input this step says it read (assets/provenance.py)
+    key = dg.AssetKey("upstream")  # the input this step says it read (defs/models/provenance.py)
     return dg.MaterializeResult(
         tags={
             di.get_input_data_version_tag(key): "pinned",

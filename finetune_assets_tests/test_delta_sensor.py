@@ -5,10 +5,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from finetune_assets.data.sources.delta_commits import due_versions, rows_added
-from finetune_assets.dataset_versions.registry import read_version
-from finetune_assets.resources.landing import LandingZoneResource, WatchedDeltaTable
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.sources.tables.delta_commits import due_versions, rows_added
+from finetune_assets.defs.versions.landing import LandingZoneResource, WatchedDeltaTable
+from finetune_assets.defs.versions.register import read_version
 from finetune_assets_tests.test_sensors import Daemon, _publish_base
 
 

@@ -73,7 +73,7 @@ from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.storage.tags import BACKFILL_ID_TAG, PARENT_RUN_ID_TAG, WILL_RETRY_TAG
 from dagster._core.utils import make_new_backfill_id
 
-from finetune_assets.contracts import BASELINE_MODEL, CHAMPION_MODEL, FINETUNED_MODEL
+from finetune_assets.core.io.contracts import BASELINE_MODEL, CHAMPION_MODEL, FINETUNED_MODEL
 from finetune_assets_tests.launchers.k8s.plane import (
     PLANE_DIR_ENV,
     ControlPlane,
@@ -292,13 +292,13 @@ def _stop(daemon: subprocess.Popen) -> None:
 
 
 def _backfill_with_a_kill(instance, cluster, home, root, tmp, arabic_reviews, tiny, env) -> tuple:
-    from finetune_assets.data.labels import read_manifest
-    from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-    from finetune_assets.dataset_versions.registry import write_version
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.core.labels.infer import read_manifest
+    from finetune_assets.core.sources import SourceSpec
     from finetune_assets.definitions import build_defs
-    from finetune_assets.jobs import VERSION_CHAIN
-    from finetune_assets.storage import Storage
+    from finetune_assets.defs.jobs import VERSION_CHAIN
+    from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
+    from finetune_assets.defs.versions.register import write_version
 
     began = time.time()
     defs = build_defs(str(root))

@@ -63,7 +63,7 @@ def test_the_readme_shows_both_launch_commands():
 
 
 def test_readme_first_command_trains_on_the_real_default_set_and_ends_with_its_summary():
-    from finetune_assets.data.builtin import DEFAULT_SOURCE, check_builtin
+    from finetune_assets.core.sources.builtin_sets import DEFAULT_SOURCE, check_builtin
 
     readme = (REPO / "README.md").read_text()
     first = re.search(r"Train on the defaults.*?```bash\n(.+?)\n```", readme, re.S).group(1)

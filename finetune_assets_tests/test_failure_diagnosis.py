@@ -4,7 +4,7 @@ from a run's event log, whatever else the run logged (every trainer output line 
 
 import dagster as dg
 
-from finetune_assets.run_outcome import DIAGNOSIS_EVENTS, run_outcome
+from finetune_assets.defs.versions.run_outcome import DIAGNOSIS_EVENTS, run_outcome
 
 LOG_LINES = 300
 

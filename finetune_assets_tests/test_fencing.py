@@ -1,12 +1,14 @@
-"""The fencing token on checkpoint commits (training/fencing.py): a stale gang cannot commit."""
+"""The fencing token on checkpoint commits (core/training/checkpoints/fencing.py): a stale gang
+cannot commit.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from finetune_assets.training import fencing
-from finetune_assets.training.files import AtomicCheckpointIO
+from finetune_assets.core.training.checkpoints import fencing
+from finetune_assets.core.training.checkpoints.trainer_files import AtomicCheckpointIO
 
 
 def test_a_newer_gang_fences_off_the_older_ones_commits(tmp_path, monkeypatch) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dagster as dg
 
-from finetune_assets import gate
-from finetune_assets.automation import AFTER_UPSTREAM
+from finetune_assets.core.evaluation import gate_rules as gate
+from finetune_assets.core.io.storage import Storage
 from finetune_assets.definitions import defs as load_defs
-from finetune_assets.jobs import VERSION_CHAIN
-from finetune_assets.promotion import PromotionConfig, QualityGateConfig, gate_conditions
-from finetune_assets.storage import Storage
+from finetune_assets.defs.automation import AFTER_UPSTREAM
+from finetune_assets.defs.jobs import VERSION_CHAIN
+from finetune_assets.defs.promotion import PromotionConfig, QualityGateConfig, gate_conditions
 
 # 6 Positive, 2 Negative, 2 Mixed: always "Positive" scores macro-F1 0.25.
 TEST = gate.TestSet.build(

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from finetune_assets import gate
-from finetune_assets.data.evaluate import macro_f1
-from finetune_assets.inference import Classifier, ModelFolderError
+from finetune_assets.core.evaluation import gate_rules as gate
+from finetune_assets.core.evaluation.evaluate import macro_f1
+from finetune_assets.core.evaluation.inference import Classifier, ModelFolderError
 
 TEXTS = [
     "a",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from finetune_assets.data.labels import (
+from finetune_assets.core.labels.infer import (
     DEFAULT_LABEL_SET,
     STARS_LABEL_SET,
     LabelError,
@@ -22,7 +22,7 @@ from finetune_assets.data.labels import (
     registered_model_name,
     resolve_label_set,
 )
-from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.core.prep.validate import ValidationRules, validate
 from finetune_assets_tests.test_cli import run_cli
 
 # The files a user brings (``binary_reviews_tsv``, ``star_reviews_csv`` in conftest.py) are written
@@ -182,7 +182,7 @@ def _partitions() -> list[str]:
     import dagster as dg
 
     from finetune_assets.cli.common import open_instance as _instance
-    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+    from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 
     _instance()
     return list(dg.DagsterInstance.get().get_dynamic_partitions(DATASET_VERSIONS))
@@ -306,8 +306,8 @@ def test_versions_add_refuses_a_class_without_reviews(
 def test_a_landing_folder_carries_its_labels_in_a_manifest(
     instance, storage_root, tmp_path, binary_reviews_tsv
 ):
-    from finetune_assets.dataset_versions.registry import read_version
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.versions.register import read_version
     from finetune_assets_tests.test_sensors import Daemon, _folder, _publish_base
 
     landing = tmp_path / "landing"

@@ -35,7 +35,7 @@ def _shown(setup: str, warn: str) -> str:
 
 def test_the_same_preview_warning_from_elsewhere_still_shows():
     out = _shown(
-        "import dagster as dg, finetune_assets.dataset_versions.partitions",
+        "import dagster as dg, finetune_assets.defs.versions.partitions",
         "warnings.warn('Specifying a partitions_def on an AssetCheckSpec is currently in preview', "
         "dg.PreviewWarning)",
     )
@@ -43,7 +43,9 @@ def test_the_same_preview_warning_from_elsewhere_still_shows():
 
 
 def test_the_trainers_filters_keep_other_warnings():
-    setup = "from finetune_assets.training.run import quiet_known_notices; quiet_known_notices()"
+    setup = (
+        "from finetune_assets.core.training.run import quiet_known_notices; quiet_known_notices()"
+    )
     # One interpreter (importing the trainer costs seconds): a marker on stderr separates the
     # warnings that must show from Lightning's own, which must not. Warnings are written to stderr
     # as they are raised.

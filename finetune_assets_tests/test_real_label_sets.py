@@ -14,11 +14,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from finetune_assets.data.labels import STARS_LABEL_SET, LabelSet, label_set_of_source
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.dataset_versions.registry import register_version
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.labels.infer import STARS_LABEL_SET, LabelSet, label_set_of_source
+from finetune_assets.core.sources import SourceSpec
 from finetune_assets.definitions import build_defs
-from finetune_assets.storage import Storage
+from finetune_assets.defs.versions.register import register_version
 from finetune_assets_tests.test_user_path import (  # noqa: F401 - fixture
     QUICK_TRAINING,
     sh,
@@ -63,8 +63,8 @@ def test_binary_and_star_sets_through_dagster_materialize(
 ):
     from mlflow import MlflowClient
 
-    from finetune_assets.inference import Classifier
-    from finetune_assets.resources.mlflow import MlflowResource
+    from finetune_assets.core.evaluation.inference import Classifier
+    from finetune_assets.defs.resources.mlflow import MlflowResource
 
     defs = build_defs(str(storage_root))
     assets = [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)]

@@ -20,16 +20,16 @@ from dagster._core.storage.asset_check_execution_record import (
 )
 from mlflow import MlflowClient
 
-from finetune_assets.contracts import FINETUNED_MODEL as FINETUNED
-from finetune_assets.contracts import PRETRAINED_MODEL as PRETRAINED
-from finetune_assets.data.sample import make_sample_reviews
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+from finetune_assets.core.io.contracts import FINETUNED_MODEL as FINETUNED
+from finetune_assets.core.io.contracts import PRETRAINED_MODEL as PRETRAINED
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.launchers.local import LocalTorchrunLauncher
+from finetune_assets.core.sources.sample import make_sample_reviews
 from finetune_assets.definitions import build_defs
-from finetune_assets.jobs import DATA_PREPARATION
-from finetune_assets.jobs import VERSION_CHAIN as CHAIN_ASSETS
-from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.storage import Storage
+from finetune_assets.defs.jobs import DATA_PREPARATION
+from finetune_assets.defs.jobs import VERSION_CHAIN as CHAIN_ASSETS
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.automation_ticks import Ticks
 
 VERSION_CHAIN = tuple(a.key.to_user_string() for a in CHAIN_ASSETS)  # names, in flow order
@@ -359,8 +359,8 @@ def test_a_retried_finetuned_model_reuses_its_registered_version(
     """A retry (same inputs + config) resumes the finished checkpoint and finds its version by
     training key: exactly one registered version, and the alias it holds does not move.
     """
-    from finetune_assets.assets.finetuned import finetuned_model
-    from finetune_assets.resources.storage_root import StorageResource
+    from finetune_assets.defs.models.finetuned import finetuned_model
+    from finetune_assets.defs.resources.storage_root import StorageResource
     from finetune_assets_tests.training.fixtures import publish_upstream
 
     store = Storage(str(storage_root))

@@ -27,9 +27,9 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
     QueuedRunCoordinatorDaemon,
 )
 
-from finetune_assets.contracts import FINETUNED_MODEL, PRETRAINED_MODEL
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+from finetune_assets.core.io.contracts import FINETUNED_MODEL, PRETRAINED_MODEL
 from finetune_assets.definitions import build_defs
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.automation_ticks import DATA, Ticks
 
 INSTANCE_FILE = Path(__file__).parents[1] / "deploy" / "instance" / "dagster.yaml"

@@ -7,12 +7,12 @@ import json
 import dagster as dg
 import pytest
 
-from finetune_assets.data.models import save_pretrained_model
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.dataset_versions.partitions import InvalidVersionKey, validate_version_key
-from finetune_assets.dataset_versions.registry import register_version
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.prep.pretrained import save_pretrained_model
+from finetune_assets.core.sources import SourceSpec
 from finetune_assets.definitions import build_defs
-from finetune_assets.storage import Storage
+from finetune_assets.defs.versions.partitions import InvalidVersionKey, validate_version_key
+from finetune_assets.defs.versions.register import register_version
 
 HOSTILE_KEYS = [
     "../etc",

@@ -11,17 +11,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from finetune_assets.contracts import CHAMPION_MODEL as CHAMPION
-from finetune_assets.contracts import FINETUNED_MODEL as FINETUNED
-from finetune_assets.contracts import PRETRAINED_MODEL as PRETRAINED
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.dataset_versions.registry import read_version
-from finetune_assets.jobs import DATA_PREPARATION
-from finetune_assets.resources.landing import LandingZoneResource, fingerprint
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.sensors import LandingCursor, landing_zone_sensor
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.contracts import CHAMPION_MODEL as CHAMPION
+from finetune_assets.core.io.contracts import FINETUNED_MODEL as FINETUNED
+from finetune_assets.core.io.contracts import PRETRAINED_MODEL as PRETRAINED
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.sources import SourceSpec, read_source
+from finetune_assets.defs.jobs import DATA_PREPARATION
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.versions.landing import LandingZoneResource, fingerprint
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
+from finetune_assets.defs.versions.register import read_version
+from finetune_assets.defs.versions.sensors import LandingCursor, landing_zone_sensor
 
 PREPARE = tuple(a.key.to_user_string() for a in DATA_PREPARATION)  # names, in flow order
 VERSION_CHAIN = (*PREPARE, FINETUNED, CHAMPION)
@@ -188,7 +188,7 @@ def test_changed_content_under_a_registered_key_is_refused(daemon, landing, arab
 def test_deleted_version_relanded_with_new_content_registers_again(
     daemon, landing, arabic_reviews, storage_root
 ):
-    from finetune_assets.dataset_versions.registry import record_url
+    from finetune_assets.defs.versions.register import record_url
 
     v1 = _folder(landing, "v1", [arabic_reviews / "PROD.csv"])
     daemon.tick()
@@ -255,7 +255,7 @@ def _memory_landing(name: str, n: int) -> str:
 def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_saves_progress(
     instance, storage_root, tmp_path, monkeypatch
 ):
-    import finetune_assets.sensors as sensors
+    import finetune_assets.defs.versions.sensors as sensors
 
     _publish_base(storage_root)
     landing = _memory_landing(f"landing-{tmp_path.name}", 500)
@@ -298,7 +298,7 @@ def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_sav
 
 
 def test_an_unreadable_drop_does_not_block_the_others(daemon, landing, arabic_reviews, monkeypatch):
-    import finetune_assets.sensors as sensors
+    import finetune_assets.defs.versions.sensors as sensors
 
     for name in ("v1", "v2", "v3"):
         _folder(landing, name, [arabic_reviews / "ATT.csv"])
@@ -356,9 +356,9 @@ def test_a_deployment_that_tunes_new_versions_tunes_then_trains_the_winner(insta
     runs tagged as such), makes ``tuned_retrain_sensor`` request finetune_only_job with the
     study's winner, once per run.
     """
+    from finetune_assets.core.tuning.tags import FALLBACK_TAG
     from finetune_assets.definitions import build_defs
-    from finetune_assets.tuning.on_landing import WINNER_CONFIG, tuned_retrain_sensor
-    from finetune_assets.tuning.tags import FALLBACK_TAG
+    from finetune_assets.defs.tuning.on_landing import WINNER_CONFIG, tuned_retrain_sensor
 
     defs = build_defs(str(storage_root), tune_new_versions=True)
     automation = defs.get_sensor_def("tuning_automation")

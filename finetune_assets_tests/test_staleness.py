@@ -13,23 +13,23 @@ from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
-from finetune_assets.assets.baseline import BaselineConfig
-from finetune_assets.assets.finetuned import FinetuneConfig, finetuned_model
-from finetune_assets.assets.pretrained import PretrainedModelConfig, pretrained_model
-from finetune_assets.assets.raw import RawReviewsConfig, raw_reviews
-from finetune_assets.assets.shards import ShardsConfig, mds_shards
-from finetune_assets.assets.tokenized import TokenizeConfig, tokenized_reviews
-from finetune_assets.contracts import TRAINING_RESULT_FILE, TrainingResult
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.dataset_versions.registry import write_version
+from finetune_assets.core.io.contracts import TRAINING_RESULT_FILE, TrainingResult
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.launchers.base import TrainingLauncher, TrainingSpec
+from finetune_assets.core.sources import SourceSpec
 from finetune_assets.definitions import build_defs
-from finetune_assets.launchers.base import TrainingLauncher, TrainingSpec
-from finetune_assets.promotion import PromotionConfig
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.staleness import config_class, with_config_versions
-from finetune_assets.storage import Storage
+from finetune_assets.defs.data.mds_shards import ShardsConfig, mds_shards
+from finetune_assets.defs.data.pretrained import PretrainedModelConfig, pretrained_model
+from finetune_assets.defs.data.raw import RawReviewsConfig, raw_reviews
+from finetune_assets.defs.data.tokenized import TokenizeConfig, tokenized_reviews
+from finetune_assets.defs.models.baseline_model import BaselineConfig
+from finetune_assets.defs.models.finetuned import FinetuneConfig, finetuned_model
+from finetune_assets.defs.promotion import PromotionConfig
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.staleness import config_class, with_config_versions
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
+from finetune_assets.defs.versions.register import write_version
 
 CHAIN = ["raw_reviews", "tokenized_reviews", "mds_shards", "finetuned_model"]
 
@@ -284,7 +284,7 @@ def test_a_writer_library_upgrade_does_not_change_data_versions(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from finetune_assets.storage import hash_tree
+    from finetune_assets.core.io.storage import hash_tree
 
     table = pa.table({"text": ["good", "bad"], "label": ["Positive", "Negative"]})
     old, new, changed = (tmp_path / n / "reviews.parquet" for n in ("old", "new", "changed"))

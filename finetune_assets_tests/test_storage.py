@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.dataset_versions.partitions import InvalidVersionKey
-from finetune_assets.storage import ATTEMPTS, POINTER, Storage, hash_tree, join
+from finetune_assets.core.io.storage import ATTEMPTS, POINTER, Storage, hash_tree, join
+from finetune_assets.defs.versions.partitions import InvalidVersionKey
 
 
 class Boom(RuntimeError):

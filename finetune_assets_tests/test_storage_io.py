@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets import storage_files
-from finetune_assets.storage_files import file_lock, read_json, staged_file, write_bytes_atomic
+from finetune_assets.core.io import primitives as storage_files
+from finetune_assets.core.io.primitives import file_lock, read_json, staged_file, write_bytes_atomic
 
 PACKAGE = Path(storage_files.__file__).parent
 RENAMES = {("os", "replace"), ("os", "rename"), ("shutil", "move")}
@@ -53,8 +53,8 @@ def _package_calls(wanted: set[tuple[str, str]]) -> dict[str, set[str]]:
 def test_one_function_renames_into_place_and_one_takes_file_locks():
     # ``shutil.move`` is allowed only where a folder crosses filesystems (not atomic, said there)
     renames = _package_calls({("os", "replace"), ("os", "rename")})
-    assert renames == {"finetune_assets/storage_files.py": {"rename_into_place"}}
-    assert _package_calls(LOCKS) == {"finetune_assets/storage_files.py": {"file_lock"}}
+    assert renames == {"finetune_assets/core/io/primitives.py": {"rename_into_place"}}
+    assert _package_calls(LOCKS) == {"finetune_assets/core/io/primitives.py": {"file_lock"}}
 
 
 def test_the_ast_scan_sees_a_rename_where_it_is():

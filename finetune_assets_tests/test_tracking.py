@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets import tracking, viz
 from finetune_assets.cli import common as cli_common
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.storage import Storage
-from finetune_assets.training.callbacks import trainer_tracking_uri
-from finetune_assets.training.config import TrainerConfig
+from finetune_assets.core.evaluation import charts as viz
+from finetune_assets.core.io import tracking
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.training.callbacks import trainer_tracking_uri
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.defs.resources.mlflow import MlflowResource
 
 
 def test_explicit_then_environment_then_embedded_sqlite(tmp_path, monkeypatch):
@@ -75,8 +76,8 @@ def test_markdown_table_escapes_cells_that_would_break_a_row():
 
 
 def test_the_storage_root_default_has_one_place(monkeypatch):
-    from finetune_assets.resources.storage_root import StorageResource
-    from finetune_assets.storage import DEFAULT_ROOT, default_root
+    from finetune_assets.core.io.storage import DEFAULT_ROOT, default_root
+    from finetune_assets.defs.resources.storage_root import StorageResource
 
     monkeypatch.delenv("FINETUNE_ASSETS_ROOT", raising=False)
     assert StorageResource().root == DEFAULT_ROOT == default_root()
@@ -87,8 +88,8 @@ def test_the_storage_root_default_has_one_place(monkeypatch):
 def _open_fresh_store_at_once(root: str, barrier, i: int) -> None:
     from mlflow import MlflowClient
 
-    from finetune_assets.resources.mlflow import MlflowResource
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.resources.mlflow import MlflowResource
 
     barrier.wait(timeout=120)  # every process opens the fresh store at the same moment
     uri = MlflowResource().resolve_tracking_uri(Storage(root))

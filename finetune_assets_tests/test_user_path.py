@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.data.builtin import DEFAULT_SOURCE
-from finetune_assets.data.labels import LABELS
+from finetune_assets.core.labels.infer import LABELS
+from finetune_assets.core.sources.builtin_sets import DEFAULT_SOURCE
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

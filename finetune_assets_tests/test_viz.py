@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from finetune_assets import viz
+from finetune_assets.core.evaluation import charts as viz
 
 LABELS = ["Positive", "Negative", "Mixed"]
 

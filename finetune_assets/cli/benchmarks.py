@@ -6,9 +6,9 @@ from finetune_assets.cli.common import open_storage, parse_label_mapping, print_
 
 
 def cmd_benchmarks_add(args) -> int:
-    from finetune_assets.benchmark_sets import add_benchmark_set
-    from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.dataset_versions.partitions import validate_version_key
+    from finetune_assets.core.evaluation.benchmark_sets import add_benchmark_set
+    from finetune_assets.core.sources import SourceSpec
+    from finetune_assets.defs.versions.partitions import validate_version_key
 
     name = validate_version_key(args.name)  # the same rule as version keys: it becomes a path
     spec = SourceSpec(
@@ -29,7 +29,7 @@ def cmd_benchmarks_add(args) -> int:
 
 
 def cmd_benchmarks_list(args) -> int:
-    from finetune_assets.benchmark_sets import list_benchmark_sets
+    from finetune_assets.core.evaluation.benchmark_sets import list_benchmark_sets
 
     storage = open_storage(args)
     rows = []

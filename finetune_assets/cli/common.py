@@ -6,7 +6,8 @@ import os
 import time
 from pathlib import Path
 
-# == finetune_assets.storage.STORAGE_ROOT_ENV; not imported at module level (storage is Dagster-free
+# == finetune_assets.core.io.storage.STORAGE_ROOT_ENV; not imported at module level (storage is
+# Dagster-free
 # but pulls in fsspec), so `--help` stays fast; the commands import storage and contracts where they
 # need them.
 ROOT_ENV = "FINETUNE_ASSETS_ROOT"
@@ -17,13 +18,13 @@ class CliError(Exception):
 
 
 def root_of(args) -> str:
-    from finetune_assets.storage import default_root
+    from finetune_assets.core.io.storage import default_root
 
     return args.root or default_root()
 
 
 def open_storage(args, write: bool = False):
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
 
     root = root_of(args)
     if "://" not in root and (write or Path(root).expanduser().is_file()):
@@ -79,10 +80,11 @@ def open_instance():
 
 
 def tracking_uri_of(args) -> str:
-    """The rule of ``finetune_assets.tracking``, its embedded store under the storage root (as
+    """The rule of ``finetune_assets.core.io.tracking``, its embedded store under the storage root
+    (as
     MlflowResource).
     """
-    from finetune_assets.tracking import tracking_uri
+    from finetune_assets.core.io.tracking import tracking_uri
 
     root = root_of(args)
     try:

@@ -20,7 +20,7 @@ def _normalize_model_uri(uri: str) -> str:
 
 def _from_folder(path: Path, source: str | None = None):
     """``inference.Classifier`` from a folder; a folder without a model is a user error."""
-    from finetune_assets.inference import Classifier, ModelFolderError
+    from finetune_assets.core.evaluation.inference import Classifier, ModelFolderError
 
     try:
         return Classifier.from_folder(path, source)
@@ -50,15 +50,15 @@ def load_classifier(args):
 
 
 def _classifier_for_version(args):
-    from finetune_assets.contracts import FINETUNED_MODEL
-    from finetune_assets.dataset_versions.partitions import validate_version_key
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.contracts import FINETUNED_MODEL
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.versions.partitions import validate_version_key
 
     version = validate_version_key(args.version)
     storage = Storage(root_of(args))
     published = storage.current(FINETUNED_MODEL, version)
     if published is None:
-        from finetune_assets.dataset_versions.registry import read_version
+        from finetune_assets.defs.versions.register import read_version
 
         hint = (
             "it is registered but finetuned_model has not been materialized; run "
@@ -77,7 +77,7 @@ def _classifier_for_version(args):
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix="finetune-assets-model-")
-    from finetune_assets.contracts import MODEL_SUBDIR
+    from finetune_assets.core.io.contracts import MODEL_SUBDIR
 
     storage.fs.get(f"{published.url}/{MODEL_SUBDIR}/", tmp + "/", recursive=True)
     return _from_folder(Path(tmp), source=f"finetuned_model[{version}] {published.url}")
@@ -87,10 +87,10 @@ def _baseline_for_version(args):
     """baseline_model[v]: TF-IDF + logistic regression, with the same ``predict`` as
     ``inference.Classifier``.
     """
-    from finetune_assets.contracts import BASELINE_MODEL
-    from finetune_assets.data.baseline import BaselineModel
-    from finetune_assets.dataset_versions.partitions import validate_version_key
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.evaluation.baseline import BaselineModel
+    from finetune_assets.core.io.contracts import BASELINE_MODEL
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.versions.partitions import validate_version_key
 
     version = validate_version_key(args.version)
     storage = Storage(root_of(args))
@@ -110,7 +110,7 @@ def _baseline_for_version(args):
 def _classifier_for_uri(args):
     import mlflow
 
-    from finetune_assets.inference import Classifier
+    from finetune_assets.core.evaluation.inference import Classifier
 
     uri = _normalize_model_uri(args.model_uri)
     mlflow.set_tracking_uri(tracking_uri_of(args))

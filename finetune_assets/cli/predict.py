@@ -22,7 +22,7 @@ class InputRow:
 
 
 def _check_text(row: InputRow) -> InputRow:
-    from finetune_assets.data.validate import normalize_text
+    from finetune_assets.core.prep.validate import normalize_text
 
     if row.error is None and (row.text is None or not normalize_text(row.text)):
         row.error = (
@@ -37,8 +37,8 @@ def _refuse_binary_input(path: str, command: str) -> None:
     """An image, spreadsheet or other binary file given as input: say what it is and how to get
     text.
     """
-    from finetune_assets.data.binary import refuse_binary
-    from finetune_assets.data.sources import COMPRESSIONS, file_format
+    from finetune_assets.core.sources import COMPRESSIONS, file_format
+    from finetune_assets.core.sources.binary import refuse_binary
 
     local = Path(path)
     if "://" in path or not local.is_file() or path.lower().endswith(tuple(COMPRESSIONS)):
@@ -57,7 +57,7 @@ def _rows_from_file(path: Path, column: str | None, encoding: str) -> tuple[list
     """Rows of --file, read by the same readers as dataset sources; (rows, blank lines skipped in
     TXT).
     """
-    from finetune_assets.data.sources import (
+    from finetune_assets.core.sources import (
         SourceError,
         SourceSpec,
         decode,
@@ -154,7 +154,7 @@ def cmd_predict(args) -> int:
         bar = tqdm(
             total=len(todo), unit="text", desc="classifying", file=sys.stderr, dynamic_ncols=True
         )
-    from finetune_assets.data.batching import predict_in_length_order
+    from finetune_assets.core.evaluation.batching import predict_in_length_order
 
     try:
         outputs = predict_in_length_order(
@@ -208,9 +208,9 @@ def cmd_predict(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from finetune_assets.benchmark_sets import read_labelled
-    from finetune_assets.data.evaluate import format_report, map_labels, scores
-    from finetune_assets.data.sources import SourceSpec
+    from finetune_assets.core.evaluation.benchmark_sets import read_labelled
+    from finetune_assets.core.evaluation.evaluate import format_report, map_labels, scores
+    from finetune_assets.core.sources import SourceSpec
 
     if args.batch_size < 1:
         raise CliError("--batch-size must be at least 1")

@@ -9,7 +9,8 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     """What the first command ends with: rows, test scores of fine-tuned / baseline / majority,
     champion or not.
     """
-    from finetune_assets.contracts import (
+    from finetune_assets.core.evaluation.baseline import INFO_FILE
+    from finetune_assets.core.io.contracts import (
         BASELINE_MODEL,
         FINETUNED_MODEL,
         RAW_REVIEWS,
@@ -17,7 +18,6 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
         read_token_stats,
         read_training_result,
     )
-    from finetune_assets.data.baseline import INFO_FILE
 
     raw, tokens = storage.current(RAW_REVIEWS, version), storage.current(TOKENIZED_REVIEWS, version)
     model, base = (
@@ -87,7 +87,8 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
 
 def tuning_outcome(storage, version: str, model_metadata: dict | None) -> dict | None:
     """How the version's last study ended and whether the model is its winner (None: never
-    tuned). A failed or cut-short study leaves the default recipe's model (tuning/on_landing.py).
+    tuned). A failed or cut-short study leaves the default recipe's model
+    (defs/tuning/on_landing.py).
     """
     outcome = storage.read_json(storage.url("tuning", version, "outcome.json"))
     if not outcome:
@@ -162,7 +163,7 @@ def _selection_line(sel: dict) -> str:
 
 
 def cmd_summary(args) -> int:
-    from finetune_assets.dataset_versions.partitions import validate_version_key
+    from finetune_assets.defs.versions.partitions import validate_version_key
 
     version = validate_version_key(args.version)
     storage = open_storage(args)

@@ -17,7 +17,7 @@ from finetune_assets.cli.common import (
 
 def _source_uri(uri: str) -> str:
     """A local path made absolute (valid from any folder later), also inside ``delta:``."""
-    from finetune_assets.data.sources import DELTA_PREFIX, is_file_source
+    from finetune_assets.core.sources import DELTA_PREFIX, is_file_source
 
     if uri.startswith(DELTA_PREFIX) and "://" not in uri:
         return DELTA_PREFIX + str(Path(uri[len(DELTA_PREFIX) :]).expanduser().resolve())
@@ -63,13 +63,13 @@ def _escapechar(value: str | None, quoting: str) -> str | None:
 
 
 def cmd_versions_add(args) -> int:
-    from finetune_assets.data.labels import (
+    from finetune_assets.core.labels.infer import (
         LabelError,
         label_set_of_source,
         parse_labels_flag,
         parse_mapping_flag,
     )
-    from finetune_assets.data.sources import (
+    from finetune_assets.core.sources import (
         DELTA_PREFIX,
         ICEBERG_PREFIX,
         SQL_PREFIX,
@@ -78,7 +78,7 @@ def cmd_versions_add(args) -> int:
         check_source,
         pin_source,
     )
-    from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
+    from finetune_assets.defs.versions.register import register_version, source_fingerprint
 
     uri = _source_uri(args.source)
     if args.where and not uri.startswith((DELTA_PREFIX, SQL_PREFIX, ICEBERG_PREFIX)):
@@ -142,7 +142,7 @@ def cmd_versions_add(args) -> int:
 
 
 def cmd_versions_remove(args) -> int:
-    from finetune_assets.dataset_versions.registry import remove_version
+    from finetune_assets.defs.versions.register import remove_version
 
     storage = open_storage(args, write=True)
     kept = remove_version(open_instance(), storage, args.key, force=args.force)
@@ -154,8 +154,8 @@ def cmd_versions_remove(args) -> int:
 
 
 def cmd_versions_list(args) -> int:
-    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-    from finetune_assets.dataset_versions.registry import read_version
+    from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
+    from finetune_assets.defs.versions.register import read_version
 
     storage = open_storage(args)
     rows = []
@@ -200,8 +200,8 @@ def stale_resolver(instance, root: str):
     """Dagster's own staleness (the UI's "stale" flags, GraphQL ``staleStatus``) over the code
     location's asset graph: code versions (config defaults folded in), recorded input data versions.
     """
-    from finetune_assets.dagster_internals import stale_status_resolver
     from finetune_assets.definitions import build_defs
+    from finetune_assets.defs.dagster_internals import stale_status_resolver
 
     return stale_status_resolver(instance, build_defs(root).resolve_asset_graph())
 
@@ -210,7 +210,7 @@ def _stale_because(resolver, asset: str, partition: str | None) -> list[str]:
     """Dagster's stale causes, each as "<asset>: <reason>" (the asset itself for a code change)."""
     import dagster as dg
 
-    from finetune_assets.dagster_internals import StaleStatus
+    from finetune_assets.defs.dagster_internals import StaleStatus
 
     key = dg.AssetKey(asset)
     if resolver.get_status(key, partition) != StaleStatus.STALE:
@@ -229,8 +229,8 @@ def version_status(instance, versions: Sequence[str], resolver) -> list[dict]:
 
     "stale" is Dagster's judgement (``resolver``: ``stale_resolver``), never a rule of our own.
     """
-    from finetune_assets.contracts import PARTITIONED_ASSETS, PRETRAINED_MODEL
-    from finetune_assets.run_outcome import STATUS_TAG
+    from finetune_assets.core.io.contracts import PARTITIONED_ASSETS, PRETRAINED_MODEL
+    from finetune_assets.defs.versions.run_outcome import STATUS_TAG
 
     rows = []
     # The graph as users see it in `versions status`: the unpartitioned base model, then per
@@ -282,7 +282,7 @@ def _failed_last_run(instance, version: str):
 
 
 def cmd_versions_status(args) -> int:
-    from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
+    from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 
     instance = open_instance()
     known = instance.get_dynamic_partitions(DATASET_VERSIONS)

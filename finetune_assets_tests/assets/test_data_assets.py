@@ -11,11 +11,11 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from finetune_assets.contracts import ACCEPTED_SCHEMA
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.dataset_versions.registry import register_version
+from finetune_assets.core.io.contracts import ACCEPTED_SCHEMA
+from finetune_assets.core.io.storage import ATTEMPTS, Storage, join
+from finetune_assets.core.sources import SourceSpec
 from finetune_assets.definitions import build_defs
-from finetune_assets.storage import ATTEMPTS, Storage, join
+from finetune_assets.defs.versions.register import register_version
 
 DATA_ASSETS = ("raw_reviews", "tokenized_reviews", "mds_shards")
 ALL_DATA_ASSETS = ("pretrained_model", *DATA_ASSETS)
@@ -157,7 +157,7 @@ def test_four_data_assets_materialize_for_a_dataset_version(
 def test_bad_version_key_is_rejected_with_a_clear_error(
     storage_root, instance, arabic_reviews: Path
 ):
-    from finetune_assets.dataset_versions.partitions import InvalidVersionKey
+    from finetune_assets.defs.versions.partitions import InvalidVersionKey
 
     store = Storage(str(storage_root))
     for key in ("../escape", "v 1", "a/b"):

@@ -16,13 +16,13 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.definitions.data_version import StaleStatus
 
-from finetune_assets.contracts import PRETRAINED_MODEL
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.dataset_versions.registry import write_version
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.contracts import PRETRAINED_MODEL
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.sources import SourceSpec
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
+from finetune_assets.defs.versions.register import write_version
 from finetune_assets_tests.test_staleness import CHAIN, CopyLauncher, _base, _chain_assets, _status
 
 ROOT_ENV = "PROVENANCE_TEST_ROOT"  # the storage root of the reconstructed job (set by the test)

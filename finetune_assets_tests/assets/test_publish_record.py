@@ -12,8 +12,8 @@ import dagster as dg
 import pytest
 from dagster._core.instance.ref import InstanceRef
 
-from finetune_assets.assets.provenance import read_recorded
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.defs.models.provenance import read_recorded
 
 # The writer: publishes ``tokenized_reviews`` (the asset name only; any content) and, with KILL set,
 # SIGKILLs its own process right after the publish, i.e. in the window before Dagster records it.
@@ -21,7 +21,7 @@ WRITER = textwrap.dedent("""
     import os, signal, sys
     import dagster as dg
     from dagster._core.instance.ref import InstanceRef
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
 
     root, home, content, kill = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 

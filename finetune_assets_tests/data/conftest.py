@@ -29,6 +29,6 @@ def tokenizer():
     """
     from transformers import AutoTokenizer
 
-    from finetune_assets.data.models import packaged_model_dir
+    from finetune_assets.core.prep.pretrained import packaged_model_dir
 
     return AutoTokenizer.from_pretrained(packaged_model_dir(), use_fast=True)

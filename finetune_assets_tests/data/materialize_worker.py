@@ -27,7 +27,7 @@ def _hang_in_tokens(marker: Path) -> None:
     """Let the slice workers write their token parts into the attempt, then hang before the
     publish.
     """
-    import finetune_assets.data.slices as slices
+    import finetune_assets.core.shards.slices as slices
 
     def hang(*args, **kwargs):
         _hang(marker)
@@ -39,7 +39,7 @@ def _hang_in_shards(marker: Path) -> None:
     """Let the slice workers write their MDS sub-datasets (shards on disk), then hang before the
     merge.
     """
-    import finetune_assets.data.slices as slices
+    import finetune_assets.core.shards.slices as slices
 
     def hang(*args, **kwargs):
         _hang(marker)
@@ -60,10 +60,10 @@ def main() -> None:
 
     import dagster as dg
 
-    from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.dataset_versions.registry import register_version
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.core.sources import SourceSpec
     from finetune_assets.definitions import build_defs
-    from finetune_assets.storage import Storage
+    from finetune_assets.defs.versions.register import register_version
 
     if args.hang_in == "tokens":
         _hang_in_tokens(args.marker)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.storage import ATTEMPTS, POINTER, Storage
+from finetune_assets.core.io.storage import ATTEMPTS, POINTER, Storage
+from finetune_assets.core.sources import SourceSpec
 from finetune_assets_tests.data.conftest import count_csv_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def _run_here(root: Path, instance, version: str, source: Path, assets) -> None:
     """In this process (cheaper than a worker), with the worker's config, so content hashes
     compare.
     """
-    from finetune_assets.dataset_versions.registry import register_version
+    from finetune_assets.defs.versions.register import register_version
     from finetune_assets_tests.assets.test_data_assets import materialize
 
     register_version(instance, Storage(str(root)), version, SourceSpec(uri=str(source)))
@@ -138,7 +138,7 @@ def test_sigkill_mid_write_keeps_previous_complete_version(
     if previous:
         assert after.data_version == before.data_version
     if asset == "mds_shards":
-        from finetune_assets.data.shards import read_back_count
+        from finetune_assets.core.shards.writer import read_back_count
 
         rows = store.require("tokenized_reviews", "v1").metadata["rows"]
         assert (
@@ -146,7 +146,7 @@ def test_sigkill_mid_write_keeps_previous_complete_version(
             == rows
         )
     else:
-        from finetune_assets.contracts import read_tokens
+        from finetune_assets.core.io.contracts import read_tokens
 
         assert (
             read_tokens(after.url, store.fs).num_rows

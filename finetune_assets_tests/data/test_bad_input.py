@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from finetune_assets.data.sources import SourceError, SourceSpec, read_source
-from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.core.prep.validate import ValidationRules, validate
+from finetune_assets.core.sources import SourceError, SourceSpec, read_source
 from finetune_assets_tests.data.conftest import count_csv_rows, csv_rows
 
 
@@ -243,7 +243,7 @@ def _reasons_of(rows: list[list[str]], skip: set[int]) -> dict[str, int]:
     """
     from collections import Counter
 
-    from finetune_assets.data.validate import normalize_text
+    from finetune_assets.core.prep.validate import normalize_text
 
     groups: dict[str, list[str]] = {}
     for i, (text, label) in enumerate(rows):
@@ -452,8 +452,8 @@ def test_bad_input_through_dagster(
     """The same cases through ``raw_reviews``: a Failure naming file + problem and nothing
     published, or a published quarantine whose metadata counts add up to the input rows.
     """
-    from finetune_assets.dataset_versions.registry import register_version
-    from finetune_assets.storage import ATTEMPTS, Storage
+    from finetune_assets.core.io.storage import ATTEMPTS, Storage
+    from finetune_assets.defs.versions.register import register_version
     from finetune_assets_tests.assets.test_data_assets import (
         _failure_message,
         _metadata,

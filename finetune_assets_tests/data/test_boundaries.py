@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.data.sources import SourceError, SourceSpec, list_source, read_source
-from finetune_assets.data.validate import (
+from finetune_assets.core.prep.validate import (
     SplitRule,
     ValidationRules,
     normalize_text,
     split_key,
     validate,
 )
+from finetune_assets.core.sources import SourceError, SourceSpec, list_source, read_source
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 
@@ -97,7 +97,7 @@ def test_predict_and_evaluate_name_a_binary_file_and_the_fix(
 
 
 def test_an_unusable_storage_root_names_the_setting(tmp_path: Path):
-    from finetune_assets.storage import Storage, StorageRootError
+    from finetune_assets.core.io.storage import Storage, StorageRootError
 
     blocker = tmp_path / "a_file"
     blocker.write_text("")

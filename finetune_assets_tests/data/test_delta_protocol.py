@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from finetune_assets.data.sources import SourceError, SourceSpec, read_source
+from finetune_assets.core.sources import SourceError, SourceSpec, read_source
 from finetune_assets_tests.conftest import _real_rows
 from finetune_assets_tests.data.delta_tables import column_mapped_table
 from finetune_assets_tests.data.test_table_sources import _add, _raw, home  # noqa: F401
@@ -288,7 +288,7 @@ def test_delete_on_a_change_data_table_is_a_new_version(tmp_path, reviews, cdf):
     """
     from deltalake import DeltaTable, write_deltalake
 
-    from finetune_assets.data.sources.delta_commits import due_versions
+    from finetune_assets.core.sources.tables.delta_commits import due_versions
 
     path = tmp_path / "t"
     config = {"delta.enableChangeDataFeed": "true"} if cdf else None

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torchmetrics.classification import MulticlassF1Score
 
-from finetune_assets.data.evaluate import LabelSetMismatch, macro_f1, scores
-from finetune_assets.training.module import _eval_metrics
+from finetune_assets.core.evaluation.evaluate import LabelSetMismatch, macro_f1, scores
+from finetune_assets.core.training.module import _eval_metrics
 
 
 @pytest.mark.parametrize("num_classes,present", [(2, 2), (3, 2), (5, 3), (5, 5)])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.data.sources import SourceSpec, read_source
+from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets_tests.conftest import _real_rows
 from finetune_assets_tests.data.test_table_sources import _add, _raw, home  # noqa: F401
 

@@ -13,7 +13,7 @@ import datasets
 import huggingface_hub
 import pytest
 
-from finetune_assets.data.sources import SourceSpec, iter_source
+from finetune_assets.core.sources import SourceSpec, iter_source
 from finetune_assets_tests.data.test_table_sources import _add, _raw, home  # noqa: F401
 
 SHA = "0123456789abcdef0123456789abcdef01234567"

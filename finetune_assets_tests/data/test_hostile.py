@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from finetune_assets.data.sources import SourceError, SourceSpec, list_source, read_source
-from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.core.prep.validate import ValidationRules, validate
+from finetune_assets.core.sources import SourceError, SourceSpec, list_source, read_source
 from finetune_assets_tests.data.hostile import GENERATORS, TOKEN, Generated
 
 
@@ -170,8 +170,8 @@ def test_through_dagster_counts_add_up_and_files_are_listed(
     """raw_reviews on a hostile folder: metadata rows_in = generated records; read and ignored
     files listed.
     """
-    from finetune_assets.dataset_versions.registry import register_version
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.versions.register import register_version
     from finetune_assets_tests.assets.test_data_assets import _metadata, materialize
 
     folder = tmp_path / "drop"
@@ -201,8 +201,8 @@ def test_changed_content_under_a_registered_key_is_refused_on_materialization(
     """The CLI path records a fingerprint like the sensor; raw_reviews refuses to read other
     content under the key.
     """
-    from finetune_assets.dataset_versions.registry import register_version, source_fingerprint
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.versions.register import register_version, source_fingerprint
     from finetune_assets_tests.assets.test_data_assets import _failure_message, materialize
 
     path = tmp_path / "reviews.csv"
@@ -332,7 +332,7 @@ def test_splitter_reads_back_whatever_csv_writer_writes(delimiter: str, newline:
     import csv
     import io
 
-    from finetune_assets.data.delimited import split_records
+    from finetune_assets.core.sources.delimited import split_records
 
     rng = random.Random(11)
     # (no lone CR: csv.writer leaves a field ending in CR unquoted, and before LF that reads as CRLF

@@ -11,8 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from finetune_assets.data.label_values import is_missing, label_key
-from finetune_assets.data.labels import (
+from finetune_assets.core.labels.infer import (
     BINARY_LABEL_SET,
     LabelError,
     LabelSet,
@@ -22,7 +21,8 @@ from finetune_assets.data.labels import (
     parse_mapping_flag,
     resolve_label_set,
 )
-from finetune_assets.data.validate import ValidationRules, validate
+from finetune_assets.core.labels.values import is_missing, label_key
+from finetune_assets.core.prep.validate import ValidationRules, validate
 from finetune_assets_tests.conftest import SHARED_DATA
 from finetune_assets_tests.test_cli import dagster_home, run_cli  # noqa: F401 - fixture
 
@@ -176,7 +176,7 @@ def test_refusals_speak_of_what_the_user_passed():
 
 def test_label_set_keys_are_stable_for_the_seed():
     """The seed's set keeps its fingerprint (published data versions do not change)."""
-    from finetune_assets.data.labels import DEFAULT_LABEL_SET
+    from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
 
     assert (
         DEFAULT_LABEL_SET.fingerprint()

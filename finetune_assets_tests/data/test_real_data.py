@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from finetune_assets.contracts import SPLITS
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import length_stats, token_dtype, tokenize_table
-from finetune_assets.data.validate import SplitRule, ValidationRules, normalize_text, validate
+from finetune_assets.core.io.contracts import SPLITS
+from finetune_assets.core.prep.tokenize import length_stats, token_dtype, tokenize_table
+from finetune_assets.core.prep.validate import SplitRule, ValidationRules, normalize_text, validate
+from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets_tests.data.conftest import count_csv_rows, csv_rows
 
 POLARITY = {"1": "Positive", "-1": "Negative", "0": "Mixed"}
@@ -90,7 +90,7 @@ def test_duplicates_in_prod_are_quarantined_with_reason(arabic_reviews: Path):
         if r["text"].strip():
             copies.setdefault(normalize_text(r["text"]), []).append(r["polarity"])
     # one copy kept when the copies agree or a majority label holds (3+ copies); else none
-    # (data/conflicts.py)
+    # (core/prep/conflicts.py)
     kept = [
         len(ls) >= 3 and 2 * Counter(ls).most_common(1)[0][1] > len(ls) or len(set(ls)) == 1
         for ls in copies.values()
@@ -183,7 +183,7 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(
 ):
     from streaming import StreamingDataset
 
-    from finetune_assets.data.shards import read_back_count, write_splits
+    from finetune_assets.core.shards.writer import read_back_count, write_splits
 
     accepted = validate(
         read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()
@@ -229,7 +229,7 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(
 
 
 def test_empty_split_writes_and_reads_back_as_zero(tokenizer, tmp_path: Path):
-    from finetune_assets.data.shards import read_back_count, write_splits
+    from finetune_assets.core.shards.writer import read_back_count, write_splits
 
     accepted = pa.table(
         {

@@ -4,7 +4,7 @@ memory-mapped.
 
 import hashlib
 
-from finetune_assets.data.seen_texts import SeenTexts
+from finetune_assets.core.prep.seen_texts import SeenTexts
 
 
 def test_index_beyond_its_private_cache_answers_exactly_through_the_mapped_file():

@@ -17,15 +17,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from finetune_assets import contracts
-from finetune_assets.contracts import ACCEPTED_SCHEMA, REJECTED_SCHEMA, SPLITS
-from finetune_assets.data import slice_plan, slices
-from finetune_assets.data.conflicts import accepted_after, promoted_rows, rejected_after
-from finetune_assets.data.labels import DEFAULT_LABEL_SET
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.tokenize import token_dtype, tokenize_table
-from finetune_assets.data.validate import SplitRule, StreamValidator, ValidationRules, validate
-from finetune_assets.launchers.fanout import FanOut, FanOutError, LocalFanOutRunner
+from finetune_assets.core.io import contracts
+from finetune_assets.core.io.contracts import ACCEPTED_SCHEMA, REJECTED_SCHEMA, SPLITS
+from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
+from finetune_assets.core.launchers.fanout import FanOut, FanOutError, LocalFanOutRunner
+from finetune_assets.core.prep.conflicts import accepted_after, promoted_rows, rejected_after
+from finetune_assets.core.prep.tokenize import token_dtype, tokenize_table
+from finetune_assets.core.prep.validate import SplitRule, StreamValidator, ValidationRules, validate
+from finetune_assets.core.shards import plan as slice_plan
+from finetune_assets.core.shards import slices
+from finetune_assets.core.sources import SourceSpec, read_source
 
 
 def test_plan_slices_cover_every_row_group_once_in_order():
@@ -132,7 +133,7 @@ def _tokenize(
 
 
 def _samples(split_dir: Path) -> list[tuple[tuple[int, ...], int]]:
-    from finetune_assets.data.shards import open_streaming_dataset
+    from finetune_assets.core.shards.writer import open_streaming_dataset
 
     if not json.loads((split_dir / "index.json").read_text())["shards"]:
         return []
@@ -233,7 +234,7 @@ def test_a_cache_segment_appears_whole_after_its_slice_or_not_at_all(tmp_path):
     """Segments are written batch by batch but published only when the slice is done: a worker
     killed or failing mid-slice leaves nothing a later lookup could half-read.
     """
-    from finetune_assets.data.token_cache import TokenCache, text_keys
+    from finetune_assets.core.prep.token_cache import TokenCache, text_keys
 
     cache = TokenCache(str(tmp_path / "ns"))
     texts = [f"review {i}" for i in range(10)]
@@ -260,7 +261,7 @@ def test_a_cache_segment_appears_whole_after_its_slice_or_not_at_all(tmp_path):
 
 def _segment(cache, texts: list[str], first_token: int = 0) -> None:
     """One published segment: text ``j`` -> ids ``[101, first_token + j, 102]``."""
-    from finetune_assets.data.token_cache import text_keys
+    from finetune_assets.core.prep.token_cache import text_keys
 
     ids = pa.array([[101, first_token + j, 102] for j in range(len(texts))], pa.list_(pa.uint16()))
     with cache.segment() as segment:
@@ -268,7 +269,7 @@ def _segment(cache, texts: list[str], first_token: int = 0) -> None:
 
 
 def _looked_up(cache, texts: list[str]) -> dict[int, list[int]]:
-    from finetune_assets.data.token_cache import text_keys
+    from finetune_assets.core.prep.token_cache import text_keys
 
     hits = cache.lookup(text_keys(texts), np.dtype(np.uint16))
     return dict(zip(hits.rows.tolist(), hits.ids.to_pylist()))
@@ -283,7 +284,7 @@ def test_the_cache_index_finds_what_the_segments_hold_and_supersedes_older_index
     """
     import fsspec
 
-    from finetune_assets.data.token_cache import INDEX_DIR, TokenCache
+    from finetune_assets.core.prep.token_cache import INDEX_DIR, TokenCache
 
     url = str(tmp_path / "ns") if root == "local" else f"memory://cache-{tmp_path.name}/ns"
     cache = TokenCache(url)
@@ -344,8 +345,8 @@ def test_the_cache_index_tells_keys_apart_that_share_their_first_half(tmp_path):
     """Binary search is on the keys' first 8 bytes; keys equal there must still be told apart by
     the rest.
     """
-    from finetune_assets.data.token_cache import TokenCache
-    from finetune_assets.data.token_index import KEY_BYTES, KeyRun, key_halves
+    from finetune_assets.core.prep.token_cache import TokenCache
+    from finetune_assets.core.prep.token_index import KEY_BYTES, KeyRun, key_halves
 
     keys = np.zeros((6, KEY_BYTES), np.uint8)
     keys[:, 8] = [5, 1, 9, 3, 7, 2]  # the same hi, lo differs
@@ -375,7 +376,7 @@ def test_indexes_published_concurrently_are_merged_and_a_missing_segment_is_a_mi
     segment whose tokens are gone makes its rows misses (tokenized anew), not an error; an index
     naming a segment that is gone is not used.
     """
-    from finetune_assets.data.token_cache import INDEX_DIR, TokenCache
+    from finetune_assets.core.prep.token_cache import INDEX_DIR, TokenCache
 
     a, b = [f"a {i}" for i in range(10)], [f"b {i}" for i in range(5)]
     left, right = tmp_path / "left", tmp_path / "right"
@@ -459,7 +460,7 @@ class CrashingSliceRunner:
             "if os.environ['JOB_COMPLETION_INDEX'] == '1':\n"
             "    print('slice 1 killed', flush=True); sys.exit(7)\n"
             "sys.argv = ['slices', *sys.argv[1:]]\n"
-            "runpy.run_module('finetune_assets.data.slices', run_name='__main__')\n"
+            "runpy.run_module('finetune_assets.core.shards.slices', run_name='__main__')\n"
         )
         # job.command = [python, -m, module, ...]
         command = [
@@ -476,9 +477,9 @@ class CrashingSliceRunner:
 def test_a_failed_slice_fails_the_step_and_publishes_nothing(
     asset, storage_root, instance, tiny_model_dir, arabic_reviews, monkeypatch
 ):
-    import finetune_assets.launchers.select as select
-    from finetune_assets.dataset_versions.registry import register_version
-    from finetune_assets.storage import ATTEMPTS, Storage
+    import finetune_assets.core.launchers.select as select
+    from finetune_assets.core.io.storage import ATTEMPTS, Storage
+    from finetune_assets.defs.versions.register import register_version
     from finetune_assets_tests.assets.test_data_assets import _failure_message, materialize
 
     store = Storage(str(storage_root))

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from finetune_assets.data.sources import (
+from finetune_assets.core.prep.validate import ValidationRules, validate
+from finetune_assets.core.sources import (
     HEAD_BYTES,
     MAX_RECORD_BLOCKS,
     RAW_SCHEMA,
@@ -32,7 +33,6 @@ from finetune_assets.data.sources import (
     read_file,
     read_source,
 )
-from finetune_assets.data.validate import ValidationRules, validate
 
 BLOCKS = (7, 61, 300)  # bytes: boundaries fall everywhere
 

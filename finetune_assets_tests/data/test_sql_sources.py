@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.sources.sql import iter_sql
+from finetune_assets.core.sources import SourceSpec, read_source
+from finetune_assets.core.sources.tables.sql import iter_sql
 from finetune_assets_tests.conftest import _real_rows
 from finetune_assets_tests.data.test_table_sources import _add, _raw, home  # noqa: F401
 
@@ -138,7 +138,7 @@ def test_postgres_read_is_one_read_only_snapshot(postgres_db, reviews):
     """The read's transaction is REPEATABLE READ and read-only: a write inside it is refused."""
     import sqlalchemy as sa
 
-    from finetune_assets.data.sources import sql
+    from finetune_assets.core.sources.tables import sql
 
     engine = sa.create_engine(os.environ["REVIEWS_PG"])
     with engine.connect().execution_options(**sql.SNAPSHOT_OPTIONS["postgresql"]) as conn:

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from finetune_assets.contracts import REVIEWS_FILE
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.contracts import REVIEWS_FILE
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets_tests.assets.test_data_assets import materialize
 from finetune_assets_tests.conftest import _real_rows
 from finetune_assets_tests.test_cli import run_cli
@@ -245,7 +245,7 @@ def test_delta_row_group_is_read_through_a_small_buffer(tmp_path, monkeypatch):
     from deltalake import write_deltalake
     from deltalake.fs import DeltaStorageHandler
 
-    from finetune_assets.data.sources import delta
+    from finetune_assets.core.sources.tables import delta
 
     n = 20_000  # random hex: snappy cannot shrink the 10 MB text column chunk
     texts = [os.urandom(250).hex() for _ in range(n)]
@@ -391,7 +391,7 @@ def test_every_family_gets_the_same_intake(tmp_path, reviews, monkeypatch):
 
     from deltalake import write_deltalake
 
-    from finetune_assets.data.validate import ValidationRules, validate
+    from finetune_assets.core.prep.validate import ValidationRules, validate
 
     rows = reviews[:40] + HOSTILE + [reviews[7]]
     with (tmp_path / "r.csv").open("w", newline="", encoding="utf-8") as f:

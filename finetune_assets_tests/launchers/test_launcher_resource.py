@@ -10,10 +10,10 @@ from pathlib import Path
 
 import dagster as dg
 
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.dataset_versions.registry import register_version
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.sources import SourceSpec
 from finetune_assets.definitions import build_defs
-from finetune_assets.storage import Storage
+from finetune_assets.defs.versions.register import register_version
 from finetune_assets_tests.assets.test_data_assets import materialize
 
 

@@ -16,11 +16,11 @@ from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionRecordStatus as Status,
 )
 
-from finetune_assets.data.sources import SourceSpec
-from finetune_assets.dataset_versions.registry import register_version
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.launchers.local import LocalTorchrunLauncher
+from finetune_assets.core.sources import SourceSpec
 from finetune_assets.definitions import build_defs
-from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.storage import Storage
+from finetune_assets.defs.versions.register import register_version
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "ar-prod"

@@ -4,11 +4,11 @@ PROD.csv; no Dagster).
 
 import pytest
 
-from finetune_assets.data.baseline import BaselineModel, beats_baseline
-from finetune_assets.data.evaluate import LabelSetMismatch, majority_scores, map_labels
-from finetune_assets.data.labels import LABELS
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.validate import SplitRule, ValidationRules, validate
+from finetune_assets.core.evaluation.baseline import BaselineModel, beats_baseline
+from finetune_assets.core.evaluation.evaluate import LabelSetMismatch, majority_scores, map_labels
+from finetune_assets.core.labels.infer import LABELS
+from finetune_assets.core.prep.validate import SplitRule, ValidationRules, validate
+from finetune_assets.core.sources import SourceSpec, read_source
 
 
 @pytest.fixture(scope="module")

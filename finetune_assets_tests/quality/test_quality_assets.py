@@ -16,29 +16,29 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from finetune_assets import gate
-from finetune_assets.assets.baseline import baseline_model, read_baseline_info
-from finetune_assets.assets.benchmarks import benchmark_scores
-from finetune_assets.assets.pretrained import pretrained_model
-from finetune_assets.assets.raw import raw_reviews
-from finetune_assets.assets.tokenized import tokenized_reviews
 from finetune_assets.cli import main
-from finetune_assets.data.sample import SAMPLE_SOURCE
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.validate import ValidationRules, validate
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.dataset_versions.registry import write_version
-from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.promotion.gate_check import (
+from finetune_assets.core.evaluation import gate_rules as gate
+from finetune_assets.core.io.storage import Storage, hash_tree
+from finetune_assets.core.launchers.local import LocalTorchrunLauncher
+from finetune_assets.core.prep.validate import ValidationRules, validate
+from finetune_assets.core.sources import SourceSpec, read_source
+from finetune_assets.core.sources.sample import SAMPLE_SOURCE
+from finetune_assets.defs.benchmarks.scores import benchmark_scores
+from finetune_assets.defs.data.pretrained import pretrained_model
+from finetune_assets.defs.data.raw import raw_reviews
+from finetune_assets.defs.data.tokenized import tokenized_reviews
+from finetune_assets.defs.data.vocab_check import vocabulary_fit
+from finetune_assets.defs.models.baseline_model import baseline_model, read_baseline_info
+from finetune_assets.defs.promotion.gate_check import (
     QualityGateConfig,
     _side_by_side,
     frozen_test_set,
     gate_conditions,
 )
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage, hash_tree
-from finetune_assets.vocab_check import vocabulary_fit
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
+from finetune_assets.defs.versions.register import write_version
 
 ASSETS = [
     raw_reviews,

@@ -6,10 +6,10 @@ reviews being real).
 import pytest
 from transformers import AutoTokenizer
 
-from finetune_assets.data.models import packaged_model_dir
-from finetune_assets.data.sample import make_sample_reviews
-from finetune_assets.data.sources import SourceSpec, read_source
-from finetune_assets.data.vocab_fit import FitLimits, advice, measure
+from finetune_assets.core.evaluation.vocab_fit import FitLimits, advice, measure
+from finetune_assets.core.prep.pretrained import packaged_model_dir
+from finetune_assets.core.sources import SourceSpec, read_source
+from finetune_assets.core.sources.sample import make_sample_reviews
 
 
 @pytest.fixture(scope="module")

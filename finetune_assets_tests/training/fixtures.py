@@ -36,7 +36,7 @@ def read_reviews(csv_path: Path, limit: int) -> list[tuple[str, int]]:
 def write_split(
     out: Path, ids: list[list[int]], labels: list[int], size_limit: int = 1 << 14
 ) -> Path:
-    from finetune_assets.data.shards import write_split_stats
+    from finetune_assets.core.shards.writer import write_split_stats
 
     out.mkdir(parents=True, exist_ok=True)
     with MDSWriter(out=str(out), columns=COLUMNS, compression="zstd", size_limit=size_limit) as w:
@@ -81,7 +81,7 @@ def publish_upstream(
     """Publish ``pretrained_model`` (the tiny BERT) and ``mds_shards[version]`` as the real
     assets would.
     """
-    from finetune_assets.storage import hash_tree
+    from finetune_assets.core.io.storage import hash_tree
 
     with store.publish("pretrained_model") as staging:
         shutil.copytree(tiny_model_dir, staging.local_dir, dirs_exist_ok=True)

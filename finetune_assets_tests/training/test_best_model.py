@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from finetune_assets.training.module import ReviewClassifier
-from finetune_assets.training.run import train
+from finetune_assets.core.training.module import ReviewClassifier
+from finetune_assets.core.training.run import train
 from finetune_assets_tests.training.fixtures import write_mds_splits
 from finetune_assets_tests.training.test_train import trainer_config
 

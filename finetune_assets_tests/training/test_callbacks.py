@@ -12,9 +12,9 @@ import mlflow
 import pytest
 import torch
 
-from finetune_assets.training import PROGRESS
-from finetune_assets.training.callbacks import Progress, Throughput
-from finetune_assets.training.run import train
+from finetune_assets.core.training import PROGRESS
+from finetune_assets.core.training.callbacks import Progress, Throughput
+from finetune_assets.core.training.run import train
 from finetune_assets_tests.training.fixtures import write_mds_splits
 from finetune_assets_tests.training.test_train import trainer_config
 
@@ -132,7 +132,7 @@ def test_train_logs_progress_lines_and_progress_metrics(
         tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(24, 8, 8)
     )
     config = trainer_config(tmp_path, tiny_model_dir, shards, progress_every_seconds=1)
-    with caplog.at_level(logging.INFO, logger="finetune_assets.training"):
+    with caplog.at_level(logging.INFO, logger="finetune_assets.core.training"):
         metrics = train(config)
     lines = [m for m in caplog.messages if m.startswith(PROGRESS)]
     # 24 samples / batch 8
@@ -152,7 +152,8 @@ def test_steady_state_throughput_leaves_out_checkpoint_saves(
     """
     import types
 
-    from finetune_assets.training import files, throughput
+    from finetune_assets.core.training import throughput
+    from finetune_assets.core.training.checkpoints import trainer_files as files
 
     shift = {"s": 0.0}
     monkeypatch.setattr(
@@ -191,7 +192,7 @@ def test_training_flops_formula_matches_torch_flop_counter():
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForSequenceClassification, BertConfig
 
-    from finetune_assets.training.throughput import train_flops
+    from finetune_assets.core.training.throughput import train_flops
 
     model = AutoModelForSequenceClassification.from_config(
         BertConfig(
@@ -228,6 +229,6 @@ def test_training_flops_formula_matches_torch_flop_counter():
 )
 def test_peak_flops_by_device_variant(name, variant):
     """An H100 PCIe peaks at 756 TFLOP/s, not an SXM's 989: the variant sets MFU's denominator."""
-    from finetune_assets.training.throughput import device_variant
+    from finetune_assets.core.training.throughput import device_variant
 
     assert device_variant(name) == variant

@@ -36,7 +36,7 @@ def test_hostile_last_checkpoint_is_refused_not_executed(tiny_model_dir, arabic_
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "finetune_assets.training", "--config", str(config)],
+        [sys.executable, "-m", "finetune_assets.core.training", "--config", str(config)],
         cwd=REPO,
         env=env,
         capture_output=True,

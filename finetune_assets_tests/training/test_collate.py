@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from finetune_assets.training.collate import DynamicPaddingCollator
+from finetune_assets.core.training.data.collate import DynamicPaddingCollator
 
 
 def _s(ids, label=0):

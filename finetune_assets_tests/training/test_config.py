@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from finetune_assets.training.config import ConfigError, HyperParameters, TrainerConfig
+from finetune_assets.core.training.config import ConfigError, HyperParameters, TrainerConfig
 
 
 def _cfg(**overrides):
@@ -38,7 +38,7 @@ def test_defaults_fine_tune_with_adamw_bucketing_and_auto_precision(tmp_path):
         2,
         None,
     )
-    # unset: 0 on CPU, from the CPU count on a GPU (training/device_settings.py)
+    # unset: 0 on CPU, from the CPU count on a GPU (core/training/device_settings.py)
     assert c.class_weights == "balanced" and c.num_workers is None
     assert (c.compile, c.attn_implementation, c.checkpoint_format) == (False, "auto", "full")
     # the measured fast defaults (benchmarks/defaults.py)
@@ -55,7 +55,7 @@ def test_the_trainer_and_the_launchpad_share_one_set_of_defaults():
     """The Dagster config adds only the run name and where the hyper-parameters come from: every
     trainer hyper-parameter, with its default, is the same field.
     """
-    from finetune_assets.assets.finetuned import FinetuneConfig
+    from finetune_assets.defs.models.finetuned import FinetuneConfig
 
     launchpad = {
         k: f
@@ -151,7 +151,7 @@ def test_precision_accepts_int_and_hparams_hide_paths():
 def test_auto_precision_is_bf16_only_where_the_hardware_has_it(monkeypatch):
     import torch
 
-    from finetune_assets.training import precision
+    from finetune_assets.core.training import precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: True)
@@ -181,10 +181,10 @@ def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_run
     """
     import dagster as dg
 
-    from finetune_assets.assets.finetuned import finetuned_model
-    from finetune_assets.launchers.base import TrainingLauncher
-    from finetune_assets.resources.mlflow import MlflowResource
-    from finetune_assets.resources.storage_root import StorageResource
+    from finetune_assets.core.launchers.base import TrainingLauncher
+    from finetune_assets.defs.models.finetuned import finetuned_model
+    from finetune_assets.defs.resources.mlflow import MlflowResource
+    from finetune_assets.defs.resources.storage_root import StorageResource
 
     class Unreachable(TrainingLauncher):
         def launch(self, context, job) -> None:
@@ -225,7 +225,7 @@ def test_checkpoints_by_steps_by_default_and_a_time_interval_replaces_them():
 
 
 def test_gpu_settings_are_chosen_in_one_place_and_cpu_keeps_the_config():
-    from finetune_assets.training.device_settings import (
+    from finetune_assets.core.training.device_settings import (
         adamw_options,
         ddp_strategy,
         eval_batch_size,

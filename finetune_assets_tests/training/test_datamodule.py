@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from streaming import StreamingDataset
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.training.collate import DynamicPaddingCollator
-from finetune_assets.training.config import DataConfig
-from finetune_assets.training.datamodule import balanced_class_weights
-from finetune_assets.training.shard_cache import (
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.training.config import DataConfig
+from finetune_assets.core.training.data.collate import DynamicPaddingCollator
+from finetune_assets.core.training.data.datamodule import balanced_class_weights
+from finetune_assets.core.training.data.shard_cache import (
     cache_root,
     clean_stale_streaming_memory,
     split_locations,
 )
-from finetune_assets.training.streaming_loader import ResumableStreamingDataLoader
+from finetune_assets.core.training.data.streaming_loader import ResumableStreamingDataLoader
 from finetune_assets_tests.training.fixtures import write_split
 
 N = 203  # not a multiple of the batch or window size

@@ -1,4 +1,5 @@
-"""GPU defaults chosen in one place (``training/device_settings.py``); CPU runs keep the config.
+"""GPU defaults chosen in one place (``core/training/device_settings.py``); CPU runs keep the
+config.
 
 The sizing is read off real configs (BERT-base's ``BertConfig`` defaults, saved as a model folder);
 a device's memory is its datasheet number, since no GPU is here. SDPA and ``compile`` run for real:
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune_assets.data.labels import DEFAULT_LABEL_SET
-from finetune_assets.training import device_settings as ds
-from finetune_assets.training.module import load_classifier
-from finetune_assets.training.run import train
+from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
+from finetune_assets.core.training import device_settings as ds
+from finetune_assets.core.training.module import load_classifier
+from finetune_assets.core.training.run import train
 from finetune_assets_tests.training.fixtures import write_mds_splits
 from finetune_assets_tests.training.test_train import trainer_config
 
@@ -33,7 +34,7 @@ def bert_base(tmp_path_factory) -> Path:
 
 
 def _config(model_dir: Path, **overrides):
-    from finetune_assets.training.config import TrainerConfig
+    from finetune_assets.core.training.config import TrainerConfig
 
     return TrainerConfig.from_dict(
         {
@@ -89,7 +90,7 @@ def test_a_gpu_sizes_its_batch_from_memory_and_the_encoder_and_a_cpu_keeps_the_c
 
 
 def test_sharded_checkpoints_need_a_sharding_strategy(bert_base):
-    from finetune_assets.training.config import ConfigError
+    from finetune_assets.core.training.config import ConfigError
 
     with pytest.raises(ConfigError, match="needs strategy 'fsdp'"):
         _config(bert_base, checkpoint_format="sharded")

@@ -19,19 +19,23 @@ import pyarrow as pa
 import pytest
 import torch
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.data.labels import LabelSet
-from finetune_assets.data.models import (
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.labels.infer import LabelSet
+from finetune_assets.core.prep.pretrained import (
     WeightsMismatch,
     load_sequence_classifier,
     position_limit,
     tokenization_of,
 )
-from finetune_assets.data.shards import write_splits
-from finetune_assets.data.tokenize import tokenize_table
-from finetune_assets.data.validate import SplitRule
-from finetune_assets.training.config import HyperParameters, TrainerConfig
-from finetune_assets.training.module import ReviewClassifier, export_classifier, load_classifier
+from finetune_assets.core.prep.tokenize import tokenize_table
+from finetune_assets.core.prep.validate import SplitRule
+from finetune_assets.core.shards.writer import write_splits
+from finetune_assets.core.training.config import HyperParameters, TrainerConfig
+from finetune_assets.core.training.module import (
+    ReviewClassifier,
+    export_classifier,
+    load_classifier,
+)
 from finetune_assets_tests.training.encoder_families import (
     CLASSES,
     FAMILIES,
@@ -48,7 +52,7 @@ def _reviews() -> list[tuple[str, str]]:
     """Binary English reviews (the project's generator): tokenizers are trained on them, tiny
     models learn them.
     """
-    from finetune_assets.data.sample import make_sample_reviews
+    from finetune_assets.core.sources.sample import make_sample_reviews
 
     table = make_sample_reviews(600, seed=3)
     return [
@@ -225,7 +229,7 @@ def _check_trained_model(out: Path, family: str, metrics: dict) -> None:
     """Saved with its own class and the version's names; pipeline and predict return those names."""
     import transformers
 
-    from finetune_assets.inference import Classifier
+    from finetune_assets.core.evaluation.inference import Classifier
 
     assert json.loads((out / "model" / "config.json").read_text())["architectures"] == [
         CLASSES[family]
@@ -251,7 +255,7 @@ def _check_trained_model(out: Path, family: str, metrics: dict) -> None:
 def test_family_trains_in_process_saves_and_predicts(
     family, family_dirs, tmp_path, monkeypatch, mlflow_root
 ):
-    from finetune_assets.training.run import train
+    from finetune_assets.core.training.run import train
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
         monkeypatch.delenv(var, raising=False)
@@ -269,7 +273,7 @@ def test_xlm_roberta_under_torchrun_registers_a_pipeline_in_mlflow(family_dirs, 
     ``torchrun --nproc-per-node 2`` with the MLflow transformers flavor, as ``finetuned_model`` runs
     it.
     """
-    from finetune_assets.launchers.base import torchrun_command
+    from finetune_assets.core.launchers.base import torchrun_command
 
     shards = _shards(family_dirs["xlm-roberta"], tmp_path / "shards")
     cfg = _config(

@@ -23,13 +23,13 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-from finetune_assets.assets.finetuned import finetuned_model
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.launchers.base import TrainingSpec, torchrun_command
-from finetune_assets.launchers.local import LocalTorchrunLauncher, process_tree
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.launchers.base import TrainingSpec, torchrun_command
+from finetune_assets.core.launchers.local import LocalTorchrunLauncher, process_tree
+from finetune_assets.defs.models.finetuned import finetuned_model
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import publish_upstream, write_mds_splits
 from finetune_assets_tests.training.test_torchrun import write_config
@@ -48,7 +48,11 @@ def _workers(agent: int) -> dict[int, int]:
     out = {}
     for pid in process_tree(agent):
         cmd = _cmdline(pid)
-        if pid == agent or "finetune_assets.training" not in cmd or "torch.distributed.run" in cmd:
+        if (
+            pid == agent
+            or "finetune_assets.core.training" not in cmd
+            or "torch.distributed.run" in cmd
+        ):
             continue
         try:
             env = dict(

@@ -10,13 +10,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from finetune_assets.assets.finetuned import finetuned_model
-from finetune_assets.contracts import TrainingResult
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage, hash_tree
+from finetune_assets.core.io.contracts import TrainingResult
+from finetune_assets.core.io.storage import Storage, hash_tree
+from finetune_assets.core.launchers.local import LocalTorchrunLauncher
+from finetune_assets.defs.models.finetuned import finetuned_model
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.training.fixtures import publish_upstream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,8 +133,8 @@ def _metrics(**overrides) -> TrainingResult:
 
 
 def test_a_plotting_error_never_fails_the_materialization(monkeypatch, caplog):
-    from finetune_assets import viz
-    from finetune_assets.assets.finetuned import _metadata
+    from finetune_assets.core.evaluation import charts as viz
+    from finetune_assets.defs.models.finetuned import _metadata
 
     def broken(*args, **kwargs):
         raise RuntimeError("no fonts")
@@ -146,7 +146,7 @@ def test_a_plotting_error_never_fails_the_materialization(monkeypatch, caplog):
 
 
 def test_an_untested_model_says_so_in_its_metadata():
-    from finetune_assets.assets.finetuned import _metadata
+    from finetune_assets.defs.models.finetuned import _metadata
 
     skipped = "test split /x/test is empty: the model was trained but not tested"
     meta = _metadata(

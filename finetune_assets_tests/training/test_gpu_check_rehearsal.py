@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.data.models import packaged_model_dir
+from finetune_assets.core.prep.pretrained import packaged_model_dir
 
 pytestmark = pytest.mark.slow  # two trainer runs, one of them 2 fresh processes
 REPO = Path(__file__).resolve().parents[2]

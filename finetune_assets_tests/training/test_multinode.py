@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.launchers.base import torchrun_command
-from finetune_assets.training.config import TrainerConfig
-from finetune_assets.training.module import WorldSizeChanged
-from finetune_assets.training.run import train
-from finetune_assets.training.shard_cache import read_index
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.launchers.base import torchrun_command
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.data.shard_cache import read_index
+from finetune_assets.core.training.module import WorldSizeChanged
+from finetune_assets.core.training.run import train
 from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import write_split
 from finetune_assets_tests.training.test_faults import _workers

@@ -7,13 +7,13 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
-from finetune_assets.launchers.base import TrainingSpec, log_trainer_line
-from finetune_assets.launchers.k8s import LogFollower
-from finetune_assets.launchers.local import LocalTorchrunLauncher
-from finetune_assets.training import PROGRESS
+from finetune_assets.core.launchers.base import TrainingSpec, log_trainer_line
+from finetune_assets.core.launchers.k8s import LogFollower
+from finetune_assets.core.launchers.local import LocalTorchrunLauncher
+from finetune_assets.core.training import PROGRESS
 
 WORKER_LINE = (
-    f"2026-11-30 06:05:46,370 INFO finetune_assets.training: {PROGRESS} step 3/30 (10%) | "
+    f"2026-11-30 06:05:46,370 INFO finetune_assets.core.training: {PROGRESS} step 3/30 (10%) | "
     "epoch 1/1 | loss 0.6931 | 12.0 samples/s | ETA 0:00:40"
 )
 MESSAGE = WORKER_LINE[WORKER_LINE.index(PROGRESS) :]

@@ -19,25 +19,30 @@ import pytest
 import torch
 from streaming import StreamingDataset
 
-from finetune_assets.contracts import ContractError, read_split_stats
-from finetune_assets.training.collate import PAD_LABEL
-from finetune_assets.training.config import ConfigError, DataConfig, HyperParameters, TrainerConfig
-from finetune_assets.training.datamodule import RankBlock, canonical_nodes
-from finetune_assets.training.files import AtomicCheckpointIO
-from finetune_assets.training.module import (
+from finetune_assets.core.io.contracts import ContractError, read_split_stats
+from finetune_assets.core.training.checkpoints.trainer_files import AtomicCheckpointIO
+from finetune_assets.core.training.config import (
+    ConfigError,
+    DataConfig,
+    HyperParameters,
+    TrainerConfig,
+)
+from finetune_assets.core.training.data.collate import PAD_LABEL
+from finetune_assets.core.training.data.datamodule import RankBlock, canonical_nodes
+from finetune_assets.core.training.data.shard_cache import (
+    cache_limit_bytes,
+    clean_stale_streaming_memory,
+    read_index,
+)
+from finetune_assets.core.training.data.sharding import ShardedStrategy
+from finetune_assets.core.training.module import (
     ReviewClassifier,
     WorldSizeChanged,
     decays,
     load_classifier,
 )
-from finetune_assets.training.process_group import ATTEMPT_KEYS, agree_on_attempt
-from finetune_assets.training.run import _strategy
-from finetune_assets.training.shard_cache import (
-    cache_limit_bytes,
-    clean_stale_streaming_memory,
-    read_index,
-)
-from finetune_assets.training.sharding import ShardedStrategy
+from finetune_assets.core.training.process_group import ATTEMPT_KEYS, agree_on_attempt
+from finetune_assets.core.training.run import _strategy
 from finetune_assets_tests.training.fixtures import write_split
 
 N = 37  # prime: uneven over any world size
@@ -288,8 +293,8 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(
     process with its own prefix, so that step is skipped.
     """
     monkeypatch.setattr("streaming.base.dataset.maybe_init_dist", lambda: False)
-    from finetune_assets.training.collate import DynamicPaddingCollator
-    from finetune_assets.training.streaming_loader import (
+    from finetune_assets.core.training.data.collate import DynamicPaddingCollator
+    from finetune_assets.core.training.data.streaming_loader import (
         ResumableStreamingDataLoader,
         repeated_positions,
     )
@@ -354,7 +359,7 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(
 
 
 def test_mlflow_logging_wait_is_bounded():
-    from finetune_assets.training.callbacks import within as _within
+    from finetune_assets.core.training.callbacks import within as _within
 
     assert _within(5, "x", lambda: 7) == 7
     with pytest.raises(
@@ -392,7 +397,7 @@ def test_fsdp_wrap_unit_is_the_whole_encoder_block_of_each_family(family):
             "DebertaV2Layer",
         ),
     }[family]
-    from finetune_assets.training.sharding import encoder_layer_class
+    from finetune_assets.core.training.data.sharding import encoder_layer_class
 
     assert encoder_layer_class(model()).__name__ == block
 
@@ -401,7 +406,7 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
     """2 nodes x 1 process -> 1 node x 2: the world size matches, the streamed partition does
     not.
     """
-    from finetune_assets.training.module import LayoutChanged
+    from finetune_assets.core.training.module import LayoutChanged
 
     module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
     data = DataConfig(train_url="/t", validation_url="/v", test_url="/e")
@@ -434,7 +439,7 @@ def test_fsdp_shards_within_a_node_and_replicates_across_nodes():
     """The strategy's (nodes x ranks per node) mesh: 1-D over the ranks on one node, HSDP's 2-D
     mesh across nodes.
     """
-    from finetune_assets.training.sharding import fsdp_mesh
+    from finetune_assets.core.training.data.sharding import fsdp_mesh
 
     class Mesh:  # a DeviceMesh's shape and names, which is all fsdp_mesh reads
         def __init__(self, shape):

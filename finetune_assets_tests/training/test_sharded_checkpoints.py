@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune_assets.launchers.base import torchrun_command
+from finetune_assets.core.launchers.base import torchrun_command
 from finetune_assets_tests.training.fixtures import write_mds_splits
 from finetune_assets_tests.training.test_torchrun import REPO, write_config
 
@@ -108,7 +108,11 @@ def test_a_save_broken_off_between_the_renames_puts_the_previous_checkpoint_back
     """``save_sharded`` swaps by two renames (previous -> ``.old``, new -> path); a crash between
     them leaves only ``.old``, which the next start restores. A complete folder is left alone.
     """
-    from finetune_assets.training.sharding import META, is_sharded_checkpoint, recover_swap
+    from finetune_assets.core.training.data.sharding import (
+        META,
+        is_sharded_checkpoint,
+        recover_swap,
+    )
 
     last = tmp_path / "last.ckpt"
     old = tmp_path / "last.ckpt.old"

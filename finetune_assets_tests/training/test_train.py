@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune_assets.contracts import read_split_stats
-from finetune_assets.training.config import HyperParameters, TrainerConfig
-from finetune_assets.training.datamodule import MdsDataModule
-from finetune_assets.training.module import ReviewClassifier, load_classifier
-from finetune_assets.training.precision import resolve_precision
-from finetune_assets.training.run import train
+from finetune_assets.core.io.contracts import read_split_stats
+from finetune_assets.core.training.config import HyperParameters, TrainerConfig
+from finetune_assets.core.training.data.datamodule import MdsDataModule
+from finetune_assets.core.training.module import ReviewClassifier, load_classifier
+from finetune_assets.core.training.precision import resolve_precision
+from finetune_assets.core.training.run import train
 from finetune_assets_tests.training.fixtures import write_mds_splits, write_split
 
 
@@ -257,7 +257,7 @@ def test_resume_under_gradient_accumulation_ends_with_the_uninterrupted_weights(
     from pytorch_lightning.callbacks import model_checkpoint
     from safetensors.torch import load_file
 
-    from finetune_assets.training import throughput
+    from finetune_assets.core.training import throughput
 
     shards = write_mds_splits(
         tmp_path / "published", tiny_model_dir, arabic_reviews / "PROD.csv", sizes=(48, 8, 8)
@@ -330,7 +330,7 @@ def test_a_start_removes_the_shard_caches_of_earlier_attempts(tmp_path, tiny_mod
 
 
 def test_rank_0_decides_the_resume_and_a_rank_that_cannot_see_it_fails():
-    from finetune_assets.training.run import resume_decision
+    from finetune_assets.core.training.run import resume_decision
 
     assert resume_decision([True, True, True, True]) is True
     assert resume_decision([False, True, False, True]) is False  # rank 0 starts fresh: all do
@@ -348,7 +348,7 @@ def test_a_nonfinite_loss_stops_the_run_naming_where_or_is_skipped_and_counted(
     """
     from safetensors.torch import load_file
 
-    from finetune_assets.training.module import NonFiniteLoss
+    from finetune_assets.core.training.module import NonFiniteLoss
 
     loss = ReviewClassifier.train_loss
 

@@ -11,17 +11,17 @@ import dagster as dg
 import optuna
 import pytest
 
-from finetune_assets.assets.finetuned import finetuned_model
-from finetune_assets.assets.tuning import study_storage, tuning_study
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.launchers.base import TrainingLauncher, TrainingSpec
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage
-from finetune_assets.training.config import TrainerConfig
-from finetune_assets.training.study_storage import STORAGE_ENV
-from finetune_assets.tuning import study as tuning
-from finetune_assets.tuning.space import TuningConfig
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.launchers.base import TrainingLauncher, TrainingSpec
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.tuning import study as tuning
+from finetune_assets.core.tuning.study_storage import STORAGE_ENV
+from finetune_assets.defs.models.finetuned import finetuned_model
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.tuning.space import TuningConfig
+from finetune_assets.defs.tuning.study_asset import study_storage, tuning_study
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.training.fixtures import publish_upstream
 
 # 48 train samples, batch 8 or 16: at most 6 batches an epoch; 4 steps, 2 reports (at steps 2, 4).
@@ -71,7 +71,7 @@ class InProcessLauncher(TrainingLauncher):
         return path.read_text().splitlines() if path.exists() else []
 
     def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
-        from finetune_assets.training.run import train
+        from finetune_assets.core.training.run import train
 
         if len(self.launches()) == self.interrupt_at:
             raise dg.DagsterExecutionInterruptedError("run terminated")
@@ -280,7 +280,7 @@ class ReportingLauncher(TrainingLauncher):
 
 
 def test_parallel_trials_run_as_separate_gangs(version, storage_root, instance, tmp_path):
-    from finetune_assets.launchers.k8s import gang_key
+    from finetune_assets.core.launchers.k8s import gang_key
 
     launcher = ReportingLauncher(journal=str(tmp_path / "launches.jsonl"))
     config = {**STUDY, "n_trials": 4, "parallel_trials": 2, "pruner": "none"}
@@ -307,7 +307,7 @@ class ScoringLauncher(TrainingLauncher):
         return path.read_text().splitlines() if path.exists() else []
 
     def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
-        from finetune_assets.launchers.base import TrainingFailed
+        from finetune_assets.core.launchers.base import TrainingFailed
 
         path = Path(self.journal)
         n = len(path.read_text().splitlines()) if path.exists() else 0
@@ -441,8 +441,8 @@ def test_a_failed_study_of_a_new_version_falls_back_to_the_default_recipe(
     the final run it leads to trains the default recipe (tagged why), and the summary says so.
     """
     from finetune_assets.cli.summary import format_summary, version_summary
-    from finetune_assets.tuning.on_landing import winner_request
-    from finetune_assets.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG
+    from finetune_assets.core.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG
+    from finetune_assets.defs.tuning.on_landing import winner_request
 
     config = {**STUDY, "n_trials": 2, "pruner": "none", "max_failed_trials": 1}
     launcher = ScoringLauncher(journal=str(tmp_path / "l.jsonl"), fail=[0])
@@ -474,8 +474,8 @@ def test_a_failed_study_of_a_new_version_falls_back_to_the_default_recipe(
 def test_a_cut_short_study_of_a_new_version_falls_back_too(
     version, storage_root, instance, tmp_path
 ):
-    from finetune_assets.tuning.on_landing import winner_request
-    from finetune_assets.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG
+    from finetune_assets.core.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG
+    from finetune_assets.defs.tuning.on_landing import winner_request
 
     # 3 trials asked for, the second fails and the cap is 1: one finished trial, published
     config = {**STUDY, "n_trials": 3, "pruner": "none", "max_failed_trials": 1}

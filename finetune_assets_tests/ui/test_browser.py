@@ -189,11 +189,11 @@ def prepared(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
     """
     import dagster as dg
 
-    from finetune_assets.assets.pretrained import pretrained_model
-    from finetune_assets.data.sources import SourceSpec
-    from finetune_assets.dataset_versions.registry import register_version
-    from finetune_assets.resources.storage_root import StorageResource
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.core.sources import SourceSpec
+    from finetune_assets.defs.data.pretrained import pretrained_model
+    from finetune_assets.defs.resources.storage_root import StorageResource
+    from finetune_assets.defs.versions.register import register_version
 
     home, root = tmp_path / "dagster_home", tmp_path / "root"
     home.mkdir()
@@ -223,10 +223,10 @@ def report_a_champion(instance, root: Path, model_dir: Path) -> None:
     """
     from mlflow import MlflowClient
 
-    from finetune_assets import gate
-    from finetune_assets.promotion.champion import TAG_CHAMPION_SINCE, champion_report
-    from finetune_assets.resources.mlflow import MlflowResource
-    from finetune_assets.storage import Storage
+    from finetune_assets.core.evaluation import gate_rules as gate
+    from finetune_assets.core.io.storage import Storage
+    from finetune_assets.defs.promotion.champion import TAG_CHAMPION_SINCE, champion_report
+    from finetune_assets.defs.resources.mlflow import MlflowResource
 
     uri = MlflowResource().resolve_tracking_uri(Storage(str(root)))
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)

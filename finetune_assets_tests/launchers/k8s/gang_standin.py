@@ -5,7 +5,8 @@
 
 - ``train=N``   N steps of ``step_s`` seconds (default 0.2)
 - ``dir=PATH``  the checkpoint folder (shared by the plane's pods: local processes); rank 0 raises
-                the fence (``finetune_assets.training.fencing``) before it reads ``PATH/step``,
+                the fence (``finetune_assets.core.training.checkpoints.fencing``) before it reads
+                ``PATH/step``,
                 then commits the step after each one through the fence, and appends every commit
                 (accepted or refused, with its generation) to ``PATH/journal``
 - ``nccl=once|always``  fail like a collective that timed out (NCCL's watchdog line, exit 1):
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from finetune_assets.training import fencing
+from finetune_assets.core.training.checkpoints import fencing
 
 # as torch's ProcessGroupNCCL watchdog prints it
 NCCL_TIMEOUT = (

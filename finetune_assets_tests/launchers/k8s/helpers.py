@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from finetune_assets.launchers import TrainingLauncher, TrainingSpec
+from finetune_assets.core.launchers import TrainingLauncher, TrainingSpec
 
 
 @dataclass

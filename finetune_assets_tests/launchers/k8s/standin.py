@@ -1,4 +1,4 @@
-"""A stand-in for ``finetune_assets.training``: a torchrun worker whose behaviour the config
+"""A stand-in for ``finetune_assets.core.training``: a torchrun worker whose behaviour the config
 selects.
 
 Run as ``torchrun ... -m finetune_assets_tests.launchers.k8s.standin --config standin:<opts>``;

@@ -24,7 +24,7 @@ import time
 import kubernetes
 import pytest
 
-from finetune_assets.launchers.k8s.api import ApiOutage, call
+from finetune_assets.core.launchers.k8s.api import ApiOutage, call
 from finetune_assets_tests.launchers.k8s.conftest import Cluster
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 from finetune_assets_tests.launchers.k8s.plane import (

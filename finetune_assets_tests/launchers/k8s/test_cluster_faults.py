@@ -251,8 +251,8 @@ def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> 
     code = f"""
 import json, logging, sys, types
 import dagster as dg
-from finetune_assets.launchers import TrainingSpec
-from finetune_assets.launchers.k8s import K8sTorchrunLauncher
+from finetune_assets.core.launchers import TrainingSpec
+from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher
 class C:  # the parts of a Dagster context the launcher uses
     log, instance = logging.getLogger("launcher"), dg.DagsterInstance.ephemeral()
     run = types.SimpleNamespace(run_id="dead-run")
@@ -297,7 +297,7 @@ def test_the_next_attempt_removes_a_live_gang_of_the_same_partition(
     """A gang left running by a dead attempt (created here directly, as that attempt rendered
     it).
     """
-    from finetune_assets.launchers import TrainingSpec
+    from finetune_assets.core.launchers import TrainingSpec
 
     name = "left-over-gang"
     _, job = cluster.launcher(nnodes=1).render(
@@ -352,7 +352,7 @@ def test_a_live_gang_of_a_running_dagster_run_is_left_alone(cluster: Cluster, in
     """
     import dagster as dg
 
-    from finetune_assets.launchers import TrainingSpec
+    from finetune_assets.core.launchers import TrainingSpec
 
     other = "5e1f0c2a-0000-4000-8000-00000000beef"
     instance.add_run(

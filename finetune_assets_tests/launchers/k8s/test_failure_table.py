@@ -1,4 +1,5 @@
-"""Each row of the evidence table (launchers/k8s/failures.py): what a failed gang shows -> what the
+"""Each row of the evidence table (core/launchers/k8s/failures.py): what a failed gang shows ->
+what the
 launcher does. Rows the plane cannot produce (a real Xid, an OOM on a GPU, a kubelet's emptyDir
 eviction) are checked here with the messages the real components print; the plane covers the
 CUDA preflight and NCCL rows end to end (test_gpu_and_failures_plane.py).
@@ -10,8 +11,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from finetune_assets.launchers.k8s import assess
-from finetune_assets.launchers.k8s.failures import FAIL, RESUBMIT, classify_failure
+from finetune_assets.core.launchers.k8s import assess
+from finetune_assets.core.launchers.k8s.failures import FAIL, RESUBMIT, classify_failure
 
 NCCL = (
     "[rank3]:[E ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: "

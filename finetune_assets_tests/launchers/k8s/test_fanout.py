@@ -18,9 +18,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from finetune_assets.launchers.fanout import FanOut, FanOutError
-from finetune_assets.launchers.k8s import GANG_LABEL, JOB_LABEL, K8sTorchrunLauncher
-from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner, assess_fanout, indexes
+from finetune_assets.core.launchers.fanout import FanOut, FanOutError
+from finetune_assets.core.launchers.k8s import GANG_LABEL, JOB_LABEL, K8sTorchrunLauncher
+from finetune_assets.core.launchers.k8s.fanout import K8sFanOutRunner, assess_fanout, indexes
 from finetune_assets_tests.launchers.k8s.conftest import Cluster
 from finetune_assets_tests.launchers.k8s.plane import wait_until
 from finetune_assets_tests.launchers.k8s.test_launcher_api import (
@@ -174,7 +174,7 @@ def test_fanout_refuses_credentials_as_plain_env_and_impossible_counts() -> None
     with pytest.raises(ValueError, match="env_secret_names") as err:
         runner.render(job, "tok-1")
     assert SECRET not in str(err.value)
-    from finetune_assets.data.slices import (
+    from finetune_assets.core.shards.slices import (
         WORKER_ENV,  # what every data fan-out sets: switches, not credentials
     )
 
@@ -457,8 +457,8 @@ def test_a_fanout_job_of_a_live_dagster_run_is_not_deleted(cluster: Cluster, tmp
 def test_a_slice_workers_transient_io_error_exits_75(monkeypatch, capsys) -> None:
     from types import SimpleNamespace
 
-    from finetune_assets.data import slices
-    from finetune_assets.launchers.k8s.failures import TRANSIENT_EXIT_CODE
+    from finetune_assets.core.launchers.k8s.failures import TRANSIENT_EXIT_CODE
+    from finetune_assets.core.shards import slices
 
     def store_hiccup(spec, index, log):
         raise ConnectionResetError("Connection reset by peer (object store)")
@@ -530,7 +530,8 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
     cluster: Cluster, arabic_reviews, tmp_path, monkeypatch
 ) -> None:
     """Both stages as the assets run them (``_fan_out``: the real ``python -m
-    finetune_assets.data.slices work`` command and ``WORKER_ENV``), once through 2 local workers and
+    finetune_assets.core.shards.slices work`` command and ``WORKER_ENV``), once through 2 local
+    workers and
     once as 3 pods: the merged MDS samples of every split are the same, in the same order. 120
     validated reviews in 6 row groups, 3 tokenize slices.
     """
@@ -539,14 +540,15 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
     import pyarrow.parquet as pq
     import tokenizers
 
-    from finetune_assets.contracts import SPLITS
-    from finetune_assets.data import slice_plan, slices
-    from finetune_assets.data.labels import DEFAULT_LABEL_SET
-    from finetune_assets.data.models import packaged_model_dir
-    from finetune_assets.data.sources import SourceSpec, read_source
-    from finetune_assets.data.tokenize import token_dtype
-    from finetune_assets.data.validate import ValidationRules, validate
-    from finetune_assets.launchers.fanout import LocalFanOutRunner, python_module, runner_width
+    from finetune_assets.core.io.contracts import SPLITS
+    from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
+    from finetune_assets.core.launchers.fanout import LocalFanOutRunner, python_module, runner_width
+    from finetune_assets.core.prep.pretrained import packaged_model_dir
+    from finetune_assets.core.prep.tokenize import token_dtype
+    from finetune_assets.core.prep.validate import ValidationRules, validate
+    from finetune_assets.core.shards import plan as slice_plan
+    from finetune_assets.core.shards import slices
+    from finetune_assets.core.sources import SourceSpec, read_source
     from finetune_assets_tests.data.test_slices import _samples
 
     accepted = validate(
@@ -572,7 +574,10 @@ def test_three_pod_fanout_writes_the_same_mds_samples_as_local_workers(
             count=count,
             env=dict(slices.WORKER_ENV),
             command=python_module(
-                "finetune_assets.data.slices", "work", "--spec", f"{spec.out}/_work/spec.json"
+                "finetune_assets.core.shards.slices",
+                "work",
+                "--spec",
+                f"{spec.out}/_work/spec.json",
             ),
         )
         if isinstance(runner, LocalFanOutRunner):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from finetune_assets.assets.finetuned import finetuned_model
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.defs.models.finetuned import finetuned_model
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.launchers.k8s.conftest import Cluster, free_port
 from finetune_assets_tests.launchers.k8s.kubelet import isolation_flags
 from finetune_assets_tests.launchers.k8s.plane import wait_until
@@ -43,7 +43,7 @@ def test_finetuned_model_trains_across_two_pods(
         nnodes=2,
         nproc_per_node=1,
         rdzv_port=free_port(),
-        trainer_module="finetune_assets.training",
+        trainer_module="finetune_assets.core.training",
         timeout_s=600,
         env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
     )

@@ -8,17 +8,17 @@ import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
 
-from finetune_assets.launchers import TrainingSpec
-from finetune_assets.launchers.k8s import K8sTorchrunLauncher
-from finetune_assets.launchers.k8s.jobset import (
+from finetune_assets.core.launchers import TrainingSpec
+from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher
+from finetune_assets.core.launchers.k8s.jobset import (
     EXCLUSIVE_KEY,
     RESTART_LABEL,
     assess_jobset,
     child_job,
     pod0_host,
 )
-from finetune_assets.launchers.k8s.settings import GANG_LABEL, JOB_LABEL, QUEUE_LABEL
-from finetune_assets.training.fencing import GENERATION_ENV
+from finetune_assets.core.launchers.k8s.settings import GANG_LABEL, JOB_LABEL, QUEUE_LABEL
+from finetune_assets.core.training.checkpoints.fencing import GENERATION_ENV
 
 SPEC = TrainingSpec(
     name="trained-v1",
@@ -106,7 +106,7 @@ def test_the_child_job_validates_as_a_job(version: str) -> None:
 
 def test_generated_names_fit_what_the_jobset_webhook_allows() -> None:
     """JobSet refuses a JobSet whose child Job or pod hostnames would exceed 63 characters."""
-    from finetune_assets.launchers.k8s.manifests import k8s_name
+    from finetune_assets.core.launchers.k8s.manifests import k8s_name
 
     name = k8s_name("x" * 200)
     assert len(f"{child_job(name)}-{7}") <= 63

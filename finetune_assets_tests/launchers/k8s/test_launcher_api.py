@@ -16,7 +16,7 @@ import uuid
 import pytest
 from dagster._core.errors import DagsterExecutionInterruptedError
 
-from finetune_assets.launchers import TrainingSpec
+from finetune_assets.core.launchers import TrainingSpec
 from finetune_assets_tests.launchers.k8s.conftest import Cluster, free_port
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 from finetune_assets_tests.launchers.k8s.plane import audit_events, wait_until

@@ -6,7 +6,8 @@ the test then does what an admin does after confirming the machine is down (non-
 shutdown): the ``node.kubernetes.io/out-of-service`` taint, upon which the real taint manager
 evicts the pods (``DisruptionTarget``) and the real PodGC deletes them. The launcher resubmits a
 fresh gang only when every pod of the gang key is gone; the old rank 0 is still alive then, and
-its next commit is refused by the fence the new gang raised (``training/fencing.py``).
+its next commit is refused by the fence the new gang raised
+(``core/training/checkpoints/fencing.py``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from finetune_assets.launchers import TrainingSpec
-from finetune_assets.launchers.k8s import CONTAINER_NAME, JOB_LABEL, K8sTorchrunLauncher, Toleration
+from finetune_assets.core.launchers import TrainingSpec
+from finetune_assets.core.launchers.k8s import (
+    CONTAINER_NAME,
+    JOB_LABEL,
+    K8sTorchrunLauncher,
+    Toleration,
+)
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 # The oldest version we support (podFailurePolicy is GA from 1.31) and a recent one.
@@ -196,7 +201,7 @@ def test_rendered_job_shape(config: str) -> None:
     assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
     assert cmd[-4:] == [
         "-m",
-        "finetune_assets.training",
+        "finetune_assets.core.training",
         "--config",
         "s3://bucket/finetune/configs/run.json",
     ]
@@ -244,7 +249,7 @@ def test_credentials_as_plain_env_are_refused(where: str) -> None:
 
 
 def test_names_and_labels_are_kubernetes_safe() -> None:
-    from finetune_assets.launchers.k8s import k8s_name, sanitize_label_value
+    from finetune_assets.core.launchers.k8s import k8s_name, sanitize_label_value
 
     for raw in ["finetuned_model/v1", "9-starts-with-digit", "x" * 200, "ÄÖÜ", "--"]:
         name = k8s_name(raw)

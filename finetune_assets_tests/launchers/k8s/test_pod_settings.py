@@ -11,9 +11,9 @@ import time
 import kubernetes
 import pytest
 
-from finetune_assets.launchers.fanout import FanOut
-from finetune_assets.launchers.k8s import K8sTorchrunLauncher, gang_key
-from finetune_assets.launchers.k8s_fanout import K8sFanOutRunner
+from finetune_assets.core.launchers.fanout import FanOut
+from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher, gang_key
+from finetune_assets.core.launchers.k8s.fanout import K8sFanOutRunner
 from finetune_assets_tests.launchers.k8s.conftest import RESTRICTED_CONTAINER, Cluster
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 from finetune_assets_tests.launchers.k8s.test_manifests import CONFIGS, render
@@ -131,7 +131,7 @@ def test_two_deployments_with_the_same_partition_leave_each_other_alone(cluster:
     """Blue's left-over Job (its run is over) of partition "twins": green's de-duplication does not
     see it; blue's own next launch removes it. (Created suspended: no pod needs to run.)
     """
-    from finetune_assets.launchers import TrainingSpec
+    from finetune_assets.core.launchers import TrainingSpec
 
     labels = {**LABELS, "dagster/run-id": "gone-run", "dagster/partition": "twins"}
     blue, green = (cluster.launcher(nnodes=1, deployment=d) for d in ("blue", "green"))

@@ -14,7 +14,7 @@ import time
 import kubernetes
 import pytest
 
-from finetune_assets.launchers import TrainingSpec
+from finetune_assets.core.launchers import TrainingSpec
 from finetune_assets_tests.launchers.k8s.conftest import REPO, Cluster, free_port
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 from finetune_assets_tests.launchers.k8s.plane_objects import (
@@ -174,7 +174,7 @@ def test_a_jobset_is_held_to_the_same_rules(deployed) -> None:
     """backend ``jobset``: the JobSet controller creates the child Jobs, so the policy on Jobs
     never sees them; ``finetune-launcher-jobsets`` refuses the JobSet itself.
     """
-    from finetune_assets.launchers.k8s.jobset import GROUP, PLURAL, VERSION
+    from finetune_assets.core.launchers.k8s.jobset import GROUP, PLURAL, VERSION
 
     kubeconfig, _, _ = deployed
     custom = kubernetes.client.CustomObjectsApi(_client(kubeconfig))

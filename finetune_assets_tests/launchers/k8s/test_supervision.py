@@ -10,7 +10,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from finetune_assets.launchers.k8s import assess
+from finetune_assets.core.launchers.k8s import assess
 
 RECORDED = Path(__file__).parent / "recorded"
 
@@ -97,7 +97,7 @@ def test_deadline_is_named_as_such() -> None:
     ],
 )
 def test_which_waits_are_fatal(reason: str, message: str, fatal: bool) -> None:
-    from finetune_assets.launchers.k8s.failures import waiting_is_fatal
+    from finetune_assets.core.launchers.k8s.failures import waiting_is_fatal
 
     assert waiting_is_fatal(reason, message) is fatal
 
@@ -152,6 +152,6 @@ def _pending_pod(spec: dict, status: dict):
     ],
 )
 def test_a_pending_pod_in_a_failure_report_says_where_it_is_stuck(spec, status, says) -> None:
-    from finetune_assets.launchers.k8s.verdict import _pod_state
+    from finetune_assets.core.launchers.k8s.verdict import _pod_state
 
     assert says in _pod_state(_pending_pod(spec, status))

@@ -13,14 +13,14 @@ import dagster as dg
 import optuna
 import pytest
 
-from finetune_assets.assets.tuning import study_storage, tuning_study
-from finetune_assets.dataset_versions.partitions import DATASET_VERSIONS
-from finetune_assets.launchers.k8s import GANG_LABEL
-from finetune_assets.resources.mlflow import MlflowResource
-from finetune_assets.resources.storage_root import StorageResource
-from finetune_assets.storage import Storage
-from finetune_assets.tuning import study as tuning
-from finetune_assets.tuning.space import TuningConfig
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.launchers.k8s import GANG_LABEL
+from finetune_assets.core.tuning import study as tuning
+from finetune_assets.defs.resources.mlflow import MlflowResource
+from finetune_assets.defs.resources.storage_root import StorageResource
+from finetune_assets.defs.tuning.space import TuningConfig
+from finetune_assets.defs.tuning.study_asset import study_storage, tuning_study
+from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.launchers.k8s.conftest import Cluster
 from finetune_assets_tests.training.fixtures import publish_upstream
 

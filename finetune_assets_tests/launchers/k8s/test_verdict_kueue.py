@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace as NS
 
-from finetune_assets.launchers.k8s import assess
+from finetune_assets.core.launchers.k8s import assess
 
 T0 = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
 

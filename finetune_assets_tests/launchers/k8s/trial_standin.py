@@ -1,4 +1,5 @@
-"""A stand-in for ``finetune_assets.training`` in a tuning trial: report to the study, no training.
+"""A stand-in for ``finetune_assets.core.training`` in a tuning trial: report to the study, no
+training.
 
 Run by the k8s launcher as ``torchrun ... -m finetune_assets_tests.launchers.k8s.trial_standin
 --config <trainer_config.json>`` (the file the tuning asset wrote, on the storage the pods share).
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
-    from finetune_assets.training.config import TrainerConfig
+    from finetune_assets.core.training.config import TrainerConfig
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             print("trial_standin: no second trial started within 60 s", file=sys.stderr)
             return 3
         time.sleep(0.2)
-    # the journal file as training/pruning.py opens it (not imported: it pulls in Lightning, ~10 s)
+    # the journal file as core/tuning/pruning.py opens it (not imported: it pulls in Lightning, ~10
+    # s)
     storage = optuna.storages.JournalStorage(JournalFileBackend(trial.storage))
     study = optuna.load_study(study_name=trial.study_name, storage=storage)
     for report in range(1, trial.reports + 1):

@@ -1,0 +1,3 @@
+"""From a source's reviews to validated rows and token ids: validation, duplicates, tokenization,
+the token cache and index.
+"""

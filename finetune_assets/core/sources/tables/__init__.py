@@ -1,0 +1,3 @@
+"""Table sources read through their own engines: Delta (delta-rs), Iceberg (pyiceberg), SQL
+(SQLAlchemy), and the ``--where`` predicate they share.
+"""

@@ -1,0 +1,1 @@
+"""The trainer's files: checkpoints, the best model, fencing against a stale gang."""

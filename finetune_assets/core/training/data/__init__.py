@@ -1,0 +1,1 @@
+"""The trainer's input: MDS shards streamed, cached per node, collated into batches."""

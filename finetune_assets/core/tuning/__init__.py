@@ -1,0 +1,1 @@
+"""Hyper-parameter studies (Optuna): the study, its storage, pruning and tags."""

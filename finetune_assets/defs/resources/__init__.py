@@ -1,0 +1,1 @@
+"""Dagster resources shared by the features: the storage root, MLflow."""

@@ -1,0 +1,3 @@
+"""tuning_study: an Optuna study over the trainer's hyper-parameters, and the definitions that tune
+new versions.
+"""

@@ -1,1 +1,0 @@
-"""Typed handles on everything outside the process: storage, MLflow, training launchers."""

@@ -1,1 +1,0 @@
-"""Hyper-parameter tuning of a dataset version: an Optuna study whose trials are real trainings."""
