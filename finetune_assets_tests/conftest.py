@@ -18,6 +18,15 @@ if not SHARED_DATA.exists():
     SHARED_DATA = Path("/work/shared/data/arabic_reviews")
 
 
+# Tests that start the local Kubernetes control plane run last: in CI the plane compiles in the
+# background (minutes of Go) while every other test runs (.ci/run).
+_PLANE_TESTS = ("finetune_assets_tests/launchers/k8s/", "finetune_assets_tests/test_deployment_backfill.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: any(p in item.nodeid for p in _PLANE_TESTS))  # stable
+
+
 @pytest.fixture(autouse=True)
 def _isolate_mlflow_globals():
     """``mlflow.set_tracking_uri/set_registry_uri`` also set ``MLFLOW_*_URI`` in ``os.environ``; a
