@@ -50,6 +50,15 @@ reach the pods only as ``envFrom`` references to Kubernetes Secrets by *name*; t
 reads or renders their values, and plain ``env`` entries that look like credentials are refused.
 """
 
+from finetune_assets.core.launchers.k8s.constants import (
+    API_TIMEOUT_S,
+    CONTAINER_NAME,
+    GANG_LABEL,
+    JOB_LABEL,
+    Backend,
+    PropagationPolicy,
+    PullPolicy,
+)
 from finetune_assets.core.launchers.k8s.launcher import K8sTorchrunLauncher
 from finetune_assets.core.launchers.k8s.logs import LogFollower
 from finetune_assets.core.launchers.k8s.manifests import (
@@ -58,16 +67,7 @@ from finetune_assets.core.launchers.k8s.manifests import (
     pod0_hosts_the_store,
     sanitize_label_value,
 )
-from finetune_assets.core.launchers.k8s.settings import (
-    API_TIMEOUT_S,
-    CONTAINER_NAME,
-    GANG_LABEL,
-    JOB_LABEL,
-    Backend,
-    PropagationPolicy,
-    PullPolicy,
-    Toleration,
-)
+from finetune_assets.core.launchers.k8s.settings import Toleration
 from finetune_assets.core.launchers.k8s.verdict import (
     GangDisrupted,
     Verdict,

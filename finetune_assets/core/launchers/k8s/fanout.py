@@ -40,15 +40,15 @@ from typing import Any
 
 from finetune_assets.core.launchers.fanout import FanOut, FanOutError
 from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher
-from finetune_assets.core.launchers.k8s.failures import RETRIED_EXIT_CODES
-from finetune_assets.core.launchers.k8s.manifests import gang_key, k8s_name
-from finetune_assets.core.launchers.k8s.runs import LiveRunConflict, RunState
-from finetune_assets.core.launchers.k8s.settings import (
+from finetune_assets.core.launchers.k8s.constants import (
     API_TIMEOUT_S,
     AUTO,
     CONTAINER_NAME,
     JOB_LABEL,
 )
+from finetune_assets.core.launchers.k8s.failures import RETRIED_EXIT_CODES
+from finetune_assets.core.launchers.k8s.manifests import gang_key, k8s_name
+from finetune_assets.core.launchers.k8s.runs import LiveRunConflict, RunState
 from finetune_assets.core.launchers.k8s.verdict import (
     Verdict,
     _completion_index,

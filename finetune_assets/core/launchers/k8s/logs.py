@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import kubernetes
 
 from finetune_assets.core.launchers.base import log_trainer_line
-from finetune_assets.core.launchers.k8s.settings import API_TIMEOUT_S, CONTAINER_NAME
+from finetune_assets.core.launchers.k8s.constants import API_TIMEOUT_S, CONTAINER_NAME
 
 
 def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -> str:

@@ -14,8 +14,7 @@ from typing import Any
 import kubernetes
 
 from finetune_assets.core.launchers.base import TrainingSpec, torchrun_command
-from finetune_assets.core.launchers.k8s.passthrough import deep_merge
-from finetune_assets.core.launchers.k8s.settings import (
+from finetune_assets.core.launchers.k8s.constants import (
     _DNS_LABEL,
     _LABEL_KEY,
     _SECRET_ENV,
@@ -30,6 +29,7 @@ from finetune_assets.core.launchers.k8s.settings import (
     Backend,
     PullPolicy,
 )
+from finetune_assets.core.launchers.k8s.passthrough import deep_merge
 from finetune_assets.core.training import cuda_preflight
 from finetune_assets.core.training.checkpoints.fencing import GENERATION_ENV
 
