@@ -194,7 +194,7 @@ def assess_jobset(obj: dict[str, Any], pods, nnodes: int, max_restarts: int) -> 
 
 
 class JobSetMixin:
-    """The JobSet half of the launcher (its fields live in :class:`K8sSettings`)."""
+    """The JobSet half of the launcher."""
 
     def render_jobset(
         self, job: TrainingSpec, name: str, image: str | None = None, generation: int | None = None

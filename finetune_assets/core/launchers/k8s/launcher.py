@@ -1,4 +1,9 @@
-"""The launcher: launch a gang, resubmit it after a disruption, remove what a dead launcher left."""
+"""The launcher: launch a gang, resubmit it after a disruption, remove what a dead launcher left.
+
+Dagster-free: :class:`K8sLauncher` reads its fields from ``self``, and the ``launcher`` resource
+(``defs/resources/k8s_launcher.py``) that holds them mixes it in; the run comes as a
+:class:`~finetune_assets.core.launchers.base.RunContext`.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,10 @@ import os
 import time
 from typing import Any
 
-import dagster as dg
 import kubernetes
 import yaml
 
-from finetune_assets.core.launchers.base import TrainingFailed, TrainingSpec
+from finetune_assets.core.launchers.base import RunContext, TrainingFailed, TrainingSpec
 from finetune_assets.core.launchers.k8s import kueue
 from finetune_assets.core.launchers.k8s.api import ApiMixin
 from finetune_assets.core.launchers.k8s.constants import (
@@ -23,38 +27,31 @@ from finetune_assets.core.launchers.k8s.constants import (
 from finetune_assets.core.launchers.k8s.jobset import JobSetMixin
 from finetune_assets.core.launchers.k8s.logs import LogFollower
 from finetune_assets.core.launchers.k8s.manifests import ManifestsMixin, gang_key, k8s_name
-from finetune_assets.core.launchers.k8s.runs import (
-    LiveRunConflict,
-    TakeoverMixin,
-    dagster_run_state,
-)
-from finetune_assets.core.launchers.k8s.settings import K8sSettings
+from finetune_assets.core.launchers.k8s.runs import LiveRunConflict, TakeoverMixin
+from finetune_assets.core.launchers.k8s.settings import SettingsMixin
 from finetune_assets.core.launchers.k8s.supervise import SupervisionMixin
 from finetune_assets.core.launchers.k8s.verdict import GangDisrupted, assess
 
 
-class K8sTorchrunLauncher(
-    JobSetMixin, SupervisionMixin, ManifestsMixin, TakeoverMixin, ApiMixin, K8sSettings
+class K8sLauncher(
+    JobSetMixin, SupervisionMixin, ManifestsMixin, TakeoverMixin, ApiMixin, SettingsMixin
 ):
     """Runs the torchrun command as ``nnodes`` pods of an Indexed Job (or of a JobSet's one
     Indexed Job: ``backend``) with c10d rendezvous on pod 0.
     """
 
-    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
-        log = context.log
+    def train(self, ctx: RunContext, job: TrainingSpec) -> None:
+        """Run ``job`` to completion or raise :class:`TrainingFailed`; the gang is deleted however
+        it ends.
+        """
+        log = ctx.log
         api = self.api(log)
         owner, owner_image = self._owner_reference(log, api)
         image = self.image or owner_image
         key = gang_key(job.labels, self.gang_scope)
         if key is not None:  # an asset + partition: no other gang of it may run
             try:
-                self._remove_live_gangs(
-                    log,
-                    api,
-                    key,
-                    run_state=dagster_run_state(context.instance),
-                    own_run=context.run.run_id,
-                )
+                self._remove_live_gangs(log, api, key, run_state=ctx.run_state, own_run=ctx.run_id)
             except LiveRunConflict as e:
                 raise TrainingFailed(str(e)) from None
         for attempt in range(self.max_resubmissions + 1):

@@ -47,10 +47,10 @@ def _safe_logs(api, pod_name: str, namespace: str, tail_lines: int) -> str:
 
 
 class LogFollower:
-    """Follows one pod's log at a time on a background thread; the caller drains lines into
-    ``context.log``.
+    """Follows one pod's log at a time on a background thread; the caller drains lines into the
+    run's log.
 
-    Lines go through a queue so that only the launching thread touches the Dagster logger. A stream
+    Lines go through a queue so that only the launching thread touches the run's log. A stream
     that ends or breaks while the pod still runs (API server restart, kubelet hiccup, idle timeout
     of a proxy) is re-opened and the lines already delivered are skipped, so nothing repeats or goes
     missing (unless the kubelet rotated the log file in between, at 10 MiB by default).

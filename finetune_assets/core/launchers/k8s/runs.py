@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import dagster as dg
-
 from finetune_assets.core.launchers.k8s.constants import GANG_LABEL, Backend
 from finetune_assets.core.launchers.k8s.jobset import GROUP, JOBSET_NAME_LABEL, PLURAL, VERSION
 from finetune_assets.core.launchers.k8s.jobset import conditions as jobset_conditions
@@ -18,21 +16,11 @@ RunState = Callable[[str], "str | None"]
 
 
 class LiveRunConflict(RuntimeError):
-    """A live Job of the same asset + partition belongs to another, unfinished Dagster run."""
-
-
-def dagster_run_state(instance: dg.DagsterInstance) -> RunState:
-    """:data:`RunState` from the Dagster instance the step runs in."""
-
-    def state(run_id: str) -> str | None:
-        run = instance.get_run_by_id(run_id)
-        return None if run is None or run.is_finished else run.status.value
-
-    return state
+    """A live Job of the same asset + partition belongs to another, unfinished run."""
 
 
 class TakeoverMixin:
-    """Removing what a dead launcher left (its fields live in :class:`K8sSettings`)."""
+    """The launcher's half that removes what a dead launcher left."""
 
     def _remove_live_gangs(
         self,
@@ -46,10 +34,11 @@ class TakeoverMixin:
         """Delete unfinished gangs of the same asset + partition whose Dagster run is over: two
         gangs would write one checkpoint folder and MLflow run.
 
-        Dagster is asked first (``run_state``): a Job whose run is still live (another run training
-        the same partition) is left alone and this launch fails naming that run. A Job of this very
-        run (a retried step) or of a finished or deleted run is an orphan: deleted rather than
-        adopted (it may run another config; the new gang resumes from the same checkpoint). Without
+        The run's status is asked first (``run_state``: the Dagster instance's, through the
+        ``launcher`` resource): a Job whose run is still live (another run training the same
+        partition) is left alone and this launch fails naming that run. A Job of this very run (a
+        retried step) or of a finished or deleted run is an orphan: deleted rather than adopted (it
+        may run another config; the new gang resumes from the same checkpoint). Without
         ``run_state`` every unfinished Job of the key is treated as an orphan.
         """
         if key is None:

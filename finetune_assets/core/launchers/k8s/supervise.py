@@ -38,7 +38,7 @@ ADMISSION_REFUSAL = re.compile(
 
 
 class SupervisionMixin:
-    """The supervision half of the launcher (its fields live in :class:`K8sSettings`)."""
+    """The supervision half of the launcher."""
 
     def _supervise(
         self,
