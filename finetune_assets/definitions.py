@@ -14,8 +14,6 @@ import os
 import dagster as dg
 
 from finetune_assets.core.io.storage import STORAGE_ROOT_ENV
-from finetune_assets.core.launchers import TrainingLauncher
-from finetune_assets.core.launchers.select import launcher_from_env
 from finetune_assets.defs.automation import with_automation
 from finetune_assets.defs.benchmarks.scores import benchmark_scores
 from finetune_assets.defs.data.checks import asset_checks
@@ -28,6 +26,7 @@ from finetune_assets.defs.jobs import jobs
 from finetune_assets.defs.models.baseline_model import baseline_model
 from finetune_assets.defs.models.finetuned import finetuned_model
 from finetune_assets.defs.promotion import champion, champion_model, quality_gate
+from finetune_assets.defs.resources.launchers import TrainingLauncher, launcher_from_env
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.staleness import with_config_versions

@@ -10,7 +10,6 @@ import torch
 from finetune_assets.core.evaluation.gate_rules import TestSet
 from finetune_assets.core.io.storage import Storage, hash_tree
 from finetune_assets.core.labels.infer import LABEL2ID
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher
 from finetune_assets.core.sources import SourceSpec
 from finetune_assets.defs.data.checks import mds_shards_integrity, raw_reviews_contract
 from finetune_assets.defs.data.mds_shards import mds_shards
@@ -19,6 +18,7 @@ from finetune_assets.defs.data.raw import raw_reviews
 from finetune_assets.defs.data.tokenized import tokenized_reviews
 from finetune_assets.defs.models.finetuned import finetuned_model
 from finetune_assets.defs.promotion import champion_model, quality_gate
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import DATASET_VERSIONS

@@ -23,11 +23,11 @@ from mlflow import MlflowClient
 from finetune_assets.core.io.contracts import FINETUNED_MODEL as FINETUNED
 from finetune_assets.core.io.contracts import PRETRAINED_MODEL as PRETRAINED
 from finetune_assets.core.io.storage import Storage
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher
 from finetune_assets.core.sources.sample import make_sample_reviews
 from finetune_assets.definitions import build_defs
 from finetune_assets.defs.jobs import DATA_PREPARATION
 from finetune_assets.defs.jobs import VERSION_CHAIN as CHAIN_ASSETS
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets_tests.automation_ticks import Ticks

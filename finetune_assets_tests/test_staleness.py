@@ -15,7 +15,7 @@ from dagster._core.loader import LoadingContextForTest
 
 from finetune_assets.core.io.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.core.io.storage import Storage
-from finetune_assets.core.launchers.base import TrainingLauncher, TrainingSpec
+from finetune_assets.core.launchers.base import TrainingSpec
 from finetune_assets.core.sources import SourceSpec
 from finetune_assets.definitions import build_defs
 from finetune_assets.defs.data.mds_shards import ShardsConfig, mds_shards
@@ -25,6 +25,7 @@ from finetune_assets.defs.data.tokenized import TokenizeConfig, tokenized_review
 from finetune_assets.defs.models.baseline_model import BaselineConfig
 from finetune_assets.defs.models.finetuned import FinetuneConfig, finetuned_model
 from finetune_assets.defs.promotion import PromotionConfig
+from finetune_assets.defs.resources.launchers import TrainingLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.staleness import config_class, with_config_versions

@@ -477,7 +477,7 @@ class CrashingSliceRunner:
 def test_a_failed_slice_fails_the_step_and_publishes_nothing(
     asset, storage_root, instance, tiny_model_dir, arabic_reviews, monkeypatch
 ):
-    import finetune_assets.core.launchers.select as select
+    import finetune_assets.defs.resources.launchers as launchers
     from finetune_assets.core.io.storage import ATTEMPTS, Storage
     from finetune_assets.defs.versions.register import register_version
     from finetune_assets_tests.assets.test_data_assets import _failure_message, materialize
@@ -491,7 +491,7 @@ def test_a_failed_slice_fails_the_step_and_publishes_nothing(
         asset == "tokenized_reviews"
         or store.require("tokenized_reviews", "v1").metadata["parts"] >= 2
     )
-    monkeypatch.setattr(select, "fanout_runner", lambda *a, **kw: CrashingSliceRunner())
+    monkeypatch.setattr(launchers, "fanout_runner", lambda *a, **kw: CrashingSliceRunner())
     # a small version still gets 2 shard workers
     monkeypatch.setattr(slice_plan, "SHARD_ROWS_PER_WORKER", 1)
     result = materialize(

@@ -17,9 +17,9 @@ from dagster._core.storage.asset_check_execution_record import (
 )
 
 from finetune_assets.core.io.storage import Storage
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher
 from finetune_assets.core.sources import SourceSpec
 from finetune_assets.definitions import build_defs
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher
 from finetune_assets.defs.versions.register import register_version
 
 REPO = Path(__file__).resolve().parents[2]

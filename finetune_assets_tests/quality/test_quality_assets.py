@@ -19,7 +19,6 @@ import pytest
 from finetune_assets.cli import main
 from finetune_assets.core.evaluation import gate_rules as gate
 from finetune_assets.core.io.storage import Storage, hash_tree
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher
 from finetune_assets.core.prep.validate import ValidationRules, validate
 from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets.core.sources.sample import SAMPLE_SOURCE
@@ -35,6 +34,7 @@ from finetune_assets.defs.promotion.gate_check import (
     frozen_test_set,
     gate_conditions,
 )
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import DATASET_VERSIONS

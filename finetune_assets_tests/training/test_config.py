@@ -181,8 +181,8 @@ def test_the_launchpad_refuses_what_the_trainer_would_refuse_before_anything_run
     """
     import dagster as dg
 
-    from finetune_assets.core.launchers.base import TrainingLauncher
     from finetune_assets.defs.models.finetuned import finetuned_model
+    from finetune_assets.defs.resources.launchers import TrainingLauncher
     from finetune_assets.defs.resources.mlflow import MlflowResource
     from finetune_assets.defs.resources.storage_root import StorageResource
 

@@ -25,8 +25,9 @@ from safetensors.torch import load_file
 
 from finetune_assets.core.io.storage import Storage
 from finetune_assets.core.launchers.base import TrainingSpec, torchrun_command
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher, process_tree
+from finetune_assets.core.launchers.local import process_tree
 from finetune_assets.defs.models.finetuned import finetuned_model
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import DATASET_VERSIONS

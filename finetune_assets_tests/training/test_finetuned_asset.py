@@ -12,8 +12,8 @@ import pytest
 
 from finetune_assets.core.io.contracts import TrainingResult
 from finetune_assets.core.io.storage import Storage, hash_tree
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher
 from finetune_assets.defs.models.finetuned import finetuned_model
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import DATASET_VERSIONS

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from finetune_assets.core.launchers.base import TrainingSpec, log_trainer_line
 from finetune_assets.core.launchers.k8s import LogFollower
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher
 from finetune_assets.core.training import PROGRESS
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher
 
 WORKER_LINE = (
     f"2026-11-30 06:05:46,370 INFO finetune_assets.core.training: {PROGRESS} step 3/30 (10%) | "

@@ -15,7 +15,7 @@ import pytest
 
 from finetune_assets.core.io.contracts import read_split_stats
 from finetune_assets.core.launchers.base import TrainingFailed, TrainingSpec, torchrun_command
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher
 from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import write_mds_splits
 

@@ -1,5 +1,8 @@
-"""Where training runs: the same torchrun command, as a local subprocess or as Kubernetes pods."""
+"""Where training runs: the same torchrun command, as a local subprocess or as Kubernetes pods.
 
-from finetune_assets.core.launchers.base import TrainingFailed, TrainingLauncher, TrainingSpec
+Dagster-free; the ``launcher`` resources over these are in ``defs/resources/launchers.py``.
+"""
 
-__all__ = ["TrainingFailed", "TrainingSpec", "TrainingLauncher"]
+from finetune_assets.core.launchers.base import Log, RunContext, TrainingFailed, TrainingSpec
+
+__all__ = ["Log", "RunContext", "TrainingFailed", "TrainingSpec"]

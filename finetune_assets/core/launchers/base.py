@@ -1,13 +1,16 @@
-"""The launcher interface and the one torchrun command both launchers run."""
+"""What a launcher is given (the training spec, the run it trains for) and the one torchrun command
+both launchers run.
+
+Dagster-free: the Dagster resources (``defs/resources/launchers.py``) hold the launchers' fields
+and hand the step's context over as a :class:`RunContext`.
+"""
 
 from __future__ import annotations
 
 import sys
-from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import dagster as dg
+from typing import Protocol
 
 from finetune_assets.core.training import PROGRESS
 
@@ -24,8 +27,34 @@ class TrainingSpec:
     env: Mapping[str, str] = field(default_factory=dict)  # non-secret environment for the trainer
 
 
-def log_trainer_line(log: dg.DagsterLogManager, line: str, source: str = "") -> None:
-    """One line of trainer output into the Dagster log, at info, as both launchers forward it.
+class Log(Protocol):
+    """Where a launcher reports: a ``logging.Logger``, or Dagster's ``context.log``."""
+
+    def debug(self, msg: str) -> None: ...
+    def info(self, msg: str) -> None: ...
+    def warning(self, msg: str) -> None: ...
+    def error(self, msg: str) -> None: ...
+
+
+class RunContext(Protocol):
+    """The run a launcher trains for, as much of it as a launcher needs (Dagster's step context
+    without Dagster): its log, its id, and another run's status, so that a live gang left by a run
+    that is still going is told from an orphan (``k8s/runs.py``).
+    """
+
+    @property
+    def log(self) -> Log: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    def run_state(self, run_id: str) -> str | None:
+        """The run's status while it is live; None when it is finished or unknown."""
+        ...
+
+
+def log_trainer_line(log: Log, line: str, source: str = "") -> None:
+    """One line of trainer output into the run's log, at info, as both launchers forward it.
 
     A progress line (rank 0's ``progress: step 120/400 | epoch | loss | samples/s | ETA``) loses the
     worker's timestamp and logger name, so it reads the same in the UI for a local run and a pod.
@@ -81,13 +110,3 @@ def torchrun_command(
             cmd += ["--node-rank", node_rank]
     cmd += ["--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]
     return cmd + trainer_args(config_url, module)
-
-
-class TrainingLauncher(dg.ConfigurableResource, ABC):
-    """Runs a :class:`TrainingSpec` to completion or raises :class:`TrainingFailed`."""
-
-    nproc_per_node: int = 1
-    max_restarts: int = 0
-
-    @abstractmethod
-    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None: ...

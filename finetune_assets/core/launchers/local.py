@@ -1,4 +1,4 @@
-"""Run torchrun as a subprocess on this machine, stream its log into Dagster, kill its process
+"""Run torchrun as a subprocess on this machine, stream its log into the run's, kill its process
 group on cancel.
 """
 
@@ -15,12 +15,12 @@ import threading
 from collections import deque
 from pathlib import Path
 
-import dagster as dg
 import psutil
 
 from finetune_assets.core.launchers.base import (
+    Log,
+    RunContext,
     TrainingFailed,
-    TrainingLauncher,
     TrainingSpec,
     log_trainer_line,
     torchrun_command,
@@ -93,17 +93,11 @@ def kill_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         pass
 
 
-class LocalTorchrunLauncher(TrainingLauncher):
+class LocalTorchrun:
     """``torchrun --standalone --nproc-per-node N`` on this machine (CPU with gloo, or local
-    GPUs).
+    GPUs). Its fields (``nproc_per_node``, ``max_restarts``, ``python``, ``cwd``,
+    ``omp_num_threads``) are the ``launcher`` resource's (``defs/resources/launchers.py``).
     """
-
-    # A worker killed mid-run (OOM killer, a stray SIGKILL) costs one restart of the worker group,
-    # which resumes from the last checkpoint; a trainer that fails again fails the asset.
-    max_restarts: int = 1
-    python: str | None = None  # interpreter for torchrun; default: the one running Dagster
-    cwd: str | None = None
-    omp_num_threads: int | None = None  # per worker; default: cores / nproc_per_node
 
     def command(self, job: TrainingSpec) -> list[str]:
         return torchrun_command(
@@ -113,7 +107,11 @@ class LocalTorchrunLauncher(TrainingLauncher):
             python=self.python,
         )
 
-    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
+    def train(self, ctx: RunContext, job: TrainingSpec) -> None:
+        """Run ``job`` to completion or raise :class:`TrainingFailed`; an interruption (Dagster's
+        termination, Ctrl-C) kills every process of the run before it propagates.
+        """
+        log = ctx.log
         cmd = self.command(job)
         with tempfile.TemporaryDirectory(prefix=f"{job.name[:40]}-") as tmp:
             error_dir = Path(tmp)
@@ -122,7 +120,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
             env.setdefault("PYTHONUNBUFFERED", "1")
             threads = self.omp_num_threads or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
             env.setdefault("OMP_NUM_THREADS", str(threads))
-            context.log.info(f"launching {job.name}: {' '.join(cmd)}")
+            log.info(f"launching {job.name}: {' '.join(cmd)}")
             proc = subprocess.Popen(
                 cmd,
                 stdout=subprocess.PIPE,
@@ -139,13 +137,13 @@ class LocalTorchrunLauncher(TrainingLauncher):
                 reader = threading.Thread(target=self._pump, args=(proc, lines), daemon=True)
                 reader.start()
                 while proc.poll() is None or reader.is_alive():
-                    self._drain(lines, context, tail, timeout=0.2)
+                    self._drain(lines, log, tail, timeout=0.2)
                     if proc.poll() is not None:
                         reader.join(timeout=10)
-                self._drain(lines, context, tail, timeout=0)
+                self._drain(lines, log, tail, timeout=0)
             # Dagster termination (DagsterExecutionInterruptedError), Ctrl-C, ...
             except BaseException:
-                context.log.warning(f"{job.name}: interrupted, killing the torchrun process group")
+                log.warning(f"{job.name}: interrupted, killing the torchrun process group")
                 kill_process_group(proc)
                 raise
             if proc.returncode != 0:
@@ -154,24 +152,22 @@ class LocalTorchrunLauncher(TrainingLauncher):
                     f"training job {job.name} failed (torchrun exit code "
                     f"{proc.returncode}):\n{detail}"
                 )
-            context.log.info(f"{job.name}: training finished")
+            log.info(f"{job.name}: training finished")
 
     @staticmethod
     def _pump(proc: subprocess.Popen, lines: queue.Queue[str]) -> None:
-        # Reads in a thread so the main thread stays responsive to Dagster's interrupt.
+        # Reads in a thread so the main thread stays responsive to an interrupt (Dagster's).
         for line in proc.stdout or ():
             if line.strip():
                 lines.put(line.rstrip())
 
     @staticmethod
-    def _drain(
-        lines: queue.Queue[str], context: dg.AssetExecutionContext, tail: deque[str], timeout: float
-    ) -> None:
+    def _drain(lines: queue.Queue[str], log: Log, tail: deque[str], timeout: float) -> None:
         try:
             line = lines.get(timeout=timeout) if timeout else lines.get_nowait()
             while True:
                 tail.append(line)
-                log_trainer_line(context.log, line)
+                log_trainer_line(log, line)
                 line = lines.get_nowait()
         except queue.Empty:
             return

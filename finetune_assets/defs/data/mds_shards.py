@@ -6,11 +6,11 @@ import dagster as dg
 from pydantic import Field
 
 from finetune_assets.core.io.contracts import MDS_SHARDS, TOKENIZED_REVIEWS
-from finetune_assets.core.launchers.base import TrainingLauncher
 from finetune_assets.core.shards.writer import COMPRESSION, SplitShards, read_back_count
 from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.defs.data.tokenized import tokenized_reviews
 from finetune_assets.defs.models.provenance import read_recorded
+from finetune_assets.defs.resources.launchers import TrainingLauncher
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import dataset_versions
 
@@ -42,9 +42,9 @@ def mds_shards(
 ) -> dg.MaterializeResult:
     """MDS shards (zstd) per split, streamable with StreamingDataset from the storage root."""
     from finetune_assets.core.launchers.fanout import runner_width
-    from finetune_assets.core.launchers.select import fanout_runner
     from finetune_assets.core.shards import slices
     from finetune_assets.defs.data.tokenized import _digest, _fan_out
+    from finetune_assets.defs.resources.launchers import fanout_runner
 
     version = version_of(context)
     store = storage.storage()

@@ -23,12 +23,12 @@ from finetune_assets.core.io.contracts import (
     read_tokenization,
 )
 from finetune_assets.core.labels.infer import labels_from_metadata
-from finetune_assets.core.launchers.base import TrainingLauncher
 from finetune_assets.core.prep.tokenize import stats_from_histogram, token_dtype
 from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.defs.data.pretrained import pretrained_model
 from finetune_assets.defs.data.raw import raw_reviews
 from finetune_assets.defs.models.provenance import input_tags, read_recorded, run_group_id
+from finetune_assets.defs.resources.launchers import TrainingLauncher
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import dataset_versions
 
@@ -77,10 +77,10 @@ def tokenized_reviews(
     row order.
     """
     from finetune_assets.core.launchers.fanout import runner_width
-    from finetune_assets.core.launchers.select import fanout_runner
     from finetune_assets.core.prep.pretrained import load_tokenization
     from finetune_assets.core.prep.token_cache import CACHE_DIR, tokenizer_hash
     from finetune_assets.core.shards import slices
+    from finetune_assets.defs.resources.launchers import fanout_runner
 
     version = version_of(context)
     store = storage.storage()

@@ -1,1 +1,1 @@
-"""Dagster resources shared by the features: the storage root, MLflow."""
+"""Dagster resources shared by the features: the storage root, MLflow, the training launcher."""

@@ -36,8 +36,7 @@ from finetune_assets.core.io.contracts import (
 )
 from finetune_assets.core.io.storage import Storage
 from finetune_assets.core.labels.infer import labels_from_metadata
-from finetune_assets.core.launchers.base import TrainingFailed, TrainingLauncher, TrainingSpec
-from finetune_assets.core.launchers.local import LocalTorchrunLauncher
+from finetune_assets.core.launchers.base import TrainingFailed, TrainingSpec
 from finetune_assets.core.training.config import TrialConfig
 from finetune_assets.core.tuning import study as tuning
 from finetune_assets.core.tuning.study_storage import ENV_PREFIX, STORAGE_ENV
@@ -50,6 +49,7 @@ from finetune_assets.defs.models.finetuned import (
     code_version,
 )
 from finetune_assets.defs.models.provenance import read_recorded, run_group_id
+from finetune_assets.defs.resources.launchers import LocalTorchrunLauncher, TrainingLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.tuning.space import TuningConfig

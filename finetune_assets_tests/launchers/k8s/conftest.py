@@ -31,7 +31,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from finetune_assets.core.launchers.k8s import JOB_LABEL, K8sTorchrunLauncher
+from finetune_assets.core.launchers.k8s import JOB_LABEL
+from finetune_assets.defs.resources.k8s_launcher import K8sTorchrunLauncher
 from finetune_assets_tests.launchers.k8s.plane import (  # noqa: F401 - test_control_plane's
     CONTROL_PLANE,
     ControlPlane,

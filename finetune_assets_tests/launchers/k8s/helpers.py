@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from finetune_assets.core.launchers import TrainingLauncher, TrainingSpec
+from finetune_assets.core.launchers import TrainingSpec
+from finetune_assets.defs.resources.launchers import TrainingLauncher
 
 
 @dataclass

@@ -252,7 +252,7 @@ def _launch_and_abandon(cluster: Cluster, owner: str | None, partition: str) -> 
 import json, logging, sys, types
 import dagster as dg
 from finetune_assets.core.launchers import TrainingSpec
-from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher
+from finetune_assets.defs.resources.k8s_launcher import K8sTorchrunLauncher
 class C:  # the parts of a Dagster context the launcher uses
     log, instance = logging.getLogger("launcher"), dg.DagsterInstance.ephemeral()
     run = types.SimpleNamespace(run_id="dead-run")

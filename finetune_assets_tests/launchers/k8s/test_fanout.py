@@ -19,8 +19,9 @@ import kubernetes_validate
 import pytest
 
 from finetune_assets.core.launchers.fanout import FanOut, FanOutError
-from finetune_assets.core.launchers.k8s import GANG_LABEL, JOB_LABEL, K8sTorchrunLauncher
+from finetune_assets.core.launchers.k8s import GANG_LABEL, JOB_LABEL
 from finetune_assets.core.launchers.k8s.fanout import K8sFanOutRunner, assess_fanout, indexes
+from finetune_assets.defs.resources.k8s_launcher import K8sTorchrunLauncher
 from finetune_assets_tests.launchers.k8s.conftest import Cluster
 from finetune_assets_tests.launchers.k8s.plane import wait_until
 from finetune_assets_tests.launchers.k8s.test_launcher_api import (

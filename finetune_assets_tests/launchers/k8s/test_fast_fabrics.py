@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from finetune_assets.core.launchers.base import TrainingSpec
-from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher
+from finetune_assets.defs.resources.k8s_launcher import K8sTorchrunLauncher
 
 
 def launcher(**kw) -> K8sTorchrunLauncher:

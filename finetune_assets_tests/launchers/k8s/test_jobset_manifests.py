@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client as k8s
 
 from finetune_assets.core.launchers import TrainingSpec
-from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher
+from finetune_assets.core.launchers.k8s.constants import GANG_LABEL, JOB_LABEL, QUEUE_LABEL
 from finetune_assets.core.launchers.k8s.jobset import (
     EXCLUSIVE_KEY,
     RESTART_LABEL,
@@ -17,8 +17,8 @@ from finetune_assets.core.launchers.k8s.jobset import (
     child_job,
     pod0_host,
 )
-from finetune_assets.core.launchers.k8s.settings import GANG_LABEL, JOB_LABEL, QUEUE_LABEL
 from finetune_assets.core.training.checkpoints.fencing import GENERATION_ENV
+from finetune_assets.defs.resources.k8s_launcher import K8sTorchrunLauncher
 
 SPEC = TrainingSpec(
     name="trained-v1",

@@ -16,6 +16,7 @@ import time
 import kubernetes
 import pytest
 
+from finetune_assets.core.launchers.k8s.constants import JOB_LABEL
 from finetune_assets.core.launchers.k8s.jobset import (
     GROUP,
     PLURAL,
@@ -23,7 +24,6 @@ from finetune_assets.core.launchers.k8s.jobset import (
     VERSION,
     child_job,
 )
-from finetune_assets.core.launchers.k8s.settings import JOB_LABEL
 from finetune_assets_tests.launchers.k8s.conftest import Cluster, free_port
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 

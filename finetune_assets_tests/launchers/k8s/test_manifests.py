@@ -12,12 +12,8 @@ import pytest
 import yaml
 
 from finetune_assets.core.launchers import TrainingSpec
-from finetune_assets.core.launchers.k8s import (
-    CONTAINER_NAME,
-    JOB_LABEL,
-    K8sTorchrunLauncher,
-    Toleration,
-)
+from finetune_assets.core.launchers.k8s import CONTAINER_NAME, JOB_LABEL
+from finetune_assets.defs.resources.k8s_launcher import K8sTorchrunLauncher, Toleration
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 # The oldest version we support (podFailurePolicy is GA from 1.31) and a recent one.

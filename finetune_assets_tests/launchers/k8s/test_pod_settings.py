@@ -12,8 +12,9 @@ import kubernetes
 import pytest
 
 from finetune_assets.core.launchers.fanout import FanOut
-from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher, gang_key
+from finetune_assets.core.launchers.k8s import gang_key
 from finetune_assets.core.launchers.k8s.fanout import K8sFanOutRunner
+from finetune_assets.defs.resources.k8s_launcher import K8sTorchrunLauncher
 from finetune_assets_tests.launchers.k8s.conftest import RESTRICTED_CONTAINER, Cluster
 from finetune_assets_tests.launchers.k8s.helpers import launch_in_dagster
 from finetune_assets_tests.launchers.k8s.test_manifests import CONFIGS, render

@@ -12,12 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
 import urllib3
 
-from finetune_assets.core.launchers.k8s.settings import API_TIMEOUT_S
+from finetune_assets.core.launchers.k8s.constants import API_TIMEOUT_S
 
 RETRIED_STATUS = {401, 408, 429, 500, 502, 503, 504}
 FIRST_DELAY_S, MAX_DELAY_S = 0.5, 10.0
@@ -73,7 +74,7 @@ class _Retrying:
 
     def __init__(self, api: Any, budget_s: float, log=None):
         self._api, self._budget_s, self._log = api, budget_s, log
-        self._owner = threading.get_ident()  # only the launching thread writes to the Dagster log
+        self._owner = threading.get_ident()  # only the launching thread writes to the run's log
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._api, name)
@@ -88,13 +89,34 @@ class _Retrying:
         return retried
 
 
-class ApiMixin:
-    def api(self, log=None):
-        """A ``DagsterKubernetesClient`` on a private client configuration (no global state), whose
-        ``core_api`` / ``batch_api`` retry through :func:`call` (so do its log helpers).
-        """
-        from dagster_k8s.client import DagsterKubernetesClient, PatchedApiClient
+@dataclass(frozen=True)
+class Api:
+    """The launcher's API handles, each retrying through :func:`call`."""
 
+    core_api: Any
+    batch_api: Any
+    custom_api: Any  # JobSets, and Kueue's Workloads (read on preemption, deactivated to stop)
+
+    def retrieve_pod_logs(
+        self, pod_name: str, namespace: str, container_name: str | None = None, **kwargs: Any
+    ) -> str:
+        """A pod's log as text (unparsed: the client would turn a log that looks like JSON into a
+        dict and back into a string that is not).
+        """
+        return self.core_api.read_namespaced_pod_log(
+            name=pod_name,
+            namespace=namespace,
+            container=container_name,
+            _preload_content=False,
+            **kwargs,
+        ).data.decode("utf-8")
+
+
+class ApiMixin:
+    def api(self, log=None) -> Api:
+        """:class:`Api` on a private client configuration (no global state), its every call
+        retried through :func:`call`.
+        """
         configuration = kubernetes.client.Configuration()
         if self.load_incluster_config:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
@@ -104,12 +126,13 @@ class ApiMixin:
                 context=self.kube_context,
                 client_configuration=configuration,
             )
-        api_client = PatchedApiClient(configuration=configuration)
+        # the pinned client (36) hands this configuration to every model it deserializes: no lock
+        # contention per model (kubernetes-client/python#2284, what dagster-k8s's PatchedApiClient
+        # patched in)
+        api_client = kubernetes.client.ApiClient(configuration=configuration)
         budget = self.api_outage_budget_s
-        client = DagsterKubernetesClient.production_client(
-            batch_api_override=_Retrying(kubernetes.client.BatchV1Api(api_client), budget, log),
-            core_api_override=_Retrying(kubernetes.client.CoreV1Api(api_client), budget, log),
+        return Api(
+            core_api=_Retrying(kubernetes.client.CoreV1Api(api_client), budget, log),
+            batch_api=_Retrying(kubernetes.client.BatchV1Api(api_client), budget, log),
+            custom_api=_Retrying(kubernetes.client.CustomObjectsApi(api_client), budget, log),
         )
-        # Kueue's Workloads (read on preemption, deactivated to stop a queued Job)
-        client.custom_api = _Retrying(kubernetes.client.CustomObjectsApi(api_client), budget, log)
-        return client

@@ -1,6 +1,6 @@
 """Run a fan-out's slice workers as a Kubernetes Indexed Job: one pod per slice index.
 
-The same machinery as training pods (``launchers/k8s/``): the same ``K8sTorchrunLauncher`` settings
+The same machinery as training pods (``launchers/k8s/``): the same ``launcher`` resource's settings
 (image, namespace, Secrets by name, service account, storage volume, security context), the same API
 client, the launching pod as owner, labels that link the pods to the Dagster run, waiting reasons
 and Warning events, the index-0 log streamed into the run, failure reports with each failed pod's
@@ -39,16 +39,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_assets.core.launchers.fanout import FanOut, FanOutError
-from finetune_assets.core.launchers.k8s import K8sTorchrunLauncher
-from finetune_assets.core.launchers.k8s.failures import RETRIED_EXIT_CODES
-from finetune_assets.core.launchers.k8s.manifests import gang_key, k8s_name
-from finetune_assets.core.launchers.k8s.runs import LiveRunConflict, RunState
-from finetune_assets.core.launchers.k8s.settings import (
+from finetune_assets.core.launchers.k8s.constants import (
     API_TIMEOUT_S,
     AUTO,
     CONTAINER_NAME,
     JOB_LABEL,
 )
+from finetune_assets.core.launchers.k8s.failures import RETRIED_EXIT_CODES
+from finetune_assets.core.launchers.k8s.launcher import K8sLauncher
+from finetune_assets.core.launchers.k8s.manifests import gang_key, k8s_name
+from finetune_assets.core.launchers.k8s.runs import LiveRunConflict, RunState
 from finetune_assets.core.launchers.k8s.verdict import (
     Verdict,
     _completion_index,
@@ -78,15 +78,14 @@ class K8sFanOutRunner:
     pod.
     """
 
-    # the training launcher's settings: one place for image, namespace, secrets...
-    launcher: K8sTorchrunLauncher
+    # the training launcher (the ``launcher`` resource): one place for image, namespace, secrets...
+    launcher: K8sLauncher
     # dagster/run-id, dagster/asset, dagster/partition
     labels: Mapping[str, str] = field(default_factory=dict)
     parallelism: int | None = None  # pods at once; None = every index at once
     retries_per_index: int = 2  # backoffLimitPerIndex
     # Dagster's word on a left-over Job's run (core/launchers/k8s/runs.py); None: every left-over
-    # is an
-    # orphan
+    # is an orphan
     run_state: RunState | None = None
 
     def __post_init__(self) -> None:
@@ -99,8 +98,10 @@ class K8sFanOutRunner:
             raise ValueError(f"retries_per_index={self.retries_per_index} must be >= 0")
 
     @property
-    def workers(self) -> K8sTorchrunLauncher:
-        """The launcher's settings with the worker pods' sizing (see :data:`WORKER_SETTINGS`)."""
+    def workers(self) -> K8sLauncher:
+        """The launcher with the worker pods' sizing (see :data:`WORKER_SETTINGS`): a copy of the
+        (pydantic) resource, fields replaced.
+        """
         la = self.launcher
         return la.model_copy(
             update={

@@ -30,15 +30,15 @@ from typing import Any
 import kubernetes
 
 from finetune_assets.core.launchers.base import TrainingFailed, TrainingSpec
-from finetune_assets.core.launchers.k8s.failures import EXIT_CODE_ACTIONS, FAIL
-from finetune_assets.core.launchers.k8s.logs import LogFollower
-from finetune_assets.core.launchers.k8s.settings import (
+from finetune_assets.core.launchers.k8s.constants import (
     API_TIMEOUT_S,
     CONTAINER_NAME,
     JOB_LABEL,
     QUEUE_LABEL,
     PropagationPolicy,
 )
+from finetune_assets.core.launchers.k8s.failures import EXIT_CODE_ACTIONS, FAIL
+from finetune_assets.core.launchers.k8s.logs import LogFollower
 from finetune_assets.core.launchers.k8s.verdict import GangDisrupted, Verdict, assess, latest_pod
 from finetune_assets.core.training.checkpoints.fencing import GENERATION_ENV
 
@@ -194,7 +194,7 @@ def assess_jobset(obj: dict[str, Any], pods, nnodes: int, max_restarts: int) -> 
 
 
 class JobSetMixin:
-    """The JobSet half of the launcher (its fields live in :class:`K8sSettings`)."""
+    """The JobSet half of the launcher."""
 
     def render_jobset(
         self, job: TrainingSpec, name: str, image: str | None = None, generation: int | None = None

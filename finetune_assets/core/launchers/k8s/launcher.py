@@ -1,4 +1,9 @@
-"""The launcher: launch a gang, resubmit it after a disruption, remove what a dead launcher left."""
+"""The launcher: launch a gang, resubmit it after a disruption, remove what a dead launcher left.
+
+Dagster-free: :class:`K8sLauncher` reads its fields from ``self``, and the ``launcher`` resource
+(``defs/resources/k8s_launcher.py``) that holds them mixes it in; the run comes as a
+:class:`~finetune_assets.core.launchers.base.RunContext`.
+"""
 
 from __future__ import annotations
 
@@ -6,50 +11,47 @@ import os
 import time
 from typing import Any
 
-import dagster as dg
 import kubernetes
 import yaml
 
-from finetune_assets.core.launchers.base import TrainingFailed, TrainingSpec
+from finetune_assets.core.launchers.base import RunContext, TrainingFailed, TrainingSpec
 from finetune_assets.core.launchers.k8s import kueue
 from finetune_assets.core.launchers.k8s.api import ApiMixin
-from finetune_assets.core.launchers.k8s.jobset import JOBSET_NAME_LABEL, JobSetMixin
-from finetune_assets.core.launchers.k8s.jobset import conditions as jobset_conditions
-from finetune_assets.core.launchers.k8s.logs import LogFollower
-from finetune_assets.core.launchers.k8s.manifests import ManifestsMixin, gang_key, k8s_name
-from finetune_assets.core.launchers.k8s.runs import LiveRunConflict, RunState, dagster_run_state
-from finetune_assets.core.launchers.k8s.settings import (
+from finetune_assets.core.launchers.k8s.constants import (
     API_TIMEOUT_S,
     GANG_LABEL,
     JOB_LABEL,
     Backend,
-    K8sSettings,
     PropagationPolicy,
 )
+from finetune_assets.core.launchers.k8s.jobset import JobSetMixin
+from finetune_assets.core.launchers.k8s.logs import LogFollower
+from finetune_assets.core.launchers.k8s.manifests import ManifestsMixin, gang_key, k8s_name
+from finetune_assets.core.launchers.k8s.runs import LiveRunConflict, TakeoverMixin
+from finetune_assets.core.launchers.k8s.settings import SettingsMixin
 from finetune_assets.core.launchers.k8s.supervise import SupervisionMixin
 from finetune_assets.core.launchers.k8s.verdict import GangDisrupted, assess
 
 
-class K8sTorchrunLauncher(JobSetMixin, SupervisionMixin, ManifestsMixin, ApiMixin, K8sSettings):
+class K8sLauncher(
+    JobSetMixin, SupervisionMixin, ManifestsMixin, TakeoverMixin, ApiMixin, SettingsMixin
+):
     """Runs the torchrun command as ``nnodes`` pods of an Indexed Job (or of a JobSet's one
     Indexed Job: ``backend``) with c10d rendezvous on pod 0.
     """
 
-    def launch(self, context: dg.AssetExecutionContext, job: TrainingSpec) -> None:
-        log = context.log
+    def train(self, ctx: RunContext, job: TrainingSpec) -> None:
+        """Run ``job`` to completion or raise :class:`TrainingFailed`; the gang is deleted however
+        it ends.
+        """
+        log = ctx.log
         api = self.api(log)
         owner, owner_image = self._owner_reference(log, api)
         image = self.image or owner_image
         key = gang_key(job.labels, self.gang_scope)
         if key is not None:  # an asset + partition: no other gang of it may run
             try:
-                self._remove_live_gangs(
-                    log,
-                    api,
-                    key,
-                    run_state=dagster_run_state(context.instance),
-                    own_run=context.run.run_id,
-                )
+                self._remove_live_gangs(log, api, key, run_state=ctx.run_state, own_run=ctx.run_id)
             except LiveRunConflict as e:
                 raise TrainingFailed(str(e)) from None
         for attempt in range(self.max_resubmissions + 1):
@@ -254,69 +256,6 @@ class K8sTorchrunLauncher(JobSetMixin, SupervisionMixin, ManifestsMixin, ApiMixi
         )
         return None
 
-    def _remove_live_gangs(
-        self,
-        log,
-        api,
-        key: str | None,
-        what: str = "training Job",
-        run_state: RunState | None = None,
-        own_run: str | None = None,
-    ) -> None:
-        """Delete unfinished gangs of the same asset + partition whose Dagster run is over: two
-        gangs would write one checkpoint folder and MLflow run.
-
-        Dagster is asked first (``run_state``): a Job whose run is still live (another run training
-        the same partition) is left alone and this launch fails naming that run. A Job of this very
-        run (a retried step) or of a finished or deleted run is an orphan: deleted rather than
-        adopted (it may run another config; the new gang resumes from the same checkpoint). Without
-        ``run_state`` every unfinished Job of the key is treated as an orphan.
-        """
-        if key is None:
-            return
-        ns = self.namespace
-        if Backend(self.backend) is Backend.JOBSET:
-            self._remove_live_jobsets(log, api, key, what, run_state, own_run)
-        for other in api.batch_api.list_namespaced_job(
-            ns, label_selector=f"{GANG_LABEL}={key}"
-        ).items:
-            if JOBSET_NAME_LABEL in (other.metadata.labels or {}):
-                continue  # a JobSet's child: removed with its JobSet above
-            conditions = (
-                {c.type for c in (other.status.conditions or []) if c.status == "True"}
-                if other.status
-                else set()
-            )
-            if conditions & {"Complete", "Failed"} or other.metadata.deletion_timestamp:
-                continue  # its pods, if any still run, are waited for below
-            _take_over(
-                log, f"{what} {ns}/{other.metadata.name}", other.metadata.labels, run_state, own_run
-            )
-            self._cleanup(log, api, other.metadata.name, has_service=True)
-        # every pod of the key: also those of Jobs being deleted or already gone
-        self._wait_pods_gone(log, api, f"{GANG_LABEL}={key}")
-
-    def _remove_live_jobsets(
-        self, log, api, key: str, what: str, run_state: RunState | None, own_run: str | None
-    ) -> None:
-        """:meth:`_remove_live_gangs` for JobSets (same rules: a live run's gang is left alone)."""
-        from finetune_assets.core.launchers.k8s.jobset import GROUP, PLURAL, VERSION
-
-        ns = self.namespace
-        items = api.custom_api.list_namespaced_custom_object(
-            GROUP, VERSION, ns, PLURAL, label_selector=f"{GANG_LABEL}={key}"
-        )["items"]
-        for other in items:
-            meta = other["metadata"]
-            if set(jobset_conditions(other)) & {"Completed", "Failed"} or meta.get(
-                "deletionTimestamp"
-            ):
-                continue
-            _take_over(
-                log, f"{what} JobSet {ns}/{meta['name']}", meta.get("labels"), run_state, own_run
-            )
-            self._cleanup_jobset(log, api, meta["name"])
-
     def _cleanup(self, log, api, name: str, has_service: bool) -> None:
         """Delete the Job (its pods go with it) and the Service; never masks the training outcome.
 
@@ -387,23 +326,3 @@ class K8sTorchrunLauncher(JobSetMixin, SupervisionMixin, ManifestsMixin, ApiMixi
             f"terminates its pods; the Job object is left (no pods, no resources): remove it with "
             f"`kubectl delete job -n {ns} {name}`"
         )
-
-
-def _take_over(
-    log, gang: str, labels: dict | None, run_state: RunState | None, own_run: str | None
-) -> None:
-    """Refuse when the live ``gang`` belongs to a Dagster run that is still going (two gangs would
-    write one checkpoint); else say it is about to be deleted.
-    """
-    left_by = (labels or {}).get("dagster/run-id", "?")
-    state = run_state(left_by) if run_state is not None and left_by not in ("?", own_run) else None
-    if state is not None:
-        raise LiveRunConflict(
-            f"{gang} of the same asset and partition belongs to Dagster run {left_by}, which is "
-            f"still {state}: two gangs would write one checkpoint. Wait for that run (or "
-            "terminate it), then launch again"
-        )
-    log.warning(
-        f"Deleting live {gang} of the same asset and partition (left by run {left_by}, which is "
-        "over) before starting a new gang"
-    )

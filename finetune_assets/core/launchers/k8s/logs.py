@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import kubernetes
 
 from finetune_assets.core.launchers.base import log_trainer_line
-from finetune_assets.core.launchers.k8s.settings import API_TIMEOUT_S, CONTAINER_NAME
+from finetune_assets.core.launchers.k8s.constants import API_TIMEOUT_S, CONTAINER_NAME
 
 
 def _warning_events(api, namespace: str, names: Sequence[str], limit: int = 8) -> str:
@@ -47,10 +47,10 @@ def _safe_logs(api, pod_name: str, namespace: str, tail_lines: int) -> str:
 
 
 class LogFollower:
-    """Follows one pod's log at a time on a background thread; the caller drains lines into
-    ``context.log``.
+    """Follows one pod's log at a time on a background thread; the caller drains lines into the
+    run's log.
 
-    Lines go through a queue so that only the launching thread touches the Dagster logger. A stream
+    Lines go through a queue so that only the launching thread touches the run's log. A stream
     that ends or breaks while the pod still runs (API server restart, kubelet hiccup, idle timeout
     of a proxy) is re-opened and the lines already delivered are skipped, so nothing repeats or goes
     missing (unless the kubelet rotated the log file in between, at 10 MiB by default).

@@ -11,11 +11,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import kubernetes
-
 from finetune_assets.core.launchers.base import TrainingSpec, torchrun_command
-from finetune_assets.core.launchers.k8s.passthrough import deep_merge
-from finetune_assets.core.launchers.k8s.settings import (
+from finetune_assets.core.launchers.k8s.constants import (
     _DNS_LABEL,
     _LABEL_KEY,
     _SECRET_ENV,
@@ -28,8 +25,9 @@ from finetune_assets.core.launchers.k8s.settings import (
     QUEUE_LABEL,
     SCRATCH_MOUNTS,
     Backend,
-    PullPolicy,
 )
+from finetune_assets.core.launchers.k8s.passthrough import deep_merge
+from finetune_assets.core.launchers.k8s.settings import toleration
 from finetune_assets.core.training import cuda_preflight
 from finetune_assets.core.training.checkpoints.fencing import GENERATION_ENV
 
@@ -94,7 +92,7 @@ def gang_key(labels: Mapping[str, str], scope: str = "") -> str | None:
 
 
 class ManifestsMixin:
-    """The rendering half of the launcher (its fields live in :class:`K8sSettings`)."""
+    """The rendering half of the launcher."""
 
     def rdzv_host(self, name: str) -> str:
         """Pod 0's DNS name through the headless Service (``<job>-0.<service>.<ns>.svc``; the
@@ -238,7 +236,7 @@ class ManifestsMixin:
         if self.node_selector:
             pod_spec["nodeSelector"] = dict(self.node_selector)
         if self.tolerations:
-            pod_spec["tolerations"] = [t.to_k8s() for t in self.tolerations]
+            pod_spec["tolerations"] = [toleration(t) for t in self.tolerations]
         if self.image_pull_secrets:
             pod_spec["imagePullSecrets"] = [{"name": s} for s in self.image_pull_secrets]
         container = {
@@ -356,8 +354,8 @@ class ManifestsMixin:
         job_spec: dict[str, Any],
         component: str,
     ) -> dict[str, Any]:
-        """A Job as an API-ready dict through Dagster's builder (common labels, snake/camel
-        conversion).
+        """A Job as an API-ready dict: what the launcher renders, the ``k8s_config`` passthrough
+        merged over it, built by :meth:`build_job`.
         """
         image = image or self.image
         if not image:
@@ -365,12 +363,6 @@ class ManifestsMixin:
                 "K8sTorchrunLauncher.image is not set and there is no launching pod to take it "
                 "from: set image"
             )
-        from dagster_k8s.job import (
-            DagsterK8sJobConfig,
-            UserDefinedDagsterK8sConfig,
-            construct_dagster_k8s_job,
-        )
-
         if self.queue_name:  # Kueue admits (unsuspends) the whole Job once its quota is free
             job_spec = {**job_spec, "suspend": True}
         parts = deep_merge(
@@ -382,21 +374,16 @@ class ManifestsMixin:
             },
             self.k8s_config,
         )
-        manifest = construct_dagster_k8s_job(
-            job_config=DagsterK8sJobConfig(
-                job_image=image,
-                image_pull_policy=PullPolicy(self.image_pull_policy).value,
-                service_account_name=self.service_account_name,
-                env_secrets=list(self.env_secret_names),  # envFrom secretRef, by name only
-            ),
-            args=None,
-            job_name=name,
-            pod_name=name,
-            component=component,
-            labels=labels,
-            user_defined_k8s_config=UserDefinedDagsterK8sConfig.from_dict(parts),
-        )
-        job_dict = kubernetes.client.ApiClient().sanitize_for_serialization(manifest)
+        job_dict = self.build_job(name, image, labels, parts, component)
         # The Job controller adds the completion index to each pod; the template may not name pods.
         job_dict["spec"]["template"]["metadata"].pop("name", None)
         return job_dict
+
+    def build_job(
+        self, name: str, image: str, labels: dict[str, str], parts: dict[str, Any], component: str
+    ) -> dict[str, Any]:
+        """The Job from ``parts`` (dagster-k8s's ``UserDefinedDagsterK8sConfig`` shape) as an
+        API-ready dict. Dagster's Job builder makes it (common labels, snake/camel conversion): the
+        ``launcher`` resource provides this (``defs/resources/k8s_launcher.py``).
+        """
+        raise NotImplementedError

@@ -16,7 +16,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from finetune_assets.core.launchers.k8s.settings import _SECRET_ENV
+from finetune_assets.core.launchers.k8s.constants import _SECRET_ENV
 
 KEYS = (
     "container_config",

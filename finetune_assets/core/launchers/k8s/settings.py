@@ -1,395 +1,46 @@
-"""The launcher's settings: constants, enums and the typed fields (what a user configures)."""
+"""What derives from the launcher's fields (processes per pod, sizing, the gang's scope) and the
+rules the fields must satisfy together.
+
+The fields themselves are the ``launcher`` resource's (``defs/resources/k8s_launcher.py``: the
+launchpad's ``resources.launcher.config``); this mixin reads them from ``self``.
+"""
 
 from __future__ import annotations
 
-import re
-from enum import Enum
 from typing import Any
 
-import dagster as dg
-from pydantic import Field, model_validator
-
-from finetune_assets.core.launchers.base import TRAINER_MODULE, TrainingLauncher
-
-CONTAINER_NAME = "trainer"
-# Our own pod label: the Service selector and every pod query use it (the controller's `job-name`
-# label is not set by every Job implementation, e.g. older clusters or API doubles).
-JOB_LABEL = "finetune-assets/training-job"
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-COMPONENT = "finetune-trainer"
-# One value per asset + partition on every Job: finds a live gang left by a dead launcher (see
-# gang_key).
-GANG_LABEL = "finetune-assets/gang"
-DEPLOYMENT_LABEL = "finetune-assets/deployment"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-EVENTS_EVERY_S = 5.0
-API_TIMEOUT_S = (
-    30  # every API read is bounded: a hung connection must not hang the supervision loop
+from finetune_assets.core.launchers.k8s.constants import (
+    AUTO,
+    CPU_LIMIT_PER_PROCESS,
+    CPU_PER_PROCESS,
+    MEM_HEADROOM_PER_PROCESS_GI,
+    MEM_LIMIT_PER_PROCESS_GI,
+    MEM_PER_PROCESS_GI,
+    SHM_PER_GPU_GI,
+    Backend,
+    PodSecurityLevel,
+    TaintEffect,
+    TolerationOperator,
 )
-# Environment names that must come from a Kubernetes Secret, never from a plain `env` value
-# (TOKENIZERS_PARALLELISM, which the data fan-out sets on every worker, is a switch, not a token).
-_SECRET_ENV = re.compile(
-    r"(PASSWORD|PASSWD|SECRET|TOKEN(?!IZER)|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|API_KEY)", re.I
-)
-_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
-_LABEL_KEY = re.compile(
-    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
-# Writable scratch volumes under the read-only root filesystem.
-SCRATCH_MOUNTS = {"tmp": "/tmp", "cache": "/cache"}
-POD_ENV = {
-    "PYTHONUNBUFFERED": "1",
-    "HOME": "/tmp",
-    "TMPDIR": "/tmp",
-    "XDG_CACHE_HOME": "/cache",
-    "HF_HOME": "/cache/huggingface",
-    "TORCH_HOME": "/cache/torch",
-    "TRITON_CACHE_DIR": "/cache/triton",
-    "MPLCONFIGDIR": "/cache/matplotlib",
-    # A replaced pod's torchrun agent cannot rejoin the rendezvous' shared TCP store in torch 2.x
-    # (it waits for a MASTER_ADDR the node-0 agent never republishes): give each round its own store
-    # instead.
-    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-}
+from finetune_assets.core.launchers.k8s.passthrough import refused_by_pod_security, validate
 
 
-# Resource sizing per process when a field is "auto" (an 8-GPU pod gets 8x, /dev/shm on top of
-# memory).
-AUTO = "auto"
-CPU_PER_PROCESS = 1
-CPU_LIMIT_PER_PROCESS = 4
-MEM_PER_PROCESS_GI = 4
-MEM_LIMIT_PER_PROCESS_GI = 8
-MEM_HEADROOM_PER_PROCESS_GI = 1  # the least a limit must leave per process beside /dev/shm
-SHM_PER_GPU_GI = 2
-
-
-class PullPolicy(str, Enum):
-    ALWAYS = "Always"
-    IF_NOT_PRESENT = "IfNotPresent"
-    NEVER = "Never"
-
-
-class TolerationOperator(str, Enum):
-    EQUAL = "Equal"
-    EXISTS = "Exists"
-
-
-class TaintEffect(str, Enum):
-    NO_SCHEDULE = "NoSchedule"
-    PREFER_NO_SCHEDULE = "PreferNoSchedule"
-    NO_EXECUTE = "NoExecute"
-
-
-class PodSecurityLevel(str, Enum):
-    """The Pod Security Standard the namespace enforces (its pod-security.kubernetes.io/enforce
-    label).
+def toleration(t) -> dict[str, Any]:
+    """A toleration (``key``, ``operator``, ``value``, ``effect``, ``toleration_seconds``) as the
+    API's dict, unset keys left out.
     """
-
-    RESTRICTED = "restricted"
-    BASELINE = "baseline"
-    PRIVILEGED = "privileged"
-
-
-class Backend(str, Enum):
-    """What runs the gang: an Indexed Job the launcher supervises and resubmits (``job``), or a
-    JobSet whose controller restarts the whole gang server-side (``jobset``; deploy/README.md
-    says when to pick which).
-    """
-
-    JOB = "job"
-    JOBSET = "jobset"
+    out = {
+        "key": t.key,
+        "operator": TolerationOperator(t.operator).value,
+        "value": t.value,
+        "effect": TaintEffect(t.effect).value if t.effect else None,
+        "tolerationSeconds": t.toleration_seconds,
+    }
+    return {k: v for k, v in out.items() if v is not None}
 
 
-class PropagationPolicy(str, Enum):
-    BACKGROUND = "Background"
-    FOREGROUND = "Foreground"
-
-
-class Toleration(dg.Config):
-    """One pod toleration (e.g. for tainted GPU nodes: key ``nvidia.com/gpu``, operator
-    ``Exists``).
-    """
-
-    key: str | None = None
-    operator: TolerationOperator = TolerationOperator.EQUAL
-    value: str | None = None
-    effect: TaintEffect | None = None
-    toleration_seconds: int | None = None
-
-    def to_k8s(self) -> dict[str, Any]:
-        out = {
-            "key": self.key,
-            "operator": TolerationOperator(self.operator).value,
-            "value": self.value,
-            "effect": TaintEffect(self.effect).value if self.effect else None,
-            "tolerationSeconds": self.toleration_seconds,
-        }
-        return {k: v for k, v in out.items() if v is not None}
-
-
-class K8sSettings(TrainingLauncher):
-    """The fields of :class:`~finetune_assets.core.launchers.k8s.K8sTorchrunLauncher` and what
-    derives
-    from them.
-    """
-
-    image: str | None = Field(
-        default=None,
-        description="Image with this package installed (deploy/Dockerfile). Unset: the launching "
-        "pod's "
-        "own image (in-cluster), so the Helm values name the image once.",
-    )
-    namespace: str = Field(default="default", description="Namespace of the Job, Service and pods.")
-    backend: Backend = Field(
-        default=Backend.JOB,
-        description="'job': an Indexed Job + headless Service; the launcher resubmits a fresh "
-        "gang after a disruption (max_resubmissions). 'jobset': a JobSet (jobset.x-k8s.io, its "
-        "controller installed in the cluster) of one Indexed Job; its controller recreates the "
-        "whole gang server-side after any pod failure (jobset_max_restarts), also while this "
-        "process is gone, and can place the gang exclusively in one topology domain "
-        "(exclusive_topology).",
-    )
-    jobset_max_restarts: int = Field(
-        default=3,
-        ge=0,
-        le=9,
-        description="backend 'jobset': the JobSet's failurePolicy.maxRestarts, gang restarts by "
-        "its controller (a killed pod, a lost node, a crashed rank), each resuming from the "
-        "checkpoint; a timeout or a configuration error (exit 78) is never restarted. At most 9: "
-        "the restart is the last digit of the gang's fencing generation.",
-    )
-    exclusive_topology: str | None = Field(
-        default=None,
-        description="backend 'jobset': a node label key (e.g. cloud.google.com/gke-nodepool, a "
-        "rack or block label, kubernetes.io/hostname) whose one domain the gang gets to itself "
-        "(alpha.jobset.sigs.k8s.io/exclusive-topology): all its pods in the domain of pod 0, no "
-        "other JobSet's pods beside them.",
-    )
-    image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
-    image_pull_secrets: list[str] = Field(default_factory=list)
-    nnodes: int = Field(
-        default=1, ge=1, description="Pods (torchrun nodes); each runs nproc_per_node workers."
-    )
-    gpus_per_node: int = Field(
-        default=0, ge=0, description="nvidia.com/gpu per pod; processes per pod follow it."
-    )
-    nproc_per_node: int | None = Field(  # type: ignore[assignment]
-        default=None,
-        ge=1,
-        description="Processes per pod; unset = gpus_per_node (one per GPU), or 1 without GPUs.",
-    )
-    cuda_preflight: bool = Field(
-        default=True,
-        description="With gpus_per_node > 0, each pod first checks that CUDA sees its GPUs and "
-        "exits at once (a configuration error, never retried) when it does not, instead of "
-        "training on CPU while the GPUs sit reserved. Off only where GPUs are counted but not "
-        "real (the local test plane).",
-    )
-    nvidia_driver_path: str = Field(
-        default="/usr/local/nvidia/lib64",
-        description="Where the node's NVIDIA driver libraries are mounted in GPU pods (GKE's "
-        "device plugin: /usr/local/nvidia/lib64; the NVIDIA container toolkit (EKS, AKS, GPU "
-        "operator) injects them into the loader path, where this is harmless): put on "
-        "LD_LIBRARY_PATH of GPU pods, named by the CUDA preflight.",
-    )
-    pod_security_level: PodSecurityLevel = Field(
-        default=PodSecurityLevel.RESTRICTED,
-        description="The Pod Security level the namespace enforces (deploy/namespace.yaml: "
-        "restricted). What it would refuse (hostNetwork, added capabilities such as IPC_LOCK, "
-        "hostPath volumes) is refused when the resource is built, with the reason, instead of "
-        "pods that the API server never admits.",
-    )
-    host_network: bool = Field(
-        default=False,
-        description="Fast fabrics that need the host's network (GPUDirect-TCPX/TCPXO on GKE, "
-        "some RoCE setups): pods on the node's network namespace (dnsPolicy "
-        "ClusterFirstWithHostNet). Needs pod_security_level=privileged (a namespace of its own).",
-    )
-    extra_resources: dict[str, str] = Field(
-        default_factory=dict,
-        description="Extra device resources per training pod, requests = limits: e.g. "
-        '{"vpc.amazonaws.com/efa": "32"} (AWS EFA), {"rdma/rdma_shared_device_a": "1"} '
-        "(InfiniBand / RoCE through an RDMA device plugin). Allowed at every Pod Security level.",
-    )
-    # "auto" = sized from the processes per pod (see `sizing`); None = no limit.
-    guaranteed_qos: bool = Field(
-        default=True,
-        description="'auto' requests equal the limits (QoS Guaranteed: the kubelet evicts "
-        "Burstable pods first under node pressure, and a training gang is the costliest thing "
-        "to evict). False: 'auto' requests are the smaller per-process values below.",
-    )
-    cpu_request: str = Field(
-        default=AUTO,
-        description=f"'auto' = the CPU limit (guaranteed_qos), else {CPU_PER_PROCESS} core(s) per "
-        "process.",
-    )
-    cpu_limit: str | None = Field(
-        default=AUTO,
-        description=f"'auto' = {CPU_LIMIT_PER_PROCESS} cores per process; None = no limit.",
-    )
-    memory_request: str = Field(
-        default=AUTO, description=f"'auto' = {MEM_PER_PROCESS_GI}Gi per process + /dev/shm."
-    )
-    memory_limit: str | None = Field(
-        default=AUTO,
-        description=f"'auto' = {MEM_LIMIT_PER_PROCESS_GI}Gi per process + /dev/shm; None = no "
-        "limit.",
-    )
-    shm_size: str = Field(
-        default=AUTO,
-        description="Memory-backed /dev/shm (DataLoader, NCCL, streaming); counts against the "
-        "memory "
-        f"limit. 'auto' = {SHM_PER_GPU_GI}Gi per GPU process, else 1Gi.",
-    )
-    scratch_size: str = Field(
-        default="8Gi", description="Size limit of each writable emptyDir (/tmp, /cache)."
-    )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Training pods (the GPU pool)."
-    )
-    tolerations: list[Toleration] = Field(
-        default_factory=list, description="Training pods (the GPU pool)."
-    )
-    k8s_config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Pod-template passthrough for the training pods, in dagster-k8s's "
-        "UserDefinedDagsterK8sConfig shape (see core/launchers/k8s/passthrough.py): annotations, "
-        "priorityClassName, "
-        "schedulerName, affinity, runtimeClassName, extra resources...",
-    )
-    # The data fan-out's CPU workers get their own pool: nothing above is inherited.
-    worker_node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Data worker pods (CPU pool)."
-    )
-    worker_tolerations: list[Toleration] = Field(
-        default_factory=list, description="Data worker pods."
-    )
-    worker_cpu_request: str = Field(
-        default=AUTO, description=f"Data worker pods; 'auto' = {CPU_PER_PROCESS} core."
-    )
-    worker_memory_request: str = Field(
-        default=AUTO, description="Data worker pods; 'auto' as for one process."
-    )
-    worker_memory_limit: str | None = Field(
-        default=AUTO, description="Data worker pods; None = no limit."
-    )
-    worker_k8s_config: dict[str, Any] = Field(
-        default_factory=dict, description="Passthrough for data worker pods."
-    )
-    queue_name: str | None = Field(
-        default=None,
-        description="Kueue LocalQueue: the Job is created suspended with the "
-        "kueue.x-k8s.io/queue-name label, and Kueue admits the whole gang at once (see "
-        "deploy/README.md).",
-    )
-    deployment: str = Field(
-        default="default",
-        description="This deployment's name: with the namespace, part of the gang key, so two "
-        "deployments training the same partition in one namespace never touch each other's Jobs.",
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Extra non-secret environment for the pods."
-    )
-    env_secret_names: list[str] = Field(
-        default_factory=list,
-        description=(
-            "Kubernetes Secrets whose keys become environment variables (envFrom): storage and "
-            "MLflow credentials."
-        ),
-    )
-    service_account_name: str | None = Field(
-        default=None, description="SA of the training pods (needs no RBAC)."
-    )
-    storage_pvc_name: str | None = Field(
-        default=None,
-        description="A ReadWriteMany PVC to mount as the shared storage root (instead of s3://).",
-    )
-    storage_mount_path: str = Field(
-        default="/data", description="Where storage_pvc_name is mounted in the pods."
-    )
-    labels: dict[str, str] = Field(
-        default_factory=dict, description="Extra labels on the Job, Service and pods."
-    )
-    rdzv_port: int = Field(default=29400, ge=1, le=65535)
-    rdzv_timeout_s: int = Field(
-        default=1800,
-        ge=1,
-        description="c10d rendezvous join and read timeout: longer than the worst gap between "
-        "the first and the last "
-        "pod starting (GPU node scale-up, a multi-GB image pull). torchrun's own default read "
-        "timeout is 60 s.",
-    )
-    timeout_s: int = Field(
-        default=24 * 3600,
-        ge=1,
-        description="Wall-clock limit (also the Job's activeDeadlineSeconds).",
-    )
-    ttl_seconds_after_finished: int = Field(default=3600, ge=0)
-    delete_propagation_policy: PropagationPolicy = Field(
-        default=PropagationPolicy.FOREGROUND,
-        description="Foreground: the Job object stays (deletionTimestamp set) until its pods are "
-        "gone, so the next launch still finds it and waits.",
-    )
-    gone_timeout_s: int = Field(
-        default=1800,
-        ge=1,
-        description="How long a new gang waits for the previous gang's pods to be gone (a pod on "
-        "a lost node stays until the node is confirmed down) before the launch fails instead of "
-        "overlapping them.",
-    )
-    run_as_user: int = Field(default=1000, ge=1)
-    read_only_root_filesystem: bool = True
-    python: str = Field(default="python", description="The interpreter inside the image.")
-    trainer_module: str = Field(
-        default=TRAINER_MODULE, description="Module torchrun runs (tests use a stand-in)."
-    )
-    load_incluster_config: bool = Field(
-        default=True, description="True inside the cluster (run pods); else kubeconfig."
-    )
-    kubeconfig_file: str | None = Field(
-        default=None, description="Kubeconfig path; None = $KUBECONFIG or ~/.kube/config."
-    )
-    kube_context: str | None = None
-    poll_interval_s: float = Field(default=2.0, gt=0)
-    api_outage_budget_s: float = Field(
-        default=600,
-        gt=0,
-        description="How long API calls are retried (429, 5xx, 401, connection errors) "
-        "before the launcher gives up; the gang keeps running meanwhile (supervision only lost "
-        "sight of it).",
-    )
-    start_timeout_s: int = Field(
-        default=1800,
-        ge=1,
-        description="How long pods may stay Pending (scheduling, node scale-up, image pull, quota) "
-        "before the launch fails with the scheduler's / admission's reason.",
-    )
-    queue_timeout_s: int = Field(
-        default=24 * 3600,
-        ge=1,
-        description="How long a suspended (Kueue-queued) Job may wait for admission; "
-        "start_timeout_s and timeout_s count from admission.",
-    )
-    max_resubmissions: int = Field(
-        default=3,
-        ge=0,
-        description="Fresh gangs after a disruption (eviction, preemption, node lost); each "
-        "resumes "
-        "from the last checkpoint. Failures of the training code itself are never resubmitted.",
-    )
-    owner_pod: str | None = Field(
-        default=None,
-        description="Pod that owns the training Job, so Kubernetes deletes the gang when it dies. "
-        "Unset: in-cluster this pod ($HOSTNAME), outside none.",
-    )
-    owner_container: str = Field(
-        default="dagster",
-        description="The launching pod's container whose image the gang runs when image is "
-        "unset (dagster-k8s names the run container 'dagster'; a mesh sidecar may be listed "
-        "first).",
-    )
-    log_tail_lines: int = Field(default=100, ge=1)
+class SettingsMixin:
+    """The derived half of the launcher's settings."""
 
     @property
     def processes(self) -> int:
@@ -461,10 +112,15 @@ class K8sSettings(TrainingLauncher):
                 )
         return out
 
-    @model_validator(mode="after")
-    def _valid_passthrough(self):
-        from finetune_assets.core.launchers.k8s.passthrough import refused_by_pod_security, validate
+    @property
+    def gang_scope(self) -> str:
+        """What, beside asset + partition, tells this deployment's Jobs from another's."""
+        return f"{self.namespace}/{self.deployment}"
 
+    def check_settings(self) -> None:
+        """Refuse (ValueError) what no pod of the gang could run with, when the resource is built
+        rather than when pods fail.
+        """
         validate(self.k8s_config, "k8s_config")
         validate(self.worker_k8s_config, "worker_k8s_config")
         level = PodSecurityLevel(self.pod_security_level).value
@@ -480,28 +136,14 @@ class K8sSettings(TrainingLauncher):
                     "of their own enforcing 'privileged' (set pod_security_level='privileged' "
                     "there); EFA / RDMA device resources alone need no privilege (extra_resources)"
                 )
-        return self
-
-    @model_validator(mode="after")
-    def _jobset_fields_need_jobset(self):
         if Backend(self.backend) is Backend.JOB and self.exclusive_topology:
             raise ValueError(
                 f"exclusive_topology={self.exclusive_topology!r} needs backend='jobset': an "
                 "Indexed Job has no exclusive placement (the JobSet controller makes it)"
             )
-        return self
-
-    @property
-    def gang_scope(self) -> str:
-        """What, beside asset + partition, tells this deployment's Jobs from another's."""
-        return f"{self.namespace}/{self.deployment}"
-
-    @model_validator(mode="after")
-    def _coherent_timeouts(self):
-        """Pods that start first wait in the rendezvous for the last one: if that wait ends before
-        the launcher's own start timeout, early pods fail holding their GPUs while the gang could
-        still form.
-        """
+        # Pods that start first wait in the rendezvous for the last one: if that wait ends before
+        # the launcher's own start timeout, early pods fail holding their GPUs while the gang could
+        # still form.
         if self.nnodes > 1 and self.rdzv_timeout_s < self.start_timeout_s:
             raise ValueError(
                 f"rdzv_timeout_s={self.rdzv_timeout_s} is shorter than "
@@ -510,4 +152,3 @@ class K8sSettings(TrainingLauncher):
                 "rdzv_timeout_s "
                 "or lower start_timeout_s"
             )
-        return self

@@ -11,14 +11,14 @@ from typing import Any
 
 from finetune_assets.core.launchers.base import TrainingFailed
 from finetune_assets.core.launchers.k8s import kueue
-from finetune_assets.core.launchers.k8s.failures import RESUBMIT, classify_failure
-from finetune_assets.core.launchers.k8s.logs import LogFollower, _safe_logs, _warning_events
-from finetune_assets.core.launchers.k8s.settings import (
+from finetune_assets.core.launchers.k8s.constants import (
     API_TIMEOUT_S,
     CONTAINER_NAME,
     EVENTS_EVERY_S,
     JOB_LABEL,
 )
+from finetune_assets.core.launchers.k8s.failures import RESUBMIT, classify_failure
+from finetune_assets.core.launchers.k8s.logs import LogFollower, _safe_logs, _warning_events
 from finetune_assets.core.launchers.k8s.verdict import (
     GangDisrupted,
     _completion_index,
@@ -38,7 +38,7 @@ ADMISSION_REFUSAL = re.compile(
 
 
 class SupervisionMixin:
-    """The supervision half of the launcher (its fields live in :class:`K8sSettings`)."""
+    """The supervision half of the launcher."""
 
     def _supervise(
         self,

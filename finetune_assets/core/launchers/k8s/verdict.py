@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from finetune_assets.core.launchers.k8s.constants import COMPLETION_INDEX_ANNOTATION
 from finetune_assets.core.launchers.k8s.failures import (
     infrastructure_reason,
     limit_eviction,
     waiting_is_fatal,
 )
-from finetune_assets.core.launchers.k8s.settings import COMPLETION_INDEX_ANNOTATION
 
 
 class GangDisrupted(Exception):
