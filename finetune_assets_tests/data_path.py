@@ -11,8 +11,9 @@ writes shards itself; only the glue the assets do around the workers is repeated
     tokenized.table()  # input_ids, length, full_length, label, split: raw_reviews' row order
     shards["train"].samples  # {root}/shards/train: one MDS dataset, as the trainer reads it
 
-Imports stay inside the functions: the GPU check (``benchmarks/gpu/smoke.py``) uses
-:func:`shard_tokens` on an image without the tokenization stack.
+Imports stay inside the functions: the GPU check (``benchmarks/gpu/smoke.py``) writes its
+synthetic splits with :func:`shard_tokens` on the GPU machine's image, which carries only what its
+check needs.
 """
 
 from __future__ import annotations
