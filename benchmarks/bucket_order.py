@@ -34,6 +34,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))  # finetune_assets_tests.data_path
 RESULTS = REPO / "benchmarks" / "results" / "bucket_order.json"
 ORDERS = ("per_rank", "shared")
 
@@ -46,26 +47,22 @@ def prepare(root: Path) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
     from defaults import REVIEWS
-    from transformers import AutoTokenizer
 
     from finetune_assets.core.prep.pretrained import (
         DEFAULT_MODEL,
         packaged_model_dir,
         save_pretrained_model,
     )
-    from finetune_assets.core.prep.tokenize import tokenize_table
     from finetune_assets.core.prep.validate import ValidationRules, validate
-    from finetune_assets.core.shards.writer import write_splits
     from finetune_assets.core.sources import SourceSpec, read_source
+    from finetune_assets_tests.data_path import prepare as tokenize_and_shard
 
     save_pretrained_model(DEFAULT_MODEL, None, root / "model")
     validated = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules())
-    table = tokenize_table(
-        validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512
-    )
-    write_splits(table, root / "shards")
+    tokenized, _ = tokenize_and_shard(validated.accepted, packaged_model_dir(), root, 512)
+    table = tokenized.table(columns=["length", "split"])
     train = table.filter(pc.equal(table.column("split").cast(pa.string()), "train"))
-    lengths = pc.list_value_length(train.column("input_ids")).to_pylist()
+    lengths = train.column("length").to_pylist()
     (root / "train_lengths.json").write_text(json.dumps(lengths))
 
 

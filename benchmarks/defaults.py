@@ -2,18 +2,17 @@
 length-sorted predict.
 
 Training: the trainer's defaults (AdamW 5e-5, warmup 10 %, balanced class weights, batch 8, max
-length 512) on shared/data/arabic_reviews (PROD + ATT + RES2 through read_source -> validate ->
-tokenize_table -> write_splits, as the assets do), one CPU process per run (``python -m
-finetune_assets.core.training``, the command torchrun runs), a fixed ``--steps`` of training, then
-the
-whole test split. The seed's recipe (every sequence padded to 512, fp32) and today's defaults run
-first, on the same data in the same process of this script: ``defaults_vs_seed_samples_per_sec`` is
-the one ratio. Then one change at a time: ``bucket_batches`` (1: off, 16: the default) x
-``precision`` (``32``, ``bf16-mixed``; ``auto`` picks bf16 where the CPU has AVX512-BF16/AMX, and
-the result says what it resolved to here). samples/s is the trainer's steady-state window (no
-start-up, validation or checkpoint saves). Quality after a short fixed budget (the same test samples
-for every run: evaluation is not shuffled) is a comparison between the runs, not the model's final
-quality.
+length 512) on shared/data/arabic_reviews (PROD + ATT + RES2 through read_source -> validate -> the
+tokenize and shard slice workers as the assets run them, ``finetune_assets_tests/data_path.py``),
+one CPU process per run (``python -m finetune_assets.core.training``, the command torchrun runs), a
+fixed ``--steps`` of training, then the whole test split. The seed's recipe (every sequence padded
+to 512, fp32) and today's defaults run first, on the same data in the same process of this script:
+``defaults_vs_seed_samples_per_sec`` is the one ratio. Then one change at a time: ``bucket_batches``
+(1: off, 16: the default) x ``precision`` (``32``, ``bf16-mixed``; ``auto`` picks bf16 where the CPU
+has AVX512-BF16/AMX, and the result says what it resolved to here). samples/s is the trainer's
+steady-state window (no start-up, validation or checkpoint saves). Quality after a short fixed
+budget (the same test samples for every run: evaluation is not shuffled) is a comparison between the
+runs, not the model's final quality.
 
 Predict: the trained default model classifies the test texts with ``--batch-size`` 32, in input
 order (the old way) and in length-sorted batches (``finetune_assets.core.evaluation.batching``, what
@@ -37,7 +36,6 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
-from transformers import AutoTokenizer
 
 from finetune_assets.core.evaluation.batching import predict_in_length_order
 from finetune_assets.core.io.contracts import read_split_stats
@@ -46,9 +44,7 @@ from finetune_assets.core.prep.pretrained import (
     packaged_model_dir,
     save_pretrained_model,
 )
-from finetune_assets.core.prep.tokenize import tokenize_table
 from finetune_assets.core.prep.validate import ValidationRules, validate
-from finetune_assets.core.shards.writer import write_splits
 from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets.core.training.config import TrainerConfig
 from finetune_assets.core.training.precision import cpu_supports_bf16, resolve_precision
@@ -56,6 +52,7 @@ from finetune_assets.core.training.precision import cpu_supports_bf16, resolve_p
 REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
 if not REVIEWS.exists():
     REVIEWS = Path("/work/shared/data/arabic_reviews")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # finetune_assets_tests.data_path
 
 SEED = "seed_pad512_fp32 (the seed's recipe)"
 DEFAULT = "defaults (bucketing 16, precision auto)"
@@ -240,13 +237,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         summary = save_pretrained_model(DEFAULT_MODEL, None, root / "model")
+        from finetune_assets_tests.data_path import prepare
+
         validated = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules())
-        table = tokenize_table(
-            validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512
-        )
-        write_splits(table, root / "shards")
+        tokenized, _ = prepare(validated.accepted, packaged_model_dir(), root, 512)
+        table = tokenized.table(columns=["length", "split"])
         split = table.column("split").cast(pa.string()).to_pylist()
-        lengths = [len(x) for x in table.column("input_ids").to_pylist()]
+        lengths = table.column("length").to_pylist()
         result["model"] = summary.source
         result["data"] = {
             "source": "shared/data/arabic_reviews (PROD, ATT, RES2)",
@@ -296,14 +293,9 @@ def test_texts(limit: int) -> list[str]:
     """The first ``limit`` texts of the test split, as raw_reviews split them (by the normalized
     text's hash).
     """
-    validated = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules())
-    table = tokenize_table(
-        validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512
-    )
-    split = table.column("split").cast(pa.string()).to_pylist()
-    return [t for t, s in zip(validated.accepted.column("text").to_pylist(), split) if s == "test"][
-        :limit
-    ]
+    accepted = validate(read_source(SourceSpec(uri=str(REVIEWS))), ValidationRules()).accepted
+    split = accepted.column("split").cast(pa.string()).to_pylist()  # tokenization keeps it
+    return [t for t, s in zip(accepted.column("text").to_pylist(), split) if s == "test"][:limit]
 
 
 def predict_only(args: argparse.Namespace) -> None:

@@ -9,10 +9,11 @@ Seed recipe (shared/seeds/000_*.txt, ``download_dataset``): HF ``datasets`` ``ma
 columns, ``set_format("numpy")``, then one ``MDSWriter.write`` per row built as ``{k: ds[i][k] for k
 in columns}`` (uncompressed, ``size_limit="100kb"``, int32/int64 arrays padded to 512).
 
-Project path: ``read_source`` (the CSV files themselves) -> ``validate`` -> ``tokenize_table`` ->
-``write_splits`` (unpadded uint16 ids, zstd MDS), i.e. everything ``raw_reviews`` +
-``tokenized_reviews``
-+ ``mds_shards`` compute, minus Dagster and the publish step.
+Project path: ``read_source`` (the CSV files themselves) -> ``validate`` -> ``reviews.parquet`` ->
+the tokenize slice worker -> the shard worker and the merge, then the read-back (unpadded uint16
+ids, zstd MDS), i.e. everything ``raw_reviews`` + ``tokenized_reviews`` + ``mds_shards`` compute,
+minus Dagster and the publish step, as ``finetune_assets_tests/data_path.py`` runs it: in this
+process, one worker (the assets fan slices out to one process per core).
 
 The seed recipe is fed the rows the project accepts (already parsed: it gets its input for free), in
 the same order; both use ``finetune_assets.core.prep.pretrained.packaged_model_dir()``'s tokenizer
@@ -98,21 +99,21 @@ def seed_recipe(texts: list[str], labels: list[str], tokenizer, out: Path) -> di
     }
 
 
-def project_path(data: Path, tokenizer, out: Path) -> dict:
-    from finetune_assets.core.prep.tokenize import tokenize_table
+def project_path(data: Path, model_dir: Path, out: Path) -> dict:
     from finetune_assets.core.prep.validate import ValidationRules, validate
-    from finetune_assets.core.shards.writer import write_splits
     from finetune_assets.core.sources import SourceSpec, read_source
+    from finetune_assets_tests.data_path import shard, tokenize, write_reviews
 
     c0 = time.process_time()
     t0 = time.perf_counter()
     raw = read_source(SourceSpec(uri=str(data)))
     t1 = time.perf_counter()
     result = validate(raw, ValidationRules())
+    reviews = write_reviews(result.accepted, out / "reviews.parquet")  # as raw_reviews stores them
     t2 = time.perf_counter()
-    table = tokenize_table(result.accepted, tokenizer, MAX_LENGTH)
+    tokenized = tokenize(reviews, model_dir, out / "tokens", MAX_LENGTH)
     t3 = time.perf_counter()
-    splits = write_splits(table, out)
+    splits = shard(tokenized, out / "shards")
     t4 = time.perf_counter()
     return {
         "seconds": t4 - t0,
@@ -123,7 +124,7 @@ def project_path(data: Path, tokenizer, out: Path) -> dict:
         "write_s": t4 - t3,
         "rows_in": raw.num_rows,
         "rows": result.accepted.num_rows,
-        "bytes": dir_bytes(out),
+        "bytes": dir_bytes(out / "shards"),
         "shards": sum(s.shards for s in splits.values()),
         "accepted": result.accepted,
     }
@@ -191,9 +192,7 @@ def main() -> None:
     project_runs, seed_runs, ceiling = [], [], []
     try:
         for r in range(args.repeats):
-            # a fresh tokenizer per run: tokenize_table sets truncation/padding off on its backend
-            tok = AutoTokenizer.from_pretrained(model_dir, use_fast=True)
-            run = project_path(args.data, tok, work / f"project-{r}")
+            run = project_path(args.data, model_dir, work / f"project-{r}")
             accepted = run.pop("accepted")
             project_runs.append(run)
             texts = accepted.column("text").to_pylist()

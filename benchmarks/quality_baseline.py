@@ -44,29 +44,24 @@ ARABIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabi
 if not ARABIC.exists():
     ARABIC = Path("/work/shared/data/arabic_reviews")
 DATA = ("arabic", "english")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # finetune_assets_tests.data_path
 KEEP = ("samples", "accuracy", "macro_f1", "f1_per_class", "confusion_matrix")
 
 
 def finetune(accepted: pa.Table, args) -> dict:
-    from transformers import AutoTokenizer
-
     from finetune_assets.core.prep.pretrained import (
         DEFAULT_MODEL,
         packaged_model_dir,
         save_pretrained_model,
     )
-    from finetune_assets.core.prep.tokenize import tokenize_table
-    from finetune_assets.core.shards.writer import write_splits
     from finetune_assets.core.training.config import TrainerConfig
     from finetune_assets.core.training.run import train
+    from finetune_assets_tests.data_path import prepare
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         save_pretrained_model(DEFAULT_MODEL, None, root / "model")
-        table = tokenize_table(
-            accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), args.max_length
-        )
-        write_splits(table, root / "shards")
+        prepare(accepted, packaged_model_dir(), root, args.max_length)
         config = TrainerConfig.from_dict(
             {
                 "model_dir": str(root / "model"),

@@ -1,8 +1,9 @@
 """Quality on real data: the offline default model fine-tuned on shared/data/arabic_reviews vs the
 majority class.
 
-Uses the same pure functions as the assets (read_source -> validate -> tokenize_table ->
-write_splits) and the same ``train()`` as torchrun, in one CPU process. Run:
+Uses the same functions as the assets (read_source -> validate -> the tokenize and shard slice
+workers, as ``finetune_assets_tests/data_path.py`` runs them) and the same ``train()`` as torchrun,
+in one CPU process. Run:
 
     python benchmarks/quality_real_data.py [--epochs 1] [--class-weights balanced]
     [--max-train-batches N]
@@ -26,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from transformers import AutoTokenizer
 
 from finetune_assets.core.evaluation.evaluate import macro_f1
 from finetune_assets.core.io.contracts import read_split_stats
@@ -35,9 +35,7 @@ from finetune_assets.core.prep.pretrained import (
     packaged_model_dir,
     save_pretrained_model,
 )
-from finetune_assets.core.prep.tokenize import tokenize_table
 from finetune_assets.core.prep.validate import ValidationRules, validate
-from finetune_assets.core.shards.writer import write_splits
 from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets.core.training.config import TrainerConfig
 from finetune_assets.core.training.run import train
@@ -45,6 +43,7 @@ from finetune_assets.core.training.run import train
 REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arabic_reviews"
 if not REVIEWS.exists():
     REVIEWS = Path("/work/shared/data/arabic_reviews")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # finetune_assets_tests.data_path
 
 
 def majority_macro_f1(test_labels: list[int], train_labels: list[int]) -> dict[str, float]:
@@ -72,15 +71,15 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/quality_real_data.json")
     args = parser.parse_args()
     started = time.time()
+    from finetune_assets_tests.data_path import prepare
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         summary = save_pretrained_model(DEFAULT_MODEL, None, root / "model")
         raw = read_source(SourceSpec(uri=str(REVIEWS)))
         validated = validate(raw, ValidationRules())
-        tokenizer = AutoTokenizer.from_pretrained(packaged_model_dir())
-        table = tokenize_table(validated.accepted, tokenizer, args.max_length)
-        write_splits(table, root / "shards")
+        tokenized, _ = prepare(validated.accepted, packaged_model_dir(), root, args.max_length)
+        table = tokenized.table(columns=["label", "split"])
         split = table.column("split").cast(pa.string()).to_pylist()
         labels = table.column("label").to_pylist()
         counts = Counter(split)

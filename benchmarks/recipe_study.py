@@ -3,15 +3,15 @@
     nice -n 5 python benchmarks/recipe_study.py --workdir DIR [--recipes a,b] [--sets x,y]
         [--seeds 42,43] [--parallel 2]
 
-Sets (all offline): ``builtin:rotten_tomatoes`` (the README's default version, its own split:
-2,389 / 305 / 306), a CPU-sized subset of ``builtin:imdb`` and of the shared Arabic reviews
+Sets (all offline): ``builtin:rotten_tomatoes`` (the README's default version, its own split: 2,389
+/ 305 / 306), a CPU-sized subset of ``builtin:imdb`` and of the shared Arabic reviews
 (``../shared/data/arabic_reviews``, three classes, with the default *English* encoder: its
-vocabulary sees Arabic as letters, reported as measured). Each set is read, validated and split
-by the project's own functions (``read_source`` -> ``validate`` with a ``SplitRule`` ->
-``tokenize_table`` -> ``write_splits``), once; the subsets take rows by a salted hash, and their
-test fraction is larger (0.3) so that a test score means something. The split is frozen: every
-recipe and seed is scored on the same test reviews. TF-IDF is the ``baseline_model`` recipe
-(``core/evaluation/baseline.py``) fitted on the same train split.
+vocabulary sees Arabic as letters, reported as measured). Each set is read, validated and split by
+the project's own functions (``read_source`` -> ``validate`` with a ``SplitRule`` -> the tokenize
+and shard slice workers, as ``finetune_assets_tests/data_path.py`` runs them), once; the subsets
+take rows by a salted hash, and their test fraction is larger (0.3) so that a test score means
+something. The split is frozen: every recipe and seed is scored on the same test reviews. TF-IDF is
+the ``baseline_model`` recipe (``core/evaluation/baseline.py``) fitted on the same train split.
 
 Each (set, recipe, seed) is one training run, ``python -m finetune_assets.core.training`` in its own
 process (the command torchrun runs) with one thread (runs go ``--parallel`` at a time: on a
@@ -61,6 +61,7 @@ SETS = {
     "arabic_1500": (str(SHARED), 1500, 0.15, 0.3, 512),
 }
 SUBSET_SALT = "benchmarks/recipe_study/v1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # finetune_assets_tests.data_path
 
 # The trainer's defaults before this study (HyperParameters of commit f2ee4d5), written out.
 TODAY = {
@@ -155,10 +156,7 @@ def subset(table: pa.Table, rows: int | None) -> pa.Table:
 
 def prepare(name: str, root: Path, model_dir: Path) -> dict:
     """Shards and TF-IDF of one set, once (``{root}/{name}/``); returns its description."""
-    from transformers import AutoTokenizer
-
-    from finetune_assets.core.prep.tokenize import tokenize_table
-    from finetune_assets.core.shards.writer import write_splits
+    from finetune_assets_tests.data_path import prepare as tokenize_and_shard
 
     folder = root / name
     info_file = folder / "set.json"
@@ -171,12 +169,12 @@ def prepare(name: str, root: Path, model_dir: Path) -> dict:
         raw, ValidationRules(labels=labels, split=SplitRule(validation=val, test=test))
     )
     accepted = validated.accepted
-    tokens = tokenize_table(
-        accepted, AutoTokenizer.from_pretrained(model_dir), max_length, labels=labels
-    )
-    if (folder / "shards").exists():
-        shutil.rmtree(folder / "shards")
-    write_splits(tokens, folder / "shards")
+    for old in ("tokens", "shards"):
+        if (folder / old).exists():
+            shutil.rmtree(folder / old)
+    tokenized, _ = tokenize_and_shard(accepted, model_dir, folder, max_length, labels=labels)
+    lengths = tokenized.table(columns=["length"]).column("length").to_pylist()
+    shutil.rmtree(folder / "tokens")  # the shards are what the runs read
     texts = accepted.column("text").to_pylist()
     names = accepted.column("label").to_pylist()
     split = accepted.column("split").cast(pa.string()).to_pylist()
@@ -190,7 +188,6 @@ def prepare(name: str, root: Path, model_dir: Path) -> dict:
     t0 = time.time()
     baseline = BaselineModel.fit(*part["train"], label_set=list(labels.names))
     keep = ("accuracy", "macro_f1", "f1_per_class")
-    lengths = tokens.column("length").to_pylist() if "length" in tokens.column_names else []
     info = {
         "source": source if name != "arabic_1500" else "shared/data/arabic_reviews",
         "rows_read": raw.num_rows,

@@ -46,6 +46,7 @@ REVIEWS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "arab
 if not REVIEWS.exists():
     REVIEWS = Path("/work/shared/data/arabic_reviews")
 POLARITY = {"1": 0, "-1": 1, "0": 2}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # finetune_assets_tests.data_path
 
 
 def write_shards(out: Path, tokenizer, n: int) -> dict[str, float]:
@@ -173,24 +174,21 @@ RECIPES: dict[str, dict] = {
 
 
 def sample_shards(root: Path) -> dict[str, int]:
-    """``builtin:sample`` through the same pure functions as raw_reviews -> tokenized_reviews ->
-    mds_shards.
+    """``builtin:sample`` through the same functions as raw_reviews, then the slice path of
+    tokenized_reviews -> mds_shards (``finetune_assets_tests/data_path.py``) into ``root/shards``.
     """
     from collections import Counter
 
     import pyarrow as pa
 
-    from finetune_assets.core.prep.tokenize import tokenize_table
     from finetune_assets.core.prep.validate import ValidationRules, validate
-    from finetune_assets.core.shards.writer import write_splits
     from finetune_assets.core.sources import SourceSpec, read_source
+    from finetune_assets_tests.data_path import prepare
 
     validated = validate(read_source(SourceSpec(uri="builtin:sample")), ValidationRules())
-    table = tokenize_table(
-        validated.accepted, AutoTokenizer.from_pretrained(packaged_model_dir()), 512
-    )
-    write_splits(table, root / "shards")
-    lengths = [len(x) for x in table.column("input_ids").to_pylist()]
+    tokenized, _ = prepare(validated.accepted, packaged_model_dir(), root, 512)
+    table = tokenized.table(columns=["length", "split"])
+    lengths = table.column("length").to_pylist()
     return {
         **Counter(table.column("split").cast(pa.string()).to_pylist()),
         "mean_tokens": float(np.mean(lengths)),

@@ -102,25 +102,31 @@ class _Lines(logging.Handler):
 
 
 def write_data(root: Path, sizes: dict[str, int], seed: int = 0) -> Path:
-    """Synthetic MDS splits with the ``mds_shards`` schema: review-like lengths (16-256 tokens)."""
+    """Synthetic splits written by the ``mds_shards`` shard step (``root/{split}``, merged MDS):
+    review-like lengths (16-256 tokens).
+    """
     import pyarrow as pa
 
-    from finetune_assets.core.shards.writer import write_split
+    from finetune_assets_tests.data_path import shard_tokens
 
     rng = np.random.default_rng(seed)
+    ids, labels, splits = [], [], []
     for split, n in sizes.items():
         lengths = rng.integers(16, 257, size=n)
-        ids = [
+        ids += [
             np.concatenate([[101], rng.integers(1000, 30000, size=k - 2), [102]]).astype(np.uint16)
             for k in lengths
         ]
-        table = pa.table(
-            {
-                "input_ids": pa.array(ids, type=pa.list_(pa.uint16())),
-                "label": pa.array(rng.integers(0, 3, size=n), type=pa.int8()),
-            }
-        )
-        write_split(table, root / split, size_limit="1mb")
+        labels += rng.integers(0, 3, size=n).tolist()
+        splits += [split] * n
+    table = pa.table(
+        {
+            "input_ids": pa.array(ids, type=pa.list_(pa.uint16())),
+            "label": pa.array(labels, type=pa.int8()),
+            "split": splits,
+        }
+    )
+    shard_tokens(table, root, size_limit="1mb")
     return root
 
 

@@ -14,10 +14,12 @@ import pyarrow as pa
 import pytest
 
 from finetune_assets.core.io.contracts import SPLITS
-from finetune_assets.core.prep.tokenize import length_stats, token_dtype, tokenize_table
+from finetune_assets.core.prep.pretrained import packaged_model_dir
+from finetune_assets.core.prep.tokenize import token_dtype
 from finetune_assets.core.prep.validate import SplitRule, ValidationRules, normalize_text, validate
 from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets_tests.data.conftest import count_csv_rows, csv_rows
+from finetune_assets_tests.data_path import prepare, tokenize
 
 POLARITY = {"1": "Positive", "-1": "Negative", "0": "Mixed"}
 
@@ -116,9 +118,7 @@ def test_folder_source_reads_every_file(arabic_reviews: Path):
     }
 
 
-def test_splits_are_stable_across_versions_sharing_rows(
-    arabic_reviews: Path, tokenizer, tmp_path: Path
-):
+def test_splits_are_stable_across_versions_sharing_rows(arabic_reviews: Path, tmp_path: Path):
     """v1 = PROD, v2 = PROD + ATT: every PROD review lands in the same split in both versions."""
     v2_dir = tmp_path / "v2"
     v2_dir.mkdir()
@@ -126,9 +126,9 @@ def test_splits_are_stable_across_versions_sharing_rows(
         (v2_dir / name).write_bytes((arabic_reviews / name).read_bytes())
     rule = SplitRule()
 
-    def splits_by_text(uri: str) -> dict[str, str]:
+    def splits_by_text(uri: str, name: str) -> dict[str, str]:
         accepted = validate(read_source(SourceSpec(uri=uri)), ValidationRules(split=rule)).accepted
-        table = tokenize_table(accepted, tokenizer, 64)
+        table = tokenize(accepted, packaged_model_dir(), tmp_path / name, 64).table()
         # tokenized_reviews carries raw_reviews' split unchanged, row for row
         assert (
             table.column("split").cast(pa.string()).to_pylist()
@@ -141,8 +141,8 @@ def test_splits_are_stable_across_versions_sharing_rows(
             )
         )
 
-    v1 = splits_by_text(str(arabic_reviews / "PROD.csv"))
-    v2 = splits_by_text(str(v2_dir))
+    v1 = splits_by_text(str(arabic_reviews / "PROD.csv"), "tokens-v1")
+    v2 = splits_by_text(str(v2_dir), "tokens-v2")
     assert len(v2) > len(v1) > 4000
     assert all(v2[text] == split for text, split in v1.items())
     shares = Counter(v2.values())
@@ -152,13 +152,27 @@ def test_splits_are_stable_across_versions_sharing_rows(
     assert rule.assign(["  Hello   WORLD "]) == rule.assign(["hello world"])
 
 
-def test_tokenize_real_reviews_matches_hf_truncation(arabic_reviews: Path, tokenizer):
+def test_tokenize_real_reviews_matches_hf_truncation(
+    arabic_reviews: Path, tokenizer, tmp_path: Path
+):
     accepted = validate(
         read_source(SourceSpec(uri=str(arabic_reviews / "RES2.csv"))), ValidationRules()
     ).accepted
     accepted = accepted.slice(0, 400)
     max_length = 64
-    table = tokenize_table(accepted, tokenizer, max_length, batch_size=100)
+    # 4 row groups, 2 slices a worker: batches and slices join up row for row
+    tokenized = tokenize(
+        accepted,
+        packaged_model_dir(),
+        tmp_path / "tokens",
+        max_length,
+        workers=2,
+        slice_rows=100,
+        batch_size=64,
+        row_group_rows=100,
+    )
+    assert len(tokenized.parts) == 4
+    table = tokenized.table()
     texts = accepted.column("text").to_pylist()
     expected = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     got = table.column("input_ids").to_pylist()
@@ -172,26 +186,33 @@ def test_tokenize_real_reviews_matches_hf_truncation(arabic_reviews: Path, token
     assert table.column("label").to_pylist() == [
         labels[x] for x in accepted.column("label").to_pylist()
     ]
-    stats = length_stats(table, max_length)
+    stats = tokenized.length_stats()  # what the asset reports, from the slices' histograms
     truncated = sum(len(x) > max_length for x in full) / len(full)
     assert math.isclose(stats["truncated_share"], round(truncated, 4))
     assert stats["max"] == max(len(x) for x in full)
 
 
-def test_mds_shards_read_back_to_exactly_the_tokenized_rows(
-    arabic_reviews: Path, tokenizer, tmp_path: Path
-):
+def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path, tmp_path: Path):
     from streaming import StreamingDataset
 
-    from finetune_assets.core.shards.writer import read_back_count, write_splits
+    from finetune_assets.core.shards.writer import read_back_count
 
     accepted = validate(
         read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()
     ).accepted
-    table = tokenize_table(accepted, tokenizer, 128)
+    # small shards (several per split) from 2 token parts
+    tokenized, results = prepare(
+        accepted,
+        packaged_model_dir(),
+        tmp_path,
+        128,
+        size_limit=1 << 16,
+        workers=2,
+        row_group_rows=1024,
+    )
+    table = tokenized.table()
     out = tmp_path / "shards"
-    results = write_splits(table, out, size_limit=1 << 16)  # small shards: several per split
-    assert results["train"].shards > 1
+    assert results["train"].shards > 1 and len(tokenized.parts) == 2
     split_col = table.column("split").cast(pa.string()).to_pylist()
     ids_col = table.column("input_ids").to_pylist()
     label_col = table.column("label").to_pylist()
@@ -199,9 +220,13 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(
     for split in SPLITS:
         want = [(ids, label) for ids, label, s in zip(ids_col, label_col, split_col) if s == split]
         assert results[split].samples == len(want) == read_back_count(out / split) > 0
-        # reading back does not leave decompressed copies in the published folder
-        assert {p.name for p in (out / split).iterdir()} == {"index.json", "split_stats.json"} | {
-            f"shard.{i:05d}.mds.zstd" for i in range(results[split].shards)
+        # reading back does not leave decompressed copies in the published folder: the merged
+        # index and split_stats.json, then each part's index and zstd shards
+        files = sorted(str(p.relative_to(out / split)) for p in (out / split).rglob("*.*"))
+        shards = [f for f in files if f.endswith(".mds.zstd")]
+        assert len(shards) == results[split].shards
+        assert set(files) - set(shards) == {"index.json", "split_stats.json"} | {
+            f"{i:05d}/index.json" for i in range(len(tokenized.parts))
         }
         # what the trainer's class weights read
         stats = json.loads((out / split / "split_stats.json").read_text())
@@ -224,12 +249,13 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(
             assert sample["input_ids"].dtype == np.uint16
             got.append((sample["input_ids"].tolist(), int(sample["label"])))
         assert got == want, split
-        assert results[split].bytes == sum(p.stat().st_size for p in (out / split).iterdir())
+        # the parts' files: shards and their indexes
+        assert results[split].bytes == sum(p.stat().st_size for p in (out / split).glob("*/*"))
         del ds
 
 
-def test_empty_split_writes_and_reads_back_as_zero(tokenizer, tmp_path: Path):
-    from finetune_assets.core.shards.writer import read_back_count, write_splits
+def test_empty_split_writes_and_reads_back_as_zero(tmp_path: Path):
+    from finetune_assets.core.shards.writer import read_back_count
 
     accepted = pa.table(
         {
@@ -238,8 +264,7 @@ def test_empty_split_writes_and_reads_back_as_zero(tokenizer, tmp_path: Path):
             "split": ["train", "train"],
         }
     )
-    table = tokenize_table(accepted, tokenizer, 32)
-    results = write_splits(table, tmp_path / "shards")
+    _, results = prepare(accepted, packaged_model_dir(), tmp_path, 32)
     assert results["train"].samples == 2
     assert results["validation"].samples == results["test"].samples == 0
     assert read_back_count(tmp_path / "shards" / "validation") == 0
@@ -251,17 +276,24 @@ def test_split_rule_rejects_bad_fractions():
         SplitRule(validation=0.6, test=0.5)
 
 
-def test_tokenize_refuses_reviews_without_raw_reviews_split(tokenizer):
+def test_tokenize_refuses_reviews_without_raw_reviews_split(tmp_path: Path):
     with pytest.raises(ValueError, match="no 'split' column"):
-        tokenize_table(pa.table({"text": ["x"], "label": ["Positive"]}), tokenizer, 16)
+        tokenize(
+            pa.table({"text": ["x"], "label": ["Positive"]}), packaged_model_dir(), tmp_path / "a"
+        )
     with pytest.raises(ValueError, match="split column holds"):
-        tokenize_table(
-            pa.table({"text": ["x"], "label": ["Positive"], "split": ["dev"]}), tokenizer, 16
+        tokenize(
+            pa.table({"text": ["x"], "label": ["Positive"], "split": ["dev"]}),
+            packaged_model_dir(),
+            tmp_path / "b",
         )
 
 
-def test_tokenize_rejects_too_small_max_length(tokenizer):
+def test_tokenize_rejects_too_small_max_length(tmp_path: Path):
     with pytest.raises(ValueError, match="max_length"):
-        tokenize_table(
-            pa.table({"text": ["x"], "label": ["Positive"], "split": ["train"]}), tokenizer, 1
+        tokenize(
+            pa.table({"text": ["x"], "label": ["Positive"], "split": ["train"]}),
+            packaged_model_dir(),
+            tmp_path,
+            1,
         )

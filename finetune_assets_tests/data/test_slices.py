@@ -1,8 +1,8 @@
 """Bounded-memory validation, slice workers, merged MDS, the token cache and the fan-out runner.
 
-The workers run in this process here (``tokenize_slice`` / ``shard_slice`` are what the CLI calls),
-so slicing invariance and cache reuse are checked in seconds; the subprocess path has its own tests
-below.
+The workers run in this process here (``finetune_assets_tests/data_path.py``: the assets' plan, the
+workers' own command line), so slicing invariance and cache reuse are checked in seconds; the
+subprocess path has its own tests below.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from finetune_assets.core.io.contracts import ACCEPTED_SCHEMA, REJECTED_SCHEMA, 
 from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET
 from finetune_assets.core.launchers.fanout import FanOut, FanOutError, LocalFanOutRunner
 from finetune_assets.core.prep.conflicts import accepted_after, promoted_rows, rejected_after
-from finetune_assets.core.prep.tokenize import token_dtype, tokenize_table
+from finetune_assets.core.prep.pretrained import packaged_model_dir
 from finetune_assets.core.prep.validate import SplitRule, StreamValidator, ValidationRules, validate
 from finetune_assets.core.shards import plan as slice_plan
 from finetune_assets.core.shards import slices
 from finetune_assets.core.sources import SourceSpec, read_source
+from finetune_assets_tests.data_path import Tokenized, shard, tokenize
 
 
 def test_plan_slices_cover_every_row_group_once_in_order():
@@ -103,33 +104,23 @@ def _tokenize(
     tmp_path: Path,
     name: str,
     reviews: str,
-    tokenizer,
     workers: int,
     cache: str | None = None,
     max_length: int = 64,
-) -> tuple[str, list[dict]]:
-    groups = [
-        pq.ParquetFile(reviews).metadata.row_group(i).num_rows
-        for i in range(pq.ParquetFile(reviews).metadata.num_row_groups)
-    ]
-    plan = slices.plan_slices(groups, workers, slice_rows=10**9)
-    out = tmp_path / name
-    tok = tmp_path / "tokenizer.json"
-    tokenizer.backend_tokenizer.no_truncation()
-    tok.write_text(tokenizer.backend_tokenizer.to_str())
-    spec = slices.TokenizeSpec(
-        reviews=reviews,
-        out=str(out),
-        slices=plan,
-        tokenizer=str(tok),
-        dtype=token_dtype(len(tokenizer)).name,
-        max_length=max_length,
-        labels=DEFAULT_LABEL_SET.to_dict(),
+) -> Tokenized:
+    """tokenized_reviews of ``reviews`` into ``tmp_path / name``: as many slices as ``workers``,
+    small batches (37 rows) so that batches, row groups and slices never line up.
+    """
+    return tokenize(
+        reviews,
+        packaged_model_dir(),
+        tmp_path / name,
+        max_length,
+        workers=workers,
+        slice_rows=10**9,
         batch_size=37,
         cache=cache,
     )
-    stats = [slices.tokenize_slice(spec, i, log=lambda m: None) for i in range(len(plan))]
-    return str(out), stats
 
 
 def _samples(split_dir: Path) -> list[tuple[tuple[int, ...], int]]:
@@ -150,40 +141,44 @@ def _samples(split_dir: Path) -> list[tuple[tuple[int, ...], int]]:
     return out
 
 
-def _shards(tmp_path: Path, name: str, tokens: str, count: int) -> tuple[Path, dict]:
+def _shards(tmp_path: Path, name: str, tokens: Tokenized) -> tuple[Path, dict]:
+    """mds_shards of ``tokens`` by 2 shard workers (see the test), small shards."""
     out = tmp_path / name
-    spec = slices.ShardsSpec(
-        tokens=tokens, out=str(out), groups=slices.group_parts(count, 2), size_limit=1 << 12
-    )
-    for i in range(spec.count):
-        slices.shard_slice(spec, i, log=lambda m: None)
-    return out, slices.merge_shards(str(out), out, count)
+    return out, shard(tokens, out, size_limit=1 << 12, workers=2)
 
 
 def test_output_is_the_same_samples_in_the_same_order_whatever_the_slicing(
-    arabic_reviews, tokenizer, tmp_path
+    arabic_reviews, tokenizer, tmp_path, monkeypatch
 ):
     reviews = _reviews(tmp_path, arabic_reviews, rows=900)
-    one, _ = _tokenize(tmp_path, "tok1", reviews, tokenizer, workers=1)
-    three, stats = _tokenize(tmp_path, "tok3", reviews, tokenizer, workers=3)
-    assert len(stats) == 3 and sum(s["rows"] for s in stats) == 900
-    # the concatenated parts are exactly what the one-process tokenize_table gives, row for row
-    expected = tokenize_table(pq.read_table(reviews), tokenizer, 64)
-    for url in (one, three):
-        got = pa.Table.from_batches(list(contracts.iter_token_batches(url)))
-        assert got.column("input_ids").to_pylist() == expected.column("input_ids").to_pylist()
-        assert (
-            got.column("split").cast(pa.string()).to_pylist()
-            == expected.column("split").cast(pa.string()).to_pylist()
-        )
-        assert got.column("full_length").to_pylist() == expected.column("full_length").to_pylist()
-    dir1, merged1 = _shards(tmp_path, "mds1", one, 1)
-    dir3, merged3 = _shards(tmp_path, "mds3", three, 3)
-    assert sum(m["samples"] for m in merged1.values()) == 900
+    one = _tokenize(tmp_path, "tok1", reviews, workers=1)
+    three = _tokenize(tmp_path, "tok3", reviews, workers=3)
+    assert len(three.parts) == 3 and three.rows == 900
+    # the concatenated parts are, row for row, the Hugging Face tokenizer's own truncation, the
+    # full lengths and raw_reviews' split and label
+    rows = pq.read_table(reviews)
+    texts = rows.column("text").to_pylist()
+    expected = {
+        "input_ids": tokenizer(texts, truncation=True, max_length=64)["input_ids"],
+        "full_length": [len(x) for x in tokenizer(texts)["input_ids"]],
+        "split": rows.column("split").cast(pa.string()).to_pylist(),
+        "label": [DEFAULT_LABEL_SET.names.index(x) for x in rows.column("label").to_pylist()],
+    }
+    for tokens in (one, three):
+        got = tokens.table()
+        assert got.column("input_ids").to_pylist() == expected["input_ids"]
+        assert got.column("split").cast(pa.string()).to_pylist() == expected["split"]
+        assert got.column("full_length").to_pylist() == expected["full_length"]
+        assert got.column("label").to_pylist() == expected["label"]
+    # 2 shard workers even for 900 rows, each writing its range of parts
+    monkeypatch.setattr(slice_plan, "SHARD_ROWS_PER_WORKER", 1)
+    dir1, merged1 = _shards(tmp_path, "mds1", one)
+    dir3, merged3 = _shards(tmp_path, "mds3", three)
+    assert sum(m.samples for m in merged1.values()) == 900
     for split in SPLITS:
         a, b = _samples(dir1 / split), _samples(dir3 / split)
-        assert a == b and len(a) == merged1[split]["samples"] == merged3[split]["samples"]
-        assert merged3[split]["shards"] > 1  # several sub-datasets really were joined
+        assert a == b and len(a) == merged1[split].samples == merged3[split].samples
+        assert merged3[split].shards > 1  # several sub-datasets really were joined
         stats = json.loads((dir3 / split / "split_stats.json").read_text())
         assert stats["samples"] == len(b)
         assert stats["label_counts"] == {
@@ -191,7 +186,7 @@ def test_output_is_the_same_samples_in_the_same_order_whatever_the_slicing(
         }
     # what the trainer's config carries: the merged split_stats.json through its typed reader
     for split in SPLITS:
-        if merged3[split]["samples"]:
+        if merged3[split].samples:
             counts = contracts.read_split_stats(str(dir3 / split)).counts(3)
             assert counts == [
                 sum(1 for _, lbl in b_ if lbl == i)
@@ -200,33 +195,29 @@ def test_output_is_the_same_samples_in_the_same_order_whatever_the_slicing(
             ]
             index = json.loads((dir3 / split / "index.json").read_text())
             assert all("/" in s["zip_data"]["basename"] for s in index["shards"])
-    mask = expected.column("split").cast(pa.string()).to_pylist()
     train = [
         (tuple(ids), lbl)
-        for ids, lbl, s in zip(
-            expected.column("input_ids").to_pylist(), expected.column("label").to_pylist(), mask
-        )
+        for ids, lbl, s in zip(expected["input_ids"], expected["label"], expected["split"])
         if s == "train"
     ]
     assert _samples(dir3 / "train") == train  # merged order = reviews.parquet row order
 
 
-def test_cache_reuses_shared_rows_and_gives_identical_tokens(arabic_reviews, tokenizer, tmp_path):
+def test_cache_reuses_shared_rows_and_gives_identical_tokens(arabic_reviews, tmp_path):
     cache = str(tmp_path / "cache" / "ns")
     first = _reviews(tmp_path, arabic_reviews, rows=300)
-    _, stats = _tokenize(tmp_path, "v1", first, tokenizer, workers=2, cache=cache)
+    stats = _tokenize(tmp_path, "v1", first, workers=2, cache=cache).parts
     assert sum(s["new"] for s in stats) == 300 and sum(s["reused"] for s in stats) == 0
     extra = [f"مراجعة جديدة رقم {i}" for i in range(20)]
     second = _reviews(tmp_path, arabic_reviews, rows=300, extra=extra)
-    cached_url, stats = _tokenize(tmp_path, "v2", second, tokenizer, workers=3, cache=cache)
+    cached = _tokenize(tmp_path, "v2", second, workers=3, cache=cache)
+    stats = cached.parts
     assert sum(s["reused"] for s in stats) == 300 and sum(s["new"] for s in stats) == 20
-    fresh_url, _ = _tokenize(tmp_path, "v2-fresh", second, tokenizer, workers=1, cache=None)
-    cached = pa.Table.from_batches(list(contracts.iter_token_batches(cached_url)))
-    fresh = pa.Table.from_batches(list(contracts.iter_token_batches(fresh_url)))
-    assert cached.equals(fresh)
+    fresh = _tokenize(tmp_path, "v2-fresh", second, workers=1, cache=None)
+    assert cached.table().equals(fresh.table())
     # another max_length is another namespace in the asset; within one, a third run reuses
     # everything
-    _, stats = _tokenize(tmp_path, "v3", second, tokenizer, workers=1, cache=cache)
+    stats = _tokenize(tmp_path, "v3", second, workers=1, cache=cache).parts
     assert sum(s["reused"] for s in stats) == 320
 
 

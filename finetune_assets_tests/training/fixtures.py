@@ -36,13 +36,18 @@ def read_reviews(csv_path: Path, limit: int) -> list[tuple[str, int]]:
 def write_split(
     out: Path, ids: list[list[int]], labels: list[int], size_limit: int = 1 << 14
 ) -> Path:
-    from finetune_assets.core.shards.writer import write_split_stats
+    """One flat MDS split of made-up token rows, ``split_stats.json`` beside it: trainer input
+    (the data path's own output is ``finetune_assets_tests/data_path.py``'s).
+    """
+    from finetune_assets.core.io.contracts import SPLIT_STATS_FILE, SplitStats
 
     out.mkdir(parents=True, exist_ok=True)
     with MDSWriter(out=str(out), columns=COLUMNS, compression="zstd", size_limit=size_limit) as w:
         for seq, label in zip(ids, labels):
             w.write({"input_ids": np.asarray(seq, dtype=np.uint16), "label": int(label)})
-    write_split_stats(out, np.asarray(labels, dtype=np.int64))  # as the mds_shards asset does
+    values, counts = np.unique(np.asarray(labels, dtype=np.int64), return_counts=True)
+    stats = SplitStats(len(labels), dict(zip(values.tolist(), counts.tolist())))
+    (out / SPLIT_STATS_FILE).write_text(stats.to_json())  # what the trainer's class weights read
     return out
 
 

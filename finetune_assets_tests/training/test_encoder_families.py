@@ -27,15 +27,14 @@ from finetune_assets.core.prep.pretrained import (
     position_limit,
     tokenization_of,
 )
-from finetune_assets.core.prep.tokenize import tokenize_table
 from finetune_assets.core.prep.validate import SplitRule
-from finetune_assets.core.shards.writer import write_splits
 from finetune_assets.core.training.config import HyperParameters, TrainerConfig
 from finetune_assets.core.training.module import (
     ReviewClassifier,
     export_classifier,
     load_classifier,
 )
+from finetune_assets_tests.data_path import prepare, tokenize
 from finetune_assets_tests.training.encoder_families import (
     CLASSES,
     FAMILIES,
@@ -138,7 +137,9 @@ def test_a_checkpoint_without_an_encoder_weight_fails_loudly(family_dirs, tmp_pa
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tokenize_keeps_the_models_special_tokens_within_its_position_limit(family, family_dirs):
+def test_tokenize_keeps_the_models_special_tokens_within_its_position_limit(
+    family, family_dirs, tmp_path
+):
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(family_dirs[family])
@@ -149,7 +150,7 @@ def test_tokenize_keeps_the_models_special_tokens_within_its_position_limit(fami
     accepted = pa.table(
         {"text": [long, "Great phone!"], "label": ["Positive", "Positive"], "split": ["train"] * 2}
     )
-    table = tokenize_table(accepted, tok, limit, labels=LABELS)
+    table = tokenize(accepted, family_dirs[family], tmp_path, limit, labels=LABELS).table()
     ids = table.column("input_ids").to_pylist()
     first, last = tok("x")["input_ids"][0], tok("x")["input_ids"][-1]  # <s>/</s> or [CLS]/[SEP]
     assert len(ids[0]) == limit and table.column("full_length").to_pylist()[0] > limit
@@ -170,18 +171,17 @@ def test_tokenize_keeps_the_models_special_tokens_within_its_position_limit(fami
         model(input_ids=torch.tensor([ids[0]], dtype=torch.long))
 
 
-def _shards(model_dir: Path, out: Path) -> Path:
-    from transformers import AutoConfig, AutoTokenizer
-
+def _shards(model_dir: Path, root: Path) -> Path:
+    """``{root}/shards/{split}``: the reviews through tokenized_reviews and mds_shards, with the
+    model's own tokenizer (64 tokens at most).
+    """
     rows = _reviews()
     texts = [t for t, _ in rows]
     accepted = pa.table(
         {"text": texts, "label": [lab for _, lab in rows], "split": SplitRule().assign(texts)}
     )
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    limit = min(64, position_limit(AutoConfig.from_pretrained(model_dir)))
-    write_splits(tokenize_table(accepted, tok, limit, labels=LABELS), out)
-    return out
+    prepare(accepted, model_dir, root, 64, labels=LABELS)
+    return root / "shards"
 
 
 @pytest.fixture(scope="session")
@@ -259,7 +259,7 @@ def test_family_trains_in_process_saves_and_predicts(
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
         monkeypatch.delenv(var, raising=False)
-    shards = _shards(family_dirs[family], tmp_path / "shards")
+    shards = _shards(family_dirs[family], tmp_path / "data")
     metrics = train(
         TrainerConfig.from_dict(_config(tmp_path, family_dirs[family], shards, mlflow_root))
     )
@@ -275,7 +275,7 @@ def test_xlm_roberta_under_torchrun_registers_a_pipeline_in_mlflow(family_dirs, 
     """
     from finetune_assets.core.launchers.base import torchrun_command
 
-    shards = _shards(family_dirs["xlm-roberta"], tmp_path / "shards")
+    shards = _shards(family_dirs["xlm-roberta"], tmp_path / "data")
     cfg = _config(
         tmp_path,
         family_dirs["xlm-roberta"],

@@ -1,5 +1,7 @@
-"""Batched fast-tokenizer encoding into unpadded token ids; the split comes with the rows from
-raw_reviews.
+"""Batched fast-tokenizer encoding into unpadded token ids, the token rows' columns and their
+length statistics: the pieces of the tokenize slice worker
+(:mod:`finetune_assets.core.prep.tokenize_slice`) and of ``tokenized_reviews``' report; the split
+comes with the rows from raw_reviews.
 
 Padding is the trainer's job (per batch, to the longest sequence), so nothing is stored padded.
 Texts are encoded in full and truncated here, which keeps the original length for the
@@ -8,7 +10,6 @@ Texts are encoded in full and truncated here, which keeps the original length fo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import chain
 
 import numpy as np
@@ -16,8 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from finetune_assets.core.io.contracts import SPLITS
-from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET, LabelSet
-from finetune_assets.core.prep.validate import split_column
+from finetune_assets.core.labels.infer import LabelSet
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -51,39 +51,6 @@ def truncate_keeping_specials(
     return (
         np.concatenate([ids[: head + keep], ids[len(ids) - tail :]]) if tail else ids[: head + keep]
     )
-
-
-def tokenize_table(
-    accepted: pa.Table,
-    tokenizer,
-    max_length: int,
-    batch_size: int = 2048,
-    progress: Callable[[int, int], None] | None = None,
-    labels: LabelSet = DEFAULT_LABEL_SET,
-) -> pa.Table:
-    """``accepted`` (text, label, split) -> input_ids (list of uint), length, label (int8 id in
-    ``labels``), split.
-    """
-    if max_length < 2:
-        raise ValueError("max_length must be at least 2 (room for [CLS] and [SEP])")
-    backend = tokenizer.backend_tokenizer
-    backend.no_truncation()
-    backend.no_padding()
-    dtype = token_dtype(len(tokenizer))
-    texts = accepted.column("text").to_pylist()
-    n = len(texts)
-    batches = []
-    for start in range(0, max(n, 1), batch_size):
-        part = accepted.slice(start, batch_size)
-        ids, full = encode_texts(backend, texts[start : start + batch_size], max_length, dtype)
-        batches.append(
-            token_batch(
-                ids, full, label_ids(part.column("label"), labels), split_column(part), dtype
-            )
-        )
-        if progress:
-            progress(min(start + batch_size, n), n)
-    return pa.Table.from_batches(batches)
 
 
 def encode_texts(
@@ -152,15 +119,15 @@ def token_batch(
 
 
 def length_histogram(full_lengths) -> np.ndarray:
-    """Counts per full token length: what :func:`length_stats` needs, mergeable across slices,
-    bounded size.
+    """Counts per full token length: what :func:`stats_from_histogram` needs, mergeable across
+    slices, bounded size.
     """
     return np.bincount(np.asarray(full_lengths, dtype=np.int64))
 
 
 def stats_from_histogram(hist: np.ndarray, max_length: int) -> dict[str, float]:
-    """:func:`length_stats` from a merged :func:`length_histogram` (same numbers, no per-row
-    array).
+    """Token-length statistics (mean, median, 95th percentile, max, share truncated) from a
+    merged :func:`length_histogram`, without a per-row array.
     """
     n = int(hist.sum())
     if n == 0:
@@ -180,17 +147,4 @@ def stats_from_histogram(hist: np.ndarray, max_length: int) -> dict[str, float]:
         "p95": pct(95),
         "max": float(values[hist > 0].max()),
         "truncated_share": round(float(hist[max_length + 1 :].sum() / n), 4),
-    }
-
-
-def length_stats(table: pa.Table, max_length: int) -> dict[str, float]:
-    full = table.column("full_length").to_numpy()
-    if len(full) == 0:
-        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "max": 0.0, "truncated_share": 0.0}
-    return {
-        "mean": round(float(full.mean()), 2),
-        "p50": float(np.percentile(full, 50)),
-        "p95": float(np.percentile(full, 95)),
-        "max": float(full.max()),
-        "truncated_share": round(float((full > max_length).mean()), 4),
     }

@@ -15,7 +15,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from finetune_assets.core.io.contracts import SPLITS
+from finetune_assets.core.io.contracts import SPLITS, mds_columns
 from finetune_assets.core.shards.plan import (
     PARTS,
     ShardsSpec,
@@ -33,7 +33,7 @@ def shard_slice(spec: ShardsSpec, index: int, log=print) -> list[dict]:
 
 
 def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
-    from finetune_assets.core.shards.writer import COMPRESSION, mds_columns, streaming_module
+    from finetune_assets.core.shards.writer import COMPRESSION, streaming_module
 
     MDSWriter = streaming_module("streaming.base.format.mds.writer").MDSWriter
 

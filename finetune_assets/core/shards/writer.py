@@ -1,24 +1,18 @@
-"""Write tokenized reviews as one MosaicML MDS dataset per split, and read them back to verify.
+"""The MosaicML MDS side shared by the shard workers, ``mds_shards`` and the trainer: the shards'
+compression, a lean import of ``streaming``'s modules, a split's numbers, opening a
+``StreamingDataset`` and reading a split back to verify it.
 
-Samples are written straight from the Arrow buffers (one zero-copy numpy slice per row), not
-via per-row Python dict lookups on a Hugging Face dataset; zstd on variable-length uint16
-ids is what makes the shards small.
+The shards themselves are written by the shard slice workers
+(:mod:`finetune_assets.core.shards.write_slice`) and merged into one dataset per split.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from finetune_assets.core.io.contracts import SPLIT_STATS_FILE, SPLITS, SplitStats, mds_columns
-
-COMPRESSION = "zstd"
+COMPRESSION = "zstd"  # on variable-length uint16 ids, what makes the shards small
 
 
 def streaming_module(name: str):
@@ -54,78 +48,13 @@ def streaming_module(name: str):
 
 @dataclass(frozen=True)
 class SplitShards:
+    """One split of ``mds_shards``: what the asset reports, summed from the workers' parts."""
+
     split: str
     samples: int
     shards: int
     bytes: int
     label_counts: dict[str, int]  # label id -> samples, as written to split_stats.json
-
-
-def write_split(
-    table: pa.Table,
-    out_dir: Path,
-    size_limit: int | str = "64mb",
-    progress: Callable[[int], None] | None = None,
-) -> SplitShards:
-    MDSWriter = streaming_module("streaming.base.format.mds.writer").MDSWriter
-
-    ids = table.column("input_ids").combine_chunks()
-    flat = ids.values.to_numpy(zero_copy_only=False)
-    offsets = ids.offsets.to_numpy()
-    labels = table.column("label").to_numpy()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with MDSWriter(
-        out=str(out_dir),
-        columns=mds_columns(np.dtype(flat.dtype).name),
-        compression=COMPRESSION,
-        size_limit=size_limit,
-        progress_bar=False,
-    ) as writer:
-        for i in range(len(labels)):
-            writer.write({"input_ids": flat[offsets[i] : offsets[i + 1]], "label": int(labels[i])})
-            if progress and (i + 1) % 5000 == 0:
-                progress(i + 1)
-    stats = write_split_stats(out_dir, labels)
-    shards = sorted(out_dir.glob("shard.*.mds*"))
-    return SplitShards(
-        split=out_dir.name,
-        samples=len(labels),
-        shards=len(shards),
-        bytes=sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()),
-        label_counts={str(k): v for k, v in stats.label_counts.items()},
-    )
-
-
-def write_split_stats(out_dir: Path, labels: np.ndarray) -> SplitStats:
-    """``split_stats.json`` beside the split's index.json (StreamingDataset ignores files it does
-    not index): samples and samples per label id, computed once where the labels are at hand; the
-    trainer config carries them.
-    """
-    ids, counts = np.unique(np.asarray(labels, dtype=np.int64), return_counts=True)
-    stats = SplitStats(
-        samples=int(len(labels)), label_counts={int(i): int(c) for i, c in zip(ids, counts)}
-    )
-    (out_dir / SPLIT_STATS_FILE).write_text(stats.to_json())
-    return stats
-
-
-def write_splits(
-    table: pa.Table,
-    out_dir: Path,
-    size_limit: int | str = "64mb",
-    progress: Callable[[str, int], None] | None = None,
-) -> dict[str, SplitShards]:
-    results = {}
-    split_col = table.column("split").cast(pa.string())
-    for split in SPLITS:
-        part = table.filter(pc.equal(split_col, split))
-        results[split] = write_split(
-            part,
-            out_dir / split,
-            size_limit,
-            (lambda n, s=split: progress(s, n)) if progress else None,
-        )
-    return results
 
 
 def open_streaming_dataset(attempts: int = 8, **kwargs):
