@@ -10,7 +10,7 @@ from finetune_assets.core.launchers.base import TrainingLauncher
 from finetune_assets.core.shards.writer import COMPRESSION, SplitShards, read_back_count
 from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.defs.data.tokenized import tokenized_reviews
-from finetune_assets.defs.models.provenance import read_recorded
+from finetune_assets.defs.provenance import read_recorded
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import dataset_versions
 

@@ -28,7 +28,7 @@ from finetune_assets.core.prep.tokenize import stats_from_histogram, token_dtype
 from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.defs.data.pretrained import pretrained_model
 from finetune_assets.defs.data.raw import raw_reviews
-from finetune_assets.defs.models.provenance import input_tags, read_recorded, run_group_id
+from finetune_assets.defs.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import dataset_versions
 

@@ -37,7 +37,7 @@ from finetune_assets.core.launchers.base import TrainingLauncher, TrainingSpec
 from finetune_assets.core.training.config import HyperParameters, TrainerConfig
 from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.defs.data.upstream_checks import refuse_failed_inputs
-from finetune_assets.defs.models.provenance import input_tags, read_recorded, run_group_id
+from finetune_assets.defs.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.partitions import dataset_versions

@@ -49,7 +49,7 @@ from finetune_assets.defs.models.finetuned import (
     build_trainer_config,
     code_version,
 )
-from finetune_assets.defs.models.provenance import read_recorded, run_group_id
+from finetune_assets.defs.provenance import read_recorded, run_group_id
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.tuning.space import TuningConfig
