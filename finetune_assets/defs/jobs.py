@@ -1,4 +1,5 @@
-"""Jobs over the asset graph: full retrain of one dataset version, and retraining the model only.
+"""Jobs over the asset graph: full retrain of one dataset version, retraining the model only, and
+rebuilding the base model (``tune_job`` is the tuning feature's, ``defs/tuning/tune_job.py``).
 
 Selections name the asset definitions themselves (``AssetSelection.assets(obj)``), so a renamed
 asset cannot leave a job selecting nothing. Asset checks of the selected assets run in the same run
@@ -17,7 +18,6 @@ from finetune_assets.defs.data.tokenized import tokenized_reviews
 from finetune_assets.defs.models.baseline_model import baseline_model
 from finetune_assets.defs.models.finetuned import finetuned_model
 from finetune_assets.defs.promotion.champion import champion_model
-from finetune_assets.defs.tuning.study_asset import tuning_study
 
 # Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled:
 # true``): only failures outside the assets' code (a killed run worker, a lost pod, a daemon
@@ -86,23 +86,4 @@ base_model_job = dg.define_asset_job(
     tags={"finetune_assets/job": "base_model"},
 )
 
-# The chain up to the shards and the gate's baseline, then the study (not the model: in one run
-# nothing orders tuning_study before finetuned_model). defs/tuning/on_landing.py trains the winner
-# after.
-TUNE_CHAIN = (raw_reviews, tokenized_reviews, mds_shards, baseline_model, tuning_study)
-
-tune_job = dg.define_asset_job(
-    name="tune_job",
-    selection=dg.AssetSelection.assets(*TUNE_CHAIN, pretrained_model),
-    description=(
-        "A hyper-parameter study for one dataset version: the chain up to mds_shards, "
-        "baseline_model, and tuning_study, by hand. A deployment that tunes every new version "
-        "loads finetune_assets.defs.tuning.definitions: automation then requests tuning_study "
-        "after the "
-        "version's data run, and tuned_retrain_sensor trains the study's winner with "
-        "finetune_only_job."
-    ),
-    tags={"finetune_assets/job": "tune", **RETRY_TAGS},
-)
-
-jobs: list = [retrain_job, finetune_only_job, base_model_job, tune_job]
+jobs: list = [retrain_job, finetune_only_job, base_model_job]

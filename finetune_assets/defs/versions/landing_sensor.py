@@ -16,39 +16,28 @@ Idempotence, in layers:
 - a run's end is never followed here: automation requests an asset once per trigger, so a failed or
   cancelled run is not requested again; Dagster's run retries are the one retry layer.
 
-A watched Delta table (``LandingZoneResource.delta_tables``) is followed by its commit history: each
-row-adding commit (or each ``min_new_rows`` rows) registers ``{name}-v{table version}`` pinned
-to it; optimize and vacuum commits add no rows and register nothing.
+A watched Delta table (``LandingZoneResource.delta_tables``) is followed by its commit history
+(:mod:`.delta_tables`): each row-adding commit (or each ``min_new_rows`` rows) registers
+``{name}-v{table version}`` pinned to it.
 
 A problem with one entry (bad key, unsupported file, no data files, content changed after
 registration, an unreadable drop) is logged once and listed in the skip reason; it never blocks the
 other entries. A tick's work is bounded by ``LandingZoneResource.tick_budget_s``.
 """
 
-import json
+import functools
 import time
-from dataclasses import dataclass, field
 
 import dagster as dg
 
-from finetune_assets.core.io.contracts import TUNING_STUDY
-from finetune_assets.core.labels.infer import LabelError, LabelSet, read_manifest
-from finetune_assets.core.sources import (
-    DELTA_PREFIX,
-    SourceError,
-    SourceSpec,
-    check_source,
-    list_files,
-)
-from finetune_assets.core.tuning.tags import AUTO_TUNE_TAG
-from finetune_assets.defs.dagster_internals import WILL_RETRY_TAG
-from finetune_assets.defs.jobs import RETRY_TAGS
+from finetune_assets.core.labels.infer import LabelError, read_manifest
+from finetune_assets.core.sources import DELTA_PREFIX, SourceError, SourceSpec, list_files
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.tuning.on_landing import tuned_retrain_sensor
+from finetune_assets.defs.versions.cursor import LandingCursor
+from finetune_assets.defs.versions.delta_tables import consider_table
 from finetune_assets.defs.versions.landing import (
     LandedEntry,
     LandingZoneResource,
-    WatchedDeltaTable,
     fingerprint,
     strip_format_suffix,
 )
@@ -57,40 +46,9 @@ from finetune_assets.defs.versions.partitions import (
     InvalidVersionKey,
     validate_version_key,
 )
-from finetune_assets.defs.versions.register import read_version, version_lock, write_version
-from finetune_assets.defs.versions.run_outcome import STATUS_TAG, run_outcome
+from finetune_assets.defs.versions.register import read_version, record_landed
 
-# 2: only what registration needs (1 also followed each version's runs); a cursor of 1 is read
-CURSOR_VERSIONS = (1, 2)
-
-
-@dataclass
-class LandingCursor:
-    """What the sensor remembers between ticks (JSON in the sensor cursor)."""
-
-    registered: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> {fp, sig}
-    pending: dict[str, str] = field(default_factory=dict)  # file key -> signature seen last tick
-    reported: dict[str, str] = field(default_factory=dict)  # entry -> problem already logged
-    tables: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> {seen, rows}
-
-    @classmethod
-    def parse(cls, raw: str | None) -> "LandingCursor":
-        if not raw:
-            return cls()
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            return cls()  # behaves like a reset cursor: existing partitions are never added again
-        if data.get("v") not in CURSOR_VERSIONS:
-            return cls()
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    def dumps(self) -> str:
-        return json.dumps(
-            {"v": CURSOR_VERSIONS[-1], **{k: getattr(self, k) for k in self.__dataclass_fields__}},
-            sort_keys=True,
-        )
+__all__ = ["LandingCursor", "evaluate_landing", "landing_zone_sensor"]
 
 
 def evaluate_landing(
@@ -108,32 +66,22 @@ def evaluate_landing(
     """
     cursor = LandingCursor.parse(context.cursor)
     store = storage.storage()
-    instance = context.instance
     started = clock()
-    existing = set(instance.get_dynamic_partitions(DATASET_VERSIONS))
-    entries = landing.list_entries()
-    problems: dict[
-        str, str
-    ] = {}  # entry name -> why it was skipped (malformed / conflicting / unreadable)
+    existing = set(context.instance.get_dynamic_partitions(DATASET_VERSIONS))
+    # entry name -> why it was skipped (malformed / conflicting / unreadable)
+    problems: dict[str, str] = {}
     waiting: list[str] = []  # why complete-looking versions are not yet registered
     new_partitions: list[str] = []
 
     by_key: dict[str, list[LandedEntry]] = {}
-    for e in entries:
+    for e in landing.list_entries():
         by_key.setdefault(e.key, []).append(e)
-    seen_keys = set(by_key)
-    deferred = 0
-
-    for key, group in sorted(by_key.items()):
-        prev = cursor.registered.get(key)
-        if len(group) == 1 and prev is not None and prev["sig"] == group[0].signature:
-            continue  # registered, unchanged: the common case, no I/O beyond the listing
-        if clock() - started > landing.tick_budget_s:
-            deferred += 1
-            continue
-        e = group[0]
-        try:
-            _consider(
+    # (what a failure is reported under, the work): new or changed entries, then the tables
+    work = [
+        (
+            group[0].name,
+            functools.partial(
+                _consider,
                 landing,
                 store,
                 cursor,
@@ -143,81 +91,78 @@ def evaluate_landing(
                 problems,
                 waiting,
                 new_partitions,
-            )
-        # an unreadable drop (deleted mid-read, permissions) is its own problem
-        except Exception as err:
-            problems[e.name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
-
-    for watched in landing.delta_tables:
+            ),
+        )
+        for key, group in sorted(by_key.items())
+        if not _unchanged(cursor, key, group)
+    ] + [
+        (
+            DELTA_PREFIX + watched.table,
+            functools.partial(
+                consider_table, store, cursor, existing, watched, problems, new_partitions
+            ),
+        )
+        for watched in landing.delta_tables
+    ]
+    deferred = 0
+    for name, step in work:
         if clock() - started > landing.tick_budget_s:
             deferred += 1
             continue
         try:
-            _consider_table(store, cursor, existing, watched, problems, new_partitions)
-        except Exception as err:  # an unreachable table is its own problem
-            why = f"could not read it ({type(err).__name__}: {err}); retried next tick"
-            problems[DELTA_PREFIX + watched.table] = why
+            step()
+        # an unreadable drop (deleted mid-read, permissions) or table is its own problem
+        except Exception as err:
+            problems[name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
 
     # Files that vanished before they settled are forgotten; reports clear when the entry is fixed.
-    cursor.pending = {k: v for k, v in cursor.pending.items() if k in seen_keys}
+    cursor.pending = {k: v for k, v in cursor.pending.items() if k in by_key}
     if deferred:
         waiting.append(
             f"{deferred} entries left for the next tick (tick budget {landing.tick_budget_s:g} s)"
         )
-
     _log_problems(context, cursor, problems)
-
-    dpr = (
-        [dg.AddDynamicPartitionsRequest(DATASET_VERSIONS, new_partitions)] if new_partitions else []
-    )
-    if dpr:
+    if new_partitions:
         for key in new_partitions:
             context.log.info(
                 f"registered dataset version {key} (fingerprint {cursor.registered[key]['fp']})"
             )
-        return dg.SensorResult(dynamic_partitions_requests=dpr, cursor=cursor.dumps())
+        return dg.SensorResult(
+            dynamic_partitions_requests=[
+                dg.AddDynamicPartitionsRequest(DATASET_VERSIONS, new_partitions)
+            ],
+            cursor=cursor.dumps(),
+        )
     reasons = [*(f"{name}: {why}" for name, why in sorted(problems.items())), *waiting]
     skip = "; ".join(reasons) if reasons else f"no new dataset versions in {landing.location()}"
     return dg.SensorResult(skip_reason=dg.SkipReason(skip), cursor=cursor.dumps())
 
 
+def _unchanged(cursor: LandingCursor, key: str, group: list[LandedEntry]) -> bool:
+    """Registered and unchanged: the common case, no I/O beyond the listing."""
+    prev = cursor.registered.get(key)
+    return len(group) == 1 and prev is not None and prev["sig"] == group[0].signature
+
+
 def _consider(
-    landing,
+    landing: LandingZoneResource,
     store,
     cursor: LandingCursor,
-    existing,
-    key,
-    group,
-    problems,
-    waiting,
-    new_partitions,
+    existing: set[str],
+    key: str,
+    group: list[LandedEntry],
+    problems: dict[str, str],
+    waiting: list[str],
+    new_partitions: list[str],
 ) -> None:
     """One landed entry: register it as a version, wait for it, or say why it is skipped."""
-    if len(group) > 1:
-        names = ", ".join(e.name for e in group)
-        for e in group:
-            problems[e.name] = (
-                f"version key {key!r} is ambiguous ({names}): keep one, rename the others"
-            )
+    malformed = _malformed(key, group)
+    if malformed:
+        problems.update(malformed)
         return
     e = group[0]
-    if not e.is_dir and strip_format_suffix(e.name) is None:
-        problems[e.name] = (
-            "unsupported file type (use .csv, .tsv, .jsonl, .json or .parquet, or a folder)"
-        )
-        return
-    try:
-        validate_version_key(key)
-    except InvalidVersionKey as err:
-        problems[e.name] = str(err)
-        return
     prev = cursor.registered.get(key)
-    if e.is_dir and prev is None and not landing.marker_present(e):
-        waiting.append(f"{e.name}: waiting for {landing.success_marker}")
-        return
-    if not e.is_dir and prev is None and cursor.pending.get(key) != e.signature:
-        cursor.pending[key] = e.signature
-        waiting.append(f"{e.name}: waiting one tick for its size and mtime to stop changing")
+    if prev is None and not _settled(landing, cursor, key, e, waiting):
         return
     cursor.pending.pop(key, None)
     if e.is_dir:
@@ -254,7 +199,7 @@ def _consider(
     except LabelError as err:
         problems[e.name] = str(err)
         return
-    why = _register(store, key, SourceSpec(uri=e.uri), fp, labels)
+    why = record_landed(store, key, SourceSpec(uri=e.uri), fp, labels)
     if why:
         problems[e.name] = why
         return
@@ -262,70 +207,38 @@ def _consider(
     new_partitions.append(key)
 
 
-def _consider_table(
-    store,
-    cursor: LandingCursor,
-    existing,
-    watched: WatchedDeltaTable,
-    problems,
-    new_partitions,
-) -> None:
-    """A watched Delta table: a version per row-adding commit (or ``min_new_rows``), pinned."""
-    from finetune_assets.core.sources.tables.delta import VersionGone
-    from finetune_assets.core.sources.tables.delta_commits import due_versions
-
-    state = cursor.tables.get(watched.name, {})
-    notes: list[str] = []  # in-place deletes / updates on a table without change data feed
-    due, seen, rows = due_versions(
-        watched.table, state.get("seen"), state.get("rows", 0), watched.min_new_rows, notes=notes
-    )
-    for note in notes:  # "<uri>@version=N (OPERATION): why": reported once, at the tick that saw it
-        where, why = note.split(" ", 1)
-        problems[where] = why
-    labels = LabelSet(tuple(watched.labels)) if watched.labels else None
-    for version in due:
-        key, fp = f"{watched.name}-v{version}", f"delta-v{version}"
-        if key in existing:  # cursor reset, or registered by the CLI
-            continue
-        spec = SourceSpec(
-            uri=f"{DELTA_PREFIX}{watched.table}@version={version}",
-            text_column=watched.text_column,
-            label_column=watched.label_column,
-            where=watched.where,
-        )
-        try:
-            validate_version_key(key)
-            check_source(spec)
-        except VersionGone as err:  # vacuumed before this tick saw it; later ones may be readable
-            problems[f"{DELTA_PREFIX}{watched.table}@version={version}"] = str(err)
-            continue
-        except (InvalidVersionKey, SourceError) as err:
-            problems[DELTA_PREFIX + watched.table] = str(err)
-            return  # the cursor stays: the same versions are tried again once the config is fixed
-        why = _register(store, key, spec, None, labels)
-        if why:
-            problems[DELTA_PREFIX + watched.table] = why
-            return
-        cursor.registered[key] = {"fp": fp, "sig": ""}
-        new_partitions.append(key)
-    cursor.tables[watched.name] = {"seen": seen, "rows": rows}
+def _malformed(key: str, group: list[LandedEntry]) -> dict[str, str]:
+    """Why the entries under ``key`` cannot be a version (entry name -> why); empty if they can."""
+    if len(group) > 1:
+        names = ", ".join(e.name for e in group)
+        why = f"version key {key!r} is ambiguous ({names}): keep one, rename the others"
+        return {e.name: why for e in group}
+    e = group[0]
+    if not e.is_dir and strip_format_suffix(e.name) is None:
+        return {
+            e.name: "unsupported file type (use .csv, .tsv, .jsonl, .json or .parquet, or a folder)"
+        }
+    try:
+        validate_version_key(key)
+    except InvalidVersionKey as err:
+        return {e.name: str(err)}
+    return {}
 
 
-def _register(store, key: str, spec: SourceSpec, fp: str | None, labels) -> str | None:
-    """Record the version's source under its lock, before its partition exists (so a visible
-    partition always has a source); why not, when the CLI registered other content under the key
-    meanwhile.
+def _settled(
+    landing: LandingZoneResource, cursor: LandingCursor, key: str, e: LandedEntry, waiting: list
+) -> bool:
+    """Whether a new entry is completely written: a folder's marker is there, a file is unchanged
+    since the previous tick (else why it waits, in ``waiting``).
     """
-    with version_lock(store, key):
-        record = read_version(store, key)
-        if record is not None and (record.source != spec or record.fingerprint != fp):
-            return (
-                f"dataset version {key} was registered meanwhile from {record.source.uri}; "
-                "land the new data under a new key"
-            )
-        if record is None:
-            write_version(store, key, spec, fingerprint=fp, labels=labels)
-    return None
+    if e.is_dir and not landing.marker_present(e):
+        waiting.append(f"{e.name}: waiting for {landing.success_marker}")
+        return False
+    if not e.is_dir and cursor.pending.get(key) != e.signature:
+        cursor.pending[key] = e.signature
+        waiting.append(f"{e.name}: waiting one tick for its size and mtime to stop changing")
+        return False
+    return True
 
 
 def _log_problems(context, cursor: LandingCursor, problems: dict[str, str]) -> None:
@@ -348,58 +261,3 @@ def landing_zone_sensor(
     context: dg.SensorEvaluationContext, landing: LandingZoneResource, storage: StorageResource
 ) -> dg.SensorResult:
     return evaluate_landing(context, landing, storage)
-
-
-@dg.run_failure_sensor(
-    name="version_outcome_sensor",
-    minimum_interval_seconds=30,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="A failed run of a version -> tagged with what ended it (refused by the quality "
-    "gate, refused by a blocking data check, or the failed step), in the run list.",
-)
-def version_outcome_sensor(context: dg.RunFailureSensorContext) -> None:
-    run = context.dagster_run
-    if run.tags.get(WILL_RETRY_TAG) == "true":
-        return  # the daemon re-launches it; its retry reports
-    why = run_outcome(context.instance, run)
-    context.instance.add_run_tags(run.run_id, {STATUS_TAG: why[:255]})
-    version = run.tags.get("dagster/partition", "?")
-    context.log.warning(f"dataset version {version}: {why}")
-
-
-def build_sensors(tune_new_versions: bool = False) -> list[dg.SensorDefinition]:
-    """The landing sensor (registration only), the automation that builds every version
-    (``defs/automation.py``) and the outcome tags; where new versions are tuned, the studies by an
-    automation sensor of their own (its runs tagged as the sensor's, ``defs/tuning/on_landing.py``)
-    and
-    the winner's training after each.
-    """
-    everything = dg.AssetSelection.all()
-    sensors = [landing_zone_sensor, version_outcome_sensor]
-    if tune_new_versions:
-        study = dg.AssetSelection.assets(TUNING_STUDY)
-        everything = everything - study
-        sensors += [
-            dg.AutomationConditionSensorDefinition(
-                "tuning_automation",
-                target=study,
-                run_tags={**RETRY_TAGS, AUTO_TUNE_TAG: "true"},
-                emit_backfills=False,
-                default_status=dg.DefaultSensorStatus.RUNNING,
-                description="tuning_study[v] for each new version, after its data run.",
-            ),
-            tuned_retrain_sensor,
-        ]
-    sensors.append(
-        dg.AutomationConditionSensorDefinition(
-            "version_automation",
-            target=everything,
-            # one run per version and step of the chain (a backfill would pool versions)
-            emit_backfills=False,
-            run_tags=RETRY_TAGS,
-            default_status=dg.DefaultSensorStatus.RUNNING,
-            description="Each version's data preparation, then its training, gate, promotion "
-            "and benchmark scores, by the assets' automation conditions (defs/automation.py).",
-        )
-    )
-    return sensors
