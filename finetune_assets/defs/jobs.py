@@ -43,6 +43,9 @@ VERSION_CHAIN = (*DATA_PREPARATION, *TRAINING)
 
 # retrain_job selects both halves on purpose (one version by hand); Dagster warns that their
 # backfill policies differ and uses the smaller one (one partition per run), which is what we want.
+# No preview or beta parameter, and Dagster warns whenever it resolves the job (the code server,
+# the daemon, `dg check defs`), not where it is defined: there is no call of ours to scope it
+# around, so this one filter is process-wide, for this job's message only.
 warnings.filterwarnings(
     "ignore", message=r"Asset job retrain_job materializes assets with varying BackfillPolicies"
 )

@@ -16,10 +16,9 @@ import dagster as dg
 from finetune_assets.core.evaluation import charts as viz
 from finetune_assets.core.io.contracts import BASELINE_MODEL, FINETUNED_MODEL
 from finetune_assets.core.io.storage import Storage, hash_tree
-from finetune_assets.defs.common import OWNERS, version_of
+from finetune_assets.defs.common import version_asset, version_of
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 SCORES = "benchmark_scores"
 SCORES_FILE = "scores.json"
@@ -48,15 +47,8 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
     }
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    deps=[FINETUNED_MODEL, BASELINE_MODEL],
-    group_name="models",
-    kinds={"mlflow"},
-    owners=OWNERS,
-    code_version="1",
-    # scored by automation once its model (behind the gate) and baseline exist (defs/automation.py)
-)
+# scored by automation once its model (behind the gate) and baseline exist (defs/automation.py)
+@version_asset("models", {"mlflow"}, deps=[FINETUNED_MODEL, BASELINE_MODEL], code_version="1")
 def benchmark_scores(
     context: dg.AssetExecutionContext, storage: StorageResource, mlflow: MlflowResource
 ) -> dg.MaterializeResult:

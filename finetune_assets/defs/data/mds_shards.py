@@ -8,11 +8,10 @@ from pydantic import Field
 from finetune_assets.core.io.contracts import MDS_SHARDS, TOKENIZED_REVIEWS
 from finetune_assets.core.launchers.base import TrainingLauncher
 from finetune_assets.core.shards.writer import COMPRESSION, SplitShards, read_back_count
-from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
+from finetune_assets.defs.common import launch_labels, markdown_table, version_asset, version_of
 from finetune_assets.defs.data.tokenized import tokenized_reviews
 from finetune_assets.defs.provenance import read_recorded
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 
 class ShardsConfig(dg.Config):
@@ -26,14 +25,7 @@ class ShardsConfig(dg.Config):
     )
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    deps=[tokenized_reviews],
-    group_name="reviews",
-    kinds={"mosaicml"},
-    owners=OWNERS,
-    code_version="1",
-)
+@version_asset("reviews", {"mosaicml"}, deps=[tokenized_reviews], code_version="1")
 def mds_shards(
     context: dg.AssetExecutionContext,
     config: ShardsConfig,

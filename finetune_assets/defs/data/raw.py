@@ -28,9 +28,8 @@ from finetune_assets.core.sources import (
     iter_source,
     list_source,
 )
-from finetune_assets.defs.common import OWNERS, markdown_table, version_of
+from finetune_assets.defs.common import markdown_table, version_asset, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 from finetune_assets.defs.versions.register import read_version
 
 
@@ -102,15 +101,9 @@ def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpe
     return SourceSpec(**{**base.__dict__, **overrides})
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    group_name="reviews",
-    kinds={"parquet"},
-    owners=OWNERS,
-    # 2: the split is a hash of the coarse split key (letters and digits), not the normalized
-    # text, so near-duplicates share a split; versions built under 1 are shown stale
-    code_version="2",
-)
+# code version 2: the split is a hash of the coarse split key (letters and digits), not the
+# normalized text, so near-duplicates share a split; versions built under 1 are shown stale
+@version_asset("reviews", {"parquet"}, code_version="2")
 def raw_reviews(
     context: dg.AssetExecutionContext, config: RawReviewsConfig, storage: StorageResource
 ) -> dg.MaterializeResult:

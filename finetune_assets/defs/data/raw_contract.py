@@ -18,7 +18,7 @@ from finetune_assets.core.io.contracts import (
     parquet_schema,
 )
 from finetune_assets.core.labels.infer import labels_from_metadata
-from finetune_assets.defs.data.versioned_checks import per_version_spec, version_of
+from finetune_assets.defs.common import version_check_spec, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
 
 DUPLICATE_REASONS = ("duplicate", "conflicting_duplicate")
@@ -38,25 +38,25 @@ class RawContractConfig(dg.Config):
 
 
 RAW_SPECS = [
-    per_version_spec(
+    version_check_spec(
         "schema_and_labels",
         RAW,
         "text/label columns as strings, no empty text, labels only the version's classes",
         blocking=True,
     ),
-    per_version_spec(
+    version_check_spec(
         "rejected_share",
         RAW,
         "share of rows quarantined (not counting duplicates) under the limit",
         True,
     ),
-    per_version_spec(
+    version_check_spec(
         "duplicate_share",
         RAW,
         "share of duplicate reviews under the limit (conflicting labels listed)",
         False,
     ),
-    per_version_spec(
+    version_check_spec(
         "min_rows_per_class", RAW, "every class has enough accepted reviews to learn and test", True
     ),
 ]

@@ -25,12 +25,11 @@ from finetune_assets.core.io.contracts import (
 from finetune_assets.core.labels.infer import labels_from_metadata
 from finetune_assets.core.launchers.base import TrainingLauncher
 from finetune_assets.core.prep.tokenize import stats_from_histogram, token_dtype
-from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
+from finetune_assets.defs.common import launch_labels, markdown_table, version_asset, version_of
 from finetune_assets.defs.data.pretrained import pretrained_model
 from finetune_assets.defs.data.raw import raw_reviews
 from finetune_assets.defs.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 
 class TokenizeConfig(dg.Config):
@@ -56,13 +55,8 @@ class TokenizeConfig(dg.Config):
     )
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    deps=[raw_reviews, pretrained_model],
-    group_name="reviews",
-    kinds={"arrow", "huggingface"},
-    owners=OWNERS,
-    code_version="1",
+@version_asset(
+    "reviews", {"arrow", "huggingface"}, deps=[raw_reviews, pretrained_model], code_version="1"
 )
 def tokenized_reviews(
     context: dg.AssetExecutionContext,

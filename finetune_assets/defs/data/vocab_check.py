@@ -19,8 +19,8 @@ from finetune_assets.core.io.contracts import (
     iter_parquet_batches,
     read_token_stats,
 )
+from finetune_assets.defs.common import version_check, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions, validate_version_key
 
 
 class VocabularyFitConfig(dg.Config):
@@ -37,15 +37,13 @@ class VocabularyFitConfig(dg.Config):
     sample_reviews: int = Field(2000, description="reviews measured (spread over the version)")
 
 
-@dg.asset_check(
+@version_check(
     asset=TOKENIZED_REVIEWS,
     name="vocabulary_fit",
     blocking=False,
-    partitions_def=dataset_versions,
     additional_deps=[RAW_REVIEWS, PRETRAINED_MODEL],
     description="The base model's tokenizer covers the reviews' language: unknown tokens, tokens "
-    "per "
-    "word, words split into single characters, truncated reviews (warning).",
+    "per word, words split into single characters, truncated reviews (warning).",
 )
 def vocabulary_fit(
     context: dg.AssetCheckExecutionContext, config: VocabularyFitConfig, storage: StorageResource
@@ -57,7 +55,7 @@ def vocabulary_fit(
 
     from finetune_assets.core.evaluation.vocab_fit import FitLimits, advice, measure
 
-    version = validate_version_key(context.partition_key)
+    version = version_of(context)
     store = storage.storage()
     raw = store.require(RAW_REVIEWS, version)
     tokens = store.require(TOKENIZED_REVIEWS, version)

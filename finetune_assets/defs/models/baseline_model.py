@@ -23,10 +23,9 @@ from finetune_assets.core.evaluation.baseline import (
 from finetune_assets.core.evaluation.evaluate import majority_scores, order_labels
 from finetune_assets.core.io.contracts import BASELINE_MODEL, RAW_REVIEWS, SPLITS, read_reviews
 from finetune_assets.core.io.storage import Storage, hash_tree
-from finetune_assets.defs.common import OWNERS, markdown_table, version_of
+from finetune_assets.defs.common import markdown_table, version_asset, version_of
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 
 class BaselineConfig(dg.Config):
@@ -72,14 +71,7 @@ def split_reviews(store: Storage, version: str) -> dict[str, tuple[list[str], li
     return out
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    deps=[RAW_REVIEWS],
-    group_name="models",
-    kinds={"scikitlearn", "mlflow"},
-    owners=OWNERS,
-    code_version="1",
-)
+@version_asset("models", {"scikitlearn", "mlflow"}, deps=[RAW_REVIEWS], code_version="1")
 def baseline_model(
     context: dg.AssetExecutionContext,
     config: BaselineConfig,

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from finetune_assets.defs.common import OWNERS, markdown_table, version_of
+from finetune_assets.defs.common import OWNERS, markdown_table, version_asset, version_of
 from finetune_assets.defs.models.finetuned import TRAINING_BACKFILL, finetuned_model
 from finetune_assets.defs.promotion.gate_check import (
     FloorConfig,
@@ -29,7 +29,6 @@ from finetune_assets.defs.promotion.gate_check import (
 from finetune_assets.defs.promotion.recorded_model import recorded_model
 from finetune_assets.defs.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 PROMOTION_POOL = "promotion"
 TAG_CHAMPION_SINCE = "gate.champion_since"  # ISO time the version took the alias
@@ -96,12 +95,10 @@ class PromotionConfig(FloorConfig):
     )
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
+@version_asset(
+    "models",
+    {"mlflow"},
     deps=[finetuned_model],
-    group_name="models",
-    kinds={"mlflow"},
-    owners=OWNERS,
     pool=PROMOTION_POOL,
     backfill_policy=TRAINING_BACKFILL,  # in the training run of a backfill, behind its model
     retry_policy=REGISTRY_RETRY,

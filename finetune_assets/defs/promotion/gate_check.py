@@ -12,11 +12,10 @@ from finetune_assets.core.io.contracts import BASELINE_MODEL
 from finetune_assets.core.io.contracts import FINETUNED_MODEL as FINETUNED
 from finetune_assets.core.io.contracts import RAW_REVIEWS as RAW
 from finetune_assets.core.labels.infer import labels_from_metadata, registered_model_name
-from finetune_assets.defs.data.versioned_checks import version_of
+from finetune_assets.defs.common import version_check, version_of
 from finetune_assets.defs.promotion.recorded_model import recorded_model
 from finetune_assets.defs.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 
 class FloorConfig(dg.Config):
@@ -92,11 +91,10 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
     return conditions, about
 
 
-@dg.asset_check(
+@version_check(
     asset=FINETUNED,
     name="quality_gate",
     blocking=True,
-    partitions_def=dataset_versions,
     additional_deps=[RAW, BASELINE_MODEL],
     retry_policy=REGISTRY_RETRY,
     description="Test macro-F1 of the model this materialization registered, vs the floor, its "
