@@ -2,6 +2,7 @@
 rejected rows beside them.
 """
 
+import hashlib
 import json
 from typing import ClassVar, Literal
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from finetune_assets.core.evaluation import charts as viz
 from finetune_assets.core.io.contracts import (
     ACCEPTED_SCHEMA,
     LABELS_FILE,
@@ -19,6 +21,7 @@ from finetune_assets.core.io.contracts import (
     REVIEWS_FILE,
 )
 from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET, LabelError
+from finetune_assets.core.prep.conflicts import accepted_after, promoted_rows, rejected_after
 from finetune_assets.core.prep.validate import SplitRule, StreamValidator, ValidationRules
 from finetune_assets.core.sources import (
     SourceError,
@@ -30,7 +33,7 @@ from finetune_assets.core.sources import (
 )
 from finetune_assets.defs.common import markdown_table, version_asset, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.register import read_version
+from finetune_assets.defs.versions.register import content_changed, read_version
 
 
 class RawReviewsConfig(dg.Config):
@@ -214,8 +217,6 @@ def _stream_validated(
     by). The hash covers every accepted row's fields, each row terminated, so it does not depend on
     batching.
     """
-    import hashlib
-
     digest = hashlib.sha256()
     pending: list[pa.Table] = []
     with (
@@ -265,10 +266,6 @@ def _resolve_conflicts(validator: StreamValidator, out, batch_rows: int, context
     row group at a time, the counters and the content hash recomputed; None (nothing read again)
     without conflicts.
     """
-    import hashlib
-
-    from finetune_assets.core.prep.conflicts import accepted_after, promoted_rows, rejected_after
-
     plan = validator.conflicts()
     if not plan:
         return None
@@ -342,8 +339,6 @@ def _refuse_changed_content(store, version: str, spec: SourceSpec) -> None:
     """A version is immutable: its registered source must still hold the content fingerprinted at
     registration.
     """
-    from finetune_assets.defs.versions.register import content_changed
-
     problem = content_changed(store, version, spec)
     if problem:
         raise dg.Failure(problem)
@@ -355,8 +350,6 @@ def _pictures(
     context: dg.AssetExecutionContext, labels: dict[str, int]
 ) -> dict[str, dg.MetadataValue]:
     """The label distribution as a bar chart; a plotting failure never fails the materialization."""
-    from finetune_assets.core.evaluation import charts as viz
-
     try:
         chart = viz.label_distribution_md(labels)  # its own key: the table stays beside it
         return {"label_distribution_chart": dg.MetadataValue.md(chart)}

@@ -9,13 +9,17 @@ reviews with the published ``pretrained_model`` tokenizer; the truncated share c
 """
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import Field
 
+from finetune_assets.core.evaluation.vocab_fit import FitLimits, advice, measure
 from finetune_assets.core.io.contracts import (
     PRETRAINED_MODEL,
     RAW_REVIEWS,
     REVIEWS_FILE,
     TOKENIZED_REVIEWS,
+    _fs_and_path,
     iter_parquet_batches,
     read_token_stats,
 )
@@ -51,9 +55,9 @@ def vocabulary_fit(
     """Warns when the base model sees this data as characters or unknown tokens, and says which
     setting fixes it.
     """
+    # transformers only here, when the check runs: loading the code location never imports it
+    # (finetune_assets_tests/test_layers.py), and every step process loads it.
     from transformers import AutoTokenizer
-
-    from finetune_assets.core.evaluation.vocab_fit import FitLimits, advice, measure
 
     version = version_of(context)
     store = storage.storage()
@@ -103,11 +107,6 @@ def _sampled_texts(url: str, fs, limit: int) -> list[str]:
     """``data.vocab_fit.sample_texts`` of the accepted reviews (every k-th), read a record batch at
     a time: the check holds the sample, never the version's whole text column.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from finetune_assets.core.io.contracts import _fs_and_path
-
     fs_, path = _fs_and_path(url, fs)
     with fs_.open(path, "rb") as f:
         rows = pq.ParquetFile(f).metadata.num_rows

@@ -23,6 +23,7 @@ import json
 from typing import Any, ClassVar, Literal, get_args
 
 import dagster as dg
+import optuna
 from pydantic import Field, model_validator
 
 from finetune_assets.core.training.config import ClassWeights, HyperParameters, PrunerConfig
@@ -243,8 +244,6 @@ class TuningConfig(dg.Config):
         """The sampler, seeded per run: ``seed`` plus the trials already in the study, so a resumed
         study does not draw again the points its first run drew (a sampler's state is not stored).
         """
-        import optuna
-
         seed = self.seed + trials_so_far
         kind = self.sampler_kind()
         if kind == "gp":
