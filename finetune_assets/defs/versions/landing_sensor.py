@@ -27,9 +27,11 @@ other entries. A tick's work is bounded by ``LandingZoneResource.tick_budget_s``
 
 import functools
 import time
+from dataclasses import dataclass, field
 
 import dagster as dg
 
+from finetune_assets.core.io.storage import Storage
 from finetune_assets.core.labels.infer import LabelError, read_manifest
 from finetune_assets.core.sources import DELTA_PREFIX, SourceError, SourceSpec, list_files
 from finetune_assets.defs.resources.storage_root import StorageResource
@@ -38,6 +40,7 @@ from finetune_assets.defs.versions.delta_tables import consider_table
 from finetune_assets.defs.versions.landing import (
     LandedEntry,
     LandingZoneResource,
+    WatchedDeltaTable,
     fingerprint,
     strip_format_suffix,
 )
@@ -64,46 +67,19 @@ def evaluate_landing(
     the returned cursor and the next tick goes on from there. One entry's error never stops the
     others.
     """
-    cursor = LandingCursor.parse(context.cursor)
-    store = storage.storage()
+    cursor, store = LandingCursor.parse(context.cursor), storage.storage()
     started = clock()
     existing = set(context.instance.get_dynamic_partitions(DATASET_VERSIONS))
-    # entry name -> why it was skipped (malformed / conflicting / unreadable)
-    problems: dict[str, str] = {}
-    waiting: list[str] = []  # why complete-looking versions are not yet registered
-    new_partitions: list[str] = []
-
+    tick = _Tick(landing, store, cursor, existing)
     by_key: dict[str, list[LandedEntry]] = {}
     for e in landing.list_entries():
         by_key.setdefault(e.key, []).append(e)
     # (what a failure is reported under, the work): new or changed entries, then the tables
     work = [
-        (
-            group[0].name,
-            functools.partial(
-                _consider,
-                landing,
-                store,
-                cursor,
-                existing,
-                key,
-                group,
-                problems,
-                waiting,
-                new_partitions,
-            ),
-        )
+        (group[0].name, functools.partial(_consider, tick, key, group))
         for key, group in sorted(by_key.items())
         if not _unchanged(cursor, key, group)
-    ] + [
-        (
-            DELTA_PREFIX + watched.table,
-            functools.partial(
-                consider_table, store, cursor, existing, watched, problems, new_partitions
-            ),
-        )
-        for watched in landing.delta_tables
-    ]
+    ] + [(DELTA_PREFIX + w.table, functools.partial(tick.follow, w)) for w in landing.delta_tables]
     deferred = 0
     for name, step in work:
         if clock() - started > landing.tick_budget_s:
@@ -113,29 +89,52 @@ def evaluate_landing(
             step()
         # an unreadable drop (deleted mid-read, permissions) or table is its own problem
         except Exception as err:
-            problems[name] = f"could not read it ({type(err).__name__}: {err}); retried next tick"
+            why = f"could not read it ({type(err).__name__}: {err}); retried next tick"
+            tick.problems[name] = why
 
     # Files that vanished before they settled are forgotten; reports clear when the entry is fixed.
     cursor.pending = {k: v for k, v in cursor.pending.items() if k in by_key}
     if deferred:
-        waiting.append(
+        tick.waiting.append(
             f"{deferred} entries left for the next tick (tick budget {landing.tick_budget_s:g} s)"
         )
-    _log_problems(context, cursor, problems)
-    if new_partitions:
-        for key in new_partitions:
-            context.log.info(
-                f"registered dataset version {key} (fingerprint {cursor.registered[key]['fp']})"
-            )
-        return dg.SensorResult(
-            dynamic_partitions_requests=[
-                dg.AddDynamicPartitionsRequest(DATASET_VERSIONS, new_partitions)
-            ],
-            cursor=cursor.dumps(),
+    _log_problems(context, cursor, tick.problems)
+    return tick.result(context)
+
+
+@dataclass
+class _Tick:
+    """One tick's work: what it found, registered, skipped (and why) and waits for."""
+
+    landing: LandingZoneResource
+    store: Storage
+    cursor: LandingCursor
+    existing: set[str]  # the partitions there when the tick started
+    # entry name -> why it was skipped (malformed / conflicting / unreadable)
+    problems: dict[str, str] = field(default_factory=dict)
+    waiting: list[str] = field(default_factory=list)  # why complete-looking versions wait
+    new_partitions: list[str] = field(default_factory=list)
+
+    def follow(self, watched: WatchedDeltaTable) -> None:
+        consider_table(
+            self.store, self.cursor, self.existing, watched, self.problems, self.new_partitions
         )
-    reasons = [*(f"{name}: {why}" for name, why in sorted(problems.items())), *waiting]
-    skip = "; ".join(reasons) if reasons else f"no new dataset versions in {landing.location()}"
-    return dg.SensorResult(skip_reason=dg.SkipReason(skip), cursor=cursor.dumps())
+
+    def result(self, context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        """The new partitions, or why there are none; the cursor either way."""
+        if self.new_partitions:
+            for key in self.new_partitions:
+                fp = self.cursor.registered[key]["fp"]
+                context.log.info(f"registered dataset version {key} (fingerprint {fp})")
+            return dg.SensorResult(
+                dynamic_partitions_requests=[
+                    dg.AddDynamicPartitionsRequest(DATASET_VERSIONS, self.new_partitions)
+                ],
+                cursor=self.cursor.dumps(),
+            )
+        reasons = [*(f"{n}: {why}" for n, why in sorted(self.problems.items())), *self.waiting]
+        skip = "; ".join(reasons) or f"no new dataset versions in {self.landing.location()}"
+        return dg.SensorResult(skip_reason=dg.SkipReason(skip), cursor=self.cursor.dumps())
 
 
 def _unchanged(cursor: LandingCursor, key: str, group: list[LandedEntry]) -> bool:
@@ -144,49 +143,39 @@ def _unchanged(cursor: LandingCursor, key: str, group: list[LandedEntry]) -> boo
     return len(group) == 1 and prev is not None and prev["sig"] == group[0].signature
 
 
-def _consider(
-    landing: LandingZoneResource,
-    store,
-    cursor: LandingCursor,
-    existing: set[str],
-    key: str,
-    group: list[LandedEntry],
-    problems: dict[str, str],
-    waiting: list[str],
-    new_partitions: list[str],
-) -> None:
+def _consider(tick: _Tick, key: str, group: list[LandedEntry]) -> None:
     """One landed entry: register it as a version, wait for it, or say why it is skipped."""
     malformed = _malformed(key, group)
     if malformed:
-        problems.update(malformed)
+        tick.problems.update(malformed)
         return
     e = group[0]
-    prev = cursor.registered.get(key)
-    if prev is None and not _settled(landing, cursor, key, e, waiting):
+    prev = tick.cursor.registered.get(key)
+    if prev is None and not _settled(tick.landing, tick.cursor, key, e, tick.waiting):
         return
-    cursor.pending.pop(key, None)
+    tick.cursor.pending.pop(key, None)
     if e.is_dir:
         try:
             list_files(e.uri)
         except SourceError as err:
-            problems[e.name] = str(err)
+            tick.problems[e.name] = str(err)
             return
     fp = fingerprint(e.uri)
     if prev is not None:
         if prev["fp"] != fp:
-            problems[e.name] = (
+            tick.problems[e.name] = (
                 f"content changed after version {key} was registered (fingerprint "
                 f"{prev['fp']} -> {fp}); versions are immutable: land it under a new key"
             )
         prev["sig"] = e.signature
         return
-    if key in existing:  # cursor reset, or registered by the CLI
-        record = read_version(store, key)
+    if key in tick.existing:  # cursor reset, or registered by the CLI
+        record = read_version(tick.store, key)
         if record is not None and record.fingerprint == fp:
             # Same key and content as before: nothing to do (automation follows the partition)
-            cursor.registered[key] = {"fp": fp, "sig": e.signature}
+            tick.cursor.registered[key] = {"fp": fp, "sig": e.signature}
         else:
-            problems[e.name] = (
+            tick.problems[e.name] = (
                 f"dataset version {key} is already registered from "
                 f"{record.source.uri if record else 'an unknown source'}; "
                 "land the new data under a new key"
@@ -197,14 +186,14 @@ def _consider(
     try:
         labels = read_manifest(e.uri) if e.is_dir else None
     except LabelError as err:
-        problems[e.name] = str(err)
+        tick.problems[e.name] = str(err)
         return
-    why = record_landed(store, key, SourceSpec(uri=e.uri), fp, labels)
+    why = record_landed(tick.store, key, SourceSpec(uri=e.uri), fp, labels)
     if why:
-        problems[e.name] = why
+        tick.problems[e.name] = why
         return
-    cursor.registered[key] = {"fp": fp, "sig": e.signature}
-    new_partitions.append(key)
+    tick.cursor.registered[key] = {"fp": fp, "sig": e.signature}
+    tick.new_partitions.append(key)
 
 
 def _malformed(key: str, group: list[LandedEntry]) -> dict[str, str]:
