@@ -4,7 +4,7 @@ rejected rows beside them.
 
 import hashlib
 import json
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import dagster as dg
 import pyarrow as pa
@@ -33,7 +33,7 @@ from finetune_assets.core.sources import (
 )
 from finetune_assets.defs.common import markdown_table, version_asset, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.register import content_changed, read_version
+from finetune_assets.defs.versions.register import VersionRecord, content_changed, read_version
 
 
 class RawReviewsConfig(dg.Config):
@@ -114,22 +114,7 @@ def raw_reviews(
     version = version_of(context)
     store = storage.storage()
     spec = resolve_source(config, store, version)
-    record = read_version(store, version)
-    labels = (record.label_set if record is not None else None) or DEFAULT_LABEL_SET
-    try:
-        split = SplitRule(config.validation_fraction, config.test_fraction)
-    except ValueError as err:
-        raise dg.Failure(f"raw_reviews config validation_fraction/test_fraction: {err}") from err
-    try:
-        rules = ValidationRules(
-            max_text_chars=config.max_text_chars,
-            labels=labels,
-            label_mapping=config.label_mapping or None,
-            split=split,
-            duplicate_conflicts=config.duplicate_conflicts,
-        )
-    except LabelError as err:
-        raise dg.Failure(f"raw_reviews config label_mapping: {err}") from err
+    rules = _rules(config, read_version(store, version))
     context.log.info(f"reading {spec.uri} for dataset version {version}")
     files = _files_metadata(context, spec)
     _refuse_changed_content(store, version, spec)
@@ -167,40 +152,70 @@ def raw_reviews(
     if validator.across:
         context.log.warning(
             "reviews repeated across files (the copy in the file read first is kept; the others "
-            "are in "
-            "rejected.parquet with reason duplicate / conflicting_duplicate): "
+            "are in rejected.parquet with reason duplicate / conflicting_duplicate): "
             f"{dict(validator.across)}"
         )
-    n_in = validator.rows_in
-    counts = validator.label_counts
-    reasons = dict(validator.reasons)
     return dg.MaterializeResult(
         metadata={
             "source": spec.uri,
             "path": dg.MetadataValue.path(f"{staging.url}/{REVIEWS_FILE}"),
             "rejected_path": dg.MetadataValue.path(f"{staging.url}/{REJECTED_FILE}"),
-            "rows_in": n_in,
-            "dagster/row_count": validator.accepted,
-            "dagster/column_schema": dg.TableSchema(
-                columns=[dg.TableColumn(f.name, str(f.type)) for f in ACCEPTED_SCHEMA]
-            ),
-            "rejected_rows": validator.rejected,
-            "rejected_share": round(validator.rejected / n_in, 4) if n_in else 0.0,
-            "rejected_by_reason": dg.MetadataValue.json(reasons),
-            "label_distribution": markdown_table(
-                ("label", "reviews", "share"),
-                [(k, v, f"{v / max(1, validator.accepted):.1%}") for k, v in counts.items()],
-            ),
-            "label_counts": dg.MetadataValue.json(counts),
-            "labels": ", ".join(rules.labels.names),
-            "label_mapping": dg.MetadataValue.json(dict(rules.labels.mapping)),
-            "malformed_lines": int(reasons.get("malformed_row", 0)),
-            "cross_file_duplicates": dg.MetadataValue.json(dict(validator.across)),
+            **_validation_metadata(context, validator),
             **files,
-            **_pictures(context, counts),
+            **_pictures(context, validator.label_counts),
         },
         data_version=dg.DataVersion(staging.data_version),
     )
+
+
+def _rules(config: RawReviewsConfig, record: VersionRecord | None) -> ValidationRules:
+    """The validation rules of the version: its label set (the default three classes for a record
+    without one) and the config's limits, split and mapping; a config that cannot be fails.
+    """
+    labels = (record.label_set if record is not None else None) or DEFAULT_LABEL_SET
+    try:
+        split = SplitRule(config.validation_fraction, config.test_fraction)
+    except ValueError as err:
+        raise dg.Failure(f"raw_reviews config validation_fraction/test_fraction: {err}") from err
+    try:
+        return ValidationRules(
+            max_text_chars=config.max_text_chars,
+            labels=labels,
+            label_mapping=config.label_mapping or None,
+            split=split,
+            duplicate_conflicts=config.duplicate_conflicts,
+        )
+    except LabelError as err:
+        raise dg.Failure(f"raw_reviews config label_mapping: {err}") from err
+
+
+def _validation_metadata(
+    context: dg.AssetExecutionContext, validator: StreamValidator
+) -> dict[str, Any]:
+    """What validation accepted and rejected, and the labels it mapped to."""
+    n_in = validator.rows_in
+    counts = validator.label_counts
+    reasons = dict(validator.reasons)
+    labels = validator.rules.labels
+    return {
+        "rows_in": n_in,
+        "dagster/row_count": validator.accepted,
+        "dagster/column_schema": dg.TableSchema(
+            columns=[dg.TableColumn(f.name, str(f.type)) for f in ACCEPTED_SCHEMA]
+        ),
+        "rejected_rows": validator.rejected,
+        "rejected_share": round(validator.rejected / n_in, 4) if n_in else 0.0,
+        "rejected_by_reason": dg.MetadataValue.json(reasons),
+        "label_distribution": markdown_table(
+            ("label", "reviews", "share"),
+            [(k, v, f"{v / max(1, validator.accepted):.1%}") for k, v in counts.items()],
+        ),
+        "label_counts": dg.MetadataValue.json(counts),
+        "labels": ", ".join(labels.names),
+        "label_mapping": dg.MetadataValue.json(dict(labels.mapping)),
+        "malformed_lines": int(reasons.get("malformed_row", 0)),
+        "cross_file_duplicates": dg.MetadataValue.json(dict(validator.across)),
+    }
 
 
 def _stream_validated(

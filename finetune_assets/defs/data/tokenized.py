@@ -4,6 +4,7 @@ IPC.
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import dagster as dg
@@ -89,9 +90,7 @@ def tokenized_reviews(
     labels = labels_from_metadata(raw.metadata)
     tok_hash = tokenizer_hash(tokenizer_json)
     reviews_url = f"{raw.url}/{REVIEWS_FILE}"  # with the split raw_reviews assigned
-    with store.fs.open(reviews_url, "rb") as f:
-        meta = pq.ParquetFile(f).metadata
-        group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    group_rows = _rows_per_group(store, reviews_url)
     runner = fanout_runner(
         launcher,
         workers=config.workers,
@@ -123,13 +122,7 @@ def tokenized_reviews(
         store.fs.rm(work, recursive=True)  # tokenizer + spec: inputs of the workers, not data
         index = _index_cache(context, spec.cache)
         tally = _tally(parts, raw.metadata, version)
-        stats = stats_from_histogram(tally.histogram, max_length)
-        (staging.local_dir / TOKEN_STATS_FILE).write_text(
-            TokenStats(splits=tally.splits, lengths=stats).to_json()
-        )
-        (staging.local_dir / LABELS_FILE).write_text(
-            json.dumps(labels.to_dict(), ensure_ascii=False)
-        )
+        stats = _write_stats(staging.local_dir, tally, max_length, labels)
         # A function of the inputs (the output is deterministic in them), so it is the same whatever
         # the slicing.
         staging.data_version = inputs_digest(
@@ -165,6 +158,13 @@ def _tokenizer(store: Storage, model_url: str, max_length: int) -> tuple[str, in
     return tokenization.tokenizer_json, tokenization.vocab_size, max_length
 
 
+def _rows_per_group(store: Storage, url: str) -> list[int]:
+    """Rows per row group of a Parquet file (raw_reviews' row groups: the unit slices cut at)."""
+    with store.fs.open(url, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
 @dataclass(frozen=True)
 class _Tally:
     """What the slices tokenized, summed over their parts."""
@@ -188,6 +188,16 @@ def _tally(parts: list[dict], raw_metadata: dict, version: str) -> _Tally:
         reused=sum(p["reused"] for p in parts),
         histogram=_merged_histogram(parts),
     )
+
+
+def _write_stats(folder: Path, tally: _Tally, max_length: int, labels: LabelSet) -> dict:
+    """Token statistics (per split, token lengths) and the label set beside the parts; the
+    length statistics back.
+    """
+    stats = stats_from_histogram(tally.histogram, max_length)
+    (folder / TOKEN_STATS_FILE).write_text(TokenStats(splits=tally.splits, lengths=stats).to_json())
+    (folder / LABELS_FILE).write_text(json.dumps(labels.to_dict(), ensure_ascii=False))
+    return stats
 
 
 def _metadata(
