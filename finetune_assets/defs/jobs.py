@@ -50,43 +50,44 @@ warnings.filterwarnings(
     "ignore", message=r"Asset job retrain_job materializes assets with varying BackfillPolicies"
 )
 
-retrain_job = dg.define_asset_job(
-    name="retrain_job",
-    selection=dg.AssetSelection.assets(*VERSION_CHAIN, pretrained_model),
-    description=(
-        "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> "
-        "mds_shards -> finetuned_model -> champion_model, and baseline_model (the gate's bar), "
-        "with their checks, by hand (automation builds new versions by itself). pretrained_model "
-        "is in the selection so a fresh deployment can build the base model in the same run; "
-        "deselect it otherwise (it is shared by all versions, rebuilding it per version would "
-        "make every version stale)."
-    ),
-    tags={"finetune_assets/job": "retrain", **RETRY_TAGS},
+
+def asset_job(kind: str, assets: tuple, description: str, retried: bool = True):
+    """``{kind}_job`` over ``assets`` (and their checks), tagged ``finetune_assets/job: {kind}``,
+    with ``RETRY_TAGS`` where ``retried``.
+    """
+    return dg.define_asset_job(
+        name=f"{kind}_job",
+        selection=dg.AssetSelection.assets(*assets),
+        description=description,
+        tags={"finetune_assets/job": kind, **(RETRY_TAGS if retried else {})},
+    )
+
+
+retrain_job = asset_job(
+    "retrain",
+    (*VERSION_CHAIN, pretrained_model),
+    "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> mds_shards "
+    "-> finetuned_model -> champion_model, and baseline_model (the gate's bar), with their checks, "
+    "by hand (automation builds new versions by itself). pretrained_model is in the selection so a "
+    "fresh deployment can build the base model in the same run; deselect it otherwise (it is "
+    "shared by all versions, rebuilding it per version would make every version stale).",
 )
 
-finetune_only_job = dg.define_asset_job(
-    name="finetune_only_job",
-    selection=dg.AssetSelection.assets(finetuned_model, champion_model),
-    description=(
-        "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with "
-        "new "
-        "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base "
-        "model that "
-        "shares the tokenizer. Launch it for one version or as a backfill over several."
-    ),
-    tags={"finetune_assets/job": "finetune_only", **RETRY_TAGS},
+finetune_only_job = asset_job(
+    "finetune_only",
+    TRAINING,
+    "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with new "
+    "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base model "
+    "that shares the tokenizer. Launch it for one version or as a backfill over several.",
 )
 
-base_model_job = dg.define_asset_job(
-    name="base_model_job",
-    selection=dg.AssetSelection.assets(pretrained_model),
-    description=(
-        "Rebuild pretrained_model (e.g. config source: a new base model). Every version's "
-        "tokenized_reviews, "
-        "mds_shards and finetuned_model then show as stale; 'Materialize stale' rebuilds only "
-        "those."
-    ),
-    tags={"finetune_assets/job": "base_model"},
+base_model_job = asset_job(
+    "base_model",
+    (pretrained_model,),
+    "Rebuild pretrained_model (e.g. config source: a new base model). Every version's "
+    "tokenized_reviews, mds_shards and finetuned_model then show as stale; 'Materialize stale' "
+    "rebuilds only those.",
+    retried=False,
 )
 
 jobs: list = [retrain_job, finetune_only_job, base_model_job]
