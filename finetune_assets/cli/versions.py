@@ -7,12 +7,17 @@ from pathlib import Path
 
 from finetune_assets.cli.common import (
     CliError,
+    command_group,
     open_instance,
     open_storage,
     print_json,
     root_of,
     when,
 )
+
+# Project and third-party modules are imported inside the functions that use them, never
+# here: `--help`, and `predict` on a local folder, load neither Dagster nor MLflow
+# (cli/__init__.py).
 
 
 def _source_uri(uri: str) -> str:
@@ -317,8 +322,28 @@ def cmd_versions_status(args) -> int:
 
 def register(sub) -> None:
     """The `versions` group."""
-    versions = sub.add_parser("versions", help="dataset versions (the partitions of the graph)")
-    vsub = versions.add_subparsers(dest="versions_command", required=True)
+    vsub = command_group(sub, "versions", "dataset versions (the partitions of the graph)")
+    _register_add(vsub)
+    rm = vsub.add_parser(
+        "remove", help="unregister a dataset version (its published files are kept)"
+    )
+    rm.add_argument("key")
+    rm.add_argument(
+        "--force", action="store_true", help="remove even though assets of it are materialized"
+    )
+    rm.set_defaults(func=cmd_versions_remove)
+    ls = vsub.add_parser("list", help="registered versions and their sources")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.set_defaults(func=cmd_versions_list)
+    st = vsub.add_parser(
+        "status", help="per version and asset: materialized / stale / missing, when, data version"
+    )
+    st.add_argument("versions", nargs="*", help="versions to show (default: all registered)")
+    st.add_argument("--json", action="store_true", help="one JSON object per line")
+    st.set_defaults(func=cmd_versions_status)
+
+
+def _register_add(vsub) -> None:
     add = vsub.add_parser("add", help="register a dataset version and where its reviews come from")
     add.add_argument("key", help="version key, e.g. 2026-11-29 or v3")
     add.add_argument(
@@ -381,20 +406,3 @@ def register(sub) -> None:
         "stars-to-sentiment maps 1-5 stars to Negative,Neutral,Positive",
     )
     add.set_defaults(func=cmd_versions_add)
-    rm = vsub.add_parser(
-        "remove", help="unregister a dataset version (its published files are kept)"
-    )
-    rm.add_argument("key")
-    rm.add_argument(
-        "--force", action="store_true", help="remove even though assets of it are materialized"
-    )
-    rm.set_defaults(func=cmd_versions_remove)
-    ls = vsub.add_parser("list", help="registered versions and their sources")
-    ls.add_argument("--json", action="store_true", help="one JSON object per line")
-    ls.set_defaults(func=cmd_versions_list)
-    st = vsub.add_parser(
-        "status", help="per version and asset: materialized / stale / missing, when, data version"
-    )
-    st.add_argument("versions", nargs="*", help="versions to show (default: all registered)")
-    st.add_argument("--json", action="store_true", help="one JSON object per line")
-    st.set_defaults(func=cmd_versions_status)
