@@ -21,7 +21,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from finetune_assets.core.io.storage import Storage
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.landing import LandingZoneResource
-from finetune_assets.defs.versions.sensors import evaluate_landing
+from finetune_assets.defs.versions.landing_sensor import evaluate_landing
 
 CALLS = ("ls", "find", "open", "info", "exists")
 

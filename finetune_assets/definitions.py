@@ -1,10 +1,19 @@
-"""The code location: collects assets, checks, sensors, jobs and resources into ``defs``.
+"""The code location: the features' assets, checks, jobs and sensors, with the shared resources.
+
+Each feature folder under ``defs/`` says what it contributes in its ``__init__`` (``assets``,
+``asset_checks``, ``jobs``, ``sensors``); ``build_defs`` merges them into one ``Definitions`` and
+applies, once and at the root, what spans features: config defaults folded into code versions
+(``defs/staleness.py``) and the automation conditions (``defs/automation.py``).
+
+Not ``dg.load_from_defs_folder``: it would collect every Definitions-like object at module scope
+under ``defs/`` (a sensor imported into another module, the tuning code location's own
+``@dg.definitions``), leave no place for the root transforms above, and have no say in what
+``tune_new_versions`` or the resources change. ``[tool.dg]`` points ``dg`` at this module instead.
 
 Nothing is read from the environment at import: ``defs`` is loaded by Dagster's tools
 (``@dg.definitions``) when the code location starts, and tests build their own with
 ``build_defs(root, launcher)``. ``defs/tuning/definitions.py`` is the same code location tuning
-every
-new version first.
+every new version.
 """
 
 from __future__ import annotations
@@ -14,25 +23,14 @@ import os
 import dagster as dg
 
 from finetune_assets.core.io.storage import STORAGE_ROOT_ENV
-from finetune_assets.defs.automation import with_automation
-from finetune_assets.defs.benchmarks.scores import benchmark_scores
-from finetune_assets.defs.data.checks import asset_checks
-from finetune_assets.defs.data.mds_shards import mds_shards
-from finetune_assets.defs.data.pretrained import pretrained_model
-from finetune_assets.defs.data.raw import raw_reviews
-from finetune_assets.defs.data.tokenized import tokenized_reviews
-from finetune_assets.defs.data.vocab_check import vocabulary_fit
+from finetune_assets.defs import benchmarks, data, models, promotion, tuning, versions
+from finetune_assets.defs.automation import version_automation, with_automation
 from finetune_assets.defs.jobs import jobs
-from finetune_assets.defs.models.baseline_model import baseline_model
-from finetune_assets.defs.models.finetuned import finetuned_model
-from finetune_assets.defs.promotion import champion, champion_model, quality_gate
 from finetune_assets.defs.resources.launchers import TrainingLauncher, launcher_from_env
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.staleness import with_config_versions
-from finetune_assets.defs.tuning.study_asset import tuning_study
 from finetune_assets.defs.versions.landing import LandingZoneResource
-from finetune_assets.defs.versions.sensors import build_sensors
 
 
 def build_defs(
@@ -48,29 +46,16 @@ def build_defs(
     it) and the launcher named by ``$FINETUNE_ASSETS_LAUNCHER`` (``local``, the default, or
     ``k8s``), read here, when the location loads.
     """
+    assets = [*data.assets, *models.assets, *promotion.assets, *benchmarks.assets, *tuning.assets]
     return dg.Definitions(
-        assets=with_automation(
-            [
-                *with_config_versions(
-                    [
-                        raw_reviews,
-                        pretrained_model,
-                        tokenized_reviews,
-                        mds_shards,
-                        finetuned_model,
-                        champion_model,
-                        baseline_model,
-                        benchmark_scores,
-                        tuning_study,
-                    ]
-                ),
-                champion,  # reported by champion_model: nothing to configure
-            ],
-            tune_new_versions,
-        ),
-        asset_checks=[*asset_checks, quality_gate, vocabulary_fit],
-        jobs=jobs,
-        sensors=build_sensors(tune_new_versions),
+        assets=with_automation(with_config_versions(assets), tune_new_versions),
+        asset_checks=[*data.asset_checks, *promotion.asset_checks],
+        jobs=[*jobs, *tuning.jobs],
+        sensors=[
+            *versions.sensors,
+            *(tuning.sensors if tune_new_versions else ()),
+            version_automation(tune_new_versions),
+        ],
         resources={
             "storage": _storage(storage_root),
             "launcher": launcher or launcher_from_env(),

@@ -11,7 +11,7 @@ from finetune_assets.core.evaluation.gate_rules import TestSet
 from finetune_assets.core.io.storage import Storage, hash_tree
 from finetune_assets.core.labels.infer import LABEL2ID
 from finetune_assets.core.sources import SourceSpec
-from finetune_assets.defs.data.checks import mds_shards_integrity, raw_reviews_contract
+from finetune_assets.defs.data import mds_shards_integrity, raw_reviews_contract
 from finetune_assets.defs.data.mds_shards import mds_shards
 from finetune_assets.defs.data.pretrained import pretrained_model
 from finetune_assets.defs.data.raw import raw_reviews

@@ -23,7 +23,7 @@ def upstream(context: dg.AssetExecutionContext, config: Version):
 def downstream(config: Version) -> dg.MaterializeResult:
     if config.v == "1":
         return dg.MaterializeResult()
-    key = dg.AssetKey("upstream")  # the input this step says it read (defs/models/provenance.py)
+    key = dg.AssetKey("upstream")  # the input this step says it read (defs/provenance.py)
     return dg.MaterializeResult(
         tags={
             di.get_input_data_version_tag(key): "pinned",

@@ -19,9 +19,9 @@ from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets.defs.jobs import DATA_PREPARATION
 from finetune_assets.defs.resources.storage_root import StorageResource
 from finetune_assets.defs.versions.landing import LandingZoneResource, fingerprint
+from finetune_assets.defs.versions.landing_sensor import LandingCursor, landing_zone_sensor
 from finetune_assets.defs.versions.partitions import DATASET_VERSIONS
 from finetune_assets.defs.versions.register import read_version
-from finetune_assets.defs.versions.sensors import LandingCursor, landing_zone_sensor
 
 PREPARE = tuple(a.key.to_user_string() for a in DATA_PREPARATION)  # names, in flow order
 VERSION_CHAIN = (*PREPARE, FINETUNED, CHAMPION)
@@ -255,7 +255,7 @@ def _memory_landing(name: str, n: int) -> str:
 def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_saves_progress(
     instance, storage_root, tmp_path, monkeypatch
 ):
-    import finetune_assets.defs.versions.sensors as sensors
+    import finetune_assets.defs.versions.landing_sensor as sensors
 
     _publish_base(storage_root)
     landing = _memory_landing(f"landing-{tmp_path.name}", 500)
@@ -298,7 +298,7 @@ def test_a_tick_over_500_folders_with_a_slow_fingerprint_stays_in_budget_and_sav
 
 
 def test_an_unreadable_drop_does_not_block_the_others(daemon, landing, arabic_reviews, monkeypatch):
-    import finetune_assets.defs.versions.sensors as sensors
+    import finetune_assets.defs.versions.landing_sensor as sensors
 
     for name in ("v1", "v2", "v3"):
         _folder(landing, name, [arabic_reviews / "ATT.csv"])

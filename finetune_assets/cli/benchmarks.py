@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from finetune_assets.cli.common import open_storage, parse_label_mapping, print_json
+from finetune_assets.cli.common import (
+    command_group,
+    open_storage,
+    parse_label_mapping,
+    print_json,
+)
+
+# Project and third-party modules are imported inside the functions that use them, never
+# here: `--help`, and `predict` on a local folder, load neither Dagster nor MLflow
+# (cli/__init__.py).
 
 
 def cmd_benchmarks_add(args) -> int:
     from finetune_assets.core.evaluation.benchmark_sets import add_benchmark_set
     from finetune_assets.core.sources import SourceSpec
-    from finetune_assets.defs.versions.partitions import validate_version_key
+    from finetune_assets.core.versions.keys import validate_version_key
 
     name = validate_version_key(args.name)  # the same rule as version keys: it becomes a path
     spec = SourceSpec(
@@ -53,10 +62,9 @@ def cmd_benchmarks_list(args) -> int:
 
 def register(sub) -> None:
     """The `benchmarks` group."""
-    bench = sub.add_parser(
-        "benchmarks", help="labelled sets that never train; every new model is scored on them"
+    bsub = command_group(
+        sub, "benchmarks", "labelled sets that never train; every new model is scored on them"
     )
-    bsub = bench.add_subparsers(dest="benchmarks_command", required=True)
     badd = bsub.add_parser("add", help="register (freeze) a labelled file as a benchmark set")
     badd.add_argument("name", help="set name (1-63 of [A-Za-z0-9._-])")
     badd.add_argument(

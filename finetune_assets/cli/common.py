@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
-# == finetune_assets.core.io.storage.STORAGE_ROOT_ENV; not imported at module level (storage is
-# Dagster-free
-# but pulls in fsspec), so `--help` stays fast; the commands import storage and contracts where they
-# need them.
+# Project and third-party modules are imported inside the functions that use them, never
+# here: `--help`, and `predict` on a local folder, load neither Dagster nor MLflow
+# (cli/__init__.py).
+
+# == finetune_assets.core.io.storage.STORAGE_ROOT_ENV, not imported (storage pulls in fsspec)
 ROOT_ENV = "FINETUNE_ASSETS_ROOT"
 
 
@@ -32,6 +34,12 @@ def open_storage(args, write: bool = False):
             Path(root).expanduser(), f"storage root {root}", f"--root or ${ROOT_ENV}"
         )
     return Storage(root)
+
+
+def command_group(sub, name: str, help: str):
+    """A command group (``finetune-assets NAME COMMAND``): the parsers its commands are added to."""
+    group = sub.add_parser(name, help=help)
+    return group.add_subparsers(dest=f"{name}_command", required=True)
 
 
 def check_writable_dir(path: Path, what: str, fix: str) -> None:
@@ -102,8 +110,6 @@ def when(ts: float) -> str:
 
 
 def print_json(obj) -> None:
-    import json
-
     if isinstance(obj, list):
         for item in obj:
             print(json.dumps(item, ensure_ascii=False))
@@ -113,8 +119,6 @@ def print_json(obj) -> None:
 
 def parse_label_mapping(text: str | None) -> dict[str, str] | None:
     """``--label-mapping '{"pos": "Positive"}'`` or ``pos=Positive,neg=Negative``."""
-    import json
-
     if not text:
         return None
     if text.lstrip().startswith("{"):

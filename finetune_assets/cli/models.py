@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from finetune_assets.cli.common import CliError, root_of, tracking_uri_of
+
+# Project and third-party modules are imported inside the functions that use them, never
+# here: `--help`, and `predict` on a local folder, load neither Dagster nor MLflow
+# (cli/__init__.py).
 
 
 def _normalize_model_uri(uri: str) -> str:
@@ -26,6 +31,19 @@ def _from_folder(path: Path, source: str | None = None):
         return Classifier.from_folder(path, source)
     except ModelFolderError as err:
         raise CliError(str(err)) from err
+
+
+def add_model_choice(parser, version_help: str, model_help: str):
+    """The "model (choose one)" arguments ``load_classifier`` reads (--version, --model-uri,
+    --model), as an argument group the command adds its own to.
+    """
+    group = parser.add_argument_group("model (choose one)")
+    group.add_argument("--version", help=version_help)
+    group.add_argument(
+        "--model-uri", help="MLflow model URI: models:/name@alias, models:/name/3, runs:/ID/model"
+    )
+    group.add_argument("--model", help=model_help)
+    return group
 
 
 def load_classifier(args):
@@ -50,9 +68,9 @@ def load_classifier(args):
 
 
 def _classifier_for_version(args):
-    from finetune_assets.core.io.contracts import FINETUNED_MODEL
+    from finetune_assets.core.io.contracts import FINETUNED_MODEL, MODEL_SUBDIR
     from finetune_assets.core.io.storage import Storage
-    from finetune_assets.defs.versions.partitions import validate_version_key
+    from finetune_assets.core.versions.keys import validate_version_key
 
     version = validate_version_key(args.version)
     storage = Storage(root_of(args))
@@ -74,11 +92,7 @@ def _classifier_for_version(args):
         return _from_folder(
             Path(published.url), source=f"finetuned_model[{version}] {published.url}"
         )
-    import tempfile
-
     tmp = tempfile.mkdtemp(prefix="finetune-assets-model-")
-    from finetune_assets.core.io.contracts import MODEL_SUBDIR
-
     storage.fs.get(f"{published.url}/{MODEL_SUBDIR}/", tmp + "/", recursive=True)
     return _from_folder(Path(tmp), source=f"finetuned_model[{version}] {published.url}")
 
@@ -90,7 +104,7 @@ def _baseline_for_version(args):
     from finetune_assets.core.evaluation.baseline import BaselineModel
     from finetune_assets.core.io.contracts import BASELINE_MODEL
     from finetune_assets.core.io.storage import Storage
-    from finetune_assets.defs.versions.partitions import validate_version_key
+    from finetune_assets.core.versions.keys import validate_version_key
 
     version = validate_version_key(args.version)
     storage = Storage(root_of(args))

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from finetune_assets.cli.common import CliError, parse_label_mapping, print_json
-from finetune_assets.cli.models import load_classifier
+from finetune_assets.cli.models import add_model_choice, load_classifier
+
+# Project and third-party modules are imported inside the functions that use them, never
+# here: `--help`, and `predict` on a local folder, load neither Dagster nor MLflow
+# (cli/__init__.py).
 
 
 @dataclass
@@ -114,28 +120,9 @@ def _escape_tsv(text: str) -> str:
 
 
 def cmd_predict(args) -> int:
-    import json
-
     if args.batch_size < 1:
         raise CliError("--batch-size must be at least 1")
-    skipped = 0
-    if args.file:
-        if args.text:
-            raise CliError("give text arguments or --file, not both")
-        rows, skipped = _rows_from_file(Path(args.file), args.text_column, args.encoding)
-    elif args.text:
-        rows = [_check_text(InputRow(f"argument {i}", t)) for i, t in enumerate(args.text, 1)]
-    elif not sys.stdin.isatty():
-        lines = [
-            line.rstrip("\r\n").lstrip("\ufeff") if i == 1 else line.rstrip("\r\n")
-            for i, line in enumerate(sys.stdin, 1)
-        ]
-        rows = [_check_text(InputRow(f"stdin:{i}", t)) for i, t in enumerate(lines, 1) if t.strip()]
-        skipped = sum(1 for t in lines if not t.strip())
-    else:
-        raise CliError(
-            "nothing to classify: pass text as arguments, --file PATH, or pipe lines on stdin"
-        )
+    rows, skipped = _input_rows(args)
     if not rows:
         raise CliError("nothing to classify: the input has no non-empty lines")
     if skipped:
@@ -145,58 +132,13 @@ def cmd_predict(args) -> int:
     if fmt == "auto":
         fmt = "tsv" if sys.stdout.isatty() else "jsonl"
     classifier = load_classifier(args)
-    todo = [r for r in rows if r.error is None]
-    show_progress = args.file is not None and not args.no_progress
-    bar = None
-    if show_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=len(todo), unit="text", desc="classifying", file=sys.stderr, dynamic_ncols=True
-        )
-    from finetune_assets.core.evaluation.batching import predict_in_length_order
-
-    try:
-        outputs = predict_in_length_order(
-            lambda batch: classifier.predict(batch, args.max_length),
-            [r.text for r in todo],
-            args.batch_size,
-            on_batch=bar.update if bar is not None else None,
-        )
-        results = {id(row): out for row, out in zip(todo, outputs)}
-    finally:
-        if bar is not None:
-            bar.close()
+    results = _classify(args, classifier, [r for r in rows if r.error is None])
     errors = 0
     for row in rows:
         if row.error is not None:
             errors += 1
             print(f"error: {row.where}: {row.error}", file=sys.stderr)
-            if fmt == "jsonl":
-                print(
-                    json.dumps(
-                        {"text": row.text, "error": row.error, "where": row.where},
-                        ensure_ascii=False,
-                    )
-                )
-            else:
-                print(f"ERROR\t\t{_escape_tsv(row.text or '')}")
-            continue
-        label, score, scores = results[id(row)]
-        if fmt == "jsonl":
-            print(
-                json.dumps(
-                    {
-                        "text": row.text,
-                        "label": label,
-                        "score": round(score, 6),
-                        "scores": {k: round(v, 6) for k, v in scores.items()},
-                    },
-                    ensure_ascii=False,
-                )
-            )
-        else:
-            print(f"{label}\t{score:.4f}\t{_escape_tsv(row.text)}")
+        print(_output_line(row, results.get(id(row)), fmt))
     if errors:
         print(
             f"error: {errors} of {len(rows)} input row(s) could not be classified (see the lines "
@@ -205,6 +147,72 @@ def cmd_predict(args) -> int:
         )
         return 1
     return 0
+
+
+def _input_rows(args) -> tuple[list[InputRow], int]:
+    """What to classify: --file, the text arguments or stdin's lines; (rows, blank lines)."""
+    if args.file:
+        if args.text:
+            raise CliError("give text arguments or --file, not both")
+        return _rows_from_file(Path(args.file), args.text_column, args.encoding)
+    if args.text:
+        return [_check_text(InputRow(f"argument {i}", t)) for i, t in enumerate(args.text, 1)], 0
+    if not sys.stdin.isatty():
+        lines = [
+            line.rstrip("\r\n").lstrip("\ufeff") if i == 1 else line.rstrip("\r\n")
+            for i, line in enumerate(sys.stdin, 1)
+        ]
+        rows = [_check_text(InputRow(f"stdin:{i}", t)) for i, t in enumerate(lines, 1) if t.strip()]
+        return rows, sum(1 for t in lines if not t.strip())
+    raise CliError(
+        "nothing to classify: pass text as arguments, --file PATH, or pipe lines on stdin"
+    )
+
+
+def _classify(args, classifier, todo: list[InputRow]) -> dict[int, tuple]:
+    """(label, score, scores) per row (by id), in length order; a progress bar for --file."""
+    from finetune_assets.core.evaluation.batching import predict_in_length_order
+
+    bar = None
+    if args.file is not None and not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=len(todo), unit="text", desc="classifying", file=sys.stderr, dynamic_ncols=True
+        )
+    try:
+        outputs = predict_in_length_order(
+            lambda batch: classifier.predict(batch, args.max_length),
+            [r.text for r in todo],
+            args.batch_size,
+            on_batch=bar.update if bar is not None else None,
+        )
+        return {id(row): out for row, out in zip(todo, outputs)}
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _output_line(row: InputRow, result: tuple | None, fmt: str) -> str:
+    """One row's line on stdout: its label and scores, or ERROR (``fmt``: jsonl or tsv)."""
+    if row.error is not None:
+        if fmt == "jsonl":
+            return json.dumps(
+                {"text": row.text, "error": row.error, "where": row.where}, ensure_ascii=False
+            )
+        return f"ERROR\t\t{_escape_tsv(row.text or '')}"
+    label, score, scores = result
+    if fmt == "jsonl":
+        return json.dumps(
+            {
+                "text": row.text,
+                "label": label,
+                "score": round(score, 6),
+                "scores": {k: round(v, 6) for k, v in scores.items()},
+            },
+            ensure_ascii=False,
+        )
+    return f"{label}\t{score:.4f}\t{_escape_tsv(row.text)}"
 
 
 def cmd_evaluate(args) -> int:
@@ -241,14 +249,16 @@ def cmd_evaluate(args) -> int:
 
 def register(sub) -> None:
     """`predict` and `evaluate`."""
-    import argparse
+    _register_predict(sub)
+    _register_evaluate(sub)
 
+
+def _register_predict(sub) -> None:
     pr = sub.add_parser(
         "predict",
         help="classify text with a trained model",
         description="Classify text: prints label, score and text per input (JSON lines when "
-        "piped, tab "
-        "separated on a terminal).",
+        "piped, tab separated on a terminal).",
         epilog="examples:\n"
         "  finetune-assets predict --version sample 'a fine product'\n"
         "  finetune-assets predict --model-uri models:/review-classifier@champion --file "
@@ -257,14 +267,11 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pr.add_argument("text", nargs="*", help="texts to classify (default: lines from stdin)")
-    src = pr.add_argument_group("model (choose one)")
-    src.add_argument(
-        "--version", help="the finetuned_model of this dataset version under the storage root"
+    src = add_model_choice(
+        pr,
+        version_help="the finetuned_model of this dataset version under the storage root",
+        model_help="a local Hugging Face model folder (save_pretrained output)",
     )
-    src.add_argument(
-        "--model-uri", help="MLflow model URI: models:/name@alias, models:/name/3, runs:/ID/model"
-    )
-    src.add_argument("--model", help="a local Hugging Face model folder (save_pretrained output)")
     src.add_argument(
         "--tracking-uri",
         help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or the "
@@ -303,6 +310,8 @@ def register(sub) -> None:
     )
     pr.set_defaults(func=cmd_predict)
 
+
+def _register_evaluate(sub) -> None:
     ev = sub.add_parser(
         "evaluate",
         help="score a model on a labelled file: accuracy, macro-F1, per-class F1, confusion matrix",
@@ -313,14 +322,11 @@ def register(sub) -> None:
         "test.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    esrc = ev.add_argument_group("model (choose one)")
-    esrc.add_argument(
-        "--version", help="the finetuned_model (or with --baseline the baseline_model) of a version"
+    esrc = add_model_choice(
+        ev,
+        version_help="the finetuned_model (or with --baseline the baseline_model) of a version",
+        model_help="a local Hugging Face model folder",
     )
-    esrc.add_argument(
-        "--model-uri", help="MLflow model URI: models:/name@alias, models:/name/3, runs:/ID/model"
-    )
-    esrc.add_argument("--model", help="a local Hugging Face model folder")
     esrc.add_argument(
         "--baseline", action="store_true", help="with --version: score baseline_model[v]"
     )

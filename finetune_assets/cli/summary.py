@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from finetune_assets.cli.common import CliError, open_storage, print_json, tracking_uri_of
 
+# Project and third-party modules are imported inside the functions that use them, never
+# here: `--help`, and `predict` on a local folder, load neither Dagster nor MLflow
+# (cli/__init__.py).
+
 
 def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     """What the first command ends with: rows, test scores of fine-tuned / baseline / majority,
@@ -65,24 +69,32 @@ def version_summary(storage, version: str, tracking_uri: str | None) -> dict:
     out["tuning"] = tuning_outcome(storage, version, model.metadata if model else None)
     out["champion"], out["gate_decision"] = None, None
     if reg.get("registered_model_version") is not None and tracking_uri:
-        try:
-            from mlflow import MlflowClient
-            from mlflow.exceptions import MlflowException
-
-            client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-            name, mine = reg["registered_model_name"], str(reg["registered_model_version"])
-            out["gate_decision"] = (client.get_model_version(name, mine).tags or {}).get(
-                "gate.decision"
-            )
-            try:
-                holder = str(client.get_model_version_by_alias(name, "champion").version)
-            except MlflowException:
-                holder = None
-            out["champion"] = holder == mine
-            out["champion_version"] = holder
-        except Exception as err:  # the summary reports what it could not read
-            out["gate_decision"] = f"(MLflow not readable: {err})"
+        _champion_status(out, reg, tracking_uri)
     return out
+
+
+def _champion_status(out: dict, reg: dict, tracking_uri: str) -> None:
+    """The quality gate's decision on the version's registered model and whether it holds
+    @champion, into ``out``; what MLflow could not tell is said as the decision.
+    """
+    try:
+        from mlflow.exceptions import MlflowException
+
+        from finetune_assets.defs.resources.mlflow import MlflowResource
+
+        client = MlflowResource.client_at(tracking_uri)
+        name, mine = reg["registered_model_name"], str(reg["registered_model_version"])
+        out["gate_decision"] = (client.get_model_version(name, mine).tags or {}).get(
+            "gate.decision"
+        )
+        try:
+            holder = str(client.get_model_version_by_alias(name, "champion").version)
+        except MlflowException:
+            holder = None
+        out["champion"] = holder == mine
+        out["champion_version"] = holder
+    except Exception as err:  # the summary reports what it could not read
+        out["gate_decision"] = f"(MLflow not readable: {err})"
 
 
 def tuning_outcome(storage, version: str, model_metadata: dict | None) -> dict | None:
@@ -163,7 +175,7 @@ def _selection_line(sel: dict) -> str:
 
 
 def cmd_summary(args) -> int:
-    from finetune_assets.defs.versions.partitions import validate_version_key
+    from finetune_assets.core.versions.keys import validate_version_key
 
     version = validate_version_key(args.version)
     storage = open_storage(args)

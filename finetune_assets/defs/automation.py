@@ -1,10 +1,10 @@
 """Declarative automation: what prepares, trains, gates, promotes and scores a new dataset version.
 
 The landing sensor only registers a version (its record and its partition,
-``defs/versions/sensors.py``); from
-there Dagster's automation conditions alone build it, evaluated per partition by one
-``AutomationConditionSensorDefinition`` (``version_automation``) in the daemon, which persists each
-tick's requests. Applied once, at the root (``definitions.build_defs``), not per asset.
+``defs/versions/landing_sensor.py``); from there Dagster's automation conditions alone build it,
+evaluated per partition by one ``AutomationConditionSensorDefinition`` (``version_automation``) in
+the daemon, which persists each tick's requests. Applied once, at the root
+(``definitions.build_defs``), not per asset.
 
 Two conditions per version (and ``ONCE_IF_MISSING`` for the shared base model), both Dagster's
 ``eager()`` in shape (missing and never requested, or an update of a dependency since the asset
@@ -47,6 +47,7 @@ from finetune_assets.core.io.contracts import (
     PRETRAINED_MODEL,
     TUNING_STUDY,
 )
+from finetune_assets.defs.jobs import RETRY_TAGS
 
 AC = dg.AutomationCondition
 _SHARED = dg.AssetSelection.assets(PRETRAINED_MODEL)  # its updates trigger no version
@@ -130,3 +131,35 @@ def with_automation(
             )
         out.append(asset)
     return out
+
+
+def automation_sensor(
+    name: str, target: dg.AssetSelection, run_tags: dict[str, str], description: str
+) -> dg.AutomationConditionSensorDefinition:
+    """A sensor evaluating the conditions of ``target`` per partition in the daemon, running by
+    default, one run per version and step of the chain (a backfill would pool versions).
+    """
+    return dg.AutomationConditionSensorDefinition(
+        name,
+        target=target,
+        run_tags=run_tags,
+        emit_backfills=False,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=description,
+    )
+
+
+def version_automation(tune_new_versions: bool = False) -> dg.AutomationConditionSensorDefinition:
+    """The automation that builds every version; where new versions are tuned, every asset but the
+    study, which has a sensor of its own (``tuning_automation``, ``defs/tuning/on_landing.py``).
+    """
+    target = dg.AssetSelection.all()
+    if tune_new_versions:
+        target = target - dg.AssetSelection.assets(TUNING_STUDY)
+    return automation_sensor(
+        "version_automation",
+        target,
+        RETRY_TAGS,
+        "Each version's data preparation, then its training, gate, promotion and benchmark "
+        "scores, by the assets' automation conditions (defs/automation.py).",
+    )

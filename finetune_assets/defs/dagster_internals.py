@@ -12,7 +12,7 @@ import dagster as dg
 
 # Data-version tags of an asset event. An asset event may carry its own input data version / event
 # pointer tags and Dagster keeps them over the step's (``_get_output_asset_events``): the way a
-# re-executed step says which upstream version it really read (defs/models/provenance.py). No public
+# re-executed step says which upstream version it really read (defs/provenance.py). No public
 # constant or helper names these tags.
 from dagster._core.definitions.data_version import (
     DATA_VERSION_TAG,

@@ -1,4 +1,5 @@
-"""Jobs over the asset graph: full retrain of one dataset version, and retraining the model only.
+"""Jobs over the asset graph: full retrain of one dataset version, retraining the model only, and
+rebuilding the base model (``tune_job`` is the tuning feature's, ``defs/tuning/tune_job.py``).
 
 Selections name the asset definitions themselves (``AssetSelection.assets(obj)``), so a renamed
 asset cannot leave a job selecting nothing. Asset checks of the selected assets run in the same run
@@ -17,7 +18,6 @@ from finetune_assets.defs.data.tokenized import tokenized_reviews
 from finetune_assets.defs.models.baseline_model import baseline_model
 from finetune_assets.defs.models.finetuned import finetuned_model
 from finetune_assets.defs.promotion.champion import champion_model
-from finetune_assets.defs.tuning.study_asset import tuning_study
 
 # Run retries (the daemon re-launches a failed run when dagster.yaml has ``run_retries: enabled:
 # true``): only failures outside the assets' code (a killed run worker, a lost pod, a daemon
@@ -43,66 +43,51 @@ VERSION_CHAIN = (*DATA_PREPARATION, *TRAINING)
 
 # retrain_job selects both halves on purpose (one version by hand); Dagster warns that their
 # backfill policies differ and uses the smaller one (one partition per run), which is what we want.
+# No preview or beta parameter, and Dagster warns whenever it resolves the job (the code server,
+# the daemon, `dg check defs`), not where it is defined: there is no call of ours to scope it
+# around, so this one filter is process-wide, for this job's message only.
 warnings.filterwarnings(
     "ignore", message=r"Asset job retrain_job materializes assets with varying BackfillPolicies"
 )
 
-retrain_job = dg.define_asset_job(
-    name="retrain_job",
-    selection=dg.AssetSelection.assets(*VERSION_CHAIN, pretrained_model),
-    description=(
-        "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> "
-        "mds_shards -> finetuned_model -> champion_model, and baseline_model (the gate's bar), "
-        "with their checks, by hand (automation builds new versions by itself). pretrained_model "
-        "is in the selection so a fresh deployment can build the base model in the same run; "
-        "deselect it otherwise (it is shared by all versions, rebuilding it per version would "
-        "make every version stale)."
-    ),
-    tags={"finetune_assets/job": "retrain", **RETRY_TAGS},
+
+def asset_job(kind: str, assets: tuple, description: str, retried: bool = True):
+    """``{kind}_job`` over ``assets`` (and their checks), tagged ``finetune_assets/job: {kind}``,
+    with ``RETRY_TAGS`` where ``retried``.
+    """
+    return dg.define_asset_job(
+        name=f"{kind}_job",
+        selection=dg.AssetSelection.assets(*assets),
+        description=description,
+        tags={"finetune_assets/job": kind, **(RETRY_TAGS if retried else {})},
+    )
+
+
+retrain_job = asset_job(
+    "retrain",
+    (*VERSION_CHAIN, pretrained_model),
+    "New data -> new model for one dataset version: raw_reviews -> tokenized_reviews -> mds_shards "
+    "-> finetuned_model -> champion_model, and baseline_model (the gate's bar), with their checks, "
+    "by hand (automation builds new versions by itself). pretrained_model is in the selection so a "
+    "fresh deployment can build the base model in the same run; deselect it otherwise (it is "
+    "shared by all versions, rebuilding it per version would make every version stale).",
 )
 
-finetune_only_job = dg.define_asset_job(
-    name="finetune_only_job",
-    selection=dg.AssetSelection.assets(finetuned_model, champion_model),
-    description=(
-        "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with "
-        "new "
-        "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base "
-        "model that "
-        "shares the tokenizer. Launch it for one version or as a backfill over several."
-    ),
-    tags={"finetune_assets/job": "finetune_only", **RETRY_TAGS},
+finetune_only_job = asset_job(
+    "finetune_only",
+    TRAINING,
+    "Retrain finetuned_model for chosen dataset versions on their existing shards, e.g. with new "
+    "hyper-parameters (run config) or after pretrained_model was rebuilt from a new base model "
+    "that shares the tokenizer. Launch it for one version or as a backfill over several.",
 )
 
-base_model_job = dg.define_asset_job(
-    name="base_model_job",
-    selection=dg.AssetSelection.assets(pretrained_model),
-    description=(
-        "Rebuild pretrained_model (e.g. config source: a new base model). Every version's "
-        "tokenized_reviews, "
-        "mds_shards and finetuned_model then show as stale; 'Materialize stale' rebuilds only "
-        "those."
-    ),
-    tags={"finetune_assets/job": "base_model"},
+base_model_job = asset_job(
+    "base_model",
+    (pretrained_model,),
+    "Rebuild pretrained_model (e.g. config source: a new base model). Every version's "
+    "tokenized_reviews, mds_shards and finetuned_model then show as stale; 'Materialize stale' "
+    "rebuilds only those.",
+    retried=False,
 )
 
-# The chain up to the shards and the gate's baseline, then the study (not the model: in one run
-# nothing orders tuning_study before finetuned_model). defs/tuning/on_landing.py trains the winner
-# after.
-TUNE_CHAIN = (raw_reviews, tokenized_reviews, mds_shards, baseline_model, tuning_study)
-
-tune_job = dg.define_asset_job(
-    name="tune_job",
-    selection=dg.AssetSelection.assets(*TUNE_CHAIN, pretrained_model),
-    description=(
-        "A hyper-parameter study for one dataset version: the chain up to mds_shards, "
-        "baseline_model, and tuning_study, by hand. A deployment that tunes every new version "
-        "loads finetune_assets.defs.tuning.definitions: automation then requests tuning_study "
-        "after the "
-        "version's data run, and tuned_retrain_sensor trains the study's winner with "
-        "finetune_only_job."
-    ),
-    tags={"finetune_assets/job": "tune", **RETRY_TAGS},
-)
-
-jobs: list = [retrain_job, finetune_only_job, base_model_job, tune_job]
+jobs: list = [retrain_job, finetune_only_job, base_model_job]

@@ -13,7 +13,7 @@ import pytest
 from dagster._core.instance.ref import InstanceRef
 
 from finetune_assets.core.io.storage import Storage
-from finetune_assets.defs.models.provenance import read_recorded
+from finetune_assets.defs.provenance import read_recorded
 
 # The writer: publishes ``tokenized_reviews`` (the asset name only; any content) and, with KILL set,
 # SIGKILLs its own process right after the publish, i.e. in the window before Dagster records it.

@@ -23,13 +23,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from finetune_assets.core.tuning.study_storage import PRUNED_AT_STEP, make_pruner, open_storage
-from finetune_assets.defs.tuning.space import SEARCHED, TuningConfig
 
 RETRY_OF = "retry_of"  # user attribute: this trial re-runs one a killed run left unfinished
 FAILURE = "failure"  # user attribute: "training" when the trainer itself failed (not retried)
@@ -42,6 +41,33 @@ HEARTBEAT_RETRY_OF = "failed_trial"  # system attribute Optuna's heartbeat retry
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # the asset logs each trial itself
+
+
+# The searched fields (from the sampler); the rest come from ``fixed`` or the defaults.
+SEARCHED = ("lr", "epochs", "warmup_ratio", "batch_size", "weight_decay", "class_weights")
+
+
+class TuningConfig(Protocol):
+    """What the study reads of its config: ``defs/tuning/space.py``'s ``TuningConfig`` (the
+    launchpad's typed config) has it; the core only names the shape, so it never imports Dagster.
+    """
+
+    budget: Any
+    include_default_recipe: bool
+    max_failed_trials: int
+    n_trials: int
+    parallel_trials: int
+    timeout_minutes: float | None
+    unversioned: Any
+    warm_start_trials: int
+
+    def default_recipe(self) -> dict[str, Any]: ...
+    def in_space(self, params: dict[str, Any]) -> bool: ...
+    def make_sampler(self) -> Any: ...
+    def model_dump(self) -> dict[str, Any]: ...
+    def pruner_config(self) -> Any: ...
+    def study_hash(self) -> str: ...
+    def suggest(self, trial: Any) -> dict[str, Any]: ...
 
 
 class TrainingFailedTrial(Exception):

@@ -9,17 +9,22 @@ table, never scored on a subset.
 """
 
 import json
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from finetune_assets.core.evaluation import charts as viz
+from finetune_assets.core.evaluation.baseline import BaselineModel
+from finetune_assets.core.evaluation.benchmark_sets import list_benchmark_sets, read_benchmark_set
+from finetune_assets.core.evaluation.evaluate import LabelSetMismatch, map_labels, scores
+from finetune_assets.core.evaluation.inference import Classifier
 from finetune_assets.core.io.contracts import BASELINE_MODEL, FINETUNED_MODEL
 from finetune_assets.core.io.storage import Storage, hash_tree
-from finetune_assets.defs.common import OWNERS, version_of
+from finetune_assets.defs.common import version_asset, version_of
+from finetune_assets.defs.models.baseline_model import read_baseline_info
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 SCORES = "benchmark_scores"
 SCORES_FILE = "scores.json"
@@ -29,8 +34,6 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
     """Scores of one classifier on one set, or ``{"refused": reason}`` when the label sets do not
     match.
     """
-    from finetune_assets.core.evaluation.evaluate import LabelSetMismatch, map_labels, scores
-
     try:
         truth = map_labels(
             bench.labels,
@@ -48,30 +51,14 @@ def score_on_set(classifier, bench, batch_size: int = 32, max_length: int = 512)
     }
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    deps=[FINETUNED_MODEL, BASELINE_MODEL],
-    group_name="models",
-    kinds={"mlflow"},
-    owners=OWNERS,
-    code_version="1",
-    # scored by automation once its model (behind the gate) and baseline exist (defs/automation.py)
-)
+# scored by automation once its model (behind the gate) and baseline exist (defs/automation.py)
+@version_asset("models", {"mlflow"}, deps=[FINETUNED_MODEL, BASELINE_MODEL], code_version="1")
 def benchmark_scores(
     context: dg.AssetExecutionContext, storage: StorageResource, mlflow: MlflowResource
 ) -> dg.MaterializeResult:
     """Fine-tuned model and baseline of this version scored on every registered benchmark set
     (never trained on).
     """
-    from pathlib import Path
-
-    from finetune_assets.core.evaluation.baseline import BaselineModel
-    from finetune_assets.core.evaluation.benchmark_sets import (
-        list_benchmark_sets,
-        read_benchmark_set,
-    )
-    from finetune_assets.core.evaluation.inference import Classifier
-
     version = version_of(context)
     store = storage.storage()
     names = list_benchmark_sets(store)
@@ -182,10 +169,6 @@ def _log_mlflow(
     """Benchmark metrics on the fine-tuned run and on the baseline run of this version (when they
     exist).
     """
-    from mlflow.exceptions import MlflowException
-
-    from finetune_assets.defs.models.baseline_model import read_baseline_info
-
     run_ids = {
         "finetuned": ((finetuned.metadata or {}).get("mlflow") or {}).get("run_id"),
         "baseline": (read_baseline_info(store, version) or {}).get("mlflow_run_id"),
@@ -201,5 +184,5 @@ def _log_mlflow(
                 if "refused" not in entry[kind]:
                     client.log_metric(run_id, f"bench_{name}_accuracy", entry[kind]["accuracy"])
                     client.log_metric(run_id, f"bench_{name}_macro_f1", entry[kind]["macro_f1"])
-    except (MlflowException, OSError, ValueError) as err:
+    except mlflow.outage_errors() as err:
         context.log.warning(f"benchmark scores not logged to MLflow ({err}); they are published")

@@ -2,14 +2,16 @@
 rejected rows beside them.
 """
 
+import hashlib
 import json
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from finetune_assets.core.evaluation import charts as viz
 from finetune_assets.core.io.contracts import (
     ACCEPTED_SCHEMA,
     LABELS_FILE,
@@ -19,6 +21,7 @@ from finetune_assets.core.io.contracts import (
     REVIEWS_FILE,
 )
 from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET, LabelError
+from finetune_assets.core.prep.conflicts import accepted_after, promoted_rows, rejected_after
 from finetune_assets.core.prep.validate import SplitRule, StreamValidator, ValidationRules
 from finetune_assets.core.sources import (
     SourceError,
@@ -28,10 +31,9 @@ from finetune_assets.core.sources import (
     iter_source,
     list_source,
 )
-from finetune_assets.defs.common import OWNERS, markdown_table, version_of
+from finetune_assets.defs.common import markdown_table, version_asset, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
-from finetune_assets.defs.versions.register import read_version
+from finetune_assets.defs.versions.register import VersionRecord, content_changed, read_version
 
 
 class RawReviewsConfig(dg.Config):
@@ -102,15 +104,9 @@ def resolve_source(config: RawReviewsConfig, storage, version: str) -> SourceSpe
     return SourceSpec(**{**base.__dict__, **overrides})
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    group_name="reviews",
-    kinds={"parquet"},
-    owners=OWNERS,
-    # 2: the split is a hash of the coarse split key (letters and digits), not the normalized
-    # text, so near-duplicates share a split; versions built under 1 are shown stale
-    code_version="2",
-)
+# code version 2: the split is a hash of the coarse split key (letters and digits), not the
+# normalized text, so near-duplicates share a split; versions built under 1 are shown stale
+@version_asset("reviews", {"parquet"}, code_version="2")
 def raw_reviews(
     context: dg.AssetExecutionContext, config: RawReviewsConfig, storage: StorageResource
 ) -> dg.MaterializeResult:
@@ -118,22 +114,7 @@ def raw_reviews(
     version = version_of(context)
     store = storage.storage()
     spec = resolve_source(config, store, version)
-    record = read_version(store, version)
-    labels = (record.label_set if record is not None else None) or DEFAULT_LABEL_SET
-    try:
-        split = SplitRule(config.validation_fraction, config.test_fraction)
-    except ValueError as err:
-        raise dg.Failure(f"raw_reviews config validation_fraction/test_fraction: {err}") from err
-    try:
-        rules = ValidationRules(
-            max_text_chars=config.max_text_chars,
-            labels=labels,
-            label_mapping=config.label_mapping or None,
-            split=split,
-            duplicate_conflicts=config.duplicate_conflicts,
-        )
-    except LabelError as err:
-        raise dg.Failure(f"raw_reviews config label_mapping: {err}") from err
+    rules = _rules(config, read_version(store, version))
     context.log.info(f"reading {spec.uri} for dataset version {version}")
     files = _files_metadata(context, spec)
     _refuse_changed_content(store, version, spec)
@@ -171,40 +152,70 @@ def raw_reviews(
     if validator.across:
         context.log.warning(
             "reviews repeated across files (the copy in the file read first is kept; the others "
-            "are in "
-            "rejected.parquet with reason duplicate / conflicting_duplicate): "
+            "are in rejected.parquet with reason duplicate / conflicting_duplicate): "
             f"{dict(validator.across)}"
         )
-    n_in = validator.rows_in
-    counts = validator.label_counts
-    reasons = dict(validator.reasons)
     return dg.MaterializeResult(
         metadata={
             "source": spec.uri,
             "path": dg.MetadataValue.path(f"{staging.url}/{REVIEWS_FILE}"),
             "rejected_path": dg.MetadataValue.path(f"{staging.url}/{REJECTED_FILE}"),
-            "rows_in": n_in,
-            "dagster/row_count": validator.accepted,
-            "dagster/column_schema": dg.TableSchema(
-                columns=[dg.TableColumn(f.name, str(f.type)) for f in ACCEPTED_SCHEMA]
-            ),
-            "rejected_rows": validator.rejected,
-            "rejected_share": round(validator.rejected / n_in, 4) if n_in else 0.0,
-            "rejected_by_reason": dg.MetadataValue.json(reasons),
-            "label_distribution": markdown_table(
-                ("label", "reviews", "share"),
-                [(k, v, f"{v / max(1, validator.accepted):.1%}") for k, v in counts.items()],
-            ),
-            "label_counts": dg.MetadataValue.json(counts),
-            "labels": ", ".join(rules.labels.names),
-            "label_mapping": dg.MetadataValue.json(dict(rules.labels.mapping)),
-            "malformed_lines": int(reasons.get("malformed_row", 0)),
-            "cross_file_duplicates": dg.MetadataValue.json(dict(validator.across)),
+            **_validation_metadata(context, validator),
             **files,
-            **_pictures(context, counts),
+            **_pictures(context, validator.label_counts),
         },
         data_version=dg.DataVersion(staging.data_version),
     )
+
+
+def _rules(config: RawReviewsConfig, record: VersionRecord | None) -> ValidationRules:
+    """The validation rules of the version: its label set (the default three classes for a record
+    without one) and the config's limits, split and mapping; a config that cannot be fails.
+    """
+    labels = (record.label_set if record is not None else None) or DEFAULT_LABEL_SET
+    try:
+        split = SplitRule(config.validation_fraction, config.test_fraction)
+    except ValueError as err:
+        raise dg.Failure(f"raw_reviews config validation_fraction/test_fraction: {err}") from err
+    try:
+        return ValidationRules(
+            max_text_chars=config.max_text_chars,
+            labels=labels,
+            label_mapping=config.label_mapping or None,
+            split=split,
+            duplicate_conflicts=config.duplicate_conflicts,
+        )
+    except LabelError as err:
+        raise dg.Failure(f"raw_reviews config label_mapping: {err}") from err
+
+
+def _validation_metadata(
+    context: dg.AssetExecutionContext, validator: StreamValidator
+) -> dict[str, Any]:
+    """What validation accepted and rejected, and the labels it mapped to."""
+    n_in = validator.rows_in
+    counts = validator.label_counts
+    reasons = dict(validator.reasons)
+    labels = validator.rules.labels
+    return {
+        "rows_in": n_in,
+        "dagster/row_count": validator.accepted,
+        "dagster/column_schema": dg.TableSchema(
+            columns=[dg.TableColumn(f.name, str(f.type)) for f in ACCEPTED_SCHEMA]
+        ),
+        "rejected_rows": validator.rejected,
+        "rejected_share": round(validator.rejected / n_in, 4) if n_in else 0.0,
+        "rejected_by_reason": dg.MetadataValue.json(reasons),
+        "label_distribution": markdown_table(
+            ("label", "reviews", "share"),
+            [(k, v, f"{v / max(1, validator.accepted):.1%}") for k, v in counts.items()],
+        ),
+        "label_counts": dg.MetadataValue.json(counts),
+        "labels": ", ".join(labels.names),
+        "label_mapping": dg.MetadataValue.json(dict(labels.mapping)),
+        "malformed_lines": int(reasons.get("malformed_row", 0)),
+        "cross_file_duplicates": dg.MetadataValue.json(dict(validator.across)),
+    }
 
 
 def _stream_validated(
@@ -221,8 +232,6 @@ def _stream_validated(
     by). The hash covers every accepted row's fields, each row terminated, so it does not depend on
     batching.
     """
-    import hashlib
-
     digest = hashlib.sha256()
     pending: list[pa.Table] = []
     with (
@@ -272,10 +281,6 @@ def _resolve_conflicts(validator: StreamValidator, out, batch_rows: int, context
     row group at a time, the counters and the content hash recomputed; None (nothing read again)
     without conflicts.
     """
-    import hashlib
-
-    from finetune_assets.core.prep.conflicts import accepted_after, promoted_rows, rejected_after
-
     plan = validator.conflicts()
     if not plan:
         return None
@@ -349,8 +354,6 @@ def _refuse_changed_content(store, version: str, spec: SourceSpec) -> None:
     """A version is immutable: its registered source must still hold the content fingerprinted at
     registration.
     """
-    from finetune_assets.defs.versions.register import content_changed
-
     problem = content_changed(store, version, spec)
     if problem:
         raise dg.Failure(problem)
@@ -362,8 +365,6 @@ def _pictures(
     context: dg.AssetExecutionContext, labels: dict[str, int]
 ) -> dict[str, dg.MetadataValue]:
     """The label distribution as a bar chart; a plotting failure never fails the materialization."""
-    from finetune_assets.core.evaluation import charts as viz
-
     try:
         chart = viz.label_distribution_md(labels)  # its own key: the table stays beside it
         return {"label_distribution_chart": dg.MetadataValue.md(chart)}

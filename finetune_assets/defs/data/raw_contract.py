@@ -18,7 +18,7 @@ from finetune_assets.core.io.contracts import (
     parquet_schema,
 )
 from finetune_assets.core.labels.infer import labels_from_metadata
-from finetune_assets.defs.data.versioned_checks import per_version_spec, version_of
+from finetune_assets.defs.common import version_check_spec, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
 
 DUPLICATE_REASONS = ("duplicate", "conflicting_duplicate")
@@ -38,25 +38,25 @@ class RawContractConfig(dg.Config):
 
 
 RAW_SPECS = [
-    per_version_spec(
+    version_check_spec(
         "schema_and_labels",
         RAW,
         "text/label columns as strings, no empty text, labels only the version's classes",
         blocking=True,
     ),
-    per_version_spec(
+    version_check_spec(
         "rejected_share",
         RAW,
         "share of rows quarantined (not counting duplicates) under the limit",
         True,
     ),
-    per_version_spec(
+    version_check_spec(
         "duplicate_share",
         RAW,
         "share of duplicate reviews under the limit (conflicting labels listed)",
         False,
     ),
-    per_version_spec(
+    version_check_spec(
         "min_rows_per_class", RAW, "every class has enough accepted reviews to learn and test", True
     ),
 ]
@@ -72,98 +72,116 @@ def raw_reviews_contract(
     version = version_of(context)
     store = storage.storage()
     pub = store.require(RAW, version)
-    classes = labels_from_metadata(pub.metadata).names
-    accepted = _scan_accepted(f"{pub.url}/{REVIEWS_FILE}", store.fs)
-    rejected = _scan_rejected(f"{pub.url}/{REJECTED_FILE}", store.fs)
-    rows_in = accepted.rows + rejected.rows
-    reasons = rejected.reasons
-    where = dg.MetadataValue.path(f"{pub.url}/{REJECTED_FILE}")
+    scan = _Scan(
+        classes=labels_from_metadata(pub.metadata).names,
+        accepted=_scan_accepted(f"{pub.url}/{REVIEWS_FILE}", store.fs),
+        rejected=_scan_rejected(f"{pub.url}/{REJECTED_FILE}", store.fs),
+        rejected_path=dg.MetadataValue.path(f"{pub.url}/{REJECTED_FILE}"),
+    )
     selected = {k.name for k in context.selected_asset_check_keys}
+    for name, rule in _RULES.items():
+        if name in selected:
+            yield rule(scan, config)
 
-    def result(name, passed, severity, description, **metadata):
-        return dg.AssetCheckResult(
-            check_name=name,
-            asset_key=RAW,
-            passed=bool(passed),
-            severity=severity,
-            description=description,
-            metadata=metadata,
-        )
 
-    if "schema_and_labels" in selected:
-        problems = list(accepted.schema_problems)
-        unknown = {}
-        if not problems:
-            unknown = {str(k): v for k, v in accepted.labels.items() if k not in classes}
-            if unknown:
-                problems.append(f"labels outside {list(classes)}: {unknown}")
-            if accepted.empty_texts:
-                problems.append(f"{accepted.empty_texts} accepted reviews have empty text")
-        yield result(
-            "schema_and_labels",
-            not problems,
-            dg.AssetCheckSeverity.ERROR,
-            "; ".join(problems) or "schema and labels as promised",
-            columns=dg.MetadataValue.json({f.name: str(f.type) for f in accepted.schema}),
-            unexpected_labels=dg.MetadataValue.json(unknown),
-            fix="fix the label mapping (raw_reviews config label_mapping) or the source files"
-            if problems
-            else "",
-        )
+def _result(name, passed, severity, description, **metadata) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        check_name=name,
+        asset_key=RAW,
+        passed=bool(passed),
+        severity=severity,
+        description=description,
+        metadata=metadata,
+    )
 
-    if "rejected_share" in selected:
-        bad = {r: n for r, n in reasons.items() if r not in DUPLICATE_REASONS}
-        share = sum(bad.values()) / rows_in if rows_in else 0.0
-        examples = rejected.examples
-        yield result(
-            "rejected_share",
-            share <= config.max_rejected_share,
-            dg.AssetCheckSeverity.ERROR,
-            f"{share:.2%} of {rows_in} rows rejected (limit {config.max_rejected_share:.2%})",
-            rejected_share=round(share, 6),
-            limit=config.max_rejected_share,
-            rows_in=rows_in,
-            rejected_by_reason=dg.MetadataValue.json(bad),
-            rejected_path=where,
-            examples=_examples(examples),
-            fix="read rejected.parquet (reason + detail per row); fix the drop or raise "
-            "max_rejected_share",
-        )
 
-    if "duplicate_share" in selected:
-        dups = sum(reasons.get(r, 0) for r in DUPLICATE_REASONS)
-        share = dups / rows_in if rows_in else 0.0
-        conflicting = rejected.conflicting
-        yield result(
-            "duplicate_share",
-            share <= config.max_duplicate_share,
-            dg.AssetCheckSeverity.WARN,
-            f"{share:.2%} of rows are duplicates ({reasons.get('conflicting_duplicate', 0)} with a "
-            f"conflicting label; limit {config.max_duplicate_share:.2%})",
-            duplicate_share=round(share, 6),
-            limit=config.max_duplicate_share,
-            duplicates=dups,
-            conflicting_duplicates=reasons.get("conflicting_duplicate", 0),
-            conflicting_examples=_examples(conflicting),
-            rejected_path=where,
-        )
+def _schema_and_labels(scan: "_Scan", config: RawContractConfig) -> dg.AssetCheckResult:
+    accepted, classes = scan.accepted, scan.classes
+    problems = list(accepted.schema_problems)
+    unknown = {}
+    if not problems:
+        unknown = {str(k): v for k, v in accepted.labels.items() if k not in classes}
+        if unknown:
+            problems.append(f"labels outside {list(classes)}: {unknown}")
+        if accepted.empty_texts:
+            problems.append(f"{accepted.empty_texts} accepted reviews have empty text")
+    return _result(
+        "schema_and_labels",
+        not problems,
+        dg.AssetCheckSeverity.ERROR,
+        "; ".join(problems) or "schema and labels as promised",
+        columns=dg.MetadataValue.json({f.name: str(f.type) for f in accepted.schema}),
+        unexpected_labels=dg.MetadataValue.json(unknown),
+        fix="fix the label mapping (raw_reviews config label_mapping) or the source files"
+        if problems
+        else "",
+    )
 
-    if "min_rows_per_class" in selected:
-        per_class = {name: accepted.labels.get(name, 0) for name in classes}
-        short = {k: v for k, v in per_class.items() if v < config.min_rows_per_class}
-        yield result(
-            "min_rows_per_class",
-            not short,
-            dg.AssetCheckSeverity.ERROR,
-            (
-                f"too few reviews for {short} (minimum {config.min_rows_per_class})"
-                if short
-                else f"every class has at least {config.min_rows_per_class} reviews"
-            ),
-            rows_per_class=dg.MetadataValue.json(per_class),
-            minimum=config.min_rows_per_class,
-            fix=_short_classes_fix(short, classes),
-        )
+
+def _rejected_share(scan: "_Scan", config: RawContractConfig) -> dg.AssetCheckResult:
+    rows_in = scan.rows_in
+    bad = {r: n for r, n in scan.rejected.reasons.items() if r not in DUPLICATE_REASONS}
+    share = sum(bad.values()) / rows_in if rows_in else 0.0
+    return _result(
+        "rejected_share",
+        share <= config.max_rejected_share,
+        dg.AssetCheckSeverity.ERROR,
+        f"{share:.2%} of {rows_in} rows rejected (limit {config.max_rejected_share:.2%})",
+        rejected_share=round(share, 6),
+        limit=config.max_rejected_share,
+        rows_in=rows_in,
+        rejected_by_reason=dg.MetadataValue.json(bad),
+        rejected_path=scan.rejected_path,
+        examples=_examples(scan.rejected.examples),
+        fix="read rejected.parquet (reason + detail per row); fix the drop or raise "
+        "max_rejected_share",
+    )
+
+
+def _duplicate_share(scan: "_Scan", config: RawContractConfig) -> dg.AssetCheckResult:
+    reasons = scan.rejected.reasons
+    dups = sum(reasons.get(r, 0) for r in DUPLICATE_REASONS)
+    share = dups / scan.rows_in if scan.rows_in else 0.0
+    return _result(
+        "duplicate_share",
+        share <= config.max_duplicate_share,
+        dg.AssetCheckSeverity.WARN,
+        f"{share:.2%} of rows are duplicates ({reasons.get('conflicting_duplicate', 0)} with a "
+        f"conflicting label; limit {config.max_duplicate_share:.2%})",
+        duplicate_share=round(share, 6),
+        limit=config.max_duplicate_share,
+        duplicates=dups,
+        conflicting_duplicates=reasons.get("conflicting_duplicate", 0),
+        conflicting_examples=_examples(scan.rejected.conflicting),
+        rejected_path=scan.rejected_path,
+    )
+
+
+def _min_rows_per_class(scan: "_Scan", config: RawContractConfig) -> dg.AssetCheckResult:
+    per_class = {name: scan.accepted.labels.get(name, 0) for name in scan.classes}
+    short = {k: v for k, v in per_class.items() if v < config.min_rows_per_class}
+    return _result(
+        "min_rows_per_class",
+        not short,
+        dg.AssetCheckSeverity.ERROR,
+        (
+            f"too few reviews for {short} (minimum {config.min_rows_per_class})"
+            if short
+            else f"every class has at least {config.min_rows_per_class} reviews"
+        ),
+        rows_per_class=dg.MetadataValue.json(per_class),
+        minimum=config.min_rows_per_class,
+        fix=_short_classes_fix(short, scan.classes),
+    )
+
+
+# each check of the contract, in the order they report
+_RULES = {
+    "schema_and_labels": _schema_and_labels,
+    "rejected_share": _rejected_share,
+    "duplicate_share": _duplicate_share,
+    "min_rows_per_class": _min_rows_per_class,
+}
 
 
 def _short_classes_fix(short: dict[str, int], classes: Sequence[str]) -> str:
@@ -240,6 +258,20 @@ def _scan_rejected(url: str, fs) -> _Rejected:
             both = batch.filter(pc.equal(reason, "conflicting_duplicate"))
             out.conflicting += both.slice(0, EXAMPLES - len(out.conflicting)).to_pylist()
     return out
+
+
+@dataclass
+class _Scan:
+    """One pass over a version's accepted reviews and quarantine: what every rule reads."""
+
+    classes: Sequence[str]  # the version's label set, in id order
+    accepted: _Accepted
+    rejected: _Rejected
+    rejected_path: dg.MetadataValue
+
+    @property
+    def rows_in(self) -> int:
+        return self.accepted.rows + self.rejected.rows
 
 
 def _examples(rows: list[dict]) -> dg.MetadataValue:

@@ -6,25 +6,26 @@ from finetune_assets.core.evaluation.charts import markdown_table
 from finetune_assets.core.io.contracts import MDS_SHARDS as SHARDS
 from finetune_assets.core.io.contracts import SPLITS, read_token_stats
 from finetune_assets.core.io.contracts import TOKENIZED_REVIEWS as TOKENIZED
-from finetune_assets.defs.data.versioned_checks import per_version_spec, version_of
+from finetune_assets.core.shards.writer import read_back_count
+from finetune_assets.defs.common import version_check_spec, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
 
 SHARD_SPECS = [
-    per_version_spec(
+    version_check_spec(
         "splits_readable",
         SHARDS,
         "every split opens and decodes with streaming.StreamingDataset",
         True,
         reads=[TOKENIZED],
     ),
-    per_version_spec(
+    version_check_spec(
         "counts_match_tokenized",
         SHARDS,
         "samples per split equal tokenized_reviews rows per split",
         True,
         reads=[TOKENIZED],
     ),
-    per_version_spec(
+    version_check_spec(
         "no_empty_split",
         SHARDS,
         "train, validation and test each hold at least one sample",
@@ -37,8 +38,6 @@ SHARD_SPECS = [
 @dg.multi_asset_check(specs=SHARD_SPECS, name="mds_shards_integrity", can_subset=True)
 def mds_shards_integrity(context: dg.AssetCheckExecutionContext, storage: StorageResource):
     """Shards as the trainer will read them, compared with the tokenized rows they came from."""
-    from finetune_assets.core.shards.writer import read_back_count
-
     version = version_of(context)
     store = storage.storage()
     shards = store.require(SHARDS, version)

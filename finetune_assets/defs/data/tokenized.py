@@ -3,13 +3,16 @@ IPC.
 """
 
 import json
-import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import dagster as dg
+import numpy as np
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from finetune_assets.core.evaluation import charts as viz
 from finetune_assets.core.io.contracts import (
     LABELS_FILE,
     PRETRAINED_MODEL,
@@ -22,15 +25,19 @@ from finetune_assets.core.io.contracts import (
     TokenStats,
     read_tokenization,
 )
-from finetune_assets.core.labels.infer import labels_from_metadata
+from finetune_assets.core.io.storage import Storage
+from finetune_assets.core.labels.infer import LabelSet, labels_from_metadata
+from finetune_assets.core.prep.pretrained import load_tokenization
+from finetune_assets.core.prep.token_cache import CACHE_DIR, TokenCache, tokenizer_hash
 from finetune_assets.core.prep.tokenize import stats_from_histogram, token_dtype
-from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
+from finetune_assets.core.shards import slices
+from finetune_assets.defs.common import launch_labels, markdown_table, version_asset, version_of
 from finetune_assets.defs.data.pretrained import pretrained_model
 from finetune_assets.defs.data.raw import raw_reviews
-from finetune_assets.defs.models.provenance import input_tags, read_recorded, run_group_id
+from finetune_assets.defs.data.slice_workers import fan_out, inputs_digest
+from finetune_assets.defs.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.defs.resources.launchers import TrainingLauncher
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 
 class TokenizeConfig(dg.Config):
@@ -56,13 +63,8 @@ class TokenizeConfig(dg.Config):
     )
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    deps=[raw_reviews, pretrained_model],
-    group_name="reviews",
-    kinds={"arrow", "huggingface"},
-    owners=OWNERS,
-    code_version="1",
+@version_asset(
+    "reviews", {"arrow", "huggingface"}, deps=[raw_reviews, pretrained_model], code_version="1"
 )
 def tokenized_reviews(
     context: dg.AssetExecutionContext,
@@ -77,9 +79,6 @@ def tokenized_reviews(
     row order.
     """
     from finetune_assets.core.launchers.fanout import runner_width
-    from finetune_assets.core.prep.pretrained import load_tokenization
-    from finetune_assets.core.prep.token_cache import CACHE_DIR, tokenizer_hash
-    from finetune_assets.core.shards import slices
     from finetune_assets.defs.resources.launchers import fanout_runner
 
     version = version_of(context)
@@ -87,21 +86,11 @@ def tokenized_reviews(
     raw = read_recorded(context.instance, store, RAW_REVIEWS, version)  # storage repaired if ahead
     # The root run's base model, leased: a re-execution tokenizes (and trains) with the same one.
     model = store.pinned(PRETRAINED_MODEL, run_group_id(context.run))
-    tokenization = read_tokenization(model.url, store.fs)
-    if tokenization is None:  # published before tokenization.json: load it the slow way
-        with store.local_copy(model.url) as model_dir:
-            tokenization = load_tokenization(str(model_dir))
-    # Never longer than the model takes (position embeddings, the tokenizer's model_max_length).
-    max_length = min(config.max_length, tokenization.max_input_tokens)
-    if max_length < 2:
-        raise dg.Failure("max_length must be at least 2 (room for [CLS] and [SEP])")
+    tokenizer_json, vocab_size, max_length = _tokenizer(store, model.url, config.max_length)
     labels = labels_from_metadata(raw.metadata)
-    tokenizer_json = tokenization.tokenizer_json
     tok_hash = tokenizer_hash(tokenizer_json)
     reviews_url = f"{raw.url}/{REVIEWS_FILE}"  # with the split raw_reviews assigned
-    with store.fs.open(reviews_url, "rb") as f:
-        meta = pq.ParquetFile(f).metadata
-        group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    group_rows = _rows_per_group(store, reviews_url)
     runner = fanout_runner(
         launcher,
         workers=config.workers,
@@ -117,7 +106,7 @@ def tokenized_reviews(
             out=staging.url,
             slices=plan,
             tokenizer=f"{work}/tokenizer.json",
-            dtype=token_dtype(tokenization.vocab_size).name,
+            dtype=token_dtype(vocab_size).name,
             max_length=max_length,
             labels=labels.to_dict(),
             batch_size=config.batch_size,
@@ -128,87 +117,119 @@ def tokenized_reviews(
         context.log.info(
             f"tokenizing {sum(group_rows)} reviews in {len(plan)} slices by {spec.count} workers"
         )
-        _fan_out(context, runner, f"tok-{version}", f"{work}/spec.json", spec.count)
+        fan_out(context, runner, f"tok-{version}", f"{work}/spec.json", spec.count)
         parts = slices.read_part_stats(staging.url, len(plan))
         store.fs.rm(work, recursive=True)  # tokenizer + spec: inputs of the workers, not data
         index = _index_cache(context, spec.cache)
-        rows = sum(p["rows"] for p in parts)
-        if rows != raw.metadata.get("rows", rows):
-            raise dg.Failure(
-                f"tokenized_reviews[{version}]: slices tokenized {rows} rows, raw_reviews has "
-                f"{raw.metadata['rows']}"
-            )
-        hist = _merged_histogram(parts)
-        stats = stats_from_histogram(hist, max_length)
-        counts = {s: sum(p["splits"][s] for p in parts) for s in SPLITS}
-        reused = sum(p["reused"] for p in parts)
-        (staging.local_dir / TOKEN_STATS_FILE).write_text(
-            TokenStats(splits=counts, lengths=stats).to_json()
-        )
-        (staging.local_dir / LABELS_FILE).write_text(
-            json.dumps(labels.to_dict(), ensure_ascii=False)
-        )
+        tally = _tally(parts, raw.metadata, version)
+        stats = _write_stats(staging.local_dir, tally, max_length, labels)
         # A function of the inputs (the output is deterministic in them), so it is the same whatever
         # the slicing.
-        staging.data_version = _digest(
+        staging.data_version = inputs_digest(
             raw.data_version, tok_hash, max_length, labels.to_dict(), "parts-v1"
         )
         staging.metadata = {
-            "rows": rows,
+            "rows": tally.rows,
             "max_length": max_length,
             "labels": labels.to_dict(),
             "parts": len(plan),
-            "reused_rows": reused,
-            "new_rows": rows - reused,
+            "reused_rows": tally.reused,
+            "new_rows": tally.rows - tally.reused,
         }
     return dg.MaterializeResult(
-        metadata={
-            "path": dg.MetadataValue.path(f"{staging.url}/{TOKEN_PARTS_DIR}"),
-            "dagster/row_count": rows,
-            "rows_per_split": markdown_table(("split", "reviews"), list(counts.items())),
-            "split_counts": dg.MetadataValue.json(counts),
-            "max_length": max_length,
-            "labels": ", ".join(f"{i}={n}" for i, n in labels.id2label.items()),
-            "token_dtype": spec.dtype,
-            "tokens_mean": stats["mean"],
-            "tokens_p50": stats["p50"],
-            "tokens_p95": stats["p95"],
-            "tokens_max": stats["max"],
-            "truncated_share": stats["truncated_share"],
-            "slices": len(plan),
-            "reused_rows": reused,
-            "new_rows": rows - reused,
-            **index,
-            "tokenizer_hash": tok_hash,
-            **_pictures(context, hist, max_length),
-        },
+        metadata=_metadata(context, staging.url, spec, labels, tally, stats, index, tok_hash),
         data_version=dg.DataVersion(staging.data_version),
         # The base model read, not the newest.
         tags=input_tags(context.instance, PRETRAINED_MODEL, model),
     )
 
 
-def _fan_out(
-    context: dg.AssetExecutionContext, runner, kind: str, spec_url: str, count: int
-) -> None:
-    """Run the slice workers; a failed slice fails the step (and nothing is published)."""
-    from finetune_assets.core.launchers.fanout import FanOut, FanOutError, python_module
-    from finetune_assets.core.shards.slices import WORKER_ENV
+def _tokenizer(store: Storage, model_url: str, max_length: int) -> tuple[str, int, int]:
+    """The base model's tokenizer (its JSON), vocabulary size and the max length to cut at: never
+    longer than the model takes (position embeddings, the tokenizer's model_max_length).
+    """
+    tokenization = read_tokenization(model_url, store.fs)
+    if tokenization is None:  # published before tokenization.json: load it the slow way
+        with store.local_copy(model_url) as model_dir:
+            tokenization = load_tokenization(str(model_dir))
+    max_length = min(max_length, tokenization.max_input_tokens)
+    if max_length < 2:
+        raise dg.Failure("max_length must be at least 2 (room for [CLS] and [SEP])")
+    return tokenization.tokenizer_json, tokenization.vocab_size, max_length
 
-    # DNS-1123 (a Kubernetes Job name): lower-case alphanumerics and "-", <= 52 characters, the run
-    # id kept
-    name = re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{context.run.run_id[:8]}".lower())[-52:].strip("-")
-    # code: the same interpreter/image, cwd and PYTHONPATH
-    job = FanOut(
-        name=name,
-        command=python_module("finetune_assets.core.shards.slices", "work", "--spec", spec_url),
-        count=count,
-        env=dict(WORKER_ENV),
+
+def _rows_per_group(store: Storage, url: str) -> list[int]:
+    """Rows per row group of a Parquet file (raw_reviews' row groups: the unit slices cut at)."""
+    with store.fs.open(url, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """What the slices tokenized, summed over their parts."""
+
+    rows: int
+    splits: dict[str, int]
+    reused: int  # rows whose tokens came from the cache
+    histogram: np.ndarray  # token length -> reviews
+
+
+def _tally(parts: list[dict], raw_metadata: dict, version: str) -> _Tally:
+    rows = sum(p["rows"] for p in parts)
+    if rows != raw_metadata.get("rows", rows):
+        raise dg.Failure(
+            f"tokenized_reviews[{version}]: slices tokenized {rows} rows, raw_reviews has "
+            f"{raw_metadata['rows']}"
+        )
+    return _Tally(
+        rows=rows,
+        splits={s: sum(p["splits"][s] for p in parts) for s in SPLITS},
+        reused=sum(p["reused"] for p in parts),
+        histogram=_merged_histogram(parts),
     )
-    try:
-        runner.run(job, context.log.info)
-    except FanOutError as err:
-        raise dg.Failure(str(err)) from err
+
+
+def _write_stats(folder: Path, tally: _Tally, max_length: int, labels: LabelSet) -> dict:
+    """Token statistics (per split, token lengths) and the label set beside the parts; the
+    length statistics back.
+    """
+    stats = stats_from_histogram(tally.histogram, max_length)
+    (folder / TOKEN_STATS_FILE).write_text(TokenStats(splits=tally.splits, lengths=stats).to_json())
+    (folder / LABELS_FILE).write_text(json.dumps(labels.to_dict(), ensure_ascii=False))
+    return stats
+
+
+def _metadata(
+    context: dg.AssetExecutionContext,
+    url: str,
+    spec: slices.TokenizeSpec,
+    labels: LabelSet,
+    tally: _Tally,
+    stats: dict,
+    index: dict,
+    tokenizer: str,
+) -> dict:
+    return {
+        "path": dg.MetadataValue.path(f"{url}/{TOKEN_PARTS_DIR}"),
+        "dagster/row_count": tally.rows,
+        "rows_per_split": markdown_table(("split", "reviews"), list(tally.splits.items())),
+        "split_counts": dg.MetadataValue.json(tally.splits),
+        "max_length": spec.max_length,
+        "labels": ", ".join(f"{i}={n}" for i, n in labels.id2label.items()),
+        "token_dtype": spec.dtype,
+        "tokens_mean": stats["mean"],
+        "tokens_p50": stats["p50"],
+        "tokens_p95": stats["p95"],
+        "tokens_max": stats["max"],
+        "truncated_share": stats["truncated_share"],
+        "slices": len(spec.slices),
+        "reused_rows": tally.reused,
+        "new_rows": tally.rows - tally.reused,
+        **index,
+        "tokenizer_hash": tokenizer,
+        **_pictures(context, tally.histogram, spec.max_length),
+    }
 
 
 def _index_cache(context: dg.AssetExecutionContext, cache_url: str | None) -> dict:
@@ -218,8 +239,6 @@ def _index_cache(context: dg.AssetExecutionContext, cache_url: str | None) -> di
     """
     if cache_url is None:
         return {}
-    from finetune_assets.core.prep.token_cache import TokenCache
-
     try:
         counts = TokenCache(cache_url).compact()
     except Exception as err:  # see above
@@ -232,8 +251,6 @@ def _index_cache(context: dg.AssetExecutionContext, cache_url: str | None) -> di
 
 
 def _merged_histogram(parts: list[dict]):
-    import numpy as np
-
     width = max((len(p["length_histogram"]) for p in parts), default=0)
     hist = np.zeros(width, dtype=np.int64)
     for p in parts:
@@ -242,22 +259,12 @@ def _merged_histogram(parts: list[dict]):
     return hist
 
 
-def _digest(*parts) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 # -- pictures for the UI (finetune_assets.core.evaluation.charts)
 # ----------------------------------------------------
 def _pictures(
     context: dg.AssetExecutionContext, hist, max_length: int
 ) -> dict[str, dg.MetadataValue]:
     """The token-length histogram; a plotting failure never fails the materialization."""
-    import numpy as np
-
-    from finetune_assets.core.evaluation import charts as viz
-
     try:
         # the merged histogram as values, thinned to <= 200k (the picture's shape, bounded memory)
         step = max(1, int(hist.sum()) // 200_000)

@@ -9,18 +9,22 @@ reviews with the published ``pretrained_model`` tokenizer; the truncated share c
 """
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import Field
 
+from finetune_assets.core.evaluation.vocab_fit import FitLimits, advice, measure
 from finetune_assets.core.io.contracts import (
     PRETRAINED_MODEL,
     RAW_REVIEWS,
     REVIEWS_FILE,
     TOKENIZED_REVIEWS,
+    _fs_and_path,
     iter_parquet_batches,
     read_token_stats,
 )
+from finetune_assets.defs.common import version_check, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions, validate_version_key
 
 
 class VocabularyFitConfig(dg.Config):
@@ -37,15 +41,13 @@ class VocabularyFitConfig(dg.Config):
     sample_reviews: int = Field(2000, description="reviews measured (spread over the version)")
 
 
-@dg.asset_check(
+@version_check(
     asset=TOKENIZED_REVIEWS,
     name="vocabulary_fit",
     blocking=False,
-    partitions_def=dataset_versions,
     additional_deps=[RAW_REVIEWS, PRETRAINED_MODEL],
     description="The base model's tokenizer covers the reviews' language: unknown tokens, tokens "
-    "per "
-    "word, words split into single characters, truncated reviews (warning).",
+    "per word, words split into single characters, truncated reviews (warning).",
 )
 def vocabulary_fit(
     context: dg.AssetCheckExecutionContext, config: VocabularyFitConfig, storage: StorageResource
@@ -53,11 +55,11 @@ def vocabulary_fit(
     """Warns when the base model sees this data as characters or unknown tokens, and says which
     setting fixes it.
     """
+    # transformers only here, when the check runs: loading the code location never imports it
+    # (finetune_assets_tests/test_layers.py), and every step process loads it.
     from transformers import AutoTokenizer
 
-    from finetune_assets.core.evaluation.vocab_fit import FitLimits, advice, measure
-
-    version = validate_version_key(context.partition_key)
+    version = version_of(context)
     store = storage.storage()
     raw = store.require(RAW_REVIEWS, version)
     tokens = store.require(TOKENIZED_REVIEWS, version)
@@ -105,11 +107,6 @@ def _sampled_texts(url: str, fs, limit: int) -> list[str]:
     """``data.vocab_fit.sample_texts`` of the accepted reviews (every k-th), read a record batch at
     a time: the check holds the sample, never the version's whole text column.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from finetune_assets.core.io.contracts import _fs_and_path
-
     fs_, path = _fs_and_path(url, fs)
     with fs_.open(path, "rb") as f:
         rows = pq.ParquetFile(f).metadata.num_rows

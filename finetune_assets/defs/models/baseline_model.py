@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
+from finetune_assets.core.evaluation import charts as viz
 from finetune_assets.core.evaluation.baseline import (
     INFO_FILE,
     MODEL_FILE,
@@ -23,10 +24,9 @@ from finetune_assets.core.evaluation.baseline import (
 from finetune_assets.core.evaluation.evaluate import majority_scores, order_labels
 from finetune_assets.core.io.contracts import BASELINE_MODEL, RAW_REVIEWS, SPLITS, read_reviews
 from finetune_assets.core.io.storage import Storage, hash_tree
-from finetune_assets.defs.common import OWNERS, markdown_table, version_of
+from finetune_assets.defs.common import markdown_table, version_asset, version_of
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 
 class BaselineConfig(dg.Config):
@@ -72,14 +72,7 @@ def split_reviews(store: Storage, version: str) -> dict[str, tuple[list[str], li
     return out
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
-    deps=[RAW_REVIEWS],
-    group_name="models",
-    kinds={"scikitlearn", "mlflow"},
-    owners=OWNERS,
-    code_version="1",
-)
+@version_asset("models", {"scikitlearn", "mlflow"}, deps=[RAW_REVIEWS], code_version="1")
 def baseline_model(
     context: dg.AssetExecutionContext,
     config: BaselineConfig,
@@ -166,8 +159,6 @@ def _metadata(
             }
         )
         try:
-            from finetune_assets.core.evaluation import charts as viz
-
             meta["confusion_matrix_chart"] = dg.MetadataValue.md(
                 viz.confusion_matrix_md(test["confusion_matrix"], labels)
             )
@@ -187,20 +178,13 @@ def _log_mlflow(
     """One MLflow run per baseline fit, in the fine-tuned runs' experiment; a tracking outage
     only warns.
     """
-    from mlflow.exceptions import MlflowException
-
+    tags = {
+        "dataset_version": version,
+        "model_kind": "baseline",
+        "dagster_run_id": context.run.run_id,
+    }
     try:
-        client = mlflow.client(store)
-        exp_id = mlflow.experiment_id(store, client)
-        run = client.create_run(
-            exp_id,
-            run_name=f"{version}-baseline",
-            tags={
-                "dataset_version": version,
-                "model_kind": "baseline",
-                "dagster_run_id": context.run.run_id,
-            },
-        )
+        client, run = mlflow.create_run(store, f"{version}-baseline", tags)
         rid = run.info.run_id
         for key, value in info["settings"].items():
             client.log_param(rid, key, value)
@@ -212,8 +196,8 @@ def _log_mlflow(
         client.log_metric(rid, "fit_seconds", info["fit_seconds"])
         client.log_artifacts(rid, str(folder), "baseline_model")
         client.set_terminated(rid)
-        return {"run_id": rid, "experiment_id": str(exp_id)}
-    except (MlflowException, OSError, ValueError) as err:
+        return {"run_id": rid, "experiment_id": str(run.info.experiment_id)}
+    except mlflow.outage_errors() as err:
         context.log.warning(
             f"baseline_model[{version}]: not logged to MLflow ({err}); the model is published"
         )

@@ -5,7 +5,6 @@ tracked in MLflow.
 import hashlib
 import json
 import re
-import warnings
 from importlib import metadata as importlib_metadata
 from typing import Any, ClassVar, Literal
 
@@ -35,13 +34,12 @@ from finetune_assets.core.labels.infer import (
 )
 from finetune_assets.core.launchers.base import TrainingSpec
 from finetune_assets.core.training.config import HyperParameters, TrainerConfig
-from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
+from finetune_assets.defs.common import launch_labels, markdown_table, version_asset, version_of
 from finetune_assets.defs.data.upstream_checks import refuse_failed_inputs
-from finetune_assets.defs.models.provenance import input_tags, read_recorded, run_group_id
+from finetune_assets.defs.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.defs.resources.launchers import TrainingLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 
 class FinetuneConfig(dg.Config, HyperParameters):
@@ -95,9 +93,6 @@ TRAINING_POOL = "training"
 # and training in one run, so a training run waits in the run queue, not in a run pod
 # (defs/jobs.py).
 TRAINING_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
-warnings.filterwarnings(  # the parameter is beta in Dagster 1.13; its meaning is what we rely on
-    "ignore", message="Parameter `backfill_policy` of function `asset`", category=dg.BetaWarning
-)
 
 
 def code_version() -> str:
@@ -190,12 +185,10 @@ def build_trainer_config(
     return trainer, config_hash, pretrained
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
+@version_asset(
+    "models",
+    {"pytorch", "mlflow"},
     deps=[MDS_SHARDS, PRETRAINED_MODEL],
-    group_name="models",
-    kinds={"pytorch", "mlflow"},
-    owners=OWNERS,
     # limit concurrent trainings (CPU/GPU memory, the embedded store): docs/reliability.md
     pool=TRAINING_POOL,
     backfill_policy=TRAINING_BACKFILL,

@@ -22,6 +22,8 @@ __all__ = [
     "PromotionConfig",
     "QualityGateConfig",
     "RecordedModel",
+    "asset_checks",
+    "assets",
     "champion",
     "champion_model",
     "frozen_test_set",
@@ -30,3 +32,6 @@ __all__ = [
     "recorded_model",
     "version_labels",
 ]
+
+assets = [champion_model, champion]  # champion: reported by champion_model, nothing to configure
+asset_checks = [quality_gate]

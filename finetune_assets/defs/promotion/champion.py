@@ -17,7 +17,9 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from finetune_assets.defs.common import OWNERS, markdown_table, version_of
+from finetune_assets.core.evaluation import gate_rules as gate
+from finetune_assets.core.labels.infer import registered_model_name
+from finetune_assets.defs.common import OWNERS, markdown_table, version_asset, version_of
 from finetune_assets.defs.models.finetuned import TRAINING_BACKFILL, finetuned_model
 from finetune_assets.defs.promotion.gate_check import (
     FloorConfig,
@@ -29,7 +31,6 @@ from finetune_assets.defs.promotion.gate_check import (
 from finetune_assets.defs.promotion.recorded_model import recorded_model
 from finetune_assets.defs.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
 
 PROMOTION_POOL = "promotion"
 TAG_CHAMPION_SINCE = "gate.champion_since"  # ISO time the version took the alias
@@ -50,8 +51,6 @@ champion = dg.AssetSpec(
 
 def champions(client, alias: str) -> list[tuple]:
     """(registered model, version, dataset version, macro-F1, since) per model holding ``alias``."""
-    from finetune_assets.core.evaluation import gate_rules as gate
-
     rows, token = [], None
     while True:
         page = client.search_registered_models(max_results=100, page_token=token)
@@ -96,12 +95,10 @@ class PromotionConfig(FloorConfig):
     )
 
 
-@dg.asset(
-    partitions_def=dataset_versions,
+@version_asset(
+    "models",
+    {"mlflow"},
     deps=[finetuned_model],
-    group_name="models",
-    kinds={"mlflow"},
-    owners=OWNERS,
     pool=PROMOTION_POOL,
     backfill_policy=TRAINING_BACKFILL,  # in the training run of a backfill, behind its model
     retry_policy=REGISTRY_RETRY,
@@ -116,9 +113,6 @@ def champion_model(
     """Moves the champion alias to this run's model only if it is strictly better than the
     champion.
     """
-    from finetune_assets.core.evaluation import gate_rules as gate
-    from finetune_assets.core.labels.infer import registered_model_name
-
     version = version_of(context)
     store = storage.storage()
     model = recorded_model(context.instance, version, context.run.run_id)

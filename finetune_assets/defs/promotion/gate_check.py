@@ -7,16 +7,19 @@ moves the alias.
 import dagster as dg
 from pydantic import Field
 
+from finetune_assets.core.evaluation import gate_rules as gate
 from finetune_assets.core.evaluation.charts import markdown_table
+from finetune_assets.core.evaluation.gate_rules import TestSet
 from finetune_assets.core.io.contracts import BASELINE_MODEL
 from finetune_assets.core.io.contracts import FINETUNED_MODEL as FINETUNED
 from finetune_assets.core.io.contracts import RAW_REVIEWS as RAW
 from finetune_assets.core.labels.infer import labels_from_metadata, registered_model_name
-from finetune_assets.defs.data.versioned_checks import version_of
+from finetune_assets.defs.common import version_check, version_of
+from finetune_assets.defs.models.baseline_model import read_baseline_info, split_reviews
 from finetune_assets.defs.promotion.recorded_model import recorded_model
 from finetune_assets.defs.resources.mlflow import REGISTRY_RETRY, MlflowResource
 from finetune_assets.defs.resources.storage_root import StorageResource
-from finetune_assets.defs.versions.partitions import dataset_versions
+from finetune_assets.defs.versions.register import read_version
 
 
 class FloorConfig(dg.Config):
@@ -47,7 +50,6 @@ class QualityGateConfig(FloorConfig):
 
 def registered_at(store):
     """When a dataset version was registered (its registry record), None when it has none."""
-    from finetune_assets.defs.versions.register import read_version
 
     def registered_at(version: str) -> float | None:
         record = read_version(store, version)
@@ -66,9 +68,6 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
     holds the alias, not about the model's quality, so an asset backfill that trains versions in
     any order passes every good model's gate and promotes none but the newest.
     """
-    from finetune_assets.core.evaluation import gate_rules as gate
-    from finetune_assets.defs.models.baseline_model import read_baseline_info
-
     majority = gate.majority_baseline(test)
     floor = max(config.min_macro_f1, majority + 1e-9 if config.must_beat_majority_baseline else 0.0)
     conditions = [gate.above_floor(floor)]
@@ -92,11 +91,10 @@ def gate_conditions(config: FloorConfig, test, store, version: str) -> tuple[lis
     return conditions, about
 
 
-@dg.asset_check(
+@version_check(
     asset=FINETUNED,
     name="quality_gate",
     blocking=True,
-    partitions_def=dataset_versions,
     additional_deps=[RAW, BASELINE_MODEL],
     retry_policy=REGISTRY_RETRY,
     description="Test macro-F1 of the model this materialization registered, vs the floor, its "
@@ -110,8 +108,6 @@ def quality_gate(
     mlflow: MlflowResource,
 ) -> dg.AssetCheckResult:
     """Challenger and champion scored alike on this version's test set; promotes nothing."""
-    from finetune_assets.core.evaluation import gate_rules as gate
-
     version = version_of(context)
     store = storage.storage()
     model = recorded_model(context.instance, version, context.run.run_id)
@@ -221,9 +217,6 @@ def version_labels(store, version: str):
 
 def frozen_test_set(store, version: str):
     """The frozen test split as text + label (raw_reviews' split column, as baseline_model)."""
-    from finetune_assets.core.evaluation.gate_rules import TestSet
-    from finetune_assets.defs.models.baseline_model import split_reviews
-
     texts, labels = split_reviews(store, version)["test"]
     if not texts:
         raise dg.Failure(

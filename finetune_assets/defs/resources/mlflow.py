@@ -53,13 +53,21 @@ class MlflowResource(dg.ConfigurableResource):
             )
         )
 
+    # MLflow is imported inside the methods that use it (``client_at``, ``experiment_id``,
+    # ``outage_errors``), never at module level: it costs seconds, and every step process loads
+    # the code location.
+
     def client(self, storage: Storage):
-        """The one way the code location talks to MLflow: tracking and registry on the same store
-        (MLflow imported here, lazily: loading the code location stays light).
+        """The client over this resource's store (the embedded one created on first use)."""
+        return self.client_at(self.resolve_tracking_uri(storage))
+
+    @staticmethod
+    def client_at(uri: str):
+        """The one way the code location (and the CLI) talks to MLflow: tracking and registry on
+        the same store.
         """
         from mlflow import MlflowClient
 
-        uri = self.resolve_tracking_uri(storage)
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
     def experiment_id(self, storage: Storage, client=None) -> str:
@@ -78,6 +86,23 @@ class MlflowResource(dg.ConfigurableResource):
             )
         except MlflowException:  # created concurrently
             return client.get_experiment_by_name(self.experiment_name).experiment_id
+
+    def create_run(self, storage: Storage, run_name: str, tags: dict[str, str]):
+        """A run of the code location's own (a baseline fit, a study) in ``experiment_name``, and
+        the client that made it.
+        """
+        client = self.client(storage)
+        run = client.create_run(self.experiment_id(storage, client), run_name=run_name, tags=tags)
+        return client, run
+
+    @staticmethod
+    def outage_errors() -> tuple[type[Exception], ...]:
+        """What an unreachable or refusing tracking store raises. What the code location logs to
+        MLflow itself catches these and warns: a published result never waits on the store.
+        """
+        from mlflow.exceptions import MlflowException
+
+        return (MlflowException, OSError, ValueError)
 
     def artifact_location(self, storage: Storage) -> str | None:
         """Artifacts beside the embedded store; a tracking server decides for itself."""

@@ -21,7 +21,8 @@ import dagster as dg
 
 from finetune_assets.core.io.contracts import FINETUNED_MODEL, TUNING_STUDY
 from finetune_assets.core.tuning.tags import AUTO_TUNE_TAG, FALLBACK_TAG, TUNED_BY_TAG
-from finetune_assets.defs.jobs import finetune_only_job
+from finetune_assets.defs.automation import automation_sensor
+from finetune_assets.defs.jobs import RETRY_TAGS, finetune_only_job
 
 WINNER_CONFIG = {"ops": {FINETUNED_MODEL: {"config": {"hyper_parameters_from": "study"}}}}
 
@@ -85,3 +86,13 @@ def tuned_retrain_sensor(context: dg.RunStatusSensorContext) -> dg.RunRequest | 
     if isinstance(request, dg.RunRequest) and FALLBACK_TAG in request.tags:
         context.log.warning(f"default recipe for the version: {request.tags[FALLBACK_TAG]}")
     return request
+
+
+# The study of each new version, after its data run (``automation.AFTER_DATA_RUN``), its runs tagged
+# as this sensor's: ``tuned_retrain_sensor`` follows those only.
+tuning_automation = automation_sensor(
+    "tuning_automation",
+    dg.AssetSelection.assets(TUNING_STUDY),
+    {**RETRY_TAGS, AUTO_TUNE_TAG: "true"},
+    "tuning_study[v] for each new version, after its data run.",
+)

@@ -23,12 +23,11 @@ import json
 from typing import Any, ClassVar, Literal, get_args
 
 import dagster as dg
+import optuna
 from pydantic import Field, model_validator
 
 from finetune_assets.core.training.config import ClassWeights, HyperParameters, PrunerConfig
-
-# The searched fields (from the sampler); the rest come from ``fixed`` or the defaults.
-SEARCHED = ("lr", "epochs", "warmup_ratio", "batch_size", "weight_decay", "class_weights")
+from finetune_assets.core.tuning.study import SEARCHED  # re-exported: the launchpad's space
 
 
 class FixedSettings(dg.PermissiveConfig):
@@ -243,8 +242,6 @@ class TuningConfig(dg.Config):
         """The sampler, seeded per run: ``seed`` plus the trials already in the study, so a resumed
         study does not draw again the points its first run drew (a sampler's state is not stored).
         """
-        import optuna
-
         seed = self.seed + trials_so_far
         kind = self.sampler_kind()
         if kind == "gp":

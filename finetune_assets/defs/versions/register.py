@@ -23,6 +23,7 @@ from finetune_assets.core.io.primitives import file_lock
 from finetune_assets.core.io.storage import Storage
 from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET, LabelError, LabelSet
 from finetune_assets.core.sources import SourceSpec, is_file_source
+from finetune_assets.defs.versions.landing import fingerprint
 from finetune_assets.defs.versions.partitions import DATASET_VERSIONS, validate_version_key
 
 LOCK_STALE_S = 120.0  # a lock older than this was left by a killed process
@@ -91,8 +92,6 @@ def source_fingerprint(source: SourceSpec) -> str | None:
     """
     if not is_file_source(source.uri):
         return None
-    from finetune_assets.defs.versions.landing import fingerprint
-
     return fingerprint(source.uri)
 
 
@@ -127,6 +126,25 @@ def version_lock(storage: Storage, key: str) -> Iterator[None]:
         ) from err
     with held:
         yield
+
+
+def record_landed(
+    storage: Storage, key: str, spec: SourceSpec, fp: str | None, labels: LabelSet | None
+) -> str | None:
+    """Record a landed version's source under its lock, before its partition exists (so a visible
+    partition always has a source); why not, when the CLI registered other content under the key
+    meanwhile.
+    """
+    with version_lock(storage, key):
+        record = read_version(storage, key)
+        if record is not None and (record.source != spec or record.fingerprint != fp):
+            return (
+                f"dataset version {key} was registered meanwhile from {record.source.uri}; "
+                "land the new data under a new key"
+            )
+        if record is None:
+            write_version(storage, key, spec, fingerprint=fp, labels=labels)
+    return None
 
 
 def register_version(

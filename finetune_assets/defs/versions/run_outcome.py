@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dagster as dg
 
+from finetune_assets.defs.dagster_internals import WILL_RETRY_TAG
+
 STATUS_TAG = "finetune_assets/version_status"  # on a failed run: why, in the run list
 
 
@@ -59,3 +61,20 @@ def _first_line(error) -> str:
         error = error.cause
     text = error.message.strip() if error is not None else ""
     return text.splitlines()[0][:160] if text else "?"
+
+
+@dg.run_failure_sensor(
+    name="version_outcome_sensor",
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="A failed run of a version -> tagged with what ended it (refused by the quality "
+    "gate, refused by a blocking data check, or the failed step), in the run list.",
+)
+def version_outcome_sensor(context: dg.RunFailureSensorContext) -> None:
+    run = context.dagster_run
+    if run.tags.get(WILL_RETRY_TAG) == "true":
+        return  # the daemon re-launches it; its retry reports
+    why = run_outcome(context.instance, run)
+    context.instance.add_run_tags(run.run_id, {STATUS_TAG: why[:255]})
+    version = run.tags.get("dagster/partition", "?")
+    context.log.warning(f"dataset version {version}: {why}")
