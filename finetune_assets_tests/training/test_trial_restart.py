@@ -1,5 +1,5 @@
 """A tuning trial killed mid-run and restarted by torchrun reports at the right indices, and the
-pruner and the objective see what the resumed run measured (core/tuning/pruning.py).
+pruner and the objective see what the resumed run measured (core/training/trial/pruning.py).
 
 Real: torchrun (``max_restarts=1``), the trainer, its checkpoint resume, the journal storage the
 trial reports to, the median pruner. Planted: a completed trial (the median to beat) and stale
@@ -19,7 +19,7 @@ import optuna
 import pytest
 
 from finetune_assets.core.launchers.base import torchrun_command
-from finetune_assets.core.tuning.study_storage import PRUNED_AT_STEP, open_storage
+from finetune_assets.core.training.trial.study_storage import PRUNED_AT_STEP, open_storage
 from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import write_mds_splits
 from finetune_assets_tests.training.test_faults import REPO, _env, _workers

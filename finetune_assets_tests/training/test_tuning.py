@@ -14,8 +14,8 @@ import pytest
 from finetune_assets.core.io.storage import Storage
 from finetune_assets.core.launchers.base import TrainingSpec
 from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.trial.study_storage import STORAGE_ENV
 from finetune_assets.core.tuning import study as tuning
-from finetune_assets.core.tuning.study_storage import STORAGE_ENV
 from finetune_assets.defs.models.finetuned import finetuned_model
 from finetune_assets.defs.resources.launchers import TrainingLauncher
 from finetune_assets.defs.resources.mlflow import MlflowResource

@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from finetune_assets.core.tuning.study_storage import open_storage
+from finetune_assets.core.training.trial.study_storage import open_storage
 from finetune_assets_tests.test_deployment_backfill import _drops
 from finetune_assets_tests.test_user_path import DATA_ASSETS, sh, user_env  # noqa: F401
 

@@ -1,6 +1,6 @@
 """Batched fast-tokenizer encoding into unpadded token ids, the token rows' columns and their
 length statistics: the pieces of the tokenize slice worker
-(:mod:`finetune_assets.core.prep.tokenize_slice`) and of ``tokenized_reviews``' report; the split
+(:mod:`finetune_assets.core.shards.tokenize_slice`) and of ``tokenized_reviews``' report; the split
 comes with the rows from raw_reviews.
 
 Padding is the trainer's job (per batch, to the longest sequence), so nothing is stored padded.

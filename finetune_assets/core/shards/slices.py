@@ -35,8 +35,6 @@ import argparse
 import os
 import sys
 
-from finetune_assets.core.prep.tokenize_slice import tokenize_group, tokenize_slice
-
 # The pieces live in slice_plan / slice_tokenize / slice_shards; callers use them through this
 # module.
 from finetune_assets.core.shards.plan import (
@@ -54,6 +52,7 @@ from finetune_assets.core.shards.plan import (
     read_spec,
     write_spec,
 )
+from finetune_assets.core.shards.tokenize_slice import tokenize_group, tokenize_slice
 from finetune_assets.core.shards.write_slice import merge_shards, shard_part, shard_slice
 
 __all__ = [

@@ -316,7 +316,8 @@ class PrunerConfig(_Strict):
 class TrialConfig(_Strict):
     """One Optuna trial this run is: the trainer reports to the study through its durable storage.
 
-    ``storage`` is what both sides open (core/tuning/pruning.py ``open_storage``): an SQLAlchemy URL
+    ``storage`` is what both sides open (core/training/trial/pruning.py ``open_storage``): an
+    SQLAlchemy URL
     (``postgresql://…``, ``sqlite:///…``) or the path of a journal file every worker can reach.
     """
 

@@ -43,7 +43,7 @@ from finetune_assets.core.training.process_group import (
     per_node,
     torchrun_world,
 )
-from finetune_assets.core.tuning import pruning
+from finetune_assets.core.training.trial import pruning
 
 log = logging.getLogger("finetune_assets.core.training")
 

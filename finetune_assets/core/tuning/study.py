@@ -6,13 +6,15 @@ study attributes. A changed space starts a new study; the old one stays in the s
 listed (``earlier_studies``). Raising ``n_trials`` continues the same study.
 
 Trials are ``finetuned_model`` trainings through the configured launcher, shortened to the study's
-budget; each reports validation macro-F1 to the study from the trainer (core/tuning/pruning.py).
+budget; each reports validation macro-F1 to the study from the trainer
+(core/training/trial/pruning.py).
 
 A killed run leaves its trials RUNNING (a hard kill, a Dagster termination) or FAIL (Ctrl-C). Each
 trial records the Dagster run that owns it (``dagster_run_id``): on the next run a RUNNING trial
 whose run is no longer alive, and a FAIL one, is marked FAIL and its parameters are enqueued once
 (``retry_of``), so no trial is lost and a live run's trials are left alone. On a database storage
-heartbeats do the same for a run that dies mid-study (core/tuning/study_storage.py). A trial that
+heartbeats do the same for a run that dies mid-study (core/training/trial/study_storage.py). A
+trial that
 failed in training (``failure: training``) is not retried and never counts: only COMPLETE and
 PRUNED trials do, so the study ends with exactly ``n_trials`` of them, unless more than
 ``max_failed_trials`` fail in one run or the time budget ends it first (``Outcome.reason``).
@@ -28,7 +30,11 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from finetune_assets.core.tuning.study_storage import PRUNED_AT_STEP, make_pruner, open_storage
+from finetune_assets.core.training.trial.study_storage import (
+    PRUNED_AT_STEP,
+    make_pruner,
+    open_storage,
+)
 
 RETRY_OF = "retry_of"  # user attribute: this trial re-runs one a killed run left unfinished
 FAILURE = "failure"  # user attribute: "training" when the trainer itself failed (not retried)

@@ -254,7 +254,8 @@ class TuningConfig(dg.Config):
 
     def pruner_config(self) -> PrunerConfig:
         """Median pruning; a trial reports at 1..reports_per_trial, the fraction of its own
-        training done (core/tuning/pruning.py), so trials of any epochs compare at equal shares.
+        training done (core/training/trial/pruning.py), so trials of any epochs compare at equal
+        shares.
         """
         return PrunerConfig(
             kind=self.pruner,

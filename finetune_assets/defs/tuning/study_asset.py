@@ -32,7 +32,6 @@ from finetune_assets.core.io.contracts import (
 )
 from finetune_assets.core.io.storage import Storage
 from finetune_assets.core.labels.infer import labels_from_metadata
-
 from finetune_assets.core.tuning import study as tuning
 from finetune_assets.core.tuning.tags import AUTO_TUNE_TAG
 from finetune_assets.defs.common import OWNERS, version_of

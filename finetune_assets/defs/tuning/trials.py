@@ -16,8 +16,8 @@ from finetune_assets.core.io.contracts import MDS_SHARDS, TRAINER_CONFIG_FILE, T
 from finetune_assets.core.io.storage import Storage
 from finetune_assets.core.launchers.base import TrainingFailed, TrainingSpec
 from finetune_assets.core.training.config import TrialConfig
+from finetune_assets.core.training.trial.study_storage import ENV_PREFIX, STORAGE_ENV
 from finetune_assets.core.tuning import study as tuning
-from finetune_assets.core.tuning.study_storage import ENV_PREFIX, STORAGE_ENV
 from finetune_assets.defs.common import launch_labels
 from finetune_assets.defs.models.finetuned import FinetuneConfig, build_trainer_config, code_version
 from finetune_assets.defs.provenance import read_recorded, run_group_id

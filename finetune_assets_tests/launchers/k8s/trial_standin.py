@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             print("trial_standin: no second trial started within 60 s", file=sys.stderr)
             return 3
         time.sleep(0.2)
-    # the journal file as core/tuning/pruning.py opens it (not imported: it pulls in Lightning, ~10
+    # the journal file as core/training/trial/pruning.py opens it (not imported: it pulls in
+    # Lightning, ~10
     # s)
     storage = optuna.storages.JournalStorage(JournalFileBackend(trial.storage))
     study = optuna.load_study(study_name=trial.study_name, storage=storage)

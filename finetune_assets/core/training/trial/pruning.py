@@ -29,7 +29,11 @@ from typing import Any
 import pytorch_lightning as pl
 
 from finetune_assets.core.training.config import TrainerConfig, TrialConfig
-from finetune_assets.core.tuning.study_storage import PRUNED_AT_STEP, make_pruner, open_storage
+from finetune_assets.core.training.trial.study_storage import (
+    PRUNED_AT_STEP,
+    make_pruner,
+    open_storage,
+)
 
 log = logging.getLogger("finetune_assets.core.training")
 
