@@ -17,13 +17,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from finetune_assets.core.sources.base import PARQUET_ROW_BYTES, SourceError, SourceSpec
-from finetune_assets.core.sources.columns import (
-    LABEL_COLUMNS,
-    pick_column,
-    renumber,
-    text_columns,
-    to_raw,
-)
+from finetune_assets.core.sources.columns import LABEL_COLUMNS, pick_column, raw_block
 
 HF_PREFIX = "hf:"
 SHA = re.compile(r"[0-9a-f]{40}")
@@ -99,8 +93,7 @@ def iter_hf(spec: SourceSpec, block_bytes: int) -> Iterator[pa.Table]:
                     pa.string(),
                 ),
             )
-        part, text_col = text_columns(part, spec.text_column, spec.uri)
-        raw = renumber(to_raw(part, text_col, label_col, spec.uri), row)
+        raw = raw_block(part, spec, row)
         row += raw.num_rows
         yield raw
 
