@@ -20,6 +20,7 @@ import torch
 from streaming import StreamingDataset
 
 from finetune_assets.core.io.contracts import ContractError, read_split_stats
+from finetune_assets.core.training.checkpoints.layout import WorldSizeChanged
 from finetune_assets.core.training.checkpoints.trainer_files import AtomicCheckpointIO
 from finetune_assets.core.training.config import (
     ConfigError,
@@ -35,12 +36,8 @@ from finetune_assets.core.training.data.shard_cache import (
     read_index,
 )
 from finetune_assets.core.training.data.sharding import ShardedStrategy
-from finetune_assets.core.training.module import (
-    ReviewClassifier,
-    WorldSizeChanged,
-    decays,
-    load_classifier,
-)
+from finetune_assets.core.training.module import ReviewClassifier, load_classifier
+from finetune_assets.core.training.optimization import decays
 from finetune_assets.core.training.process_group import ATTEMPT_KEYS, agree_on_attempt
 from finetune_assets.core.training.run import _strategy
 from finetune_assets_tests.training.fixtures import write_split
@@ -406,7 +403,7 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
     """2 nodes x 1 process -> 1 node x 2: the world size matches, the streamed partition does
     not.
     """
-    from finetune_assets.core.training.module import LayoutChanged
+    from finetune_assets.core.training.checkpoints.layout import LayoutChanged
 
     module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
     data = DataConfig(train_url="/t", validation_url="/v", test_url="/e")

@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from finetune_assets.core.training.data.sharding import encoder_layer_class
+
 log = logging.getLogger("finetune_assets.core.training")
 
 EVAL_BATCH_FACTOR_GPU = 4
@@ -235,8 +237,6 @@ def compile_blocks(model: torch.nn.Module) -> int:
     once before torch switches to dynamic shapes anyway. Already compiled blocks are left as they
     are (Lightning calls ``configure_model`` before each stage).
     """
-    from finetune_assets.core.training.data.sharding import encoder_layer_class
-
     block = encoder_layer_class(model)
     count = 0
     for module in model.modules():
