@@ -356,7 +356,7 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(
 
 
 def test_mlflow_logging_wait_is_bounded():
-    from finetune_assets.core.training.callbacks import within as _within
+    from finetune_assets.core.training.export import within as _within
 
     assert _within(5, "x", lambda: 7) == 7
     with pytest.raises(

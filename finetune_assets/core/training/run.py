@@ -20,13 +20,7 @@ from transformers import AutoTokenizer
 from finetune_assets.core.io.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.core.labels.infer import LabelSet
 from finetune_assets.core.training import device_settings
-from finetune_assets.core.training.callbacks import (
-    BoundaryCheckpoint,
-    HuggingFaceCheckpointer,
-    Progress,
-    Throughput,
-    trainer_tracking_uri,
-)
+from finetune_assets.core.training.callbacks import BoundaryCheckpoint, Progress, Throughput
 from finetune_assets.core.training.checkpoints import fencing
 from finetune_assets.core.training.checkpoints import trainer_files as files
 from finetune_assets.core.training.checkpoints.best import BEST, BEST_DIR, BestModel
@@ -35,6 +29,7 @@ from finetune_assets.core.training.data import sharding
 from finetune_assets.core.training.data.datamodule import MdsDataModule, balanced_class_weights
 from finetune_assets.core.training.data.sharding import ShardedStrategy, local_parameters
 from finetune_assets.core.training.device_settings import ddp_strategy, on_gpu
+from finetune_assets.core.training.export import HuggingFaceCheckpointer, trainer_tracking_uri
 from finetune_assets.core.training.module import ReviewClassifier, load_classifier
 from finetune_assets.core.training.precision import resolve_precision
 from finetune_assets.core.training.process_group import (
