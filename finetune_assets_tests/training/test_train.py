@@ -330,7 +330,7 @@ def test_a_start_removes_the_shard_caches_of_earlier_attempts(tmp_path, tiny_mod
 
 
 def test_rank_0_decides_the_resume_and_a_rank_that_cannot_see_it_fails():
-    from finetune_assets.core.training.run import resume_decision
+    from finetune_assets.core.training.checkpoints.resume import resume_decision
 
     assert resume_decision([True, True, True, True]) is True
     assert resume_decision([False, True, False, True]) is False  # rank 0 starts fresh: all do

@@ -110,7 +110,7 @@ class ShardedStrategy(ModelParallelStrategy):
     Full (the default): ``last.ckpt`` stays one file that DDP and FSDP runs, the export and resume
     all read the same way. Lightning's ``save_checkpoint`` makes the path a ``pathlib.Path`` first
     (``s3://b/x`` becomes ``s3:/b/x``); here rank 0 hands it to the checkpoint IO unchanged.
-    Loading reads a local copy (``run._local_resume``).
+    Loading reads a local copy (``checkpoints.resume.local_resume``).
 
     Sharded (:func:`save_sharded`): no rank ever holds the whole state (a model beyond ~1B
     parameters whose gathered state would not fit one host), written in parallel.
