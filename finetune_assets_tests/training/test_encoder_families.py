@@ -30,7 +30,8 @@ from finetune_assets.core.prep.pretrained import (
 from finetune_assets.core.prep.tokenize import tokenize_table
 from finetune_assets.core.prep.validate import SplitRule
 from finetune_assets.core.shards.writer import write_splits
-from finetune_assets.core.training.config import HyperParameters, TrainerConfig
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.hyperparameters import HyperParameters
 from finetune_assets.core.training.module import (
     ReviewClassifier,
     export_classifier,

@@ -22,12 +22,7 @@ from streaming import StreamingDataset
 from finetune_assets.core.io.contracts import ContractError, read_split_stats
 from finetune_assets.core.training.checkpoints.layout import WorldSizeChanged
 from finetune_assets.core.training.checkpoints.trainer_files import AtomicCheckpointIO
-from finetune_assets.core.training.config import (
-    ConfigError,
-    DataConfig,
-    HyperParameters,
-    TrainerConfig,
-)
+from finetune_assets.core.training.config import ConfigError, DataConfig, TrainerConfig
 from finetune_assets.core.training.data.collate import PAD_LABEL
 from finetune_assets.core.training.data.datamodule import RankBlock, canonical_nodes
 from finetune_assets.core.training.data.shard_cache import (
@@ -36,6 +31,7 @@ from finetune_assets.core.training.data.shard_cache import (
     read_index,
 )
 from finetune_assets.core.training.data.sharding import ShardedStrategy
+from finetune_assets.core.training.hyperparameters import HyperParameters
 from finetune_assets.core.training.module import ReviewClassifier, load_classifier
 from finetune_assets.core.training.optimization import decays
 from finetune_assets.core.training.process_group import ATTEMPT_KEYS, agree_on_attempt

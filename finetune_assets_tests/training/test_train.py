@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from finetune_assets.core.io.contracts import read_split_stats
-from finetune_assets.core.training.config import HyperParameters, TrainerConfig
+from finetune_assets.core.training.config import TrainerConfig
 from finetune_assets.core.training.data.datamodule import MdsDataModule
+from finetune_assets.core.training.hyperparameters import HyperParameters
 from finetune_assets.core.training.module import ReviewClassifier, load_classifier
 from finetune_assets.core.training.precision import resolve_precision
 from finetune_assets.core.training.run import train

@@ -25,7 +25,6 @@ from transformers import AutoModelForSequenceClassification, PretrainedConfig, P
 from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.core.prep.pretrained import load_sequence_classifier
 from finetune_assets.core.training.checkpoints.layout import check_resume_layout, layout_of
-from finetune_assets.core.training.config import HyperParameters
 from finetune_assets.core.training.data.collate import PAD_LABEL
 from finetune_assets.core.training.data.sharding import (
     fsdp_mesh,
@@ -34,6 +33,7 @@ from finetune_assets.core.training.data.sharding import (
     shard_encoder,
 )
 from finetune_assets.core.training.device_settings import adamw_options, compile_blocks
+from finetune_assets.core.training.hyperparameters import HyperParameters
 from finetune_assets.core.training.optimization import adadelta_recipe, adamw_recipe
 from finetune_assets.core.training.throughput import CHECKPOINT_KEY
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from finetune_assets.core.training.config import HyperParameters
+from finetune_assets.core.training.hyperparameters import HyperParameters
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from finetune_assets.core.labels.infer import (
     registered_model_name,
 )
 from finetune_assets.core.launchers.base import TrainingLauncher, TrainingSpec
-from finetune_assets.core.training.config import HyperParameters, TrainerConfig
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.hyperparameters import HyperParameters
 from finetune_assets.defs.common import OWNERS, launch_labels, markdown_table, version_of
 from finetune_assets.defs.data.upstream_checks import refuse_failed_inputs
 from finetune_assets.defs.models.provenance import input_tags, read_recorded, run_group_id
@@ -45,7 +46,7 @@ from finetune_assets.defs.versions.partitions import dataset_versions
 
 class FinetuneConfig(dg.Config, HyperParameters):
     """The trainer's ``HyperParameters`` (fields, bounds, choices, defaults:
-    core/training/config.py)
+    core/training/hyperparameters.py)
     plus the run name.
     """
 

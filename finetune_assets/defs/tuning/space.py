@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Literal, get_args
 import dagster as dg
 from pydantic import Field, model_validator
 
-from finetune_assets.core.training.config import ClassWeights, HyperParameters, PrunerConfig
+from finetune_assets.core.training.config import PrunerConfig
+from finetune_assets.core.training.hyperparameters import ClassWeights, HyperParameters
 
 # The searched fields (from the sampler); the rest come from ``fixed`` or the defaults.
 SEARCHED = ("lr", "epochs", "warmup_ratio", "batch_size", "weight_decay", "class_weights")
