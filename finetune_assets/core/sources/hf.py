@@ -39,6 +39,8 @@ def pin_hf(spec: SourceSpec) -> SourceSpec:
     name, _ = parse_hf(spec.uri)
     if spec.revision and SHA.fullmatch(spec.revision):
         return spec
+    # lazy, as datasets below: the code location imports every source family; a family's
+    # library loads when it is read
     from huggingface_hub import HfApi
 
     try:
@@ -60,7 +62,7 @@ def describe_hf(spec: SourceSpec) -> dict:
 
 
 def _load(spec: SourceSpec):
-    import datasets
+    import datasets  # lazy: see pin_hf
 
     name, config = parse_hf(spec.uri)
     try:
@@ -71,7 +73,7 @@ def _load(spec: SourceSpec):
 
 def iter_hf(spec: SourceSpec, block_bytes: int) -> Iterator[pa.Table]:
     """The split's rows as :data:`RAW_SCHEMA` tables of about ``block_bytes`` each."""
-    import datasets
+    import datasets  # lazy: see pin_hf
 
     ds = _load(spec)
     rows = max(1, block_bytes // PARQUET_ROW_BYTES)

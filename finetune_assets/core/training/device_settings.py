@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from pytorch_lightning.strategies import DDPStrategy
 
 from finetune_assets.core.training.data.sharding import encoder_layer_class
 
@@ -74,7 +75,7 @@ class EncoderShape:
 
     @classmethod
     def of(cls, model_dir: str) -> EncoderShape:
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # lazy: only sizing a GPU batch reads the config
 
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         hidden = int(config.hidden_size)  # attribute_map: DistilBERT's dim, ...
@@ -194,7 +195,7 @@ def ddp_strategy(precision: str, gpu: bool) -> Any:
     """``"ddp"``, or on a GPU under bf16-mixed a DDP strategy that all-reduces bf16 gradients."""
     if not (gpu and precision == "bf16-mixed"):
         return "ddp"
-    from pytorch_lightning.strategies import DDPStrategy
+    # lazy: only DDP under bf16 on GPUs compresses its gradients
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     return DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook)

@@ -115,6 +115,8 @@ def storage_options(options: dict[str, str] | None) -> dict[str, str] | None:
 
 def open_table(uri: str, options: dict[str, str] | None = None):
     """The ``DeltaTable`` at the URI's version (latest without one); a failure is one line."""
+    # lazy, as every deltalake import here: the code location imports every source family; a
+    # family's library loads when it is read
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -139,7 +141,7 @@ def _latest_hint(ref: DeltaRef, options: dict[str, str] | None = None) -> str:
     """For a pinned version the table does not (or no longer) hold: which versions it has."""
     if ref.version is None and ref.timestamp is None:
         return ""
-    from deltalake import DeltaTable
+    from deltalake import DeltaTable  # lazy: see open_table
 
     try:
         return (
@@ -248,7 +250,7 @@ def _engine(table, columns: list[str], where: str | None, rows: int) -> Iterator
     column chunks, so the writer's row-group size bounds its memory. ``where`` is the predicate
     rendered from its checked parse tree (:func:`.predicate.render_where`), not the user's text.
     """
-    from deltalake import QueryBuilder
+    from deltalake import QueryBuilder  # lazy: see open_table
 
     sql = f"SELECT {', '.join(map(_quoted, columns))} FROM src" + (
         f" WHERE {where}" if where else ""
@@ -265,6 +267,7 @@ def _missing_files(table, spec: SourceSpec) -> list[str]:
     """The version's data files its storage reports as not found (by file type, whatever the
     store's error text): a vacuumed version.
     """
+    # lazy: see open_table (pyarrow.fs with it: only a failed read asks what is gone)
     import pyarrow.fs as pa_fs
     from deltalake.fs import DeltaStorageHandler
 

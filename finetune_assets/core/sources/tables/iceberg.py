@@ -67,6 +67,8 @@ def parse_iceberg(uri: str) -> IcebergRef:
 
 def open_table(uri: str, options: dict[str, str] | None = None):
     """The catalog's table (catalog properties: its URI and the spec's storage options)."""
+    # lazy, as every pyiceberg import here: the code location imports every source family; a
+    # family's library loads when it is read
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
 
@@ -100,7 +102,7 @@ def _row_filter(spec: SourceSpec, schema):
     """``--where`` as a pyiceberg expression bound to the table's schema (refused if it is not)."""
     if not spec.where:
         return None, []
-    from pyiceberg.expressions import parser
+    from pyiceberg.expressions import parser  # lazy: see open_table
     from pyiceberg.expressions.visitors import bind, extract_field_ids
 
     try:
@@ -159,7 +161,7 @@ def _batches(scan) -> Iterator[pa.RecordBatch]:
     file of the scan onto its thread pool at once, each file's batches held until read, so a big
     table would be in memory; here one file's batches are.
     """
-    from pyiceberg.io.pyarrow import ArrowScan
+    from pyiceberg.io.pyarrow import ArrowScan  # lazy: see open_table
 
     for task in scan.plan_files():
         arrow = ArrowScan(

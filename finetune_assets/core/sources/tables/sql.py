@@ -91,6 +91,8 @@ def _url(spec: SourceSpec) -> str:
 
 def _scrub(text: str, url: str) -> str:
     """An error message without the URL or its password (drivers quote either)."""
+    # lazy, as every sqlalchemy import here: the code location imports every source family; a
+    # family's library loads when it is read
     from sqlalchemy.engine import make_url
 
     secrets = [url]
@@ -127,7 +129,7 @@ def _statement(spec: SourceSpec, dialect, order: list[str] | None) -> str:
 
 
 def _engine(spec: SourceSpec, url: str):
-    import sqlalchemy as sa
+    import sqlalchemy as sa  # lazy: see _scrub
     from sqlalchemy.pool import NullPool
 
     env = _env_name(spec)
@@ -175,7 +177,7 @@ def _read(
     """(block, content so far) pairs; after the last block the content is compared with the recorded
     one.
     """
-    import sqlalchemy as sa
+    import sqlalchemy as sa  # lazy: see _scrub
 
     url = _url(spec)
     engine = _engine(spec, url)
@@ -270,7 +272,7 @@ def pin_sql(spec: SourceSpec) -> SourceSpec:
 
 def _marker(conn, dialect: str) -> str:
     """The snapshot the read's transaction sees, where the database names one."""
-    import sqlalchemy as sa
+    import sqlalchemy as sa  # lazy: see _scrub
 
     sql = SNAPSHOT_MARKERS.get(dialect)
     return (
