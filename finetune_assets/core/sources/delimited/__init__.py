@@ -35,8 +35,9 @@ continue in the next block and says where (``consumed``); the caller prepends th
 block and passes the result as ``after``, so the header, record numbers and line numbers continue
 exactly as in a whole-file read.
 
-Modules: :mod:`.grammar` (one record's fields: where it ends, what broke) and :mod:`.records`
-(:func:`split_records`: what each record is, the rows and the line accounting).
+Modules: :mod:`.grammar` (one record's fields: where it ends, what broke), :mod:`.placement` (what
+a record is: good, bad, held), :mod:`.split` (:func:`split_records`: the loop over a block and the
+line accounting) and :mod:`.records` (what it returns).
 """
 
 from finetune_assets.core.sources.delimited.records import (
@@ -45,7 +46,7 @@ from finetune_assets.core.sources.delimited.records import (
     HeaderError,
     Records,
     RecordTooLong,
-    split_records,
 )
+from finetune_assets.core.sources.delimited.split import split_records
 
 __all__ = ["RAW_PREFIX_CHARS", "Bad", "HeaderError", "RecordTooLong", "Records", "split_records"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
 
 # a CR that is not the first half of a CRLF: a record may end there
 BARE_CR = re.compile(r"\r(?!\n)")
@@ -75,16 +74,11 @@ def line_end(text: str, pos: int) -> str | None:
     return "\r\n" if text[pos - 2 : pos - 1] == "\r" else "\n"
 
 
-class Scanned(NamedTuple):
-    """One record as :meth:`Grammar.scan` read it."""
-
-    fields: list[str]
-    end: int  # where its content ends (its line end excluded)
-    stop: int  # where its first physical line ends: all a broken record gives up
-    next: int  # where the next record starts
-    problem: str | None  # what broke the grammar (None: it parsed)
-    quoted: bool | None  # its last field was quoted
-    open_end: bool  # the outcome depends on the end of the text: more text could change it
+# What Grammar.scan returns, a plain tuple (one per record):
+# (fields, end of its content (its line end excluded), end of its first physical line (all a broken
+# record gives up), where the next record starts, what broke the grammar (None: it parsed), its
+# last field was quoted, open end: the outcome depends on the end of the text)
+Scanned = tuple[list[str], int, int, int, str | None, bool | None, bool]
 
 
 @dataclass(frozen=True)
@@ -126,14 +120,14 @@ class Grammar:
                 end = stop = cr
             fields = text[pos:end].split(self.delimiter)
             # a CR last: the next block may hold its LF
-            return Scanned(fields, end, stop, stop + 1, None, None, stop == n or (cr == n - 1))
+            return fields, end, stop, stop + 1, None, None, stop == n or (cr == n - 1)
         fields, end, nxt, problem, quoted, open_end = self._parse_quoted(text, pos, need)
         open_end = open_end or (problem is not None and stop == n)
         if problem is not None:  # resynchronise on the first line end, a bare CR included
             cr = text.find("\r", pos, stop)
             if cr >= 0 and text[cr + 1 : cr + 2] != "\n" and cr + 1 < n:
                 stop = cr
-        return Scanned(fields, end, stop, nxt, problem, quoted, open_end)
+        return fields, end, stop, nxt, problem, quoted, open_end
 
     def _parse_quoted(
         self, text: str, pos: int, need: int
