@@ -44,7 +44,8 @@ def test_the_same_preview_warning_from_elsewhere_still_shows():
 
 def test_the_trainers_filters_keep_other_warnings():
     setup = (
-        "from finetune_assets.core.training.run import quiet_known_notices; quiet_known_notices()"
+        "from finetune_assets.core.training.notices import quiet_known_notices; "
+        "quiet_known_notices()"
     )
     # One interpreter (importing the trainer costs seconds): a marker on stderr separates the
     # warnings that must show from Lightning's own, which must not. Warnings are written to stderr

@@ -13,8 +13,8 @@ from finetune_assets.cli import common as cli_common
 from finetune_assets.core.evaluation import charts as viz
 from finetune_assets.core.io import tracking
 from finetune_assets.core.io.storage import Storage
-from finetune_assets.core.training.callbacks import trainer_tracking_uri
 from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.export import trainer_tracking_uri
 from finetune_assets.defs.resources.mlflow import MlflowResource
 
 

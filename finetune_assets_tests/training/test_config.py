@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from finetune_assets.core.training.config import ConfigError, HyperParameters, TrainerConfig
+from finetune_assets.core.training.config import ConfigError, TrainerConfig
+from finetune_assets.core.training.hyperparameters import HyperParameters
 
 
 def _cfg(**overrides):

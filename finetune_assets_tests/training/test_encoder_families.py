@@ -28,7 +28,8 @@ from finetune_assets.core.prep.pretrained import (
     tokenization_of,
 )
 from finetune_assets.core.prep.validate import SplitRule
-from finetune_assets.core.training.config import HyperParameters, TrainerConfig
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.hyperparameters import HyperParameters
 from finetune_assets.core.training.module import (
     ReviewClassifier,
     export_classifier,

@@ -27,9 +27,9 @@ import torch
 
 from finetune_assets.core.io.contracts import read_split_stats
 from finetune_assets.core.launchers.base import torchrun_command
+from finetune_assets.core.training.checkpoints.layout import WorldSizeChanged
 from finetune_assets.core.training.config import TrainerConfig
 from finetune_assets.core.training.data.shard_cache import read_index
-from finetune_assets.core.training.module import WorldSizeChanged
 from finetune_assets.core.training.run import train
 from finetune_assets_tests.processes import kill_tree
 from finetune_assets_tests.training.fixtures import write_split

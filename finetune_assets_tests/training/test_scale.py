@@ -20,13 +20,9 @@ import torch
 from streaming import StreamingDataset
 
 from finetune_assets.core.io.contracts import ContractError, read_split_stats
+from finetune_assets.core.training.checkpoints.layout import WorldSizeChanged
 from finetune_assets.core.training.checkpoints.trainer_files import AtomicCheckpointIO
-from finetune_assets.core.training.config import (
-    ConfigError,
-    DataConfig,
-    HyperParameters,
-    TrainerConfig,
-)
+from finetune_assets.core.training.config import ConfigError, DataConfig, TrainerConfig
 from finetune_assets.core.training.data.collate import PAD_LABEL
 from finetune_assets.core.training.data.datamodule import RankBlock, canonical_nodes
 from finetune_assets.core.training.data.shard_cache import (
@@ -35,12 +31,9 @@ from finetune_assets.core.training.data.shard_cache import (
     read_index,
 )
 from finetune_assets.core.training.data.sharding import ShardedStrategy
-from finetune_assets.core.training.module import (
-    ReviewClassifier,
-    WorldSizeChanged,
-    decays,
-    load_classifier,
-)
+from finetune_assets.core.training.hyperparameters import HyperParameters
+from finetune_assets.core.training.module import ReviewClassifier, load_classifier
+from finetune_assets.core.training.optimization import decays
 from finetune_assets.core.training.process_group import ATTEMPT_KEYS, agree_on_attempt
 from finetune_assets.core.training.run import _strategy
 from finetune_assets_tests.training.fixtures import write_split
@@ -359,7 +352,7 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(
 
 
 def test_mlflow_logging_wait_is_bounded():
-    from finetune_assets.core.training.callbacks import within as _within
+    from finetune_assets.core.training.export import within as _within
 
     assert _within(5, "x", lambda: 7) == 7
     with pytest.raises(
@@ -406,7 +399,7 @@ def test_resume_on_another_node_layout_with_the_same_world_size_is_refused(tiny_
     """2 nodes x 1 process -> 1 node x 2: the world size matches, the streamed partition does
     not.
     """
-    from finetune_assets.core.training.module import LayoutChanged
+    from finetune_assets.core.training.checkpoints.layout import LayoutChanged
 
     module = ReviewClassifier(load_classifier(str(tiny_model_dir)), HyperParameters())
     data = DataConfig(train_url="/t", validation_url="/v", test_url="/e")

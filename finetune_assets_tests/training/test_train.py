@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from finetune_assets.core.io.contracts import read_split_stats
-from finetune_assets.core.training.config import HyperParameters, TrainerConfig
+from finetune_assets.core.training.config import TrainerConfig
 from finetune_assets.core.training.data.datamodule import MdsDataModule
+from finetune_assets.core.training.hyperparameters import HyperParameters
 from finetune_assets.core.training.module import ReviewClassifier, load_classifier
 from finetune_assets.core.training.precision import resolve_precision
 from finetune_assets.core.training.run import train
@@ -330,7 +331,7 @@ def test_a_start_removes_the_shard_caches_of_earlier_attempts(tmp_path, tiny_mod
 
 
 def test_rank_0_decides_the_resume_and_a_rank_that_cannot_see_it_fails():
-    from finetune_assets.core.training.run import resume_decision
+    from finetune_assets.core.training.checkpoints.resume import resume_decision
 
     assert resume_decision([True, True, True, True]) is True
     assert resume_decision([False, True, False, True]) is False  # rank 0 starts fresh: all do

@@ -48,6 +48,7 @@ class BaselineSettings:
 
 
 def build_pipeline(settings: BaselineSettings):
+    # lazy: the code location imports this module; scikit-learn loads only where a baseline is fit
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import FeatureUnion, Pipeline

@@ -14,12 +14,15 @@ import base64
 import io
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 MAX_PNG_BYTES = 50_000
 _DPI = 80
 _COLOR = "#4F43DD"  # Dagster's accent, readable in light and dark themes
 
 
 def _figure(width: float, height: float):
+    # lazy: the code location imports this module, and matplotlib only loads where a chart is drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -58,20 +61,42 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
 # -- label distribution ------------------------------------------------------------------------
 
 
-def label_distribution_png(counts: Mapping[str, int]) -> bytes:
-    fig = _figure(4.0, 2.2)
+def _bars_png(
+    names: list[str],
+    values: list[float],
+    value_labels: list[str],
+    *,
+    height: float,
+    x_max: float,
+    xlabel: str,
+    title: str,
+) -> bytes:
+    """Horizontal bars, the first name on top, each bar labelled at its end (``x_max`` leaves room
+    for the labels).
+    """
+    fig = _figure(4.0, height)
     ax = fig.add_subplot()
-    labels, values = list(counts), [int(v) for v in counts.values()]
-    bars = ax.barh(labels[::-1], values[::-1], color=_COLOR)
-    total = max(1, sum(values))
-    ax.bar_label(
-        bars, labels=[f"{v} ({v / total:.0%})" for v in values[::-1]], padding=3, fontsize=8
-    )
-    ax.set_xlim(0, max(values + [1]) * 1.35)
-    ax.set_xlabel("reviews")
-    ax.set_title("label distribution", fontsize=9)
+    bars = ax.barh(names[::-1], values[::-1], color=_COLOR)
+    ax.bar_label(bars, labels=value_labels[::-1], padding=3, fontsize=8)
+    ax.set_xlim(0, x_max)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=9)
     ax.spines[["top", "right"]].set_visible(False)
     return _png(fig)
+
+
+def label_distribution_png(counts: Mapping[str, int]) -> bytes:
+    values = [int(v) for v in counts.values()]
+    total = max(1, sum(values))
+    return _bars_png(
+        list(counts),
+        values,
+        [f"{v} ({v / total:.0%})" for v in values],
+        height=2.2,
+        x_max=max(values + [1]) * 1.35,
+        xlabel="reviews",
+        title="label distribution",
+    )
 
 
 def label_distribution_md(counts: Mapping[str, int]) -> str:
@@ -89,8 +114,6 @@ def label_distribution_md(counts: Mapping[str, int]) -> str:
 def token_length_png(
     lengths: Sequence[int], max_length: int | None = None, bins: int = 40
 ) -> bytes:
-    import numpy as np
-
     values = np.asarray(lengths, dtype=np.int64)
     fig = _figure(4.5, 2.4)
     ax = fig.add_subplot()
@@ -116,8 +139,6 @@ def token_length_png(
 
 def token_length_md(lengths: Sequence[int], max_length: int | None = None) -> str:
     """Histogram of full token lengths, the truncation point marked, with percentiles beneath."""
-    import numpy as np
-
     values = np.asarray(lengths, dtype=np.int64)
     if len(values):
         stats = [
@@ -144,8 +165,6 @@ def confusion_matrix_figure(matrix: Sequence[Sequence[int]], labels: Sequence[st
     """The heat map as a matplotlib ``Figure`` (the trainer logs it to MLflow with
     ``log_figure``).
     """
-    import numpy as np
-
     m = np.asarray(matrix, dtype=np.int64)
     fig = _figure(3.4, 3.0)
     ax = fig.add_subplot()
@@ -230,16 +249,16 @@ def optimization_history_md(trials: Sequence[Mapping]) -> str:
 
 
 def param_importance_png(importances: Mapping[str, float]) -> bytes:
-    fig = _figure(4.0, 0.5 + 0.3 * max(1, len(importances)))
-    ax = fig.add_subplot()
-    names, values = list(importances)[::-1], [float(v) for v in importances.values()][::-1]
-    bars = ax.barh(names, values, color=_COLOR)
-    ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], padding=3, fontsize=8)
-    ax.set_xlim(0, max(values + [0.01]) * 1.3)
-    ax.set_xlabel("importance (fANOVA)")
-    ax.set_title("parameter importance", fontsize=9)
-    ax.spines[["top", "right"]].set_visible(False)
-    return _png(fig)
+    values = [float(v) for v in importances.values()]
+    return _bars_png(
+        list(importances),
+        values,
+        [f"{v:.2f}" for v in values],
+        height=0.5 + 0.3 * max(1, len(importances)),
+        x_max=max(values + [0.01]) * 1.3,
+        xlabel="importance (fANOVA)",
+        title="parameter importance",
+    )
 
 
 def param_importance_md(importances: Mapping[str, float]) -> str:

@@ -51,7 +51,7 @@ def scores(y_true: Sequence[str], y_pred: Sequence[str], labels: Sequence[str]) 
 
 def f1_per_class(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
     """scikit-learn's F1 of each class id in ``range(num_classes)`` (0 for a class never seen)."""
-    from sklearn.metrics import f1_score
+    from sklearn.metrics import f1_score  # lazy: as in scores
 
     if num_classes == 0:
         return np.zeros(0)
@@ -66,7 +66,7 @@ def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     A class with neither support nor predictions has no F1 (0/0); scikit-learn's default and the
     trainer's torchmetrics both leave it out of the mean, so this does too.
     """
-    from sklearn.metrics import f1_score
+    from sklearn.metrics import f1_score  # lazy: as in scores
 
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     present = np.union1d(y_true, y_pred)

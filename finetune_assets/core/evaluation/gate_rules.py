@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from finetune_assets.core.evaluation.baseline import beats_baseline as baseline_verdict
 from finetune_assets.core.evaluation.evaluate import macro_f1
+from finetune_assets.core.evaluation.inference import Classifier
 from finetune_assets.core.labels.infer import LABELS
 
 CHAMPION_ALIAS = "champion"
@@ -68,8 +70,6 @@ def score_model(root: Path, test: TestSet, max_length: int = 512, batch_size: in
     """Macro-F1 of a saved classifier on the test texts (``inference.Classifier``, the model's
     own tokenizer).
     """
-    from finetune_assets.core.evaluation.inference import Classifier
-
     classifier = Classifier.from_folder(root)
     # Map the model's class names to our label ids by name (a model saved with other ids still
     # scores right).
@@ -114,6 +114,7 @@ def current_champion(
     message to parse); only "registered model not found" means no champion. Any other registry error
     (SQLite "database is locked", a server outage) propagates: the caller fails and the alias stays.
     """
+    # lazy, as every mlflow import here: it takes seconds, and the rules themselves need none
     from mlflow.exceptions import MlflowException
 
     try:
@@ -144,7 +145,7 @@ def score_registered(client, name: str, version: str, test: TestSet, tracking_ur
     """Download a registered model version and score it (then cache the score as a tag on the
     version).
     """
-    import mlflow
+    import mlflow  # lazy: see current_champion
 
     # Resolve the version through *this* client's registry: a ``models:/name/version`` URI would be
     # resolved against mlflow's process-global registry URI instead (unset in a Dagster run:
@@ -214,10 +215,9 @@ def above_floor(floor: float) -> Condition:
 
 def beats_baseline(baseline_metrics: dict, margin: float) -> Condition:
     """At least its own version's baseline_model test macro-F1 plus ``margin``."""
-    from finetune_assets.core.evaluation.baseline import beats_baseline as decide
 
     def condition(c: Comparison) -> str | None:
-        verdict = decide({"macro_f1": c.challenger.score}, baseline_metrics, margin)
+        verdict = baseline_verdict({"macro_f1": c.challenger.score}, baseline_metrics, margin)
         return None if verdict.passed else verdict.reason
 
     return condition

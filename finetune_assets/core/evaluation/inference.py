@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from finetune_assets.core.evaluation.batching import predict_in_length_order
 from finetune_assets.core.io.contracts import MODEL_SUBDIR
+from finetune_assets.core.prep.pretrained import position_limit
 
 
 class ModelFolderError(ValueError):
@@ -56,6 +58,8 @@ class Classifier:
 
     @classmethod
     def from_folder(cls, path: Path, source: str | None = None) -> Classifier:
+        # lazy, as torch below: importing this module (the CLI's model checks, gate_rules) loads
+        # neither; a prediction does
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         model_dir, tok_dir = find_model_dirs(Path(path))
@@ -71,9 +75,7 @@ class Classifier:
         self, texts: Sequence[str], max_length: int = 512
     ) -> list[tuple[str, float, dict[str, float]]]:
         """(label, probability, probabilities by label) per text, as one padded batch."""
-        import torch
-
-        from finetune_assets.core.prep.pretrained import position_limit
+        import torch  # lazy: see from_folder
 
         limit = min(max_length, position_limit(self.model.config))
         enc = self.tokenizer(
@@ -93,8 +95,6 @@ class Classifier:
         """The predicted class name per text, in input order; batches of similar length (less
         padding).
         """
-        from finetune_assets.core.evaluation.batching import predict_in_length_order
-
         results = predict_in_length_order(
             lambda batch: self.predict(batch, max_length), texts, batch_size
         )

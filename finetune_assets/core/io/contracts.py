@@ -11,7 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
 from finetune_assets.core.io.primitives import read_json
@@ -99,15 +101,11 @@ class ContractError(ValueError):
 
 # -- typed readers ---------------------------------------------------------------------------------
 def _fs_and_path(url: str, fs=None):
-    import fsspec
-
     return (fs, url) if fs is not None else fsspec.core.url_to_fs(url)
 
 
 def read_reviews(attempt_url: str, fs=None, columns: list[str] | None = None) -> pa.Table:
     """raw_reviews' accepted rows; refuses a file published before the ``split`` column existed."""
-    import pyarrow.parquet as pq
-
     fs, path = _fs_and_path(f"{attempt_url}/{REVIEWS_FILE}", fs)
     with fs.open(path, "rb") as f:
         table = pq.read_table(f, columns=columns)
@@ -122,8 +120,6 @@ def read_reviews(attempt_url: str, fs=None, columns: list[str] | None = None) ->
 
 def parquet_schema(url: str, fs=None) -> pa.Schema:
     """A Parquet file's schema, from its footer (no data read)."""
-    import pyarrow.parquet as pq
-
     fs, path = _fs_and_path(url, fs)
     with fs.open(path, "rb") as f:
         return pq.read_schema(f)
@@ -137,8 +133,6 @@ def iter_parquet_batches(url: str, fs=None, columns: list[str] | None = None):
     memory grows with the file (2.7M reviews: 360 MB against a flat 60 MB, benchmarks/
     check_memory.py).
     """
-    import pyarrow.parquet as pq
-
     fs, path = _fs_and_path(url, fs)
     with fs.open(path, "rb") as f:
         parquet = pq.ParquetFile(f)
@@ -147,8 +141,6 @@ def iter_parquet_batches(url: str, fs=None, columns: list[str] | None = None):
 
 
 def read_rejected(attempt_url: str, fs=None) -> pa.Table:
-    import pyarrow.parquet as pq
-
     fs, path = _fs_and_path(f"{attempt_url}/{REJECTED_FILE}", fs)
     with fs.open(path, "rb") as f:
         return pq.read_table(f)

@@ -7,6 +7,7 @@ content hash that is every asset's data version. Kept free of Dagster (pods and 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 STORAGE_ROOT_ENV = "FINETUNE_ASSETS_ROOT"
@@ -142,7 +145,7 @@ def file_lock(
         with _lease_file(fs, str(url), timeout_s, stale_s):
             yield
         return
-    import fcntl
+    import fcntl  # lazy: POSIX only, and only a local lock needs it
 
     Path(url).parent.mkdir(parents=True, exist_ok=True)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -216,8 +219,6 @@ def hash_tree(path: Path, exclude: tuple[str, ...] = ()) -> str:
     library upgrade that rewrites the same data leaves data versions, and staleness, unchanged.
     Other files: their bytes.
     """
-    import hashlib
-
     digest = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for p in files:
@@ -234,8 +235,6 @@ def _hash_content(path: Path, digest) -> None:
     if suffix in (".parquet", ".arrow"):
         table = _read_table(path)
         if table is not None:
-            import pyarrow as pa
-
             table = table.replace_schema_metadata(None).combine_chunks()
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -260,9 +259,6 @@ def _read_table(path: Path):
     """The table in a Parquet or Arrow IPC file; None when it is not one (then its bytes are
     hashed).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         if path.suffix.lower() == ".parquet":
             return pq.read_table(path)

@@ -21,10 +21,12 @@ leased attempt.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -80,6 +82,17 @@ class Published:
     data_version: str
     metadata: dict[str, Any]
     previous: str | None = None  # the attempt this one replaced, kept until the next publish
+
+    @classmethod
+    def from_record(cls, prefix: str, record: dict[str, Any]) -> Published:
+        """The version a pointer (``CURRENT``, or the record kept of a publish) describes."""
+        return cls(
+            url=join(prefix, ATTEMPTS, record["attempt"]),
+            attempt=record["attempt"],
+            data_version=record["data_version"],
+            metadata=record.get("metadata", {}),
+            previous=record.get("previous"),
+        )
 
 
 class Staging:
@@ -145,7 +158,7 @@ class Storage:
                     raise RuntimeError("publish(): the writer did not set staging.data_version")
                 if not self.is_local:
                     self.fs.put(str(local_dir) + "/", url + "/", recursive=True)
-                with self.lock(f"pointer-{asset}-{partition or UNPARTITIONED}"):
+                with self.lock(_pointer_lock(asset, partition)):
                     # Read inside the critical section: a publish that finished meanwhile becomes
                     # ``previous``.
                     previous = self.current(asset, partition)
@@ -193,8 +206,6 @@ class Storage:
         """Lease ``attempt`` while the block runs, refreshed every ``ttl_s / 3`` by a daemon
         thread.
         """
-        import threading
-
         self._write_lease(prefix, holder, attempt, ttl_s)
         stop = threading.Event()
 
@@ -245,18 +256,12 @@ class Storage:
         self._write_lease(prefix, holder, attempt, PIN_TTL_S)
         if current is not None and current.attempt == attempt:
             return current
-        pointer = self.read_json(join(prefix, RECORDS, f"{attempt}.json"))
-        if pointer is None:
+        record = self.read_json(join(prefix, RECORDS, f"{attempt}.json"))
+        if record is None:
             raise FileNotFoundError(
                 f"{asset} attempt {attempt} pinned by run {run_id} has been removed"
             )
-        return Published(
-            url=join(prefix, ATTEMPTS, attempt),
-            attempt=attempt,
-            data_version=pointer["data_version"],
-            metadata=pointer.get("metadata", {}),
-            previous=pointer.get("previous"),
-        )
+        return Published.from_record(prefix, record)
 
     def restore(self, asset: str, attempt: str, partition: str | None = None) -> Published:
         """Point ``CURRENT`` back at an earlier published ``attempt`` (its record must still exist).
@@ -265,7 +270,7 @@ class Storage:
         the flip): the caller decides from its own record (Dagster's) which attempt is the truth.
         """
         prefix = self.prefix(asset, partition)
-        with self.lock(f"pointer-{asset}-{partition or UNPARTITIONED}"):
+        with self.lock(_pointer_lock(asset, partition)):
             record = self.read_json(join(prefix, RECORDS, f"{attempt}.json"))
             if record is None or not self.fs.exists(join(prefix, ATTEMPTS, attempt)):
                 raise FileNotFoundError(
@@ -287,17 +292,7 @@ class Storage:
                 if published.previous
                 else None
             )
-            published = (
-                None
-                if record is None
-                else Published(
-                    url=join(prefix, ATTEMPTS, record["attempt"]),
-                    attempt=record["attempt"],
-                    data_version=record["data_version"],
-                    metadata=record.get("metadata", {}),
-                    previous=record.get("previous"),
-                )
-            )
+            published = None if record is None else Published.from_record(prefix, record)
         return out
 
     def _write_pointer(self, prefix: str, pointer: dict[str, Any]) -> None:
@@ -355,15 +350,7 @@ class Storage:
         """The published version of an asset partition, or None if nothing was ever published."""
         prefix = self.prefix(asset, partition)
         pointer = self.read_json(join(prefix, POINTER))
-        if pointer is None:
-            return None
-        return Published(
-            url=join(prefix, ATTEMPTS, pointer["attempt"]),
-            attempt=pointer["attempt"],
-            data_version=pointer["data_version"],
-            metadata=pointer.get("metadata", {}),
-            previous=pointer.get("previous"),
-        )
+        return None if pointer is None else Published.from_record(prefix, pointer)
 
     def require(self, asset: str, partition: str | None = None) -> Published:
         published = self.current(asset, partition)
@@ -392,8 +379,6 @@ def _age_s(attempt: str, entry: dict[str, Any], now: float) -> float:
     attempt id is what makes an attempt old; unknown means young, so a concurrent writer of the
     same partition never loses its attempt.
     """
-    import calendar
-
     ages = []
     with contextlib.suppress(ValueError):
         started = calendar.timegm(time.strptime(attempt.split("-", 1)[0], ATTEMPT_TIME))
@@ -402,3 +387,8 @@ def _age_s(attempt: str, entry: dict[str, Any], now: float) -> float:
     if mtime is not None:
         ages.append(now - (mtime.timestamp() if hasattr(mtime, "timestamp") else float(mtime)))
     return min(ages) if ages else 0.0
+
+
+def _pointer_lock(asset: str, partition: str | None) -> str:
+    """The lock serializing every move of one partition's ``CURRENT``."""
+    return f"pointer-{asset}-{partition or UNPARTITIONED}"

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from finetune_assets.core.io.primitives import file_lock
+
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
 EMBEDDED_DB = "mlflow.db"
 
@@ -53,9 +55,7 @@ def ensure_sqlite_store(uri: str) -> str:
     """
     if not uri.startswith("sqlite:///"):
         return uri
-    from mlflow import MlflowClient
-
-    from finetune_assets.core.io.primitives import file_lock
+    from mlflow import MlflowClient  # lazy: the code location imports this module
 
     db = Path(uri.removeprefix("sqlite:///"))
     with file_lock(db.with_name(f"{db.name}.lock")):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -68,8 +69,6 @@ normalize_value = label_key  # the identity of a raw label value (label_values m
 
 def class_name(raw: str) -> str:
     """A class name as stored and shown: NFC, whitespace collapsed."""
-    import unicodedata
-
     return " ".join(unicodedata.normalize("NFC", str(raw)).split())
 
 

@@ -4,6 +4,7 @@ default.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -86,8 +87,6 @@ def tokenization_of(tokenizer, config) -> Tokenization:
     the longest input is the position limit, or the tokenizer's ``model_max_length`` where that is
     smaller (it may be unset: a huge sentinel).
     """
-    import copy
-
     limit = position_limit(config)
     if 0 < (getattr(tokenizer, "model_max_length", 0) or 0) < limit:
         limit = int(tokenizer.model_max_length)
@@ -103,6 +102,7 @@ def load_tokenization(model_dir: str) -> Tokenization:
     """The same facts for a model folder without ``tokenization.json`` (published before it
     existed).
     """
+    # lazy, as every transformers and torch import here: the code location imports this module
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, trust_remote_code=False)
@@ -142,7 +142,7 @@ def load_sequence_classifier(
     transformers refuses one the class does not support (``core/training/device_settings.py`` then
     falls back).
     """
-    import torch
+    import torch  # lazy: see load_tokenization
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     config = AutoConfig.from_pretrained(
@@ -194,7 +194,7 @@ def save_pretrained_model(
 
     Remote code is never trusted: only architectures shipped with transformers load.
     """
-    import torch
+    import torch  # lazy: see load_tokenization
     from transformers import AutoTokenizer
 
     resolved = resolve_source(source)

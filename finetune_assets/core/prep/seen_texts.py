@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+import tempfile
+
 
 class SeenTexts:
     """Normalized-text hash -> (class, file, "line N") of its first accepted copy, on disk (SQLite,
@@ -17,9 +20,6 @@ class SeenTexts:
     """
 
     def __init__(self, cache_mb: int = 2, mmap_bytes: int = 1 << 40):
-        import sqlite3
-        import tempfile
-
         self._dir = tempfile.TemporaryDirectory(prefix="seen-texts-")
         self._db = sqlite3.connect(f"{self._dir.name}/seen.db")
         # mmap_size is clamped to the library's SQLITE_MAX_MMAP_SIZE (2 GiB in common builds, ~30M

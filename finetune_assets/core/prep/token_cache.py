@@ -45,6 +45,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
+from finetune_assets.core.io.primitives import staged_file, write_bytes_atomic
 from finetune_assets.core.prep.token_index import (
     INDEX_FORMAT,
     KEY_BYTES,
@@ -274,8 +275,6 @@ class TokenCache:
             total = merge_runs(runs, out, chunk_rows)
             del runs
             name = hashlib.sha256("\n".join(names).encode()).hexdigest()[:32]
-            from finetune_assets.core.io.primitives import staged_file, write_bytes_atomic
-
             with staged_file(f"{self.url}/{INDEX_DIR}/{name}.idx") as target:
                 shutil.move(out, target)
             write_bytes_atomic(
@@ -337,8 +336,6 @@ class SegmentWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        from finetune_assets.core.io.primitives import staged_file
-
         try:
             if self._writer is not None:
                 self._writer.close()

@@ -169,6 +169,20 @@ def validate(raw: pa.Table, rules: ValidationRules) -> Validated:
         validator.close()
 
 
+# the raw table's columns, in the order _validate_batch reads them
+_RAW_COLUMNS = (
+    "text",
+    "label",
+    "source_file",
+    "source_row",
+    "malformed",
+    "malformed_reason",
+    "source_line",
+    "source_line_end",
+    "raw",
+)
+
+
 def _validate_batch(
     raw: pa.Table,
     rules: ValidationRules,
@@ -179,131 +193,140 @@ def _validate_batch(
     """One batch; ``base``: the accepted and rejected rows before it (positions for
     data.conflicts).
     """
-    accepted: dict[str, list] = {name: [] for name in ACCEPTED_SCHEMA.names}
-    rejected: dict[str, list] = {name: [] for name in REJECTED_SCHEMA.names}
     first_across = dict(across)
-    new: dict[
-        bytes, tuple
-    ] = {}  # key -> (label, file, "line N", pos) of a first accepted occurrence here
-    copies: list[tuple] = []  # (key, class, position, "a"/"r") of the copies of repeated reviews
-
-    def reject(
-        text, label, file, row, reason, detail=None, line=None, line_end=None, raw_text=None
-    ):
-        for k, v in zip(
-            REJECTED_SCHEMA.names,
-            (text, label, file, row, reason, detail, line, line_end, raw_text),
-        ):
-            rejected[k].append(v)
-
-    names = (
-        "text",
-        "label",
-        "source_file",
-        "source_row",
-        "malformed",
-        "malformed_reason",
-        "source_line",
-        "source_line_end",
-        "raw",
-    )
     cols = [
-        raw.column(n).to_pylist() if n in raw.column_names else [None] * raw.num_rows for n in names
+        raw.column(n).to_pylist() if n in raw.column_names else [None] * raw.num_rows
+        for n in _RAW_COLUMNS
     ]
     keys = [
         normalize_text(t) if t is not None and m is None else "" for t, m in zip(cols[0], cols[4])
     ]
     hashes = [text_key(k) if k else b"" for k in keys]
-    earlier = seen_store.lookup([h for h in hashes if h])
+    batch = _Batch(rules, seen_store.lookup([h for h in hashes if h]), across, base)
     for text, label, file, row, malformed, why, line, line_end, raw_text, key, h in zip(
         *cols, keys, hashes
     ):
         where = (line, line_end, raw_text)
         if malformed is not None:
-            reject(text, label, file, row, why or "malformed_row", malformed, *where)
-            continue
-        if not key or text.strip() in NULL_MARKERS:
-            detail = (
-                f"a null marker ({text.strip()!r})"
-                if key
-                else "only invisible characters"
-                if text and text.strip()
-                else None
-            )
-            reject(text, label, file, row, "empty_text", detail, *where)
-            continue
-        text = text.strip()
-        if len(text) > rules.max_text_chars:
-            reject(
-                text,
-                label,
-                file,
-                row,
-                "too_long",
-                f"{len(text)} characters > {rules.max_text_chars}",
-                *where,
-            )
-            continue
-        if is_missing(label):
-            reject(
-                text,
-                label,
-                file,
-                row,
-                "missing_label",
-                f"no label ({label.strip()!r} is a missing-value marker)"
-                if label and label.strip()
-                else "no label",
-                *where,
-            )
-            continue
-        mapped = rules.labels.map(label)
-        if mapped is None:
-            reject(
-                text,
-                label,
-                file,
-                row,
-                "unknown_label",
-                f"label {label!r} is not in the label mapping",
-                *where,
-            )
-            continue
-        first = new.get(h) or earlier.get(h)
-        if first is not None:
-            first_label, first_file, first_where, first_pos = first
-            copies += [
-                (h, first_label, first_pos, "a"),
-                (h, mapped, base[1] + len(rejected["reason"]), "r"),
-            ]
-            same = first_label == mapped
-            copy = f"{first_file} {first_where}" if first_file != file else first_where
-            if first_file != file:
-                across[f"{first_file} <- {file}"] += 1
-            reject(
-                text,
-                label,
-                file,
-                row,
-                "duplicate" if same else "conflicting_duplicate",
-                f"kept copy: {copy}" if same else f"first seen as {first_label} ({copy}, kept)",
-                *where,
-            )
-            continue
-        new[h] = (
-            mapped,
-            file,
-            f"line {line}" if line is not None else f"row {row}",
-            base[0] + len(accepted["text"]),
-        )
-        for k, v in zip(ACCEPTED_SCHEMA.names, (text, mapped, file, row, rules.split.of_key(key))):
-            accepted[k].append(v)
-    seen_store.add(new, copies)
+            batch.reject(text, label, file, row, why or "malformed_row", malformed, *where)
+        else:
+            batch.take(text, label, file, row, key, h, where)
+    seen_store.add(batch.new, batch.copies)
     return Validated(
-        accepted=pa.table(accepted, schema=ACCEPTED_SCHEMA),
-        rejected=pa.table(rejected, schema=REJECTED_SCHEMA),
+        accepted=pa.table(batch.accepted, schema=ACCEPTED_SCHEMA),
+        rejected=pa.table(batch.rejected, schema=REJECTED_SCHEMA),
         cross_file_duplicates={
             k: v - first_across.get(k, 0) for k, v in across.items() if v != first_across.get(k, 0)
         },
         labels=rules.labels,
     )
+
+
+def _refusal(
+    text: str | None, label: str | None, key: str, rules: ValidationRules
+) -> tuple[str, str | None] | None:
+    """Why a parsed row's text or label cannot be used, as (reason, detail); None when both can.
+
+    ``text`` is stripped unless the reason is ``empty_text``, as the quarantine shows it.
+    """
+    if not key or text.strip() in NULL_MARKERS:
+        detail = (
+            f"a null marker ({text.strip()!r})"
+            if key
+            else "only invisible characters"
+            if text and text.strip()
+            else None
+        )
+        return "empty_text", detail
+    text = text.strip()
+    if len(text) > rules.max_text_chars:
+        return "too_long", f"{len(text)} characters > {rules.max_text_chars}"
+    if is_missing(label):
+        return "missing_label", (
+            f"no label ({label.strip()!r} is a missing-value marker)"
+            if label and label.strip()
+            else "no label"
+        )
+    return None
+
+
+class _Batch:
+    """One batch's outcome, decided row by row: the accepted and rejected columns, the first
+    occurrences of new texts and the copies of repeated ones (for :class:`SeenTexts`).
+    """
+
+    def __init__(
+        self,
+        rules: ValidationRules,
+        earlier: dict[bytes, tuple],
+        across: Counter,
+        base: tuple[int, int],
+    ):
+        self.rules, self.earlier, self.across, self.base = rules, earlier, across, base
+        self.accepted: dict[str, list] = {name: [] for name in ACCEPTED_SCHEMA.names}
+        self.rejected: dict[str, list] = {name: [] for name in REJECTED_SCHEMA.names}
+        # key -> (label, file, "line N", pos) of a first accepted occurrence here
+        self.new: dict[bytes, tuple] = {}
+        # (key, class, position, "a"/"r") of the copies of repeated reviews
+        self.copies: list[tuple] = []
+
+    def reject(
+        self, text, label, file, row, reason, detail=None, line=None, line_end=None, raw_text=None
+    ) -> None:
+        for k, v in zip(
+            REJECTED_SCHEMA.names,
+            (text, label, file, row, reason, detail, line, line_end, raw_text),
+        ):
+            self.rejected[k].append(v)
+
+    def take(self, text, label, file, row, key: str, h: bytes, where: tuple) -> None:
+        """A parsed row: quarantined with its reason, or accepted (the first copy of a text)."""
+        refusal = _refusal(text, label, key, self.rules)
+        if refusal is not None:
+            reason, detail = refusal
+            shown = text if reason == "empty_text" else text.strip()
+            self.reject(shown, label, file, row, reason, detail, *where)
+            return
+        text = text.strip()
+        mapped = self.rules.labels.map(label)
+        if mapped is None:
+            detail = f"label {label!r} is not in the label mapping"
+            self.reject(text, label, file, row, "unknown_label", detail, *where)
+            return
+        first = self.new.get(h) or self.earlier.get(h)
+        if first is not None:
+            self._duplicate(first, text, label, mapped, file, row, h, where)
+            return
+        line = where[0]
+        self.new[h] = (
+            mapped,
+            file,
+            f"line {line}" if line is not None else f"row {row}",
+            self.base[0] + len(self.accepted["text"]),
+        )
+        split = self.rules.split.of_key(key)
+        for k, v in zip(ACCEPTED_SCHEMA.names, (text, mapped, file, row, split)):
+            self.accepted[k].append(v)
+
+    def _duplicate(self, first, text, label, mapped, file, row, h, where) -> None:
+        """A copy of a text accepted before (in this batch or an earlier one): quarantined, as a
+        ``duplicate`` or, with another label, a ``conflicting_duplicate``.
+        """
+        first_label, first_file, first_where, first_pos = first
+        self.copies += [
+            (h, first_label, first_pos, "a"),
+            (h, mapped, self.base[1] + len(self.rejected["reason"]), "r"),
+        ]
+        same = first_label == mapped
+        copy = f"{first_file} {first_where}" if first_file != file else first_where
+        if first_file != file:
+            self.across[f"{first_file} <- {file}"] += 1
+        self.reject(
+            text,
+            label,
+            file,
+            row,
+            "duplicate" if same else "conflicting_duplicate",
+            f"kept copy: {copy}" if same else f"first seen as {first_label} ({copy}, kept)",
+            *where,
+        )

@@ -15,7 +15,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from finetune_assets.core.io.contracts import SPLITS, mds_columns
+from finetune_assets.core.io.contracts import SPLIT_STATS_FILE, SPLITS, SplitStats, mds_columns
 from finetune_assets.core.shards.plan import (
     PARTS,
     ShardsSpec,
@@ -23,6 +23,7 @@ from finetune_assets.core.shards.plan import (
     part_name,
     read_part_stats,
 )
+from finetune_assets.core.shards.writer import COMPRESSION, streaming_module
 
 
 def shard_slice(spec: ShardsSpec, index: int, log=print) -> list[dict]:
@@ -33,8 +34,6 @@ def shard_slice(spec: ShardsSpec, index: int, log=print) -> list[dict]:
 
 
 def shard_part(spec: ShardsSpec, index: int, log=print) -> dict:
-    from finetune_assets.core.shards.writer import COMPRESSION, streaming_module
-
     MDSWriter = streaming_module("streaming.base.format.mds.writer").MDSWriter
 
     t0 = time.perf_counter()
@@ -135,11 +134,7 @@ def merge_shards(out: str, local_dir: Path, count: int) -> dict[str, dict]:
     publish staging folder); shard basenames become ``{i:05d}/shard...``, in slice order. Returns
     per split: samples, shards, bytes, label_counts (summed from the parts' stats).
     """
-    from finetune_assets.core.shards.writer import streaming_module
-
     merge_index = streaming_module("streaming.base.util").merge_index
-    from finetune_assets.core.io.contracts import SPLIT_STATS_FILE, SplitStats
-
     fs, out_path = fsspec.core.url_to_fs(out)
     parts = read_part_stats(out, count)
     result = {}

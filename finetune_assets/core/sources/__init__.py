@@ -4,16 +4,17 @@ failure.
 A source is a file or folder of CSV / TSV / JSONL / Parquet (local path or fsspec URL), a Hugging
 Face dataset id (``hf:owner/name``), a built-in set (``builtin:rotten_tomatoes``,
 ``builtin:sample``: :mod:`finetune_assets.core.sources.builtin_sets`), a Delta table
-(``delta:PATH_OR_URL[@version=N]``, :mod:`.delta`) or a SQL table or query (``sql:ENV_NAME``,
-:mod:`.sql`); :mod:`.registry` maps a source's prefix to its reader. Every record read is kept:
+(``delta:PATH_OR_URL[@version=N]``, :mod:`.tables.delta`), an Iceberg table (``iceberg:``,
+:mod:`.tables.iceberg`) or a SQL table or query (``sql:ENV_NAME``, :mod:`.tables.sql`);
+:mod:`.families` maps a source's prefix to its reader. Every record read is kept:
 records the parser cannot use are returned too, flagged ``malformed`` (with their lines and raw
 text), so that validation can quarantine them and the counts always add up. :func:`read_file` is the
 one reader for any input file (sources, ``predict``, evaluation sets).
 
 Modules: :mod:`.base` (spec, raw schema, error), :mod:`.listing` (files of a folder, ignore rules),
-:mod:`.decoding` (decompression, text decoding), :mod:`.columns` (text/label columns), :mod:`.files`
-and :mod:`.jsonl` (file readers), :mod:`.hf`, :mod:`.builtin`, :mod:`.delta`, :mod:`.sql`,
-:mod:`.registry`.
+:mod:`.decoding` (decompression, text decoding), :mod:`.columns` (text/label columns),
+:mod:`.files`, :mod:`.delimited` (the strict CSV / TSV splitter) and :mod:`.jsonl` (file readers),
+:mod:`.hf`, :mod:`.builtin`, :mod:`.tables` (Delta, Iceberg, SQL), :mod:`.families`.
 """
 
 from finetune_assets.core.sources.base import (

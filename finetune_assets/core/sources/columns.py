@@ -216,6 +216,32 @@ def _text_column(col: pa.ChunkedArray) -> tuple[pa.ChunkedArray, list[str | None
     )
 
 
+def source_columns(schema: pa.Schema, spec: SourceSpec) -> list[str]:
+    """The columns a table source reads: its text column(s) (``"title,body"``: each) and its label
+    column, picked by name from the source's schema as for files.
+    """
+    empty = schema.empty_table()
+    wanted = spec.text_column
+    if wanted is not None and "," in wanted and wanted not in empty.column_names:
+        texts = [
+            pick_column(empty, w.strip(), TEXT_COLUMNS, "text", spec.uri)
+            for w in wanted.split(",")
+            if w.strip()
+        ]
+    else:
+        texts = [pick_column(empty, wanted, TEXT_COLUMNS, "text", spec.uri)]
+    return list(dict.fromkeys([*texts, pick_label(empty, spec, spec.uri, required=True)]))
+
+
+def raw_block(part: pa.Table, spec: SourceSpec, first_row: int) -> pa.Table:
+    """One block of a source that is not a file (a label column required) as :data:`RAW_SCHEMA`
+    rows numbered on from ``first_row``.
+    """
+    part, text_col = text_columns(part, spec.text_column, spec.uri)
+    raw = to_raw(part, text_col, pick_label(part, spec, spec.uri, required=True), spec.uri)
+    return renumber(raw, first_row)
+
+
 def to_raw(table: pa.Table, text_col: str, label_col: str | None, source: str) -> pa.Table:
     n = table.num_rows
     texts, problems = _text_column(table.column(text_col))

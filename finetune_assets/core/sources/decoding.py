@@ -235,7 +235,7 @@ def _guess_encoding(data: bytes) -> str:
     if data[:4000].count(b"\x00") > len(data[:4000]) // 4:
         return "utf-16"
     try:
-        from charset_normalizer import from_bytes
+        from charset_normalizer import from_bytes  # lazy: only a guess at an encoding needs it
 
         best = from_bytes(data[:200_000]).best()
         if best is not None and best.encoding not in ("utf_8", "ascii"):

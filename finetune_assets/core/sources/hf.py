@@ -17,13 +17,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from finetune_assets.core.sources.base import PARQUET_ROW_BYTES, SourceError, SourceSpec
-from finetune_assets.core.sources.columns import (
-    LABEL_COLUMNS,
-    pick_column,
-    renumber,
-    text_columns,
-    to_raw,
-)
+from finetune_assets.core.sources.columns import LABEL_COLUMNS, pick_column, raw_block
 
 HF_PREFIX = "hf:"
 SHA = re.compile(r"[0-9a-f]{40}")
@@ -45,6 +39,8 @@ def pin_hf(spec: SourceSpec) -> SourceSpec:
     name, _ = parse_hf(spec.uri)
     if spec.revision and SHA.fullmatch(spec.revision):
         return spec
+    # lazy, as datasets below: the code location imports every source family; a family's
+    # library loads when it is read
     from huggingface_hub import HfApi
 
     try:
@@ -66,7 +62,7 @@ def describe_hf(spec: SourceSpec) -> dict:
 
 
 def _load(spec: SourceSpec):
-    import datasets
+    import datasets  # lazy: see pin_hf
 
     name, config = parse_hf(spec.uri)
     try:
@@ -77,7 +73,7 @@ def _load(spec: SourceSpec):
 
 def iter_hf(spec: SourceSpec, block_bytes: int) -> Iterator[pa.Table]:
     """The split's rows as :data:`RAW_SCHEMA` tables of about ``block_bytes`` each."""
-    import datasets
+    import datasets  # lazy: see pin_hf
 
     ds = _load(spec)
     rows = max(1, block_bytes // PARQUET_ROW_BYTES)
@@ -99,8 +95,7 @@ def iter_hf(spec: SourceSpec, block_bytes: int) -> Iterator[pa.Table]:
                     pa.string(),
                 ),
             )
-        part, text_col = text_columns(part, spec.text_column, spec.uri)
-        raw = renumber(to_raw(part, text_col, label_col, spec.uri), row)
+        raw = raw_block(part, spec, row)
         row += raw.num_rows
         yield raw
 

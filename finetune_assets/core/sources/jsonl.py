@@ -10,11 +10,13 @@ import json
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from finetune_assets.core.sources.base import RAW_SCHEMA, SourceError, SourceSpec
 from finetune_assets.core.sources.columns import (
     TEXT_COLUMNS,
+    _column_key,
     pick_column,
     pick_label,
     renumber,
@@ -129,10 +131,6 @@ def per_record_text(table: pa.Table) -> pa.Table:
     where some do, the first key wins as for a table, and records without it are quarantined
     naming their keys (:func:`flag_missing_text`).
     """
-    import pyarrow.compute as pc
-
-    from finetune_assets.core.sources.columns import _column_key
-
     by_key = {_column_key(n): n for n in reversed(table.column_names)}
     keys = [by_key[c] for c in TEXT_COLUMNS if c in by_key]
     # a key absent from this block (added as nulls from the first block's names) is one of them
@@ -153,8 +151,6 @@ def per_record_text(table: pa.Table) -> pa.Table:
 
 
 def _sum(arrays):
-    import pyarrow.compute as pc
-
     total = arrays[0]
     for a in arrays[1:]:
         total = pc.add(total, a)
@@ -167,33 +163,7 @@ def _read_jsonl_lines(
     """JSON Lines that pyarrow refuses (a cut line, mixed types, plain strings): line by line, each
     bad line quarantined with its number and raw text, like a broken CSV record.
     """
-    good: list[tuple[int, int, dict | str]] = []  # (record number, line, object or plain string)
-    bad: list[tuple[int, int, str, str]] = []  # (record number, line, problem, raw)
-    record = 0
-    for n, line in enumerate(text.split("\n"), 1):
-        line = line[:-1] if line.endswith("\r") else line
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as err:
-            bad.append(
-                (record, n, f"not valid JSON ({getattr(err, 'msg', err)})", line[:RAW_PREFIX_CHARS])
-            )
-        else:
-            # a plain string is the text of a review without a label
-            if isinstance(obj, (dict, str)):
-                good.append((record, n, obj))
-            else:
-                bad.append(
-                    (
-                        record,
-                        n,
-                        f"a JSON {type(obj).__name__}, not an object",
-                        line[:RAW_PREFIX_CHARS],
-                    )
-                )
-        record += 1
+    good, bad = _json_lines(text)
     found = list(dict.fromkeys(k for _, _, o in good if isinstance(o, dict) for k in o)) or ["text"]
     header = pa.table({name: pa.nulls(0) for name in dict.fromkeys(found + (names or []))})
     text_col = pick_column(header, spec.text_column, TEXT_COLUMNS, "text", path)
@@ -208,16 +178,7 @@ def _read_jsonl_lines(
         problems.append(
             None if ok else f"the text field holds a JSON {type(value).__name__}, not text"
         )
-        label = obj.get(label_col) if label_col else None
-        labels.append(
-            None
-            if label is None
-            else label
-            if isinstance(label, str)
-            else str(int(label))
-            if isinstance(label, float) and label.is_integer()
-            else json.dumps(label, ensure_ascii=False)
-        )
+        labels.append(_label_text(obj.get(label_col) if label_col else None))
     n_bad = len(bad)
     table = pa.table(
         {
@@ -239,6 +200,47 @@ def _read_jsonl_lines(
         schema=RAW_SCHEMA,
     )
     return flag_missing_text(table, text.split("\n"), text_col).sort_by("source_row"), found
+
+
+def _json_lines(
+    text: str,
+) -> tuple[list[tuple[int, int, dict | str]], list[tuple[int, int, str, str]]]:
+    """Each non-blank line parsed by itself: (record number, line, object or plain string) for a
+    usable one, (record number, line, problem, raw prefix) for one that is not.
+    """
+    good: list[tuple[int, int, dict | str]] = []
+    bad: list[tuple[int, int, str, str]] = []
+    record = 0
+    for n, line in enumerate(text.split("\n"), 1):
+        line = line[:-1] if line.endswith("\r") else line
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as err:
+            bad.append(
+                (record, n, f"not valid JSON ({getattr(err, 'msg', err)})", line[:RAW_PREFIX_CHARS])
+            )
+        else:
+            # a plain string is the text of a review without a label
+            if isinstance(obj, (dict, str)):
+                good.append((record, n, obj))
+            else:
+                problem = f"a JSON {type(obj).__name__}, not an object"
+                bad.append((record, n, problem, line[:RAW_PREFIX_CHARS]))
+        record += 1
+    return good, bad
+
+
+def _label_text(label: object) -> str | None:
+    """A JSON label as text: a string as it is, a whole float as an integer (``1.0`` -> ``"1"``),
+    anything else as its JSON.
+    """
+    if label is None or isinstance(label, str):
+        return label
+    if isinstance(label, float) and label.is_integer():
+        return str(int(label))
+    return json.dumps(label, ensure_ascii=False)
 
 
 def flag_missing_text(raw: pa.Table, lines: list[str], text_key: str) -> pa.Table:

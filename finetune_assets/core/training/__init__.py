@@ -5,10 +5,10 @@ Dagster here.
 from finetune_assets.core.training.config import (
     ConfigError,
     DataConfig,
-    HyperParameters,
     MlflowConfig,
     TrainerConfig,
 )
+from finetune_assets.core.training.hyperparameters import HyperParameters
 
 __all__ = [
     "PROGRESS",

@@ -43,6 +43,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from pytorch_lightning.strategies import DDPStrategy
+
+from finetune_assets.core.training.data.sharding import encoder_layer_class
 
 log = logging.getLogger("finetune_assets.core.training")
 
@@ -72,7 +75,7 @@ class EncoderShape:
 
     @classmethod
     def of(cls, model_dir: str) -> EncoderShape:
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # lazy: only sizing a GPU batch reads the config
 
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         hidden = int(config.hidden_size)  # attribute_map: DistilBERT's dim, ...
@@ -192,7 +195,7 @@ def ddp_strategy(precision: str, gpu: bool) -> Any:
     """``"ddp"``, or on a GPU under bf16-mixed a DDP strategy that all-reduces bf16 gradients."""
     if not (gpu and precision == "bf16-mixed"):
         return "ddp"
-    from pytorch_lightning.strategies import DDPStrategy
+    # lazy: only DDP under bf16 on GPUs compresses its gradients
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     return DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook)
@@ -235,8 +238,6 @@ def compile_blocks(model: torch.nn.Module) -> int:
     once before torch switches to dynamic shapes anyway. Already compiled blocks are left as they
     are (Lightning calls ``configure_model`` before each stage).
     """
-    from finetune_assets.core.training.data.sharding import encoder_layer_class
-
     block = encoder_layer_class(model)
     count = 0
     for module in model.modules():

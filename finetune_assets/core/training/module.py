@@ -1,5 +1,6 @@
 """The Lightning module: a sequence classifier of the checkpoint's own architecture plus loss,
-metrics, optimizers, throughput.
+metrics and optimizers (:mod:`.optimization`); the process layout its checkpoints record:
+:mod:`.checkpoints.layout`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ from transformers import AutoModelForSequenceClassification, PretrainedConfig, P
 
 from finetune_assets.core.labels.infer import DEFAULT_LABEL_SET, LabelSet
 from finetune_assets.core.prep.pretrained import load_sequence_classifier
-from finetune_assets.core.training.config import HyperParameters
+from finetune_assets.core.training.checkpoints.layout import check_resume_layout, layout_of
 from finetune_assets.core.training.data.collate import PAD_LABEL
-from finetune_assets.core.training.device_settings import adamw_options
+from finetune_assets.core.training.data.sharding import (
+    fsdp_mesh,
+    mixed_precision,
+    set_gradient_sync,
+    shard_encoder,
+)
+from finetune_assets.core.training.device_settings import adamw_options, compile_blocks
+from finetune_assets.core.training.hyperparameters import HyperParameters
+from finetune_assets.core.training.optimization import adadelta_recipe, adamw_recipe
+from finetune_assets.core.training.throughput import CHECKPOINT_KEY
 
 log = logging.getLogger(__name__)
 
@@ -88,28 +98,8 @@ def _eval_metrics(prefix: str, num_classes: int) -> MetricCollection:
     )
 
 
-def decays(name: str) -> bool:
-    """Weight decay by parameter *name*: not biases, not norms (any layer-norm spelling).
-
-    By name, not ``p.ndim``: under FSDP with ``use_orig_params`` a parameter may be a flat 1-D
-    shard, and a shape rule would then switch decay off for every weight.
-    """
-    parts = name.lower().split(".")
-    return parts[-1] != "bias" and not any("norm" in part for part in parts[-2:])
-
-
 class NonFiniteLoss(FloatingPointError):
     """A training loss that is NaN or infinite: the run stops, naming where (``nonfinite_loss``)."""
-
-
-class LayoutChanged(RuntimeError):
-    """A checkpoint resumed on another process layout than wrote it (refused, not silently
-    re-planned).
-    """
-
-
-class WorldSizeChanged(LayoutChanged):
-    """A checkpoint resumed by a different number of processes than wrote it."""
 
 
 class ReviewClassifier(pl.LightningModule):
@@ -170,8 +160,6 @@ class ReviewClassifier(pl.LightningModule):
         torch.manual_seed(
             int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
         )
-        from finetune_assets.core.training.data.sharding import set_gradient_sync
-
         # the epoch loop's own rule (Lightning steps on the last batch of an epoch too)
         sync = not self.trainer.fit_loop.epoch_loop._should_accumulate()
         if set_gradient_sync(self.model, sync):
@@ -266,30 +254,15 @@ class ReviewClassifier(pl.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch)
         loss = self.train_loss(out.logits, batch["labels"])
-        bs = batch["labels"].shape[0]
         every = self.trainer.log_every_n_steps * self.trainer.accumulate_grad_batches
-        self._watch_nonfinite(loss, batch_idx, check=(batch_idx + 1) % every == 0)
+        at_log_interval = (batch_idx + 1) % every == 0
+        self._watch_nonfinite(loss, batch_idx, check=at_log_interval)
         # The mean over all ranks, reduced once per log interval and once per epoch (not every
         # step).
-        if (batch_idx + 1) % (
-            self.trainer.log_every_n_steps * self.trainer.accumulate_grad_batches
-        ) == 0:
-            self.log(
-                "train/loss_step",
-                loss.detach(),
-                on_step=True,
-                on_epoch=False,
-                batch_size=bs,
-                sync_dist=True,
-            )
-        self.log(
-            "train/loss_epoch",
-            loss.detach(),
-            on_step=False,
-            on_epoch=True,
-            batch_size=bs,
-            sync_dist=True,
-        )
+        reduced = {"batch_size": batch["labels"].shape[0], "sync_dist": True}
+        if at_log_interval:
+            self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, **reduced)
+        self.log("train/loss_epoch", loss.detach(), on_step=False, on_epoch=True, **reduced)
         return loss  # samples, tokens and seconds are counted by callbacks.Throughput
 
     # -- evaluation ------------------------------------------------------------------------
@@ -339,55 +312,11 @@ class ReviewClassifier(pl.LightningModule):
     # -- optimisation ----------------------------------------------------------------------
 
     def configure_optimizers(self) -> dict[str, Any]:
-        o = self.optim
-        if o.optimizer == "adadelta":  # the Adadelta recipe (lr 1.0, no schedule)
-            optimizer = torch.optim.Adadelta(
-                self.parameters(), lr=o.lr, weight_decay=o.weight_decay
-            )
-            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=o.gamma)
-            return {
-                "optimizer": optimizer,
-                "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"},
-            }
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if p.requires_grad:
-                (decay if decays(name) else no_decay).append(p)
-        log.info(
-            "AdamW: %d tensors with weight decay %g, %d without",
-            len(decay),
-            o.weight_decay,
-            len(no_decay),
-        )
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": o.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=o.lr,
-            # fused on CUDA (DDP; FSDP's sharded DTensor parameters keep the default)
-            **(adamw_options(self.device) if self.device_mesh is None else {}),
-        )
-        total = max(1, self.total_steps())
-        warmup = int(total * o.warmup_ratio)
-
-        schedule = o.lr_schedule
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            if schedule == "constant":
-                return 1.0
-            done = min(1.0, (step - warmup) / max(1, total - warmup))
-            if schedule == "cosine":
-                return 0.5 * (1.0 + math.cos(math.pi * done))
-            return max(0.0, 1.0 - done)  # linear: (total - step) / (total - warmup)
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+        if self.optim.optimizer == "adadelta":
+            return adadelta_recipe(self.parameters(), self.optim)
+        # fused on CUDA (DDP; FSDP's sharded DTensor parameters keep the default)
+        options = adamw_options(self.device) if self.device_mesh is None else {}
+        return adamw_recipe(self.named_parameters(), self.optim, self.total_steps(), options)
 
     def total_steps(self) -> int:
         """Optimizer steps of the whole run, computed from the train dataset's length.
@@ -407,7 +336,7 @@ class ReviewClassifier(pl.LightningModule):
         steps = math.ceil(batches / t.accumulate_grad_batches) * max(t.max_epochs or 1, 1)
         return min(steps, t.max_steps) if t.max_steps != -1 else steps
 
-    # -- checkpoint state ------------------------------------------------------------------
+    # -- compilation and sharding ----------------------------------------------------------
 
     def configure_model(self) -> None:
         """``compile: true``: compile each encoder block (:func:`.device_settings.compile_blocks`);
@@ -416,17 +345,9 @@ class ReviewClassifier(pl.LightningModule):
         outside the compiled blocks).
         """
         if self.optim.compile:
-            from finetune_assets.core.training.device_settings import compile_blocks
-
             self.compiled_blocks = compile_blocks(self.model)
         mesh = self.device_mesh  # set by Lightning's ModelParallelStrategy only
         if mesh is not None:
-            from finetune_assets.core.training.data.sharding import (
-                fsdp_mesh,
-                mixed_precision,
-                shard_encoder,
-            )
-
             policy = mixed_precision(self.optim.precision)
             if shard_encoder(self.model, fsdp_mesh(mesh), policy) and self.global_rank == 0:
                 log.info(
@@ -437,98 +358,15 @@ class ReviewClassifier(pl.LightningModule):
                     else "off (fp32)",
                 )
 
-    def _layout(self) -> dict[str, int]:
-        """World size, nodes and streaming's canonical nodes: what the data order and repeat mask
-        depend on.
-        """
-        from finetune_assets.core.training.data.datamodule import canonical_nodes
-
-        t = self.trainer
-        nodes = max(1, int(getattr(t, "num_nodes", 1) or 1))
-        datamodule = getattr(t, "datamodule", None)
-        layout = {"world_size": int(t.world_size), "num_nodes": nodes}
-        if datamodule is not None and hasattr(datamodule, "config"):
-            layout["num_canonical_nodes"] = canonical_nodes(datamodule.config.data, nodes)
-            layout["batch_size"] = int(datamodule.config.batch_size)  # as resolved on this device
-        return layout
-
-    def _at_epoch_end(self, checkpoint: dict[str, Any]) -> bool:
-        """Whether the checkpoint's train stream had consumed its whole epoch (the only point where
-        the data order does not depend on the world size that wrote it).
-        """
-        loops = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        loaders = loops.get("combined_loader") or []
-        datamodule = getattr(self.trainer, "datamodule", None)
-        sizes = getattr(datamodule, "sizes", None)
-        if not loaders or not sizes:
-            return False
-        stream = loaders[0]
-        return (
-            int(stream.get("sample_in_epoch", 0)) >= sizes["train"]
-            and int(stream.get("skip_batches", 0)) == 0
-        )
+    # -- checkpoint state ------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Beside callbacks.Throughput's run totals, under the same key.
-        checkpoint.setdefault("review_classifier", {}).update(
-            self._layout(), nonfinite_skipped=self.nonfinite_skipped
+        checkpoint.setdefault(CHECKPOINT_KEY, {}).update(
+            layout_of(self.trainer), nonfinite_skipped=self.nonfinite_skipped
         )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("review_classifier", {})
+        state = checkpoint.get(CHECKPOINT_KEY, {})
         self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
-        now = self._layout()
-        saved = state.get("world_size")  # absent in checkpoints written before it was recorded
-        if saved is not None and int(saved) != now["world_size"] and self._at_epoch_end(checkpoint):
-            # The weights and optimizer reshard (DCP, or a full state); the data stream starts the
-            # next epoch afresh on the new layout. The global batch (and so the remaining steps and
-            # the LR schedule's total) follows the new world size.
-            log.warning(
-                "resuming at an epoch's end on %d processes (written by %s): the next epoch "
-                "starts on the new layout",
-                now["world_size"],
-                saved,
-            )
-            return
-        if saved is not None and int(saved) != now["world_size"]:
-            raise WorldSizeChanged(
-                f"the checkpoint being resumed was written by {saved} training processes, this "
-                "run has "
-                f"{now['world_size']}. A resume keeps the world size: the global batch "
-                "(processes x batch_size x accumulate_grad_batches), the LR schedule's step "
-                "count and the "
-                f"data order all depend on it. Relaunch with {saved} processes (nnodes x "
-                "nproc_per_node) or resume from a checkpoint at an epoch's end, "
-                "or delete the checkpoint folder (checkpoint_dir) to start this training over."
-            )
-        was = state.get("batch_size")
-        if was is not None and "batch_size" in now and was != now["batch_size"]:
-            raise LayoutChanged(
-                f"the checkpoint being resumed was written with {was} samples per device and "
-                f"step, this run has {now['batch_size']} (a GPU sizes its batch from its memory: "
-                "device_settings.py): the data order and the LR schedule depend on it. "
-                f"Set batch_size {was} and gpu_batch_tokens 0 to resume here, or "
-                "delete the checkpoint folder (checkpoint_dir) to start this training over."
-            )
-        changed = [
-            k
-            for k in ("num_nodes", "num_canonical_nodes")
-            if k in state and k in now and state[k] != now[k]
-        ]
-        if changed:
-            ranks = (
-                int(saved) // int(state["num_nodes"]) if saved and state.get("num_nodes") else "?"
-            )
-            raise LayoutChanged(
-                f"the checkpoint being resumed was written on {state.get('num_nodes')} nodes x "
-                f"{ranks} processes "
-                f"(data.num_canonical_nodes {state.get('num_canonical_nodes')}), this run has "
-                f"{now['num_nodes']} nodes x {now['world_size'] // now['num_nodes']} processes "
-                f"(data.num_canonical_nodes {now.get('num_canonical_nodes')}): which samples "
-                "each rank "
-                "streams, and so which repeats are masked, depend on the node layout. Relaunch "
-                "with "
-                f"nnodes {state.get('num_nodes')} x nproc_per_node {ranks}, or delete the "
-                "checkpoint folder "
-                "(checkpoint_dir) to start this training over."
-            )
+        check_resume_layout(state, self.trainer, checkpoint)

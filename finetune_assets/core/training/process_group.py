@@ -6,12 +6,16 @@ every start joins under a prefix that all its ranks agree on first (:func:`agree
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import time
+import uuid
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.rendezvous import _torchelastic_use_agent_store
 
 from finetune_assets.core.training.config import TrainerConfig
 
@@ -42,9 +46,6 @@ def agree_on_attempt(
     (stale asks left by a previous start are answered harmlessly); it returns once every rank has
     acknowledged *this* token, which no earlier start could have done.
     """
-    import datetime
-    import uuid
-
     if rank != 0:
         nonce = uuid.uuid4().hex
         store.set(f"{ATTEMPT_KEYS}/ask/{rank}", nonce)
@@ -82,11 +83,6 @@ def init_process_group(config: TrainerConfig) -> str | None:
     :func:`agree_on_attempt` are always fresh, on every node. Lightning sees the group initialised
     and uses it. Returns the token (None outside a multi-process torchrun).
     """
-    import datetime
-
-    import torch.distributed as dist
-    from torch.distributed.rendezvous import _torchelastic_use_agent_store
-
     rank, world, _ = torchrun_world()
     if world == 1 or "TORCHELASTIC_RUN_ID" not in os.environ or dist.is_initialized():
         return None
@@ -123,8 +119,6 @@ def per_node(value: Any) -> list[Any]:
 
 def gather(value: Any) -> list[Any]:
     """``value`` of every rank, in rank order (one all-gather; ``[value]`` without a group)."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return [value]
     gathered: list[Any] = [None] * dist.get_world_size()

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
 import os
 import time
-import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import pytorch_lightning as pl
-import torch
 from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.loggers import MLFlowLogger
 from transformers import AutoTokenizer
@@ -20,22 +20,21 @@ from transformers import AutoTokenizer
 from finetune_assets.core.io.contracts import TRAINING_RESULT_FILE, TrainingResult
 from finetune_assets.core.labels.infer import LabelSet
 from finetune_assets.core.training import device_settings
-from finetune_assets.core.training.callbacks import (
-    BoundaryCheckpoint,
-    HuggingFaceCheckpointer,
-    Progress,
-    Throughput,
-    trainer_tracking_uri,
-)
-from finetune_assets.core.training.checkpoints import fencing
+from finetune_assets.core.training.callbacks import BoundaryCheckpoint, Progress, Throughput
 from finetune_assets.core.training.checkpoints import trainer_files as files
-from finetune_assets.core.training.checkpoints.best import BEST, BEST_DIR, BestModel
+from finetune_assets.core.training.checkpoints.best import BestModel
+from finetune_assets.core.training.checkpoints.resume import (
+    last_checkpoint,
+    local_resume,
+    resume_point,
+)
 from finetune_assets.core.training.config import TrainerConfig
-from finetune_assets.core.training.data import sharding
 from finetune_assets.core.training.data.datamodule import MdsDataModule, balanced_class_weights
 from finetune_assets.core.training.data.sharding import ShardedStrategy, local_parameters
-from finetune_assets.core.training.device_settings import ddp_strategy, on_gpu
+from finetune_assets.core.training.device_settings import DeviceSettings, ddp_strategy, on_gpu
+from finetune_assets.core.training.export import HuggingFaceCheckpointer, trainer_tracking_uri
 from finetune_assets.core.training.module import ReviewClassifier, load_classifier
+from finetune_assets.core.training.notices import quiet_known_notices
 from finetune_assets.core.training.precision import resolve_precision
 from finetune_assets.core.training.process_group import (
     gather,
@@ -47,48 +46,8 @@ from finetune_assets.core.training.trial import pruning
 
 log = logging.getLogger("finetune_assets.core.training")
 
-LAST = "last.ckpt"
 # beside the checkpoints: a resumed run keeps logging into the same MLflow run
 MLFLOW_RUN_FILE = "mlflow_run.json"
-
-
-class _DropLitLoggerTip(logging.Filter):
-    """Lightning advertises its cloud logger on every Trainer; this run logs to MLflow."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "try installing [litlogger]" not in record.getMessage()
-
-
-def quiet_known_notices() -> None:
-    """Silence the trainer's known, harmless library notices where they arise; all else stays.
-
-    Each filter names the message, the category and the module that warns (not a blanket ignore).
-    """
-    # Lightning 2.6's own pytree helper uses the LeafSpec class torch deprecated (not our code).
-    warnings.filterwarnings(
-        "ignore",
-        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        category=FutureWarning,
-        module=r"pytorch_lightning\.utilities\._pytree",
-    )
-    # StreamingDataset partitions samples per rank and worker itself: its __len__ is exact per rank.
-    warnings.filterwarnings(
-        "ignore",
-        message=r"Your `IterableDataset` has `__len__` defined",
-        category=UserWarning,
-        module=r"pytorch_lightning\.utilities\.data",
-    )
-    # A resumed run's best-checkpoint folder (core/training/checkpoints/best.py) holds the best so
-    # far, by design.
-    warnings.filterwarnings(
-        "ignore",
-        message=r"Checkpoint directory .*[/\\]best exists and is not empty",
-        category=UserWarning,
-        module=r"pytorch_lightning\.callbacks\.model_checkpoint",
-    )
-    tips = logging.getLogger("pytorch_lightning.utilities.rank_zero")
-    if not any(isinstance(f, _DropLitLoggerTip) for f in tips.filters):
-        tips.addFilter(_DropLitLoggerTip())
 
 
 # "auto" shards models above this many parameters: below it DDP's one all-reduce per step beats
@@ -109,19 +68,6 @@ def _strategy(config: TrainerConfig, world: int, local_world: int, parameters: i
     if config.checkpoint_format == "sharded":
         log.warning("checkpoint_format 'sharded' needs FSDP; strategy %s writes full", strategy)
     return "auto" if world == 1 else ddp_strategy(config.precision, on_gpu(config.accelerator))
-
-
-def checkpoint_io(config: TrainerConfig) -> Any:
-    """Atomic writes; on a GPU in a background thread (Lightning's ``AsyncCheckpointIO`` copies the
-    state on the device first, then training goes on while rank 0 writes). On CPU the copy and the
-    writer would compete with training for the same cores: written in place, as before.
-    """
-    atomic = files.AtomicCheckpointIO(fence_dir=config.checkpoint_dir)
-    if config.accelerator != "cpu" and torch.cuda.is_available():
-        from pytorch_lightning.plugins.io import AsyncCheckpointIO
-
-        return AsyncCheckpointIO(atomic)
-    return atomic
 
 
 def _trainer(
@@ -169,7 +115,7 @@ def _trainer(
         limit_test_batches=config.limit_test_batches,
         logger=logger,
         callbacks=callbacks,
-        plugins=[checkpoint_io(config)],
+        plugins=[files.checkpoint_io(config.checkpoint_dir, config.accelerator)],
         enable_progress_bar=False,
         default_root_dir=files.local_path(config.checkpoint_dir),
     )
@@ -181,9 +127,7 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
     m = config.mlflow
     run_file = files.local_path(config.checkpoint_dir) + "/" + MLFLOW_RUN_FILE
     run_id = None
-    if files.exists(run_file) and files.exists(
-        files.local_path(config.checkpoint_dir) + "/" + LAST
-    ):
+    if files.exists(run_file) and files.exists(last_checkpoint(config)):
         run_id = files.read_json(run_file).get("run_id")
     logger = MLFlowLogger(
         experiment_name=m.experiment_name,
@@ -202,54 +146,6 @@ def _mlflow_logger(config: TrainerConfig, rank: int) -> MLFlowLogger | None:
     return logger
 
 
-def _local_resume(resume: str | None) -> str | None:
-    """The checkpoint to hand Lightning: a node-local copy, refused unless it loads weights-only.
-
-    A remote checkpoint (``s3://``) is downloaded once per node, by local rank 0 into the scratch
-    folder, while the node's other ranks wait; they all read that copy (not one download per rank of
-    a multi-GB file). The FSDP loader also needs a local path: it makes the path a ``pathlib.Path``.
-    """
-    if resume is None:
-        return resume
-    import torch.distributed as dist
-
-    if sharding.is_sharded_checkpoint(files.local_path(resume)):  # a DCP folder (local by config)
-        meta = os.path.join(files.local_path(resume), sharding.META)
-        torch.load(meta, map_location="cpu", weights_only=True)  # raises on pickled code
-        return files.local_path(resume)
-
-    local = resume if files.is_local(resume) else os.path.join(files.scratch_root(), "resume", LAST)
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
-        if local != resume:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            fs, path = fsspec.core.url_to_fs(resume)
-            fs.get_file(path, local)
-        # raises on pickled code
-        torch.load(local, map_location="cpu", weights_only=True, mmap=True)
-    if dist.is_initialized():
-        dist.barrier()
-    return files.local_path(local)
-
-
-def resume_decision(exists_per_rank: list[bool]) -> bool:
-    """Rank 0 decides whether the run resumes (every rank sees this same list, one all-gather).
-
-    Each rank deciding alone, on node-local checkpoint storage node 0 resumed and waited in a
-    barrier while node 1 started fresh (a 30-minute hang). A rank that cannot see the checkpoint
-    rank 0 resumes from is an error on every rank, not a hang.
-    """
-    if not exists_per_rank[0]:
-        return False
-    blind = [rank for rank, seen in enumerate(exists_per_rank) if not seen]
-    if blind:
-        raise FileNotFoundError(
-            f"rank 0 resumes from {LAST} in checkpoint_dir, but ranks {blind} cannot see it: "
-            "checkpoint_dir must be storage every node reads (a shared volume or an object store "
-            "URL), not a node-local folder"
-        )
-    return True
-
-
 def empty_test_metrics(test_url: str) -> dict[str, Any]:
     """What metrics.json says when the test split has no samples: no numbers, and why."""
     return {
@@ -262,23 +158,15 @@ def empty_test_metrics(test_url: str) -> dict[str, Any]:
     }
 
 
-def train(config: TrainerConfig) -> dict[str, Any]:
-    """Fit, validate every epoch, keep the best validation's weights, test them, save; rank 0
-    writes model/ + metrics.json, logs to MLflow.
-
-    Side jobs are callbacks (:mod:`.callbacks`): throughput counters, progress lines, the Hugging
-    Face export and MLflow registration.
+def _resolved_here(config: TrainerConfig, rank: int) -> tuple[TrainerConfig, DeviceSettings]:
+    """The config with ``precision: auto`` and every device-dependent value decided on the machine
+    that trains (:mod:`.device_settings`): everything after (data, LR schedule, MLflow's
+    parameters, metrics.json) sees the values that run.
     """
-    rank, world, _ = torchrun_world()
-    t0 = time.time()
-    quiet_known_notices()
-    # "auto" decided on the machine that trains; MLflow params and metrics.json record what ran.
     resolved = resolve_precision(config.precision, config.accelerator)
     if rank == 0 and resolved != config.precision:
         log.info("precision %s -> %s on this machine", config.precision, resolved)
     config = config.model_copy(update={"precision": resolved})
-    # batch, eval batch and loader workers for this device (device_settings.py): everything below
-    # (data, LR schedule, MLflow's parameters, metrics.json) sees the values that run
     gpu = on_gpu(config.accelerator)
     config, settings = device_settings.resolve(config, gpu, local_world=torchrun_world()[2])
     if rank == 0 and settings.batch_from != "batch_size":
@@ -292,6 +180,43 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             settings.eval_batch_size,
             settings.num_workers,
         )
+    return config, settings
+
+
+def _class_weights(config: TrainerConfig, rank: int) -> list[float] | None:
+    """``class_weights: balanced``: from the train label counts the config carries (mds_shards'
+    split_stats.json); the trainer never counts the shards.
+    """
+    if config.class_weights != "balanced":
+        return None
+    counts = config.train_label_counts()
+    weights = balanced_class_weights(counts)
+    if rank == 0:
+        rounded = [round(w, 4) for w in weights]
+        log.info("train label counts %s -> class weights %s", counts, rounded)
+    return weights
+
+
+@dataclass
+class _Run:
+    """What :func:`train` builds before fitting: the config as resolved on this machine, and the
+    parts that fit, test and publish.
+    """
+
+    config: TrainerConfig
+    settings: DeviceSettings
+    datamodule: MdsDataModule
+    module: ReviewClassifier
+    class_weights: list[float] | None
+    logger: MLFlowLogger | None
+    throughput: Throughput
+    export: HuggingFaceCheckpointer
+    best: BestModel
+    trainer: pl.Trainer
+
+
+def _build(config: TrainerConfig, rank: int) -> _Run:
+    config, settings = _resolved_here(config, rank)
     attempt = init_process_group(config)
     pl.seed_everything(config.seed, workers=True)
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir, local_files_only=True)
@@ -300,29 +225,18 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         config,
         pad_token_id=tokenizer.pad_token_id or 0,
         run_key=config.checkpoint_dir,
-        pin_memory=gpu,
+        pin_memory=on_gpu(config.accelerator),
         attempt=attempt,
     )
-    weights = None
-    if config.class_weights == "balanced":
-        counts = config.train_label_counts()  # carried by the config (mds_shards' split_stats.json)
-        weights = balanced_class_weights(counts)
-        if rank == 0:
-            log.info(
-                "train label counts %s -> class weights %s", counts, [round(w, 4) for w in weights]
-            )
+    weights = _class_weights(config, rank)
     model, attention, fallback = device_settings.load_with_attention(
         lambda impl: load_classifier(config.model_dir, LabelSet(tuple(config.labels)), impl),
         config.attn_implementation,
     )
     settings = dataclasses.replace(settings, attn_implementation=attention, attn_fallback=fallback)
-    module = ReviewClassifier(
-        model,
-        config,
-        class_weights=weights,
-        seed=config.seed,
-    )
-    if datamodule.is_empty("validation") and rank == 0:
+    module = ReviewClassifier(model, config, class_weights=weights, seed=config.seed)
+    validate = not datamodule.is_empty("validation")
+    if not validate and rank == 0:
         log.warning(
             "validation split %s is empty: training without validation", config.data.validation_url
         )
@@ -335,7 +249,6 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         logger.log_hyperparams({f"device.{k}": v for k, v in chosen.items()})
     throughput = Throughput()
     export = HuggingFaceCheckpointer(config, tokenizer, logger)
-    validate = not datamodule.is_empty("validation")
     best = BestModel(config, validate)
     trainer = _trainer(
         config,
@@ -350,52 +263,75 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         validate=validate,
         parameters=sum(p.numel() for p in module.parameters()),
     )
+    return _Run(
+        config, settings, datamodule, module, weights, logger, throughput, export, best, trainer
+    )
 
-    last = files.local_path(config.checkpoint_dir) + "/" + LAST
-    if rank == 0:  # before anyone reads the checkpoint: a replaced gang's ranks commit no more
-        fencing.raise_fence(config.checkpoint_dir)
-    best_ckpt = f"{files.local_path(config.checkpoint_dir)}/{BEST_DIR}/{BEST}.ckpt"
-    for saved in (last, best_ckpt) if rank == 0 and files.is_local(last) else ():
-        if sharding.recover_swap(saved):
-            log.warning("%s: the previous sharded checkpoint put back (a save broke off)", saved)
-    gather(None)  # every rank looks after the recovery
-    resume = last if resume_decision(gather(files.exists(last))) else None
-    if resume and rank == 0:
-        log.warning("resuming from %s", resume)
-    timings: dict[str, float] = {"setup": time.time() - t0}
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+    """``timings[phase]``: the seconds the block took (left out when it raises)."""
     t = time.time()
+    yield
+    timings[phase] = time.time() - t
+
+
+def _test(run: _Run, rank: int) -> dict[str, Any]:
+    """The test split's scores of the final (selected) weights, or why there are none."""
+    config = run.config
+    if config.trial is not None:  # a tuning trial validates only: the selection never sees
+        # test; the test split scores the final model once (core/tuning/study.py)
+        return {
+            **empty_test_metrics(config.data.test_url),
+            "test_skipped": "a tuning trial: scored on validation only",
+        }
+    if run.datamodule.is_empty("test"):
+        test = empty_test_metrics(config.data.test_url)
+        if rank == 0:
+            log.warning("%s", test["test_skipped"])
+        return test
+    run.trainer.test(run.module, datamodule=run.datamodule, verbose=False)
+    return {**run.module.test_results, "test_samples": run.datamodule.sizes["test"]}
+
+
+def _release_shard_cache(run: _Run) -> int | None:
+    """Remove the node's cached train shards once every rank is done with them; how many shards
+    each node had cached (of ``len(index)``: about 1/nodes each).
+    """
+    run.trainer.strategy.barrier("mds-cache")
+    local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    cached = per_node(run.datamodule.cached_shards("train") if local_leader else None)
+    if local_leader:
+        run.datamodule.remove_cache()
+    return cached
+
+
+def train(config: TrainerConfig) -> dict[str, Any]:
+    """Fit, validate every epoch, keep the best validation's weights, test them, save; rank 0
+    writes model/ + metrics.json, logs to MLflow.
+
+    Side jobs are callbacks (:mod:`.callbacks`, :mod:`.export`): throughput counters, progress
+    lines, the Hugging Face export and MLflow registration.
+    """
+    rank, world, _ = torchrun_world()
+    t0 = time.time()
+    quiet_known_notices()
+    run = _build(config, rank)
+    config, module, trainer, throughput = run.config, run.module, run.trainer, run.throughput
+    resume = resume_point(config, rank)
+    timings: dict[str, float] = {"setup": time.time() - t0}
     try:
-        trainer.fit(
-            module, datamodule=datamodule, ckpt_path=_local_resume(resume), weights_only=True
-        )
-        timings["fit"] = time.time() - t  # with the Hugging Face export (on_fit_end)
+        with _timed(timings, "fit"):  # with the Hugging Face export (on_fit_end)
+            trainer.fit(
+                module, datamodule=run.datamodule, ckpt_path=local_resume(resume), weights_only=True
+            )
         # A final checkpoint: re-running the same inputs after success resumes at the end, no
-        # retraining.
-        t = time.time()
-        # the full state: a resume restores loops and callbacks
-        trainer.save_checkpoint(last, weights_only=False)
-        timings["final_checkpoint"] = time.time() - t
-        t = time.time()
-        if config.trial is not None:  # a tuning trial validates only: the selection never sees
-            # test; the test split scores the final model once (core/tuning/study.py)
-            test = {
-                **empty_test_metrics(config.data.test_url),
-                "test_skipped": "a tuning trial: scored on validation only",
-            }
-        elif datamodule.is_empty("test"):
-            test = empty_test_metrics(config.data.test_url)
-            if rank == 0:
-                log.warning("%s", test["test_skipped"])
-        else:
-            trainer.test(module, datamodule=datamodule, verbose=False)
-            test = {**module.test_results, "test_samples": datamodule.sizes["test"]}
-        timings["test"] = time.time() - t
-        # every rank of the node is done reading the cached shards
-        trainer.strategy.barrier("mds-cache")
-        local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
-        cached = per_node(datamodule.cached_shards("train") if local_leader else None)
-        if local_leader:
-            datamodule.remove_cache()
+        # retraining. The full state: a resume restores loops and callbacks.
+        with _timed(timings, "final_checkpoint"):
+            trainer.save_checkpoint(last_checkpoint(config), weights_only=False)
+        with _timed(timings, "test"):
+            test = _test(run, rank)
+        cached = _release_shard_cache(run)
         metrics: dict[str, Any] = {
             **test,
             **throughput.summary(),
@@ -409,28 +345,27 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             "parameters_per_rank": gather(local_parameters(module)),
             # as resolved on this machine ("auto" never appears here)
             "precision": config.precision,
-            "class_weights": weights,
-            "train_shards_cached_per_node": cached,  # of len(index) shards: about 1/nodes each
+            "class_weights": run.class_weights,
+            "train_shards_cached_per_node": cached,
             # class names in id order: f1_per_class, confusion matrix rows/columns
             "labels": list(config.labels),
             "wall_seconds": time.time() - t0,
             "timings": timings,  # seconds per phase (where a run's time goes)
-            "model_selection": best.selection().model_dump(),
+            "model_selection": run.best.selection().model_dump(),
             "device_settings": dataclasses.replace(
-                settings, compiled_blocks=module.compiled_blocks
+                run.settings, compiled_blocks=module.compiled_blocks
             ).record(),
         }
         if rank != 0:
             return metrics
-        if logger is not None:
-            logger.log_metrics(best.mlflow_metrics(), step=int(trainer.global_step))
-        t = time.time()
-        info = export.publish(metrics)
-        timings["publish"] = time.time() - t  # MLflow logging + registration, then output_dir/model
+        if run.logger is not None:
+            run.logger.log_metrics(run.best.mlflow_metrics(), step=int(trainer.global_step))
+        with _timed(timings, "publish"):  # MLflow logging + registration, then output_dir/model
+            info = run.export.publish(metrics)
         if info is not None:
             metrics["mlflow"] = info
     finally:
-        export.cleanup()
+        run.export.cleanup()
     metrics["wall_seconds"] = time.time() - t0
     result = TrainingResult.model_validate(metrics)  # the contract finetuned_model reads
     files.write_json_atomic(

@@ -28,6 +28,8 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from finetune_assets.core.training.data.sharding import encoder_layer_class
+
 CHECKPOINT_KEY = (
     "review_classifier"  # the totals' place in a checkpoint (the module keeps world_size there)
 )
@@ -56,8 +58,6 @@ def train_flops(model: torch.nn.Module) -> tuple[int, int, int]:
     per token pair and layer forward, 8 backward; the head's layers (pooler, classifier) see one
     token per sequence.
     """
-    from finetune_assets.core.training.data.sharding import encoder_layer_class
-
     block = encoder_layer_class(model)
     per_token = sum(
         m.weight.numel()

@@ -33,8 +33,14 @@ from finetune_assets.core.labels.infer import (
     registered_model_name,
 )
 from finetune_assets.core.launchers.base import TrainingSpec
-from finetune_assets.core.training.config import HyperParameters, TrainerConfig
-from finetune_assets.defs.common import launch_labels, markdown_table, version_asset, version_of
+from finetune_assets.core.training.config import TrainerConfig
+from finetune_assets.core.training.hyperparameters import HyperParameters
+from finetune_assets.defs.common import (
+    launch_labels,
+    markdown_table,
+    version_asset,
+    version_of,
+)
 from finetune_assets.defs.data.upstream_checks import refuse_failed_inputs
 from finetune_assets.defs.provenance import input_tags, read_recorded, run_group_id
 from finetune_assets.defs.resources.launchers import TrainingLauncher
@@ -44,7 +50,7 @@ from finetune_assets.defs.resources.storage_root import StorageResource
 
 class FinetuneConfig(dg.Config, HyperParameters):
     """The trainer's ``HyperParameters`` (fields, bounds, choices, defaults:
-    core/training/config.py)
+    core/training/hyperparameters.py)
     plus the run name.
     """
 

@@ -26,7 +26,8 @@ import dagster as dg
 import optuna
 from pydantic import Field, model_validator
 
-from finetune_assets.core.training.config import ClassWeights, HyperParameters, PrunerConfig
+from finetune_assets.core.training.config import PrunerConfig
+from finetune_assets.core.training.hyperparameters import ClassWeights, HyperParameters
 from finetune_assets.core.tuning.study import SEARCHED  # re-exported: the launchpad's space
 
 

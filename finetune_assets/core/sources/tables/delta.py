@@ -32,14 +32,7 @@ from finetune_assets.core.sources.base import (
     SourceError,
     SourceSpec,
 )
-from finetune_assets.core.sources.columns import (
-    TEXT_COLUMNS,
-    pick_column,
-    pick_label,
-    renumber,
-    text_columns,
-    to_raw,
-)
+from finetune_assets.core.sources.columns import raw_block, source_columns
 from finetune_assets.core.sources.tables.predicate import render_where
 
 DELTA_PREFIX = "delta:"
@@ -122,6 +115,8 @@ def storage_options(options: dict[str, str] | None) -> dict[str, str] | None:
 
 def open_table(uri: str, options: dict[str, str] | None = None):
     """The ``DeltaTable`` at the URI's version (latest without one); a failure is one line."""
+    # lazy, as every deltalake import here: the code location imports every source family; a
+    # family's library loads when it is read
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -146,7 +141,7 @@ def _latest_hint(ref: DeltaRef, options: dict[str, str] | None = None) -> str:
     """For a pinned version the table does not (or no longer) hold: which versions it has."""
     if ref.version is None and ref.timestamp is None:
         return ""
-    from deltalake import DeltaTable
+    from deltalake import DeltaTable  # lazy: see open_table
 
     try:
         return (
@@ -170,21 +165,6 @@ def describe_delta(spec: SourceSpec) -> dict:
     return {"delta_table": ref.table, "delta_version": ref.version, "delta_latest_version": latest}
 
 
-def _columns(table, spec: SourceSpec) -> list[str]:
-    """The columns holding the text and the label, picked by name from the schema as for files."""
-    empty = pa.schema(table.schema().to_arrow()).empty_table()
-    wanted = spec.text_column
-    if wanted is not None and "," in wanted and wanted not in empty.column_names:
-        texts = [
-            pick_column(empty, w.strip(), TEXT_COLUMNS, "text", spec.uri)
-            for w in wanted.split(",")
-            if w.strip()
-        ]
-    else:
-        texts = [pick_column(empty, wanted, TEXT_COLUMNS, "text", spec.uri)]
-    return list(dict.fromkeys([*texts, pick_label(empty, spec, spec.uri, required=True)]))
-
-
 def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -195,7 +175,7 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
     """
     table = open_table(spec.uri, spec.storage_options)
     features = _reader_features(table, spec.uri)
-    columns = _columns(table, spec)
+    columns = source_columns(pa.schema(table.schema().to_arrow()), spec)
     rows = max(1, block_bytes // PARQUET_ROW_BYTES)
     where = None
     if spec.where:
@@ -208,10 +188,8 @@ def iter_delta(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.
             batches = _engine(table, columns, where, rows)
         row = 0
         for batch in batches:
-            part = _plain_strings(pa.Table.from_batches([batch]))
-            part, text_col = text_columns(part, spec.text_column, spec.uri)
-            raw = to_raw(part, text_col, pick_label(part, spec, spec.uri, required=True), spec.uri)
-            yield renumber(raw, row)
+            raw = raw_block(_plain_strings(pa.Table.from_batches([batch])), spec, row)
+            yield raw
             row += raw.num_rows
     except SourceError:
         raise
@@ -272,7 +250,7 @@ def _engine(table, columns: list[str], where: str | None, rows: int) -> Iterator
     column chunks, so the writer's row-group size bounds its memory. ``where`` is the predicate
     rendered from its checked parse tree (:func:`.predicate.render_where`), not the user's text.
     """
-    from deltalake import QueryBuilder
+    from deltalake import QueryBuilder  # lazy: see open_table
 
     sql = f"SELECT {', '.join(map(_quoted, columns))} FROM src" + (
         f" WHERE {where}" if where else ""
@@ -289,6 +267,7 @@ def _missing_files(table, spec: SourceSpec) -> list[str]:
     """The version's data files its storage reports as not found (by file type, whatever the
     store's error text): a vacuumed version.
     """
+    # lazy: see open_table (pyarrow.fs with it: only a failed read asks what is gone)
     import pyarrow.fs as pa_fs
     from deltalake.fs import DeltaStorageHandler
 

@@ -26,14 +26,8 @@ from finetune_assets.core.sources.base import (
     SourceError,
     SourceSpec,
 )
-from finetune_assets.core.sources.columns import (
-    TEXT_COLUMNS,
-    pick_column,
-    pick_label,
-    renumber,
-    text_columns,
-    to_raw,
-)
+from finetune_assets.core.sources.columns import raw_block, source_columns
+from finetune_assets.core.sources.tables.delta import storage_options
 
 ICEBERG_PREFIX = "iceberg:"
 _SNAPSHOT = "@snapshot="
@@ -73,10 +67,10 @@ def parse_iceberg(uri: str) -> IcebergRef:
 
 def open_table(uri: str, options: dict[str, str] | None = None):
     """The catalog's table (catalog properties: its URI and the spec's storage options)."""
+    # lazy, as every pyiceberg import here: the code location imports every source family; a
+    # family's library loads when it is read
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
-
-    from finetune_assets.core.sources.tables.delta import storage_options
 
     ref = parse_iceberg(uri)
     try:
@@ -108,7 +102,7 @@ def _row_filter(spec: SourceSpec, schema):
     """``--where`` as a pyiceberg expression bound to the table's schema (refused if it is not)."""
     if not spec.where:
         return None, []
-    from pyiceberg.expressions import parser
+    from pyiceberg.expressions import parser  # lazy: see open_table
     from pyiceberg.expressions.visitors import bind, extract_field_ids
 
     try:
@@ -119,20 +113,6 @@ def _row_filter(spec: SourceSpec, schema):
             f"{spec.uri}: row filter (--where) {spec.where!r} cannot be used: {_first_line(err)}"
         ) from None
     return expr, [schema.find_column_name(i) for i in extract_field_ids(bound)]
-
-
-def _columns(schema: pa.Schema, spec: SourceSpec) -> list[str]:
-    empty = schema.empty_table()
-    wanted = spec.text_column
-    if wanted and "," in wanted:
-        texts = [
-            pick_column(empty, w.strip(), TEXT_COLUMNS, "text", spec.uri)
-            for w in wanted.split(",")
-            if w.strip()
-        ]
-    else:
-        texts = [pick_column(empty, wanted, TEXT_COLUMNS, "text", spec.uri)]
-    return list(dict.fromkeys([*texts, pick_label(empty, spec, spec.uri, required=True)]))
 
 
 def iter_iceberg(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[pa.Table]:
@@ -150,7 +130,7 @@ def iter_iceberg(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[p
             "again; register a snapshot the table still holds"
         )
     schema = table.schema() if ref.snapshot is None else _schema_at(table, snapshot)
-    columns = _columns(schema.as_arrow(), spec)
+    columns = source_columns(schema.as_arrow(), spec)
     row_filter, read = _row_filter(spec, schema)
     if snapshot is None:
         return
@@ -165,10 +145,8 @@ def iter_iceberg(spec: SourceSpec, block_bytes: int = BLOCK_BYTES) -> Iterator[p
         for batch in _batches(scan):
             for start in range(0, batch.num_rows, rows):
                 part = pa.Table.from_batches([batch.slice(start, rows)]).select(columns)
-                part, text_col = text_columns(part, spec.text_column, spec.uri)
-                label = pick_label(part, spec, spec.uri, required=True)
-                raw = to_raw(part, text_col, label, spec.uri)
-                yield renumber(raw, row)
+                raw = raw_block(part, spec, row)
+                yield raw
                 row += raw.num_rows
     except SourceError:
         raise
@@ -183,7 +161,7 @@ def _batches(scan) -> Iterator[pa.RecordBatch]:
     file of the scan onto its thread pool at once, each file's batches held until read, so a big
     table would be in memory; here one file's batches are.
     """
-    from pyiceberg.io.pyarrow import ArrowScan
+    from pyiceberg.io.pyarrow import ArrowScan  # lazy: see open_table
 
     for task in scan.plan_files():
         arrow = ArrowScan(

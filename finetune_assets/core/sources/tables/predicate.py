@@ -13,6 +13,8 @@ database for ``sql:``) evaluates what it renders, so SQL's NULL rules are the en
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 from finetune_assets.core.sources.base import SourceError
@@ -21,6 +23,7 @@ INT64_MAX = 2**63 - 1
 
 
 def _allowed():
+    # lazy, as every sqlglot import here: only a source with a row filter (--where) parses one
     from sqlglot import exp
 
     return (
@@ -82,7 +85,7 @@ def render_where(
     Without a schema (a database query's columns are the database's to resolve) only the shape
     is checked and names are kept as written.
     """
-    import sqlglot
+    import sqlglot  # lazy: see _allowed
     from sqlglot import exp
 
     problem = f"row filter (--where) {where!r}"
@@ -129,7 +132,7 @@ def _resolve(column, schema: pa.Schema, problem: str) -> str:
 
 
 def _check_types(node, schema: pa.Schema, problem: str) -> None:
-    from sqlglot import exp
+    from sqlglot import exp  # lazy: see _allowed
 
     if isinstance(node, (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE)):
         _compatible(node.this, node.expression, schema, problem, node)
@@ -154,7 +157,7 @@ def _check_types(node, schema: pa.Schema, problem: str) -> None:
 
 
 def _column_type(node, schema: pa.Schema) -> tuple[str, pa.DataType] | None:
-    from sqlglot import exp
+    from sqlglot import exp  # lazy: see _allowed
 
     if isinstance(node, exp.Paren):
         return _column_type(node.this, schema)
@@ -165,7 +168,7 @@ def _column_type(node, schema: pa.Schema) -> tuple[str, pa.DataType] | None:
 
 def _literal(node):
     """A literal's Python value (numbers signed), or ``...`` for anything else."""
-    from sqlglot import exp
+    from sqlglot import exp  # lazy: see _allowed
 
     if isinstance(node, exp.Paren):
         return _literal(node.this)
@@ -228,7 +231,5 @@ def _compatible(left, right, schema: pa.Schema, problem: str, node) -> None:
 
 
 def _first(err: Exception) -> str:
-    import re
-
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
     return " ".join(text.split())[:200]

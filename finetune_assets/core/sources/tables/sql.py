@@ -38,14 +38,8 @@ from finetune_assets.core.sources.base import (
     SourceError,
     SourceSpec,
 )
-from finetune_assets.core.sources.columns import (
-    TEXT_COLUMNS,
-    pick_column,
-    pick_label,
-    renumber,
-    text_columns,
-    to_raw,
-)
+from finetune_assets.core.sources.columns import raw_block, source_columns
+from finetune_assets.core.sources.tables.predicate import render_where
 
 SQL_PREFIX = "sql:"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -97,6 +91,8 @@ def _url(spec: SourceSpec) -> str:
 
 def _scrub(text: str, url: str) -> str:
     """An error message without the URL or its password (drivers quote either)."""
+    # lazy, as every sqlalchemy import here: the code location imports every source family; a
+    # family's library loads when it is read
     from sqlalchemy.engine import make_url
 
     secrets = [url]
@@ -120,8 +116,6 @@ def _base(spec: SourceSpec, quote) -> str:
 
 def _statement(spec: SourceSpec, dialect, order: list[str] | None) -> str:
     """The ordered, filtered read (``order`` None: a probe for the column names, no rows)."""
-    from finetune_assets.core.sources.tables.predicate import render_where
-
     quote = dialect.identifier_preparer.quote
     sql = f"SELECT * FROM ({_base(spec, quote)}) src"
     where = None
@@ -135,7 +129,7 @@ def _statement(spec: SourceSpec, dialect, order: list[str] | None) -> str:
 
 
 def _engine(spec: SourceSpec, url: str):
-    import sqlalchemy as sa
+    import sqlalchemy as sa  # lazy: see _scrub
     from sqlalchemy.pool import NullPool
 
     env = _env_name(spec)
@@ -183,7 +177,7 @@ def _read(
     """(block, content so far) pairs; after the last block the content is compared with the recorded
     one.
     """
-    import sqlalchemy as sa
+    import sqlalchemy as sa  # lazy: see _scrub
 
     url = _url(spec)
     engine = _engine(spec, url)
@@ -197,22 +191,12 @@ def _read(
         ):
             marker = _marker(conn, dialect.name)
             names = list(conn.execute(sa.text(_statement(spec, dialect, None))).keys())
-            empty = pa.table({n: pa.nulls(0) for n in names})
-            text = (
-                pick_column(empty, spec.text_column, TEXT_COLUMNS, "text", spec.uri)
-                if spec.text_column is None or "," not in spec.text_column
-                else None
-            )
-            label = pick_label(empty, spec, spec.uri, required=True)
-            texts = [text] if text else [t.strip() for t in spec.text_column.split(",")]
-            order = list(dict.fromkeys([*texts, label]))
+            order = source_columns(pa.table({n: pa.nulls(0) for n in names}).schema, spec)
             result = conn.execution_options(stream_results=True, yield_per=rows_per_block).execute(
                 sa.text(_statement(spec, dialect, order))
             )
             for part in result.partitions(rows_per_block):
-                table = _table(names, part, spec.uri)
-                table, text_col = text_columns(table, text if text else spec.text_column, spec.uri)
-                raw = renumber(to_raw(table, text_col, label, spec.uri), row)
+                raw = raw_block(_table(names, part, spec.uri), spec, row)
                 total = (total + _rows_hash(raw)) % (1 << 256)
                 row += raw.num_rows
                 yield raw, _content(row, total) + marker
@@ -288,7 +272,7 @@ def pin_sql(spec: SourceSpec) -> SourceSpec:
 
 def _marker(conn, dialect: str) -> str:
     """The snapshot the read's transaction sees, where the database names one."""
-    import sqlalchemy as sa
+    import sqlalchemy as sa  # lazy: see _scrub
 
     sql = SNAPSHOT_MARKERS.get(dialect)
     return (

@@ -14,8 +14,10 @@ from typing import Any
 
 import fsspec
 import torch
+import torch.distributed as dist
 from fsspec.implementations.local import LocalFileSystem
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.plugins.io import AsyncCheckpointIO
 
 from finetune_assets.core.io.primitives import (
     read_json,  # noqa: F401 - the trainer's callers read JSON from here
@@ -62,10 +64,6 @@ def node_local_copy(url: str, name: str) -> str:
 
     FSDP's checkpoint loader takes only a local path (it makes it a ``pathlib.Path``).
     """
-    import os
-
-    import torch.distributed as dist
-
     if is_local(url):
         return local_path(url)
     local = os.path.join(scratch_root(), "checkpoints", name)
@@ -121,3 +119,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             before_commit=None if fence is None else lambda: fencing.check_fence(fence),
         ) as tmp:
             torch.save(checkpoint, tmp)
+
+
+def checkpoint_io(checkpoint_dir: str, accelerator: str) -> Any:
+    """Atomic writes; on a GPU in a background thread (Lightning's ``AsyncCheckpointIO`` copies the
+    state on the device first, then training goes on while rank 0 writes). On CPU the copy and the
+    writer would compete with training for the same cores: written in place, as before.
+    """
+    atomic = AtomicCheckpointIO(fence_dir=checkpoint_dir)
+    if accelerator != "cpu" and torch.cuda.is_available():
+        return AsyncCheckpointIO(atomic)
+    return atomic

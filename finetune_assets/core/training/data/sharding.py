@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 from pytorch_lightning.strategies import ModelParallelStrategy
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from finetune_assets.core.io.primitives import rename_into_place
 from finetune_assets.core.training.checkpoints import fencing
@@ -65,7 +67,6 @@ def mixed_precision(precision: str) -> Any:
     """
     if precision != "bf16-mixed":
         return None
-    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
@@ -76,8 +77,6 @@ def shard_encoder(model: torch.nn.Module, mesh: Any, mp_policy: Any = None) -> b
     Lightning calls ``configure_model`` before every ``fit``/``validate``/``test``: sharding twice
     would be the FSDP1 re-wrap bug again, so a sharded model is left as it is.
     """
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
     if isinstance(model, FSDPModule):
         return False
     policy = {"mp_policy": mp_policy or MixedPrecisionPolicy()}
@@ -95,8 +94,6 @@ def set_gradient_sync(model: torch.nn.Module, sync: bool) -> bool:
     Lightning's ``block_backward_sync`` skips the all-reduce inside accumulation for DDP only; an
     FSDP2 module would reduce-scatter on every micro-batch. False when the model is not sharded.
     """
-    from torch.distributed.fsdp import FSDPModule
-
     if not isinstance(model, FSDPModule):
         return False
     model.set_requires_gradient_sync(sync)
@@ -110,7 +107,7 @@ class ShardedStrategy(ModelParallelStrategy):
     Full (the default): ``last.ckpt`` stays one file that DDP and FSDP runs, the export and resume
     all read the same way. Lightning's ``save_checkpoint`` makes the path a ``pathlib.Path`` first
     (``s3://b/x`` becomes ``s3:/b/x``); here rank 0 hands it to the checkpoint IO unchanged.
-    Loading reads a local copy (``run._local_resume``).
+    Loading reads a local copy (``checkpoints.resume.local_resume``).
 
     Sharded (:func:`save_sharded`): no rank ever holds the whole state (a model beyond ~1B
     parameters whose gathered state would not fit one host), written in parallel.
@@ -140,6 +137,8 @@ class ShardedStrategy(ModelParallelStrategy):
         """The gathered model state on rank 0 (empty elsewhere), whatever the checkpoint format:
         what the Hugging Face export needs (a collective: every rank calls it).
         """
+        # lazy, as every torch.distributed.checkpoint import here: only FSDP runs use DCP, and
+        # Lightning does not load it
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -169,7 +168,7 @@ def save_sharded(
     ``fence_dir``: as the full format's commit (``files.AtomicCheckpointIO``), the swap is refused
     once a newer gang fenced the run's checkpoint folder.
     """
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # lazy: see ShardedStrategy.full_state_dict
 
     path = strategy.broadcast(filepath)
     staging, old = path + ".partial", path + ".old"
@@ -212,7 +211,7 @@ def load_sharded_weights(module: torch.nn.Module, path: str) -> int:
     Not Lightning's ``load_checkpoint``: that also loads the optimizer (the best checkpoint's
     weights go into the module; the optimizer keeps training's state).
     """
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # lazy: see ShardedStrategy.full_state_dict
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     reshard(module)
@@ -230,8 +229,6 @@ def reshard(module: torch.nn.Module) -> None:
     plain tensors: loading a full state dict into it then copies tensors into a mix of gathered and
     sharded (``DTensor``) parameters ("got mixed torch.Tensor and DTensor").
     """
-    from torch.distributed.fsdp import FSDPModule
-
     for m in module.modules():
         if isinstance(m, FSDPModule):
             m.reshard()
@@ -242,7 +239,5 @@ def local_parameters(module: torch.nn.Module) -> int:
 
     Resharded first (``reshard``), so the count is what a rank holds between steps.
     """
-    from torch.distributed.tensor import DTensor
-
     reshard(module)
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from streaming import StreamingDataLoader, StreamingDataset
+from streaming.base.partition import get_partitions
 from torch.utils.data import DataLoader
 
 from finetune_assets.core.training.data.collate import PAD_LABEL
@@ -98,8 +99,6 @@ def repeated_positions(
     slot) counts, the others are masked out of loss and counts. A resume at ``c`` samples per rank
     continues the same stream from position ``c``.
     """
-    from streaming.base.partition import get_partitions
-
     plan = get_partitions(algo, num_samples, canonical, nodes, ranks_per_node, 1, window)[:, :, 0]
     order = plan.transpose(2, 0, 1, 3)  # (window index, node, rank of node, slot): training order
     flat = order.reshape(-1)

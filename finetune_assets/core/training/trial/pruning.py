@@ -90,7 +90,7 @@ class TrialPruning(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.rank == 0 and self._study is None:
-            import optuna
+            import optuna  # lazy: the trainer imports this module for every run, not only trials
 
             self._study = optuna.load_study(
                 study_name=self.config.study_name,
@@ -133,7 +133,7 @@ class TrialPruning(pl.Callback):
 
     def _report(self, step: int, index: int, value: Any) -> bool:
         """Store ``value`` as report ``index`` (replacing a pre-restart one), ask the pruner."""
-        import optuna
+        import optuna  # lazy: see setup
 
         if value is None:
             raise RuntimeError(f"trial metric {self.config.metric!r} was not logged by validation")

@@ -6,6 +6,7 @@ location, which builds studies, never imports torch or Lightning.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from finetune_assets.core.training.config import PrunerConfig
@@ -19,8 +20,6 @@ _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 
 def resolve(url: str) -> str:
     """``env:NAME`` -> the URL in environment variable NAME (a password stays out of files)."""
-    import os
-
     if not url.startswith(ENV_PREFIX):
         return url
     name = url.removeprefix(ENV_PREFIX)
@@ -42,6 +41,8 @@ def open_storage(url: str, heartbeat: bool = False) -> Any:
     anything else is a journal file path (``JournalFileBackend``: file locks, safe for several
     processes on one file system), the local default under the storage root.
     """
+    # lazy, as optuna in make_pruner: the trainer imports this module (tuning.pruning) for every
+    # run, and only a tuning trial opens a study
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
@@ -67,7 +68,7 @@ def open_storage(url: str, heartbeat: bool = False) -> Any:
 
 def make_pruner(config: PrunerConfig) -> Any:
     """The study's pruner, built the same way by the asset and by the trainer that asks it."""
-    import optuna
+    import optuna  # lazy: see open_storage
 
     if config.kind == "none":
         return optuna.pruners.NopPruner()
