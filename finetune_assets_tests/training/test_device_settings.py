@@ -151,3 +151,13 @@ def test_compile_trains_the_compiled_blocks_and_exports_the_same_model(
     assert a.keys() == b.keys()  # compiled in place: no _orig_mod. prefix
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-4, msg=key)
+
+
+def test_fused_adamw_only_where_lightning_lets_it_clip():
+    """Lightning's mixed-precision plugin refuses to clip gradients for an optimizer that unscales
+    inside its step: fused AdamW with clipping under AMP failed DDP on a GPU at its first step.
+    """
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert ds.adamw_options(cuda) == {"fused": True}
+    assert ds.adamw_options(cuda, clips_under_amp=True) == {}
+    assert ds.adamw_options(cpu) == {}

@@ -187,8 +187,13 @@ def resolve(
     return resolved, settings
 
 
-def adamw_options(device: torch.device) -> dict[str, Any]:
-    return {"fused": True} if device.type == "cuda" else {}
+def adamw_options(device: torch.device, clips_under_amp: bool = False) -> dict[str, Any]:
+    """``fused`` AdamW on CUDA, except where Lightning's mixed-precision plugin clips gradients:
+    it refuses to clip for an optimizer that unscales inside its step (fused AdamW), so DDP on a
+    GPU with the default ``gradient_clip_val`` failed at its first step (first GPU check,
+    2026-12-04).
+    """
+    return {"fused": True} if device.type == "cuda" and not clips_under_amp else {}
 
 
 def ddp_strategy(precision: str, gpu: bool) -> Any:

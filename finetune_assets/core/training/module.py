@@ -315,7 +315,9 @@ class ReviewClassifier(pl.LightningModule):
         if self.optim.optimizer == "adadelta":
             return adadelta_recipe(self.parameters(), self.optim)
         # fused on CUDA (DDP; FSDP's sharded DTensor parameters keep the default)
-        options = adamw_options(self.device) if self.device_mesh is None else {}
+        trainer = getattr(self, "_trainer", None)  # None when configured outside a Trainer
+        clips = bool(trainer and trainer.gradient_clip_val) and "mixed" in str(trainer.precision)
+        options = adamw_options(self.device, clips) if self.device_mesh is None else {}
         return adamw_recipe(self.named_parameters(), self.optim, self.total_steps(), options)
 
     def total_steps(self) -> int:

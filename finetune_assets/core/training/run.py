@@ -95,6 +95,10 @@ def _trainer(
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     return pl.Trainer(
+        # FSDP2 all-gathers its parameters inside the evaluation loop: under torch.inference_mode
+        # (Lightning's default) they become inference tensors and `test` after `fit` fails ("do not
+        # track version counter", the first GPU check); no_grad is what evaluation needs anyway.
+        inference_mode=not isinstance(strategy, ShardedStrategy),
         accelerator=config.accelerator,
         devices=local_world,
         num_nodes=max(1, world // local_world),
