@@ -4,7 +4,7 @@
 # exports FINETUNE_TEST_POSTGRES_URL and stops and removes the server when the shell exits.
 #
 #   source .ci/test_postgres.sh && start_test_postgres && python -m pytest -q -m slow \
-#       finetune_assets_tests/test_deployment_backfill.py
+#       finetune_assets_tests/deploy/test_deployment_backfill.py
 
 start_test_postgres() {
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then

@@ -16,7 +16,8 @@ Strategies, each returning (good rows, bad records) for one file:
 the next
   line).
 
-Correctness: on every generator of ``finetune_assets_tests/data/hostile.py`` (3 seeds), are the
+Correctness: on every generator of ``finetune_assets_tests/core/sources/hostile.py`` (3 seeds),
+are the
 numbers of records and of bad records equal to the generator's own counts, and does no good row hold
 two reviews' tokens? Speed: best of ``--repeats`` over the three real files (decode + split, no
 validation).
@@ -114,7 +115,7 @@ STRATEGIES = {
 
 def correctness() -> dict:
     sys.path.insert(0, str(REPO))
-    from finetune_assets_tests.data.hostile import GENERATORS, TOKEN
+    from finetune_assets_tests.core.sources.hostile import GENERATORS, TOKEN
 
     out = {}
     for name, reader in STRATEGIES.items():

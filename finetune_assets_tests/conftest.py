@@ -21,8 +21,8 @@ if not SHARED_DATA.exists():
 # Tests that start the local Kubernetes control plane run last: in CI the plane compiles in the
 # background (minutes of Go) while every other test runs (.ci/run).
 _PLANE_TESTS = (
-    "finetune_assets_tests/launchers/k8s/",
-    "finetune_assets_tests/test_deployment_backfill.py",
+    "finetune_assets_tests/core/launchers/k8s/",
+    "finetune_assets_tests/deploy/test_deployment_backfill.py",
 )
 
 

@@ -1,6 +1,6 @@
 """The one module that touches Dagster's private API (``dagster._...``): what the code location
 needs and Dagster 1.13 offers no public form for. Each name is re-exported with why it is needed;
-the tests in ``finetune_assets_tests/test_dagster_internals.py`` exercise each against a real
+the tests in ``finetune_assets_tests/defs/test_dagster_internals.py`` exercise each against a real
 instance, so an upgrade that moves or changes one fails there, not in a run.
 """
 

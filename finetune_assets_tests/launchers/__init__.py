@@ -1,1 +1,0 @@
-"""Tests of the launchers: the local torchrun subprocess and the Kubernetes pods."""
