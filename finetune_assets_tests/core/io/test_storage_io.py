@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from finetune_assets.core.io import primitives as storage_files
+import finetune_assets
 from finetune_assets.core.io.primitives import file_lock, read_json, staged_file, write_bytes_atomic
 
-PACKAGE = Path(storage_files.__file__).parent
+PACKAGE = Path(finetune_assets.__file__).parent  # the whole package is scanned
 RENAMES = {("os", "replace"), ("os", "rename"), ("shutil", "move")}
 LOCKS = {("fcntl", "flock"), ("fcntl", "lockf")}
 
