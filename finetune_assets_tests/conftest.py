@@ -80,6 +80,25 @@ def tiny_model_dir(_tiny_model_session: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def open_dataset():
+    """``StreamingDataset(**kwargs)`` for a test, released after it: streaming keeps every
+    dataset's shared memory (six descriptors, six ``/dev/shm`` blocks) until the process exits, and
+    the session would run out of descriptors.
+    """
+    from finetune_assets.core.shards.mds import open_streaming_dataset, release_streaming_dataset
+
+    opened = []
+
+    def open_(**kwargs):
+        opened.append(open_streaming_dataset(**kwargs))
+        return opened[-1]
+
+    yield open_
+    for dataset in opened:
+        release_streaming_dataset(dataset)
+
+
+@pytest.fixture
 def storage_root(tmp_path: Path) -> Path:
     root = tmp_path / "storage"
     root.mkdir()

@@ -148,7 +148,7 @@ def shard(tokenized: Tokenized, out: Path, *, size_limit: int | str = "64mb", wo
     back on a local root. Returns ``{split: SplitShards}``, the asset's numbers.
     """
     from finetune_assets.core.shards import slices
-    from finetune_assets.core.shards.writer import SplitShards, read_back_count
+    from finetune_assets.core.shards.mds import SplitShards, read_back_count
 
     out = Path(out)
     work = out / WORK

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from finetune_assets.core.io.contracts import SPLIT_STATS_FILE, SPLITS, SplitStats, mds_columns
+from finetune_assets.core.shards.mds import COMPRESSION, streaming_module
 from finetune_assets.core.shards.plan import (
     PARTS,
     ShardsSpec,
@@ -23,7 +24,6 @@ from finetune_assets.core.shards.plan import (
     part_name,
     read_part_stats,
 )
-from finetune_assets.core.shards.writer import COMPRESSION, streaming_module
 
 
 def shard_slice(spec: ShardsSpec, index: int, log=print) -> list[dict]:

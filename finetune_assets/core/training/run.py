@@ -305,6 +305,7 @@ def _release_shard_cache(run: _Run) -> int | None:
     run.trainer.strategy.barrier("mds-cache")
     local_leader = int(os.environ.get("LOCAL_RANK", 0)) == 0
     cached = per_node(run.datamodule.cached_shards("train") if local_leader else None)
+    run.datamodule.release()
     if local_leader:
         run.datamodule.remove_cache()
     return cached

@@ -8,7 +8,7 @@ from pydantic import Field
 from finetune_assets.core.io.contracts import MDS_SHARDS, TOKENIZED_REVIEWS
 from finetune_assets.core.io.storage import Staging
 from finetune_assets.core.shards import slices
-from finetune_assets.core.shards.writer import COMPRESSION, SplitShards, read_back_count
+from finetune_assets.core.shards.mds import COMPRESSION, SplitShards, read_back_count
 from finetune_assets.defs.common import launch_labels, markdown_table, version_asset, version_of
 from finetune_assets.defs.data.slice_workers import fan_out, inputs_digest
 from finetune_assets.defs.data.tokenized import tokenized_reviews

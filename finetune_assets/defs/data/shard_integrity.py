@@ -6,7 +6,7 @@ from finetune_assets.core.evaluation.charts import markdown_table
 from finetune_assets.core.io.contracts import MDS_SHARDS as SHARDS
 from finetune_assets.core.io.contracts import SPLITS, read_token_stats
 from finetune_assets.core.io.contracts import TOKENIZED_REVIEWS as TOKENIZED
-from finetune_assets.core.shards.writer import read_back_count
+from finetune_assets.core.shards.mds import read_back_count
 from finetune_assets.defs.common import version_check_spec, version_of
 from finetune_assets.defs.resources.storage_root import StorageResource
 

@@ -138,7 +138,7 @@ def test_sigkill_mid_write_keeps_previous_complete_version(
     if previous:
         assert after.data_version == before.data_version
     if asset == "mds_shards":
-        from finetune_assets.core.shards.writer import read_back_count
+        from finetune_assets.core.shards.mds import read_back_count
 
         rows = store.require("tokenized_reviews", "v1").metadata["rows"]
         assert (

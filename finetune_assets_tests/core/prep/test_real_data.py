@@ -192,10 +192,10 @@ def test_tokenize_real_reviews_matches_hf_truncation(
     assert stats["max"] == max(len(x) for x in full)
 
 
-def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path, tmp_path: Path):
-    from streaming import StreamingDataset
-
-    from finetune_assets.core.shards.writer import read_back_count
+def test_mds_shards_read_back_to_exactly_the_tokenized_rows(
+    arabic_reviews: Path, tmp_path: Path, open_dataset
+):
+    from finetune_assets.core.shards.mds import read_back_count
 
     accepted = validate(
         read_source(SourceSpec(uri=str(arabic_reviews / "PROD.csv"))), ValidationRules()
@@ -237,7 +237,7 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path
                 for lbl in sorted({x for _, x in want})
             },
         }
-        ds = StreamingDataset(
+        ds = open_dataset(
             remote=str(out / split),
             local=str(tmp_path / "cache" / split),
             shuffle=False,
@@ -255,7 +255,7 @@ def test_mds_shards_read_back_to_exactly_the_tokenized_rows(arabic_reviews: Path
 
 
 def test_empty_split_writes_and_reads_back_as_zero(tmp_path: Path):
-    from finetune_assets.core.shards.writer import read_back_count
+    from finetune_assets.core.shards.mds import read_back_count
 
     accepted = pa.table(
         {

@@ -124,7 +124,7 @@ def _tokenize(
 
 
 def _samples(split_dir: Path) -> list[tuple[tuple[int, ...], int]]:
-    from finetune_assets.core.shards.writer import open_streaming_dataset
+    from finetune_assets.core.shards.mds import open_streaming_dataset, release_streaming_dataset
 
     if not json.loads((split_dir / "index.json").read_text())["shards"]:
         return []
@@ -133,12 +133,13 @@ def _samples(split_dir: Path) -> list[tuple[tuple[int, ...], int]]:
     # read as the trainer does: remote = the published folder
     with tempfile.TemporaryDirectory() as cache:
         ds = open_streaming_dataset(remote=str(split_dir), local=cache, shuffle=False, batch_size=1)
-        out = [
-            (tuple(int(x) for x in ds[i]["input_ids"]), int(ds[i]["label"]))
-            for i in range(ds.num_samples)
-        ]
-        del ds
-    return out
+        try:
+            return [
+                (tuple(int(x) for x in ds[i]["input_ids"]), int(ds[i]["label"]))
+                for i in range(ds.num_samples)
+            ]
+        finally:
+            release_streaming_dataset(ds)
 
 
 def _shards(tmp_path: Path, name: str, tokens: Tokenized) -> tuple[Path, dict]:

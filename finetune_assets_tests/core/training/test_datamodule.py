@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from streaming import StreamingDataset
 
 from finetune_assets.core.io.contracts import read_split_stats
 from finetune_assets.core.training.config import DataConfig
@@ -37,9 +36,9 @@ def synthetic_split(tmp_path: Path) -> Path:
 
 
 def _loader(
-    split: Path, bucket: int, epoch: int = 0, shared: bool = True
+    open_dataset, split: Path, bucket: int, epoch: int = 0, shared: bool = True
 ) -> ResumableStreamingDataLoader:
-    ds = StreamingDataset(
+    ds = open_dataset(
         local=str(split), batch_size=8 * bucket, shuffle=True, shuffle_seed=7, num_canonical_nodes=1
     )
     return ResumableStreamingDataLoader(
@@ -75,17 +74,17 @@ def _consume(it, loader, n: int) -> list[int]:
 
 @pytest.mark.parametrize("bucket", [1, 4])
 @pytest.mark.parametrize("stop_after", [3, 5, 13])
-def test_resume_neither_repeats_nor_skips(synthetic_split, bucket, stop_after):
+def test_resume_neither_repeats_nor_skips(open_dataset, synthetic_split, bucket, stop_after):
     # only unused segments: other trainings on this machine keep theirs
     clean_stale_streaming_memory()
-    full = _loader(synthetic_split, bucket)
+    full = _loader(open_dataset, synthetic_split, bucket)
     assert len(full) == -(-N // 8)
     reference = [i for batch in full for i in _ids(batch)]
     assert sorted(reference) == list(range(1000, 1000 + N))
     del full
     gc.collect()
 
-    first = _loader(synthetic_split, bucket)
+    first = _loader(open_dataset, synthetic_split, bucket)
     it = iter(first)
     before = _consume(it, first, stop_after)
     state = first.state_dict()
@@ -94,19 +93,19 @@ def test_resume_neither_repeats_nor_skips(synthetic_split, bucket, stop_after):
     # only unused segments: other trainings on this machine keep theirs
     clean_stale_streaming_memory()
 
-    second = _loader(synthetic_split, bucket)
+    second = _loader(open_dataset, synthetic_split, bucket)
     second.load_state_dict(state)
     after = [i for batch in second for i in _ids(batch)]
     assert before + after == reference  # same samples, same order, each exactly once
     assert len(before) == 8 * stop_after
 
 
-def test_bucketing_reduces_padding(synthetic_split):
+def test_bucketing_reduces_padding(open_dataset, synthetic_split):
     # only unused segments: other trainings on this machine keep theirs
     clean_stale_streaming_memory()
     padded = {}
     for bucket in (1, 4):
-        loader = _loader(synthetic_split, bucket)
+        loader = _loader(open_dataset, synthetic_split, bucket)
         padded[bucket] = sum(int(b["input_ids"].numel()) for b in loader)
         del loader
         gc.collect()
@@ -114,7 +113,9 @@ def test_bucketing_reduces_padding(synthetic_split):
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_every_rank_runs_the_same_length_bucket_at_each_step(tmp_path, synthetic_split, shared):
+def test_every_rank_runs_the_same_length_bucket_at_each_step(
+    open_dataset, tmp_path, synthetic_split, shared
+):
     """Two ranks' streams (two splits of other samples) -> at each step both run the k-th shortest
     batch of their window; the old per-rank order (``shared=False``) does not.
     """
@@ -127,7 +128,7 @@ def test_every_rank_runs_the_same_length_bucket_at_each_step(tmp_path, synthetic
     clean_stale_streaming_memory()
     ranks = []
     for split in (synthetic_split, other):
-        loader = _loader(split, 4, shared=shared)
+        loader = _loader(open_dataset, split, 4, shared=shared)
         widths = [int(b["input_ids"].shape[1]) for b in loader]
         windows = [widths[i : i + 4] for i in range(0, len(widths), 4)]
         # each batch's length rank in its window

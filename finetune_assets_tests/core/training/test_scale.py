@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import fsspec
 import pytest
 import torch
-from streaming import StreamingDataset
 
 from finetune_assets.core.io.contracts import ContractError, read_split_stats
 from finetune_assets.core.training.checkpoints.layout import WorldSizeChanged
@@ -48,9 +47,11 @@ def split(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8, 40])
-def test_eval_blocks_read_every_sample_exactly_once_with_equal_lengths(split, tmp_path, world):
+def test_eval_blocks_read_every_sample_exactly_once_with_equal_lengths(
+    open_dataset, split, tmp_path, world
+):
     clean_stale_streaming_memory()
-    ds = StreamingDataset(remote=str(split), local=str(tmp_path / f"cache{world}"), batch_size=1)
+    ds = open_dataset(remote=str(split), local=str(tmp_path / f"cache{world}"), batch_size=1)
     blocks = [RankBlock(ds, rank, world) for rank in range(world)]
     # every rank runs as many steps (FSDP gathers per forward)
     assert len({len(b) for b in blocks}) == 1
@@ -181,7 +182,9 @@ def test_decay_groups_by_name_survive_flat_parameters(tiny_model_dir):
     module = ReviewClassifier(
         load_classifier(str(tiny_model_dir)), HyperParameters(weight_decay=0.01)
     )
-    module._trainer = SimpleNamespace(datamodule=None, estimated_stepping_batches=10)
+    module._trainer = SimpleNamespace(
+        datamodule=None, estimated_stepping_batches=10, gradient_clip_val=1.0, precision="32-true"
+    )
     # the weights to decay, seen before flattening
     matrices = sum(1 for p in module.parameters() if p.ndim >= 2)
     with torch.no_grad():  # what FSDP with use_orig_params shows: 1-D flat views of every weight
@@ -277,7 +280,7 @@ def test_fp32_class_weighted_loss_under_bf16_logits(tiny_model_dir):
     ],
 )
 def test_training_counts_each_sample_once_though_streaming_repeats_some(
-    split, tmp_path, monkeypatch, world, bucket, stop_after, workers
+    open_dataset, split, tmp_path, monkeypatch, world, bucket, stop_after, workers
 ):
     """Each rank as its own node, one after the other (streaming reads the world from the
     environment).
@@ -302,7 +305,7 @@ def test_training_counts_each_sample_once_though_streaming_repeats_some(
 
         def loader(attempt: int, rank: int = rank) -> ResumableStreamingDataLoader:
             clean_stale_streaming_memory()
-            ds = StreamingDataset(
+            ds = open_dataset(
                 remote=str(split),
                 local=str(tmp_path / f"c{rank}-{attempt}"),
                 batch_size=4 * bucket,

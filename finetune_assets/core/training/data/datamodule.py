@@ -18,7 +18,7 @@ import pytorch_lightning as pl
 from streaming import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader, Dataset
 
-from finetune_assets.core.shards.writer import open_streaming_dataset
+from finetune_assets.core.shards.mds import open_streaming_dataset, release_streaming_dataset
 from finetune_assets.core.training.config import DataConfig, TrainerConfig
 from finetune_assets.core.training.data.collate import PAD_LABEL, DynamicPaddingCollator
 from finetune_assets.core.training.data.shard_cache import (
@@ -194,6 +194,14 @@ class MdsDataModule(pl.LightningDataModule):
         if removed:
             log.warning("removed %d shard cache(s) of earlier attempts: %s", len(removed), removed)
         return removed
+
+    def release(self) -> None:
+        """Free the datasets' shared memory (every rank, once none reads them any more): streaming
+        holds it until the process exits, which a tuning worker or an in-process run does not.
+        """
+        for dataset in self.datasets.values():
+            release_streaming_dataset(dataset)
+        self.datasets.clear()
 
     def remove_cache(self) -> None:
         """Delete the derived cache folder (one process per node, after every rank is done)."""

@@ -1,6 +1,6 @@
 """The MosaicML MDS side shared by the shard workers, ``mds_shards`` and the trainer: the shards'
 compression, a lean import of ``streaming``'s modules, a split's numbers, opening a
-``StreamingDataset`` and reading a split back to verify it.
+``StreamingDataset``, releasing its shared memory, and reading a split back to verify it.
 
 The shards themselves are written by the shard slice workers
 (:mod:`finetune_assets.core.shards.write_slice`) and merged into one dataset per split.
@@ -128,6 +128,53 @@ def open_streaming_dataset(attempts: int = 8, **kwargs):
     raise AssertionError("unreachable")
 
 
+def release_streaming_dataset(dataset) -> int:
+    """Close the shared memory a ``StreamingDataset`` holds (and unlink what this process created);
+    the dataset is unusable afterwards. Returns how many blocks were released.
+
+    streaming frees its blocks only at interpreter exit: each one registers an ``atexit`` handler,
+    which keeps it, its file descriptor and its ``/dev/shm`` file alive. A process that opens
+    datasets and lives on (a Dagster step running in-process, a code server, a test session, a
+    tuning worker) gains six descriptors and six ``/dev/shm`` blocks per dataset, until it runs out
+    of descriptors. A block still viewed by a live numpy array cannot close; it is left to the exit
+    handler, as before.
+    """
+    import atexit
+
+    SharedMemory = streaming_module("streaming.base.shared.memory").SharedMemory
+    blocks: dict[int, object] = {}
+
+    def collect(obj, depth: int) -> None:
+        if isinstance(obj, SharedMemory):
+            blocks.setdefault(id(obj), obj)
+        elif depth and hasattr(obj, "__dict__"):
+            for value in vars(obj).values():
+                collect(value, depth - 1)
+
+    # the blocks sit on the dataset (prefix, resume state) or one or two objects down
+    # (SharedArray.shm, SharedScalar.arr.shm, SharedBarrier._arr.shm)
+    collect(dataset, 3)
+    released, created = 0, False
+    for block in blocks.values():
+        created |= bool(block.created_shms)
+        try:
+            block.cleanup()
+        except BufferError:
+            continue
+        atexit.unregister(block.cleanup)
+        released += 1
+    if created:
+        # the node's leader also removes the prefix's lock files: streaming skips, for good, every
+        # prefix whose lock files exist in the temp dir, so they pile up there and the scan grows
+        for path in (
+            getattr(getattr(dataset, "_shared_barrier", None), "filelock_path", None),
+            getattr(dataset, "_cache_filelock_path", None),
+        ):
+            if path:
+                Path(path).unlink(missing_ok=True)
+    return released
+
+
 def read_back_count(split_dir: Path) -> int:
     """Samples visible through ``streaming.StreamingDataset`` (the reader the trainer uses).
 
@@ -143,11 +190,16 @@ def read_back_count(split_dir: Path) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="mds-readback-") as cache:
         ds = open_streaming_dataset(remote=str(split_dir), local=cache, shuffle=False, batch_size=1)
-        n = ds.num_samples
-        if n:
-            first, last = ds[0], ds[n - 1]
-            for sample in (first, last):
-                if sample["input_ids"].ndim != 1 or "label" not in sample:
-                    raise ValueError(f"{split_dir}: sample does not decode to input_ids + label")
-        del ds
+        try:
+            n = ds.num_samples
+            if n:
+                for i in (0, n - 1):
+                    sample = ds[i]
+                    if sample["input_ids"].ndim != 1 or "label" not in sample:
+                        raise ValueError(
+                            f"{split_dir}: sample does not decode to input_ids + label"
+                        )
+                del sample
+        finally:
+            release_streaming_dataset(ds)
     return n

@@ -1,0 +1,93 @@
+"""Opening and reading MDS splits back leaves nothing behind in a process that lives on.
+
+streaming keeps a dataset's shared memory until the interpreter exits; the Dagster steps that read
+splits back (``mds_shards``, its integrity check) run in long-lived processes too (in-process
+executors, code servers), where each read used to keep six descriptors and six ``/dev/shm`` blocks:
+a test session ran out of descriptors this way.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from finetune_assets.core.shards.mds import (
+    open_streaming_dataset,
+    read_back_count,
+    release_streaming_dataset,
+)
+from finetune_assets_tests.data_path import shard_tokens
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _shm_blocks() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def _lock_files() -> set[str]:
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.endswith("_filelock")}
+
+
+def _split(tmp_path: Path) -> Path:
+    rows = 40
+    table = pa.table(
+        {
+            "input_ids": pa.array(
+                [np.arange(1, 3 + i % 7, dtype=np.uint16) for i in range(rows)],
+                pa.list_(pa.uint16()),
+            ),
+            "label": pa.array([i % 3 for i in range(rows)], pa.int64()),
+            "split": pa.array(["train"] * rows),
+        }
+    )
+    out = tmp_path / "shards"
+    shard_tokens(table, out, size_limit=1 << 10)
+    return out / "train"
+
+
+def test_reading_back_many_times_keeps_no_descriptor_shared_memory_or_lock_file(tmp_path):
+    split = _split(tmp_path)
+    assert read_back_count(split) == 40  # the first open imports and warms what stays loaded
+    fds, shm, locks = _descriptors(), _shm_blocks(), _lock_files()
+
+    for _ in range(25):
+        assert read_back_count(split) == 40
+
+    assert _descriptors() <= fds, "read_back_count keeps file descriptors open"
+    assert _shm_blocks() - shm == set(), "read_back_count leaves /dev/shm blocks behind"
+    assert _lock_files() - locks == set(), "read_back_count leaves streaming lock files behind"
+
+
+def test_released_dataset_frees_its_prefix_for_the_next_one(tmp_path):
+    split = _split(tmp_path)
+    prefixes = []
+    for i in range(3):
+        ds = open_streaming_dataset(
+            remote=str(split), local=str(tmp_path / f"cache{i}"), shuffle=False, batch_size=1
+        )
+        assert int(ds[0]["label"]) == 0
+        prefixes.append(ds._shm_prefix_int)
+        assert release_streaming_dataset(ds) >= 6  # locals, barrier, epoch, usage, 2 shard arrays
+    # the second and third datasets took the prefix the first one gave back
+    assert len(set(prefixes)) == 1
+
+
+def test_a_dataset_left_open_keeps_its_blocks(tmp_path):
+    """The control: without the release the blocks stay (what the tests above guard against)."""
+    split = _split(tmp_path)
+    shm = _shm_blocks()
+    ds = open_streaming_dataset(
+        remote=str(split), local=str(tmp_path / "cache"), shuffle=False, batch_size=1
+    )
+    try:
+        assert len(_shm_blocks() - shm) >= 6
+    finally:
+        release_streaming_dataset(ds)
+    assert _shm_blocks() - shm == set()
