@@ -99,6 +99,37 @@ def open_dataset():
 
 
 @pytest.fixture
+def postgres_url():
+    """A fresh database on the test PostgreSQL server, dropped after the test (reruns and other
+    tests never share run storage). Skipped without a server; in CI (``CI=true``) that fails.
+    """
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    from finetune_assets_tests.chart_instance import POSTGRES_ENV
+
+    server = os.environ.get(POSTGRES_ENV)
+    if not server:
+        why = f"{POSTGRES_ENV} is not set (source .ci/test_postgres.sh && start_test_postgres)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    import psycopg2
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(server)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    try:
+        yield urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
+@pytest.fixture
 def storage_root(tmp_path: Path) -> Path:
     root = tmp_path / "storage"
     root.mkdir()

@@ -28,9 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
 import pyarrow.csv as pacsv
@@ -40,13 +38,11 @@ import yaml
 from finetune_assets.core.io.contracts import CHAMPION_MODEL, FINETUNED_MODEL, PRETRAINED_MODEL
 from finetune_assets.core.sources.sample import make_sample_reviews
 from finetune_assets.defs.versions.run_outcome import STATUS_TAG
+from finetune_assets_tests.chart_instance import instance_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
-INSTANCE_FILE = REPO / "deploy" / "instance" / "dagster.yaml"
-VALUES_FILE = REPO / "deploy" / "values.yaml"
-POSTGRES_ENV = "FINETUNE_TEST_POSTGRES_URL"
 DEADLINE_S = 1300.0
 AUTOMATION = "version_automation"
 IN_FLIGHT = [
@@ -58,46 +54,8 @@ IN_FLIGHT = [
 ]
 
 
-@pytest.fixture
-def postgres_url():
-    """A fresh database on the test server."""
-    server = os.environ.get(POSTGRES_ENV)
-    if not server:
-        why = f"{POSTGRES_ENV} is not set (source .ci/test_postgres.sh && start_test_postgres)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    import psycopg2
-
-    name = f"automation_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(server)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    try:
-        yield urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.close()
-
-
 def _instance_settings(db_url: str) -> dict:
-    settings = yaml.safe_load(INSTANCE_FILE.read_text())
-    url = urlsplit(db_url)
-    settings["storage"] = {
-        "postgres": {
-            "postgres_db": {
-                "username": url.username,
-                "password": url.password or "",
-                "hostname": url.hostname,
-                "port": url.port,
-                "db_name": url.path.lstrip("/"),
-                # the driver the chart names (deploy/values.yaml), as the deployment test does
-                "scheme": yaml.safe_load(VALUES_FILE.read_text())["postgresql"]["postgresqlScheme"],
-            }
-        }
-    }
+    settings = instance_settings(db_url)
     settings["run_monitoring"].update(poll_interval_seconds=2, free_slots_after_run_end_seconds=5)
     settings["code_servers"] = {"local_startup_timeout": 600}
     return settings

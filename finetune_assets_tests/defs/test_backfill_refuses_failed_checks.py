@@ -63,7 +63,6 @@ from finetune_assets_tests.defs import test_automation_daemon as daemon_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-postgres_url = daemon_test.postgres_url  # a fresh database on the test server
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = ["v1", "v2"]

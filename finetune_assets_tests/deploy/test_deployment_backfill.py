@@ -62,7 +62,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
 import kubernetes
@@ -74,6 +73,7 @@ from dagster._core.storage.tags import BACKFILL_ID_TAG, PARENT_RUN_ID_TAG, WILL_
 from dagster._core.utils import make_new_backfill_id
 
 from finetune_assets.core.io.contracts import BASELINE_MODEL, CHAMPION_MODEL, FINETUNED_MODEL
+from finetune_assets_tests.chart_instance import instance_settings
 from finetune_assets_tests.core.launchers.k8s.plane import (
     PLANE_DIR_ENV,
     ControlPlane,
@@ -85,9 +85,6 @@ from finetune_assets_tests.core.launchers.k8s.plane import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-INSTANCE_FILE = REPO / "deploy" / "instance" / "dagster.yaml"
-VALUES_FILE = REPO / "deploy" / "values.yaml"
-POSTGRES_ENV = "FINETUNE_TEST_POSTGRES_URL"
 PER_CLASS = 100  # Positive and Negative reviews per version: quick to tokenize and train
 LABELS = {"labels": ["Negative", "Positive"], "label_mapping": {"-1": "Negative", "1": "Positive"}}
 DROPS = (("v1", "PROD.csv", 0), ("v2", "RES2.csv", 0), ("v3", "PROD.csv", PER_CLASS))
@@ -125,30 +122,6 @@ IN_FLIGHT = [
 ]
 
 
-@pytest.fixture
-def postgres_url():
-    """A fresh database on the test server (reruns and other tests never share run storage)."""
-    server = os.environ.get(POSTGRES_ENV)
-    if not server:
-        why = f"{POSTGRES_ENV} is not set (source .ci/test_postgres.sh && start_test_postgres)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    import psycopg2
-
-    name = f"deploy_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(server)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    try:
-        yield urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.close()
-
-
 def _drops(tmp: Path, arabic_reviews: Path) -> dict[str, Path]:
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -175,22 +148,7 @@ def _drops(tmp: Path, arabic_reviews: Path) -> dict[str, Path]:
 def _instance_file(
     home: Path, db_url: str, kubeconfig: str, namespace: str, pod_env: list[str]
 ) -> dict:
-    settings = yaml.safe_load(INSTANCE_FILE.read_text())
-    # The storage block the chart renders (its ``dagsterYaml.postgresql.config``), scheme included
-    url = urlsplit(db_url)
-    chart = yaml.safe_load(VALUES_FILE.read_text())["postgresql"]
-    settings["storage"] = {
-        "postgres": {
-            "postgres_db": {
-                "username": url.username,
-                "password": url.password or "",
-                "hostname": url.hostname,
-                "port": url.port,
-                "db_name": url.path.lstrip("/"),
-                "scheme": chart["postgresqlScheme"],
-            }
-        }
-    }
+    settings = instance_settings(db_url)  # the chart's storage block, scheme included
     settings["run_launcher"] = {
         "module": "dagster_k8s",
         "class": "K8sRunLauncher",

@@ -17,11 +17,10 @@ Modules: :mod:`.base` (spec, raw schema, error), :mod:`.listing` (files of a fol
 :mod:`.hf`, :mod:`.builtin`, :mod:`.tables` (Delta, Iceberg, SQL), :mod:`.families`.
 """
 
+# what callers outside the package read (the read-size knobs stay in .base)
 from finetune_assets.core.sources.base import (
-    BLOCK_BYTES,
     HEAD_BYTES,
     MAX_RECORD_BLOCKS,
-    PARQUET_ROW_BYTES,
     RAW_SCHEMA,
     SourceError,
     SourceSpec,
@@ -55,7 +54,6 @@ from finetune_assets.core.sources.tables.sql import SQL_PREFIX
 
 __all__ = [
     "ARCHIVES",
-    "BLOCK_BYTES",
     "COMPRESSIONS",
     "DELTA_PREFIX",
     "FORMATS",
@@ -63,7 +61,6 @@ __all__ = [
     "HF_PREFIX",
     "LABEL_COLUMNS",
     "MAX_RECORD_BLOCKS",
-    "PARQUET_ROW_BYTES",
     "RAW_SCHEMA",
     "ICEBERG_PREFIX",
     "SQL_PREFIX",

@@ -73,14 +73,8 @@ class Progress(pl.Callback):
         self._t0 = self._last = time.perf_counter()
         self._step0 = int(trainer.global_step)
 
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    # Lightning's hook signature: (trainer, pl_module, outputs, batch, batch_idx)
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not trainer.is_global_zero:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -168,14 +162,8 @@ class BoundaryCheckpoint(ModelCheckpoint):
         self._step_seen = int(trainer.global_step)
         self._last_global_step_saved = int(trainer.global_step)
 
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    # Lightning's hook signature: (trainer, pl_module, outputs, batch, batch_idx)
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = int(trainer.global_step)
         if step == self._step_seen:
             return  # inside an accumulation window: no optimizer step on this batch

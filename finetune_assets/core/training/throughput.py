@@ -307,14 +307,8 @@ class Throughput(pl.Callback):
         self._mark, self._mark_step, self._clean = now, int(trainer.global_step), True
         self._batches += 1
 
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    # Lightning's hook signature: (trainer, pl_module, outputs, batch, batch_idx)
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         bs = batch["labels"].shape[0]
         self._pending[0] += int(batch.get("num_samples", bs))
         self._pending[1] += int(batch["num_tokens"])
