@@ -50,6 +50,20 @@ def _isolate_mlflow_globals():
 
         tracking_utils._tracking_uri = None
         registry_utils._registry_uri = None
+        _close_mlflow_engines()
+
+
+def _close_mlflow_engines() -> None:
+    """MLflow keeps one SQLAlchemy engine per database URI for the life of the process, with its
+    pooled connections: each test's own ``mlflow.db`` held five descriptors to the session's end,
+    and the session ran out of them in CI. Disposing an engine closes them; the engine still
+    reconnects if anything uses it later.
+    """
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engines = getattr(SqlAlchemyStore, "_engine_map", {})  # MLflow's private cache
+    for uri in list(engines):
+        engines.pop(uri).dispose()
 
 
 @pytest.fixture(scope="session")

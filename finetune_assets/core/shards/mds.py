@@ -138,6 +138,14 @@ def release_streaming_dataset(dataset) -> int:
     tuning worker) gains six descriptors and six ``/dev/shm`` blocks per dataset, until it runs out
     of descriptors. A block still viewed by a live numpy array cannot close; it is left to the exit
     handler, as before.
+
+    Blocks the dataset no longer references are found by its prefix: every epoch
+    ``load_state_dict`` replaces the resume block and ``__iter__`` attaches to it once more, each a
+    descriptor kept to the end (mosaicml/streaming#457); one pass over the garbage collector's
+    objects (~60 ms with torch and Dagster loaded). The prefix's ``locals`` block goes last and only
+    when every other one went: streaming takes the first prefix whose blocks are all gone, so a
+    prefix without ``locals`` but with a leftover block makes the next dataset collide with a live
+    one (``FileExistsError``).
     """
     import atexit
 
@@ -154,16 +162,29 @@ def release_streaming_dataset(dataset) -> int:
     # the blocks sit on the dataset (prefix, resume state) or one or two objects down
     # (SharedArray.shm, SharedScalar.arr.shm, SharedBarrier._arr.shm)
     collect(dataset, 3)
-    released, created = 0, False
-    for block in blocks.values():
+    prefix = getattr(dataset, "_shm_prefix_int", None)
+    if prefix is not None:
+        import gc
+
+        mine = f"{prefix:06}_"  # streaming's block names: f"{prefix:06}_{what}"
+        for obj in gc.get_objects():
+            if isinstance(obj, SharedMemory) and _block_name(obj).startswith(mine):
+                blocks.setdefault(id(obj), obj)
+    # the locals block last (sorted: False before True), and only if nothing else stayed
+    ordered = sorted(blocks.values(), key=lambda b: _block_name(b).endswith("_locals"))
+    released, created, kept = 0, False, False
+    for block in ordered:
+        if kept and _block_name(block).endswith("_locals"):
+            continue
         created |= bool(block.created_shms)
         try:
             block.cleanup()
-        except BufferError:
+        except BufferError:  # a live numpy view: the exit handler closes it
+            kept = True
             continue
         atexit.unregister(block.cleanup)
         released += 1
-    if created:
+    if created and not kept:
         # the node's leader also removes the prefix's lock files: streaming skips, for good, every
         # prefix whose lock files exist in the temp dir, so they pile up there and the scan grows
         for path in (
@@ -173,6 +194,10 @@ def release_streaming_dataset(dataset) -> int:
             if path:
                 Path(path).unlink(missing_ok=True)
     return released
+
+
+def _block_name(block) -> str:
+    return getattr(getattr(block, "shm", None), "name", "") or ""
 
 
 def read_back_count(split_dir: Path) -> int:

@@ -371,6 +371,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             metrics["mlflow"] = info
     finally:
         run.export.cleanup()
+        run.datamodule.release()  # a failed run too: a process that lives on keeps no blocks
     metrics["wall_seconds"] = time.time() - t0
     result = TrainingResult.model_validate(metrics)  # the contract finetuned_model reads
     files.write_json_atomic(

@@ -91,3 +91,23 @@ def test_a_dataset_left_open_keeps_its_blocks(tmp_path):
     finally:
         release_streaming_dataset(ds)
     assert _shm_blocks() - shm == set()
+
+
+def test_epochs_of_iteration_leave_nothing_once_swept(tmp_path):
+    """What a training does to its train dataset: each epoch resets the resume state and iterates,
+    and streaming attaches to the resume block each time, past what the dataset references.
+    """
+    split = _split(tmp_path)
+    fds, shm = _descriptors(), _shm_blocks()
+    ds = open_streaming_dataset(
+        remote=str(split), local=str(tmp_path / "cache"), shuffle=True, batch_size=4
+    )
+    for epoch in range(4):
+        ds.load_state_dict(
+            {"epoch": epoch, "sample_in_epoch": 0, "num_canonical_nodes": 1, "shuffle_seed": 9}
+        )
+        assert len(list(ds)) == 40
+    leaked = _descriptors() - fds
+    release_streaming_dataset(ds)
+    assert _shm_blocks() - shm == set()
+    assert _descriptors() <= fds, f"{leaked} descriptors before the sweep, some still open"
