@@ -93,7 +93,7 @@ def test_a_dataset_left_open_keeps_its_blocks(tmp_path):
     assert _shm_blocks() - shm == set()
 
 
-def test_epochs_of_iteration_leave_nothing_once_swept(tmp_path):
+def test_epochs_of_iteration_leave_nothing_once_released(tmp_path):
     """What a training does to its train dataset: each epoch resets the resume state and iterates,
     and streaming attaches to the resume block each time, past what the dataset references.
     """
