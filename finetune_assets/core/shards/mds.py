@@ -90,7 +90,7 @@ def open_streaming_dataset(attempts: int = 8, **kwargs):
                 dist.barrier()
         else:
             try:
-                dataset = StreamingDataset(**kwargs)
+                dataset = _new_dataset(StreamingDataset, kwargs)
             except FileExistsError:  # a local leader, after the first barrier
                 failed = True
                 for _ in range(2 if group else 0):
@@ -147,8 +147,6 @@ def release_streaming_dataset(dataset) -> int:
     prefix without ``locals`` but with a leftover block makes the next dataset collide with a live
     one (``FileExistsError``).
     """
-    import atexit
-
     SharedMemory = streaming_module("streaming.base.shared.memory").SharedMemory
     blocks: dict[int, object] = {}
 
@@ -164,12 +162,10 @@ def release_streaming_dataset(dataset) -> int:
     collect(dataset, 3)
     prefix = getattr(dataset, "_shm_prefix_int", None)
     if prefix is not None:
-        import gc
-
         mine = f"{prefix:06}_"  # streaming's block names: f"{prefix:06}_{what}"
-        for obj in gc.get_objects():
-            if isinstance(obj, SharedMemory) and _block_name(obj).startswith(mine):
-                blocks.setdefault(id(obj), obj)
+        for block in _live_blocks(SharedMemory).values():
+            if _block_name(block).startswith(mine):
+                blocks.setdefault(id(block), block)
     # the locals block last (sorted: False before True), and only if nothing else stayed
     ordered = sorted(blocks.values(), key=lambda b: _block_name(b).endswith("_locals"))
     released, created, kept = 0, False, False
@@ -177,13 +173,10 @@ def release_streaming_dataset(dataset) -> int:
         if kept and _block_name(block).endswith("_locals"):
             continue
         created |= bool(block.created_shms)
-        try:
-            block.cleanup()
-        except BufferError:  # a live numpy view: the exit handler closes it
+        if _close(block):
+            released += 1
+        else:
             kept = True
-            continue
-        atexit.unregister(block.cleanup)
-        released += 1
     if created and not kept:
         # the node's leader also removes the prefix's lock files: streaming skips, for good, every
         # prefix whose lock files exist in the temp dir, so they pile up there and the scan grows
@@ -194,6 +187,51 @@ def release_streaming_dataset(dataset) -> int:
             if path:
                 Path(path).unlink(missing_ok=True)
     return released
+
+
+def _new_dataset(cls, kwargs: dict):
+    """``cls(**kwargs)``, closing what streaming's prefix scan attached to on the way.
+
+    To find a free prefix, streaming attaches to every block of every prefix it walks past (those
+    of live datasets on the host: this process's, other trainings') and never closes them, so each
+    open kept six descriptors per live dataset to the exit. Only blocks this call attached to, of
+    another prefix than the new dataset's, are closed; none is unlinked.
+    """
+    SharedMemory = streaming_module("streaming.base.shared.memory").SharedMemory
+    before = _live_blocks(SharedMemory)  # held, so no id is reused meanwhile
+    dataset = None
+    try:
+        dataset = cls(**kwargs)
+        return dataset
+    finally:
+        mine = f"{dataset._shm_prefix_int:06}_" if dataset is not None else None
+        for key, block in _live_blocks(SharedMemory).items():
+            if key in before or block.created_shms:
+                continue
+            if mine is None or not _block_name(block).startswith(mine):
+                _close(block)
+        del before
+
+
+def _live_blocks(shared_memory_type) -> dict[int, object]:
+    """streaming's ``SharedMemory`` objects alive in this process (one pass over the collector's
+    objects: ~60 ms with torch and Dagster loaded).
+    """
+    import gc
+
+    return {id(o): o for o in gc.get_objects() if isinstance(o, shared_memory_type)}
+
+
+def _close(block) -> bool:
+    """Close (unlink, if it created it) one streaming block now instead of at exit."""
+    import atexit
+
+    try:
+        block.cleanup()
+    except BufferError:  # a live numpy view: the exit handler closes it
+        return False
+    atexit.unregister(block.cleanup)
+    return True
 
 
 def _block_name(block) -> str:

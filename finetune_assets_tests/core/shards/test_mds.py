@@ -111,3 +111,20 @@ def test_epochs_of_iteration_leave_nothing_once_released(tmp_path):
     release_streaming_dataset(ds)
     assert _shm_blocks() - shm == set()
     assert _descriptors() <= fds, f"{leaked} descriptors before the sweep, some still open"
+
+
+def test_opening_beside_a_live_dataset_keeps_nothing_of_it(tmp_path):
+    """streaming's prefix scan attaches to every block of each live dataset it walks past."""
+    split = _split(tmp_path)
+    live = open_streaming_dataset(
+        remote=str(split), local=str(tmp_path / "live"), shuffle=False, batch_size=1
+    )
+    try:
+        assert read_back_count(split) == 40
+        fds = _descriptors()
+        for _ in range(10):
+            assert read_back_count(split) == 40
+        assert _descriptors() <= fds, "each open kept descriptors of the live dataset's blocks"
+        assert int(live[0]["label"]) == 0  # the live dataset's blocks still work
+    finally:
+        release_streaming_dataset(live)

@@ -327,6 +327,7 @@ def test_a_start_removes_the_shard_caches_of_earlier_attempts(tmp_path, tiny_mod
     current.setup("fit")
     assert not left.parents[1].exists() and Path(current.cache_dir).is_dir()
     assert current.remove_earlier_attempts() == []
+    current.release()
     current.remove_cache()
 
 
