@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,8 +16,6 @@ from finetune_assets.core.sources import SourceSpec, read_source
 from finetune_assets.core.sources.tables.sql import iter_sql
 from finetune_assets_tests.conftest import _real_rows
 from finetune_assets_tests.core.sources.test_table_sources import _add, _raw, home  # noqa: F401
-
-POSTGRES_ENV = "FINETUNE_TEST_POSTGRES_URL"
 
 
 @pytest.fixture(scope="module")
@@ -63,28 +60,13 @@ def test_a_mixed_type_column_reads_the_same_in_any_block_size(tmp_path, monkeypa
 
 
 @pytest.fixture
-def postgres_db(monkeypatch):
-    """A fresh database on CI's PostgreSQL server, its URL in $REVIEWS_PG."""
-    server = os.environ.get(POSTGRES_ENV)
-    if not server:
-        why = f"{POSTGRES_ENV} is not set (source .ci/test_postgres.sh && start_test_postgres)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    import psycopg2
-
-    name = f"sql_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(server)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    url = server.rsplit("/", 1)[0] + f"/{name}"
+def postgres_db(postgres_url, monkeypatch):
+    """A fresh database on the test PostgreSQL server (conftest), its URL also in $REVIEWS_PG."""
     # SQLAlchemy 2.1's default PostgreSQL driver is psycopg 3; the project ships psycopg2
-    monkeypatch.setenv("REVIEWS_PG", url.replace("postgresql://", "postgresql+psycopg2://", 1))
-    yield url
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
-    admin.close()
+    monkeypatch.setenv(
+        "REVIEWS_PG", postgres_url.replace("postgresql://", "postgresql+psycopg2://", 1)
+    )
+    return postgres_url
 
 
 def test_postgres_version_survives_a_physical_reorder(
