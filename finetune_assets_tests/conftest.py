@@ -18,16 +18,27 @@ if not SHARED_DATA.exists():
     SHARED_DATA = Path("/work/shared/data/arabic_reviews")
 
 
-# Tests that start the local Kubernetes control plane run last: in CI the plane compiles in the
-# background (minutes of Go) while every other test runs (.ci/run).
+# The tests that start the local Kubernetes control plane form a lane of their own. Under the
+# README's test command (`-n 2 --dist loadgroup`, pytest-xdist) one worker runs them, in this order,
+# beside a worker that runs every other test in its usual order: the plane's tests mostly wait on
+# controllers and pods, which the other lane's tests fill. In CI the plane compiles in the
+# background (minutes of Go) while the other lane runs; the plane lane's first test waits for the
+# build (.ci/run). Without xdist (`-n 0`, a single test) they simply run last.
 _PLANE_TESTS = (
     "finetune_assets_tests/core/launchers/k8s/",
     "finetune_assets_tests/deploy/test_deployment_backfill.py",
 )
 
 
+def _on_plane(item) -> bool:
+    return any(p in item.nodeid for p in _PLANE_TESTS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the group marks (its hook is not tryfirst)
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: any(p in item.nodeid for p in _PLANE_TESTS))  # stable
+    items.sort(key=_on_plane)  # stable
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("plane" if _on_plane(item) else "main"))
 
 
 @pytest.fixture(autouse=True)

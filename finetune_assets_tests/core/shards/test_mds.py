@@ -4,6 +4,10 @@ streaming keeps a dataset's shared memory until the interpreter exits; the Dagst
 splits back (``mds_shards``, its integrity check) run in long-lived processes too (in-process
 executors, code servers), where each read used to keep six descriptors and six ``/dev/shm`` blocks:
 a test session ran out of descriptors this way.
+
+``/dev/shm`` and the temp dir are the host's: other processes (the other xdist lane, the plane's
+pods, a training) open streaming datasets meanwhile, so only the blocks and lock files of the
+prefixes this test's datasets took are compared.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
+from finetune_assets.core.shards import mds
 from finetune_assets.core.shards.mds import (
     open_streaming_dataset,
     read_back_count,
@@ -27,12 +33,39 @@ def _descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+_PREFIXES: set[int] = set()  # the shared-memory prefixes this test's datasets took
+
+
+@pytest.fixture(autouse=True)
+def _record_prefixes(monkeypatch):
+    """Note each opened dataset's prefix (``read_back_count`` opens through the module too)."""
+    _PREFIXES.clear()
+
+    def recording(*args, **kwargs):
+        ds = open_streaming_dataset(*args, **kwargs)
+        _PREFIXES.add(ds._shm_prefix_int)
+        return ds
+
+    monkeypatch.setattr(mds, "open_streaming_dataset", recording)
+    yield
+    _PREFIXES.clear()
+
+
+def _ours(names) -> set[str]:
+    # streaming names every block and lock file f"{prefix:06}_{what}"
+    return {n for n in names if n[:7] in {f"{p:06}_" for p in _PREFIXES}}
+
+
 def _shm_blocks() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
 def _lock_files() -> set[str]:
     return {p for p in os.listdir(tempfile.gettempdir()) if p.endswith("_filelock")}
+
+
+def _open(**kwargs):
+    return mds.open_streaming_dataset(**kwargs)
 
 
 def _split(tmp_path: Path) -> Path:
@@ -61,36 +94,34 @@ def test_reading_back_many_times_keeps_no_descriptor_shared_memory_or_lock_file(
         assert read_back_count(split) == 40
 
     assert _descriptors() <= fds, "read_back_count keeps file descriptors open"
-    assert _shm_blocks() - shm == set(), "read_back_count leaves /dev/shm blocks behind"
-    assert _lock_files() - locks == set(), "read_back_count leaves streaming lock files behind"
+    assert _ours(_shm_blocks() - shm) == set(), "read_back_count leaves /dev/shm blocks behind"
+    assert _ours(_lock_files() - locks) == set(), "read_back_count leaves lock files behind"
 
 
 def test_released_dataset_frees_its_prefix_for_the_next_one(tmp_path):
+    """streaming skips, for good, a prefix with any block or lock file left: none may stay."""
     split = _split(tmp_path)
-    prefixes = []
     for i in range(3):
-        ds = open_streaming_dataset(
+        ds = _open(
             remote=str(split), local=str(tmp_path / f"cache{i}"), shuffle=False, batch_size=1
         )
         assert int(ds[0]["label"]) == 0
-        prefixes.append(ds._shm_prefix_int)
+        mine = f"{ds._shm_prefix_int:06}_"
         assert release_streaming_dataset(ds) >= 6  # locals, barrier, epoch, usage, 2 shard arrays
-    # the second and third datasets took the prefix the first one gave back
-    assert len(set(prefixes)) == 1
+        left = [n for n in _shm_blocks() | _lock_files() if n.startswith(mine)]
+        assert left == [], f"prefix {mine} not free for the next dataset: {left}"
 
 
 def test_a_dataset_left_open_keeps_its_blocks(tmp_path):
     """The control: without the release the blocks stay (what the tests above guard against)."""
     split = _split(tmp_path)
     shm = _shm_blocks()
-    ds = open_streaming_dataset(
-        remote=str(split), local=str(tmp_path / "cache"), shuffle=False, batch_size=1
-    )
+    ds = _open(remote=str(split), local=str(tmp_path / "cache"), shuffle=False, batch_size=1)
     try:
-        assert len(_shm_blocks() - shm) >= 6
+        assert len(_ours(_shm_blocks() - shm)) >= 6
     finally:
         release_streaming_dataset(ds)
-    assert _shm_blocks() - shm == set()
+    assert _ours(_shm_blocks() - shm) == set()
 
 
 def test_epochs_of_iteration_leave_nothing_once_released(tmp_path):
@@ -99,9 +130,7 @@ def test_epochs_of_iteration_leave_nothing_once_released(tmp_path):
     """
     split = _split(tmp_path)
     fds, shm = _descriptors(), _shm_blocks()
-    ds = open_streaming_dataset(
-        remote=str(split), local=str(tmp_path / "cache"), shuffle=True, batch_size=4
-    )
+    ds = _open(remote=str(split), local=str(tmp_path / "cache"), shuffle=True, batch_size=4)
     for epoch in range(4):
         ds.load_state_dict(
             {"epoch": epoch, "sample_in_epoch": 0, "num_canonical_nodes": 1, "shuffle_seed": 9}
@@ -109,16 +138,14 @@ def test_epochs_of_iteration_leave_nothing_once_released(tmp_path):
         assert len(list(ds)) == 40
     leaked = _descriptors() - fds
     release_streaming_dataset(ds)
-    assert _shm_blocks() - shm == set()
+    assert _ours(_shm_blocks() - shm) == set()
     assert _descriptors() <= fds, f"{leaked} descriptors before the sweep, some still open"
 
 
 def test_opening_beside_a_live_dataset_keeps_nothing_of_it(tmp_path):
     """streaming's prefix scan attaches to every block of each live dataset it walks past."""
     split = _split(tmp_path)
-    live = open_streaming_dataset(
-        remote=str(split), local=str(tmp_path / "live"), shuffle=False, batch_size=1
-    )
+    live = _open(remote=str(split), local=str(tmp_path / "live"), shuffle=False, batch_size=1)
     try:
         assert read_back_count(split) == 40
         fds = _descriptors()
