@@ -33,27 +33,20 @@ def _descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-_PREFIXES: set[int] = set()  # the shared-memory prefixes this test's datasets took
-
-
-@pytest.fixture(autouse=True)
-def _record_prefixes(monkeypatch):
-    """Note each opened dataset's prefix (``read_back_count`` opens through the module too)."""
-    _PREFIXES.clear()
+@pytest.fixture
+def ours(monkeypatch):
+    """Of some ``/dev/shm`` or temp-dir names, those of the prefixes this test's datasets took
+    (each open through the module is noted: ``read_back_count`` opens through it too).
+    """
+    prefixes: set[str] = set()
 
     def recording(*args, **kwargs):
         ds = open_streaming_dataset(*args, **kwargs)
-        _PREFIXES.add(ds._shm_prefix_int)
+        prefixes.add(f"{ds._shm_prefix_int:06}_")  # streaming's names: f"{prefix:06}_{what}"
         return ds
 
     monkeypatch.setattr(mds, "open_streaming_dataset", recording)
-    yield
-    _PREFIXES.clear()
-
-
-def _ours(names) -> set[str]:
-    # streaming names every block and lock file f"{prefix:06}_{what}"
-    return {n for n in names if n[:7] in {f"{p:06}_" for p in _PREFIXES}}
+    return lambda names: {n for n in names if n[:7] in prefixes}
 
 
 def _shm_blocks() -> set[str]:
@@ -62,10 +55,6 @@ def _shm_blocks() -> set[str]:
 
 def _lock_files() -> set[str]:
     return {p for p in os.listdir(tempfile.gettempdir()) if p.endswith("_filelock")}
-
-
-def _open(**kwargs):
-    return mds.open_streaming_dataset(**kwargs)
 
 
 def _split(tmp_path: Path) -> Path:
@@ -85,7 +74,7 @@ def _split(tmp_path: Path) -> Path:
     return out / "train"
 
 
-def test_reading_back_many_times_keeps_no_descriptor_shared_memory_or_lock_file(tmp_path):
+def test_reading_back_many_times_keeps_no_descriptor_shared_memory_or_lock_file(tmp_path, ours):
     split = _split(tmp_path)
     assert read_back_count(split) == 40  # the first open imports and warms what stays loaded
     fds, shm, locks = _descriptors(), _shm_blocks(), _lock_files()
@@ -94,15 +83,15 @@ def test_reading_back_many_times_keeps_no_descriptor_shared_memory_or_lock_file(
         assert read_back_count(split) == 40
 
     assert _descriptors() <= fds, "read_back_count keeps file descriptors open"
-    assert _ours(_shm_blocks() - shm) == set(), "read_back_count leaves /dev/shm blocks behind"
-    assert _ours(_lock_files() - locks) == set(), "read_back_count leaves lock files behind"
+    assert ours(_shm_blocks() - shm) == set(), "read_back_count leaves /dev/shm blocks behind"
+    assert ours(_lock_files() - locks) == set(), "read_back_count leaves lock files behind"
 
 
 def test_released_dataset_frees_its_prefix_for_the_next_one(tmp_path):
     """streaming skips, for good, a prefix with any block or lock file left: none may stay."""
     split = _split(tmp_path)
     for i in range(3):
-        ds = _open(
+        ds = mds.open_streaming_dataset(
             remote=str(split), local=str(tmp_path / f"cache{i}"), shuffle=False, batch_size=1
         )
         assert int(ds[0]["label"]) == 0
@@ -112,25 +101,29 @@ def test_released_dataset_frees_its_prefix_for_the_next_one(tmp_path):
         assert left == [], f"prefix {mine} not free for the next dataset: {left}"
 
 
-def test_a_dataset_left_open_keeps_its_blocks(tmp_path):
+def test_a_dataset_left_open_keeps_its_blocks(tmp_path, ours):
     """The control: without the release the blocks stay (what the tests above guard against)."""
     split = _split(tmp_path)
     shm = _shm_blocks()
-    ds = _open(remote=str(split), local=str(tmp_path / "cache"), shuffle=False, batch_size=1)
+    ds = mds.open_streaming_dataset(
+        remote=str(split), local=str(tmp_path / "cache"), shuffle=False, batch_size=1
+    )
     try:
-        assert len(_ours(_shm_blocks() - shm)) >= 6
+        assert len(ours(_shm_blocks() - shm)) >= 6
     finally:
         release_streaming_dataset(ds)
-    assert _ours(_shm_blocks() - shm) == set()
+    assert ours(_shm_blocks() - shm) == set()
 
 
-def test_epochs_of_iteration_leave_nothing_once_released(tmp_path):
+def test_epochs_of_iteration_leave_nothing_once_released(tmp_path, ours):
     """What a training does to its train dataset: each epoch resets the resume state and iterates,
     and streaming attaches to the resume block each time, past what the dataset references.
     """
     split = _split(tmp_path)
     fds, shm = _descriptors(), _shm_blocks()
-    ds = _open(remote=str(split), local=str(tmp_path / "cache"), shuffle=True, batch_size=4)
+    ds = mds.open_streaming_dataset(
+        remote=str(split), local=str(tmp_path / "cache"), shuffle=True, batch_size=4
+    )
     for epoch in range(4):
         ds.load_state_dict(
             {"epoch": epoch, "sample_in_epoch": 0, "num_canonical_nodes": 1, "shuffle_seed": 9}
@@ -138,14 +131,16 @@ def test_epochs_of_iteration_leave_nothing_once_released(tmp_path):
         assert len(list(ds)) == 40
     leaked = _descriptors() - fds
     release_streaming_dataset(ds)
-    assert _ours(_shm_blocks() - shm) == set()
+    assert ours(_shm_blocks() - shm) == set()
     assert _descriptors() <= fds, f"{leaked} descriptors before the sweep, some still open"
 
 
 def test_opening_beside_a_live_dataset_keeps_nothing_of_it(tmp_path):
     """streaming's prefix scan attaches to every block of each live dataset it walks past."""
     split = _split(tmp_path)
-    live = _open(remote=str(split), local=str(tmp_path / "live"), shuffle=False, batch_size=1)
+    live = mds.open_streaming_dataset(
+        remote=str(split), local=str(tmp_path / "live"), shuffle=False, batch_size=1
+    )
     try:
         assert read_back_count(split) == 40
         fds = _descriptors()
