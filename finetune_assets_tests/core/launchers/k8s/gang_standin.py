@@ -13,6 +13,9 @@
                 on the first gang only (a marker file in ``dir``), or every time
 - ``term_s=S``  on SIGTERM keep going S seconds before exiting (a trainer that writes a last
                 checkpoint when it is stopped, so its pods take that long to terminate)
+- ``hold_at=K`` a gang that started before step K stops after it until the test's disruption ends
+                it (exit 4 after ``hold_s``, default 120, if none came): a fault aimed mid-run
+                cannot miss a gang that finished first
 """
 
 from __future__ import annotations
@@ -63,7 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = folder / "step"
     start = int(ckpt.read_text()) if ckpt.exists() else 0
     print(f"standin: node={node} rank={rank} generation={gen} resumes at step {start}", flush=True)
+    hold_at = int(opts.get("hold_at", 0))
     for step in range(start + 1, int(opts.get("train", 0)) + 1):
+        if step == hold_at + 1 and start < hold_at:
+            print(f"standin: rank {rank} holds after step {hold_at}", flush=True)
+            deadline = time.monotonic() + float(opts.get("hold_s", 120))
+            while not stopping and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not stopping:
+                print(f"standin: rank {rank} held after step {hold_at}: nothing came", flush=True)
+                return 4
         time.sleep(float(opts.get("step_s", 0.2)))
         if stopping and time.monotonic() - stopping[0] > term_s:
             print(f"standin: rank {rank} stops after SIGTERM", flush=True)

@@ -15,6 +15,11 @@ pods):
 - ``env=NAME``           print a sha256 prefix of $NAME (proves delivery without printing the value)
 - ``train=N,ckpt=PATH``  N steps of ``step_s`` (default 0.3) seconds; rank 0 checkpoints the step
                          count to PATH (a shared file) after each; a new run resumes from it
+- ``hold_at=K``          with ``train``: a run that started before step K stops there until the
+                         test's disruption ends it (exit 4 after ``hold_s``, default 90, if none
+                         came), so a fault aimed "mid-run" cannot miss a run that finished first;
+                         with ``release=PATH`` it trains on once PATH exists (faults the gang must
+                         live through)
 - ``lines=N``            print N numbered lines, a few per second (log streaming)
 """
 
@@ -37,6 +42,22 @@ def parse(config: str) -> dict[str, str]:
         key, _, value = item.partition("=")
         opts[key] = value
     return opts
+
+
+def _held(opts: dict[str, str], node: int) -> bool:
+    """Wait at ``hold_at`` for the test: True once ``release`` exists, False when ``hold_s`` ran
+    out (the disruption the test aimed here never came).
+    """
+    release = Path(opts["release"]) if "release" in opts else None
+    print(f"standin: node={node} holds at step {opts['hold_at']}", flush=True)
+    deadline = time.monotonic() + float(opts.get("hold_s", 90))
+    while time.monotonic() < deadline:
+        if release is not None and release.exists():
+            print(f"standin: node={node} released", flush=True)
+            return True
+        time.sleep(0.1)
+    print(f"standin: node={node} held at step {opts['hold_at']}: nothing came", file=sys.stderr)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 tmp.write_text(str(step))
                 tmp.replace(ckpt)
             print(f"standin: node={node} step {step}", flush=True)
+            if step == int(opts.get("hold_at", 0)) and start < step and not _held(opts, node):
+                return 4
         print(f"standin: trained global_step={total} resumed_at={start}", flush=True)
     if "allreduce" in opts:
         import torch

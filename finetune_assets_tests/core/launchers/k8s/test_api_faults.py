@@ -106,14 +106,15 @@ def _hog(kubeconfig: str, stop: threading.Event) -> None:
 def test_training_survives_real_429s_an_etcd_outage_and_failing_deletes(
     cluster: Cluster, troubles: AdmissionHooks, instance, tmp_path
 ) -> None:
-    """Once the pod trains: API priority and fairness refuses the launcher with 429 (Retry-After)
-    until at least 3 of its requests were refused (its FlowSchema's count: the hog's own 429s are
-    counted apart), then etcd is down for 3 s: the gang is never torn down and trains every step.
-    Then the Job delete is refused twice (500): retried, the gang is removed.
+    """Once the pod trains (it holds at step 1 until released): API priority and fairness refuses
+    the launcher with 429 (Retry-After) until at least 3 of its requests were refused (its
+    FlowSchema's count: the hog's own 429s are counted apart), then etcd is down for 3 s: the gang
+    is never torn down and, released, trains every step. Then the Job delete is refused twice
+    (500): retried, the gang is removed.
     """
     plane, hooks = cluster.plane, troubles
     hooks.fail_deletes = 2
-    ckpt = tmp_path / "ckpt"
+    ckpt, release = tmp_path / "ckpt", tmp_path / "release"
     launcher = cluster.launcher(
         nnodes=1, api_outage_budget_s=90, kubeconfig_file=hooks.launcher_kubeconfig
     )
@@ -121,7 +122,9 @@ def test_training_survives_real_429s_an_etcd_outage_and_failing_deletes(
     runner = threading.Thread(
         target=lambda: out.update(
             launched=launch_in_dagster(
-                launcher, f"standin:train=16,step_s=0.5,ckpt={ckpt}", instance
+                launcher,
+                f"standin:train=4,step_s=0.2,hold_at=1,hold_s=400,release={release},ckpt={ckpt}",
+                instance,
             )
         )
     )
@@ -133,29 +136,33 @@ def test_training_survives_real_429s_an_etcd_outage_and_failing_deletes(
 
     wait_until(lambda: step() >= 1 or not runner.is_alive(), 180, "the pod trains")
     steps = {"faults_from": step()}
-    subjects = [(cluster.namespace, LAUNCHER_SA), (HOG_NS, HOG_SA)]
-    with rejected_by_apf(plane, subjects) as (flow, _):
-        hooks.hold_s = 1.0
-        stop = threading.Event()
-        hog = threading.Thread(target=_hog, args=(hooks.hog_kubeconfig, stop), daemon=True)
-        hog.start()
-        try:
-            wait_until(lambda: apf_rejections(plane, flow) >= 3, 120, "APF rejecting", 0.5)
-        finally:
-            stop.set()
-            hog.join(30)
-            hooks.hold_s = 0.0
-    rejected = apf_rejections(plane, flow)
-    # etcd gone: the API server holds the requests it cannot serve (no error within the
-    # launcher's 30 s request timeout); the supervision loop waits, the gang trains on
-    with etcd_down(plane):
-        time.sleep(3.0)  # how long the outage lasts (no assertion on time)
-    steps["faults_until"] = step()
+    try:
+        subjects = [(cluster.namespace, LAUNCHER_SA), (HOG_NS, HOG_SA)]
+        with rejected_by_apf(plane, subjects) as (flow, _):
+            hooks.hold_s = 1.0
+            stop = threading.Event()
+            hog = threading.Thread(target=_hog, args=(hooks.hog_kubeconfig, stop), daemon=True)
+            hog.start()
+            try:
+                wait_until(lambda: apf_rejections(plane, flow) >= 3, 120, "APF rejecting", 0.5)
+            finally:
+                stop.set()
+                hog.join(30)
+                hooks.hold_s = 0.0
+        rejected = apf_rejections(plane, flow)
+        # etcd gone: the API server holds the requests it cannot serve (no error within the
+        # launcher's 30 s request timeout); the supervision loop waits, the gang lives on
+        with etcd_down(plane):
+            time.sleep(3.0)  # how long the outage lasts (no assertion on time)
+        steps["faults_until"] = step()
+    finally:
+        release.touch()  # also after a failure here: the gang must not hold till hold_s
     runner.join(600)
     launched = out["launched"]
 
     assert launched.success, launched.logs
-    assert ckpt.read_text().strip() == "16", steps  # every step ran: one gang, never restarted
+    assert steps == {"faults_from": 1, "faults_until": 1}  # the faults came while the gang held
+    assert ckpt.read_text().strip() == "4", steps  # every step ran: one gang, never restarted
     # the launcher's own requests were refused (its FlowSchema's count; which of its threads got
     # them decides whether the Dagster log shows a "429 ...; retrying": only the launching
     # thread writes there) and it went on

@@ -166,7 +166,7 @@ def test_a_killed_pod_restarts_the_gang_server_side_and_the_run_resumes(
             max_resubmissions=0,  # nothing client-side: the restart is the JobSet controller's
             timeout_s=600,
         ),
-        f"standin:train=40,step_s=0.2,dir={tmp_path}",
+        f"standin:train=40,step_s=0.2,hold_at=3,dir={tmp_path}",
         instance,
     )
     killer.join(30)

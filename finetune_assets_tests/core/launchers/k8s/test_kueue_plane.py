@@ -120,7 +120,7 @@ def test_a_gang_preempted_by_kueue_is_readmitted_and_resumes_from_its_checkpoint
     )
     thread, result = in_thread(
         lambda: launch_in_dagster(
-            launcher, f"standin:train=100,step_s=0.2,term_s=8,dir={tmp_path}", instance
+            launcher, f"standin:train=100,step_s=0.2,term_s=8,hold_at=3,dir={tmp_path}", instance
         )
     )
     # ours holds all 8 GPUs of the cohort (4 borrowed from production) and trains
