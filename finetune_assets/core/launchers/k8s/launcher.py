@@ -30,7 +30,7 @@ from finetune_assets.core.launchers.k8s.manifests import ManifestsMixin, gang_ke
 from finetune_assets.core.launchers.k8s.runs import LiveRunConflict, TakeoverMixin
 from finetune_assets.core.launchers.k8s.settings import SettingsMixin
 from finetune_assets.core.launchers.k8s.supervise import SupervisionMixin
-from finetune_assets.core.launchers.k8s.verdict import GangDisrupted, assess
+from finetune_assets.core.launchers.k8s.verdict import GangDisrupted, VanishedPods, assess
 
 
 class K8sLauncher(
@@ -93,6 +93,7 @@ class K8sLauncher(
             what="Training Job",
             assess_fn=lambda status, pods: assess(status, pods, self.nnodes),
             fail_fn=lambda status, pods, why: self._fail(log, api, name, pods, why),
+            vanished=VanishedPods(),
         )
 
     def run_job(
@@ -108,6 +109,7 @@ class K8sLauncher(
         service: dict[str, Any] | None = None,
         progress=None,
         pod_fields: str | None = None,
+        vanished: VanishedPods | None = None,
     ) -> None:
         """One Job (+ Service): create, supervise (see :meth:`_supervise`), always delete.
 
@@ -136,7 +138,7 @@ class K8sLauncher(
                 api.core_api.create_namespaced_service(ns, service)
             follower = LogFollower(api, ns)
             self._supervise(
-                log, api, name, follower, what, assess_fn, fail_fn, progress, pod_fields
+                log, api, name, follower, what, assess_fn, fail_fn, progress, pod_fields, vanished
             )
         except GangDisrupted:
             # The old pods must be gone before a new gang starts: they hold the GPUs, and their rank

@@ -21,10 +21,12 @@ from finetune_assets.core.launchers.k8s.failures import RESUBMIT, classify_failu
 from finetune_assets.core.launchers.k8s.logs import LogFollower, _safe_logs, _warning_events
 from finetune_assets.core.launchers.k8s.verdict import (
     GangDisrupted,
+    VanishedPods,
     _completion_index,
     _is_failed,
     _pod_state,
     _pod_wait,
+    ended_on_purpose,
     latest_pod,
 )
 
@@ -51,9 +53,12 @@ class SupervisionMixin:
         fail_fn,
         progress,
         pod_fields: str | None = None,
+        vanished: VanishedPods | None = None,
     ) -> None:
         """Poll the Job and its pods (this Job's only: label selector, plus ``pod_fields``, e.g. the
-        fan-out leaves out Succeeded pods, so a poll stays small at 10,000 indexes).
+        fan-out leaves out Succeeded pods, so a poll stays small at 10,000 indexes). With
+        ``vanished`` (a gang), a pod deleted between two polls is a disruption, as its
+        ``DisruptionTarget`` would have been.
         """
         ns = self.namespace
         now = time.monotonic()
@@ -80,6 +85,9 @@ class SupervisionMixin:
             job = api.batch_api.read_namespaced_job(name, ns, _request_timeout=API_TIMEOUT_S)
             status = job.status
             verdict = assess_fn(status, pods)
+            gone = vanished.update(pods) if vanished is not None else []
+            if gone and verdict.kind != "disrupted" and not ended_on_purpose(job):
+                raise GangDisrupted(f"{what} {ns}/{name} disrupted: {'; '.join(gone)}")
             if progress is not None:
                 progress(status, pods)
             if verdict.kind == "complete":

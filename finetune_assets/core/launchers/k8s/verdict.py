@@ -79,6 +79,50 @@ def assess(status, pods: Sequence[Any], nnodes: int) -> Verdict:
     return verdict
 
 
+class VanishedPods:
+    """Pods seen unfinished at one poll and gone at the next: deleted, so evicted, preempted or
+    taken by the taint manager (this launcher deletes only the whole Job, after supervising).
+
+    Their ``DisruptionTarget`` condition lives only as long as the pod object. A trainer that stops
+    at SIGTERM ends its pod within a second, and the Job controller, which ignores the failure
+    (podFailurePolicy ``Ignore``), drops its finalizer and replaces it: often before the next poll.
+    Only meaningful while the Job is neither suspended nor finished (both delete pods on purpose).
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}  # unfinished, undeleted pod name -> completion index
+
+    def update(self, pods: Sequence[Any]) -> list[str]:
+        """Record this poll's pods; return the ones gone since the last poll."""
+        names = {p.metadata.name for p in pods}
+        gone = [
+            f"pod {name} (index {index}) was deleted while it ran, before a poll saw why "
+            "(an eviction, a preemption or a drained node)"
+            for name, index in self.seen.items()
+            if name not in names
+        ]
+        self.seen = {  # a pod already being deleted shows why (or the Job's own suspension did)
+            p.metadata.name: _completion_index(p)
+            for p in pods
+            if not (p.status and p.status.phase in ("Succeeded", "Failed"))
+            and not p.metadata.deletion_timestamp
+        }
+        return gone
+
+
+def ended_on_purpose(job) -> bool:
+    """The Job is suspended or has a terminal (or failure-target) condition: the Job controller
+    deletes its pods itself.
+    """
+    if job.spec is not None and job.spec.suspend:
+        return True
+    conditions = job_conditions(job.status)
+    return any(
+        t in conditions
+        for t in ("Suspended", "Failed", "FailureTarget", "Complete", "SuccessCriteriaMet")
+    )
+
+
 def current_admission(status, pods: Sequence[Any]) -> list[Any]:
     """The pods of the Job's current run: a resumed Job (Kueue re-admitted it after a preemption)
     gets a new ``status.startTime``; pods that finished before it were killed by the suspension and

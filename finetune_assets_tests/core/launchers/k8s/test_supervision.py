@@ -4,6 +4,7 @@ recorded/README.md).
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import kubernetes
 import pytest
 
 from finetune_assets.core.launchers.k8s import assess
+from finetune_assets.core.launchers.k8s.verdict import VanishedPods, ended_on_purpose
 
 RECORDED = Path(__file__).parent / "recorded"
 
@@ -155,3 +157,51 @@ def test_a_pending_pod_in_a_failure_report_says_where_it_is_stuck(spec, status, 
     from finetune_assets.core.launchers.k8s.verdict import _pod_state
 
     assert says in _pod_state(_pending_pod(spec, status))
+
+
+def test_a_running_pod_deleted_between_two_polls_is_a_disruption() -> None:
+    """The Eviction API deletes pod 1; its trainer stops at SIGTERM within a second and the Job
+    controller (podFailurePolicy ``Ignore``) drops it and makes a new one before the next poll:
+    that poll shows nothing that says ``DisruptionTarget`` (``assess`` alone would wait for the
+    new pod while pod 0 hangs or fails), so the pod's absence has to say it.
+    """
+    status, pods = load("node_not_ready")  # pods 0 and 1 Running
+    vanished = VanishedPods()
+    assert vanished.update(pods) == []
+    pod0 = [p for p in pods if p.metadata.name == "ft-abc123-0-q9w8e"]
+    assert assess(status, pod0, 2).kind == "waiting"
+    assert vanished.update(pod0) == [
+        "pod ft-abc123-1-x7k2p (index 1) was deleted while it ran, before a poll saw why "
+        "(an eviction, a preemption or a drained node)"
+    ]
+    assert vanished.update(pod0) == []  # said once
+
+
+def test_pods_that_finished_or_were_seen_being_deleted_are_not_reported_gone() -> None:
+    """A finished pod stays listed until the Job is deleted; a pod seen with a deletion timestamp
+    shows why itself (``DisruptionTarget``) or was deleted by the Job's own suspension.
+    """
+    _, pods = load("node_not_ready")
+    vanished = VanishedPods()
+    pods[0].status.phase = "Succeeded"
+    pods[1].metadata.deletion_timestamp = datetime.datetime(
+        2026, 11, 29, 21, 20, tzinfo=datetime.UTC
+    )
+    vanished.update(pods)
+    assert vanished.update([]) == []
+
+
+def test_a_suspended_or_finished_job_deletes_its_pods_on_purpose() -> None:
+    job = kubernetes.client.V1Job(
+        spec=kubernetes.client.V1JobSpec(template={}, suspend=False),
+        status=kubernetes.client.V1JobStatus(conditions=[]),
+    )
+    assert not ended_on_purpose(job)
+    job.spec.suspend = True  # Kueue evicted the Workload: the Job controller deletes the pods
+    assert ended_on_purpose(job)
+    job.spec.suspend = False
+    for ctype in ("FailureTarget", "Failed", "Complete", "Suspended"):
+        job.status.conditions = [kubernetes.client.V1JobCondition(type=ctype, status="True")]
+        assert ended_on_purpose(job), ctype
+    job.status.conditions = [kubernetes.client.V1JobCondition(type="Failed", status="False")]
+    assert not ended_on_purpose(job)
